@@ -204,8 +204,8 @@ def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp
         server.stop(grace_s=1)
     assert code == 0, capsys.readouterr().err
     summary = json.loads((out / "export.json").read_text())
-    assert sorted(os.listdir(out)) == sorted(["checkpoint", summary["dir"], "export.json"])
-    assert summary["checkpoint"] == str(out / "checkpoint") and len(exported(out, "emb")[0]) == 5
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"])
+    assert summary["checkpoint"] == str(out / summary["dir"] / "checkpoint") and len(exported(out, "emb")[0]) == 5
     assert all(any(str(p) in x for x in removed_lines(caplog)) for p in (leftover, out / "export-0123abcd"))
 
 
@@ -445,16 +445,8 @@ def test_a_folder_named_like_a_temporary_file_is_the_users(ckpt, tmp_path, caplo
     assert sorted(os.listdir(out)) == ["export.json", "export.json.tmp"]  # its own folder removed again
 
 
-def test_export_overwrite_keeps_an_out_checkpoint_no_export_kept_and_an_empty_tables_is_refused(tmp_path, capsys):
-    out = tmp_path / "out"
-    write(out / "checkpoint" / "manifest.json", 10)  # a checkpoint saved there by hand, not kept by an export
-    write(out / "notes.txt", 3)
+def test_export_with_an_empty_tables_is_refused(tmp_path, capsys):
     nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
-    assert main(["export", str(out), "--overwrite", *nowhere]) == 2
-    assert (
-        "checkpoint is no checkpoint an earlier export kept (OUT's export.json names none)" in capsys.readouterr().err
-    )
-    assert (out / "checkpoint" / "manifest.json").exists()
     assert main(["export", str(tmp_path / "new"), "--tables", ",", *nowhere]) == 2
     assert "--tables ',' names no table" in capsys.readouterr().err and not (tmp_path / "new").exists()
 

@@ -675,3 +675,55 @@ def test_an_export_killed_at_any_point_leaves_the_earlier_one_whole_or_the_new_o
     export(old, str(out))  # removes what the killed exports left
     assert sorted(os.listdir(out)) == sorted([json.loads((out / "export.json").read_text())["dir"], "export.json",
                                               "notes.txt"])  # fmt: skip
+
+
+def test_an_export_that_moves_its_checkpoint_killed_at_any_point_leaves_one_whole_export_and_its_checkpoint(tmp_path):
+    """`ps-server export --overwrite --move-checkpoint` (ps-worker export --keep-checkpoint) killed before each file
+    operation in turn: a reader of out finds the earlier export or the new one, each whole with the checkpoint it
+    was made from, named by its export.json; the checkpoint is never both in place and missing."""
+    import shutil
+    import subprocess
+    import sys
+
+    from ps.checkpoint import read_manifest
+    from ps.engine.restore import export
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old, new = one_table_checkpoint(tmp_path / "old", 10), one_table_checkpoint(tmp_path / "new", 30)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def fresh() -> str:  # a copy of the new checkpoint in out, as ps-worker export's save leaves it
+        path = out / "checkpoint.new-test"
+        if not path.exists():
+            shutil.copytree(new, path)
+        return str(path)
+
+    def read() -> tuple:  # (tables' ids, the kept checkpoint's sha256), by export.json
+        summary = json.loads((out / "export.json").read_text())
+        assert summary["checkpoint"] == str(out / summary["dir"] / "checkpoint"), summary
+        ids = {t: np.load(out / summary["dir"] / f"{t}.ids.npy").tolist() for t in summary["tables"]}
+        return ids, read_manifest(summary["checkpoint"])["sha256"]
+
+    shutil.copytree(old, out / "checkpoint.new-test")
+    export(str(out / "checkpoint.new-test"), str(out), move_checkpoint=True)
+    earlier, done = read(), False
+    assert earlier == ({"a": list(range(1, 11))}, read_manifest(old)["sha256"])
+    whole_new = ({"a": list(range(1, 31))}, read_manifest(new)["sha256"])
+    kill_at = 0
+    while not done:
+        kill_at += 1
+        run = subprocess.run([sys.executable, "-c", KILLED_AT, "export", fresh(), "--out", str(out), "--overwrite",
+                              "--move-checkpoint", "--no-progress"], cwd=root, env={**os.environ, "KILL_AT": str(kill_at)},
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode in (0, 137), run.stderr
+        done = run.returncode == 0
+        now = read()
+        assert now in (earlier, whole_new), (kill_at, now)
+        if now == whole_new and not done:
+            earlier = whole_new
+    assert kill_at > 5
+    export(old, str(out))  # removes what the killed exports left, their moved checkpoints too
+    assert sorted(os.listdir(out)) == sorted([json.loads((out / "export.json").read_text())["dir"], "export.json"])

@@ -162,14 +162,20 @@ def test_export_with_overwrite_replaces_an_earlier_export_and_its_kept_checkpoin
         assert code == 2 and "--overwrite" in err, err
         with Client([address]) as client:
             client.push("emb", np.arange(5, 8, dtype=np.uint64), np.ones((3, 2), np.float32))
+        (out / "checkpoint").mkdir()  # a folder of the user's, saved there by hand: no export's
+        (out / "checkpoint" / "manifest.json").write_text("{}")
         code, _, err = worker([*export, "--overwrite"], capsys)
         assert code == 0, err
-        assert json.loads((out / "export.json").read_text())["checkpoint"] == str(out / "checkpoint")
+        summary = json.loads((out / "export.json").read_text())
+        assert summary["checkpoint"] == str(out / summary["dir"] / "checkpoint")
         code, _, err = worker(["export", str(tmp_path / "gone"), "--servers", address], capsys)  # checkpoint deleted
         assert code == 0, err
     finally:
         server.stop(grace_s=1)
-    assert len(exported(out, "emb")[0]) == 8 and (out / "checkpoint" / "manifest.json").exists()
+    assert len(exported(out, "emb")[0]) == 8 and (out / summary["dir"] / "checkpoint" / "manifest.json").exists()
+    # the earlier export's folder gone, with its checkpoint; the user's folder left as it is
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "checkpoint", "export.json"])
+    assert (out / "checkpoint" / "manifest.json").read_text() == "{}"
     summary = json.loads((tmp_path / "gone" / "export.json").read_text())
     assert summary["checkpoint"] is None and summary["tables"]["emb"]["rows"] == 8
     assert sorted(os.listdir(tmp_path / "gone")) == sorted([summary["dir"], "export.json"])

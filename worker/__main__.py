@@ -144,8 +144,8 @@ def _add_cluster_commands(sub) -> None:
     add_security_args(p)
     help_text = "write the model the servers hold, at one cut, for serving: per table ids and embeddings as .npy"
     p = sub.add_parser("export", help=help_text, description=help_text[0].upper() + help_text[1:] + " (optimizer "
-                       "state left out), from a checkpoint taken first into a folder of OUT (kept as OUT/checkpoint "
-                       "with --keep-checkpoint), so OUT must lie inside the servers' --checkpoint-root, at the same path "
+                       "state left out), from a checkpoint taken first into a folder of OUT (kept in the export's folder, "
+                       "OUT/<dir>/checkpoint, with --keep-checkpoint), so OUT must lie inside the servers' --checkpoint-root, at the same path "
                        "here and on the servers. --since STEP writes only "
                        "the rows pushed at clock step >= STEP: a delta for an online store.",
                        formatter_class=HelpFormatter)  # fmt: skip
@@ -156,13 +156,16 @@ def _add_cluster_commands(sub) -> None:
                    "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table. A choice that leaves "
                    "out some tables of a model (tables that share their features) is warned about")  # fmt: skip
     p.add_argument(
-        "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
+        "--keep-checkpoint",
+        action="store_true",
+        help="keep the checkpoint exported, in the export's folder as checkpoint, named by export.json "
+        "(restorable with ps-server --restore); an export over it removes it with the rest",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: an earlier export there "
-                   "is replaced whole once the new one is written (its .npy files removed then, its OUT/checkpoint "
-                   "too; a failure leaves it as it was); other files are left as they are")  # fmt: skip
+                   "is replaced whole once the new one is written (its folder removed then, with its kept "
+                   "checkpoint; a failure leaves it as it was); other files are left as they are")  # fmt: skip
     p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)

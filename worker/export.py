@@ -9,12 +9,14 @@
     4. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
        RocksDB files, the worker does not import it), --since and --tables passed on; its exit code is this one's,
        and one killed by signal N is said so, exit code 128 + N. It puts the new export in place of an earlier one
-       whole, by the rename of its export.json (ps.engine.restore.export), and removes the earlier one's files
-    5. only once both succeeded: an earlier export's OUT/checkpoint replaced, the fresh one kept as OUT/checkpoint
-       (--keep-checkpoint) or removed, and export.json's "checkpoint" set (its path, or null); a kill during this
-       step leaves the new export whole, its "checkpoint" naming the fresh one, which the next export removes
-Checked before any server is asked: OUT new or empty (or --overwrite), writable, and any OUT/checkpoint one that an
-earlier export kept (check_kept_checkpoint). A failure leaves OUT as it was (an OUT this export created is removed).
+       whole, by the rename of its export.json (ps.engine.restore.export), and removes the earlier one's files.
+       With --keep-checkpoint it moves the fresh checkpoint into the export's folder first (--move-checkpoint), so
+       that rename puts the export and its checkpoint, `OUT/<dir>/checkpoint`, in place together
+    5. only once both succeeded, without --keep-checkpoint: the fresh checkpoint removed and export.json's
+       "checkpoint" set to null; a kill during this step leaves the new export whole, its "checkpoint" naming the
+       fresh one, which the next export removes
+Checked before any server is asked: OUT new or empty (or --overwrite), and writable. A failure leaves OUT as it was
+(an OUT this export created is removed).
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ def _missing_dirs(path: str) -> list[str]:
 def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     """`ps-worker export`'s parsed args (see the module docstring); client(args): a connected Client for them.
     Returns the exit code."""
-    kept = os.path.join(args.out, "checkpoint")
     fresh = export_checkpoint_dir(args.out)
     patterns = None if args.tables is None else table_patterns(args.tables)  # ValueError: none, before any server
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
@@ -66,7 +67,6 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                                                                  leftovers.EXPORT_FILES)))  # fmt: skip
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there",
                       ignore=only_leftovers)  # fmt: skip
-    check_kept_checkpoint(args.out, kept)
     where = args.out if os.path.isdir(args.out) else os.path.dirname(os.path.abspath(args.out))
     if os.path.isdir(where) and not os.access(where, os.W_OK):
         raise ValueError(f"OUT {args.out}: {where} is not writable by this user; nothing was written")
@@ -118,6 +118,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             command += [] if args.since is None else ["--since", str(args.since)]
             command += [] if args.tables is None else ["--tables", args.tables]
             command += ["--no-progress"] if args.no_progress else []
+            command += ["--move-checkpoint"] if args.keep_checkpoint else []
             done = subprocess.run(command, preexec_fn=child_setup(own_group=False))  # dies with this process
         except BaseException:
             undo()
@@ -130,13 +131,9 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                   f"was exported, and what {args.out} held before is as it was (the next export into it removes "
                   "any temporary files the child left there)", file=sys.stderr)  # fmt: skip
             return 128 - done.returncode  # as a shell gives a child's death by signal N: 128 + N
-        if os.path.isdir(kept):
-            shutil.rmtree(kept)  # the earlier export's, now replaced
-        if args.keep_checkpoint:
-            os.replace(fresh, kept)
-        else:
+        if not args.keep_checkpoint:  # (kept: in the export's folder, which export.json names)
             shutil.rmtree(fresh)
-        record_checkpoint(os.path.join(args.out, "export.json"), kept if args.keep_checkpoint else None)
+            record_checkpoint(os.path.join(args.out, "export.json"), None)
     return 0
 
 
@@ -150,26 +147,6 @@ def check_rows(shard_stats: list, tables: list[str]) -> None:
            else f"{NEVER_TRAINED[0].upper()}{NEVER_TRAINED[1:]}")  # fmt: skip
     raise ValueError(f"the servers' tables {', '.join(tables)} hold no trained row: an export would be empty. "
                      f"{why}; nothing was saved")  # fmt: skip
-
-
-def check_kept_checkpoint(out: str, kept: str) -> None:
-    """ValueError, before anything is written, when OUT/checkpoint (kept) exists but is no checkpoint an earlier
-    export kept there (with --keep-checkpoint: its export.json names one): a link, a file, or a folder of someone
-    else's, which the export's end would replace."""
-    if not os.path.lexists(kept):
-        return
-    if os.path.islink(kept) or not os.path.isdir(kept):
-        what = "a link" if os.path.islink(kept) else "not a folder"
-        raise ValueError(f"{kept} is {what}, not a checkpoint an earlier export kept: an export keeps its checkpoint "
-                         "there (--keep-checkpoint) and replaces the earlier one; move it away first")  # fmt: skip
-    try:
-        with open(os.path.join(out, "export.json")) as f:
-            named = json.load(f).get("checkpoint")
-    except (OSError, ValueError, AttributeError):
-        named = None
-    if not named:  # the export that wrote export.json kept no checkpoint (OUT may have moved since: path not compared)
-        raise ValueError(f"{kept} is no checkpoint an earlier export kept (OUT's export.json names none), and an "
-                         "export replaces OUT/checkpoint: move it away first, or export into another OUT")  # fmt: skip
 
 
 @contextlib.contextmanager

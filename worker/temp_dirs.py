@@ -8,8 +8,9 @@
     <dir>/KEPT                                     a note: the directory was left on purpose (a shard failed to
                                                    start and the error names its log here)
     <OUT>/checkpoint.new-<pid>-<host>-<8 hex>      the checkpoint a `ps-worker export` (process <pid>) has its
-                                                   servers save into OUT and exports; renamed to OUT/checkpoint
-                                                   (--keep-checkpoint) or removed at its end (export_checkpoint_dir)
+                                                   servers save into OUT and exports; moved into
+                                                   the export's folder (--keep-checkpoint) or removed at its end
+                                                   (export_checkpoint_dir)
     <dir of F>/.<name of F>.<pid>-<host>-<8 hex>.partial   the rows `ps-worker predict` (process <pid>) writes
                                                    for its --out F, renamed to F once whole (partial_file); a
                                                    name of F past PARTIAL_NAME_BYTES bytes stands there as its

@@ -118,13 +118,14 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 # An export's OUT: export.json, and the folder it names ("dir"), export-<8 hex>, of the export's .npy files. An
 # export writes a new folder, fsyncs it, then writes export.json.tmp and renames it over export.json: that rename
 # puts the whole new export in place at once. Then it removes the earlier export's folder (or, of an export.json
-# without "dir", the .npy files of its tables in OUT itself). Every writer into OUT holds a claim on it
+# without "dir", the .npy files of its tables in OUT itself). With move_checkpoint the folder holds the checkpoint
+# exported too (`checkpoint`), moved in before export.json is written. Every writer into OUT holds a claim on it
 # (ps.storage.leftovers.claimed), and removes what killed exports left (leftovers.export_leftovers) when no other
 # writer is there.
 
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
-           tables: Sequence[str] | None = None) -> dict:  # fmt: skip
+           tables: Sequence[str] | None = None, move_checkpoint: bool = False) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: `export.json`, and the folder it names
     (its "dir": out/export-<8 hex>) holding per table `<table>.ids.npy` (uint64, sorted) and `<table>.rows.npy`
     (float32 (n, dim): embeddings only, no optimizer state, row i of id i), admitted rows only. export.json: {clock,
@@ -148,7 +149,11 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     checkpoint; CheckpointDamagedError for a damaged checkpoint (naming the file and offset where RocksDB finds a
     block whose checksum fails), and for a shard whose admitted rows of a table differ from its manifest's count.
     tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without; ValueError for one
-    that matches no table of the checkpoint, naming those it holds.
+    that matches no table of the checkpoint, naming those it holds. move_checkpoint: the checkpoint is renamed into
+    the export's folder (`<dir>/checkpoint`, on out's filesystem), once the .npy files are written, and export.json
+    names it there: the export and the checkpoint it was made from appear together, by the one rename, and a later
+    export into out removes them together. A failure before that rename moves the checkpoint back; a kill leaves it
+    in the unnamed folder, which the next export into out removes (leftovers.export_leftovers).
     """
     manifest = read_manifest(directory)
     if tables:
@@ -160,7 +165,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     new_out = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
     with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write"):
-        return _export_into(directory, manifest, out, new_out, since, progress)
+        return _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint)
 
 
 def chosen_tables(specs: list[dict], patterns: Sequence[str]) -> list[dict]:
@@ -191,7 +196,8 @@ def left_out_of_models(specs: list[dict], chosen: list[dict]) -> list[str]:
     return lines
 
 
-def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool) -> dict:
+def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool,
+                 move_checkpoint: bool) -> dict:  # fmt: skip
     """export's writing, into out (new_out: this export made it), under its claim on out."""
     # the clock a delta that follows this export takes as --since: the smallest shard's. A checkpoint's shards are
     # held one after another, so a step's pushes can land before the cut on one shard and after it on another,
@@ -205,8 +211,14 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
     earlier = _earlier_files(out)
     shown: ExportProgress | None = None
     made: list[str] = []  # what this export has created in out: its folder, then its export.json.tmp
+    moved = os.path.join(files, "checkpoint")
 
     def undo() -> None:
+        if move_checkpoint and os.path.isdir(moved):
+            try:
+                os.rename(moved, directory)
+            except OSError:  # the folder stays, checkpoint and all, for the next export into out to remove
+                made.remove(files)
         for path in made:
             if path == files:
                 shutil.rmtree(path, ignore_errors=True)
@@ -236,6 +248,9 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
             summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n), "features": cfg.features,
                                            "optimizer": cfg.optimizer.name,
                                            "initializer": dataclasses.asdict(cfg.initializer)}  # fmt: skip
+        if move_checkpoint:
+            os.rename(directory, moved)
+            summary["checkpoint"] = os.path.abspath(moved)
         sync_directory(files)
         with leftovers.open_temporary(final + ".tmp", "w") as f:
             made.append(final + ".tmp")

@@ -327,9 +327,10 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
     finally:
         stop(original)
     summary = json.loads((out / "export.json").read_text())
-    assert tree(out) == earlier and sorted(os.listdir(out)) == sorted(["checkpoint", summary["dir"], "export.json"])
-    assert summary["checkpoint"] == str(out / "checkpoint")
-    read_manifest(str(out / "checkpoint"))  # still whole
+    kept = out / summary["dir"] / "checkpoint"
+    assert tree(out) == earlier and sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"])
+    assert summary["checkpoint"] == str(kept)
+    read_manifest(str(kept))  # still whole
     headers = []
     write_header = np.lib.format.write_array_header_1_0
 
@@ -341,10 +342,10 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
 
     monkeypatch.setattr(np.lib.format, "write_array_header_1_0", failing_header)
     with pytest.raises(OSError, match=r"busy.rows.npy failed .*; nothing of an earlier export there was changed"):
-        restore.export(str(out / "checkpoint"), str(out))
+        restore.export(str(kept), str(out))
     assert tree(out) == earlier
     with pytest.raises(ValueError, match="lies inside the checkpoint"):
-        restore.export(str(out / "checkpoint"), str(out / "checkpoint" / "shard-0"))
+        restore.export(str(kept), str(kept / "shard-0"))
 
 
 def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(tmp_path):
