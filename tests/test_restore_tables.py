@@ -725,5 +725,11 @@ def test_an_export_that_moves_its_checkpoint_killed_at_any_point_leaves_one_whol
         if now == whole_new and not done:
             earlier = whole_new
     assert kill_at > 5
+    kept = json.loads((out / "export.json").read_text())["checkpoint"]
+    with pytest.raises(ValueError, match="lies inside the export in .* that this export replaces"):
+        export(kept, str(out))  # its folder would go, and the checkpoint it names with it
+    assert read() == whole_new
+    export(kept, str(out), move_checkpoint=True)  # the kept checkpoint goes on with the new export
+    assert read() == whole_new
     export(old, str(out))  # removes what the killed exports left, their moved checkpoints too
     assert sorted(os.listdir(out)) == sorted([json.loads((out / "export.json").read_text())["dir"], "export.json"])

@@ -146,8 +146,10 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     progress: show rows read, then rows written, per table (ExportProgress, on stderr); an out it made is removed
     again on a failure. What exports killed mid-write left in out is removed first, if out is an export's
     (leftovers.holds_an_export) and no other export writes there now. ValueError for an out inside the
-    checkpoint; CheckpointDamagedError for a damaged checkpoint (naming the file and offset where RocksDB finds a
-    block whose checksum fails), and for a shard whose admitted rows of a table differ from its manifest's count.
+    checkpoint, and for a checkpoint inside the folder of the export in out that this one replaces (without
+    move_checkpoint: that folder is removed); CheckpointDamagedError for a damaged checkpoint (naming the file and
+    offset where RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ
+    from its manifest's count.
     tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without; ValueError for one
     that matches no table of the checkpoint, naming those it holds. move_checkpoint: the checkpoint is renamed into
     the export's folder (`<dir>/checkpoint`, on out's filesystem), once the .npy files are written, and export.json
@@ -209,6 +211,12 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
                "checkpoint": os.path.abspath(directory), "dir": name, "tables": {}}  # fmt: skip
     files, final = os.path.join(out, name), os.path.join(out, "export.json")
     earlier = _earlier_files(out)
+    source = os.path.realpath(directory)
+    inside = [p for p in earlier if os.path.commonpath([source, os.path.realpath(p)]) == os.path.realpath(p)]
+    if inside and not move_checkpoint:  # (moved, it leaves that folder before it goes)
+        raise ValueError(f"the checkpoint {directory} lies inside the export in {out} that this export replaces, "
+                         f"whose folder {inside[0]} is removed once the new one is in place; move or copy the "
+                         "checkpoint out of it first (or have it moved into the new export: --move-checkpoint)")  # fmt: skip
     shown: ExportProgress | None = None
     made: list[str] = []  # what this export has created in out: its folder, then its export.json.tmp
     moved = os.path.join(files, "checkpoint")

@@ -342,8 +342,17 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
 
     monkeypatch.setattr(np.lib.format, "write_array_header_1_0", failing_header)
     with pytest.raises(OSError, match=r"busy.rows.npy failed .*; nothing of an earlier export there was changed"):
-        restore.export(str(kept), str(out))
+        restore.export(str(kept), str(out), move_checkpoint=True)  # moved after the files: never moved here
     assert tree(out) == earlier
+    monkeypatch.undo()
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(restore.leftovers, "open_temporary", no_room)  # export.json.tmp, once the checkpoint moved
+    with pytest.raises(OSError, match="No space left"):
+        restore.export(str(kept), str(out), move_checkpoint=True)
+    assert tree(out) == earlier  # the checkpoint moved back, the new folder removed
     with pytest.raises(ValueError, match="lies inside the checkpoint"):
         restore.export(str(kept), str(kept / "shard-0"))
 
