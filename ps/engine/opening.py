@@ -64,7 +64,7 @@ def refuse_lone_rocksdb(config: ServerConfig) -> None:
 def restore_manifest(config: ServerConfig) -> dict | None:
     """StorageError if config.data_dir is, or lies inside, a shard's folder of a checkpoint (through symbolic links
     too). For a restore into a new (missing or empty) data dir: the checkpoint's manifest, checked with every file of
-    it before the dir is made; else None (a dir with data gets the refusals of check_restored and restore_into)."""
+    it before the dir is made; else None (a dir with data gets the refusals of check_store)."""
     folder = checkpoint_folder_around(config.data_dir)
     if folder is not None:
         checkpoint = os.path.dirname(folder)
