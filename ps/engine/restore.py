@@ -260,6 +260,7 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
             os.rename(directory, moved)
             summary["checkpoint"] = os.path.abspath(moved)
         sync_directory(files)
+        sync_directory(out)  # the folder's own entry, on disk before export.json names it
         with leftovers.open_temporary(final + ".tmp", "w") as f:
             made.append(final + ".tmp")
             json.dump(summary, f, indent=1)
@@ -275,9 +276,8 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
         undo()
         raise
     sync_directory(out)  # the rename, after a power loss too
-    for path in (
-        earlier
-    ):  # an earlier folder left (a kill, an error) is one export.json does not name, which the next export removes
+    # an earlier folder left (a kill, an error) is one export.json does not name, which the next export removes
+    for path in earlier:
         with contextlib.suppress(OSError):
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
