@@ -345,6 +345,29 @@ def test_dnn_on_small_data_is_warned_about_and_deepfm_named(caplog):
     assert "first-order" not in caplog.text
 
 
+def test_the_large_recipe_on_small_data_is_warned_about_with_its_steps(caplog):
+    """--recipe large on 10,000 examples trains 5 steps of 2048, too few to move the model from its initial values
+    (test AUC near 0.5, or below it): the run says so before it trains; --recipe auto, enough steps (epochs or
+    batches given), or eval and predict (which read the model with the large recipe) do not."""
+    with caplog.at_level("WARNING"):
+        prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000, recipe="large"))
+    assert "--recipe large on 10,000 training examples: 1 epoch in batches of 2,048 is 5 steps, where the large " \
+           "recipe makes 489 or more" in caplog.text  # fmt: skip
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000))
+        prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000, recipe="large", epochs=98))
+        prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000, recipe="large", batch_size=20))
+        prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000, recipe="large"), training=False)
+    assert "--recipe large on" not in caplog.text
+    assert recipe.FEWEST_LARGE_STEPS == math.ceil(SMALL_DATA_EXAMPLES / LARGE.batch_size) == 489
+    last_short = (recipe.FEWEST_LARGE_STEPS - 1) * LARGE.batch_size  # 488 steps; one example more makes 489
+    assert "is 488 steps" in recipe.few_steps(LARGE, last_short, LARGE.batch_size, 1)
+    assert recipe.few_steps(LARGE, last_short + 1, LARGE.batch_size, 1) is None
+    assert "2 epochs in batches of 2,048 is 2 steps" in recipe.few_steps(LARGE, 1, LARGE.batch_size, 2)
+    assert recipe.few_steps(SMALL, 1, LARGE.batch_size, 1) is None  # the small recipe is never warned about
+
+
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched(tmp_path):
     """--optimizer ftrl with --mode geo is refused by the flags' checks (launch makes them before any worker
     starts); ftrl that a --table-config (or a schema) gives a table, when the tables are configured."""
