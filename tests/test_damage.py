@@ -1309,6 +1309,50 @@ def test_a_new_table_takes_the_last_table_number_and_none_past_it(three_tables, 
         assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/d") is None
 
 
+@pytest.mark.parametrize("lost", ["c", "abc"])
+def test_a_new_table_takes_no_number_that_rows_of_a_lost_table_are_under(three_tables, tmp_path, lost):
+    """The meta keys table/<name> and tid/<name> of c (number 2, the highest), or of every table, deleted: their
+    rows stay in RocksDB under numbers no table has. A new table d, and c made again, each take a number past
+    them (3, 4) and start empty, never with the lost table's rows; the tables left serve theirs."""
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        for table in lost:
+            store._meta.delete(b"table/" + table.encode())
+            store._meta.delete(b"tid/" + table.encode())
+    shard = shard_of(data_dir)
+    try:
+        assert shard.store.rows_of_no_table() == ([2] if lost == "c" else [0, 1, 2])
+        for table in "dc":
+            shard.create_table(TableConfig(table, DIM, **SGD))
+            assert rows_of(shard.pull(table, COMMON), 0), table
+        assert [shard.store.table_number(t) for t in "dc"] == [3, 4]
+        assert shard.store.rows_of_no_table() == ([2] if lost == "c" else [0, 1, 2])
+        for table in sorted(set("ab") - set(lost)):
+            assert rows_of(shard.pull(table, COMMON), -1), table
+    finally:
+        shard.close()
+
+
+def test_rows_of_no_table_under_the_last_table_number_leave_none_for_a_new_table(three_tables, tmp_path):
+    """A stored row under 2^32 - 1, a number no table has: a new table is refused with RESOURCE_EXHAUSTED naming
+    those rows, not given a number past the key's field; the tables there serve."""
+    from ps.errors import TableNumbersExhaustedError
+
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        store._rows().put(encode_keys(2**32 - 1, np.zeros(1, np.uint64))[0], b"\x00" * 24)
+    shard = shard_of(data_dir)
+    try:
+        with pytest.raises(TableNumbersExhaustedError) as refused:
+            shard.create_table(TableConfig("d", DIM, **SGD))
+        assert "a new table takes the number after the highest, and stored rows of no table (a table's whose meta " \
+               f"keys table/<name> and tid/<name> were lost: `ps-server verify {data_dir}` counts them) are under " \
+               "4,294,967,295, the largest" in str(refused.value), str(refused.value)  # fmt: skip
+        assert "d" not in shard.tables and rows_of(shard.pull("c", COMMON), -1)
+    finally:
+        shard.close()
+
+
 def test_a_table_number_key_whose_name_is_not_utf8_is_damage_that_fails_only_its_table(three_tables, tmp_path):
     """tid/b's key damaged into one whose name is not UTF-8 (b's number under it): b has no number, so its pulls
     fail with DATA_LOSS, as does a new table, naming the key; a and c serve; verify names the key and b."""

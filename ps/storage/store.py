@@ -30,6 +30,7 @@ value as meta_value does.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -474,10 +475,12 @@ class Store:
             self._table_numbers()[0][cfg.name] = number
 
     def number_for(self, table: str) -> int:
-        """The number create_table records for table: its own, or for a new table the next one. DataLossError,
-        naming the key, while a table's number does not read or is missing: it may be any number, so that a new
-        table given one could share its rows, and that table made again under a new one would lose them.
-        TableNumbersExhaustedError for a new table where the highest number is MAX_TABLE_NUMBER."""
+        """The number create_table records for table: its own, or for a new table the one after the highest in use,
+        by a table or by stored rows (rows_of_no_table: the rows of a table whose meta keys were lost keep their
+        number, so that no new table shares them). DataLossError, naming the key, while a table's number does not
+        read or is missing: it may be any number, so that a new table given one could share its rows, and that table
+        made again under a new one would lose them. TableNumbersExhaustedError for a new table where the highest
+        number in use is MAX_TABLE_NUMBER."""
         numbers, unread = self._table_numbers()
         if table in numbers:
             return numbers[table]
@@ -487,17 +490,53 @@ class Store:
         first_unread(unread, self._damaged, "; no new table is given a number while a table's is not known (the new "
                      "table could get it, and share that table's rows)")  # fmt: skip
         highest = max(numbers, key=numbers.__getitem__, default=None)
-        if highest is None:
-            return 0
-        if numbers[highest] == MAX_TABLE_NUMBER:  # (a "tid/" value above it does not read: meta_value)
+        top = -1 if highest is None else numbers[highest]
+        orphans = self.rows_of_no_table()
+        if orphans and orphans[-1] > top:
+            top, holder = orphans[-1], (f"stored rows of no table (a table's whose meta keys table/<name> and "
+                                        f"tid/<name> were lost: `ps-server verify {self.path}` counts them) are "
+                                        f"under {orphans[-1]:,}")  # fmt: skip
+        else:
+            holder = f"table {highest!r} holds {top:,} (meta key tid/{highest})"
+        if top == MAX_TABLE_NUMBER:  # (a "tid/" value above it does not read: meta_value)
             raise TableNumbersExhaustedError(
                 f"no table number is left for new table {table!r}: a new table takes the number after the highest, "
-                f"and table {highest!r} holds {numbers[highest]:,} (meta key tid/{highest}), the largest a row key's "
-                "table field takes. A shard numbers its tables from 0, one per new table, so that value was most "
-                "likely damaged or written by hand; a checkpoint restored into a new data dir numbers its tables from "
-                "0. Nothing was created"
+                f"and {holder}, the largest a row key's table field takes. A shard numbers its tables from 0, one "
+                "per new table, so that value was most likely damaged or written by hand; a checkpoint restored into "
+                "a new data dir numbers its tables from 0. Nothing was created"
             )
-        return numbers[highest] + 1
+        return top + 1
+
+    def rows_of_no_table(self) -> list[int]:
+        """The table numbers, ascending, that stored rows are under and no table's number (a "tid/" value that
+        reads) is: the rows of a table whose meta keys table/<name> and tid/<name> were lost (nothing else leaves
+        rows without their table). One seek to the first number in no table's hands, and one past each number in
+        use found there: a single seek where the tables hold 0..n-1 and no such rows are stored. A key shorter than
+        a table number (damage) counts as if padded with zero bytes."""
+        try:
+            rows = self._rows()
+        except StorageError:  # no table was ever created
+            return []
+        held = sorted(set(self._table_numbers()[0].values()))
+        out, number = [], 0
+        with self._rocksdb("looking for stored rows of no table", "nothing was read"):
+            it = rows.iter()
+            while True:
+                at = bisect.bisect_left(held, number)
+                while at < len(held) and held[at] == number:  # the first number from here that no table holds
+                    number, at = number + 1, at + 1
+                if number > MAX_TABLE_NUMBER:
+                    break
+                it.seek(number.to_bytes(4, "big"))
+                if not it.valid():
+                    break
+                number = int.from_bytes(it.key()[:4].ljust(4, b"\0"), "big")
+                at = bisect.bisect_left(held, number)
+                if at == len(held) or held[at] != number:
+                    out.append(number)
+                number += 1
+            it.status()
+        return out
 
     # {table: number} of the tables whose number reads, {table: what is damaged} of those whose number does not
     # read or whose config is stored without one: read from meta on first use (_table_numbers), under
