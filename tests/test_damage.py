@@ -943,7 +943,15 @@ def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verif
     assert damaged and [line for line in lines if line.startswith("DAMAGED")][0].startswith(f"DAMAGED {said}"), lines
 
 
-def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_path):
+def test_rows_of_a_table_number_no_config_has_are_damage_to_verify_and_a_start_warns_and_serves(stopped_cleanly,
+                                                                                                 tmp_path, caplog):  # fmt: skip
+    """Three rows under a number no table has: verify calls them DAMAGED (how many, which number, the first key, what
+    to do), a start warns naming the number and serves the table there; a checkpoint of the dir holds them too,
+    which verify of it notes (no restore reads them), and a restore of it into a new dir leaves them behind, as
+    verify's remedy says. The intact dir gives no such line."""
+    from ps.engine.shard import Shard
+    from tests.conftest import one_shard_checkpoint
+
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
         number = store.table_number("t")
@@ -951,12 +959,30 @@ def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_
             store._rows().put(key, b"\x00" * 24)
     lines, damaged = verify_data_dir(str(data_dir))
     first = encode_keys(number + 5, np.zeros(1, np.uint64))[0].hex()
-    assert not damaged, lines
-    assert (f"note    rows of no table: 3 stored rows of table number(s) {number + 5} (3 rows), which no readable "
-            "table config has (meta keys table/<name>, tid/<name>): no server reads them; the first key "
-            f"{first}") in lines, lines  # fmt: skip
-    lines, damaged = verify_data_dir(str(stopped_cleanly))
-    assert not damaged and not [line for line in lines if "rows of no table" in line], lines
+    said = (f"rows of no table: 3 stored rows of table number(s) {number + 5} (3 rows), which no readable table "
+            f"config has (meta keys table/<name>, tid/<name>); the first key {first}")  # fmt: skip
+    assert damaged and f"DAMAGED {said}: the rows of a table whose meta keys were lost. No request reads them and " \
+        "no new table takes their numbers; restore the dir from a backup or checkpoint to get the table back, or, " \
+        "to drop them, save a checkpoint and restore it into a new data dir (a restore copies only the tables it " \
+        "names)" in lines, lines  # fmt: skip
+    spec = TableConfig("t", DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))
+    shard = Shard(ServerConfig(data_dir=str(data_dir)))
+    try:
+        assert rows_of(shard.pull("t", COMMON), -PUSHES)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+    finally:
+        shard.close()
+    warned = [r.getMessage() for r in caplog.records if "rows under table number(s)" in r.getMessage()]
+    assert warned == [f"data dir {data_dir} is damaged: it stores rows under table number(s) {number + 5}, which "
+                      "no table's number (meta key tid/<name>) is: the rows of a table whose meta keys table/<name> "
+                      "and tid/<name> were lost. No request reads them and no new table takes their numbers; the "
+                      f"other tables serve. `ps-server verify {data_dir}` counts them and says what to do"], warned  # fmt: skip
+    lines, damaged = verify_checkpoint(str(tmp_path / "ckpt"))
+    assert not damaged and f"note    shard-0: {said}: no restore or export reads them" in lines, lines
+    Shard(ServerConfig(data_dir=str(tmp_path / "new"), restore_dir=str(tmp_path / "ckpt"))).close()
+    for intact in (tmp_path / "new", stopped_cleanly):
+        lines, damaged = verify_data_dir(str(intact))
+        assert not damaged and not [line for line in lines if "rows of no table" in line], lines
 
 
 def test_verify_says_a_stray_count_of_no_table_fails_only_the_creation_of_that_table(stopped_cleanly, tmp_path):
@@ -1117,8 +1143,8 @@ def test_verify_names_a_checkpoints_meta_value_that_does_not_read_by_what_reads_
 @pytest.mark.parametrize("number", ["deleted", "unreadable"])
 def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_cleanly, tmp_path, number):
     """A table whose number is gone or does not read: its rows are among those of numbers no table has, said in its
-    DAMAGED line, not again as rows no server reads. With two such tables they cannot be told apart: the note
-    stays."""
+    DAMAGED line, not again as rows no server reads. With two such tables they cannot be told apart: the rows are
+    a line of their own."""
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
         ids = np.array([i for i, _ in store.iter_rows("t")], dtype=np.uint64)
@@ -1140,7 +1166,7 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
     with opened(data_dir) as store:  # a second table without its number: which rows are whose is not known
         store._meta.put(b"table/u", json.dumps(TableConfig("u", DIM).to_dict()).encode())
     lines, damaged = verify_data_dir(str(data_dir))
-    assert [line for line in lines if line.startswith("note    rows of no table")], lines
+    assert [line for line in lines if line.startswith("DAMAGED rows of no table")], lines
     assert not [line for line in lines if "Its rows, if it has any" in line], lines
 
 

@@ -229,9 +229,22 @@ def open_journal(config: ServerConfig, memory: MemoryPlan) -> Journal:
 
 def open_tables(store: Store, journal: Journal, budget: MemoryBudget, stored: list[TableConfig]) -> dict[str, Table]:
     """The tables of the configs RocksDB holds (check_store's), by name, over one RAM tier budget
-    (RamTierTooSmallError if it cannot hold them)."""
+    (RamTierTooSmallError if it cannot hold them); a warning names the numbers of stored rows of no table
+    (Store.rows_of_no_table: a lost table's; the start serves the others)."""
     check_tables_fit(budget, stored, "tables its data dir holds")
-    return {cfg.name: Table(cfg, store, journal, budget) for cfg in stored}
+    tables = {cfg.name: Table(cfg, store, journal, budget) for cfg in stored}
+    try:
+        orphans = store.rows_of_no_table()
+    except DataLossError as e:  # met again by the requests that read there, which fail with DATA_LOSS
+        log.warning("data dir %s: stored rows of no table were not looked for: %s", store.path, e)
+        return tables
+    if orphans:
+        shown = ", ".join(f"{n:,}" for n in orphans[:5]) + (", ..." if len(orphans) > 5 else "")
+        log.warning("data dir %s is damaged: it stores rows under table number(s) %s, which no table's number (meta "
+                    "key tid/<name>) is: the rows of a table whose meta keys table/<name> and tid/<name> were lost. "
+                    "No request reads them and no new table takes their numbers; the other tables serve. `ps-server "
+                    "verify %s` counts them and says what to do", store.path, shown, store.path)  # fmt: skip
+    return tables
 
 
 def replay(

@@ -9,8 +9,9 @@ trained row's or a pending id's); the shard record in RocksDB against shard.json
 journal record after RocksDB's flushed position, against the journal's mark, as start-up would replay them. A
 finding is damaged where the server would refuse to start on it or fail a request with DATA_LOSS (a restore or an
 export, in a checkpoint), and a note where it starts with a warning (a torn last journal record), reads it with a
-warning as if absent (a job_done record), repairs it (a missing shard.json) or never reads it (rows of a table number no table config has; a checkpoint's meta values
-other than its tables' numbers and counts).
+warning as if absent (a job_done record), repairs it (a missing shard.json) or never reads it (a checkpoint's meta
+values other than its tables' numbers and counts, and its rows of a table number no table config has). Rows of a
+table number no table config has are damage in a data dir: a table's lost meta keys, the one thing that leaves them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ps.storage.journal import Journal
 from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
 from ps.storage.readonly import damage_at
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import JOB_DONE_REMEDY, Store
+from ps.storage.store import JOB_DONE_REMEDY, RESTORE_DIR, Store
 from ps.storage.verifyscan import verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
@@ -232,8 +233,9 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
 def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[str, int | None]:
     """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
     or a pending id's (ps.rows.layout.stored_sizes; Store.get_rows refuses a row of another size with DATA_LOSS);
-    a note of the rows of a table number no table config has (no server reads them), said instead with the one
-    table whose number is absent or does not read, if there is one. meta: verify_rocksdb's, of a meta column family
+    the rows of a table number no table config has (a lost table's, which no server reads: damage in a data dir, a
+    note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
+    number is absent or does not read, if there is one. meta: verify_rocksdb's, of a meta column family
     read whole. Returns {table: its dim, None where its config does not read}."""
     found = report.found
     rows, checked, bad_tables = meta["rows"], {}, 0
@@ -278,8 +280,15 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
                  f"{first_orphan}" if orphans and len(lost) == 1 else "")  # fmt: skip
         found(False, f"{at}table {table!r}: {why}: none of its rows can be found; {follows}{among}")
     if orphans and len(lost) != 1:  # with two tables or more without their numbers, whose rows are whose is unknown
-        report.note(f"{at}rows of no table: {orphan_rows}, which no readable table config has (meta keys "
-                    f"table/<name>, tid/<name>): no server reads them; the first key {first_orphan}")  # fmt: skip
+        said = (f"{at}rows of no table: {orphan_rows}, which no readable table config has (meta keys table/<name>, "
+                f"tid/<name>); the first key {first_orphan}")  # fmt: skip
+        if checkpoint:
+            report.note(f"{said}: no restore or export reads them")
+        else:  # nothing but a table's lost meta keys leaves rows without their table
+            found(False, f"{said}: the rows of a table whose meta keys were lost. No request reads them and no new "
+                         f"table takes their numbers; {RESTORE_DIR} to get the table back, or, to drop them, save a "
+                         "checkpoint and restore it into a new data dir (a restore copies only the tables it "
+                         "names)")  # fmt: skip
     odd, first = rows.odd_keys
     if odd:
         found(False, f"{at}column family rows: {odd:,} keys of another size than {KEY_BYTES} bytes (table, slot, id), "
