@@ -59,15 +59,14 @@ def pull_batch_bytes(table: str, ids: np.ndarray) -> bytes:
 
 
 def push_batch_body(table: str, ids: np.ndarray, grads: np.ndarray, return_rows: bool = False) -> bytes:
-    """The pushes field of a PushBatchRequest of one push as Client.push sends it: unique sorted ids, grads, one
-    show and no click per id. Complete it with push_batch_tail."""
+    """The pushes field of a PushBatchRequest of one push as Client.push sends it: unique sorted ids, grads, and
+    neither shows nor clicks (one show and no click per id: the defaults, left out). Complete it with
+    push_batch_tail."""
     push = ps_pb2.PushRequest(
         table=table,
         ids=np.ascontiguousarray(ids, dtype="<u8").tobytes(),
         grads=np.ascontiguousarray(grads, dtype="<f4").tobytes(),
         dim=grads.shape[1],
-        shows=np.ones(len(ids), dtype="<f4").tobytes(),
-        clicks=np.zeros(len(ids), dtype="<f4").tobytes(),
         return_rows=return_rows,
     )
     return ps_pb2.PushBatchRequest(pushes=[push]).SerializeToString()

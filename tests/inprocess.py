@@ -38,8 +38,8 @@ class InProcessTables:
         push, deduplicated as the Client does."""
         dim = self.dim(table)
         uniq, item_grads, item_shows, item_clicks, where = push_arrays(table, ids, grads, clicks, shows, dim)
-        contiguous = np.ascontiguousarray
-        return (table, uniq, contiguous(item_grads), contiguous(item_shows), contiguous(item_clicks)), where
+        arrays = (item_grads, item_shows, item_clicks)  # counts None: the defaults, as the Client leaves them out
+        return (table, uniq, *(None if a is None else np.ascontiguousarray(a) for a in arrays)), where
 
     def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> None:
         self.push_many([(table, ids, grads, clicks, shows)])

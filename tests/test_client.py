@@ -26,7 +26,7 @@ from ps.errors import (
 from ps.rows.initializers import init_rows
 from ps.sharding import SlotMap
 from tests.conftest import call_slots_taken, random_ids
-from worker.client import Client, push_arrays, sum_duplicates
+from worker.client import Client, PushItem, push_arrays, sum_duplicates
 from worker.retry import retryable, sent_once
 
 
@@ -64,8 +64,13 @@ def test_push_arrays_against_a_loop(ids, with_clicks):
         s[2] += 0.0 if clicks is None else float(clicks[k])
     assert uniq.tolist() == sorted(want)
     np.testing.assert_allclose(g, np.array([want[i][0] for i in uniq.tolist()]).reshape(-1, 3), rtol=1e-6)
-    assert shows.tolist() == [want[i][1] for i in uniq.tolist()]
-    assert got_clicks.tolist() == [want[i][2] for i in uniq.tolist()]
+    # the default counts (one show, no click per id) come back as None: the Client leaves them out of its requests
+    want_shows = [want[i][1] for i in uniq.tolist()]
+    assert (shows is None) == all(s == 1.0 for s in want_shows)
+    assert want_shows == ([1.0] * len(uniq) if shows is None else shows.tolist())
+    want_clicks = [want[i][2] for i in uniq.tolist()]
+    assert (got_clicks is None) == all(c == 0.0 for c in want_clicks)
+    assert want_clicks == ([0.0] * len(uniq) if got_clicks is None else got_clicks.tolist())
     where = np.arange(len(ids)) if order is None else order  # the row of each given id
     assert uniq[where].tolist() == ids.tolist()
 
@@ -77,7 +82,9 @@ def test_push_arrays_refuses_clicks_or_shows_of_another_length():
         with pytest.raises(ValueError, match="for 3 ids"):
             push_arrays("t", ids, grads, kwargs["clicks"], kwargs["shows"], 2)
     _, _, shows, clicks, _ = push_arrays("t", ids, grads, 1.0, None, 2)  # one value: every id
-    assert clicks.tolist() == [1.0, 1.0, 1.0] and shows.tolist() == [1.0, 1.0, 1.0]
+    assert clicks.tolist() == [1.0, 1.0, 1.0] and shows is None  # one show each: the default, left out
+    _, _, shows, clicks, _ = push_arrays("t", ids, grads, 0.0, 2.0, 2)
+    assert shows.tolist() == [2.0, 2.0, 2.0] and clicks is None  # no click: the default, left out
 
 
 BAD_PUSHES = {  # what spoils one id's part of a push, and what the refusal says
@@ -560,7 +567,8 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
     slot_map = SlotMap.contiguous(2)
     ids = random_ids(400, seed=3)
     owner = slot_map.shard_of(ids)
-    mine = [np.sort(ids[owner == s])[:39] for s in (0, 1)]  # 3 requests of 13 ids each (Router.route), a batch each
+    mine = [np.sort(ids[owner == s])[:39] for s in (0, 1)]  # 3 requests of 13 ids each (Router.route: id and
+    # grads, the default counts left out), a batch each
     calls = [0]
     real = shards[1].shard.push_batch
 
@@ -572,7 +580,7 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
 
     shards[1].shard.push_batch = second_refused
     pushed = np.concatenate(mine)
-    with Client(addresses, max_request_bytes=13 * (4 * 4 + 16), server_timeout_s=0) as client:
+    with Client(addresses, max_request_bytes=13 * (4 * 4 + 8), server_timeout_s=0) as client:
         client.create_table(sgd1_table)
         with pytest.raises(InvalidArgumentError, match=r"refused by the test; nothing was applied\. This push was 6 "
                            r"PushBatch calls; shard 0: 2 of 3 applied; shard 1: 1 of 3 applied, batch 2 failed "
@@ -659,8 +667,9 @@ def test_a_batch_push_refused_past_the_server_timeout_after_part_of_it_was_appli
 
 
 def test_a_push_keeps_its_messages_within_max_request_bytes(servers):
-    """A push carries 4 * dim + 16 bytes an id (id, grads, show, click): a dim-1 push chunked as a pull is (by its
-    reply, 4 * dim + 8 bytes an id) would send messages of 20/12 the size asked for."""
+    """A push carries 4 * dim + 16 bytes an id (id, grads, show, click), less 4 for each count it leaves out at
+    its default: a dim-1 push with clicks chunked as a pull is (by its reply, 4 * dim + 8 bytes an id) would send
+    messages of 20/12 the size asked for; one without clicks chunked as one with them, messages of 16/20 of it."""
     addresses, _ = servers(2)
     sizes: dict[str, list[int]] = {"PushBatch": []}
     with Client(addresses, max_request_bytes=4000) as client:
@@ -677,9 +686,55 @@ def test_a_push_keeps_its_messages_within_max_request_bytes(servers):
         client._attempt = measured
         ids = random_ids(1000, seed=5)
         before = client.pull("lr", ids)
-        client.push("lr", ids, np.ones((len(ids), 1), np.float32))
-        np.testing.assert_array_equal(client.pull("lr", ids), before - 1)
-    assert max(sizes["PushBatch"]) <= 4000 < max(sizes["PushBatch"]) + 20  # full messages, none larger
+        for clicks in (np.ones(len(ids), np.float32), None):  # per id 20 bytes sent, then 16 (clicks left out)
+            sizes["PushBatch"].clear()
+            client.push("lr", ids, np.ones((len(ids), 1), np.float32), clicks=clicks)
+            assert max(sizes["PushBatch"]) <= 4000 < max(sizes["PushBatch"]) + 20  # full messages, none larger
+        np.testing.assert_array_equal(client.pull("lr", ids), before - 1 - 1)  # two sgd steps, in float32
+
+
+def test_a_push_leaves_out_the_default_counts_and_the_shards_count_what_a_loop_counts(servers, sgd1_table):
+    """One show and no click per id are the counts a PushRequest may leave out: the client sends shows only where
+    an id's are not 1 (it occurs more than once, or the caller gives others), clicks only where one is not 0, each
+    on its own; the shards' show and click statistics are what a loop over the pushes counts."""
+    addresses, shards = servers(2)
+    sent: list[tuple[bool, bool]] = []  # (shows sent, clicks sent) per PushRequest
+    ids = random_ids(200, seed=7)
+    odd = (np.arange(len(ids)) % 2).astype(np.float32)
+    cases = [  # (ids, clicks, shows, (shows sent, clicks sent))
+        (ids, None, None, (False, False)),
+        (np.concatenate([ids, ids[:50]]), None, None, (True, False)),  # duplicates: their shows summed
+        (ids, np.zeros(len(ids)), None, (False, False)),  # no click given is no click
+        (ids, odd, None, (False, True)),
+        (np.concatenate([ids, ids[:50]]), np.concatenate([odd, odd[:50]]), None, (True, True)),
+        (ids, None, np.full(len(ids), 2.0), (True, False)),
+        (ids, odd, np.ones(len(ids)), (False, True)),  # one show each given is the default
+        (ids, np.zeros(len(ids)), np.zeros(len(ids)), (True, False)),
+    ]
+    want = {int(i): [0.0, 0.0] for i in ids}  # id: [shows, clicks]
+    with Client(addresses) as client:
+        client.create_table(sgd1_table)
+        real = client._attempt
+
+        def measured(call, *args):
+            method, _, request = call
+            if method == "PushBatch":
+                sent.extend((len(p.shows) > 0, len(p.clicks) > 0) for p in request.pushes)
+            return real(call, *args)
+
+        client._attempt = measured
+        for pushed, clicks, shows, flags in cases:
+            sent.clear()
+            client.push_many([PushItem("emb", pushed, np.zeros((len(pushed), 4), np.float32), clicks, shows)])
+            assert set(sent) == {flags}, (flags, sent)
+            for k, i in enumerate(pushed.tolist()):
+                want[i][0] += 1.0 if shows is None else float(shows[k])
+                want[i][1] += 0.0 if clicks is None else float(clicks[k])
+    owner = SlotMap.contiguous(2).shard_of(ids)
+    for s in (0, 1):
+        mine = ids[owner == s]
+        counts = shards[s].shard.table("emb").peek(mine)[:, -4:-2]  # the statistics: show, click, last_step, admitted
+        np.testing.assert_array_equal(counts, [want[i] for i in mine.tolist()])
 
 
 def test_an_overloaded_shard_refuses_calls_past_its_queue_at_once_and_clients_send_them_again(

@@ -1212,7 +1212,7 @@ def test_a_push_apart_of_several_messages_carries_the_job_on_every_one_and_anoth
         wait_until(taken, 10, "the other job taking the shard")
         before = client.pull("emb", ids)
         with pytest.raises(JobConflictError, match=f"holds job {JOB + 1}") as refused:
-            source.push_apart([("emb", ids, np.ones((len(ids), 4), np.float32))], add_delta=True)  # 40 ids: 7 messages
+            source.push_apart([("emb", ids, np.ones((len(ids), 4), np.float32))], add_delta=True)  # 40 ids: 5 messages
         assert refused.value.status == "FAILED_PRECONDITION"
         np.testing.assert_array_equal(client.pull("emb", ids), before)
     assert server.shard.stats()["job"] == JOB + 1

@@ -288,7 +288,8 @@ class Client:
             rows = np.empty((len(uniq), dim), dtype=np.float32) if return_rows else None
             routed = self._routed_pushes(table, dim, uniq, item_grads, item_shows, item_clicks, return_rows, delta)
             for shard, sel, request in routed:
-                requests.append((shard, request, len(sel) * (4 * dim + 16), (rows, sel, dim)))
+                size = len(request.ids) + len(request.grads) + len(request.shows) + len(request.clicks)
+                requests.append((shard, request, size, (rows, sel, dim)))
             plans.append((rows, order))
         sync = stamp is not None and stamp.sync
         clocked = stamp is not None and not stamp.unclocked
@@ -341,18 +342,20 @@ class Client:
             min_clock = 0  # clock its reply gave: they are known fresh at none
         return out, min_clock or 0
 
-    def _routed_pushes(self, table: str, dim: int, uniq: np.ndarray, grads: np.ndarray, shows: np.ndarray,
-                       clicks: np.ndarray, return_rows: bool, add_delta: bool) -> Iterator[tuple[int, np.ndarray, Any]]:  # fmt: skip
+    def _routed_pushes(self, table: str, dim: int, uniq: np.ndarray, grads: np.ndarray, shows: np.ndarray | None,
+                       clicks: np.ndarray | None, return_rows: bool,
+                       add_delta: bool) -> Iterator[tuple[int, np.ndarray, Any]]:  # fmt: skip
         """(shard, positions in uniq, PushRequest) per request of one item's arrays (push_arrays'), as the router
-        splits them."""
-        for shard, sel in self._router.route(uniq, dim, self.max_request_bytes, per_id=16):
+        splits them; shows or clicks None (every id shown once, or clicked never) are left out of the requests."""
+        per_id = 8 + 4 * ((shows is not None) + (clicks is not None))  # the id, and the counts sent
+        for shard, sel in self._router.route(uniq, dim, self.max_request_bytes, per_id=per_id):
             request = ps_pb2.PushRequest(
                 table=table,
                 ids=wire.encode_ids(uniq[sel]),
                 grads=wire.encode_rows(grads[sel]),
                 dim=dim,
-                shows=wire.encode_rows(shows[sel]),
-                clicks=wire.encode_rows(clicks[sel]),
+                shows=b"" if shows is None else wire.encode_rows(shows[sel]),
+                clicks=b"" if clicks is None else wire.encode_rows(clicks[sel]),
                 return_rows=return_rows,
                 add_delta=add_delta,
             )

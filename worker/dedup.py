@@ -68,23 +68,29 @@ def push_arrays(
     """(unique ids, their grads (n, dim), shows (n,), clicks (n,), all float32, and where each given id's row is
     in them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
     show and duplicates are summed; given: ids must be unique (ValueError) and everything is taken per id.
-    Ids that are unique and increasing already (dense tables, a caller's np.unique) are taken as they are: no
-    copy, no sort. InvalidArgumentError for a value a shard would refuse (ps.rows.pushcheck), or for grads of an
-    id's occurrences that sum past float32's range, so that such a push is sent to no shard."""
+    The shows returned are None where every id has 1, the clicks None where every id has 0: the defaults a
+    PushRequest leaves out. Ids that are unique and increasing already (dense tables, a caller's np.unique) are
+    taken as they are: no copy, no sort. InvalidArgumentError for a value a shard would refuse
+    (ps.rows.pushcheck), or for grads of an id's occurrences that sum past float32's range, so that such a push
+    is sent to no shard."""
     ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
     grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-    clicks = np.zeros(len(ids), np.float32) if clicks is None else _per_id(clicks, len(ids), table, "clicks")
+    clicks = None if clicks is None else _per_id(clicks, len(ids), table, "clicks")
     if shows is not None:
         if wire.repeats_ids(ids):
             raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
-        out = ids, grads, _per_id(shows, len(ids), table, "shows"), clicks, None
+        shows = _per_id(shows, len(ids), table, "shows")
+        out = ids, grads, None if (shows == 1).all() else shows, clicks, None
     elif wire.strictly_increasing(ids):
-        out = ids, grads, np.ones(len(ids), dtype=np.float32), clicks, None
+        out = ids, grads, None, clicks, None
     else:
-        counts = np.stack([np.ones(len(ids), dtype=np.float32), clicks], axis=1)  # show, click per occurrence
-        uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+        counts = [np.ones((len(ids), 1), np.float32)] + ([] if clicks is None else [clicks.reshape(-1, 1)])
+        uniq, summed = sum_duplicates(ids, np.concatenate([grads, *counts], axis=1))  # a show per occurrence
         order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
-        out = uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1], order
+        shows = None if len(uniq) == len(ids) else summed[:, dim]  # no duplicates: one show each
+        out = uniq, summed[:, :dim], shows, None if clicks is None else summed[:, dim + 1], order
+    if out[3] is not None and not out[3].any():  # no clicks (NaN counts as one: the check below names it)
+        out = (*out[:3], None, out[4])
     try:
         check_push_values(table, *out[:4])  # as a shard checks it: a bad value reaches no shard
     except InvalidArgumentError:

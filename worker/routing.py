@@ -27,12 +27,11 @@ class Router:
         self, uniq: np.ndarray, dim: int, max_request_bytes: int, per_id: int = 8
     ) -> list[tuple[int, np.ndarray]]:
         """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes at 4 * dim + per_id
-        bytes an id (per_id: what a request carries per id besides its row: 8, the id, for a pull; 16 for a push,
-        its show and click too). The routes of the last ids seen per (count, bytes an id, request size limit) are
-        kept, for at most MAX_ROUTED_IDS ids: a dense
-        table pushes the same few ids every step, while a sparse table's steps, each of another count, would fill
-        the cache with copies of ids never asked for again. Callers only index with the positions, never change
-        them."""
+        bytes an id (per_id: what a request carries per id besides its row: 8, the id, for a pull; for a push, 4
+        more for each of its show and click that it sends). The routes of the last ids seen per (count, bytes an
+        id, request size limit) are kept, for at most MAX_ROUTED_IDS ids: a dense table pushes the same few ids
+        every step, while a sparse table's steps, each of another count, would fill the cache with copies of ids
+        never asked for again. Callers only index with the positions, never change them."""
         id_bytes = 4 * dim + per_id
         if len(uniq) > MAX_ROUTED_IDS:
             return list(self._compute_route(uniq, id_bytes, max_request_bytes))
