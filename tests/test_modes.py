@@ -1243,6 +1243,29 @@ def test_an_ssp_step_push_of_several_messages_stamps_each_and_moves_the_workers_
     assert server.shard.clock == 2  # advance_clock: with the last message only
 
 
+def test_a_clocked_push_builds_the_apart_stamp_only_where_a_shard_gets_several_messages(servers, monkeypatch):
+    """The apart stamp (a shard's messages before its last) is built only for a push where some shard gets more
+    than one message, not on every step: a step of one message per shard builds the step's stamp alone."""
+    addresses, _ = servers(2)
+    ids = np.arange(1, 7, dtype=np.uint64)
+    built, real = [], codec.stamp_to_proto
+
+    def noted(s: WorkerStamp) -> ps_pb2.WorkerStamp:
+        built.append(s.apart)
+        return real(s)
+
+    monkeypatch.setattr(codec, "stamp_to_proto", noted)
+    with Client(addresses, timeout_s=30) as client:
+        client.create_table(SGD)
+        for step, max_request_bytes, want in ((0, client.max_request_bytes, [False]), (1, 32, [False, True])):
+            built.clear()
+            client.max_request_bytes = max_request_bytes  # 32: one id a message, several messages a shard
+            client.push_many([("emb", ids, np.ones((len(ids), 4), np.float32))], advance_clock=1,
+                             stamp=stamp(0, step, num_workers=1, staleness=1, acked=step))  # fmt: skip
+            assert built == want, step
+        np.testing.assert_array_equal(client.pull("emb", ids), np.full((len(ids), 4), -2.0))  # both steps, once
+
+
 def test_a_first_ssp_step_of_several_messages_on_a_shard_another_job_holds_is_refused_whole(servers):
     """An ssp worker's first step, three messages on its shard, while another job holds the shard: every message
     carries the job's stamp (apart but for the last), so the shard refuses the first (FAILED_PRECONDITION), the

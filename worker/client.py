@@ -298,7 +298,9 @@ class Client:
         )
         last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
         proto = None if stamp is None else codec.stamp_to_proto(stamp)
-        before = codec.stamp_to_proto(replace(stamp, apart=True)) if clocked and not sync else proto  # no clock
+        before = proto  # the stamp of a shard's batches before its last: apart where clocked (they move no clock)
+        if clocked and not sync and not stamp.apart and len(last) < len(groups):  # a shard gets two batches
+            before = codec.stamp_to_proto(replace(stamp, apart=True))
         with self._numbers.lock:
             waves: list[list] = []  # wave k: the k-th batch of each shard; a shard's batches go in order
             for i, (shard, g) in enumerate(groups):
