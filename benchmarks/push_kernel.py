@@ -4,7 +4,8 @@
 
 A hot table (every row in the RAM tier) of --rows ids, dim 16, Adagrad, in an in-process Shard; each call
 pushes --ids distinct random ids. Three figures per tree, ms per call:
-    push     Shard.push_batch of one push (validation, the in-place update, the journal append)
+    push     Shard.push_batch of one push with the default counts, 1 show and 0 clicks per id, as the client
+             sends most (validation, the in-place update, the journal append)
     chunked  the same push with the table made to take it in chunks of --chunk ids (buffered update, commit)
     replay   Table.replay of a journal record of --ids ids newer than every row (start-up's path)
 Each round runs one child process per tree (PYTHONPATH set to the tree), alternating, so a change in this
@@ -63,7 +64,7 @@ def child(args: argparse.Namespace) -> None:
 
     def push() -> None:
         calls["n"] += 1
-        shard.push_batch([("hot", batches[calls["n"] % 8], grads, shows, clicks)])
+        shard.push_batch([("hot", batches[calls["n"] % 8], grads)])  # the default counts: none given
 
     def chunked() -> None:
         table.arena.max_pinnable = lambda: args.chunk  # the table takes the push in chunks of this many ids
