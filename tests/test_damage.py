@@ -1302,6 +1302,31 @@ def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_ta
         assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/d") is None
 
 
+@pytest.mark.parametrize("number", ["deleted", "unreadable"])
+def test_a_start_names_a_tables_number_that_does_not_read_not_lost_meta_keys_for_its_rows(three_tables, tmp_path,
+                                                                                          number, caplog):  # fmt: skip
+    """b's number (1) deleted or unreadable, its config kept: b's rows are under a number no readable table number
+    is, and the start's warning names the damage there is (b's number), not meta keys table/<name> and tid/<name>
+    lost; a and c serve."""
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        if number == "deleted":
+            store._meta.delete(b"tid/b")
+        else:
+            store._meta.put(b"tid/b", b"1x")
+    shard = shard_of(data_dir)
+    try:
+        assert rows_of(shard.pull("a", COMMON), -1) and rows_of(shard.pull("c", COMMON), -1)
+    finally:
+        shard.close()
+    said = "table 'b' has no number (meta key tid/b)" if number == "deleted" else "meta key tid/b holds b'1x'"
+    warned = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(f"data dir {data_dir} is damaged: {said}"), warned
+    assert "requests of 'b' fail with DATA_LOSS, the other tables serve. The rows stored under table number(s) 1, " \
+        "which no readable table number is, are most likely that table's" in warned[0], warned  # fmt: skip
+    assert "were lost" not in warned[0], warned
+
+
 @pytest.mark.parametrize("highest", [2**32 - 2, 2**32 - 1])
 def test_a_new_table_takes_the_last_table_number_and_none_past_it(three_tables, tmp_path, highest):
     """c's number set to `highest`: below 2^32 - 1, a new table d gets the next, 2^32 - 1 (a row key's u32 field

@@ -230,7 +230,8 @@ def open_journal(config: ServerConfig, memory: MemoryPlan) -> Journal:
 def open_tables(store: Store, journal: Journal, budget: MemoryBudget, stored: list[TableConfig]) -> dict[str, Table]:
     """The tables of the configs RocksDB holds (check_store's), by name, over one RAM tier budget
     (RamTierTooSmallError if it cannot hold them); a warning names the numbers of stored rows of no table
-    (Store.rows_of_no_table: a lost table's; the start serves the others)."""
+    (Store.rows_of_no_table: a lost table's, or, where a table's number does not read or is missing, most likely
+    that table's, and the warning names that damage; the start serves the others)."""
     check_tables_fit(budget, stored, "tables its data dir holds")
     tables = {cfg.name: Table(cfg, store, journal, budget) for cfg in stored}
     try:
@@ -238,8 +239,15 @@ def open_tables(store: Store, journal: Journal, budget: MemoryBudget, stored: li
     except DataLossError as e:  # met again by the requests that read there, which fail with DATA_LOSS
         log.warning("data dir %s: stored rows of no table were not looked for: %s", store.path, e)
         return tables
-    if orphans:
-        shown = ", ".join(f"{n:,}" for n in orphans[:5]) + (", ..." if len(orphans) > 5 else "")
+    unread = store.numbers_unread()
+    shown = ", ".join(f"{n:,}" for n in orphans[:5]) + (", ..." if len(orphans) > 5 else "")
+    if orphans and unread:  # the rows are most likely those tables'
+        more = f" (and {len(unread) - 1} more table(s) without a number that reads)" if len(unread) > 1 else ""
+        log.warning("data dir %s is damaged: %s%s: requests of %s fail with DATA_LOSS, the other tables serve. The rows "
+                    "stored under table number(s) %s, which no readable table number is, are most likely %s. `ps-server "
+                    "verify %s` says what to do", store.path, next(iter(unread.values())), more,
+                    ", ".join(map(repr, unread)), shown, "that table's" if len(unread) == 1 else "those tables'", store.path)  # fmt: skip
+    elif orphans:
         log.warning("data dir %s is damaged: it stores rows under table number(s) %s, which no table's number (meta "
                     "key tid/<name>) is: the rows of a table whose meta keys table/<name> and tid/<name> were lost. "
                     "No request reads them and no new table takes their numbers; the other tables serve. `ps-server "

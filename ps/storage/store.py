@@ -509,8 +509,8 @@ class Store:
 
     def rows_of_no_table(self) -> list[int]:
         """The table numbers, ascending, that stored rows are under and no table's number (a "tid/" value that
-        reads) is: the rows of a table whose meta keys table/<name> and tid/<name> were lost (nothing else leaves
-        rows without their table). One seek to the first number in no table's hands, and one past each number in
+        reads) is: the rows of a table whose meta keys table/<name> and tid/<name> were lost, or of a table whose number
+        does not read or is missing (numbers_unread; nothing else leaves rows without their table). One seek to the first number in no table's hands, and one past each number in
         use found there: a single seek where the tables hold 0..n-1 and no such rows are stored. A key shorter than
         a table number (damage) counts as if padded with zero bytes."""
         try:
@@ -558,6 +558,11 @@ class Store:
                             unread[name] = missing_number(name)
                 self._numbers = numbers, unread
             return self._numbers
+
+    def numbers_unread(self) -> dict[str, str]:
+        """{table: what is damaged} of each table whose number does not read or whose config is stored without one
+        (its rows, under a number no readable "tid/" value holds, are among rows_of_no_table's)."""
+        return dict(self._table_numbers()[1])
 
     def table_number(self, table: str) -> int:
         """The table's number; DataLossError naming the key where it does not read or is missing (the other tables'
