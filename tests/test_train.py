@@ -368,6 +368,19 @@ def test_the_large_recipe_on_small_data_is_warned_about_with_its_steps(caplog):
     assert recipe.few_steps(SMALL, 1, LARGE.batch_size, 1) is None  # the small recipe is never warned about
 
 
+def test_the_large_recipe_cut_short_by_max_examples_is_warned_about_with_its_steps(caplog):
+    """--max-examples 10,000 of 2,000,000 examples (the large recipe, --recipe auto's choice there) trains 5 steps
+    of 2048: warned, naming the flag; a --max-examples past the data's epochs changes nothing."""
+    with caplog.at_level("WARNING"):
+        prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=2_000_000, max_examples=10_000))
+    assert "--recipe large on 2,000,000 training examples: --max-examples 10,000 in batches of 2,048 is 5 steps, " \
+           "where the large recipe makes 489 or more" in caplog.text  # fmt: skip
+    assert "is 5 steps" in recipe.few_steps(LARGE, 10**7, LARGE.batch_size, 3, max_examples=10_000)
+    assert recipe.few_steps(LARGE, 10**7, LARGE.batch_size, 1, max_examples=10**6) is None
+    assert "1 epoch in batches of 2,048 is 5 steps" in recipe.few_steps(LARGE, 10_000, LARGE.batch_size, 1,
+                                                                         max_examples=10**6)  # fmt: skip
+
+
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched(tmp_path):
     """--optimizer ftrl with --mode geo is refused by the flags' checks (launch makes them before any worker
     starts); ftrl that a --table-config (or a schema) gives a table, when the tables are configured."""

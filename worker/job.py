@@ -135,7 +135,7 @@ def prepare(
     data.cfg, data.batch_size = cfg, cfg.batch_size
     if training:
         check_validation_flags(given, cfg)
-        few = few_steps(choose(cfg.recipe, n), n, cfg.batch_size, cfg.epochs, unit)  # --recipe large on small data
+        few = few_steps(choose(cfg.recipe, n), n, cfg.batch_size, cfg.epochs, unit, cfg.max_examples)  # small data
         if few:
             log.warning("%s", few)
     if training and cfg.model == "dnn" and recipe_line.startswith("small-data"):

@@ -107,15 +107,19 @@ def choose(recipe: str, examples: int) -> Recipe:
     return SMALL if examples < BIG_BATCH_EXAMPLES else dataclasses.replace(SMALL, batch_size=LARGE.batch_size)
 
 
-def few_steps(r: Recipe, examples: int, batch_size: int, epochs: int, unit: str = "training examples") -> str | None:
+def few_steps(r: Recipe, examples: int, batch_size: int, epochs: int, unit: str = "training examples",
+              max_examples: int = 0) -> str | None:  # fmt: skip
     """The warning for a run of the large recipe that makes fewer steps (of `batch_size`, over `epochs` passes of
-    `examples`, all workers together) than FEWEST_LARGE_STEPS, the recipe's steps on the least data --recipe auto
-    gives it: --recipe large on small data. None for another recipe, or as many steps (flags given: more epochs,
-    smaller batches)."""
+    `examples`, all workers together, or the first max_examples of them, --max-examples, counted over the epochs)
+    than FEWEST_LARGE_STEPS, the recipe's steps on the least data --recipe auto gives it: --recipe large on small
+    data. None for another recipe, or as many steps (flags given: more epochs, smaller batches)."""
     steps = -(-examples // batch_size) * epochs
+    trained = f"{epochs} epoch{'s' * (epochs != 1)}"
+    if max_examples and -(-max_examples // batch_size) < steps:
+        steps, trained = -(-max_examples // batch_size), f"--max-examples {max_examples:,}"
     if r.name != LARGE.name or steps >= FEWEST_LARGE_STEPS:
         return None
-    return (f"--recipe large on {examples:,} {unit}: {epochs} epoch{'s' * (epochs != 1)} in batches of {batch_size:,} "
+    return (f"--recipe large on {examples:,} {unit}: {trained} in batches of {batch_size:,} "
             f"is {steps:,} step{'s' * (steps != 1)}, where the large recipe makes {FEWEST_LARGE_STEPS} or more on the "
             f"data --recipe auto gives it ({SMALL_DATA_EXAMPLES:,} training examples or more). So few steps leave the "
             "model near its initial values (a new model's logit bias at 0 where no labels are read before training, "
