@@ -1144,7 +1144,7 @@ def test_verify_names_a_checkpoints_meta_value_that_does_not_read_by_what_reads_
 def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_cleanly, tmp_path, number):
     """A table whose number is gone or does not read: its rows are among those of numbers no table has, said in its
     DAMAGED line, not again as rows no server reads. With two such tables they cannot be told apart: the rows are
-    a line of their own."""
+    a line of their own, which says they are most likely those tables' (not a table's whose meta keys were lost)."""
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
         ids = np.array([i for i, _ in store.iter_rows("t")], dtype=np.uint64)
@@ -1166,8 +1166,12 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
     with opened(data_dir) as store:  # a second table without its number: which rows are whose is not known
         store._meta.put(b"table/u", json.dumps(TableConfig("u", DIM).to_dict()).encode())
     lines, damaged = verify_data_dir(str(data_dir))
-    assert [line for line in lines if line.startswith("DAMAGED rows of no table")], lines
-    assert not [line for line in lines if "Its rows, if it has any" in line], lines
+    said = [line for line in lines if line.startswith("DAMAGED rows of no table")]
+    assert len(said) == 1 and said[0].endswith(
+        ": most likely the rows of the tables above whose numbers are missing "
+        "or do not read ('t', 'u'), which of them whose is not known"
+    ), lines
+    assert not [line for line in lines if "Its rows, if it has any" in line or "meta keys were lost" in line], lines
 
 
 # ---- one table's number damaged among several: that table fails, the others serve ----------------------------------

@@ -235,8 +235,8 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
     or a pending id's (ps.rows.layout.stored_sizes; Store.get_rows refuses a row of another size with DATA_LOSS);
     the rows of a table number no table config has (a lost table's, which no server reads: damage in a data dir, a
     note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
-    number is absent or does not read, if there is one. meta: verify_rocksdb's, of a meta column family
-    read whole. Returns {table: its dim, None where its config does not read}."""
+    number is absent or does not read, if there is one (with several such tables, said to be most likely theirs).
+    meta: verify_rocksdb's, of a meta column family read whole. Returns {table: its dim, None where its config does not read}."""
     found = report.found
     rows, checked, bad_tables = meta["rows"], {}, 0
     dims = {table: cfg.dim if cfg is not None else None for table, cfg in meta["tables"].items()}
@@ -284,6 +284,9 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
                 f"tid/<name>); the first key {first_orphan}")  # fmt: skip
         if checkpoint:
             report.note(f"{said}: no restore or export reads them")
+        elif lost:  # the tables above without a number that reads hold them, or some of them
+            found(False, f"{said}: most likely the rows of the tables above whose numbers are missing or do not read "
+                         f"({', '.join(repr(t) for t, _, _ in lost)}), which of them whose is not known")  # fmt: skip
         else:  # nothing but a table's lost meta keys leaves rows without their table
             found(False, f"{said}: the rows of a table whose meta keys were lost. No request reads them and no new "
                          f"table takes their numbers; {RESTORE_DIR} to get the table back, or, to drop them, save a "
