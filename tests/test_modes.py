@@ -1332,6 +1332,39 @@ def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(ser
     assert lines == [f"shard 1 at {closed} (connection refused: nothing listens there)"], lines
 
 
+def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shards_with_that_refusal(servers):
+    """Two workers of one job with other models race over two shards: worker 0's stamp starts the job on shard 1,
+    worker 1's on shard 0. Worker 1 is refused on shard 1 (its setup differs: the job stops there) and stops,
+    telling every shard why; shard 0 then stops the job with that refusal, its class and its words naming what
+    differs, so worker 0 learns the cause there too, not only that worker 1 stopped. A stop for any other reason
+    stays a stop naming the worker (ABORTED), and so does one whose refusal stopped another job."""
+    from worker.steprows import stop_reason
+
+    fm, deepfm = SETUP, SETUP.replace("model=fm", "model=deepfm")
+    addresses, started = servers(2)
+    ids = random_ids(64)
+    with Client(addresses, timeout_s=30) as client:
+        client.create_table(SGD)
+        started[1].shard.jobs.wait_for_pull(WorkerStamp(JOB, 0, 2, 0, setup=fm))  # worker 0 first on shard 1
+        started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB, 1, 2, 0, setup=deepfm))  # worker 1 first on shard 0
+        mine = WorkerStamp(JOB, 1, 2, 0, setup=deepfm)
+        with pytest.raises(InvalidArgumentError, match="shard 1: job 24301 stops: worker 1 runs another setup") as e:
+            client.pull_many([("emb", ids)], stamp=mine)
+        assert client.stop_job(mine, stop_reason(e.value)) == []
+        named = r"shard 1: job 24301 stops: worker 1 runs another setup .*'model' 'deepfm' \(the job's: 'fm'\)"
+        with pytest.raises(InvalidArgumentError, match=named):  # the cause, shard 1's refusal
+            started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB, 0, 2, 0, setup=fm))
+        with pytest.raises(InvalidArgumentError, match=named):
+            client.pull_many([("emb", ids)], stamp=WorkerStamp(JOB, 0, 2, 0, setup=fm))
+        stopped = "worker 1 stopped before its end"
+        for job, reason in [(JOB + 1, "ValueError: a bad line"), (JOB + 2, f"DiskFullError: shard 1: job {JOB + 2} "
+                            "stops: x"), (JOB + 3, f"InvalidArgumentError: shard 1: job {JOB} stops: x")]:  # fmt: skip
+            started[0].shard.jobs.wait_for_pull(WorkerStamp(job, 0, 2, 0))
+            assert client.stop_job(WorkerStamp(job, 1, 2, 0), reason) == []
+            with pytest.raises(BarrierTimeoutError, match=f"job {job} stops: {stopped}"):
+                started[0].shard.jobs.wait_for_pull(WorkerStamp(job, 0, 2, 0))
+
+
 def _first_pull_lost(server, seen: list, what) -> object:
     """A stand-in for the shard's wait_for_pull that records what(stamp) of each stamped pull and answers the first
     UNAVAILABLE (the client sends it again), the others as the shard does."""

@@ -346,7 +346,8 @@ class GeoRows:
 
 def stop_reason(e: BaseException) -> str:
     """Why a worker stopped, for its job's other workers: "interrupted (Ctrl-C)", "terminated (SIGTERM)", or the
-    error's class and the first line of its message."""
+    error's class and the first line of its message ("InvalidArgumentError: shard 1 at ...": a shard reads a
+    refusal that stopped the job so, and stops the job with it, ps.engine.jobs)."""
     e = signal_behind(e) or e  # numba can wrap a signal's exception in a SystemError
     if isinstance(e, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"

@@ -45,8 +45,10 @@ is the smallest clock (when every worker is done, the largest).
 - A stop stamp (a PushBatch without pushes whose `stopped` says why) comes from a worker that ends before its
   work is done (interrupted, or failed): the job stops at once, as for a worker of another setup (below), with
   BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers waiting out their barrier
-  for a worker that is gone; and another job may start. A stop stamp of a job the shard does not follow, or of one
-  stopped already, changes nothing.
+  for a worker that is gone; and another job may start. Where the reason is a refusal that stopped the job on a
+  shard (a worker of another setup there, say: the worker stopped because the job had), the job stops with that
+  refusal instead, its class and its words, so that every worker learns the first cause whichever shard it hears
+  it from. A stop stamp of a job the shard does not follow, or of one stopped already, changes nothing.
 
 Restarts. Clocks live in memory; done flags too, and each is also stored (synced) before its done stamp is
 answered (done_store; a store that fails is logged, and the flag kept in memory), so a restarted shard knows which
@@ -127,6 +129,7 @@ steps of a job gather at once: a contribution that would open another is refused
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -152,6 +155,8 @@ from ps.stamp import WorkerStamp
 
 log = logging.getLogger("ps.engine.jobs")
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
+# the errors that stop a job (JobClocks._stop), whose message starts with _stops' words
+JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
 MAX_OPEN_SYNC_STEPS = 4  # sync steps of a job gathering at once: its workers run one step at a time (about 2)
 
 
@@ -190,6 +195,24 @@ class _SyncStep:
         self.waiters = 0  # contributors' threads waiting for it
         self.deadline = 0.0  # time.monotonic() past which, with no waiter, its contributions are dropped
         self.timer: threading.Timer | None = None  # the one that will look at the deadline (JobClocks)
+
+
+def _stops(shard_id: int, job: int) -> str:
+    """How the message of an error that stops a job on a shard starts (JOB_STOPPING_ERRORS; _relayed_stop finds it
+    in a stop stamp's reason)."""
+    return f"shard {shard_id}: job {job} stops: "
+
+
+def _relayed_stop(stamp: WorkerStamp) -> PsError | None:
+    """The refusal that stopped the stop stamp's job on a shard, where its reason is one (worker/steprows.py
+    stop_reason: the error's class, then its first line, which holds the refusal's message): one of
+    JOB_STOPPING_ERRORS, saying _stops' words of the stamp's job (the cause, where a reason relays a relay), in
+    printable ASCII. None for any other reason: the worker stopped for a cause of its own."""
+    found = re.fullmatch(rf"(\w+): .*?\b(shard \d+: job {stamp.job} stops: [ -~]*)", stamp.stopped)
+    cls = next((c for c in JOB_STOPPING_ERRORS if found and c.__name__ == found[1]), None)
+    if cls is None:
+        return None
+    return cls(f"{found[2]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
 
 
 def _again(error: BaseException) -> BaseException:
@@ -372,7 +395,7 @@ class JobClocks:
         if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
             return
         self._stop(JobConflictError(
-            f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker}'s push of step {stamp.step:,} "
+            f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s push of step {stamp.step:,} "
             f"comes from another process than its earlier pushes (its clock here is {self._clocks[stamp.worker]:,}): "
             "a worker restarted mid-job would train its share again, and two processes cannot share a --worker-id; "
             "start the job anew under a new --job-id; the request was not applied"
@@ -449,7 +472,7 @@ class JobClocks:
         """The error that stops the job for a stamp that does not match what the job started with. Lock held."""
         first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
         return InvalidArgumentError(
-            f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker} {what} ({first} first stamp)"
+            f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker} {what} ({first} first stamp)"
             f"{detail}; every worker of a job {rule} (a flag given to some workers only? or a second run under the "
             "job id: a job id is for one run, give a new --job-id); the request was not applied"
         )
@@ -680,7 +703,8 @@ class JobClocks:
 
     def abandon(self, stamp: WorkerStamp) -> int:
         """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
-        BarrierTimeoutError naming the worker and why (unclocked: marks the worker as done instead: no other worker
+        the refusal that stopped it on a shard where the reason is one (_relayed_stop), else BarrierTimeoutError
+        naming the worker and why (unclocked: marks the worker as done instead: no other worker
         waits for it; but not where another process, another token, holds the worker); otherwise changes nothing.
         Returns min_clock."""
         with self._cond:
@@ -696,8 +720,8 @@ class JobClocks:
             elif stamp.job == self.job and self._stopped is None and not all(self._done):
                 log.warning("shard %d: job %d stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
                             echo(stamp.stopped, 200))  # fmt: skip
-                self._stop(BarrierTimeoutError(
-                    f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker} stopped before its end "
+                self._stop(_relayed_stop(stamp) or BarrierTimeoutError(
+                    f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker} stopped before its end "
                     f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
                 ))  # fmt: skip
             return self._min_clock()
@@ -845,7 +869,7 @@ class JobClocks:
         if self.sync_step_bytes and step_cost(held) > self.sync_step_bytes:
             others = sum(step.held.values()) - before
             self._stop(SyncStepTooLargeError(
-                f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker}'s contribution to sync step "
+                f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s contribution to sync step "
                 f"{stamp.step:,} holds {mine:,} bytes, the step's other contributions here {others:,}, other steps' "
                 f"{held - mine - others:,}: {held:,} bytes, which with the copies their sum makes take "
                 f"{step_cost(held):,}, over this server's `sync_steps` part of --memory-bytes "
