@@ -85,7 +85,7 @@ def test_a_start_whose_replay_ends_in_a_flush_that_drops_an_aged_entry_starts(tm
     crash(shard)
     shard = open_shard(tmp_path)
     try:
-        assert 7 not in shard.journal.applied and 7 not in shard._advanced and shard.journal.applied[9] == (1, 1)
+        assert 7 not in shard.journal.applied and 7 not in shard.pushes.advanced and shard.journal.applied[9] == (1, 1)
         assert (rows(shard, A) == -1).all() and (rows(shard, B) == -1).all() and shard.clock == 1
     finally:
         shard.close()
@@ -187,7 +187,7 @@ def test_a_flush_writes_only_the_entries_changed_since_the_last_one(tmp_path, wa
     assert sorted(written[-1].written) == changed and not written[-1].dropped
     shard.flush()
     assert not written[-1].written
-    assert not shard._client_locks  # a client's lock lives only while a request of it is in flight
+    assert not shard.pushes._client_locks  # a client's lock lives only while a request of it is in flight
     shard.close()
     entries, _, legacy = stored(tmp_path)
     assert len(entries) == 200 and legacy is None

@@ -1,0 +1,270 @@
+"""PushPath: a shard's clock and its PushBatch path, applied exactly once per client request.
+
+A PushBatch (push_batch) is validated whole, its clock advance reserved, its pushes applied in order (each through
+the shard's apply_push, journaled with (client, client_seq, its index)), then the clock advanced. Exactly once: the
+journal's `applied` table (ps.storage.applied) holds each client's newest request and how many of its pushes are
+applied; the advance notes (`advanced`: client -> its newest request whose clock advance is applied, stored with
+the clock by Store.set_clock) say which requests are applied whole. One request of a client runs at a time (its
+client lock). Every change of the clock, the reservations, the notes and the client locks' table happens under
+the shard's lock (`lock`, the one Shard holds for its tables too), held only around those changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+from ps.config import MAX_CLOCK, MAX_SEQ_JUMP
+from ps.engine.push import CheckedPush, TablePush
+from ps.engine.room import RequestRoom, push_cost
+from ps.errors import (
+    CLIENT_TABLE_FULL,
+    PARTLY_APPLIED,
+    ClientTableFullError,
+    InvalidArgumentError,
+    PsError,
+    ShardNeedsRestartError,
+)
+from ps.storage.journal import Journal
+from ps.storage.store import Store
+from ps.wire import repeats_ids
+
+
+class PushPath:
+    def __init__(
+        self,
+        shard_id: int,
+        lock: threading.Lock,
+        store: Store,
+        journal: Journal,
+        room: RequestRoom,
+        check_push: Callable[[TablePush], CheckedPush],
+        apply_push: Callable[[CheckedPush, tuple[int, int, int]], None],
+        clock: int,
+    ):
+        """lock: the shard's lock; store: where the clock and the advance notes are kept (set_clock,
+        forget_advanced); journal: its `applied` table and note_applied; room: the request room each batch takes for
+        its copies; check_push / apply_push: the shard's check and apply of one push. clock: the stored clock. The
+        advance notes are read from store now: before the journal's replay, whose flush may drop entries
+        (forget_advances) that aged past the retention while the shard was down."""
+        self.shard_id = shard_id
+        self.clock = clock
+        self._lock = lock
+        self._store = store
+        self._journal = journal
+        self._room = room
+        self._check_push = check_push
+        self._apply_push = apply_push
+        self._advances_reserved = 0  # steps of the batches between their check and their advance (lock)
+        # client -> [its lock, the requests holding or waiting for it]: one request of a client at a time
+        # (push_batch); an entry lives while a request of its client is in flight (_client_lock)
+        self._client_locks: dict[int, list] = {}
+        # client -> its newest request whose clock advance is applied; such a request is applied whole (the
+        # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
+        # entries go with the clients' `applied` entries (forget_advances)
+        self.advanced: dict[int, int] = store.advanced()
+
+    def note_advanced(self) -> None:
+        """Notes in the journal's `applied` table the requests whose clock advance is applied (at start, after the
+        replay): a client's entry there is at least its advance note's request."""
+        for client, client_seq in self.advanced.items():
+            self._journal.note_applied((client, client_seq, -1))
+
+    def push_batch(
+        self,
+        pushes: list[TablePush],
+        advance_clock: int,
+        client: int,
+        client_seq: int,
+        caller_gone: Callable[[], bool] | None = None,
+        step_sum: bool = False,
+    ) -> tuple[int, int]:
+        """Several pushes of one request, then the clock advanced; returns (clock, pushes applied now: the last
+        ones; ps.engine.push.ids_applied counts their ids). All are validated (duplicate ids included) before any is applied; then each is applied in
+        order, by its own rule, journaled with (client, client_seq, its index).
+
+        Exactly once: a request with a client id is applied at most once however often it is retried. The
+        journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of
+        its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
+        older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
+        client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still runs
+        waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of
+        a request is stored together with the note that this request made it (Store.set_clock), so a retry
+        advances the clock if and only if no attempt before did, across restarts too, and a request whose advance is
+        applied is applied whole (its pushes came before it): a retry of it applies nothing and says so, even after
+        a restart that found no journal record of its pushes without ids. A request whose pushes carry no ids (or a
+        clock advance alone) is its client's newest as well.
+
+        A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
+        says so; validation failures change nothing.
+
+        The caller holds its checkpoint hold's gate (ps.engine.hold). caller_gone: a wait for request room ends
+        with CallerGoneError once it is true (ps.engine.room). step_sum: a sync step's sum, which runs alone where it
+        is larger than the request room, not refused."""
+        if not client:
+            return self._apply_batch(pushes, advance_clock, (0, 0), 0, caller_gone, step_sum)
+        if client_seq < 1:  # seq 0 would read as applied before: its clock advance dropped, silently
+            raise InvalidArgumentError(
+                "a PushBatch with a client id numbers its requests to a shard from 1 (seq 1, 2, 3, ...); it came with "
+                "seq 0; nothing was applied"
+            )
+        with self._client_lock(client):
+            newest = self._journal.applied.get(client)
+            done_seq, done_parts = newest or (0, 0)
+            if newest is None and self._journal.applied.full():
+                raise self._table_full()
+            # a client this shard holds no request of (a new client, or a shard restored from a checkpoint) starts
+            # at any seq; a known one may jump at most MAX_SEQ_JUMP ahead
+            if newest is not None and client_seq > done_seq + MAX_SEQ_JUMP:
+                raise InvalidArgumentError(
+                    f"request seq {client_seq:,} is more than {MAX_SEQ_JUMP:,} ahead of this client's newest request "
+                    f"on shard {self.shard_id} ({done_seq:,}); a client numbers its requests to a shard 1, 2, 3, ...; "
+                    "nothing was applied"
+                )
+            # a request whose clock advance is applied is applied whole (the clock moves after its pushes), even
+            # where the table notes fewer parts: after a restart, pushes without ids have no journal record
+            whole = self.advanced.get(client, 0) >= client_seq
+            done = client_seq == done_seq and done_parts >= len(pushes) and not advance_clock
+            if whole or done or client_seq < done_seq:
+                self._check_batch(pushes, every_push=True)  # still a bad request if it is one
+                return self.clock, 0
+            skip = done_parts if client_seq == done_seq else 0
+            out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip, caller_gone, step_sum)
+            # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
+            self._journal.note_applied((client, client_seq, len(pushes) - 1))
+            return out
+
+    @contextlib.contextmanager
+    def _client_lock(self, client: int):
+        """Holds the client's lock: one request of a client at a time (a retry that overtakes its first attempt
+        waits for it). The lock is kept only while a request of the client holds or waits for it."""
+        with self._lock:
+            held = self._client_locks.setdefault(client, [threading.Lock(), 0])
+            held[1] += 1
+        try:
+            with held[0]:
+                yield
+        finally:
+            with self._lock:
+                held[1] -= 1
+                if not held[1]:
+                    del self._client_locks[client]
+
+    def _table_full(self) -> ClientTableFullError:
+        """The refusal of a new client when the exactly-once table is full (ps.storage.applied); the servicer logs
+        it as a warning (ps.refusals: once a minute at most)."""
+        applied = self._journal.applied
+        text = (f"shard {self.shard_id} keeps the newest requests of {len(applied):,} clients, the most it keeps "
+                f"({applied.max_clients:,}, ps.config MAX_CLIENTS), and {CLIENT_TABLE_FULL} until some are "
+                f"{applied.retention_s / 86400:.3g} days unused: a process that makes a new Client (a new random "
+                "client id) per request, or a caller making ids up, fills it. Reuse one Client per process; the "
+                "clients it holds go on; nothing was applied")  # fmt: skip
+        return ClientTableFullError(text)
+
+    def _check_batch(self, pushes: list[TablePush], every_push: bool = False) -> list[CheckedPush]:
+        """The pushes of a batch, each checked (check_push) and for repeated ids: in a batch of several (a single
+        push's are found by Table.push before it changes anything), or, every_push, in any (a request answered
+        without applying it: no Table.push sees its ids)."""
+        checked = [self._check_push(p) for p in pushes]
+        if len(checked) > 1 or every_push:
+            for i, c in enumerate(checked):
+                if repeats_ids(c.ids):
+                    raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i].name!r}) repeats ids; "
+                                               "nothing was applied")  # fmt: skip
+        return checked
+
+    def _apply_batch(
+        self,
+        pushes: list[TablePush],
+        advance_clock: int,
+        request: tuple[int, int],
+        skip: int,
+        caller_gone: Callable[[], bool] | None = None,
+        step_sum: bool = False,
+    ) -> tuple[int, int]:
+        """Validates every push (and, unless step_sum, that its copies fit in the request room), reserves the clock
+        advance (so that no AdvanceClock in between can make it out of range), applies the pushes from `skip` on,
+        then advances the clock."""
+        checked = self._check_batch(pushes)
+        room = sum(push_cost(len(c.ids), c.table.width) for c in checked[skip:])
+        if not step_sum:
+            ids = sum(len(c.ids) for c in checked[skip:])
+            self._room.refuse_larger(room, ids, f"a PushBatch of {len(checked) - skip} pushes")
+        if advance_clock:
+            with self._lock:
+                self._check_advance(advance_clock)
+                self._advances_reserved += advance_clock
+        try:
+            with self._room.take(room, caller_gone):
+                self._apply_pushes(checked, pushes, request, skip)
+        finally:  # applied or not, the reservation ends; the clock moves only after every push was applied
+            if advance_clock:
+                with self._lock:
+                    self._advances_reserved -= advance_clock
+        if not advance_clock:
+            return self.clock, len(checked) - skip
+        with self._lock:
+            return self._set_clock(self.clock + advance_clock, request if request[0] else None), len(checked) - skip
+
+    def _apply_pushes(self, checked: list[CheckedPush], pushes: list[TablePush], request: tuple[int, int], skip: int):
+        """Applies checked[skip:] in order; a refusal after the first says which pushes before it stay applied."""
+        for i in range(skip, len(checked)):
+            try:
+                self._apply_push(checked[i], (*request, i))
+            except PsError as e:
+                if i == skip or isinstance(e, ShardNeedsRestartError):  # journaled: not refused; its message
+                    raise  # says what a restart does
+                what = str(e).removesuffix("; nothing was applied")  # of this push; those before it stay
+                before = (f"push {skip} before it was applied and stays" if i - skip == 1
+                          else f"pushes {skip} to {i - 1} before it were applied and stay")  # fmt: skip
+                retry = (f"a retry of this request (same client_id and seq) applies pushes {i} on" if request[0]
+                         else "a retry without a client_id applies them all again")  # fmt: skip
+                raise type(e)(
+                    f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused: {what}. The "
+                    f"{before} {PARTLY_APPLIED}; {retry}"
+                ) from e
+
+    # ---- the clock ----------------------------------------------------------------------------------------
+    def advance_clock(self, steps: int) -> int:
+        """Moves the clock forward by steps; returns it. InvalidArgumentError, changing nothing, if it would pass
+        MAX_CLOCK (counting the advances of PushBatches whose pushes are being applied)."""
+        with self._lock:
+            self._check_advance(steps)
+            return self._set_clock(self.clock + steps)
+
+    def _set_clock(self, clock: int, advanced_by: tuple[int, int] | None = None) -> int:
+        """Stores the clock (and, given advanced_by = (client, client_seq), that this request advanced it), then
+        sets it (so a failed write leaves it as it was); lock held."""
+        self._store.set_clock(clock, advanced_by)
+        self.clock = clock
+        if advanced_by is not None:
+            self.advanced[advanced_by[0]] = advanced_by[1]
+        return clock
+
+    def check_advance(self, steps: int) -> None:
+        """_check_advance under the lock: a sync contribution's advance checked before it is held."""
+        with self._lock:
+            self._check_advance(steps)
+
+    def _check_advance(self, steps: int) -> None:
+        """InvalidArgumentError unless the clock, with the advances reserved by batches in flight, can move by
+        steps and stay <= MAX_CLOCK; lock held."""
+        if not 0 <= steps <= MAX_CLOCK - self.clock - self._advances_reserved:
+            reserved = f" ({self._advances_reserved:,} more steps reserved by batches in flight)"
+            raise InvalidArgumentError(
+                f"a clock advance of {steps:,} steps is out of range: the clock is at {self.clock:,}"
+                f"{reserved if self._advances_reserved else ''} and a shard's clock stays <= {MAX_CLOCK:,}; "
+                "nothing was applied"
+            )
+
+    def forget_advances(self, dropped: dict[int, int]) -> None:
+        """Deletes the advance notes (`advanced`, and the store's) of clients dropped from the exactly-once table,
+        {client: the client_seq its entry held}, unless a newer request of the client advanced the clock since. A
+        note that stays (this write failed) brings its client's entry back at the next start, to be dropped again."""
+        with self._lock:  # as set_clock, which writes these notes
+            gone = [c for c, seq in dropped.items() if c in self.advanced and self.advanced[c] <= seq]
+            if gone:
+                self._store.forget_advanced(gone)
+                for c in gone:
+                    del self.advanced[c]
