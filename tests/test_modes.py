@@ -287,7 +287,7 @@ def test_a_contribution_to_a_later_step_answers_the_retries_of_an_earlier_one(tm
         retry = Concurrently(
             lambda: shard.push_stamped([push(B, np.full((len(B), 4), 9.0))], 1, 0, 0, stamp(1, 2, sync=True))
         )
-        wait_until(lambda: 2 in shard.jobs._steps, 30, "worker 1's retry of step 2 to wait")
+        wait_until(lambda: 2 in shard.jobs.sync.steps, 30, "worker 1's retry of step 2 to wait")
         later = Concurrently(
             lambda: shard.push_stamped([push(A, np.full((len(A), 4), 1.0))], 1, 0, 0, stamp(0, 3, sync=True))
         )
@@ -313,7 +313,7 @@ def test_a_sync_step_missing_a_worker_fails_at_its_deadline_and_applies_nothing(
         assert "worker 1 (at step 1)" in message and f"job {JOB}" in message and "worker 0's" in message
         assert "nothing of the step was applied" in message
         assert (shard.table("emb").peek(A) == before).all() and shard.journal.next_seq == journaled
-        assert shard.clock == 1 and not shard.jobs._steps  # the contribution was dropped
+        assert shard.clock == 1 and not shard.jobs.sync.steps  # the contribution was dropped
         # worker 1 contributes later alone: it waits for worker 0 again, whose contribution is gone
         with pytest.raises(BarrierTimeoutError, match=r"for the pushes of worker 0 \(at step 1\)"):
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 1, sync=True, barrier_timeout_s=0.2))
@@ -331,8 +331,8 @@ def test_a_sync_step_whose_callers_left_is_dropped_at_its_deadline_and_few_gathe
         with pytest.raises(CallerGoneError):
             shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0,
                                stamp(0, 0, sync=True, barrier_timeout_s=0.5), lambda: True)  # fmt: skip
-        assert list(shard.jobs._steps) == [0]  # kept for a retry
-        wait_until(lambda: not shard.jobs._steps, 10, "the step nobody waits for to be dropped")
+        assert list(shard.jobs.sync.steps) == [0]  # kept for a retry
+        wait_until(lambda: not shard.jobs.sync.steps, 10, "the step nobody waits for to be dropped")
         with pytest.raises(BarrierTimeoutError, match=r"for the pushes of worker 0 \(at step 0\)"):
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 0, 0, stamp(1, 0, sync=True, barrier_timeout_s=0.2))
         before = {t for t in threading.enumerate() if t.name == "ps-sync-expiry"}  # other tests' may still run
@@ -345,7 +345,7 @@ def test_a_sync_step_whose_callers_left_is_dropped_at_its_deadline_and_few_gathe
         with pytest.raises(InvalidArgumentError, match=r"sync step 5 of job \d+ while steps 1, 2, 3, 4 are still "
                                                        r"gathering on shard 0: .*nothing was applied"):  # fmt: skip
             shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0, stamp(0, 5, sync=True))
-        assert sorted(shard.jobs._steps) == [1, 2, 3, 4]
+        assert sorted(shard.jobs.sync.steps) == [1, 2, 3, 4]
         assert (shard.pull("emb", A) == 0).all() and (shard.pull("emb", B) == 0).all()
     finally:
         shard.close()
@@ -362,7 +362,7 @@ def test_two_workers_of_one_worker_id_fail_the_step_for_both_naming_the_duplicat
         first = Concurrently(
             lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 11, 0, stamp(0, 1, sync=True))
         )
-        wait_until(lambda: 1 in shard.jobs._steps and shard.jobs._steps[1].contributions, 30, "worker 0's push")
+        wait_until(lambda: 1 in shard.jobs.sync.steps and shard.jobs.sync.steps[1].contributions, 30, "worker 0's push")
         started = time.monotonic()
         duplicate = "two workers of job .* say they are worker 0 .*give each worker its own --worker-id in 0..1"
         with pytest.raises(InvalidArgumentError, match=duplicate):
@@ -391,7 +391,7 @@ def test_a_worker_of_another_setup_stops_the_job_and_every_worker_hears_why(tmp_
             lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 11, 0, stamp(0, 1, sync=True, setup=SETUP)),
             lambda: shard.jobs.wait_for_pull(stamp(0, 2, sync=True, setup=SETUP)),
         )  # fmt: skip
-        wait_until(lambda: 1 in shard.jobs._steps and shard.jobs._steps[1].contributions, 30, "worker 0's push")
+        wait_until(lambda: 1 in shard.jobs.sync.steps and shard.jobs.sync.steps[1].contributions, 30, "worker 0's push")
         wait_until(lambda: shard.jobs._waiting == 2, 30, "worker 0's two waits")
         started = time.monotonic()
         other = SETUP.replace("model=fm", "model=deepfm") + " hidden=400,400 dense=ps"
@@ -506,7 +506,7 @@ def test_a_done_worker_lets_the_others_step_complete(tmp_path):
         waiting = Concurrently(
             lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 1, sync=True))
         )
-        wait_until(lambda: 1 in shard.jobs._steps and shard.jobs._steps[1].contributions, 30, "worker 0's push")
+        wait_until(lambda: 1 in shard.jobs.sync.steps and shard.jobs.sync.steps[1].contributions, 30, "worker 0's push")
         assert (shard.pull("emb", A) == -1).all()  # not applied: worker 1 has not pushed step 1
         assert shard.push_stamped([], 0, 0, 0, stamp(1, 1, done=True)) == (1, 0, 1)
         assert waiting.join() == [(2, len(A), 2)]  # worker 1 done: only worker 0's clock counts
@@ -531,7 +531,7 @@ def test_a_push_of_a_worker_held_as_done_is_refused_and_changes_nothing(tmp_path
             assert f"worker 1 of job {JOB} said it is done" in str(info.value)
             assert "a job id is for one run; give a new --job-id; nothing was applied" in str(info.value)
         assert (shard.table("emb").peek(B) == before).all() and shard.journal.next_seq == journaled
-        assert shard.clock == 1 and not shard.jobs._steps
+        assert shard.clock == 1 and not shard.jobs.sync.steps
     finally:
         shard.close()
 
@@ -624,7 +624,7 @@ def test_no_stamp_proves_a_sync_step_the_journal_does_not_hold(tmp_path):
                 [push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 1, sync=True, barrier_timeout_s=5)
             )
         )
-        wait_until(lambda: 1 in shard.jobs._steps, 30, "worker 0's contribution")
+        wait_until(lambda: 1 in shard.jobs.sync.steps, 30, "worker 0's contribution")
         with pytest.raises(BarrierTimeoutError):
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0,
                                stamp(1, 7, sync=True, acked=7, barrier_timeout_s=0.2))  # fmt: skip
@@ -723,7 +723,7 @@ def test_a_wait_that_would_hold_the_last_free_rpc_thread_is_refused(tmp_path):
         waiting = Concurrently(
             lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 0, sync=True))
         )
-        wait_until(lambda: 0 in shard.jobs._steps, 30, "worker 0's push to wait")
+        wait_until(lambda: 0 in shard.jobs.sync.steps, 30, "worker 0's push to wait")
         started = time.monotonic()
         with pytest.raises(RpcThreadsExhaustedError) as info:
             shard.jobs.wait_for_pull(stamp(0, 1, barrier_timeout_s=2))
@@ -747,12 +747,12 @@ def test_a_contribution_refused_for_want_of_threads_fails_its_step_for_every_con
         waiting = Concurrently(
             lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 0, **three))
         )
-        wait_until(lambda: 0 in shard.jobs._steps, 30, "worker 0's push to wait")
+        wait_until(lambda: 0 in shard.jobs.sync.steps, 30, "worker 0's push to wait")
         with pytest.raises(RpcThreadsExhaustedError, match=r"--threads >= 2 x workers \+ 2 \(8\)"):
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 0, **three))
         with pytest.raises(RpcThreadsExhaustedError, match="worker 1's sync push of step 0"):
             waiting.join()
-        assert (shard.pull("emb", A) == 0).all() and shard.clock == 0 and not shard.jobs._steps
+        assert (shard.pull("emb", A) == 0).all() and shard.clock == 0 and not shard.jobs.sync.steps
     finally:
         shard.close()
 
@@ -773,7 +773,7 @@ def test_a_sum_applied_after_a_job_switch_changes_nothing_of_the_new_job():
     old = Concurrently(
         lambda: jobs.push_sync(WorkerStamp(JOB, 0, 1, 3, sync=True, barrier_timeout_s=0.5), one, 1, apply)
     )
-    wait_until(lambda: 3 in jobs._steps and jobs._steps[3].applying, 30, "job JOB's step 3 to be applied")
+    wait_until(lambda: 3 in jobs.sync.steps and jobs.sync.steps[3].applying, 30, "job JOB's step 3 to be applied")
     other = JOB + 1
     time.sleep(0.6)  # no stamp of JOB for its barrier timeout: another job may start
     assert jobs.wait_for_pull(WorkerStamp(other, 0, 1, 0)) == 0  # the job switch
@@ -892,7 +892,7 @@ def test_a_worker_that_stops_before_its_end_stops_the_job_at_once_and_frees_the_
         if sync:
             waiting = Concurrently(lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 11, 0,
                                                               stamp(0, 1, sync=True)))  # fmt: skip
-            wait_until(lambda: shard.jobs._steps, 10, "worker 0's contribution")
+            wait_until(lambda: shard.jobs.sync.steps, 10, "worker 0's contribution")
         else:
             waiting = Concurrently(lambda: shard.jobs.wait_for_pull(stamp(0, 4, staleness=2)))
             wait_until(lambda: shard.jobs._waiting, 10, "worker 0's pull to wait")
@@ -1010,7 +1010,7 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
             method(request)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
     after = (shard.table("emb").peek(A), shard.journal.next_seq, shard.jobs.stats(), shard.clock)
-    assert (before[0] == after[0]).all() and before[1:] == after[1:] and not shard.jobs._steps
+    assert (before[0] == after[0]).all() and before[1:] == after[1:] and not shard.jobs.sync.steps
     assert shard.jobs._done == [False, False] and shard.jobs._stopped is None  # done and stopped refused too
     # another worker count: refused, and the job stops
     s = ps_pb2.WorkerStamp(**{**good, "num_workers": 3, "worker": 2})
@@ -1426,7 +1426,7 @@ def test_two_client_processes_given_one_worker_id_fail_their_sync_step_at_once(s
         step = WorkerStamp(JOB, 0, 2, 0, sync=True, barrier_timeout_s=30)
         waiting = Concurrently(lambda: first.push_many([("emb", A, np.ones((len(A), 4)), None)], stamp=step))
         jobs = server.shard.jobs
-        wait_until(lambda: 0 in jobs._steps and jobs._steps[0].contributions, 30, "the first push")
+        wait_until(lambda: 0 in jobs.sync.steps and jobs.sync.steps[0].contributions, 30, "the first push")
         started = time.monotonic()
         duplicate = "two workers of job .* say they are worker 0"
         with pytest.raises(InvalidArgumentError, match=duplicate):

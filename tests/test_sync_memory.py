@@ -145,7 +145,7 @@ def test_a_retried_contribution_is_held_once_and_an_applied_step_gives_its_bytes
         shard.push_stamped([_push(a)], 1, 0, 0, _stamp(0, 0), lambda: True)
     assert shard.stats()["sync_steps_held_bytes"] == 1000 * ID_BYTES
     retry = Concurrently(lambda: shard.push_stamped([_push(a)], 1, 0, 0, _stamp(0, 0)))
-    wait_until(lambda: shard.jobs._steps[0].waiters == 1, 30, "the retry waiting at its step")
+    wait_until(lambda: shard.jobs.sync.steps[0].waiters == 1, 30, "the retry waiting at its step")
     assert shard.stats()["sync_steps_held_bytes"] == 1000 * ID_BYTES
     shard.push_stamped([_push(b)], 1, 0, 0, _stamp(1, 0))
     retry.join(60)

@@ -884,7 +884,7 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
     )  # fmt: skip                                                        # (CI) would ignore SIGINT from its start
     try:
         jobs = server.shard.jobs  # its step's push waiting: the main thread is in the wait, past its kernels' load
-        wait_until(lambda: any(s.contributions for s in list(jobs._steps.values())), 120, "worker 0's sync push")
+        wait_until(lambda: any(s.contributions for s in list(jobs.sync.steps.values())), 120, "worker 0's sync push")
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=15)
     finally:

@@ -123,7 +123,7 @@ step whose deadline passes drops its contributions: nothing of it was applied or
 left (its RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread
 (CallerGoneError); its contribution stays in the step for a retry, until the step's own deadline if no contributor
 waits then (a timer drops it, so that steps nobody waits for do not pile up in memory). At most MAX_OPEN_SYNC_STEPS
-steps of a job gather at once: a contribution that would open another is refused (InvalidArgumentError).
+(ps.engine.syncsteps, which holds the steps and their contributions) steps of a job gather at once: a contribution that would open another is refused (InvalidArgumentError).
 """
 
 from __future__ import annotations
@@ -136,8 +136,9 @@ from collections.abc import Callable
 
 from ps.config import MAX_SEQ_JUMP
 from ps.engine.push import TablePush
-from ps.engine.stampcheck import check_stamp, job_kind, nothing_done, setup_difference, setup_pairs
-from ps.engine.syncsum import held_bytes, step_cost, sum_contributions, sync_key
+from ps.engine.stampcheck import check_stamp, job_kind, job_stops, nothing_done, setup_difference, setup_pairs
+from ps.engine.syncsteps import SyncStep, SyncSteps, again
+from ps.engine.syncsum import sync_key
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
@@ -146,7 +147,6 @@ from ps.errors import (
     PsError,
     RpcThreadsExhaustedError,
     ShardClosingError,
-    StorageError,
     SyncStepTooLargeError,
     WorkerDoneError,
     echo,
@@ -155,9 +155,8 @@ from ps.stamp import WorkerStamp
 
 log = logging.getLogger("ps.engine.jobs")
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
-# the errors that stop a job (JobClocks._stop), whose message starts with _stops' words
+# the errors that stop a job (JobClocks._stop), whose message starts with job_stops' words
 JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
-MAX_OPEN_SYNC_STEPS = 4  # sync steps of a job gathering at once: its workers run one step at a time (about 2)
 
 
 def _check_caller(caller_gone: Callable[[], bool] | None, stamp: WorkerStamp, what: str) -> None:
@@ -181,45 +180,16 @@ def _caller_left(stamp: WorkerStamp, what: str) -> CallerGoneError:
                            "(its deadline passed, or it was cancelled)")  # fmt: skip
 
 
-class _SyncStep:
-    """A sync step's contributions: worker -> (pushes, advance_clock); state gathering -> applying -> applied,
-    or failed (error set) from gathering or applying."""
-
-    def __init__(self, step: int):
-        self.step = step
-        self.contributions: dict[int, tuple[list[TablePush], int]] = {}
-        self.clients: dict[int, int] = {}  # worker -> the client (PushBatch client_id) its contribution came from
-        self.held: dict[int, int] = {}  # worker -> bytes its contribution holds, counted in JobClocks.sync_held_bytes
-        self.applying = self.applied = False
-        self.error: BaseException | None = None
-        self.waiters = 0  # contributors' threads waiting for it
-        self.deadline = 0.0  # time.monotonic() past which, with no waiter, its contributions are dropped
-        self.timer: threading.Timer | None = None  # the one that will look at the deadline (JobClocks)
-
-
-def _stops(shard_id: int, job: int) -> str:
-    """How the message of an error that stops a job on a shard starts (JOB_STOPPING_ERRORS; _relayed_stop finds it
-    in a stop stamp's reason)."""
-    return f"shard {shard_id}: job {job} stops: "
-
-
 def _relayed_stop(stamp: WorkerStamp) -> PsError | None:
     """The refusal that stopped the stop stamp's job on a shard, where its reason is one (worker/steprows.py
     stop_reason: the error's class, then its first line, which holds the refusal's message): one of
-    JOB_STOPPING_ERRORS, saying _stops' words of the stamp's job (the cause, where a reason relays a relay), in
+    JOB_STOPPING_ERRORS, saying job_stops' words of the stamp's job (the cause, where a reason relays a relay), in
     printable ASCII. None for any other reason: the worker stopped for a cause of its own."""
     found = re.fullmatch(rf"(\w+): .*?\b(shard \d+: job {stamp.job} stops: [ -~]*)", stamp.stopped)
     cls = next((c for c in JOB_STOPPING_ERRORS if found and c.__name__ == found[1]), None)
     if cls is None:
         return None
     return cls(f"{found[2]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
-
-
-def _again(error: BaseException) -> BaseException:
-    """A new exception saying what error says, for another thread to raise."""
-    if isinstance(error, PsError):
-        return type(error)(str(error))
-    return StorageError(f"applying the sum of a sync step failed: {type(error).__name__}: {error}")
 
 
 class JobClocks:
@@ -240,14 +210,10 @@ class JobClocks:
         sync_step_bytes: the `sync_steps` part of --memory-bytes (ps.storage.memory; 0: no bound), which the sync
         steps' contributions and their sums' copies may take (syncsum.step_cost)."""
         self.shard_id = shard_id
-        self.sync_step_bytes = sync_step_bytes
-        self.sync_held_bytes = 0  # bytes of the contributions the gathering and applying sync steps hold
         self._sync_steps_applied = sync_steps_applied
         self._done_store = done_store
         self.threads = threads
-        self.max_count = max_count
         self._waiting = 0  # threads in a wait here
-        self._applied_here = 0  # the newest sync step (+ 1) of the job whose whole sum this process applied
         self._acked = 0  # the largest acked of the job's stamps
         self._cond = threading.Condition()
         self.job = 0
@@ -267,7 +233,7 @@ class JobClocks:
         # (stamp, what it does) of the pushes and table creations checked, not yet done, that start their job
         self._claims: list[tuple[WorkerStamp, str]] = []
         self._patience_s = 0.0  # the largest barrier timeout its stamps gave
-        self._steps: dict[int, _SyncStep] = {}
+        self.sync = SyncSteps(shard_id, self._cond, max_count, sync_step_bytes, self._reach, self._named)
         self._generation = 0  # moves when the job changes: waits of an older job fail
         self._closed = False
 
@@ -395,12 +361,12 @@ class JobClocks:
         if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
             return
         self._stop(JobConflictError(
-            f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s push of step {stamp.step:,} "
+            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s push of step {stamp.step:,} "
             f"comes from another process than its earlier pushes (its clock here is {self._clocks[stamp.worker]:,}): "
             "a worker restarted mid-job would train its share again, and two processes cannot share a --worker-id; "
             "start the job anew under a new --job-id; the request was not applied"
         ))  # fmt: skip
-        raise _again(self._stopped)
+        raise again(self._stopped)
 
     def _check_token(self, stamp: WorkerStamp, create: bool) -> None:
         """JobConflictError for an unclocked stamp of a worker whose stamps here carry another token (another
@@ -452,27 +418,27 @@ class JobClocks:
         if not self._follows(stamp):
             return
         if self._stopped is not None and not applied:
-            raise _again(self._stopped)
+            raise again(self._stopped)
         if stamp.num_workers != self.num_workers:  # (never after a push applied: pushed() returns first)
             error = self._mismatch(stamp, f"says the job has {stamp.num_workers:,} workers; it started here with "
                                           f"{self.num_workers:,}", "gives the same count")  # fmt: skip
             self._stop(error)
-            raise _again(error)
+            raise again(error)
         if not applied and stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
             self._stop(self._mismatch(stamp, "runs another setup than the job started with here",
                                       "runs the same mode, model and tables",
                                       f": {setup_difference(stamp.setup, self.setup)}"))  # fmt: skip
-            raise _again(self._stopped)
+            raise again(self._stopped)
         if not applied and stamp.unclocked != self.unclocked:
             self._stop(self._mismatch(stamp, f"stamps as {job_kind('', stamp.unclocked)} does, where the job started "
                                       f"here as {job_kind('', self.unclocked)}", "runs the same mode"))  # fmt: skip
-            raise _again(self._stopped)
+            raise again(self._stopped)
 
     def _mismatch(self, stamp: WorkerStamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:
         """The error that stops the job for a stamp that does not match what the job started with. Lock held."""
         first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
         return InvalidArgumentError(
-            f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker} {what} ({first} first stamp)"
+            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker} {what} ({first} first stamp)"
             f"{detail}; every worker of a job {rule} (a flag given to some workers only? or a second run under the "
             "job id: a job id is for one run, give a new --job-id); the request was not applied"
         )
@@ -481,8 +447,7 @@ class JobClocks:
         """Stops the job: its gathering steps and waits fail with error, and so does every later stamp of it (a
         step whose sum is being applied is left to finish). Lock held."""
         self._stopped = error
-        for step in [s for s in self._steps.values() if not s.applying]:
-            self._fail(step, error)
+        self.sync.fail_gathering(error)
         self._cond.notify_all()
 
     def _check_not_done(self, stamp: WorkerStamp) -> None:
@@ -511,7 +476,7 @@ class JobClocks:
             self._reach(stamp.acked, [stamp.worker])
         if stamp.acked > self._acked:
             self._acked = stamp.acked
-            self._prove_below(stamp.acked)
+            self.sync.prove_below(stamp.acked, self._sync_held(), self.num_workers)
         return self._generation
 
     def _start(self, stamp: WorkerStamp) -> None:
@@ -525,12 +490,8 @@ class JobClocks:
         replaced = BarrierTimeoutError(
             f"shard {self.shard_id}: job {self.job} was replaced by job {job} (a stamp of that job came); the job stops"
         )
-        for step in self._steps.values():
-            step.error = replaced
-            if not step.applying:  # a sum being applied ends in _apply, which releases it
-                self._release(step)
-        self._steps = {}
-        self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
+        self.sync.replace(replaced)
+        self.job, self.num_workers, self.max_gap, self._acked = job, num_workers, 0, 0
         self.setup, self._setup_from, self._stopped, self.unclocked = stamp.setup, stamp.worker, None, stamp.unclocked
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
         for w in done:
@@ -566,6 +527,11 @@ class JobClocks:
             log.warning("shard %d: storing that workers of job %d are done failed (%s); after a restart the shard "
                         "would wait for them", self.shard_id, job, e)  # fmt: skip
 
+    @property
+    def sync_held_bytes(self) -> int:
+        """Bytes of the contributions the gathering and applying sync steps hold (SyncSteps.held_bytes)."""
+        return self.sync.held_bytes
+
     def min_clock(self) -> int:
         with self._cond:
             return self._min_clock()
@@ -590,9 +556,7 @@ class JobClocks:
         """Ends every wait with ShardClosingError (UNAVAILABLE: clients retry on the restarted shard)."""
         with self._cond:
             self._closed = True
-            for step in self._steps.values():
-                if step.timer is not None:
-                    step.timer.cancel()
+            self.sync.close()
             self._cond.notify_all()
 
     # ---- pulls, pushes, done ----------------------------------------------------------------------------
@@ -623,7 +587,7 @@ class JobClocks:
                     if all(self._done):
                         return low
                     waited = time.monotonic() - started
-                    applying = any(s.applying for s in self._steps.values())  # the clocks move when it ends
+                    applying = self.sync.applying()  # the clocks move when it ends
                     if waited >= stamp.timeout_s and not applying:
                         behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
                         behind = [w for w in behind if w != stamp.worker] or behind  # its own step waits for them
@@ -721,7 +685,7 @@ class JobClocks:
                 log.warning("shard %d: job %d stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
                             echo(stamp.stopped, 200))  # fmt: skip
                 self._stop(_relayed_stop(stamp) or BarrierTimeoutError(
-                    f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker} stopped before its end "
+                    f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker} stopped before its end "
                     f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
                 ))  # fmt: skip
             return self._min_clock()
@@ -731,7 +695,7 @@ class JobClocks:
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
         if stopping and generation == self._generation and self._stopped is not None:
-            raise _again(self._stopped)
+            raise again(self._stopped)
         if generation != self._generation:
             raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job} (a stamp "
                                       "of that job came); the job stops")  # fmt: skip
@@ -776,7 +740,7 @@ class JobClocks:
         contributions dropped: nothing applied); the error of apply, if it fails, for every contributor;
         WorkerDoneError for a worker held as done; RpcThreadsExhaustedError (the step failed) instead of a wait
         that would hold the last free RPC thread; SyncStepTooLargeError (the job stopped) for a contribution past
-        the `sync_steps` part (_count_held). client: the PushBatch's client id (0: unknown); a contribution
+        the `sync_steps` part (SyncSteps.contribute). client: the PushBatch's client id (0: unknown); a contribution
         of a worker from another client than its earlier one to the same step (two processes given one worker
         id; a retry comes from the same client) fails the step for every contributor (InvalidArgumentError).
         caller_gone: as for wait_for_pull; a contribution whose caller left stays in the step (a retry replaces it,
@@ -792,37 +756,25 @@ class JobClocks:
         with self._cond:
             self._check_not_done(stamp)
             generation = self._enter(stamp)
-            step = self._steps.get(stamp.step)
-            if step is None and self._known_applied(stamp.step):
+            step = self.sync.steps.get(stamp.step)
+            if step is None and self.sync.known_applied(stamp.step, self._sync_held(), self._acked):
                 self._reach(seq, range(self.num_workers))  # a step applied before: every worker contributed
                 return 0, self._min_clock()
-            self._prove_below(stamp.step)  # this worker had its reply to every earlier step
+            # this worker had its reply to every earlier step
+            self.sync.prove_below(stamp.step, self._sync_held(), self.num_workers)
             if step is None:
-                if len(self._steps) >= MAX_OPEN_SYNC_STEPS:
-                    raise InvalidArgumentError(
-                        f"bad worker stamp: sync step {stamp.step:,} of job {stamp.job} while steps "
-                        f"{', '.join(f'{s:,}' for s in sorted(self._steps))} are still gathering on shard "
-                        f"{self.shard_id}: a job's workers run one step at a time; nothing was applied"
-                    )  # fmt: skip
-                step = self._steps[stamp.step] = _SyncStep(stamp.step)
+                step = self.sync.open(stamp)
             if not step.applying:
-                earlier = step.clients.get(stamp.worker, 0)
-                if client and earlier and earlier != client:
-                    self._fail(step, InvalidArgumentError(
-                        f"bad worker stamp: two workers of job {stamp.job} say they are worker {stamp.worker} "
-                        f"(their pushes of sync step {stamp.step:,} come from two clients): give each worker its own "
-                        f"--worker-id in 0..{self.num_workers - 1}; the step was not applied"
-                    ))  # fmt: skip
-                    raise _again(step.error)
-                self._count_held(step, stamp, pushes)
-                step.contributions[stamp.worker] = (pushes, advance_clock)
-                step.clients[stamp.worker] = client
+                too_large = self.sync.contribute(step, stamp, pushes, advance_clock, client, self.num_workers)
+                if too_large is not None:  # its step could not complete: the job stops
+                    self._stop(too_large)
+                    raise again(self._stopped)
             started, waiting = time.monotonic(), False
             step.waiters += 1
             try:
                 while True:
                     if step.error is not None:
-                        raise _again(step.error)
+                        raise again(step.error)
                     if step.applied:
                         return sum(len(p.ids) for p in pushes), self._min_clock()
                     self._check_alive(generation, stopping=not step.applying)  # a sum being applied ends as applied
@@ -835,17 +787,17 @@ class JobClocks:
                         missing = [
                             w for w in range(self.num_workers) if not self._done[w] and w not in step.contributions
                         ]
-                        self._fail(step, BarrierTimeoutError(
+                        self.sync.fail(step, BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
                             f"{waited:.3g} s for the pushes of {self._named(missing)} of job {stamp.job}; nothing "
                             "of the step was applied; is it alive? the job stops"
                         ))  # fmt: skip
-                        raise _again(step.error)
+                        raise again(step.error)
                     if not waiting:
                         refused = self._threads_refusal(stamp, f"sync push of step {stamp.step}")
                         if refused is not None:
-                            self._fail(step, refused)
-                            raise _again(refused)
+                            self.sync.fail(step, refused)
+                            raise again(refused)
                         _watch_caller(caller_gone, self.wake, stamp, "sync push")
                         self._waiting, waiting = self._waiting + 1, True
                     self._cond.wait(None if step.applying else stamp.timeout_s - waited)  # _apply notifies
@@ -855,125 +807,23 @@ class JobClocks:
                 step.waiters -= 1
                 if not step.waiters and not step.applying and step.error is None:  # its caller left
                     step.deadline = max(step.deadline, started + stamp.timeout_s)
-                    self._drop_unless_waited_for(step, stamp)
+                    self.sync.drop_unless_waited_for(step, stamp)
         return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
 
-    def _count_held(self, step: _SyncStep, stamp: WorkerStamp, pushes: list[TablePush]) -> None:
-        """Counts the contribution of the stamp's worker (in place of its earlier one to the step) in
-        sync_held_bytes. Where what the sync steps then hold would take more than the `sync_steps` part
-        (syncsum.step_cost: a sum copies what it sums), stops the job (its step could not complete: the other
-        contributions stay until it does, and the next step's would be as large) and raises SyncStepTooLargeError;
-        nothing is applied. Lock held."""
-        mine, before = held_bytes(pushes), step.held.get(stamp.worker, 0)
-        held = self.sync_held_bytes - before + mine
-        if self.sync_step_bytes and step_cost(held) > self.sync_step_bytes:
-            others = sum(step.held.values()) - before
-            self._stop(SyncStepTooLargeError(
-                f"{_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s contribution to sync step "
-                f"{stamp.step:,} holds {mine:,} bytes, the step's other contributions here {others:,}, other steps' "
-                f"{held - mine - others:,}: {held:,} bytes, which with the copies their sum makes take "
-                f"{step_cost(held):,}, over this server's `sync_steps` part of --memory-bytes "
-                f"({self.sync_step_bytes:,} bytes: 1/8 of it, 16 to 256 MiB); train with smaller batches, fewer "
-                "workers or more shards, or give the server a larger --memory-bytes; nothing of the step was "
-                "applied; start the job anew under a new --job-id"
-            ))  # fmt: skip
-            raise _again(self._stopped)
-        step.held[stamp.worker] = mine
-        self.sync_held_bytes = held
+    def _sync_held(self) -> int:
+        """The newest sync step (+ 1) of the job followed that the journal holds (0: none). Lock held."""
+        return self._sync_steps_applied(sync_key(self.job))
 
-    def _release(self, step: _SyncStep) -> None:
-        """Takes the bytes of step's contributions out of sync_held_bytes (once: it ends). Lock held."""
-        self.sync_held_bytes -= sum(step.held.values())
-        step.held.clear()
-
-    def _drop_unless_waited_for(self, step: _SyncStep, stamp: WorkerStamp) -> None:
-        """Makes sure a timer will drop step's contributions at its deadline if no contributor waits for it then
-        (a wait that comes meanwhile ends by its own deadline): one timer per step, which looks at the deadline
-        when it fires; close() cancels them. Lock held."""
-        if step.timer is not None or self._closed:
-            return
-
-        def expire() -> None:
-            with self._cond:
-                step.timer = None
-                if (
-                    self._closed
-                    or self._steps.get(step.step) is not step
-                    or step.waiters
-                    or step.applying
-                    or step.error
-                ):
-                    return
-                if time.monotonic() < step.deadline:  # a later contribution's caller left too: its deadline
-                    self._drop_unless_waited_for(step, stamp)
-                    return
-                workers = sorted(step.contributions)
-                log.warning("job %d: sync step %d dropped the contributions of %s at its barrier timeout: their "
-                            "callers left and no worker waits for the step", stamp.job, step.step,
-                            self._named(workers))  # fmt: skip
-                self._fail(step, BarrierTimeoutError(
-                    f"shard {self.shard_id}: sync step {step.step} of job {stamp.job} was dropped at its barrier "
-                    f"timeout, with nobody waiting for it (the callers of {self._named(workers)} left); nothing of "
-                    "it was applied"
-                ))  # fmt: skip
-
-        step.timer = threading.Timer(max(0.0, step.deadline - time.monotonic()), expire)
-        step.timer.daemon = True
-        step.timer.name = "ps-sync-expiry"
-        step.timer.start()
-
-    def _complete(self, step: _SyncStep) -> bool:
+    def _complete(self, step: SyncStep) -> bool:
         return all(self._done[w] or w in step.contributions for w in range(self.num_workers))
 
-    def _known_applied(self, step: int) -> bool:
-        """Whether the job's sync step is known to be applied whole: this process applied it, the journal holds
-        a later one, or the journal holds it and a stamp's acked passed it. Lock held."""
-        held = self._sync_steps_applied(sync_key(self.job))
-        return self._applied_here > step or held > step + 1 or (held > step and self._acked > step)
-
-    def _prove_below(self, bound: int) -> None:
-        """Ends, as applied whole, every gathering step before bound that the journal holds: a worker had its reply
-        to it (its stamp's acked, or its contribution to a later step, says so). Lock held."""
-        held = self._sync_steps_applied(sync_key(self.job))
-        for step in [s for s in self._steps.values() if s.step < min(bound, held) and not s.applying]:
-            self._proven(step)
-
     def _apply(
-        self, step: _SyncStep, key: int, seq: int, apply: Callable, mine: int, generation: int
+        self, step: SyncStep, key: int, seq: int, apply: Callable, mine: int, generation: int
     ) -> tuple[int, int]:
         """Applies a complete step's sum (this thread claimed it), outside the lock; then wakes its waiters. The
         job's state moves only if the job is still the one the step is of (generation)."""
-        contributions = [step.contributions[w] for w in sorted(step.contributions)]
-        try:
-            summed = sum_contributions([p for p, _ in contributions], self.max_count)
-            apply(summed, max(a for _, a in contributions), key, seq)
-        except BaseException as e:
-            with self._cond:
-                self._fail(step, e)
-            raise
+        self.sync.apply_sum(step, key, seq, apply)
         with self._cond:
-            step.applied = True
-            self._release(step)
-            if generation == self._generation:
-                self._applied_here = max(self._applied_here, seq)
-                if self._steps.get(step.step) is step:
-                    del self._steps[step.step]
-                    self._reach(seq, list(step.contributions))
+            self.sync.applied(step, seq, generation == self._generation)
             self._cond.notify_all()
             return mine, self._min_clock()
-
-    def _proven(self, step: _SyncStep) -> None:
-        """Ends a gathering step known to be applied whole (after a restart): its waiters are answered. Lock held."""
-        step.applied = True
-        self._release(step)
-        del self._steps[step.step]
-        self._applied_here = max(self._applied_here, step.step + 1)
-        self._reach(step.step + 1, range(self.num_workers))
-
-    def _fail(self, step: _SyncStep, error: BaseException) -> None:
-        """Ends a step with error: its contributions are dropped, its waiters raise the error. Lock held."""
-        step.error = error
-        self._release(step)
-        if self._steps.get(step.step) is step:
-            del self._steps[step.step]
-        self._cond.notify_all()

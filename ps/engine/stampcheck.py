@@ -1,5 +1,6 @@
 """The checks of a worker's stamp that need no job: check_stamp (what no job's stamp may say), and the words the
-refusals of ps.engine.jobs use for a job's setup (its key=value pairs, what differs between two, its mode).
+refusals of ps.engine.jobs use for a job's setup (its key=value pairs, what differs between two, its mode) and for
+stopping a job (job_stops).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
         bad += f"that is no sync contribution, not done and not stopped; this one says {said}"
     if bad:
         raise InvalidArgumentError(f"bad worker stamp: {bad}; {nothing_done(create)}")
+
+
+def job_stops(shard_id: int, job: int) -> str:
+    """How the message of an error that stops a job on a shard starts (ps.engine.jobs JOB_STOPPING_ERRORS; its
+    _relayed_stop finds it in a stop stamp's reason)."""
+    return f"shard {shard_id}: job {job} stops: "
 
 
 def nothing_done(create: bool) -> str:
