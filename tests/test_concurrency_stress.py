@@ -34,6 +34,7 @@ import time
 import numpy as np
 import pytest
 
+import ps.engine.shard as shard_module
 from ps.checkpoint import FORMAT, write_manifest
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.push import TablePush
@@ -292,14 +293,17 @@ def check_rows(shard: Shard, want: dict[tuple[str, int], list[np.ndarray]], what
                                      f"{[w.tolist() for w in want[(name, i)]]}")  # fmt: skip
 
 
-def test_control_operations_race_data_operations(tmp_path):
+def test_control_operations_race_data_operations(tmp_path, monkeypatch):
     row = layout_of(DIM, "sgd").ram_bytes
     cache = (FIRST_TABLES + LATE_TABLES + 1) * SHARE_ROWS * row
     config = ServerConfig(data_dir=str(tmp_path / "data"), cache_bytes=cache, flush_interval_s=0.01,
                           checkpoint_root=str(tmp_path))  # fmt: skip
-    shard = Shard(config)
+    room = RequestRoom(3 * push_cost(120, layout_of(DIM, "sgd").width))
+    with monkeypatch.context() as small:  # the shard's one room, made so: its pulls and pushes (PushPath's) wait
+        small.setattr(shard_module, "RequestRoom", lambda *args: room)
+        shard = Shard(config)
+    assert shard.room is room and shard.pushes._room is room
     shard.store._behind.max_pending_bytes = 4 * row  # the write-behind's bound: a few rows, callers wait on it
-    shard.room = RequestRoom(3 * push_cost(120, layout_of(DIM, "sgd").width))  # requests wait for room
     for i in range(FIRST_TABLES):
         shard.create_table(spec(i))
     shard.create_table(TableConfig(SCRATCH, 2))
