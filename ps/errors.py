@@ -86,8 +86,8 @@ class RequestTooLargeError(PsError):
 
 class SyncStepTooLargeError(PsError):
     """A contribution to a sync step would take the sync steps' contributions (and the copies their sums make) past
-    the `sync_steps` part of --memory-bytes (ps.engine.jobs): the step fails for each of its workers, nothing of it
-    applied. Train with smaller batches, fewer workers or more shards, or give the server a larger --memory-bytes."""
+    the `sync_steps` part of --memory-bytes (ps.engine.syncsteps): the step fails for each of its workers, nothing of
+    it applied. Train with smaller batches, fewer workers or more shards, or give the server a larger --memory-bytes."""
 
     status = "RESOURCE_EXHAUSTED"
 
@@ -328,7 +328,7 @@ class DiskFullError(PsError):
         cls, reason: str, what: str, outcome: str = "nothing was applied", disk: str = "", remedy: str = "retry"
     ) -> "DiskFullError":
         """The error for `what` (what failed, naming the path) failing for `reason` (disk_full_reason's);
-        outcome: what of the request stands, the message's end ("": none; Shard.push_batch rewrites a trailing
+        outcome: what of the request stands, the message's end ("": none; PushPath.push_batch rewrites a trailing
         "; nothing was applied" when earlier pushes of the batch were applied); disk: a path on the full disk,
         named when `what` names more than one; remedy: what to do once space is freed."""
         where = f"the disk of {disk}" if disk else "that disk"

@@ -1,5 +1,5 @@
 """A push request is applied exactly once however often it is sent: across retries, crashes between two of its
-pushes or inside a flush, and flushes that trim the journal (ps.engine.shard.Shard.push_batch, ps.storage.journal
+pushes or inside a flush, and flushes that trim the journal (ps.engine.pushpath.PushPath.push_batch, ps.storage.journal
 `applied`); and the Client sends a request again when a shard is unavailable."""
 
 from __future__ import annotations

@@ -258,10 +258,7 @@ def test_a_sync_sum_a_crash_left_half_applied_is_completed_once_after_the_restar
         assert applied[0] == 4
         kept = shard.journal.applied  # as if the crash came after the first table's record:
         kept._entries[sync_key(JOB)] = kept.entry(sync_key(JOB))._replace(parts=1)
-        shard.pushes.advanced[sync_key(JOB)], shard.pushes.clock = (
-            applied[0] - 1,
-            3,
-        )  # and before the sum's clock advance
+        shard.pushes.advanced[sync_key(JOB)], shard.pushes.clock = applied[0] - 1, 3  # and before the sum's advance
         for ids in (A, B):  # and the second table's push never happened: its rows back by one step
             shard.push("other", ids, np.full((len(ids), 4), 1.0), None, None, True)
         assert (shard.pull("other", A) == -3).all() and (shard.pull("emb", A) == -4).all()

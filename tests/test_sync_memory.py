@@ -1,5 +1,5 @@
-"""The `sync_steps` part of --memory-bytes (ps.engine.jobs, ps.engine.syncsum): a sync step's contributions, held
-until every worker of the step has pushed, and the copies their sum makes, counted against it; a contribution
+"""The `sync_steps` part of --memory-bytes (ps.engine.syncsteps, ps.engine.syncsum): a sync step's contributions,
+held until every worker of the step has pushed, and the copies their sum makes, counted against it; a contribution
 past it stops the job for every worker, applying nothing; Stats reports the bytes held."""
 
 from __future__ import annotations

@@ -476,7 +476,7 @@ class JobClocks:
             self._reach(stamp.acked, [stamp.worker])
         if stamp.acked > self._acked:
             self._acked = stamp.acked
-            self.sync.prove_below(stamp.acked, self._sync_held(), self.num_workers)
+            self.sync.prove_below(stamp.acked, self._journaled_step(), self.num_workers)
         return self._generation
 
     def _start(self, stamp: WorkerStamp) -> None:
@@ -757,11 +757,11 @@ class JobClocks:
             self._check_not_done(stamp)
             generation = self._enter(stamp)
             step = self.sync.steps.get(stamp.step)
-            if step is None and self.sync.known_applied(stamp.step, self._sync_held(), self._acked):
+            if step is None and self.sync.known_applied(stamp.step, self._journaled_step(), self._acked):
                 self._reach(seq, range(self.num_workers))  # a step applied before: every worker contributed
                 return 0, self._min_clock()
             # this worker had its reply to every earlier step
-            self.sync.prove_below(stamp.step, self._sync_held(), self.num_workers)
+            self.sync.prove_below(stamp.step, self._journaled_step(), self.num_workers)
             if step is None:
                 step = self.sync.open(stamp)
             if not step.applying:
@@ -810,7 +810,7 @@ class JobClocks:
                     self.sync.drop_unless_waited_for(step, stamp)
         return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
 
-    def _sync_held(self) -> int:
+    def _journaled_step(self) -> int:
         """The newest sync step (+ 1) of the job followed that the journal holds (0: none). Lock held."""
         return self._sync_steps_applied(sync_key(self.job))
 

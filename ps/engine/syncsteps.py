@@ -6,7 +6,8 @@ gathers, then is applied (its sum, once, outside the lock), or is proven applied
 (its contributions dropped, its waiters told the error); a step whose contributors' callers all left is dropped by
 a timer at its deadline. ps.engine.jobs's JobClocks decides when (its worker clocks, waits and the job's changes);
 both work under JobClocks' one condition (`cond`, passed here), which every method expects held but apply_sum, which
-takes it itself. The worker clocks stay JobClocks': a step applied or proven moves them through `reach`.
+takes it itself, as does the timer drop_unless_waited_for starts. The worker clocks stay JobClocks': a step
+applied or proven moves them through `reach`.
 """
 
 from __future__ import annotations
@@ -169,17 +170,17 @@ class SyncSteps:
         step.timer.name = "ps-sync-expiry"
         step.timer.start()
 
-    def known_applied(self, step: int, held: int, acked: int) -> bool:
+    def known_applied(self, step: int, journaled: int, acked: int) -> bool:
         """Whether the job's sync step is known to be applied whole: this process applied it, the journal holds
-        a later one, or the journal holds it and a stamp's acked passed it. held: the newest sync step (+ 1) of
-        the job the journal holds; acked: the largest acked of the job's stamps."""
-        return self.applied_here > step or held > step + 1 or (held > step and acked > step)
+        a later one, or the journal holds it and a stamp's acked passed it. journaled: the newest sync step (+ 1)
+        of the job the journal holds; acked: the largest acked of the job's stamps."""
+        return self.applied_here > step or journaled > step + 1 or (journaled > step and acked > step)
 
-    def prove_below(self, bound: int, held: int, num_workers: int) -> None:
-        """Ends, as applied whole, every gathering step before bound that the journal holds (held: as for
+    def prove_below(self, bound: int, journaled: int, num_workers: int) -> None:
+        """Ends, as applied whole, every gathering step before bound that the journal holds (journaled: as for
         known_applied): a worker had its reply to it (its stamp's acked, or its contribution to a later step, says
         so)."""
-        for step in [s for s in self.steps.values() if s.step < min(bound, held) and not s.applying]:
+        for step in [s for s in self.steps.values() if s.step < min(bound, journaled) and not s.applying]:
             self._proven(step, num_workers)
 
     def apply_sum(self, step: SyncStep, key: int, seq: int, apply: Callable) -> None:

@@ -16,7 +16,7 @@ The checksum covers the header's magic, seq and payload_len too, so a damaged se
 damaged payload. (client, client_seq, part) say which push of which client request the record is (0, 0, 0:
 none): `applied` (ps.storage.applied.AppliedTable) maps each client to the (client_seq, parts done) of its newest
 request, kept as records are appended and replayed, so a shard can tell a retried request from a new one
-(ps.engine.shard.Shard.push_batch).
+(ps.engine.pushpath.PushPath.push_batch).
 
 Writing: a record is written with one pwritev; or, where ps.accel.prefault has prepared the space and
 ps.accel.filemap has mapped the segment, it is copied into the mapping: the header with a zero checksum, then
