@@ -123,7 +123,8 @@ step whose deadline passes drops its contributions: nothing of it was applied or
 left (its RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread
 (CallerGoneError); its contribution stays in the step for a retry, until the step's own deadline if no contributor
 waits then (a timer drops it, so that steps nobody waits for do not pile up in memory). At most MAX_OPEN_SYNC_STEPS
-(ps.engine.syncsteps, which holds the steps and their contributions) steps of a job gather at once: a contribution that would open another is refused (InvalidArgumentError).
+steps of a job gather at once: a contribution that would open another is refused (InvalidArgumentError). The steps
+and their contributions are held by ps.engine.syncsteps.
 """
 
 from __future__ import annotations

@@ -65,6 +65,11 @@ class PushPath:
         # entries go with the clients' `applied` entries (forget_advances)
         self.advanced: dict[int, int] = store.advanced()
 
+    def replayed_to(self, step: int) -> None:
+        """The clock after the journal's replay at start: at least the newest replayed record's step."""
+        with self._lock:
+            self.clock = max(self.clock, step)
+
     def note_advanced(self) -> None:
         """Notes in the journal's `applied` table the requests whose clock advance is applied (at start, after the
         replay): a client's entry there is at least its advance note's request."""

@@ -181,7 +181,7 @@ class Shard:
                                lambda push: self.check_push(push),
                                lambda checked, origin: self.apply_push(checked, origin), clock)  # fmt: skip
         records, step = replay(self.store, self.journal, self.tables, self._progress, self.config.accept_journal_loss)
-        self.pushes.clock = max(self.pushes.clock, step)
+        self.pushes.replayed_to(step)
         if records or self.journal.losses:  # flushed at once: the next start does not find them again
             self._progress.enter("flushing")
             self.flush()
