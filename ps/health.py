@@ -227,7 +227,7 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
         if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             text = f"{e.code().name}: no answer within {timeout_s:g} s"
         if e.code() == grpc.StatusCode.UNAVAILABLE:
-            text += tls_hint(address, bool(tls_ca or tls_cert or tls_key), bool(tls_cert), min(timeout_s, 2.0))
+            text += tls_hint(address, tls_ca, tls_cert, tls_key, tls_server_name, min(timeout_s, 2.0))
         return Health(False, False, text)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     why = [v for k, v in (call.trailing_metadata() or ()) if k == STARTING_KEY]

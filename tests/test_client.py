@@ -474,7 +474,7 @@ def test_a_shard_that_fails_during_a_checkpoints_pause_is_warned_about(caplog):
 def test_a_host_name_that_does_not_resolve_is_said_so():
     from worker.channels import why_not_ready
 
-    said = why_not_ready("no-such-host.invalid:5000", False, False)  # .invalid never resolves (RFC 2606)
+    said = why_not_ready("no-such-host.invalid:5000", (None, None, None))  # .invalid never resolves (RFC 2606)
     assert said.startswith("; its host name 'no-such-host.invalid' does not resolve ("), said
 
 

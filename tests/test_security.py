@@ -579,6 +579,41 @@ def test_a_health_probe_whose_tls_setting_differs_from_the_shards_says_which_fla
         assert not serving and not starting and text.startswith("UNAVAILABLE: ") and text.endswith(hint), (what, text)
 
 
+def test_a_probe_with_tls_files_the_shard_does_not_take_names_the_file(pki, start):
+    """A CA that did not sign the shard's certificate, or a client certificate its CA did not sign: before, the
+    worker said "it did not answer as a sparseps shard (gRPC): it may be another service's port", and health said
+    that the shard requires a client certificate, where one was given or the shard's own did not verify."""
+    ca, rogue = str(pki / "ca.pem"), str(pki / "rogue.pem")
+    client = {"tls_cert": str(pki / "client.pem"), "tls_key": str(pki / "client.key")}
+    intruder = {"tls_cert": str(pki / "intruder.pem"), "tls_key": str(pki / "intruder.key")}
+    tls = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"))
+    mutual = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=ca)
+    untrusted = (f"; the shard's TLS certificate does not verify against --tls-ca {rogue}: unable to get local issuer "
+                 "certificate (give --tls-ca the CA that signed the shard's certificate, and dial a name or address "
+                 "the certificate names)")  # fmt: skip
+    refused = (f"; the shard does not accept the client certificate (--tls-cert) {intruder['tls_cert']}: under mutual "
+               "TLS it takes only certificates signed by its own --tls-ca, unexpired")  # fmt: skip
+    cases = {
+        "TLS, another CA": (tls, {"tls_ca": rogue}, untrusted),
+        "mutual TLS, another CA, no client certificate": (mutual, {"tls_ca": rogue}, untrusted),
+        "mutual TLS, another CA": (mutual, {"tls_ca": rogue, **client}, untrusted),
+        "mutual TLS, a client certificate of another CA": (mutual, {"tls_ca": ca, **intruder}, refused),
+        "TLS, a name the certificate does not give": (tls, {"tls_ca": ca, "tls_server_name": "shard.example"},
+                                                      "certificate is not valid for 'shard.example'"),
+    }  # fmt: skip
+    for what, (address, flags, hint) in cases.items():
+        serving, starting, text = check_health(address, 5, **flags)
+        assert not serving and not starting and text.startswith("UNAVAILABLE: ") and hint in text, (what, text)
+        if "tls_server_name" in flags:
+            continue  # the worker dials the address's own host
+        with (
+            Client([address], timeout_s=2, server_timeout_s=1, **flags) as client,
+            pytest.raises(ServerUnavailableError) as raised,
+        ):
+            client.wait_ready()
+        assert str(raised.value).endswith(hint), (what, str(raised.value))
+
+
 def test_a_health_probe_of_a_port_where_nothing_listens_gives_no_tls_hint():
     with socket.socket() as held:  # bound, not listening: connections are refused
         held.bind(("127.0.0.1", 0))

@@ -48,10 +48,11 @@ def open_channels(
     return [client_channel(a, OPTIONS, tls_ca, tls_cert, tls_key, auth_token) for a in servers]
 
 
-def why_not_ready(address: str, tls: bool, client_cert: bool, timeout_s: float = 1.0) -> str:
+def why_not_ready(address: str, tls: tuple[str | None, str | None, str | None], timeout_s: float = 1.0) -> str:
     """A hint for a server whose gRPC channel did not become ready: NOTHING_LISTENS when no TCP connection can be
-    made there (the server is down); the TLS flag the shard wants, or has not, as a probe finds it
-    (ps.security.tls_hint); else that something listens but does not answer as a sparseps shard."""
+    made there (the server is down); the TLS flag the shard wants, or has not, or the file of tls (the client's
+    --tls-ca, --tls-cert, --tls-key) its TLS does not take, as a probe finds it (ps.security.tls_hint); else that
+    something listens but does not answer as a sparseps shard."""
     host, port = host_and_port(address)
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
@@ -60,15 +61,18 @@ def why_not_ready(address: str, tls: bool, client_cert: bool, timeout_s: float =
         return f"; its host name {host!r} does not resolve ({e.strerror}): a typo, or a name not yet known"
     except (OSError, ValueError):
         return NOTHING_LISTENS
-    return tls_hint(address, tls, client_cert, timeout_s) or (
+    return tls_hint(address, *tls, timeout_s=timeout_s) or (
         "; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another service's "
         "port (HTTP, a metrics endpoint), or a shard too busy to answer"
     )
 
 
-def wait_connected(channels: list[grpc.Channel], servers: list[str], tls: tuple[bool, bool], timeout_s: float) -> None:
+def wait_connected(
+    channels: list[grpc.Channel], servers: list[str], tls: tuple[str | None, str | None, str | None], timeout_s: float
+) -> None:
     """Waits up to timeout_s for every channel to be ready, logging a shard not ready within READY_PATIENCE_S and
-    why (why_not_ready, with tls = (TLS used, client certificate given)); ServerUnavailableError past it."""
+    why (why_not_ready, with tls = the client's (--tls-ca, --tls-cert, --tls-key)); ServerUnavailableError past
+    it."""
     deadline = time.monotonic() + timeout_s
     for i, channel in enumerate(channels):
         ready = grpc.channel_ready_future(channel)
@@ -78,7 +82,7 @@ def wait_connected(channels: list[grpc.Channel], servers: list[str], tls: tuple[
             left = deadline - time.monotonic()
             if left > 0:
                 log.warning("shard %d at %s does not answer yet%s; waiting for it up to %.0f s more (of a %.0f s "
-                            "wait)", i, servers[i], why_not_ready(servers[i], *tls), left,
+                            "wait)", i, servers[i], why_not_ready(servers[i], tls), left,
                             timeout_s)  # fmt: skip
             try:
                 while True:  # a reminder every READY_REMIND_S, so that a long wait is not silence
@@ -94,7 +98,7 @@ def wait_connected(channels: list[grpc.Channel], servers: list[str], tls: tuple[
             except grpc.FutureTimeoutError:
                 raise ServerUnavailableError(
                     f"shard {i} at {servers[i]} did not accept a connection within {timeout_s:g} s"
-                    + why_not_ready(servers[i], *tls)
+                    + why_not_ready(servers[i], tls)
                 ) from None
 
 

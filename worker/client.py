@@ -134,7 +134,7 @@ class Client:
         self.slot_map = SlotMap.contiguous(len(servers))
         self._router = Router(self.slot_map, len(servers))
         self._channels = open_channels(self.servers, tls_ca, tls_cert, tls_key, auth_token)
-        self._tls = (bool(tls_ca or tls_cert or tls_key), bool(tls_cert))  # for why_not_ready
+        self._tls = (tls_ca, tls_cert, tls_key)  # for why_not_ready
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
         self._callers = CallThreads()  # the calls of a batch past its first
