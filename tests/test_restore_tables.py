@@ -733,3 +733,29 @@ def test_an_export_that_moves_its_checkpoint_killed_at_any_point_leaves_one_whol
     assert read() == whole_new
     export(old, str(out))  # removes what the killed exports left, their moved checkpoints too
     assert sorted(os.listdir(out)) == sorted([json.loads((out / "export.json").read_text())["dir"], "export.json"])
+
+
+@pytest.mark.parametrize("deleted", ["checkpoint", "shard folder"])
+def test_a_checkpoint_deleted_while_it_is_restored_is_said_gone_not_damaged(tmp_path, deleted):
+    """The checkpoint deleted after the restore read its manifest. Before: "checkpoint ... is damaged: shard-0/CURRENT
+    (... No such file or directory) ... `ps-server verify CHECKPOINT` lists everything damaged in it", of a
+    checkpoint that verify then finds not there."""
+    from ps.checkpoint import read_manifest
+    from ps.engine.restore import restore_into
+
+    ckpt = one_table_checkpoint(tmp_path, 100)
+    manifest = read_manifest(ckpt)
+    shutil.rmtree(ckpt if deleted == "checkpoint" else os.path.join(ckpt, "shard-0"))
+    gone = "the whole checkpoint" if deleted == "checkpoint" else "shard-0"
+    store = Store(str(tmp_path / "new"))
+    try:
+        with pytest.raises(CheckpointDamagedError) as raised:
+            restore_into(store, ckpt, 0, 1, manifest)
+        said = str(raised.value)
+        assert said.startswith(f"checkpoint {ckpt} is gone: {gone} is no longer there (RocksDB, while opening it "
+                               "shard-0: "), said  # fmt: skip
+        assert "it was deleted or moved while being read" in said and "damaged" not in said, said
+        assert "The restore stopped and deleted what it had copied" in said, said
+        assert store.load_tables() == [] and not store.restore_pending()  # the data dir as it was
+    finally:
+        store.close()

@@ -117,8 +117,9 @@ def reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
     """opened_read_only of a checkpoint's shard folder, for a restore, an export or a save reading back what it
     wrote: RocksDB's errors about source (one it raises at the open, or one naming a file of source later; not
     those naming another dir, such as a restore's writes into its data dir) as a CheckpointDamagedError naming the
-    checkpoint, the file and the offset for damage ("Corruption: ...", a file gone), as a StorageError for anything
-    else."""
+    checkpoint, the file and the offset for damage ("Corruption: ...", a file gone), or saying the checkpoint is
+    gone where its shard's folder is no longer there (deleted or moved while read: no damage, which `ps-server
+    verify` would not find), as a StorageError for anything else."""
     source = os.path.abspath(source)
     checkpoint, shard = os.path.split(source)
     opened = False
@@ -126,6 +127,12 @@ def reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
     def failed(text: str, doing: str) -> StorageError:
         if not is_damage(text):
             return StorageError(f"RocksDB cannot read checkpoint {checkpoint} ({shard}) while {doing}: {text}")
+        if not os.path.isdir(source):  # no damage: the checkpoint, or its shard's folder, was deleted or moved
+            gone = shard if os.path.isdir(checkpoint) else "the whole checkpoint"
+            what = f"{gone} is no longer there (RocksDB, while {doing} {shard}: {text})"
+            return CheckpointDamagedError(f"checkpoint {checkpoint} is gone: {what}: it was deleted or moved while "
+                                          "being read. Keep a checkpoint in place while it is read", checkpoint,
+                                          shard, what)  # fmt: skip
         where = damage_at(text, checkpoint) or f"{shard} (RocksDB names no file)"
         return _checkpoint_damage(checkpoint, where, f"{where} (RocksDB, while {doing}: {text})",
                                   "Nothing in it can be read past that point. A checkpoint's SST files are hard "
