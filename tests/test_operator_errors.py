@@ -221,6 +221,26 @@ def test_the_start_up_wait_for_the_servers_is_server_timeout(command, dead_addre
     assert time.monotonic() - started < 29  # the 1 s given, plus start-up: far from a 30 s wait
 
 
+# ---- export's OUT ----------------------------------------------------------------------------------------
+
+
+def test_an_export_out_that_cannot_be_created_is_named_with_its_flag(tmp_path, dead_address, capsys):
+    """Before: "error: [Errno 20] Not a directory: '.../x'", naming no flag, from both export commands."""
+    from tests.conftest import one_table_checkpoint
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    out = blocker / "export"
+    why = f"cannot be created: Not a directory ({out}); give a path whose parents are directories"
+    code, err = worker(["export", "--servers", dead_address, "--server-timeout", "1", str(out)], capsys)
+    assert code == 2 and f"ps-worker: error: OUT {out} {why}" in err, err
+    checkpoint = one_table_checkpoint(tmp_path, 10)
+    r = subprocess.run([PY, "-m", "ps", "export", checkpoint, "--out", str(out), "--no-progress"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and f"ps-server export: error: --out {out} {why}" in r.stderr, r.stderr
+    assert blocker.read_text() == "not a directory\n"
+
+
 # ---- data files -----------------------------------------------------------------------------------------
 
 

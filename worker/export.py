@@ -35,7 +35,7 @@ from typing import Any
 from ps.checkpoint import table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
-from ps.storage.atomicfile import sync_directory, sync_file
+from ps.storage.atomicfile import make_dirs, sync_directory, sync_file
 from ps.terminate import child_setup, how_it_ended
 from worker.checkpoint import save
 from worker.flags import check_new_dir
@@ -71,7 +71,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     if os.path.isdir(where) and not os.access(where, os.W_OK):
         raise ValueError(f"OUT {args.out}: {where} is not writable by this user; nothing was written")
     made = _missing_dirs(args.out)  # OUT and the parents this export creates, deepest first
-    os.makedirs(args.out, exist_ok=True)
+    make_dirs(args.out, "OUT")
 
     def undo() -> None:
         shutil.rmtree(fresh, ignore_errors=True)

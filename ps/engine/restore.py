@@ -22,7 +22,7 @@ from ps.errors import CheckpointDamagedError, StorageError
 from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage import leftovers
-from ps.storage.atomicfile import sync_directory, sync_file
+from ps.storage.atomicfile import make_dirs, sync_directory, sync_file
 from ps.storage.readonly import checkpoint_damaged
 from ps.storage.store import Store
 
@@ -165,7 +165,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
         raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
                          "checkpoint; give a directory outside it")  # fmt: skip
     new_out = not os.path.exists(out)
-    os.makedirs(out, exist_ok=True)
+    make_dirs(out, "--out")
     with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write"):
         return _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint)
 

@@ -1,5 +1,6 @@
 """write_text_whole, write_json_whole, replaced_whole: a file replaced whole, never seen half written; sync_file: a file's data,
-sync_directory: a directory's entries (a rename into it), made durable (standard library only: the worker uses it too, ps.storage.sidefiles for
+sync_directory: a directory's entries (a rename into it), made durable; make_dirs: a directory and its parents made, or why not
+(standard library only: the worker uses it too, ps.storage.sidefiles for
 the files beside RocksDB, ps.checkpoint for a checkpoint's manifest, an export for its files)."""
 
 from __future__ import annotations
@@ -79,6 +80,19 @@ def replaced_whole(path: str, temp_prefix: str | None = None, suffix: str = ".tm
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def make_dirs(path: str, what: str) -> None:
+    """os.makedirs(path, exist_ok=True); where path cannot be made, a ValueError naming what (the flag or the role:
+    "--out", "data dir"), path, the reason and the part of path at fault."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (NotADirectoryError, FileNotFoundError, FileExistsError) as e:  # a file on the way, say
+        raise ValueError(f"{what} {path} cannot be created: {e.strerror} ({e.filename}); give a path whose parents "
+                         "are directories") from None  # fmt: skip
+    except OSError as e:  # a read-only file system, no permission, ...
+        raise ValueError(f"{what} {path} cannot be created: {e.strerror} ({e.filename}); give a path on a writable "
+                         "file system where this user may create it") from None  # fmt: skip
 
 
 def sync_file(f: IO[Any]) -> None:

@@ -67,6 +67,7 @@ from ps.errors import (
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of, stored_sizes
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
+from ps.storage.atomicfile import make_dirs
 from ps.storage.foreground import Foreground
 from ps.storage.memory import (
     DEFAULT_WRITE_BEHIND_BYTES,
@@ -320,13 +321,9 @@ class Store:
             raise StorageError(f"data dir {path} is the journal folder of the shard whose data dir is {parent}: give "
                                f"--data-dir {parent} (nothing was changed)")  # fmt: skip
         try:
-            os.makedirs(path, exist_ok=True)
-        except (NotADirectoryError, FileNotFoundError, FileExistsError) as e:  # a file on the way, say
-            raise StorageError(f"data dir {path} cannot be created: {e.strerror} ({e.filename}); give a path whose "
-                               "parents are directories") from None  # fmt: skip
-        except OSError as e:  # a read-only file system, no permission, ...
-            raise StorageError(f"data dir {path} cannot be created: {e.strerror} ({e.filename}); give a path on a "
-                               "writable file system where this user may create it") from None  # fmt: skip
+            make_dirs(path, "data dir")
+        except ValueError as e:
+            raise StorageError(str(e)) from None
         entries = sorted(set(os.listdir(path)) - {"journal", "lost+found"})  # lost+found: a volume's root (ext4)
         ours = [e for e in entries if e in (IDENTITY_FILE, MARK_FILE)]
         journal = os.path.join(path, "journal")
