@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import gzip
 import os
+import pathlib
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -219,6 +221,41 @@ def test_the_start_up_wait_for_the_servers_is_server_timeout(command, dead_addre
     code, err = worker([*command, "--servers", dead_address, "--server-timeout", "1"], capsys)
     assert code == 2 and f"shard 0 at {dead_address} did not accept a connection within 1 s" in err, err
     assert time.monotonic() - started < 29  # the 1 s given, plus start-up: far from a 30 s wait
+
+
+def test_a_data_dir_this_user_may_not_write_is_said_so_and_left_as_it_was(request):
+    """An empty dir, or a shard's data dir, owned by another user. Before: "cannot open RocksDB at DIR:
+    Permission denied (os error 13)", not saying whose the dir is or what to do."""
+    from ps.config import ServerConfig
+    from ps.engine.shard import Shard
+    from tests import asnobody
+
+    reason = asnobody.why_not()
+    if reason:
+        pytest.skip(reason)
+    reachable = pathlib.Path(tempfile.mkdtemp(prefix="sparseps-nobody-"))  # pytest's tmp_path is root's alone (0700)
+    request.addfinalizer(lambda: shutil.rmtree(reachable))
+    os.chmod(reachable, 0o755)
+    empty = reachable / "empty"
+    empty.mkdir()
+    shard = reachable / "shard"
+    Shard(ServerConfig(data_dir=str(shard))).close()  # a shard's data dir, root's, readable by all (a copy, say)
+    for folder, _, names in os.walk(shard):
+        os.chmod(folder, 0o755)
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o644)
+    for data_dir in (empty, shard):
+        before = sorted(os.listdir(data_dir))
+        r = asnobody.run(["timeout", "120", PY, "-m", "ps", "--data-dir", str(data_dir)], stdin=subprocess.DEVNULL)
+        assert (
+            r.returncode == 2
+            and (
+                f"ps-server: error: cannot start on data dir {data_dir}: permission denied on {data_dir} (RocksDB: "
+                "Permission denied (os error 13)): run ps-server as the user that owns the data dir (uid "
+            )
+            in r.stderr
+        ), r.stderr
+        assert "Traceback" not in r.stderr and sorted(os.listdir(data_dir)) == before
 
 
 # ---- export's OUT ----------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -311,7 +312,8 @@ class Store:
         RocksDB is opened read-write (check_identity checks the rest). read_threads: a multi_get of many keys is
         split over this many threads (RocksDB reads without Python's lock). write_behind_bytes: the bound of rows
         written in the background (put_rows(background=)). direct_reads, write_buffer_bytes, index_in_cache,
-        mmap_reads: see rocksdb_options."""
+        mmap_reads: see rocksdb_options. A dir this user may not write is a PermissionError (RocksDB's refusal to
+        open it), which ps.engine.opening.start_error says as such."""
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
         parent = os.path.dirname(os.path.abspath(path))
@@ -368,6 +370,8 @@ class Store:
             if "No such file" in str(e) and "MANIFEST" in str(e):  # the one CURRENT names is not there
                 raise _error(path, "opening it", e, f"{e} (its CURRENT file names a MANIFEST that is not there: "
                                                     "CURRENT damaged, or the MANIFEST deleted)") from e  # fmt: skip
+            if "Permission denied" in str(e):  # the dir, or a file of it, this user may not write: no damage
+                raise PermissionError(errno.EACCES, f"RocksDB: {e}", path) from e
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
         self._meta = self._db.get_column_family(META_CF)
