@@ -82,9 +82,11 @@ def iso_parts(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     year, month, day, hour = number[:, :4].sum(1), number[:, 4:6].sum(1), number[:, 6:8].sum(1), number[:, 8:].sum(1)
     days, valid = _days(year, month, day)
     ok &= valid & (hour <= 23)
-    tails, inverse = np.unique(np.strings.slice(cells, _ISO_HEAD, None), return_inverse=True)
-    fits = [_ISO_TAIL.fullmatch(t.decode("latin-1") if byte else t) is not None for t in tails.tolist()]
-    ok &= np.array(fits, dtype=bool)[inverse.reshape(-1)]
+    if chars > _ISO_HEAD:  # the text after the head: its codes viewed back as the cells' kind of text
+        tail = np.dtype((cells.dtype.kind, chars - _ISO_HEAD))
+        tails, inverse = np.unique(np.ascontiguousarray(codes[:, _ISO_HEAD:]).view(tail), return_inverse=True)
+        fits = [_ISO_TAIL.fullmatch(t.decode("latin-1") if byte else t) is not None for t in tails.tolist()]
+        ok &= np.array(fits, dtype=bool)[inverse.reshape(-1)]
     return np.where(ok, hour, 0), np.where(ok, (days + 3) % 7, 0), ok, missing
 
 
