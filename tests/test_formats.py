@@ -33,6 +33,7 @@ from worker.formats import (
     read_csv_header,
 )
 from worker.models.spec import BIAS_FIELD
+from worker.readers.csv_reader import column_cells
 from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema, resolve_schema
 
@@ -367,6 +368,17 @@ def test_csv_header_must_hold_the_schemas_columns(tmp_path):
     with pytest.raises(ValueError, match=r"columns \['site'\] appear more than once in the header"):
         read(twice, "csv", schema=schema)
     assert read_csv_header(twice, ",") == ["click", "site", "price", "id", "device", "count", "site"]
+
+
+def test_column_cells_refuse_columns_the_header_lacks_or_repeats_as_the_reader_does(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("id;site;site\n1;a;b\n")
+    with pytest.raises(ValueError, match=r"d.csv: columns \['id'\] are not in the header; its columns are \['id;site;site'\] "
+                       r"\(the header looks ';'-separated"):  # fmt: skip
+        list(column_cells(str(path), ",", ["id"]))
+    with pytest.raises(ValueError, match=r"d.csv: columns \['site'\] appear more than once in the header"):
+        list(column_cells(str(path), ";", ["id", "site"]))
+    assert list(column_cells(str(path), ";", ["id"])) == [(2, ["1"])]
 
 
 def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):

@@ -69,7 +69,7 @@ from worker.formats import (
     read_csv_header,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
-from worker.readers.csv_reader import column_cells, spaced_name_hint
+from worker.readers.csv_reader import column_cells, header_positions
 from worker.schema import AUTO_FORMAT, Schema
 from worker.schema_builtin import csv_label
 from worker.schema_hints import HINT_SAMPLE_ROWS
@@ -140,14 +140,10 @@ def _check_kept_columns(columns: tuple[str, ...], data: str, schema: Schema) -> 
         raise ValueError(_no_header(data, schema.format))
     name = first_with_content(data)
     header = read_csv_header(name, schema.delimiter) or []
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ValueError(f"--keep-columns: {name}: columns {missing} are not in the header; its columns are "
-                         f"{header}{spaced_name_hint(missing, header)}")  # fmt: skip
-    repeated = [c for c in columns if header.count(c) > 1]
-    if repeated:
-        raise ValueError(f"--keep-columns: {name}: columns {repeated} appear more than once in the header "
-                         f"{header}: which to copy is unknown")  # fmt: skip
+    try:
+        header_positions(name, header, list(columns), schema.delimiter)
+    except ValueError as e:
+        raise ValueError(f"--keep-columns: {e}") from None
 
 
 def _no_header(data: str, fmt: str) -> str:

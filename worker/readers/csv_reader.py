@@ -123,12 +123,12 @@ def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tupl
     """(first physical line, cells of columns) of each record of a csv file past its header, in file order and
     numbered as csv_cells numbers them (the header is line 1), the cells as the csv module reads them; a record of
     another width than the header's, or one the csv module cannot read (bad lines, to csv_cells), gives none. The
-    header must hold the columns (ValueError otherwise)."""
+    header must hold each of the columns once (header_positions' ValueError otherwise)."""
     with open_data(name) as raw:
         lines = CsvLines(raw)
         reader = BoundedReader(lines.texts(), delimiter)
         header = next(reader, None) or []
-        at = [header.index(c) for c in columns]
+        at = header_positions(name, header, columns, delimiter)
         while True:
             start = lines.consumed + 1
             try:
@@ -236,18 +236,25 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
     if not labeled:
         label = None
     named = [label, *sources] if labeled else sources
-    unknown = [c for c in named if c not in header]
-    if unknown:
-        raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}"
-                         f"{_delimiter_hint(header, schema.delimiter)}{spaced_name_hint(unknown, header)}")  # fmt: skip
-    repeated = [c for c in named if header.count(c) > 1]
-    if repeated:
-        raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
+    at = header_positions(name, header, named, schema.delimiter)
     if label in sources:
         raise ValueError(f"{name}: column {label!r} is the label (the first column) and a column of the schema")
     origin = schema.label_from if schema.label is not None else "first column"
-    at = header.index(label) if labeled else None
-    return _Label(at, label, origin, header, blank_ok), {s: header.index(s) for s in sources}
+    label_at = at.pop(0) if labeled else None
+    return _Label(label_at, label, origin, header, blank_ok), dict(zip(sources, at))
+
+
+def header_positions(name: str, header: list[str], columns: list[str], delimiter: str) -> list[int]:
+    """The position in the header of file `name` of each of columns, or ValueError naming those it lacks (with
+    _delimiter_hint's and spaced_name_hint's hints) or names more than once."""
+    unknown = [c for c in columns if c not in header]
+    if unknown:
+        raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}"
+                         f"{_delimiter_hint(header, delimiter)}{spaced_name_hint(unknown, header)}")  # fmt: skip
+    repeated = [c for c in columns if header.count(c) > 1]
+    if repeated:
+        raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
+    return [header.index(c) for c in columns]
 
 
 def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
