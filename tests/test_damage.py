@@ -26,7 +26,7 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.errors import PsError, StorageError
 from ps.server import Server
-from ps.storage.store import Store, encode_keys
+from ps.storage.store import LOST_TABLE_ROWS, Store, encode_keys
 from ps.storage.verify import verify_checkpoint, verify_data_dir
 from tests.server_process import ServerProcess
 from tests.waiting import wait_until
@@ -961,7 +961,8 @@ def test_rows_of_a_table_number_no_config_has_are_damage_to_verify_and_a_start_w
     first = encode_keys(number + 5, np.zeros(1, np.uint64))[0].hex()
     said = (f"rows of no table: 3 stored rows of table number(s) {number + 5} (3 rows), which no readable table "
             f"config has (meta keys table/<name>, tid/<name>); the first key {first}")  # fmt: skip
-    assert damaged and f"DAMAGED {said}: the rows of a table whose meta keys were lost. No request reads them and " \
+    assert damaged and f"DAMAGED {said}: the rows of a table whose meta keys table/<name> and tid/<name> were lost. " \
+        "No request reads them and " \
         "no new table takes their numbers; restore the dir from a backup or checkpoint to get the table back, or, " \
         "to drop them, save a checkpoint and restore it into a new data dir (a restore copies only the tables it " \
         "names)" in lines, lines  # fmt: skip
@@ -1171,7 +1172,7 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
         ": most likely the rows of the tables above whose numbers are missing "
         "or do not read ('t', 'u'), which of them whose is not known"
     ), lines
-    assert not [line for line in lines if "Its rows, if it has any" in line or "meta keys were lost" in line], lines
+    assert not [line for line in lines if "Its rows, if it has any" in line or LOST_TABLE_ROWS in line], lines
 
 
 # ---- one table's number damaged among several: that table fails, the others serve ----------------------------------
@@ -1400,8 +1401,9 @@ def test_rows_of_no_table_under_the_last_table_number_leave_none_for_a_new_table
     try:
         with pytest.raises(TableNumbersExhaustedError) as refused:
             shard.create_table(TableConfig("d", DIM, **SGD))
-        assert "a new table takes the number after the highest, and stored rows of no table (a table's whose meta " \
-               f"keys table/<name> and tid/<name> were lost: `ps-server verify {data_dir}` counts them) are under " \
+        assert "a new table takes the number after the highest, and stored rows of no table (the rows of a table " \
+               "whose meta keys table/<name> and tid/<name> were lost. No request reads them and no new table takes " \
+               f"their numbers; `ps-server verify {data_dir}` counts them) are under " \
                "4,294,967,295, the largest" in str(refused.value), str(refused.value)  # fmt: skip
         assert "d" not in shard.tables and rows_of(shard.pull("c", COMMON), -1)
     finally:

@@ -25,7 +25,7 @@ from ps.storage.arena import MemoryBudget
 from ps.storage.journal import Journal
 from ps.storage.memory import MemoryPlan
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
-from ps.storage.store import Store
+from ps.storage.store import LOST_TABLE_ROWS, Store
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: opening its data dir is a part of its start
 REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
@@ -249,9 +249,8 @@ def open_tables(store: Store, journal: Journal, budget: MemoryBudget, stored: li
                     ", ".join(map(repr, unread)), shown, "that table's" if len(unread) == 1 else "those tables'", store.path)  # fmt: skip
     elif orphans:
         log.warning("data dir %s is damaged: it stores rows under table number(s) %s, which no table's number (meta "
-                    "key tid/<name>) is: the rows of a table whose meta keys table/<name> and tid/<name> were lost. "
-                    "No request reads them and no new table takes their numbers; the other tables serve. `ps-server "
-                    "verify %s` counts them and says what to do", store.path, shown, store.path)  # fmt: skip
+                    "key tid/<name>) is: %s; the other tables serve. `ps-server verify %s` counts them and says what to "
+                    "do", store.path, shown, LOST_TABLE_ROWS, store.path)  # fmt: skip
     return tables
 
 

@@ -127,6 +127,9 @@ if np.iinfo(KEY_DTYPE["table"]).max != MAX_TABLE_NUMBER:  # ps.storage.meta read
     raise ImportError(f"a row key's table field takes up to {np.iinfo(KEY_DTYPE['table']).max}, but "
                       f"ps.storage.meta.MAX_TABLE_NUMBER is {MAX_TABLE_NUMBER}")  # fmt: skip
 ROWS_CF = "rows"
+# what Store.rows_of_no_table's rows are where every table's number reads: said by verify, a start and number_for
+LOST_TABLE_ROWS = ("the rows of a table whose meta keys table/<name> and tid/<name> were lost. No request reads them "
+                   "and no new table takes their numbers")  # fmt: skip
 RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, but for:
 JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remedy, and verify's note
     "the record only spares a restarted shard its waits for the finished workers of the job it follows, so there is "
@@ -494,9 +497,8 @@ class Store:
         top = -1 if highest is None else numbers[highest]
         orphans = self.rows_of_no_table()
         if orphans and orphans[-1] > top:
-            top, holder = orphans[-1], (f"stored rows of no table (a table's whose meta keys table/<name> and "
-                                        f"tid/<name> were lost: `ps-server verify {self.path}` counts them) are "
-                                        f"under {orphans[-1]:,}")  # fmt: skip
+            top, holder = orphans[-1], (f"stored rows of no table ({LOST_TABLE_ROWS}; `ps-server verify "
+                                        f"{self.path}` counts them) are under {orphans[-1]:,}")  # fmt: skip
         else:
             holder = f"table {highest!r} holds {top:,} (meta key tid/{highest})"
         if top == MAX_TABLE_NUMBER:  # (a "tid/" value above it does not read: meta_value)
@@ -510,10 +512,11 @@ class Store:
 
     def rows_of_no_table(self) -> list[int]:
         """The table numbers, ascending, that stored rows are under and no table's number (a "tid/" value that
-        reads) is: the rows of a table whose meta keys table/<name> and tid/<name> were lost, or of a table whose number
-        does not read or is missing (numbers_unread; nothing else leaves rows without their table). One seek to the first number in no table's hands, and one past each number in
-        use found there: a single seek where the tables hold 0..n-1 and no such rows are stored. A key shorter than
-        a table number (damage) counts as if padded with zero bytes."""
+        reads) is: the rows of a table whose meta keys were lost (LOST_TABLE_ROWS), or of a table whose number does
+        not read or is missing (numbers_unread; nothing else leaves rows without their table). One seek to the first
+        number in no table's hands, and one past each number in use found there: a single seek where the tables hold
+        0..n-1 and no such rows are stored. A key shorter than a table number (damage) counts as if padded with zero
+        bytes."""
         try:
             rows = self._rows()
         except StorageError:  # no table was ever created

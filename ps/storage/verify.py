@@ -11,7 +11,8 @@ finding is damaged where the server would refuse to start on it or fail a reques
 export, in a checkpoint), and a note where it starts with a warning (a torn last journal record), reads it with a
 warning as if absent (a job_done record), repairs it (a missing shard.json) or never reads it (a checkpoint's meta
 values other than its tables' numbers and counts, and its rows of a table number no table config has). Rows of a
-table number no table config has are damage in a data dir: a table's lost meta keys, the one thing that leaves them.
+table number no table config has are damage in a data dir: a table's lost meta keys leave them, and so does a table
+number that is missing or does not read (then they are most likely that table's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ps.storage.journal import Journal
 from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
 from ps.storage.readonly import damage_at
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import JOB_DONE_REMEDY, RESTORE_DIR, Store
+from ps.storage.store import JOB_DONE_REMEDY, LOST_TABLE_ROWS, RESTORE_DIR, Store
 from ps.storage.verifyscan import verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
@@ -288,9 +289,8 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
             found(False, f"{said}: most likely the rows of the tables above whose numbers are missing or do not read "
                          f"({', '.join(repr(t) for t, _, _ in lost)}), which of them whose is not known")  # fmt: skip
         else:  # nothing but a table's lost meta keys leaves rows without their table
-            found(False, f"{said}: the rows of a table whose meta keys were lost. No request reads them and no new "
-                         f"table takes their numbers; {RESTORE_DIR} to get the table back, or, to drop them, save a "
-                         "checkpoint and restore it into a new data dir (a restore copies only the tables it "
+            found(False, f"{said}: {LOST_TABLE_ROWS}; {RESTORE_DIR} to get the table back, or, to drop them, save "
+                         "a checkpoint and restore it into a new data dir (a restore copies only the tables it "
                          "names)")  # fmt: skip
     odd, first = rows.odd_keys
     if odd:
