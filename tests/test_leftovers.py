@@ -106,6 +106,30 @@ def test_an_export_removes_what_a_killed_export_left_in_out(ckpt, tmp_path, capl
     assert len(exported(out, "a")[0]) == 10
 
 
+def test_the_files_an_export_replaces_are_read_from_one_read_of_export_json(tmp_path, monkeypatch):
+    """The folder export.json names, else the .npy files of its tables in out itself, else none; export.json is read
+    once for them."""
+    reads = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: reads.append(path) or real_open(path, *a, **k))
+    out = tmp_path / "out"
+    out.mkdir()
+    for info, files in (
+        ({"dir": "export-4567cdef", "tables": {"a": {}}}, ["export-4567cdef"]),
+        ({"dir": "export-mine", "tables": {"a": {}, "../b": {}, "..": {}}}, ["a.ids.npy", "a.rows.npy"]),
+        ([1, 2], []),
+        ("{not json", []),
+        (None, []),
+    ):
+        if info is None:
+            (out / "export.json").unlink()
+        else:
+            (out / "export.json").write_text(info if isinstance(info, str) else json.dumps(info))
+        reads.clear()
+        assert restore._earlier_files(str(out)) == [str(out / f) for f in files]
+        assert reads == [str(out / "export.json")], reads
+
+
 def test_an_export_leaves_the_files_of_another_export_writing_into_out_now(ckpt, tmp_path, caplog):
     out = tmp_path / "out"
     write(out / "export-0123abcd" / "gone.rows.npy", 1000)

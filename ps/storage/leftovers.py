@@ -74,15 +74,20 @@ def holds_an_export(out: str, also: re.Pattern[str] | None = None) -> bool:
     return all(os.path.join(out, n) in ours for n in names)
 
 
-def export_files_dir(out: str) -> str | None:
-    """The name of the folder of out's export files (EXPORT_FILES) that out's export.json names ("dir"), or None:
-    no export.json, one that does not read as JSON, or one that names no such folder (an export.json without "dir"
-    keeps its .npy files in out itself)."""
+def read_export_json(out: str) -> dict:
+    """out's export.json, read as JSON; {} where there is none or it does not read as a JSON object."""
     try:
         with open(os.path.join(out, "export.json")) as f:
-            name = json.load(f).get("dir")
-    except (OSError, ValueError, AttributeError):
-        return None
+            info = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def export_files_dir(info: dict) -> str | None:
+    """The name of the folder of export files (EXPORT_FILES) that an export.json (read_export_json's) names ("dir"),
+    or None where it names no such folder (an export.json without "dir" keeps its .npy files in out itself)."""
+    name = info.get("dir")
     return name if isinstance(name, str) and EXPORT_FILES.fullmatch(name) else None
 
 
@@ -92,7 +97,7 @@ def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]
     not name. Only a writer that holds out alone (claimed) may remove them: another's may be writing them now."""
     if not holds_an_export(out, also):
         return []
-    live = export_files_dir(out)
+    live = export_files_dir(read_export_json(out))
     dirs = [p for p in matching(out, EXPORT_FILES, dirs=True) if os.path.basename(p) != live]
     return matching(out, EXPORT_TEMPORARY, files=True) + dirs
 
