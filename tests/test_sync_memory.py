@@ -121,7 +121,7 @@ def test_a_sync_step_past_the_part_stops_the_job_for_every_worker_and_applies_no
     assert f"job {JOB} stops: worker 1's contribution to sync step 0 holds {n * ID_BYTES:,} bytes, the step's " \
            f"other contributions here {n * ID_BYTES:,}, other steps' 0" in said  # fmt: skip
     assert f"take {step_cost(2 * n * ID_BYTES):,}, over this server's `sync_steps` part of --memory-bytes " \
-           f"({part:,} bytes" in said and "give the server a larger --memory-bytes" in said  # fmt: skip
+           f"({part:,} bytes); train" in said and "give the server a larger --memory-bytes" in said  # fmt: skip
     assert "nothing of the step was applied" in said
     with pytest.raises(SyncStepTooLargeError, match="worker 1's contribution to sync step 0"):
         first.join(60)  # its wait ended with the refusal, not at its barrier timeout

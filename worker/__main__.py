@@ -347,8 +347,8 @@ def _stats(args) -> int:
         room = (f", room for requests {_size(s.request_room_used_bytes)} of {_size(s.request_room_bytes)}{alone} "
                 f"({s.request_room_waits:,} requests waited for it)"
                 if s.request_room_bytes else "")  # fmt: skip
-        sync = (f", sync steps hold {_size(s.sync_steps_held_bytes)} of {_size(s.sync_steps_bytes)} (a third at most: "
-                "their sums copy them)" if s.sync_steps_bytes else "")  # fmt: skip
+        sync = (f", sync steps hold {_size(s.sync_steps_held_bytes)} of {_size(s.sync_steps_bytes)} (counted with "
+                "the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
         print(
             f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "
             f"{_size(s.block_cache_budget_bytes)}, memtables {_size(s.memtable_bytes)}, table readers "

@@ -123,7 +123,7 @@ class SyncSteps:
                 f"{stamp.step:,} holds {mine:,} bytes, the step's other contributions here {others:,}, other steps' "
                 f"{held - mine - others:,}: {held:,} bytes, which with the copies their sum makes take "
                 f"{step_cost(held):,}, over this server's `sync_steps` part of --memory-bytes "
-                f"({self.step_bytes:,} bytes: 1/8 of it, 16 to 256 MiB); train with smaller batches, fewer "
+                f"({self.step_bytes:,} bytes); train with smaller batches, fewer "
                 "workers or more shards, or give the server a larger --memory-bytes; nothing of the step was "
                 "applied; start the job anew under a new --job-id"
             )  # fmt: skip
