@@ -86,8 +86,9 @@ class RequestTooLargeError(PsError):
 
 class SyncStepTooLargeError(PsError):
     """A contribution to a sync step would take the sync steps' contributions (and the copies their sums make) past
-    the `sync_steps` part of --memory-bytes (ps.engine.syncsteps): the step fails for each of its workers, nothing of
-    it applied. Train with smaller batches, fewer workers or more shards, or give the server a larger --memory-bytes."""
+    the `sync_steps` part of --memory-bytes (ps.engine.syncsteps): the job stops for each of its workers (the step
+    could not complete), nothing of the step applied. Train with smaller batches, fewer workers or more shards, or
+    give the server a larger --memory-bytes."""
 
     status = "RESOURCE_EXHAUSTED"
 

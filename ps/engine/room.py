@@ -13,7 +13,7 @@ What is not counted: the request's own bytes, already received when it asks (wor
 share of the room the shards report, but for a sync step's push; another client's are bounded by the message limit
 only); a reply, made inside its take and sent after it; a sync step's contributions, held across its wait for the
 job's other workers (the wait is never made holding room): they take the plan's `sync_steps` part instead
-(ps.engine.jobs).
+(ps.engine.syncsteps).
 
 Lock order: a push holds the checkpoint hold's gate and its client's lock before it asks for room; nothing that
 holds room waits for anything but its own work, so a wait for room always ends. A waiter that stops waiting (an

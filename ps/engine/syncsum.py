@@ -1,6 +1,6 @@
 """A sync step's sum: one worker's contribution (its push checked and copied), the sum of every contribution, what
 they cost the `sync_steps` part of --memory-bytes, and the client key under which a job's sums are applied exactly
-once (ps.engine.jobs gathers the contributions and applies the sum).
+once (ps.engine.syncsteps gathers the contributions and applies the sum).
 """
 
 from __future__ import annotations

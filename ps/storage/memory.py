@@ -17,7 +17,7 @@ outside any bound, the block cache is 128 MiB, and --cache-bytes is the RAM tier
 Given both, --cache-bytes must fit in what --memory-bytes leaves. `requests` is taken by each pull and push for
 its copies of rows and given back when it is done (ps.engine.room); worker.client sizes its messages by it.
 `sync_steps` is taken by each contribution to a sync step, for it and its sum's copies, until the step ends
-(ps.engine.jobs); a contribution that does not fit fails its step. Without --memory-bytes neither is bounded.
+(ps.engine.syncsteps); a contribution that does not fit stops its job. Without --memory-bytes neither is bounded.
 What is not data (the Python runtime, gRPC, compiled code) is outside the plan: `ps-server` started idle
 shows it.
 """
