@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.test_predict import predict, read_out
+from worker import column_infer
 from worker.__main__ import main
 from worker.encode import encode_examples
 from worker.features import MISSING_CAT, space_ids
@@ -227,6 +228,13 @@ def test_a_time_is_told_by_its_name_and_every_value(name, cells, fmt):
 )
 def test_a_time_no_transform_reads_is_told_by_its_name_and_every_value(name, cells, form):
     assert untold_time(name, cells) == form
+
+
+def test_a_column_is_told_a_time_no_transform_reads_once(monkeypatch):
+    calls = []
+    monkeypatch.setattr(column_infer, "untold_time", lambda *a: calls.append(a) or untold_time(*a))
+    comment = column_infer.infer_column("event_ts", "event_ts", ["1414000000123", "1414000360456"])[1]
+    assert "milliseconds" in comment and len(calls) == 1, (comment, calls)
 
 
 def test_ps_worker_schema_says_how_to_read_unix_milliseconds_and_dates_yyyymmdd(tmp_path):

@@ -33,9 +33,6 @@ cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
     prose (most of its commas followed by a space)
                                       multi_hot (weighted when every token is id:number)
-    a name like a time's above, and unix milliseconds (13 digits) or dates YYYYMMDD (20120315) in every non-empty
-    cell (timestamps.untold_time)     as numbers in every non-empty cell, below, the comment saying how to read
-                                      them as times (milliseconds) or derive the weekday (dates)
     numbers in nine in ten of its non-empty cells, not all (`-`, `#N/A`, `inf`, `1e40` in the others)
                                       categorical, and in the schema and on stderr: those cells, and to empty
                                       them (a missing number) for numbers
@@ -241,8 +238,8 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
     ):
         seen += ("; dates or times: as ids, nearly every value is new; derive columns such as the hour or the weekday "
                  "from it, and delete this entry")  # fmt: skip
-    elif untold_time(source, cells) is not None:
-        seen += _UNTOLD_TIMES[untold_time(source, cells)]
+    elif (untold := untold_time(source, cells)) is not None:
+        seen += _UNTOLD_TIMES[untold]
     elif values is not None and not all(v.is_integer() for v in values):
         pass  # measurements: distinct values say nothing of an identifier
     elif sampled and len(present) > 1 and distinct >= (1.0 if values is not None else 0.9) * len(present):
