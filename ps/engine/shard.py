@@ -543,8 +543,7 @@ class Shard:
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
-        """Moves the clock forward by steps; returns it. InvalidArgumentError, changing nothing, if it would pass
-        MAX_CLOCK (counting the advances of PushBatches whose pushes are being applied)."""
+        """PushPath.advance_clock, once refuse_if_lost has passed."""
         self.refuse_if_lost()
         return self.pushes.advance_clock(steps)
 
