@@ -95,7 +95,7 @@ def test_an_optimizer_without_a_learning_rate_takes_its_own_default_everywhere(n
     spec = codec.table_config_to_proto(TableConfig("emb", 4, optimizer=OptimizerConfig(name, 1.0)))
     spec.optimizer.ClearField("learning_rate")
     from_proto = codec.table_config_from_proto(spec)
-    from_flags, _ = TrainConfig(data="x", optimizer=name).with_recipe(100)
+    from_flags, _, _ = TrainConfig(data="x", optimizer=name).with_recipe(100)
     rates = {from_toml.optimizer.learning_rate, from_proto.optimizer.learning_rate, from_flags.learning_rate}
     assert rates == {DEFAULT_LEARNING_RATES[name]}
     assert TableConfig("emb", 4).optimizer.learning_rate == DEFAULT_LEARNING_RATES["adagrad"]

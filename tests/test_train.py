@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.inprocess import InProcessTables
-from worker import recipe
+from worker import job, recipe, train_config
 from worker.client import Client
 from worker.data import count_lines, validation_mask
 from worker.datafiles import check_held_out
@@ -292,21 +292,21 @@ def test_the_small_recipe_trains_in_bigger_batches_from_big_batch_examples():
         assert choose("auto", examples) == dataclasses.replace(SMALL, batch_size=LARGE.batch_size)
     assert choose("small", 5 * SMALL_DATA_EXAMPLES).batch_size == LARGE.batch_size
     assert choose("small", 1000) == SMALL and choose("large", 1000) == LARGE
-    cfg, line = TrainConfig(local_shards=1, model="lr").with_recipe(500_000)
+    cfg, line, _ = TrainConfig(local_shards=1, model="lr").with_recipe(500_000)
     assert (cfg.batch_size, cfg.epochs, cfg.early_stop) == (LARGE.batch_size, SMALL.epochs, SMALL.early_stop)
     assert "small-data recipe for 500,000 training examples" in line and f"batch {LARGE.batch_size}," in line
     assert TrainConfig(local_shards=1, batch_size=256).with_recipe(500_000)[0].batch_size == 256
 
 
 def test_the_recipe_follows_the_data_size_and_flags_given_win():
-    small, line = TrainConfig(local_shards=1, synthetic_rows=5000).with_recipe(5000)
+    small, line, _ = TrainConfig(local_shards=1, synthetic_rows=5000).with_recipe(5000)
     assert (small.batch_size, small.epochs, small.validation_fraction, small.early_stop) == (
         SMALL.batch_size, SMALL.epochs, SMALL.validation_fraction, SMALL.early_stop)  # fmt: skip
     assert line.startswith("small-data recipe for 5,000 training examples") and "--recipe auto" in line
-    large, line = TrainConfig(local_shards=1).with_recipe(SMALL_DATA_EXAMPLES)
+    large, line, _ = TrainConfig(local_shards=1).with_recipe(SMALL_DATA_EXAMPLES)
     assert (large.batch_size, large.epochs, large.validation_fraction, large.early_stop) == (
         LARGE.batch_size, LARGE.epochs, 0.0, 0)  # fmt: skip
-    given, _ = TrainConfig(local_shards=1, batch_size=64, epochs=3, early_stop=0).with_recipe(10)
+    given, _, _ = TrainConfig(local_shards=1, batch_size=64, epochs=3, early_stop=0).with_recipe(10)
     assert (given.batch_size, given.epochs, given.early_stop, given.validation_fraction) == (64, 3, 0, 0.1)
     assert (small.optimizer, small.learning_rate, small.optimizer_params, small.dropout) == (
         "ftrl",
@@ -318,17 +318,17 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1, batch 256" in mlp_line
     for no_mlp in ("lr", "fm"):  # no MLP: no dropout, no dense l2
         assert "sparse ftrl 0.05 l2=300, batch 256" in TrainConfig(local_shards=1, model=no_mlp).with_recipe(10)[1]
-    chosen, _ = TrainConfig(local_shards=1, optimizer="adagrad").with_recipe(10)
+    chosen, _, _ = TrainConfig(local_shards=1, optimizer="adagrad").with_recipe(10)
     assert (chosen.optimizer, chosen.learning_rate, chosen.optimizer_params) == ("adagrad", 0.02, {})
     assert (large.optimizer, large.learning_rate, large.dropout) == ("adagrad", 0.02, 0.0)
     assert (small.dense_l2, large.dense_l2) == (1.0, 0.0)
-    forced, line = TrainConfig(local_shards=1, recipe="large").with_recipe(10)
+    forced, line, _ = TrainConfig(local_shards=1, recipe="large").with_recipe(10)
     assert forced.epochs == 1 and line.startswith("large-data recipe")
-    with_file, line = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
+    with_file, line, _ = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
     assert with_file.validation_fraction == 0.0  # a validation file replaces the split
     assert "up to 50 epochs, each shuffled, evaluated on v.csv after each" in line
     assert (small.shuffle, large.shuffle, forced.shuffle) == (True, False, False)
-    kept, line = TrainConfig(local_shards=1, shuffle=False).with_recipe(10)
+    kept, line, _ = TrainConfig(local_shards=1, shuffle=False).with_recipe(10)
     assert kept.shuffle is False and line.endswith("instead, as given: --shuffle off")
 
 
@@ -345,12 +345,19 @@ def test_dnn_on_small_data_is_warned_about_and_deepfm_named(caplog):
     assert "first-order" not in caplog.text
 
 
-def test_the_large_recipe_on_small_data_is_warned_about_with_its_steps(caplog):
+def test_the_large_recipe_on_small_data_is_warned_about_with_its_steps(caplog, monkeypatch):
     """--recipe large on 10,000 examples trains 5 steps of 2048, too few to move the model from its initial values
-    (test AUC near 0.5, or below it): the run says so before it trains; --recipe auto, enough steps (epochs or
-    batches given), or eval and predict (which read the model with the large recipe) do not."""
+    (test AUC near 0.5, or below it): the run says so before it trains, of the recipe chosen once; --recipe auto,
+    enough steps (epochs or batches given), or eval and predict (which read the model with the large recipe) do
+    not."""
+    chosen = []
+    counted = lambda *a: chosen.append(a) or choose(*a)
+    monkeypatch.setattr(train_config, "choose", counted)
+    monkeypatch.setattr(job, "choose", counted, raising=False)  # a second choice there would be counted too
     with caplog.at_level("WARNING"):
         prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000, recipe="large"))
+    assert chosen == [("large", 10_000)], chosen
+    monkeypatch.undo()
     assert "--recipe large on 10,000 training examples: 1 epoch in batches of 2,048 is 5 steps, where the large " \
            "recipe makes 489 or more" in caplog.text  # fmt: skip
     caplog.clear()
@@ -384,7 +391,7 @@ def test_the_large_recipe_cut_short_by_max_examples_is_warned_about_with_its_ste
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched(tmp_path):
     """--optimizer ftrl with --mode geo is refused by the flags' checks (launch makes them before any worker
     starts); ftrl that a --table-config (or a schema) gives a table, when the tables are configured."""
-    geo, line = TrainConfig(local_shards=1, mode="geo").with_recipe(10)
+    geo, line, _ = TrainConfig(local_shards=1, mode="geo").with_recipe(10)
     assert (geo.optimizer, geo.learning_rate, geo.optimizer_params) == ("adagrad", 0.02, {})
     assert line.startswith("small-data recipe for 10 training examples (under 1,000,000)")
     assert line.endswith("; sparse adagrad, not ftrl, in geo mode (see --mode)")
@@ -408,12 +415,12 @@ def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp
     data = _csv(tmp_path, 300, bad=2)
     large = TrainConfig(local_shards=1, data=data, format="csv", numeric_columns=("price",), recipe="large",
                         progress=False)  # fmt: skip
-    resolved, line = large.with_recipe(300, "lines of training data")
+    resolved, line, _ = large.with_recipe(300, "lines of training data")
     assert resolved.max_bad_lines == LARGE.max_bad_lines == 1000 and "up to 1,000 malformed lines skipped" in line
     assert "malformed" not in TrainConfig(local_shards=1, recipe="large").with_recipe(300)[1]  # synthetic rows
     result = train(large)
     assert (result["train_examples"], result["skipped_lines"]) == (300, 2)
-    small, line = dataclasses.replace(large, recipe="auto").with_recipe(300, "lines of training data")
+    small, line, _ = dataclasses.replace(large, recipe="auto").with_recipe(300, "lines of training data")
     assert small.max_bad_lines == 0 and "malformed" not in line
     with pytest.raises(ValueError, match="2 bad lines, more than --max-bad-lines 1"):
         train(dataclasses.replace(large, max_bad_lines=1))

@@ -28,7 +28,7 @@ from worker.formats import first_with_content, read_csv_header
 from worker.loop import LoopSettings
 from worker.model_tables import check_allreduce_tables, check_geo_tables, table_config_note, table_configs
 from worker.models.spec import MLP_MODELS, ModelSpec
-from worker.recipe import choose, few_steps
+from worker.recipe import few_steps
 from worker.schema import Schema
 from worker.schema_builtin import columns_line, format_note
 from worker.temp_dirs import remove_stale_temp_dirs
@@ -131,11 +131,11 @@ def prepare(
         counted.lines if at_least else job_examples,
         "training examples" if cfg.data is None else "lines of training data",
     )
-    cfg, recipe_line = cfg.with_recipe(n, unit, at_least=at_least)
+    cfg, recipe_line, chosen = cfg.with_recipe(n, unit, at_least=at_least)
     data.cfg, data.batch_size = cfg, cfg.batch_size
     if training:
         check_validation_flags(given, cfg)
-        few = few_steps(choose(cfg.recipe, n), n, cfg.batch_size, cfg.epochs, unit, cfg.max_examples)  # small data
+        few = few_steps(chosen, n, cfg.batch_size, cfg.epochs, unit, cfg.max_examples)  # small data
         if few:
             log.warning("%s", few)
     if training and cfg.model == "dnn" and recipe_line.startswith("small-data"):

@@ -2,7 +2,7 @@
 
     TrainConfig.validate()        ValueError naming the flag at fault, for the first setting that is wrong
     TrainConfig.with_recipe(n)    the flags left unset (None) taken from the recipe for n training examples
-                                  (worker/recipe.py), and the line that says what it chose
+                                  (worker/recipe.py), the line that says what it chose, and that recipe
 Eval and predict take the same config (worker/served.py); launch's workers are `ps-worker train` runs of it.
 """
 
@@ -18,7 +18,7 @@ from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER,
 from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file, same_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
-from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, choose, describe
+from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, Recipe, choose, describe
 from worker.schema import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, MAX_LIBSVM_FIELDS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
@@ -319,10 +319,10 @@ class TrainConfig:
 
     def with_recipe(
         self, examples: int, unit: str = "training examples", at_least: bool = False
-    ) -> tuple[TrainConfig, str]:
+    ) -> tuple[TrainConfig, str, Recipe]:
         """This config with the unset flags taken from the recipe for `examples` training examples (all
-        workers together), and the line that says so (`unit`: what `examples` counts; at_least: the count
-        stopped there, and there are more; see recipe.describe)."""
+        workers together), the line that says so (`unit`: what `examples` counts; at_least: the count
+        stopped there, and there are more; see recipe.describe), and the recipe."""
         r = choose(self.recipe, examples)
         geo_instead = self.mode == "geo" and r.optimizer == "ftrl" and self.optimizer is None  # (GEO_FTRL)
         if geo_instead:
@@ -375,7 +375,7 @@ class TrainConfig:
         if given:
             line += "; instead, as given: " + ", ".join(f"{flag} {value:g}" if isinstance(value, float)
                                                          else f"{flag} {value}" for flag, value in given)  # fmt: skip
-        return resolved, line
+        return resolved, line, r
 
     def dense_staleness_or_default(self) -> int:
         if self.dense_staleness is not None:
