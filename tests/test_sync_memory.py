@@ -204,7 +204,7 @@ def test_the_refusal_reaches_a_client_as_resource_exhausted_and_stats_reports_th
         server.stop()
 
 
-def test_max_count_clips_the_sum_as_before():
+def test_max_count_clips_the_sum_and_leaves_the_contributions():
     """Counts past a push's limit per id are clipped in the result (in place), the contributions left as they were."""
     shows = np.full(3, MAX_COUNT_PER_ID, np.float32)
     c = [TablePush("t", np.arange(3, dtype=np.uint64), np.ones((3, 2), np.float32), shows.copy(), shows.copy())]

@@ -16,10 +16,10 @@
                  evaluate the eval set, read batch by batch as it is scored (worker/scoring.py); results
                  printed, and written to --metrics-out as JSON
 What the run says besides its figures (its mode, how to resume after a stop) is worker/train_messages.py's.
-Malformed lines of --data met while training are skipped and counted; one past --max-bad-lines fails the run; with --servers its message says that the servers
-hold the partly trained model. --eval-data is read before training, a small file whole and of a larger one its
-start; a malformed line past that start is met in the final evaluation (past --max-bad-lines, it fails the run
-then, saying that the training had finished).
+Malformed lines of --data met while training are skipped and counted; one past --max-bad-lines fails the run; with
+--servers its message says that the servers hold the partly trained model. --eval-data is read before training, a
+small file whole and of a larger one its start; a malformed line past that start is met in the final evaluation
+(past --max-bad-lines, it fails the run then, saying that the training had finished).
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
 With synthetic data the planted model's probabilities give the oracle AUC and logloss.
 """
@@ -151,8 +151,8 @@ def train(cfg: TrainConfig) -> dict:
             validation = data.validation()
             if validation:
                 named = f" of {cfg.validation_data}" if cfg.validation_data else ""
-                held = sum(len(b) for b in validation)
-                _say(f"validating on {held:,} held-out example{'s' * (held != 1)}{named}", cfg)
+                held_out = sum(len(b) for b in validation)
+                _say(f"validating on {held_out:,} held-out example{'s' * (held_out != 1)}{named}", cfg)
                 few = validation_too_small(validation)
                 if few:
                     log.warning("%s", few)

@@ -86,8 +86,8 @@ class PushPath:
         step_sum: bool = False,
     ) -> tuple[int, int]:
         """Several pushes of one request, then the clock advanced; returns (clock, pushes applied now: the last
-        ones; ps.engine.push.ids_applied counts their ids). All are validated (duplicate ids included) before any is applied; then each is applied in
-        order, by its own rule, journaled with (client, client_seq, its index).
+        ones; ps.engine.push.ids_applied counts their ids). All are validated (duplicate ids included) before any
+        is applied; then each is applied in order, by its own rule, journaled with (client, client_seq, its index).
 
         Exactly once: a request with a client id is applied at most once however often it is retried. The
         journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of

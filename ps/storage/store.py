@@ -790,8 +790,9 @@ class Store:
         `tables` (before anything is copied from it), a meta value that does not read, a row of neither a pending
         id's size nor a trained row's of its table's width (widths: table -> floats per row, its RowLayout.width:
         named once the table's slots are read, nothing copied past the first). What was copied stays: the caller
-        undoes it. on_written: told the admitted rows of each batch written (it may raise to stop the copy there). trained_from: source owned some of these slots, so a table its counts say was
-        trained (a Shrink may have dropped every id since) is trained here too."""
+        undoes it. on_written: told the admitted rows of each batch written (it may raise to stop the copy there).
+        trained_from: source owned some of these slots, so a table its counts say was trained (a Shrink may have
+        dropped every id since) is trained here too."""
         lo, hi = slots
         copied = {}
         damaged = checkpoint_damaged(source)

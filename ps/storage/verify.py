@@ -125,7 +125,8 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     manifest's sha256 and no file it does not list (what a restore checks first), then every key of its RocksDB
     read with every block's checksum verified (what a restore and an export read; a block damaged before the save
     has sha256s that match), each table's number and its rows' sizes (_rows), and its admitted rows per table
-    against the manifest's counts (an export refuses a difference). A damaged manifest is reported, and the shard-<i> folders there are read as RocksDB still.
+    against the manifest's counts (an export refuses a difference). A damaged manifest is reported, and the
+    shard-<i> folders there are read as RocksDB still.
     StorageError if this user cannot read it (nothing was checked)."""
     directory = os.path.abspath(directory)
     _check_readable(directory)
@@ -237,7 +238,8 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
     the rows of a table number no table config has (a lost table's, which no server reads: damage in a data dir, a
     note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
     number is absent or does not read, if there is one (with several such tables, said to be most likely theirs).
-    meta: verify_rocksdb's, of a meta column family read whole. Returns {table: its dim, None where its config does not read}."""
+    meta: verify_rocksdb's, of a meta column family read whole. Returns {table: its dim, None where its config does
+    not read}."""
     found = report.found
     rows, checked, bad_tables = meta["rows"], {}, 0
     dims = {table: cfg.dim if cfg is not None else None for table, cfg in meta["tables"].items()}

@@ -8,7 +8,8 @@ libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or 
         ids as a hashed categorical column reads them (the id itself), its cells the decimal text of those of
         columns with raw ids ('' where missing), so f<k> is the id whether the schema hashes it or takes it raw.
         K = 1 + the largest k among the schema's columns (0 without any; at most schema.MAX_LIBSVM_FIELDS): a
-        line with fewer than K features has empty cells in its last columns; one with more is a bad line. Ids are integers 0 <= id < 2**64 - 1, written as decimal digits.
+        line with fewer than K features has empty cells in its last columns; one with more is a bad line. Ids are
+        integers 0 <= id < 2**64 - 1, written as decimal digits.
         Bad: a bad label, a token other than id:value, more than K features. blank_labels (predict): a first
         token other than a label that holds no ":" is read as no label (NaN), the line's other tokens its features.
 Without labels: id:value id:value ...: every token a feature. Bad: a token other than id:value, more than K
@@ -177,7 +178,8 @@ def has_labels(name: str) -> bool:
 
 
 def first_line_problem(name: str, labeled: bool) -> str | None:
-    """Why the first line of a file with tokens (not empty, nor a comment only) is not libsvm (read with a label or without), or None."""
+    """Why the first line of a file with tokens (not empty, nor a comment only) is not libsvm (read with a label or
+    without), or None."""
     line = first_line(name, lambda line: bool(libsvm_tokens(line)))
     if line is None:
         return None
