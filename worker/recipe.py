@@ -121,13 +121,9 @@ def few_steps(r: Recipe, examples: int, batch_size: int, epochs: int, unit: str 
         return None
     return (f"--recipe large on {examples:,} {unit}: {trained} in batches of {batch_size:,} "
             f"is {steps:,} step{'s' * (steps != 1)}, where the large recipe makes {FEWEST_LARGE_STEPS} or more on the "
-            f"data --recipe auto gives it ({SMALL_DATA_EXAMPLES:,} training examples or more). So few steps leave the "
-            "model near its initial values (a new model's logit bias at 0 where no labels are read before training, "
-            "an MLP's random weights): its logloss can be worse than predicting the base rate, and its AUC near 0.5, "
-            "or below it by chance (--synthetic-rows 10000, seeds 1-3: deepfm test AUC 0.52-0.55, logloss 0.66-0.71 "
-            "where the base rate's is 0.56-0.58; the small-data recipe's AUC 0.72-0.74). Under "
-            f"{SMALL_DATA_EXAMPLES:,} --recipe auto takes the small-data recipe: shuffled epochs, stopped by a "
-            "validation split")  # fmt: skip
+            f"data --recipe auto gives it ({SMALL_DATA_EXAMPLES:,} examples): the model stays near its start (AUC "
+            "near 0.5, logloss near the base rate's or worse); --recipe auto (the small-data recipe on this data), "
+            "more --epochs or a smaller --batch-size train it (docs/training.md)")  # fmt: skip
 
 
 def describe(
