@@ -1276,6 +1276,18 @@ def test_a_start_replays_pushes_to_other_tables_and_refuses_one_to_the_table_who
         shard.close()
 
 
+def with_table_number(three_tables, tmp_path, table: str, number: str, unreadable: bytes) -> str:
+    """A copy of three_tables' data dir whose table's number (its meta key tid/<table>) is "deleted", or
+    "unreadable" (holds the bytes unreadable)."""
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        if number == "deleted":
+            store._meta.delete(f"tid/{table}".encode())
+        else:
+            store._meta.put(f"tid/{table}".encode(), unreadable)
+    return data_dir
+
+
 @pytest.mark.parametrize("number", ["deleted", "unreadable"])
 def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_tables, tmp_path, number):
     """c's number (2, the highest) deleted or unreadable: a new table is refused (by create and by its check), where
@@ -1283,12 +1295,7 @@ def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_ta
     whose numbers read are made again as they are."""
     from ps.errors import DataLossError
 
-    data_dir = copied(three_tables, tmp_path)
-    with opened(data_dir) as store:
-        if number == "deleted":
-            store._meta.delete(b"tid/c")
-        else:
-            store._meta.put(b"tid/c", b"2x")
+    data_dir = with_table_number(three_tables, tmp_path, "c", number, b"2x")
     shard = shard_of(data_dir)
     try:
         said = "table 'c' has no number (meta key tid/c)" if number == "deleted" else "meta key tid/c holds b'2x'"
@@ -1313,12 +1320,7 @@ def test_a_start_names_a_tables_number_that_does_not_read_not_lost_meta_keys_for
     """b's number (1) deleted or unreadable, its config kept: b's rows are under a number no readable table number
     is, and the start's warning names the damage there is (b's number), not meta keys table/<name> and tid/<name>
     lost; a and c serve."""
-    data_dir = copied(three_tables, tmp_path)
-    with opened(data_dir) as store:
-        if number == "deleted":
-            store._meta.delete(b"tid/b")
-        else:
-            store._meta.put(b"tid/b", b"1x")
+    data_dir = with_table_number(three_tables, tmp_path, "b", number, b"1x")
     shard = shard_of(data_dir)
     try:
         assert rows_of(shard.pull("a", COMMON), -1) and rows_of(shard.pull("c", COMMON), -1)

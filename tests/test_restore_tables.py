@@ -633,16 +633,36 @@ runpy.run_module("ps", run_name="__main__")
 """
 
 
+def kill_each_step(argv, read, earlier, whole_new) -> None:
+    """Runs `ps-server <argv()>` killed (os._exit) before its 1st, 2nd, ... file operation until a run ends: after
+    each, read() is the earlier export or the whole new one (from the first run that left the new one, that is the
+    earlier one); more than 5 kill points are tried."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    kill_at, done = 0, False
+    while not done:
+        kill_at += 1
+        run = subprocess.run([sys.executable, "-c", KILLED_AT, *argv()], cwd=root,
+                             env={**os.environ, "KILL_AT": str(kill_at)}, capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+        assert run.returncode in (0, 137), run.stderr
+        done = run.returncode == 0
+        now = read()
+        assert now in (earlier, whole_new), (kill_at, now)
+        if now == whole_new and not done:
+            earlier = whole_new  # from here on, the new export is the earlier one
+    assert kill_at > 5  # a kill before each write, fsync and rename of the export tried
+
+
 def test_an_export_killed_at_any_point_leaves_the_earlier_one_whole_or_the_new_one(tmp_path):
     """`ps-server export --overwrite` killed before each file operation in turn (kill -9, a power loss): a reader
     of out, by export.json and the folder it names, finds the earlier export or the new one, each whole, never a
     mix; the next export removes what the killed ones left, and only that."""
-    import subprocess
-    import sys
 
     from ps.engine.restore import export
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
     old, new = one_table_checkpoint(tmp_path / "old", 10), one_table_checkpoint(tmp_path / "new", 30)
@@ -655,23 +675,11 @@ def test_an_export_killed_at_any_point_leaves_the_earlier_one_whole_or_the_new_o
 
     export(old, str(out))
     (out / "notes.txt").write_text("mine")
-    earlier, done = read(), False
+    earlier = read()
     export(new, str(tmp_path / "reference"))
     whole_new = read(tmp_path / "reference")
     assert earlier != whole_new
-    kill_at = 0
-    while not done:
-        kill_at += 1
-        run = subprocess.run([sys.executable, "-c", KILLED_AT, "export", new, "--out", str(out), "--overwrite",
-                              "--no-progress"], cwd=root, env={**os.environ, "KILL_AT": str(kill_at)},
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert run.returncode in (0, 137), run.stderr
-        done = run.returncode == 0
-        now = read()
-        assert now in (earlier, whole_new), (kill_at, now)
-        if now == whole_new and not done:
-            earlier = whole_new  # from here on, the new export is the earlier one
-    assert kill_at > 5  # a kill before each write, fsync and rename of the export tried
+    kill_each_step(lambda: ["export", new, "--out", str(out), "--overwrite", "--no-progress"], read, earlier, whole_new)
     export(old, str(out))  # removes what the killed exports left
     assert sorted(os.listdir(out)) == sorted([json.loads((out / "export.json").read_text())["dir"], "export.json",
                                               "notes.txt"])  # fmt: skip
@@ -682,13 +690,10 @@ def test_an_export_that_moves_its_checkpoint_killed_at_any_point_leaves_one_whol
     operation in turn: a reader of out finds the earlier export or the new one, each whole with the checkpoint it
     was made from, named by its export.json; the checkpoint is never both in place and missing."""
     import shutil
-    import subprocess
-    import sys
 
     from ps.checkpoint import read_manifest
     from ps.engine.restore import export
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
     old, new = one_table_checkpoint(tmp_path / "old", 10), one_table_checkpoint(tmp_path / "new", 30)
@@ -709,22 +714,15 @@ def test_an_export_that_moves_its_checkpoint_killed_at_any_point_leaves_one_whol
 
     shutil.copytree(old, out / "checkpoint.new-test")
     export(str(out / "checkpoint.new-test"), str(out), move_checkpoint=True)
-    earlier, done = read(), False
+    earlier = read()
     assert earlier == ({"a": list(range(1, 11))}, read_manifest(old)["sha256"])
     whole_new = ({"a": list(range(1, 31))}, read_manifest(new)["sha256"])
-    kill_at = 0
-    while not done:
-        kill_at += 1
-        run = subprocess.run([sys.executable, "-c", KILLED_AT, "export", fresh(), "--out", str(out), "--overwrite",
-                              "--move-checkpoint", "--no-progress"], cwd=root, env={**os.environ, "KILL_AT": str(kill_at)},
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert run.returncode in (0, 137), run.stderr
-        done = run.returncode == 0
-        now = read()
-        assert now in (earlier, whole_new), (kill_at, now)
-        if now == whole_new and not done:
-            earlier = whole_new
-    assert kill_at > 5
+    kill_each_step(
+        lambda: ["export", fresh(), "--out", str(out), "--overwrite", "--move-checkpoint", "--no-progress"],
+        read,
+        earlier,
+        whole_new,
+    )
     kept = json.loads((out / "export.json").read_text())["checkpoint"]
     with pytest.raises(ValueError, match="lies inside the export in .* that this export replaces"):
         export(kept, str(out))  # its folder would go, and the checkpoint it names with it

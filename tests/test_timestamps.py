@@ -292,6 +292,21 @@ def test_ps_worker_schema_writes_the_hour_and_weekday_of_a_time_column_and_the_r
     assert "yymmddhh" not in infer_schema_text(str(tmp_path / "bad.csv"))
 
 
+def _train_eval_predict(addresses, tmp_path, train_path, test_path) -> dict:
+    """Trains lr through tmp_path/s.toml on train_path, asserts eval of test_path learnt the hour (AUC > 0.65) and
+    that predict gives eval's AUC; returns predict's scored columns."""
+    run = TrainConfig(servers=tuple(addresses), data=str(train_path), schema=str(tmp_path / "s.toml"), model="lr",
+                      progress=False, server_timeout_s=0)  # fmt: skip
+    train(run)
+    figures = evaluate_servers(replace(run, eval_data=str(test_path)))
+    assert figures["eval_auc"] > 0.65, figures  # the hour alone: 0.70 at best (of these click rates)
+    flags = ["--data", str(train_path), "--schema", str(tmp_path / "s.toml"), "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "p.out", *flags, "--predict-data", str(test_path)) == 0
+    _, scored = read_out(tmp_path / "p.out")
+    assert auc(scored["label"], scored["probability"]) == pytest.approx(figures["eval_auc"], abs=1e-6)
+    return scored
+
+
 def test_train_eval_and_predict_read_the_hour_of_day_alike_and_learn_it(servers, tmp_path):
     """Trained through an inferred schema with the hour of day on one week, eval of the next days' file scores
     well (their YYMMDDHH values never seen in training), and predict gives eval's AUC."""
@@ -304,15 +319,7 @@ def test_train_eval_and_predict_read_the_hour_of_day_alike_and_learn_it(servers,
     trained = {b for batch in read_batches(str(train_path), schema, 512) for b in batch.fields["hour_hour_of_day"].ids}
     held = {b for batch in read_batches(str(test_path), schema, 512) for b in batch.fields["hour_hour_of_day"].ids}
     assert len(held) == 24 and held <= trained  # every hour of the later days has its row
-    run = TrainConfig(servers=tuple(addresses), data=str(train_path), schema=str(tmp_path / "s.toml"), model="lr",
-                      progress=False, server_timeout_s=0)  # fmt: skip
-    train(run)
-    figures = evaluate_servers(replace(run, eval_data=str(test_path)))
-    assert figures["eval_auc"] > 0.65, figures  # the hour alone: 0.70 at best (of these click rates)
-    flags = ["--data", str(train_path), "--schema", str(tmp_path / "s.toml"), "--model", "lr"]
-    assert predict(addresses[0], tmp_path / "p.out", *flags, "--predict-data", str(test_path)) == 0
-    _, scored = read_out(tmp_path / "p.out")
-    assert auc(scored["label"], scored["probability"]) == pytest.approx(figures["eval_auc"], abs=1e-6)
+    scored = _train_eval_predict(addresses, tmp_path, train_path, test_path)
     hours = [int(line.split(",")[1][-2:]) for line in test_path.read_text().splitlines()[1:]]
     evening = np.array([18 <= h <= 22 for h in hours])
     assert scored["probability"][evening].mean() > scored["probability"][~evening].mean() + 0.3
@@ -330,15 +337,7 @@ def test_a_column_of_dates_and_times_trains_its_hour_of_day_and_eval_and_predict
     schema = load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
     assert [(c.name, c.transform) for c in schema.columns if c.source == "when"] == [
         ("when_hour_of_day", "iso_hour"), ("when_weekday", "iso_weekday")]  # fmt: skip
-    run = TrainConfig(servers=tuple(addresses), data=str(train_path), schema=str(tmp_path / "s.toml"), model="lr",
-                      progress=False, server_timeout_s=0)  # fmt: skip
-    train(run)
-    figures = evaluate_servers(replace(run, eval_data=str(test_path)))
-    assert figures["eval_auc"] > 0.65, figures  # the hour alone: 0.70 at best (of these click rates)
-    flags = ["--data", str(train_path), "--schema", str(tmp_path / "s.toml"), "--model", "lr"]
-    assert predict(addresses[0], tmp_path / "p.out", *flags, "--predict-data", str(test_path)) == 0
-    _, scored = read_out(tmp_path / "p.out")
-    assert auc(scored["label"], scored["probability"]) == pytest.approx(figures["eval_auc"], abs=1e-6)
+    _train_eval_predict(addresses, tmp_path, train_path, test_path)
 
 
 def test_the_builtin_csv_schema_warns_of_a_time_column_read_as_ids(tmp_path, caplog):
