@@ -186,17 +186,22 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
         "shard 0 is listed more than once": [addresses[0], addresses[0]],
         "the cluster has 2 shards, the list 1; shard 1 is missing": addresses[:1],
         "shard 1 is listed more than once": [*addresses, addresses[1]],
+        "shard 0 is listed more than once \\(127\\.0\\.0\\.1:\\d+ and localhost:\\d+ give the same model state id: one "
+        "server listed under two addresses\\?\\)": [addresses[0], addresses[0].replace("127.0.0.1", "localhost")],
     }
     for what, servers_listed in wrong_lists.items():
         with Client(servers_listed) as client, pytest.raises(PsError, match=f"does not match the cluster: {what}"):
             client.wait_ready()
     from worker.channels import server_list_error
 
-    assert "the cluster has 3 shards, the list 1; shards 1, 2 are missing" in server_list_error(["a:1"], [(0, 3)])
+    assert "the cluster has 3 shards, the list 1; shards 1, 2 are missing" in server_list_error(["a:1"], [(0, 3)], [7])
     assert "shard 0 is listed more than once (the same address twice)" in server_list_error(["a:1", "a:1"],
-                                                                                            [(0, 2), (0, 2)])  # fmt: skip
+                                                                                            [(0, 2), (0, 2)], [7, 7])  # fmt: skip
     assert ("shard 0 is listed more than once (a:1 and b:2 both say they are shard 0: was one started without its "
-            "--shard-id, which defaults to 0?)") in server_list_error(["a:1", "b:2"], [(0, 2), (0, 2)])  # fmt: skip
+            "--shard-id, which defaults to 0?)") in server_list_error(["a:1", "b:2"], [(0, 2), (0, 2)], [7, 8])  # fmt: skip
+    assert ("shard 0 is listed more than once (b:2 and c:3 give the same model state id: one server listed under two "
+            "addresses?)") in server_list_error(["a:1", "b:2", "c:3"], [(0, 2)] * 3, [7, 8, 8])  # fmt: skip
+    assert "--shard-id" in server_list_error(["a:1", "b:2"], [(0, 2), (0, 2)], [0, 0])  # 0: no state id to compare
 
 
 def test_a_second_client_under_the_same_client_id_is_refused_loudly(servers, sgd1_table):

@@ -107,7 +107,7 @@ def check_cluster(servers: list[str], stats: list) -> None:
     (ps-server --cluster)."""
     found = [(s.shard_id, s.num_shards) for s in stats]
     if found != [(i, len(servers)) for i in range(len(servers))]:
-        raise PsError(server_list_error(servers, found))
+        raise PsError(server_list_error(servers, found, [s.state_id for s in stats]))
     names = [s.cluster for s in stats]
     if len(set(names)) > 1:
         said = ", ".join(f"{a} (shard {i}) says {n or '(unnamed)'!r}" for i, (a, n) in enumerate(zip(servers, names)))
@@ -115,19 +115,25 @@ def check_cluster(servers: list[str], stats: list) -> None:
                       "cluster's shards")  # fmt: skip
 
 
-def server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
-    """What is wrong with a server list whose servers say they are shards found[i] = (shard_id, num_shards):
-    a server listed twice, shards missing or extra, or the order."""
+def server_list_error(servers: list[str], found: list[tuple[int, int]], state_ids: list[int]) -> str:
+    """What is wrong with a server list whose servers say they are shards found[i] = (shard_id, num_shards), with
+    model state ids state_ids[i] (StatsResponse state_id; 0: none): a server listed twice (under one address or
+    two), shards missing or extra, or the order."""
     listed = [f"{a} (shard {sid} of {n})" for a, (sid, n) in zip(servers, found)]
     ids = [sid for sid, _ in found]
     counts = {n for _, n in found}
     if len(set(ids)) < len(ids):
         twice = sorted({sid for sid in ids if ids.count(sid) > 1})
         same = [a for a, sid in zip(servers, ids) if sid == twice[0]]
+        states = [st for st, sid in zip(state_ids, ids) if sid == twice[0]]
         what = f"shard {', '.join(map(str, twice))} is listed more than once"
-        what += (" (the same address twice)" if len(set(same)) < len(same) else
-                 f" ({' and '.join(same)} both say they are shard {twice[0]}: was one started without its --shard-id, "
-                 "which defaults to 0?)")  # fmt: skip
+        if len(set(same)) < len(same):
+            what += " (the same address twice)"
+        elif one := [a for a, st in zip(same, states) if st and states.count(st) > 1]:
+            what += f" ({' and '.join(one)} give the same model state id: one server listed under two addresses?)"
+        else:
+            what += (f" ({' and '.join(same)} both say they are shard {twice[0]}: was one started without its "
+                     "--shard-id, which defaults to 0?)")  # fmt: skip
     elif len(counts) > 1:
         what = "the servers belong to clusters of different shard counts"
     elif counts != {len(servers)}:
