@@ -91,6 +91,19 @@ def checkpoint_folder_around(path: str) -> str | None:
         path = parent
 
 
+def inside_a_checkpoint(directory: str, below: str) -> str | None:
+    """The directory, or the nearest of its parents below `below` ("": the file system's root), that holds a
+    checkpoint's manifest or a RocksDB directory (its CURRENT file), else None: a checkpoint saved there would mix
+    its files with theirs."""
+    root = os.path.abspath(below or os.sep)
+    path = os.path.abspath(directory)
+    while path != root and os.path.dirname(path) != path:
+        if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, "CURRENT")):
+            return path
+        path = os.path.dirname(path)
+    return None
+
+
 def manifest_digest(manifest: dict) -> str:
     """sha256 of the manifest's JSON without its "sha256" key (keys sorted, no spaces)."""
     body = {k: v for k, v in manifest.items() if k != "sha256"}

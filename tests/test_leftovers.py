@@ -490,6 +490,20 @@ def test_ps_server_export_refuses_a_folder_of_other_files_without_overwrite(ckpt
     assert "exists and is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("inside", ["", "shard-0"])
+def test_ps_server_export_into_its_checkpoint_is_refused_for_that_not_for_want_of_overwrite(ckpt, inside, capsys):
+    """The checkpoint is not empty, but --overwrite would not help: the refusal says what does."""
+    from ps.__main__ import main as server_main
+
+    files = lambda: sorted(p.relative_to(ckpt) for p in Path(ckpt).rglob("*"))
+    before = files()
+    out = os.path.join(ckpt, inside)
+    assert server_main(["export", ckpt, "--out", out, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} lies inside the checkpoint {ckpt}" in err and "--overwrite" not in err, err
+    assert files() == before
+
+
 def test_an_export_of_one_models_tables_is_not_refused_for_another_models_lost_table(tmp_path, capsys):
     """Table "other" is trained on shard 1 and lost on shard 0 (a new, empty data dir there): an export of the
     whole model is refused, one of --tables emb goes ahead, as its checkpoint is read for emb alone and deleted;

@@ -120,6 +120,25 @@ def test_export_and_checkpoint_refuse_a_non_empty_directory_before_any_server_is
     assert code == 2 and f"{name} {target} is not empty (it holds notes.txt); nothing was written" in err, err
     assert ("--overwrite" in err) == (command == ["export"]), err  # a checkpoint is never written over
     assert tree(target) == {"notes.txt": b"mine\n"}
+    if command == ["export"]:  # no export there to write over
+        assert "or --overwrite to write beside those files" in err, err
+        (target / "export.json").write_text("{}")
+        code, _, err = worker([*command, str(target), *nowhere], capsys)
+        assert code == 2 and "or --overwrite to write over the export there" in err, err
+
+
+@pytest.mark.parametrize("holds", ["manifest.json", "CURRENT"])
+def test_an_export_into_a_checkpoint_is_refused_for_that_before_any_server_is_asked(holds, tmp_path, capsys):
+    """The servers would refuse to save a checkpoint inside one: --overwrite would not help, so it is not offered,
+    and it is refused with the same words when given."""
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    (target / holds).write_text("{}")
+    nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
+    for overwrite in ([], ["--overwrite"]):
+        code, _, err = worker(["export", str(target), *nowhere, *overwrite], capsys)
+        assert code == 2 and f"OUT {target} is a checkpoint or a RocksDB directory" in err, err
+        assert "--overwrite" not in err and tree(target) == {holds: b"{}"}, err
 
 
 def test_an_export_of_tables_that_hold_no_row_is_refused(tmp_path, capsys):

@@ -15,8 +15,8 @@
     5. only once both succeeded, without --keep-checkpoint: the fresh checkpoint removed and export.json's
        "checkpoint" set to null; a kill during this step leaves the new export whole, its "checkpoint" naming the
        fresh one, which the next export removes
-Checked before any server is asked: OUT new or empty (or --overwrite), and writable. A failure leaves OUT as it was
-(an OUT this export created is removed).
+Checked before any server is asked: OUT no checkpoint or RocksDB directory, new or empty (or --overwrite), and
+writable. A failure leaves OUT as it was (an OUT this export created is removed).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ps.checkpoint import table_patterns
+from ps.checkpoint import inside_a_checkpoint, table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
 from ps.storage.atomicfile import make_dirs, sync_directory, sync_file
@@ -62,11 +62,17 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     patterns = None if args.tables is None else table_patterns(args.tables)  # ValueError: none, before any server
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"OUT {args.out} exists and is not a directory; give a new or empty directory")
+    # OUT itself, before the check of what it holds (--overwrite would not help); the servers check its parents
+    if inside_a_checkpoint(args.out, os.path.dirname(os.path.abspath(args.out))):
+        raise ValueError(f"OUT {args.out} is a checkpoint or a RocksDB directory: export has the servers save the "
+                         "model as a checkpoint into a folder of OUT first, and they save none inside another; give a "
+                         "directory of its own; nothing was written")  # fmt: skip
     if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
         only_leftovers = re.compile("|".join(p.pattern for p in (EXPORT_CHECKPOINT_NAME, leftovers.EXPORT_TEMPORARY,
                                                                  leftovers.EXPORT_FILES)))  # fmt: skip
-        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there",
-                      ignore=only_leftovers)  # fmt: skip
+        earlier = os.path.exists(os.path.join(args.out, "export.json"))
+        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
+            "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip
     where = args.out if os.path.isdir(args.out) else os.path.dirname(os.path.abspath(args.out))
     if os.path.isdir(where) and not os.access(where, os.W_OK):
         raise ValueError(f"OUT {args.out}: {where} is not writable by this user; nothing was written")

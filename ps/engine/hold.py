@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from ps.checkpoint import MANIFEST
+from ps.checkpoint import inside_a_checkpoint
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.errors import (
     CHECKPOINT_PAUSE,
@@ -158,7 +158,7 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
     path = os.path.join(directory, name)
     if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing
         raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
-    inside = _inside_a_checkpoint(directory, checkpoint_root)
+    inside = inside_a_checkpoint(directory, checkpoint_root)
     if inside is not None:
         raise InvalidArgumentError(f"checkpoint dir {directory} is inside {inside}, a checkpoint or a RocksDB "
                                    "directory; give a directory of its own")  # fmt: skip
@@ -190,18 +190,6 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
         except BaseException:
             _remove_dirs(created)
             raise
-
-
-def _inside_a_checkpoint(directory: str, checkpoint_root: str) -> str | None:
-    """The directory, or the nearest of its parents below checkpoint_root, that holds a checkpoint's manifest or a
-    RocksDB directory (its CURRENT file), else None."""
-    root = os.path.abspath(checkpoint_root or os.sep)
-    path = os.path.abspath(directory)
-    while path != root and os.path.dirname(path) != path:
-        if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, "CURRENT")):
-            return path
-        path = os.path.dirname(path)
-    return None
 
 
 _MKDIR_ATTEMPTS = 3  # a directory another shard makes and removes again between our mkdir and our look at it

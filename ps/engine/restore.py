@@ -160,14 +160,20 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     manifest = read_manifest(directory)
     if tables:
         manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
-    source, target = os.path.realpath(directory), os.path.realpath(out)
-    if os.path.commonpath([source, target]) == source:
-        raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
-                         "checkpoint; give a directory outside it")  # fmt: skip
+    check_out_of_checkpoint(directory, out)
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
     with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write"):
         return _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint)
+
+
+def check_out_of_checkpoint(directory: str, out: str) -> None:
+    """ValueError if out is the checkpoint directory or lies inside it (symbolic links resolved): an export there
+    would change the checkpoint."""
+    source, target = os.path.realpath(directory), os.path.realpath(out)
+    if os.path.commonpath([source, target]) == source:
+        raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
+                         "checkpoint; give a directory outside it")  # fmt: skip
 
 
 def chosen_tables(specs: list[dict], patterns: Sequence[str]) -> list[dict]:
