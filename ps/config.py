@@ -30,6 +30,7 @@ DEFAULT_HOLD_S = 120.0  # a hold's, where none is given (a Checkpoint hold reque
 DEFAULT_BARRIER_S = 60.0  # a sync or ssp wait's deadline where none is given (a stamp's barrier_timeout_s 0)
 MAX_STAMP_TEXT = 1000  # characters of a stamp's setup, and of a stop stamp's reason
 MAX_BARRIER_S = 3600.0  # of a sync or ssp wait (a stamp's barrier_timeout_s, --barrier-timeout)
+MAX_MEMORY_BYTES = 1 << 50  # of --cache-bytes and --memory-bytes (1 PiB): beyond any machine's memory
 MAX_INTERVAL_S = 1e7  # of a time flag (~115 days): Python's waits take at most threading.TIMEOUT_MAX (~9.2e9 s)
 MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is refused. Rows stamp the clock as
 # float32 last_step, exact up to 2**24 and within 2**-24 of the clock above (65,536 steps at MAX_CLOCK); the
@@ -318,10 +319,10 @@ class ServerConfig:
                              f"{self.num_shards})")  # fmt: skip
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
-        if self.cache_bytes is not None and self.cache_bytes < 1:
-            raise ValueError(f"cache_bytes must be positive, got {self.cache_bytes}")
-        if self.memory_bytes is not None and self.memory_bytes < 1:
-            raise ValueError(f"memory_bytes must be positive, got {self.memory_bytes}")
+        for flag, size in (("--cache-bytes", self.cache_bytes), ("--memory-bytes", self.memory_bytes)):
+            if size is not None and not 1 <= size <= MAX_MEMORY_BYTES:
+                raise ValueError(f"{flag} must be at least 1 byte and at most 1024T ({MAX_MEMORY_BYTES:,} bytes, "
+                                 f"beyond any machine's memory), got {size:,}")  # fmt: skip
         if self.read_threads < 1:
             raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
         if self.max_queued_calls < 1:

@@ -342,6 +342,13 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
             {},
             "argument --cache-bytes: expected a whole number of bytes or a size such as 512M or 2G",
         ),
+        (
+            ["--cache-bytes", "1e30"],
+            {},
+            "--cache-bytes must be at least 1 byte and at most 1024T (1,125,899,906,842,624 "
+            "bytes, beyond any machine's memory), got 1,000,000,000,000,000,019,884,624,838,656",
+        ),
+        (["--memory-bytes", "1025T"], {}, "--memory-bytes must be at least 1 byte and at most 1024T"),
         (["--cache-bytes", "1"], {}, "--cache-bytes 1 byte is less than any table can use"),
         (["--cache-bytes", "20K"], {"PS_MEMORY_BYTES": "1G"}, "--cache-bytes 20,480 bytes is less than any table"),
     ],
