@@ -452,3 +452,18 @@ def test_a_shard_restarted_with_a_smaller_room_refuses_the_clients_messages_and_
             assert server.shard.table("t").num_rows == 0
         finally:
             server.stop()
+
+
+def test_the_refusal_states_the_rooms_rule_as_the_memory_plan_sizes_it():
+    """The `requests` part the refusal describes (1/k of --memory-bytes, lo to hi MiB) is the one plan_memory gives,
+    and the largest room it names is the plan's largest."""
+    from ps.errors import RequestTooLargeError
+
+    with pytest.raises(RequestTooLargeError) as small:
+        RequestRoom(16 * MiB).refuse_larger(17 * MiB, 17, "a pull")
+    share, lo, hi = map(int, re.search(r"the room is 1/(\d+) of it, (\d+) to (\d+) MiB", str(small.value)).groups())
+    for memory_bytes in (1 << 30, 256 * MiB, 8 << 30, 4 << 40, (lo * MiB * share) + 1):
+        assert plan_memory(memory_bytes, None).request_bytes == min(max(memory_bytes // share, lo * MiB), hi * MiB)
+    largest = plan_memory(1 << 40, None).request_bytes
+    with pytest.raises(RequestTooLargeError, match=rf"the room is at its largest \({largest // MiB} MiB\)"):
+        RequestRoom(largest).refuse_larger(largest + 1, 1, "a pull")

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from ps.errors import CallerGoneError, RequestTooLargeError
-from ps.storage.memory import MAX_REQUEST_BYTES
+from ps.storage.memory import MAX_REQUEST_BYTES, MIN_REQUEST_BYTES, REQUEST_SHARE
 
 ID_BYTES = 8
 CALLER_CHECK_S = 0.25  # how often a wait for room looks whether its caller left
@@ -91,8 +91,9 @@ class RequestRoom:
             return
         if self.capacity and nbytes > self.capacity:
             most = self.capacity * ids // nbytes
-            larger = ("give the server a larger --memory-bytes (the room is 1/8 of it, 16 to 128 MiB)"
-                      if self.capacity < MAX_REQUEST_BYTES else "the room is at its largest (128 MiB)")  # fmt: skip
+            larger = (f"give the server a larger --memory-bytes (the room is 1/{REQUEST_SHARE} of it, "
+                      f"{MIN_REQUEST_BYTES >> 20} to {MAX_REQUEST_BYTES >> 20} MiB)" if self.capacity < MAX_REQUEST_BYTES
+                      else f"the room is at its largest ({MAX_REQUEST_BYTES >> 20} MiB)")  # fmt: skip
             raise RequestTooLargeError(
                 f"{what} would copy {nbytes:,} bytes of rows, more than this server's whole room for requests "
                 f"({self.capacity:,} bytes, the `requests` part of --memory-bytes): send at most about {most:,} of "

@@ -40,6 +40,8 @@ KEEP_INFO_LOGS = 8  # RocksDB's own text logs (LOG, LOG.old.*) kept in a data di
 INFO_LOG_BYTES = 8 * MiB  # ... each rolled over at this size (max_log_file_size): at most 64 MiB of them
 WRITE_BUFFERS = 2 * 2  # column families ("meta", "rows") x buffers each (max_write_buffer_number)
 MIN_RAM_TIER_BYTES = 16 * MiB
+REQUEST_SHARE = 8  # the `requests` part is 1/REQUEST_SHARE of --memory-bytes, clamped to MIN/MAX_REQUEST_BYTES
+MIN_REQUEST_BYTES = 16 * MiB  # the smallest `requests` part
 MAX_REQUEST_BYTES = 128 * MiB  # the largest `requests` part
 MAX_SYNC_STEP_BYTES = 256 * MiB  # the largest `sync_steps` part
 
@@ -139,7 +141,7 @@ def _fixed_parts(memory_bytes: int) -> MemoryPlan:
                       _clamp(m // 64, 2 * MiB, DEFAULT_WRITE_BUFFER_BYTES),
                       _clamp(m // 32, 4 * MiB, DEFAULT_WRITE_BEHIND_BYTES),
                       _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES),
-                      _clamp(m // 8, 16 * MiB, MAX_REQUEST_BYTES),
+                      _clamp(m // REQUEST_SHARE, MIN_REQUEST_BYTES, MAX_REQUEST_BYTES),
                       _clamp(m // 8, 16 * MiB, MAX_SYNC_STEP_BYTES))  # fmt: skip
 
 
