@@ -536,3 +536,16 @@ def test_an_export_of_one_models_tables_is_not_refused_for_another_models_lost_t
     names = os.listdir(tmp_path / "emb" / summary["dir"])
     assert sorted(names) == ["emb.ids.npy", "emb.rows.npy"] and list(summary["tables"]) == ["emb"], names
     assert "checkpoint" not in names and not any(n.startswith("checkpoint.new") for n in names), names
+
+
+@pytest.mark.parametrize("tables", [5, "ab", None, True])
+def test_an_export_over_an_export_json_whose_tables_is_damaged_goes_ahead_and_removes_no_file(ckpt, tmp_path, tables):
+    """An export.json without "dir" names its .npy files by its tables; one whose tables is no object or list names
+    none: the new export takes its place, and no file is removed on a guess (a string's letters are no tables)."""
+    out = tmp_path / "out"
+    for name in ("a.ids.npy", "a.rows.npy", "b.ids.npy"):
+        write(out / name, 3)
+    (out / "export.json").write_text(json.dumps({"tables": tables}))
+    summary = restore.export(ckpt, str(out))
+    assert sorted(os.listdir(out)) == ["a.ids.npy", "a.rows.npy", "b.ids.npy", summary["dir"], "export.json"]
+    assert len(exported(out, "a")[0]) == 10

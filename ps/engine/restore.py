@@ -295,12 +295,15 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
 
 def _earlier_files(out: str) -> list[str]:
     """The paths of the files of the export in out that a new one replaces: the folder its export.json names, or,
-    where it names none, the .npy files in out itself of the tables it lists; [] without one."""
+    where it names none, the .npy files in out itself of the tables it lists; [] without one, and where its "tables"
+    is neither an object nor a list (damaged: no file is removed on a guess)."""
     info = leftovers.read_export_json(out)
     named = leftovers.export_files_dir(info)
     if named is not None:
         return [os.path.join(out, named)]
-    names = [n for n in info.get("tables", {}) if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")]
+    tables = info.get("tables")
+    listed = tables if isinstance(tables, (dict, list)) else ()
+    names = [n for n in listed if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")]
     return [os.path.join(out, f"{n}.{kind}.npy") for n in names for kind in ("ids", "rows")]
 
 
