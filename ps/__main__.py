@@ -381,7 +381,9 @@ def _export(args: argparse.Namespace) -> int:
         tables = ", ".join(f"{k} {v['rows']:,} x {v['dim']}" for k, v in summary["tables"].items())
         delta = (f"; the next delta's --since: {summary['clock']}" if summary["clock"] != summary["checkpoint_clock"]
                  else "")  # fmt: skip
-        print(f"exported the model at clock {summary['checkpoint_clock']} to {args.out} ({what}): {tables}{delta}")
+        folder = os.path.join(args.out, summary["dir"])  # named by OUT/export.json: readers read that first
+        print(f"exported the model at clock {summary['checkpoint_clock']} to {folder} ({what}; named by "
+              f"{os.path.join(args.out, 'export.json')}): {tables}{delta}")  # fmt: skip
     return 0
 
 

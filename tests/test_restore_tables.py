@@ -194,7 +194,8 @@ def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_pr
         assert [x.split(" (100%), ")[0] for x in lines] == [
             "export: table a: 700 of 700 rows read", "export: table a: 700 of 700 rows written",
             "export: table b: 40 of 40 rows read", "export: table b: 40 of 40 rows written"], err  # fmt: skip
-    assert "exported the model" in out
+    folder = tmp_path / "out" / json.loads((tmp_path / "out" / "export.json").read_text())["dir"]
+    assert f"exported the model at clock 0 to {folder} (rows; named by {tmp_path / 'out' / 'export.json'}): " in out
     np.testing.assert_array_equal(exported(tmp_path / "out", "a")[0], np.arange(1, 701, dtype=np.uint64))
 
 
