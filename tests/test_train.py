@@ -360,6 +360,8 @@ def test_the_large_recipe_on_small_data_is_warned_about_with_its_steps(caplog, m
     monkeypatch.undo()
     assert "--recipe large on 10,000 training examples: 1 epoch in batches of 2,048 is 5 steps, where the large " \
            "recipe makes 489 or more" in caplog.text  # fmt: skip
+    assert "; --recipe auto (the small-data recipe on this data), more --epochs or a smaller --batch-size train " \
+           "it" in caplog.text  # fmt: skip
     caplog.clear()
     with caplog.at_level("WARNING"):
         prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000))
@@ -382,6 +384,7 @@ def test_the_large_recipe_cut_short_by_max_examples_is_warned_about_with_its_ste
         prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=2_000_000, max_examples=10_000))
     assert "--recipe large on 2,000,000 training examples: --max-examples 10,000 in batches of 2,048 is 5 steps, " \
            "where the large recipe makes 489 or more" in caplog.text  # fmt: skip
+    assert caplog.text.rstrip().endswith("; a larger --max-examples or a smaller --batch-size train it")  # not auto
     assert "is 5 steps" in recipe.few_steps(LARGE, 10**7, LARGE.batch_size, 3, max_examples=10_000)
     assert recipe.few_steps(LARGE, 10**7, LARGE.batch_size, 1, max_examples=10**6) is None
     assert "1 epoch in batches of 2,048 is 5 steps" in recipe.few_steps(LARGE, 10_000, LARGE.batch_size, 1,

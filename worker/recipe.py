@@ -115,15 +115,18 @@ def few_steps(r: Recipe, examples: int, batch_size: int, epochs: int, unit: str 
     data. None for another recipe, or as many steps (flags given: more epochs, smaller batches)."""
     steps = -(-examples // batch_size) * epochs
     trained = f"{epochs} epoch{'s' * (epochs != 1)}"
-    if max_examples and -(-max_examples // batch_size) < steps:
+    cut = bool(max_examples) and -(-max_examples // batch_size) < steps
+    if cut:
         steps, trained = -(-max_examples // batch_size), f"--max-examples {max_examples:,}"
     if r.name != LARGE.name or steps >= FEWEST_LARGE_STEPS:
         return None
+    remedies = (["--recipe auto (the small-data recipe on this data)"] if examples < SMALL_DATA_EXAMPLES else []) + [
+        "a larger --max-examples" if cut else "more --epochs", "a smaller --batch-size"]  # fmt: skip
     return (f"--recipe large on {examples:,} {unit}: {trained} in batches of {batch_size:,} "
             f"is {steps:,} step{'s' * (steps != 1)}, where the large recipe makes {FEWEST_LARGE_STEPS} or more on the "
-            f"data --recipe auto gives it ({SMALL_DATA_EXAMPLES:,} examples): the model stays near its start (AUC "
-            "near 0.5, logloss near the base rate's or worse); --recipe auto (the small-data recipe on this data), "
-            "more --epochs or a smaller --batch-size train it (docs/training.md)")  # fmt: skip
+            f"least data --recipe auto gives it ({SMALL_DATA_EXAMPLES:,} examples): the model stays near its start "
+            f"(AUC near 0.5, logloss near the base rate's or worse); {', '.join(remedies[:-1])} or {remedies[-1]} "
+            "train it")  # fmt: skip
 
 
 def describe(
