@@ -522,3 +522,17 @@ def test_addresses_of_every_form_a_cluster_uses_are_taken():
     forms = ["127.0.0.1:5000", "[::1]:5000", "my_host:5000", "ps-0.ps.default.svc.cluster.local:5000",
              "dns:///ps-0:5000"]  # fmt: skip
     assert server_list(",".join(forms)) == tuple(forms)
+
+
+@pytest.mark.parametrize("given, refused", [("64M", False), ("0", False), ("1024T", False), ("1025T", True),
+                                            ("1e30", True), ("-1", True)])  # fmt: skip
+def test_a_workers_row_cache_bytes_beyond_any_machines_memory_is_refused_naming_the_flag(given, refused, capsys):
+    """--row-cache-bytes takes the servers' bound (MAX_MEMORY_BYTES): a typo of 64T for 64G is no silent "no bound"."""
+    from worker.__main__ import build_parser
+
+    if not refused:
+        assert build_parser().parse_args(["train", "--row-cache-bytes", given]).row_cache_bytes >= 0
+        return
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--row-cache-bytes", given])
+    assert f"argument --row-cache-bytes: {given!r}: expected bytes from 0 to 1024T" in capsys.readouterr().err

@@ -12,7 +12,14 @@ import sys
 import zlib
 from collections.abc import Mapping
 
-from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S, OPTIMIZER_PARAMS
+from ps.config import (
+    DEFAULT_LEARNING_RATES,
+    MAX_BARRIER_S,
+    MAX_HYPERPARAMETER,
+    MAX_INTERVAL_S,
+    MAX_MEMORY_BYTES,
+    OPTIMIZER_PARAMS,
+)
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, byte_size, integer, number
 from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
@@ -31,13 +38,14 @@ log = logging.getLogger("worker.cli_train")
 
 
 def _size(text: str) -> int:
-    """Bytes of a size flag >= 0, spelled as the server's sizes are (ps.settings.byte_size)."""
+    """Bytes of a size flag, 0 to MAX_MEMORY_BYTES, spelled as the server's sizes are (ps.settings.byte_size)."""
     try:
         value = byte_size(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of bytes, e.g. 67108864, or 64M") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes >= 0")
+    if not 0 <= value <= MAX_MEMORY_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes from 0 to 1024T ({MAX_MEMORY_BYTES:,}, beyond any "
+                                         "machine's memory)")  # fmt: skip
     return value
 
 
