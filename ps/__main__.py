@@ -345,25 +345,16 @@ def export_main(argv: list[str]) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from ps.checkpoint import read_manifest, table_patterns
-    from ps.engine.restore import check_out_of_checkpoint, export, left_out_of_models
-    from ps.storage.leftovers import EXPORT_FILES, EXPORT_TEMPORARY
+    from ps.engine.restore import export, left_out_of_models
 
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         print(f"ps-server export: error: --out {args.out} exists and is not a directory", file=sys.stderr)
         return 2
-    held = sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []
-    # an export's folder counts as its export.json does (without one, it is a killed export's, removed as it starts)
-    held = [n for n in held if not (EXPORT_TEMPORARY.fullmatch(n) or EXPORT_FILES.fullmatch(n))]
     try:
-        check_out_of_checkpoint(args.checkpoint, args.out)  # first: --overwrite does not help there
-        if held and not args.overwrite:
-            what = "an earlier export" if "export.json" in held else "files of no export"
-            raise ValueError(f"--out {args.out} holds {what} ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}"
-                             "): give a new or empty directory, or --overwrite")  # fmt: skip
         tables = None if args.tables is None else table_patterns(args.tables)
         specs = read_manifest(args.checkpoint)["tables"] if tables else []  # read before --move-checkpoint
         summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables,
-                         move_checkpoint=args.move_checkpoint)  # fmt: skip
+                         move_checkpoint=args.move_checkpoint, overwrite=args.overwrite)  # fmt: skip
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2

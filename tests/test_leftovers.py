@@ -490,6 +490,17 @@ def test_ps_server_export_refuses_a_folder_of_other_files_without_overwrite(ckpt
     assert "exists and is not a directory" in capsys.readouterr().err
 
 
+def test_ps_server_export_checks_its_out_against_the_checkpoint_once(ckpt, tmp_path, monkeypatch):
+    from ps.__main__ import main as server_main
+
+    calls = []
+    real = restore.check_out_of_checkpoint
+    monkeypatch.setattr(restore, "check_out_of_checkpoint", lambda *a: calls.append(a) or real(*a))
+    out = str(tmp_path / "out")
+    assert server_main(["export", ckpt, "--out", out, "--no-progress"]) == 0
+    assert calls == [(ckpt, out)]
+
+
 @pytest.mark.parametrize("inside", ["", "shard-0"])
 def test_ps_server_export_into_its_checkpoint_is_refused_for_that_not_for_want_of_overwrite(ckpt, inside, capsys):
     """The checkpoint is not empty, but --overwrite would not help: the refusal says what does."""

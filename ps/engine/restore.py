@@ -125,7 +125,7 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
-           tables: Sequence[str] | None = None, move_checkpoint: bool = False) -> dict:  # fmt: skip
+           tables: Sequence[str] | None = None, move_checkpoint: bool = False, overwrite: bool = True) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: `export.json`, and the folder it names
     (its "dir": out/export-<8 hex>) holding per table `<table>.ids.npy` (uint64, sorted) and `<table>.rows.npy`
     (float32 (n, dim): embeddings only, no optimizer state, row i of id i), admitted rows only. export.json: {clock,
@@ -146,8 +146,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     progress: show rows read, then rows written, per table (ExportProgress, on stderr); an out it made is removed
     again on a failure. What exports killed mid-write left in out is removed first, if out is an export's
     (leftovers.holds_an_export) and no other export writes there now. ValueError for an out inside the
-    checkpoint, and for a checkpoint inside the folder of the export in out that this one replaces (without
-    move_checkpoint: that folder is removed); CheckpointDamagedError for a damaged checkpoint (naming the file and
+    checkpoint, for an out that holds files without overwrite (check_holds_no_export), and for a checkpoint inside
+    the folder of the export in out that this one replaces (without move_checkpoint: that folder is removed);
+    CheckpointDamagedError for a damaged checkpoint (naming the file and
     offset where RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ
     from its manifest's count.
     tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without; ValueError for one
@@ -160,7 +161,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     manifest = read_manifest(directory)
     if tables:
         manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
-    check_out_of_checkpoint(directory, out)
+    check_out_of_checkpoint(directory, out)  # first: overwrite does not help there
+    if not overwrite:
+        check_holds_no_export(out)
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
     with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write"):
@@ -174,6 +177,18 @@ def check_out_of_checkpoint(directory: str, out: str) -> None:
     if os.path.commonpath([source, target]) == source:
         raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
                          "checkpoint; give a directory outside it")  # fmt: skip
+
+
+def check_holds_no_export(out: str) -> None:
+    """ValueError if out holds an earlier export or other files: what only an export writing over them (overwrite)
+    may go into. An export's folders and temporary files count as its export.json does (without one, they are a
+    killed export's, removed as an export starts)."""
+    held = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    held = [n for n in held if not (leftovers.EXPORT_TEMPORARY.fullmatch(n) or leftovers.EXPORT_FILES.fullmatch(n))]
+    if held:
+        what = "an earlier export" if "export.json" in held else "files of no export"
+        raise ValueError(f"--out {out} holds {what} ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): give "
+                         "a new or empty directory, or --overwrite")  # fmt: skip
 
 
 def chosen_tables(specs: list[dict], patterns: Sequence[str]) -> list[dict]:
