@@ -116,7 +116,8 @@ def test_the_files_an_export_replaces_are_read_from_one_read_of_export_json(tmp_
     out.mkdir()
     for info, files in (
         ({"dir": "export-4567cdef", "tables": {"a": {}}}, ["export-4567cdef"]),
-        ({"dir": "export-mine", "tables": {"a": {}, "../b": {}, "..": {}}}, ["a.ids.npy", "a.rows.npy"]),
+        ({"tables": {"a": {}, "../b": {}, "..": {}}}, ["a.ids.npy", "a.rows.npy"]),
+        ({"dir": "export-mine", "tables": {"a": {}}}, []),  # damaged: no guess from its tables
         ([1, 2], []),
         ("{not json", []),
         (None, []),
@@ -128,6 +129,31 @@ def test_the_files_an_export_replaces_are_read_from_one_read_of_export_json(tmp_
         reads.clear()
         assert restore._earlier_files(str(out)) == [str(out / f) for f in files]
         assert reads == [str(out / "export.json")], reads
+
+
+@pytest.mark.parametrize("info", [{"tables": {"b": {}}}, {"dir": "..", "tables": {"b": {}}}, {"dir": "/tmp"},
+                                  {"dir": "export-0123abcd/x"}, {"dir": "export-00000000"}, [1], "{not json"])  # fmt: skip
+def test_an_export_over_an_export_json_naming_no_folder_there_removes_no_folder(ckpt, tmp_path, info, caplog):
+    """Which folder of export files is in place cannot be told: each is reported and left, by the worker's claim
+    and by the export that goes ahead; the .npy files of its tables in out go only where it has no "dir" (an export
+    without one keeps them there). Once the new export names its own, the next one removes them, superseded."""
+    out = tmp_path / "out"
+    folders = [out / "export-0123abcd", out / "export-4567cdef"]
+    for folder in folders:
+        write(folder / "a.rows.npy", 5)
+    write(out / "b.ids.npy", 3)
+    (out / "export.json").write_text(info if isinstance(info, str) else json.dumps(info))
+    caplog.set_level("INFO", LOGGER)
+    with export_claim(str(out)):
+        pass
+    summary = restore.export(ckpt, str(out))
+    assert all((f / "a.rows.npy").read_bytes() == b"xxxxx" for f in folders) and removed_lines(caplog) == []
+    assert (out / "b.ids.npy").exists() == (not isinstance(info, dict) or "dir" in info), os.listdir(out)
+    left = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"left {folders[0]} ")]
+    assert len(left) == 2 and "names no folder of export files there" in left[0], left
+    assert json.loads((out / "export.json").read_text())["dir"] == summary["dir"]
+    restore.export(ckpt, str(out))
+    assert not any(f.exists() for f in folders) and len(removed_lines(caplog)) == 2
 
 
 def test_an_export_leaves_the_files_of_another_export_writing_into_out_now(ckpt, tmp_path, caplog):

@@ -310,12 +310,15 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
 
 def _earlier_files(out: str) -> list[str]:
     """The paths of the files of the export in out that a new one replaces: the folder its export.json names, or,
-    where it names none, the .npy files in out itself of the tables it lists; [] without one, and where its "tables"
-    is neither an object nor a list (damaged: no file is removed on a guess)."""
+    where it has no "dir", the .npy files in out itself of the tables it lists; [] without one, and where its "dir"
+    names no folder of export files or its "tables" is neither an object nor a list (damaged: no file is removed
+    on a guess)."""
     info = leftovers.read_export_json(out)
     named = leftovers.export_files_dir(info)
     if named is not None:
         return [os.path.join(out, named)]
+    if "dir" in info:
+        return []
     tables = info.get("tables")
     listed = tables if isinstance(tables, (dict, list)) else ()
     names = [n for n in listed if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")]

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 # .npy files; export.json.tmp is the export.json an export writes before it renames it into place (worker/export.py's
 # too). The temporary file, and every export-<8 hex> folder that export.json does not name (an export killed before
 # its export.json was in place, or before it removed the folder of the export it replaced), are what killed exports
-# left, which every writer into OUT removes under its claim (export_leftovers).
+# left, which every writer into OUT removes under its claim (export_leftovers); where export.json names no folder
+# there (damaged), no folder is removed.
 EXPORT_TEMPORARY = re.compile(r"export\.json\.tmp")
 EXPORT_FILES = re.compile(r"export-[0-9a-f]{8}")
 
@@ -86,20 +87,32 @@ def read_export_json(out: str) -> dict:
 
 def export_files_dir(info: dict) -> str | None:
     """The name of the folder of export files (EXPORT_FILES) that an export.json (read_export_json's) names ("dir"),
-    or None where it names no such folder (an export.json without "dir" keeps its .npy files in out itself)."""
+    or None where it names no such folder (an export.json without "dir" keeps its .npy files in out itself; one
+    whose "dir" is no such name is damaged)."""
     name = info.get("dir")
     return name if isinstance(name, str) and EXPORT_FILES.fullmatch(name) else None
 
 
 def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]:
     """What exports killed mid-write left in out, if out is an export's folder (holds_an_export, `also` as there):
-    its temporary files (EXPORT_TEMPORARY) and the folders of export files (EXPORT_FILES) that its export.json does
-    not name. Only a writer that holds out alone (claimed) may remove them: another's may be writing them now."""
+    its temporary files (EXPORT_TEMPORARY), and the folders of export files (EXPORT_FILES) that are no export's in
+    place: every one where out holds no export.json, every one but the folder named where it names one that is
+    there. An export.json that names none there (damaged, or of an export without "dir") proves none of them a
+    killed export's: they are reported and left (the export that replaces it names its own, and the one after
+    removes them, superseded). Only a writer that holds out alone (claimed) may remove them: another's may be
+    writing them now."""
     if not holds_an_export(out, also):
         return []
+    temporary, dirs = matching(out, EXPORT_TEMPORARY, files=True), matching(out, EXPORT_FILES, dirs=True)
+    if not os.path.lexists(os.path.join(out, "export.json")):
+        return temporary + dirs
     live = export_files_dir(read_export_json(out))
-    dirs = [p for p in matching(out, EXPORT_FILES, dirs=True) if os.path.basename(p) != live]
-    return matching(out, EXPORT_TEMPORARY, files=True) + dirs
+    if live is None or os.path.join(out, live) not in dirs:
+        report(dirs, f"{os.path.join(out, 'export.json')} names no folder of export files there (it is damaged, or "
+                     "an export's without \"dir\"), so none is known to be a killed export's; once an export names "
+                     "its own, the next removes them")  # fmt: skip
+        return temporary
+    return temporary + [p for p in dirs if os.path.basename(p) != live]
 
 
 def matching(directory: str, pattern: re.Pattern[str], files: bool = False, dirs: bool = False) -> list[str]:
