@@ -323,10 +323,14 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
-    p.add_argument("--move-checkpoint", action="store_true", help="move CHECKPOINT (on --out's filesystem) into the "
+    kept = p.add_mutually_exclusive_group()
+    kept.add_argument("--move-checkpoint", action="store_true", help="move CHECKPOINT (on --out's filesystem) into the "
                    "export's folder, as checkpoint, before export.json is put in place, which names it there: the "
                    "export and its checkpoint appear together, and a later export into --out removes both (ps-worker "
                    "export --keep-checkpoint)")  # fmt: skip
+    kept.add_argument("--remove-checkpoint", action="store_true", help="remove CHECKPOINT once the export is in "
+                      "place; export.json names no checkpoint (ps-worker export without --keep-checkpoint). A kill "
+                      "before that leaves it where it is")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out: the new one takes its "
                    "place whole once written, and the earlier one's .npy files are removed then (a failure leaves it "
                    "as it was); without it such a directory is an error")  # fmt: skip
@@ -354,7 +358,8 @@ def _export(args: argparse.Namespace) -> int:
         tables = None if args.tables is None else table_patterns(args.tables)
         specs = read_manifest(args.checkpoint)["tables"] if tables else []  # read before --move-checkpoint
         summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables,
-                         move_checkpoint=args.move_checkpoint, overwrite=args.overwrite)  # fmt: skip
+                         move_checkpoint=args.move_checkpoint, overwrite=args.overwrite,
+                         remove_checkpoint=args.remove_checkpoint)  # fmt: skip
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2

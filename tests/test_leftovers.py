@@ -259,6 +259,87 @@ def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp
     assert all(any(str(p) in x for x in removed_lines(caplog)) for p in (leftover, out / "export-0123abcd"))
 
 
+KILLED_REMOVING_THE_CHECKPOINT = """
+import os, shutil, signal, sys
+real = shutil.rmtree
+def rmtree(path, *args, **kwargs):
+    if os.path.basename(str(path)).startswith("checkpoint.new-"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(path, *args, **kwargs)
+shutil.rmtree = rmtree
+from ps.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_between_an_export_in_place_and_its_checkpoint_removed_leaves_export_json_naming_none(
+    tmp_path, capsys, monkeypatch
+):
+    """ps-server export is killed as it goes to remove the fresh checkpoint: what OUT holds then (as a kill of the
+    worker too would leave it) is the new export whole, its export.json naming no checkpoint; the worker says so,
+    and removes the fresh checkpoint."""
+    import worker.export
+
+    out, seen, real_run = tmp_path / "out", [], subprocess.run
+
+    def killed_child(command, **kwargs):
+        assert command[1:4] == ["-m", "ps", "export"], command
+        done = real_run([command[0], "-c", KILLED_REMOVING_THE_CHECKPOINT, *command[3:]], **kwargs)
+        seen.append((json.loads((out / "export.json").read_text()), sorted(os.listdir(out))))
+        return done
+
+    monkeypatch.setattr(worker.export.subprocess, "run", killed_child)
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        code = main(["export", str(out), "--servers", address, "--no-progress"])
+    finally:
+        server.stop(grace_s=1)
+    err = capsys.readouterr().err
+    assert code == 137 and f"the new export is in place ({out / 'export.json'} names export-" in err, err
+    ((summary, names),) = seen
+    assert summary["checkpoint"] is None and len(exported(out, "emb")[0]) == 5
+    assert names[0].startswith("checkpoint.new-") and names[1:] == sorted([summary["dir"], "export.json"]), names
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"])
+
+
+def test_a_removed_checkpoint_is_named_by_no_export_json_and_one_left_by_a_kill_goes_with_the_next_export(
+    tmp_path, caplog, monkeypatch
+):
+    out = tmp_path / "out"
+    fresh = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"  # as ps-worker export names its own
+    one_table_checkpoint(tmp_path, 10)
+    os.makedirs(out)
+    os.rename(tmp_path / "ckpt", fresh)
+    real = restore.shutil.rmtree
+
+    def killed(path, *args, **kwargs):
+        if str(path) == str(fresh):
+            raise KeyboardInterrupt  # as a kill there: nothing after it runs
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(restore.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        restore.export(str(fresh), str(out), remove_checkpoint=True)
+    summary = json.loads((out / "export.json").read_text())
+    assert summary["checkpoint"] is None and len(exported(out, "a")[0]) == 10 and fresh.exists()
+    monkeypatch.setattr(restore.shutil, "rmtree", real)
+    caplog.set_level("INFO", LOGGER)
+    with export_claim(str(out)):
+        pass
+    assert not fresh.exists() and any(str(fresh) in x for x in removed_lines(caplog))
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"])
+    one_table_checkpoint(tmp_path, 10)
+    restore.export(str(tmp_path / "ckpt"), str(out), remove_checkpoint=True)
+    assert not (tmp_path / "ckpt").exists() and json.loads((out / "export.json").read_text())["checkpoint"] is None
+    with pytest.raises(ValueError, match="either moved into the export's folder or removed, not both"):
+        restore.export(str(fresh), str(out), move_checkpoint=True, remove_checkpoint=True)
+
+
 # --- ps-worker checkpoint save: an unfinished checkpoint is named, never removed -----------------------------------
 
 

@@ -11,10 +11,10 @@
        and one killed by signal N is said so, exit code 128 + N. It puts the new export in place of an earlier one
        whole, by the rename of its export.json (ps.engine.restore.export), and removes the earlier one's files.
        With --keep-checkpoint it moves the fresh checkpoint into the export's folder first (--move-checkpoint), so
-       that rename puts the export and its checkpoint, `OUT/<dir>/checkpoint`, in place together
-    5. only once both succeeded, without --keep-checkpoint: the fresh checkpoint removed and export.json's
-       "checkpoint" set to null; a kill during this step leaves the new export whole, its "checkpoint" naming the
-       fresh one, which the next export removes
+       that rename puts the export and its checkpoint, `OUT/<dir>/checkpoint`, in place together; without, the
+       export.json it puts in place names no checkpoint, and it removes the fresh one after (--remove-checkpoint):
+       a kill between leaves the new export whole and the fresh checkpoint, named by nothing, which the next
+       export removes (its <pid> is gone)
 Checked before any server is asked: OUT no checkpoint or RocksDB directory, new or empty (or --overwrite), and
 writable. A failure leaves OUT as it was (an OUT this export created is removed).
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import os
 import re
 import shutil
@@ -35,7 +34,7 @@ from typing import Any
 from ps.checkpoint import inside_a_checkpoint, table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
-from ps.storage.atomicfile import make_dirs, sync_directory, sync_file
+from ps.storage.atomicfile import make_dirs
 from ps.terminate import child_setup, how_it_ended
 from worker.checkpoint import save
 from worker.flags import check_new_dir
@@ -124,7 +123,8 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             command += [] if args.since is None else ["--since", str(args.since)]
             command += [] if args.tables is None else ["--tables", args.tables]
             command += ["--no-progress"] if args.no_progress else []
-            command += ["--move-checkpoint"] if args.keep_checkpoint else []
+            command += ["--move-checkpoint"] if args.keep_checkpoint else ["--remove-checkpoint"]
+            earlier = _export_in_place(args.out)
             done = subprocess.run(command, preexec_fn=child_setup(own_group=False))  # dies with this process
         except BaseException:
             undo()
@@ -133,14 +133,18 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             undo()
             if done.returncode > 0:  # ps-server export said why
                 return done.returncode
-            print(f"ps-worker: error: `ps-server export` {how_it_ended(done.returncode)} before it finished: nothing "
-                  f"was exported, and what {args.out} held before is as it was (the next export into it removes "
-                  "any temporary files the child left there)", file=sys.stderr)  # fmt: skip
+            now = _export_in_place(args.out)
+            what = (f"the new export is in place ({os.path.join(args.out, 'export.json')} names {now})" if now != earlier
+                    else f"nothing was exported, and what {args.out} held before is as it was")  # fmt: skip
+            print(f"ps-worker: error: `ps-server export` {how_it_ended(done.returncode)} before it finished: {what} "
+                  "(the next export into it removes any temporary files the child left there)", file=sys.stderr)  # fmt: skip
             return 128 - done.returncode  # as a shell gives a child's death by signal N: 128 + N
-        if not args.keep_checkpoint:  # (kept: in the export's folder, which export.json names)
-            shutil.rmtree(fresh)
-            record_checkpoint(os.path.join(args.out, "export.json"), None)
     return 0
+
+
+def _export_in_place(out: str) -> str | None:
+    """The folder of the export in place in out (its export.json's "dir"), None where none is named."""
+    return leftovers.export_files_dir(leftovers.read_export_json(out))
 
 
 def check_rows(shard_stats: list, tables: list[str]) -> None:
@@ -172,16 +176,3 @@ def export_claim(out: str) -> Iterator[None]:
         leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
                          "host, or named without its process): remove it once none is")  # fmt: skip
         yield
-
-
-def record_checkpoint(path: str, checkpoint: str | None) -> None:
-    """Sets export.json's "checkpoint" (the path of the checkpoint exported; null once it is deleted), replacing
-    the file whole, also after a power loss (the temporary file and the directory fsynced)."""
-    with open(path) as f:
-        summary = json.load(f)
-    summary["checkpoint"] = None if checkpoint is None else os.path.abspath(checkpoint)
-    with leftovers.open_temporary(path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=1)
-        sync_file(f)
-    os.replace(path + ".tmp", path)
-    sync_directory(os.path.dirname(path) or ".")

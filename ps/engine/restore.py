@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -25,6 +26,8 @@ from ps.storage import leftovers
 from ps.storage.atomicfile import make_dirs, sync_directory, sync_file
 from ps.storage.readonly import checkpoint_damaged
 from ps.storage.store import Store
+
+log = logging.getLogger(__name__)
 
 
 def check_restored(store: Store) -> None:
@@ -125,7 +128,8 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
-           tables: Sequence[str] | None = None, move_checkpoint: bool = False, overwrite: bool = True) -> dict:  # fmt: skip
+           tables: Sequence[str] | None = None, move_checkpoint: bool = False, overwrite: bool = True,
+           remove_checkpoint: bool = False) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: `export.json`, and the folder it names
     (its "dir": out/export-<8 hex>) holding per table `<table>.ids.npy` (uint64, sorted) and `<table>.rows.npy`
     (float32 (n, dim): embeddings only, no optimizer state, row i of id i), admitted rows only. export.json: {clock,
@@ -156,8 +160,13 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     the export's folder (`<dir>/checkpoint`, on out's filesystem), once the .npy files are written, and export.json
     names it there: the export and the checkpoint it was made from appear together, by the one rename, and a later
     export into out removes them together. A failure before that rename moves the checkpoint back; a kill leaves it
-    in the unnamed folder, which the next export into out removes (leftovers.export_leftovers).
+    in the unnamed folder, which the next export into out removes (leftovers.export_leftovers). remove_checkpoint:
+    export.json names no checkpoint (null), and the checkpoint is removed once the export is in place (ps-worker
+    export's own): a kill before that leaves it where it is, named by nothing (worker.temp_dirs names ps-worker
+    export's for the next export to remove); a failure to remove it is logged.
     """
+    if move_checkpoint and remove_checkpoint:
+        raise ValueError("the checkpoint exported is either moved into the export's folder or removed, not both")
     manifest = read_manifest(directory)
     if tables:
         manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
@@ -167,7 +176,13 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
     with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write"):
-        return _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint)
+        summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
+    if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
+        try:
+            shutil.rmtree(directory)
+        except OSError as e:
+            log.warning("the checkpoint exported, %s, could not be removed (%s): remove it", directory, e)
+    return summary
 
 
 def check_out_of_checkpoint(directory: str, out: str) -> None:
@@ -220,7 +235,7 @@ def left_out_of_models(specs: list[dict], chosen: list[dict]) -> list[str]:
 
 
 def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool,
-                 move_checkpoint: bool) -> dict:  # fmt: skip
+                 move_checkpoint: bool, remove_checkpoint: bool) -> dict:  # fmt: skip
     """export's writing, into out (new_out: this export made it), under its claim on out."""
     # the clock a delta that follows this export takes as --since: the smallest shard's. A checkpoint's shards are
     # held one after another, so a step's pushes can land before the cut on one shard and after it on another,
@@ -229,7 +244,8 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
     clock = min(shard_clocks) if shard_clocks else int(manifest["clock"])
     name = f"export-{secrets.token_hex(4)}"  # leftovers.EXPORT_FILES
     summary = {"clock": clock, "checkpoint_clock": int(manifest["clock"]), "since": since,
-               "checkpoint": os.path.abspath(directory), "dir": name, "tables": {}}  # fmt: skip
+               "checkpoint": None if remove_checkpoint else os.path.abspath(directory), "dir": name,
+               "tables": {}}  # fmt: skip
     files, final = os.path.join(out, name), os.path.join(out, "export.json")
     earlier = _earlier_files(out)
     source = os.path.realpath(directory)
