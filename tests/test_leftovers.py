@@ -18,6 +18,7 @@ import pytest
 from ps.config import ServerConfig, TableConfig
 from ps.engine import restore
 from ps.server import Server
+from ps.storage import leftovers
 from ps.storage.store import Store
 from tests.conftest import exported, one_table_checkpoint
 from worker.__main__ import main
@@ -156,19 +157,22 @@ def test_an_export_over_an_export_json_naming_no_folder_there_removes_no_folder(
     assert not any(f.exists() for f in folders) and len(removed_lines(caplog)) == 2
 
 
-def test_an_export_leaves_the_files_of_another_export_writing_into_out_now(ckpt, tmp_path, caplog):
+@pytest.mark.parametrize("how", [fcntl.LOCK_SH, fcntl.LOCK_EX])
+def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_changes_nothing(ckpt, tmp_path, how):
     out = tmp_path / "out"
     write(out / "export-0123abcd" / "gone.rows.npy", 1000)
-    fd = held(out)  # another export's claim on OUT
+    fd = held(out, how)  # another export's claim on OUT
     try:
-        caplog.set_level("INFO", LOGGER)
-        restore.export(ckpt, str(out))
+        with pytest.raises(leftovers.ClaimedError, match=f"another export into {out} runs now"):
+            restore.export(ckpt, str(out))
+        done = subprocess.run([sys.executable, "-m", "ps", "export", ckpt, "--out", str(out), "--no-progress"],
+                              capture_output=True, text=True)  # fmt: skip
     finally:
         os.close(fd)
-    assert (out / "export-0123abcd" / "gone.rows.npy").read_bytes() == b"x" * 1000
-    assert (out / "export.json").exists() and removed_lines(caplog) == []
-    assert any(str(out / "export-0123abcd") in r.getMessage() and r.getMessage().startswith("left ")
-               for r in caplog.records)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"ps-server export: error: another export into {out} runs now" in done.stderr, done.stderr
+    assert os.listdir(out) == ["export-0123abcd"] and (out / "export-0123abcd" / "gone.rows.npy").stat().st_size == 1000
+    assert sorted(os.listdir(ckpt)) == ["manifest.json", "shard-0"]
 
 
 def test_while_an_export_writes_into_out_another_cannot_claim_it_alone(ckpt, tmp_path, monkeypatch):
@@ -214,19 +218,21 @@ def test_a_worker_export_removes_the_checkpoints_of_dead_exports_only(tmp_path, 
     assert len(left) == 3 and all("(300 bytes)" in x for x in left), left
 
 
-def test_a_worker_export_leaves_a_dead_exports_checkpoint_while_its_ps_server_export_runs(tmp_path, caplog):
+def test_a_worker_export_into_an_out_another_export_writes_into_now_is_refused_before_any_server(tmp_path, capsys):
+    """Such as the ps-server export a killed worker started, still reading its checkpoint, which stays."""
     out = tmp_path / "out"
     dead = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"
     write(dead / "manifest.json", 10)
-    fd = held(out)  # the ps-server export the killed worker started, still reading it
-    caplog.set_level("INFO", LOGGER)
+    write(out / "export.json", 2)
+    fd = held(out)
     try:
-        with export_claim(str(out)):
-            pass
+        nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
+        assert main(["export", str(out), "--overwrite", *nowhere]) == 2
     finally:
         os.close(fd)
-    assert (dead / "manifest.json").exists()
-    assert any(str(dead) in r.getMessage() and r.getMessage().startswith("left ") for r in caplog.records)
+    err = capsys.readouterr().err
+    assert f"ps-worker: error: another export into {out} runs now" in err and "127.0.0.1:1" not in err, err
+    assert sorted(os.listdir(out)) == [dead.name, "export.json"] and (dead / "manifest.json").exists()
 
 
 def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp_path, capsys, caplog):

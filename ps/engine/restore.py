@@ -123,8 +123,8 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 # puts the whole new export in place at once. Then it removes the earlier export's folder (or, of an export.json
 # without "dir", the .npy files of its tables in OUT itself). With move_checkpoint the folder holds the checkpoint
 # exported too (`checkpoint`), moved in before export.json is written. Every writer into OUT holds a claim on it
-# (ps.storage.leftovers.claimed), and removes what killed exports left (leftovers.export_leftovers) when no other
-# writer is there.
+# (ps.storage.leftovers.claimed: one writer at a time, another refused), and removes what killed exports left
+# (leftovers.export_leftovers) first.
 
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
@@ -149,7 +149,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     fsynced. A failure, a kill or a power loss before that rename leaves an earlier export in out as it was.
     progress: show rows read, then rows written, per table (ExportProgress, on stderr); an out it made is removed
     again on a failure. What exports killed mid-write left in out is removed first, if out is an export's
-    (leftovers.holds_an_export) and no other export writes there now. ValueError for an out inside the
+    (leftovers.holds_an_export); leftovers.ClaimedError where another export writes there now, nothing changed
+    (one export into out at a time). ValueError for an out inside the
     checkpoint, for an out that holds files without overwrite (check_holds_no_export), and for a checkpoint inside
     the folder of the export in out that this one replaces (without move_checkpoint: that folder is removed);
     CheckpointDamagedError for a damaged checkpoint (naming the file and

@@ -6,9 +6,9 @@ pattern is described where it is produced (ps.storage.sidefiles, ps.engine.resto
 worker/temp_dirs). What proves that none is in use:
 - in a data dir: this server holds RocksDB's LOCK on it (one server a dir), so Store removes them once it opened it;
 - in an export's OUT: a flock on the directory OUT itself. Every writer into OUT (`ps-server export`, `ps-worker
-  export`) holds a shared one while it writes there (`claimed`), so an exclusive one, had for a moment before it
-  writes, proves that no other is there. Where none can be had (another export writes into OUT now, or the file
-  system has no flock on directories, as NFS), the leftovers are reported and left.
+  export`) holds an exclusive one while it writes there (`claimed`), so no other is there; one that finds it held
+  is refused (ClaimedError). Where the file system has no flock on directories (as NFS), the leftovers are
+  reported and left.
 - a worker's own files (an export's fresh checkpoint, predict's .partial file) name its process and host: those
   of this host whose process is gone (worker/temp_dirs).
 Stdlib only: worker/ uses it too (its own export's leftovers).
@@ -178,12 +178,16 @@ def report(paths: list[str], why: str) -> None:
         log.warning("left %s (%s bytes) as it is: %s", path, f"{size_bytes(path):,}", why)
 
 
+class ClaimedError(OSError):
+    """Another writer holds its claim on the folder (claimed): it writes there now."""
+
+
 @contextlib.contextmanager
 def claimed(directory: str, leftovers: Callable[[], list[str]], whose: str) -> Iterator[None]:
-    """Holds a shared flock on the folder directory while the block runs (other writers into it see one is
-    there). First, under an exclusive flock had at once (no other writer holds one), removes leftovers() (paths in
-    directory that only a dead writer can have left; whose: see remove); if none can be had, reports them and
-    leaves them. Without flock (not POSIX), or where directory cannot be opened, leftovers() is reported only."""
+    """Holds an exclusive flock on the folder directory while the block runs, had at once: no other writer is
+    there, so first it removes leftovers() (paths in directory that only a dead writer can have left; whose: see
+    remove). ClaimedError, nothing changed, where another writer holds it. Without flock (not POSIX, a file system
+    with none on directories), or where directory cannot be opened, leftovers() is reported only."""
     fd = None
     if os.name == "posix":
         with contextlib.suppress(OSError):
@@ -194,15 +198,15 @@ def claimed(directory: str, leftovers: Callable[[], list[str]], whose: str) -> I
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 alone = True
-            except OSError:  # BlockingIOError: another writer is there; others: no flock on this file system
+            except BlockingIOError:
+                raise ClaimedError(f"another export into {directory} runs now (it holds a lock on the folder): wait "
+                                   "for it to end, or give another directory; nothing was written") from None  # fmt: skip
+            except OSError:  # no flock on this file system
                 pass
         if alone:
             remove(leftovers(), whose)
         else:
-            report(leftovers(), f"another writer may be using it (a lock on {directory} is held, or none can be had)")
-        if fd is not None:
-            with contextlib.suppress(OSError):  # from exclusive to shared; waits only for another's removal
-                fcntl.flock(fd, fcntl.LOCK_SH)
+            report(leftovers(), f"no lock on {directory} can be had, so another writer may be using it")
         yield
     finally:
         if fd is not None:
