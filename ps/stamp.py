@@ -25,7 +25,7 @@ class WorkerStamp:
     which stops the job), stopped: why the worker stopped before its end (nonempty: a stop stamp), unclocked:
     an async or geo job's push stamp, which holds the shards for its job and moves no clock (step, staleness, sync
     and acked 0), and token: an unclocked stamp's worker process (random, nonzero, kept in its --resume-file; 0:
-    not known), so that a shard refuses a second process pushing as the same worker (ps.engine.jobs), and apart:
+    not known), so that a shard refuses a second process pushing as the same worker (ps.engine.jobhold), and apart:
     a sync or ssp worker's PushBatch that ends none of its steps on the shard (a message of a step's push before
     the shard's last, or a push sent apart from the steps), which holds the shard for the job and moves no clock."""
 

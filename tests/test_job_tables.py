@@ -1,4 +1,4 @@
-"""A job's hold on a shard from its first table (ps.engine.jobs, stamped CreateTable): a train run's worker stamps
+"""A job's hold on a shard from its first table (ps.engine.jobhold, stamped CreateTable): a train run's worker stamps
 the CreateTable requests that make its job's tables, so a second job's create or replace is refused while the first
 job holds the shard, before it changes anything; the same job's workers, resumed ones included, go on; a create that
 fails, a check_only and an unstamped create (`train --create-tables-only`, other callers) hold nothing."""
@@ -102,7 +102,7 @@ def test_a_create_that_fails_and_a_check_only_leave_the_shard_free(shard):
                                                    "not by a CreateTable; nothing was created"):  # fmt: skip
         shard.create_table(TableConfig("t", 2), stamp=async_stamp(0, done=True))
     shard.check_create(TableConfig("t", 2), stamp=async_stamp(0))
-    assert shard.stats()["job"] == OTHER and not shard.jobs._claims and "t" not in shard.tables
+    assert shard.stats()["job"] == OTHER and not shard.jobs.hold._claims and "t" not in shard.tables
     shard.create_table(TableConfig("t", 2), stamp=ssp_stamp(job=0x5EC))  # OTHER is done: another job starts
     assert shard.stats()["job"] == 0x5EC
 
@@ -190,7 +190,7 @@ def test_a_check_only_keeps_no_hold_alive_and_claims_nothing(shard):
     assert shard.stats()["job"] == OTHER
     shard.push_stamped([], 0, 0, 0, ssp_stamp(done=True))  # OTHER is over: the shard is free
     shard.check_create(SGD4, stamp=async_stamp(0))
-    assert not shard.jobs._claims and shard.stats()["job"] == OTHER
+    assert not shard.jobs.hold._claims and shard.stats()["job"] == OTHER
     shard.create_table(SGD4, stamp=async_stamp(0))
     with pytest.raises(JobConflictError, match=held_by(JOB)):  # a check is refused where its create would be
         shard.check_create(SGD4, stamp=ssp_stamp(job=0x5EC))

@@ -25,7 +25,7 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - job_id: the job id the run trains under (its --job-id, or the one made up at its first start); absent or null:
   not known. A start without --job-id takes it (and `ps-worker launch` gives it to every worker): a shard holds
   a job whose worker was killed without a word (SIGKILL, an OOM kill, a lost node) for its barrier timeout, and
-  refuses another job's table creations and pushes until then (ps/engine/jobs.py), but lets its own job push on.
+  refuses another job's table creations and pushes until then (ps/engine/jobhold.py), but lets its own job push on.
   A start given another --job-id is refused, as for the run settings.
 - token: the worker process's token (ps.stamp WorkerStamp.token, made up at the run's first start); absent or null:
   not known. A start takes it: for the shards it is the same process, and pushes on at once, where another process

@@ -43,7 +43,7 @@ is the smallest clock (when every worker is done, the largest).
   for done workers is applied with the contributions it has. A push of a worker held as done is refused
   (WorkerDoneError, FAILED_PRECONDITION): a done worker pushes nothing more.
 - A stop stamp (a PushBatch without pushes whose `stopped` says why) comes from a worker that ends before its
-  work is done (interrupted, or failed): the job stops at once, as for a worker of another setup (below), with
+  work is done (interrupted, or failed): the job stops at once, as for a worker of another setup (ps.engine.jobhold), with
   BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers waiting out their barrier
   for a worker that is gone; and another job may start. Where the reason is a refusal that stopped the job on a
   shard (a worker of another setup there, say: the worker stopped because the job had), the job stops with that
@@ -62,53 +62,20 @@ answered, every clock moved to t + 1) when the journal holds t (its newest sync 
 stamp says acked > t or a worker contributes to a later step: that worker had its reply to t, which comes only
 after the whole sum. Stamps are trusted that far and no further: no stamp proves a step the journal does not hold.
 
-Setup. The first stamp of a job on a shard sets the job's worker count and setup (its `setup`: key=value pairs the
-worker says every worker of the job must run alike: mode, model, tables). A stamp of the job with another count,
-or whose pairs differ, is refused (InvalidArgumentError naming what differs) and stops the job: its waits and
-every later stamp of it get that error, so every worker learns why at once instead of waiting out its barrier for
-a worker that has failed.
-
-One job at a time, in any mode: a stamp of another job (a pull's, a push's, a CreateTable's) is refused
-(JobConflictError, FAILED_PRECONDITION, naming both jobs, changing nothing) while the one followed runs: until
-every worker of it is done, it stops (a stop stamp, a refused stamp), or no stamp of it has come for its barrier
-timeout (the largest its stamps gave: its waits would have ended by then, so its workers are gone). Then a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
-the old job applied after the switch changes nothing of the new one. A pull or sync push starts its job under the
-lock that checks it; a push that is applied first (async, geo, ssp) claims the shard at its check, under that
-lock, so that two jobs' first pushes reaching a free shard together do not both apply: the other job is refused
-until the push is applied (its job starts) or fails (the claim is dropped, the shard as it was). A stamped
-CreateTable claims the shard the same way, whatever the job's mode, and starts its job once the table is made (a
-create that fails leaves the shard as it was); so the hold starts at a job's first table, and a second job's
-create (a replace of the first job's untrained tables, say) is refused before it changes anything. Its check_only
-is checked the same way (refused where the create would be) and holds nothing: it claims no shard, does not count
-as hearing from its job (the hold does not last for it), and takes no worker's token. A CreateTable without a stamp holds nothing and is not refused for a job,
-but for a replace (replace_untrained, of a table of another spec): that is refused while a job holds the shard
-(check_replace), as it would replace that job's tables under it.
+The job. The job followed, its setup, the claims of the pushes and creates that start a job, and which process
+trains each worker (a push's client id, an unclocked stamp's token) are the shard's JobHold's (ps.engine.jobhold,
+which says when a stamp of another job, another setup or another process is refused); JobClocks holds one and checks
+every stamp against it.
 
 Async and geo (unclocked stamps: PushBatch only, not sync): the stamp holds the shard for its job, and its worker
-count, setup and unclocked are checked as above (a worker of another mode, another --geo-every, or another count
-stops the job), but it moves no clock and waits for nothing. A done stamp marks its worker done, and so does a
-stop stamp: the job does not stop (its other workers wait for nobody); a push of a worker marked done marks it
-running again. Its token names the worker's process (random, made at its start, kept in its --resume-file: a worker
-started again with that file after a crash or Ctrl-C is the same process, and pushes on at once). A push, done
-stamp or CreateTable of the worker with another token is refused (JobConflictError, FAILED_PRECONDITION, changing
-nothing; the job goes on) while the token its stamps carried here holds it: heard within the job's barrier timeout,
-and not done or stopped since (a stop stamp of the other token changes nothing); then the new token takes it. So
-two processes given one --worker-id do not both train its share (and another share never); a token 0 is not known
-and checked against nothing. A job whose every worker is done, or that was not heard from for its barrier timeout,
-holds the shard no more; a push of it then starts it anew (a new run under the same id, its setup that push's), as a push of
-another job would; so does a job a worker of another setup stopped, once that holds (its workers hear why until
-then). The job followed lives in memory: a restarted shard follows the first job that stamps a
-request to it, and another job's may come first there while the job's workers are gone, or still wait for the
-restart (the shards that did not restart refuse that job's pushes, and its worker stops; the first job's workers
-are refused where it got in).
+count, setup and unclocked are checked as any stamp's (a worker of another mode, another --geo-every, or another
+count stops the job), but it moves no clock and waits for nothing. A done stamp marks its worker done, and so does a
+stop stamp: the job does not stop (its other workers wait for nobody), but where another process (token) holds the
+worker; a push of a worker marked done marks it running again.
 
-Workers' processes. A push carries its client's id (a random id per worker process). An ssp push of a worker from
-another client than its earlier pushes here (a worker restarted mid-job, which would train its share again, or
-two processes given one worker id) is refused and stops the job (JobConflictError); sync steps check the same per
-step (push_sync). A restarted shard knows no worker's client: the first push after it sets it (an async or geo
-worker's process is told by its stamps' token instead, above, which a restarted shard learns the same way). A job
-id is for one run: a shard remembers the sync steps it applied under it, and answers a second run's contributions
-to them with num_applied 0 (worker.request_numbers raises JobIdReusedError for such an answer to a first attempt).
+Job ids. A job id is for one run: a shard remembers the sync steps it applied under it, and answers a second run's
+contributions to them with num_applied 0 (worker.request_numbers raises JobIdReusedError for such an answer to a
+first attempt).
 
 Threads. Each wait holds one of the server's RPC threads (ServerConfig.threads, --threads), and a job may have a
 pull and a push of every worker waiting at once: a server needs 2 x workers + 2 threads. A wait that would leave
@@ -130,25 +97,23 @@ and their contributions are held by ps.engine.syncsteps.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
 
 from ps.config import MAX_SEQ_JUMP
+from ps.engine.jobhold import JobHold, relayed_stop
 from ps.engine.push import TablePush
-from ps.engine.stampcheck import check_stamp, job_kind, job_stops, nothing_done, setup_difference, setup_pairs
+from ps.engine.stampcheck import check_stamp, job_stops
 from ps.engine.syncsteps import SyncStep, SyncSteps, again
 from ps.engine.syncsum import sync_key
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
     InvalidArgumentError,
-    JobConflictError,
     PsError,
     RpcThreadsExhaustedError,
     ShardClosingError,
-    SyncStepTooLargeError,
     WorkerDoneError,
     echo,
 )
@@ -156,8 +121,6 @@ from ps.stamp import WorkerStamp
 
 log = logging.getLogger("ps.engine.jobs")
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
-# the errors that stop a job (JobClocks._stop), whose message starts with job_stops' words
-JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
 
 
 def _check_caller(caller_gone: Callable[[], bool] | None, stamp: WorkerStamp, what: str) -> None:
@@ -179,18 +142,6 @@ def _watch_caller(
 def _caller_left(stamp: WorkerStamp, what: str) -> CallerGoneError:
     return CallerGoneError(f"worker {stamp.worker}'s {what} of step {stamp.step} stopped waiting: its caller left "
                            "(its deadline passed, or it was cancelled)")  # fmt: skip
-
-
-def _relayed_stop(stamp: WorkerStamp) -> PsError | None:
-    """The refusal that stopped the stop stamp's job on a shard, where its reason is one (worker/steprows.py
-    stop_reason: the error's class, then its first line, which holds the refusal's message): one of
-    JOB_STOPPING_ERRORS, saying job_stops' words of the stamp's job (the cause, where a reason relays a relay), in
-    printable ASCII. None for any other reason: the worker stopped for a cause of its own."""
-    found = re.fullmatch(rf"(\w+): .*?\b(shard \d+: job {stamp.job} stops: [ -~]*)", stamp.stopped)
-    cls = next((c for c in JOB_STOPPING_ERRORS if found and c.__name__ == found[1]), None)
-    if cls is None:
-        return None
-    return cls(f"{found[2]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
 
 
 class JobClocks:
@@ -217,26 +168,24 @@ class JobClocks:
         self._waiting = 0  # threads in a wait here
         self._acked = 0  # the largest acked of the job's stamps
         self._cond = threading.Condition()
-        self.job = 0
-        self.num_workers = 0
-        self.setup = ""  # the job's, from its first stamp here
-        self._setup_from = 0  # the worker of that stamp
-        self.unclocked = False  # the job's stamps move no clock (async, geo): from its first stamp here
-        self._stopped: BaseException | None = None  # why the job stopped (a worker of another setup came)
         self.max_gap = 0  # the largest step - min_clock a stamped pull of this job was served at
         self._clocks: list[int] = []
         self._done: list[bool] = []
-        self._clients: list[int] = []  # worker -> the client id of its pushes here (0: none yet)
         self._stamped: list[bool] = []  # worker -> a stamp of it came here (since the job started here)
-        self._tokens: list[int] = []  # worker -> the token of its unclocked stamps here (0: none known)
-        self._token_heard: list[float] = []  # worker -> monotonic time of its latest stamp with that token
-        self._heard = 0.0  # monotonic time of the job's latest stamp here
-        # (stamp, what it does) of the pushes and table creations checked, not yet done, that start their job
-        self._claims: list[tuple[WorkerStamp, str]] = []
-        self._patience_s = 0.0  # the largest barrier timeout its stamps gave
         self.sync = SyncSteps(shard_id, self._cond, max_count, sync_step_bytes, self._reach, self._named)
+        self.hold = JobHold(shard_id, self._cond, lambda: self._done, self.sync.fail_gathering)  # the job followed
         self._generation = 0  # moves when the job changes: waits of an older job fail
         self._closed = False
+
+    @property
+    def job(self) -> int:
+        """The job followed (0: none yet), the hold's."""
+        return self.hold.job
+
+    @property
+    def num_workers(self) -> int:
+        """The worker count of the job followed, the hold's."""
+        return self.hold.num_workers
 
     # ---- the job --------------------------------------------------------------------------------------
     def check(
@@ -244,212 +193,43 @@ class JobClocks:
     ) -> bool:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
-        stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
-        another job while the one followed runs or a push or create that starts one is claimed, and for an ssp
-        push from another client (the PushBatch's client_id; 0: unknown) than the worker's earlier pushes (which
-        stops the job), and for an unclocked stamp of a worker another process (token) holds (_check_token: the
-        job goes on). A stamp of the job followed that passes counts as hearing from the job (its hold on the
-        shard lasts). create: the stamp of a CreateTable (a job's worker creating its job's tables, before its
-        first push), checked as a push's is but for done and client. check_only: a CreateTable's check_only
-        (Shard.check_create), refused as its create would be, but holding nothing: it claims no shard, is not
-        heard from (the hold does not last for it) and takes no token (returns False). Returns whether the stamp
-        claims the shard: a push (not sync, not done) or a create that starts its job here; the claim refuses
-        every other job until pushed(claimed=True) or created(claimed=True) starts the job, or release() drops it
-        (the push or create failed)."""
+        stops the job: JobHold.check_workers); WorkerDoneError for a push of a worker held as done;
+        JobConflictError for a stamp of another job while the one followed runs or a push or create that starts
+        one is claimed (JobHold.check_job), and for an ssp push from another client (the PushBatch's client_id; 0:
+        unknown) than the worker's earlier pushes (which stops the job), and for an unclocked stamp of a worker
+        another process (token) holds (JobHold.check_token: the job goes on). A stamp of the job followed that
+        passes counts as hearing from the job (its hold on the shard lasts). create: the stamp of a CreateTable (a
+        job's worker creating its job's tables, before its first push), checked as a push's is but for done and
+        client. check_only: a CreateTable's check_only (Shard.check_create), refused as its create would be, but
+        holding nothing: it claims no shard, is not heard from (the hold does not last for it) and takes no token
+        (returns False). Returns whether the stamp claims the shard: a push (not sync, not done) or a create that
+        starts its job here; the claim refuses every other job until pushed(claimed=True) or created(claimed=True)
+        starts the job, or release() drops it (the push or create failed)."""
         check_stamp(stamp, pull, create)
         with self._cond:
-            if stamp.unclocked and stamp.done and not self._follows(stamp):
+            if stamp.unclocked and stamp.done and not self.hold.follows(stamp):
                 return False  # the end of a worker of a job not followed: nothing to change (finish)
-            self._check_job(stamp, create)
-            self._check_workers(stamp)
+            self.hold.check_job(stamp, create)
+            self.hold.check_workers(stamp)
             if not pull and not create and not stamp.unclocked:
                 self._check_not_done(stamp)
                 if not stamp.sync and not stamp.done:
-                    self._check_client(stamp, client)
-            self._check_token(stamp, create)
+                    self.hold.check_client(stamp, client, self._clocks)
+            self.hold.check_token(stamp, create)
             if check_only:  # it writes nothing: it holds nothing
                 return False
-            if self._follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
-                self._heard = time.monotonic()
-                self._take_token(stamp)
-                return False
-            if not create and (pull or stamp.sync or stamp.done):  # these start their job under the lock (_enter)
-                return False
-            self._claims.append((stamp, "creating a table" if create else "applying the first push"))
-            return True
+            return self.hold.take(stamp, pull, create)
 
     def check_replace(self, table: str) -> None:
-        """JobConflictError, changing nothing, while a job holds the shard (it runs, or a push or create claims the
-        shard for it): a CreateTable without a stamp (`ps-worker train --create-tables-only`, another client) that
-        would replace table, never trained, by one of another spec would replace it under that job."""
+        """JobConflictError, changing nothing, while a job holds the shard (JobHold.check_replace): a CreateTable
+        without a stamp would replace table, never trained, under that job."""
         with self._cond:
-            claim = next((c for c, _ in self._claims), None)
-            if claim is None and not self._running():
-                return
-            held = claim if claim is not None else self  # (a stamp, or the job followed: job, setup, unclocked)
-            job = held.job
-            raise JobConflictError(
-                f"shard {self.shard_id} holds job {job} ({job_kind(held.setup, held.unclocked)}), and this create would replace table {table!r} "
-                "(never trained) under it: a create without a job's stamp (`ps-worker train --create-tables-only`, "
-                f"another client) replaces no table while a job holds the shard; wait for job {job}'s end, or stop "
-                "it; nothing was created"
-            )
+            self.hold.check_replace(table)
 
     def release(self, stamp: WorkerStamp) -> None:
         """Drops the claim of check() for stamp: its push or create failed, and the shard is as it was before it."""
         with self._cond:
-            self._drop_claim(stamp)
-
-    def _drop_claim(self, stamp: WorkerStamp) -> None:
-        """Drops one claim of check() for stamp. Lock held."""
-        self._claims.remove(next(c for c in self._claims if c[0] == stamp))
-
-    def _follows(self, stamp: WorkerStamp) -> bool:
-        """Whether the stamp is of the job followed, running or stopped; an unclocked stamp of an unclocked job
-        that ended (every worker done or stopped, or none heard from for its barrier timeout; one stopped by a
-        worker of another setup too, once so) is not: it is of a new run of the job, which a push starts anew (an
-        async or geo job id may be given to run after run). Lock held."""
-        silent = time.monotonic() - self._heard > self._patience_s
-        ended = stamp.unclocked and self.unclocked and (all(self._done) or silent)
-        return stamp.job == self.job and not ended
-
-    def _running(self) -> bool:
-        """Whether the job followed still runs: not every worker done, not stopped, a stamp within its barrier
-        timeout. Lock held."""
-        if not self.job or self._stopped is not None or all(self._done):
-            return False
-        return time.monotonic() - self._heard <= self._patience_s
-
-    def _check_job(self, stamp: WorkerStamp, create: bool = False) -> None:
-        """JobConflictError for a stamp of another job while the one followed runs, or while a push or create claims
-        the shard for another job (check()); create: the stamp is a CreateTable's (its table is not created). Lock
-        held."""
-        nothing = nothing_done(create)
-        claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
-        if claim is not None:
-            raise JobConflictError(
-                f"shard {self.shard_id} is {doing} of job {claim.job} "
-                f"({job_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
-                f"{stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
-                f"a time (two jobs would train one model over each other); wait for job {claim.job}'s end, or stop "
-                f"it; {nothing}"
-            )
-        if stamp.job == self.job or not self._running():
-            return
-        silent = time.monotonic() - self._heard
-        left = max(0.0, self._patience_s - silent)
-        live = sum(not d for d in self._done)
-        resume = (
-            f", or resume job {self.job} (its workers' command with --job-id {self.job}; a --resume-file "
-            "keeps it, and `ps-worker launch` run again with its --resume-file gives it back), which pushes on at once "
-            "(a worker killed without a word, only with its --resume-file, which keeps its process token)"
-            if self.unclocked
-            else ""
-        )  # a sync or ssp worker cannot rejoin
-        raise JobConflictError(
-            f"shard {self.shard_id} holds job {self.job} ({job_kind(self.setup, self.unclocked)}, {live} of its "
-            f"{self.num_workers} workers not done, last heard from {silent:.3g} s ago), so worker {stamp.worker} of "
-            f"job {stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at a "
-            f"time (two jobs would train one model over each other). If job {self.job}'s workers are gone (killed "
-            f"without a word), the shard holds it for {left:.3g} s more (its barrier timeout, {self._patience_s:g} "
-            f"s, after it was last heard from): wait that long{resume}; if they run, wait for the job's end, or stop "
-            f"it; {nothing}"
-        )
-
-    def _check_client(self, stamp: WorkerStamp, client: int) -> None:
-        """JobConflictError, stopping the job, for a push of the followed job's worker from another client than
-        its earlier pushes here. Lock held."""
-        if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
-            return
-        self._stop(JobConflictError(
-            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s push of step {stamp.step:,} "
-            f"comes from another process than its earlier pushes (its clock here is {self._clocks[stamp.worker]:,}): "
-            "a worker restarted mid-job would train its share again, and two processes cannot share a --worker-id; "
-            "start the job anew under a new --job-id; the request was not applied"
-        ))  # fmt: skip
-        raise again(self._stopped)
-
-    def _check_token(self, stamp: WorkerStamp, create: bool) -> None:
-        """JobConflictError for an unclocked stamp of a worker whose stamps here carry another token (another
-        process), heard within the job's barrier timeout and not done since, or claimed by a push or create of the
-        job that another token sends (check()). Lock held."""
-        silent = self._token_conflict(stamp)
-        if silent is None:
-            return
-        patience = self._patience_s if self._follows(stamp) else stamp.timeout_s  # (a claim's job: not started)
-        n, w, left = self.num_workers or stamp.num_workers, stamp.worker, max(0.0, patience - silent)
-        raise JobConflictError(
-            f"shard {self.shard_id}: worker {w} of job {stamp.job} ({job_kind(stamp.setup, True)}) is trained here by "
-            f"another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
-            f"process's, {stamp.token:#x}), which holds worker {w} for {left:.3g} s more (the job's barrier timeout, "
-            f"{patience:g} s, after it was last heard from) unless it says it is done or stopped. If this is worker "
-            f"{w} started again after that process was killed without a word (SIGKILL, an OOM kill, a lost node): "
-            "without the --resume-file its killed run kept, it is another process, refused until then; with that "
-            "file it is the same process and pushes on at once. If the other process runs, two processes given one "
-            f"--worker-id would train its share twice and another share never: give each process its own "
-            f"--worker-id in 0..{n - 1}, or stop the other one; {nothing_done(create)}"
-        )
-
-    def _token_conflict(self, stamp: WorkerStamp) -> float | None:
-        """Seconds since this shard heard the stamp's worker under another token (0 for a claim of the job's first
-        push or create by another token), where that process still holds the worker: not done, heard within the
-        job's barrier timeout; None where the stamp may take the worker (clocked, no token, the same token, or
-        none held). Lock held."""
-        if not stamp.unclocked or not stamp.token:
-            return None
-        if any(c.job == stamp.job and c.worker == stamp.worker and c.token not in (0, stamp.token)
-               for c, _ in self._claims):  # fmt: skip
-            return 0.0
-        if not self._follows(stamp) or stamp.num_workers != self.num_workers:
-            return None
-        token, silent = self._tokens[stamp.worker], time.monotonic() - self._token_heard[stamp.worker]
-        if token in (0, stamp.token) or self._done[stamp.worker] or silent > self._patience_s:
-            return None
-        return silent
-
-    def _take_token(self, stamp: WorkerStamp) -> None:
-        """Notes the token of an unclocked stamp of the job followed, passed by _check_token, as its worker's,
-        heard now. Lock held."""
-        if stamp.unclocked and stamp.token and self._follows(stamp) and stamp.num_workers == self.num_workers:
-            self._tokens[stamp.worker], self._token_heard[stamp.worker] = stamp.token, time.monotonic()
-
-    def _check_workers(self, stamp: WorkerStamp, applied: bool = False) -> None:
-        """The stamp's job, if it is the one followed, against what it started with (applied: the stamp's push
-        was applied, after check(): neither a stopped job nor another setup raises). Lock held."""
-        if not self._follows(stamp):
-            return
-        if self._stopped is not None and not applied:
-            raise again(self._stopped)
-        if stamp.num_workers != self.num_workers:  # (never after a push applied: pushed() returns first)
-            error = self._mismatch(stamp, f"says the job has {stamp.num_workers:,} workers; it started here with "
-                                          f"{self.num_workers:,}", "gives the same count")  # fmt: skip
-            self._stop(error)
-            raise again(error)
-        if not applied and stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
-            self._stop(self._mismatch(stamp, "runs another setup than the job started with here",
-                                      "runs the same mode, model and tables",
-                                      f": {setup_difference(stamp.setup, self.setup)}"))  # fmt: skip
-            raise again(self._stopped)
-        if not applied and stamp.unclocked != self.unclocked:
-            self._stop(self._mismatch(stamp, f"stamps as {job_kind('', stamp.unclocked)} does, where the job started "
-                                      f"here as {job_kind('', self.unclocked)}", "runs the same mode"))  # fmt: skip
-            raise again(self._stopped)
-
-    def _mismatch(self, stamp: WorkerStamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:
-        """The error that stops the job for a stamp that does not match what the job started with. Lock held."""
-        first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
-        return InvalidArgumentError(
-            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker} {what} ({first} first stamp)"
-            f"{detail}; every worker of a job {rule} (a flag given to some workers only? or a second run under the "
-            "job id: a job id is for one run, give a new --job-id); the request was not applied"
-        )
-
-    def _stop(self, error: BaseException) -> None:
-        """Stops the job: its gathering steps and waits fail with error, and so does every later stamp of it (a
-        step whose sum is being applied is left to finish). Lock held."""
-        self._stopped = error
-        self.sync.fail_gathering(error)
-        self._cond.notify_all()
+            self.hold.drop_claim(stamp)
 
     def _check_not_done(self, stamp: WorkerStamp) -> None:
         """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
@@ -462,17 +242,15 @@ class JobClocks:
 
     def _enter(self, stamp: WorkerStamp, applied: bool = False) -> int:
         """Starts the stamp's job if it is another one and takes in its acked; returns the job's generation
-        (applied: as _check_workers). Lock held."""
+        (applied: as JobHold.check_workers). Lock held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
-        if not self._follows(stamp):
-            self._check_job(stamp)
+        if not self.hold.follows(stamp):
+            self.hold.check_job(stamp)
             self._start(stamp)
-        self._check_workers(stamp, applied)
+        self.hold.check_workers(stamp, applied)
         self._stamped[stamp.worker] = True
-        self._heard = time.monotonic()
-        self._patience_s = max(self._patience_s, stamp.timeout_s)
-        self._take_token(stamp)
+        self.hold.heard(stamp)
         if stamp.acked > self._clocks[stamp.worker]:
             self._reach(stamp.acked, [stamp.worker])
         if stamp.acked > self._acked:
@@ -482,7 +260,7 @@ class JobClocks:
 
     def _start(self, stamp: WorkerStamp) -> None:
         """Follows the stamp's job in place of the one followed: clocks seeded from the journal, the stamp's
-        setup the job's. Lock held."""
+        setup the job's (JobHold.start). Lock held."""
         job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
         done = self._stored_done(job, num_workers)  # read before anything changes
@@ -492,16 +270,15 @@ class JobClocks:
             f"shard {self.shard_id}: job {self.job} was replaced by job {job} (a stamp of that job came); the job stops"
         )
         self.sync.replace(replaced)
-        self.job, self.num_workers, self.max_gap, self._acked = job, num_workers, 0, 0
-        self.setup, self._setup_from, self._stopped, self.unclocked = stamp.setup, stamp.worker, None, stamp.unclocked
+        self.hold.start(stamp)
+        self.max_gap, self._acked = 0, 0
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
         for w in done:
             self._done[w] = True
         if any(self._done):
             log.info("shard %d: workers %s of job %d are done (as this data dir recorded them)", self.shard_id,
                      [w for w in range(num_workers) if self._done[w]], job)  # fmt: skip
-        self._clients, self._patience_s, self._stamped = [0] * num_workers, 0.0, [False] * num_workers
-        self._tokens, self._token_heard = [0] * num_workers, [0.0] * num_workers
+        self._stamped = [False] * num_workers
         self._generation += 1
         self._cond.notify_all()
 
@@ -625,8 +402,7 @@ class JobClocks:
             if stamp.unclocked:  # a worker that pushes runs: one that stopped (or finished) was started again
                 self._done[stamp.worker] = False
                 return self._min_clock()
-            if client and not self._clients[stamp.worker]:
-                self._clients[stamp.worker] = client
+            self.hold.pushed_from(stamp, client)
             if not stamp.apart:
                 self._reach(stamp.step + 1, [stamp.worker])
             return self._min_clock()
@@ -644,10 +420,10 @@ class JobClocks:
         applied: enters the stamp's job (_enter, applied) unless another job started since the check and runs, or
         the job started since with another worker count; returns whether it entered it. Lock held."""
         if claimed:
-            self._drop_claim(stamp)
-        if stamp.job != self.job and self._running():
+            self.hold.drop_claim(stamp)
+        if stamp.job != self.job and self.hold.running():
             return False
-        if self._follows(stamp) and stamp.num_workers != self.num_workers:
+        if self.hold.follows(stamp) and stamp.num_workers != self.num_workers:
             return False
         self._enter(stamp, applied=True)
         return True
@@ -656,7 +432,7 @@ class JobClocks:
         """Marks the stamp's worker done (idempotent): no wait counts it any more; an unclocked one of a job not
         followed changes nothing. Returns min_clock."""
         with self._cond:
-            if stamp.unclocked and not self._follows(stamp):
+            if stamp.unclocked and not self.hold.follows(stamp):
                 return self._min_clock()
             self._enter(stamp)
             if not self._done[stamp.worker]:
@@ -668,7 +444,7 @@ class JobClocks:
 
     def abandon(self, stamp: WorkerStamp) -> int:
         """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
-        the refusal that stopped it on a shard where the reason is one (_relayed_stop), else BarrierTimeoutError
+        the refusal that stopped it on a shard where the reason is one (ps.engine.jobhold relayed_stop), else BarrierTimeoutError
         naming the worker and why (unclocked: marks the worker as done instead: no other worker
         waits for it; but not where another process, another token, holds the worker); otherwise changes nothing.
         Returns min_clock."""
@@ -677,15 +453,15 @@ class JobClocks:
                 raise ShardClosingError(f"shard {self.shard_id} is shutting down")
             if stamp.unclocked:
                 if (stamp.job == self.job and stamp.num_workers == self.num_workers and not self._done[stamp.worker]
-                        and self._token_conflict(stamp) is None):  # (not another process's worker)  # fmt: skip
+                        and self.hold.token_conflict(stamp) is None):  # (not another process's worker)  # fmt: skip
                     log.info("shard %d: worker %d of job %d stopped (%s)", self.shard_id, stamp.worker, stamp.job,
                              echo(stamp.stopped, 200))  # fmt: skip
                     self._done[stamp.worker] = True
                     self._cond.notify_all()
-            elif stamp.job == self.job and self._stopped is None and not all(self._done):
+            elif stamp.job == self.job and self.hold.stopped is None and not all(self._done):
                 log.warning("shard %d: job %d stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
                             echo(stamp.stopped, 200))  # fmt: skip
-                self._stop(_relayed_stop(stamp) or BarrierTimeoutError(
+                self.hold.stop(relayed_stop(stamp) or BarrierTimeoutError(
                     f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker} stopped before its end "
                     f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
                 ))  # fmt: skip
@@ -695,8 +471,8 @@ class JobClocks:
         """Raises what ends a wait: the shard closing, the job stopped (if stopping), or replaced. Lock held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
-        if stopping and generation == self._generation and self._stopped is not None:
-            raise again(self._stopped)
+        if stopping and generation == self._generation and self.hold.stopped is not None:
+            raise again(self.hold.stopped)
         if generation != self._generation:
             raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job} (a stamp "
                                       "of that job came); the job stops")  # fmt: skip
@@ -768,8 +544,8 @@ class JobClocks:
             if not step.applying:
                 too_large = self.sync.contribute(step, stamp, pushes, advance_clock, client, self.num_workers)
                 if too_large is not None:  # its step could not complete: the job stops
-                    self._stop(too_large)
-                    raise again(self._stopped)
+                    self.hold.stop(too_large)
+                    raise again(self.hold.stopped)
             started, waiting = time.monotonic(), False
             step.waiters += 1
             try:

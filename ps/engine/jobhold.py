@@ -1,0 +1,323 @@
+"""JobHold: which training job holds a shard, and the checks of a worker's stamp against it: the job's setup, the
+claims of pushes and creates that start a job, and the processes (clients, tokens) that train its workers.
+
+Setup. The first stamp of a job on a shard sets the job's worker count and setup (its `setup`: key=value pairs the
+worker says every worker of the job must run alike: mode, model, tables). A stamp of the job with another count,
+or whose pairs differ, is refused (InvalidArgumentError naming what differs) and stops the job: its waits and
+every later stamp of it get that error, so every worker learns why at once instead of waiting out its barrier for
+a worker that has failed.
+
+One job at a time, in any mode: a stamp of another job (a pull's, a push's, a CreateTable's) is refused
+(JobConflictError, FAILED_PRECONDITION, naming both jobs, changing nothing) while the one followed runs: until
+every worker of it is done, it stops (a stop stamp, a refused stamp), or no stamp of it has come for its barrier
+timeout (the largest its stamps gave: its waits would have ended by then, so its workers are gone). Then a stamp of
+another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of the old job
+applied after the switch changes nothing of the new one. A pull or sync push starts its job under the lock that
+checks it; a push that is applied first (async, geo, ssp) claims the shard at its check, under that lock, so that
+two jobs' first pushes reaching a free shard together do not both apply: the other job is refused until the push is
+applied (its job starts) or fails (the claim is dropped, the shard as it was). A stamped CreateTable claims the
+shard the same way, whatever the job's mode, and starts its job once the table is made (a create that fails leaves
+the shard as it was); so the hold starts at a job's first table, and a second job's create (a replace of the first
+job's untrained tables, say) is refused before it changes anything. Its check_only is checked the same way (refused
+where the create would be) and holds nothing: it claims no shard, does not count as hearing from its job (the hold
+does not last for it), and takes no worker's token. A CreateTable without a stamp holds nothing and is not refused
+for a job, but for a replace (replace_untrained, of a table of another spec): that is refused while a job holds the
+shard (check_replace), as it would replace that job's tables under it.
+
+Workers' processes. A push carries its client's id (a random id per worker process). An ssp push of a worker from
+another client than its earlier pushes here (a worker restarted mid-job, which would train its share again, or two
+processes given one worker id) is refused and stops the job (JobConflictError); sync steps check the same per step
+(ps.engine.syncsteps). A restarted shard knows no worker's client: the first push after it sets it. An async or geo
+worker's process is told by its stamps' token instead (unclocked stamps), which a restarted shard learns the same
+way: a stamp's token names the worker's process (random, made at its
+start, kept in its --resume-file: a worker started again with that file after a crash or Ctrl-C is the same process,
+and pushes on at once). A push, done stamp or CreateTable of the worker with another token is refused
+(JobConflictError, FAILED_PRECONDITION, changing nothing; the job goes on) while the token its stamps carried here
+holds it: heard within the job's barrier timeout, and not done or stopped since (a stop stamp of the other token
+changes nothing); then the new token takes it. So two processes given one --worker-id do not both train its share
+(and another share never); a token 0 is not known and checked against nothing. An unclocked job whose every worker is
+done, or that was not heard from for its barrier timeout, holds the shard no more; a push of it then starts it anew
+(a new run under the same id, its setup that push's), as a push of another job would; so does a job a worker of
+another setup stopped, once that holds (its workers hear why until then). The job followed lives in memory: a
+restarted shard follows the first job that stamps a request to it, and another job's may come first there while the
+job's workers are gone, or still wait for the restart (the shards that did not restart refuse that job's pushes, and
+its worker stops; the first job's workers are refused where it got in).
+
+A relayed stop: a stop stamp whose reason is a refusal that stopped the job on a shard stops the job here with that
+refusal (relayed_stop), so that every worker learns the first cause whichever shard it hears it from.
+
+Contract. ps.engine.jobs's JobClocks holds one JobHold and calls it under its one condition (`cond`, passed here),
+which every method expects held. The hold owns the job's identity and setup (job, num_workers, setup, unclocked:
+from its first stamp here), why it stopped (stopped), when it was last heard from and how long it is held without a
+word (its patience), the claims, and the workers' clients and tokens. JobClocks owns the worker clocks, done flags
+and waits: the hold reads the done flags through `done`, and stop() fails JobClocks' gathering sync steps through
+`stopping` before it notifies the condition.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+
+from ps.engine.stampcheck import job_kind, job_stops, nothing_done, setup_difference, setup_pairs
+from ps.engine.syncsteps import again
+from ps.errors import (
+    BarrierTimeoutError,
+    InvalidArgumentError,
+    JobConflictError,
+    PsError,
+    SyncStepTooLargeError,
+)
+from ps.stamp import WorkerStamp
+
+# the errors that stop a job (JobHold.stop), whose message starts with job_stops' words
+JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
+
+
+def relayed_stop(stamp: WorkerStamp) -> PsError | None:
+    """The refusal that stopped the stop stamp's job on a shard, where its reason is one (worker/steprows.py
+    stop_reason: the error's class, then its first line, which holds the refusal's message): one of
+    JOB_STOPPING_ERRORS, saying job_stops' words of the stamp's job (the cause, where a reason relays a relay), in
+    printable ASCII. None for any other reason: the worker stopped for a cause of its own."""
+    found = re.fullmatch(rf"(\w+): .*?\b(shard \d+: job {stamp.job} stops: [ -~]*)", stamp.stopped)
+    cls = next((c for c in JOB_STOPPING_ERRORS if found and c.__name__ == found[1]), None)
+    if cls is None:
+        return None
+    return cls(f"{found[2]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
+
+
+class JobHold:
+    def __init__(
+        self,
+        shard_id: int,
+        cond: threading.Condition,
+        done: Callable[[], list[bool]],
+        stopping: Callable[[BaseException], None],
+    ):
+        """cond: JobClocks' condition, notified when the job stops; done(): JobClocks' done flags of the job's
+        workers (worker -> it said it is done, or an unclocked one stopped); stopping(error): fails JobClocks'
+        gathering sync steps with the error that stops the job. Both with the lock held."""
+        self.shard_id = shard_id
+        self._cond = cond
+        self._done = done
+        self._stopping = stopping
+        self.job = 0
+        self.num_workers = 0
+        self.setup = ""  # the job's, from its first stamp here
+        self._setup_from = 0  # the worker of that stamp
+        self.unclocked = False  # the job's stamps move no clock (async, geo): from its first stamp here
+        self.stopped: BaseException | None = None  # why the job stopped (a worker of another setup came)
+        self._clients: list[int] = []  # worker -> the client id of its pushes here (0: none yet)
+        self._tokens: list[int] = []  # worker -> the token of its unclocked stamps here (0: none known)
+        self._token_heard: list[float] = []  # worker -> monotonic time of its latest stamp with that token
+        self._heard = 0.0  # monotonic time of the job's latest stamp here
+        # (stamp, what it does) of the pushes and table creations checked, not yet done, that start their job
+        self._claims: list[tuple[WorkerStamp, str]] = []
+        self._patience_s = 0.0  # the largest barrier timeout its stamps gave
+
+    def start(self, stamp: WorkerStamp) -> None:
+        """Holds the shard for the stamp's job in place of the one followed: the stamp's setup the job's, not
+        stopped, no client or token known, its patience from its stamps to come."""
+        self.job, self.num_workers, self.setup, self._setup_from = (
+            stamp.job,
+            stamp.num_workers,
+            stamp.setup,
+            stamp.worker,
+        )
+        self.stopped, self.unclocked, self._patience_s = None, stamp.unclocked, 0.0
+        self._clients = [0] * stamp.num_workers
+        self._tokens, self._token_heard = [0] * stamp.num_workers, [0.0] * stamp.num_workers
+
+    def stop(self, error: BaseException) -> None:
+        """Stops the job: its gathering steps and waits fail with error (stopping, then the condition notified), and
+        so does every later stamp of it (a step whose sum is being applied is left to finish)."""
+        self.stopped = error
+        self._stopping(error)
+        self._cond.notify_all()
+
+    def follows(self, stamp: WorkerStamp) -> bool:
+        """Whether the stamp is of the job followed, running or stopped; an unclocked stamp of an unclocked job
+        that ended (every worker done or stopped, or none heard from for its barrier timeout; one stopped by a
+        worker of another setup too, once so) is not: it is of a new run of the job, which a push starts anew (an
+        async or geo job id may be given to run after run)."""
+        silent = time.monotonic() - self._heard > self._patience_s
+        ended = stamp.unclocked and self.unclocked and (all(self._done()) or silent)
+        return stamp.job == self.job and not ended
+
+    def running(self) -> bool:
+        """Whether the job followed still runs: not every worker done, not stopped, a stamp within its barrier
+        timeout."""
+        if not self.job or self.stopped is not None or all(self._done()):
+            return False
+        return time.monotonic() - self._heard <= self._patience_s
+
+    def take(self, stamp: WorkerStamp, pull: bool, create: bool) -> bool:
+        """After the stamp passed the checks (JobClocks.check): one of the job followed is heard from (its hold on
+        the shard lasts, its token is taken) and claims nothing; a push (not sync, not done) or a create of a job not
+        followed claims the shard (returns True): every other job is refused until drop_claim drops it."""
+        if self.follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
+            self._heard = time.monotonic()
+            self._take_token(stamp)
+            return False
+        if not create and (pull or stamp.sync or stamp.done):  # these start their job under the lock (JobClocks)
+            return False
+        self._claims.append((stamp, "creating a table" if create else "applying the first push"))
+        return True
+
+    def drop_claim(self, stamp: WorkerStamp) -> None:
+        """Drops one claim of take() for stamp: its push or create was applied (its job starts) or failed."""
+        self._claims.remove(next(c for c in self._claims if c[0] == stamp))
+
+    def heard(self, stamp: WorkerStamp) -> None:
+        """Notes a stamp of the job followed, which passed check_workers, as heard now: the hold lasts for the
+        largest barrier timeout its stamps gave, and an unclocked stamp's token is its worker's."""
+        self._heard = time.monotonic()
+        self._patience_s = max(self._patience_s, stamp.timeout_s)
+        self._take_token(stamp)
+
+    def check_replace(self, table: str) -> None:
+        """JobConflictError, changing nothing, while a job holds the shard (it runs, or a push or create claims the
+        shard for it): a CreateTable without a stamp (`ps-worker train --create-tables-only`, another client) that
+        would replace table, never trained, by one of another spec would replace it under that job."""
+        claim = next((c for c, _ in self._claims), None)
+        if claim is None and not self.running():
+            return
+        held = claim if claim is not None else self  # (a stamp, or the job followed: job, setup, unclocked)
+        job = held.job
+        raise JobConflictError(
+            f"shard {self.shard_id} holds job {job} ({job_kind(held.setup, held.unclocked)}), and this create would replace table {table!r} "
+            "(never trained) under it: a create without a job's stamp (`ps-worker train --create-tables-only`, "
+            f"another client) replaces no table while a job holds the shard; wait for job {job}'s end, or stop "
+            "it; nothing was created"
+        )
+
+    def check_job(self, stamp: WorkerStamp, create: bool = False) -> None:
+        """JobConflictError for a stamp of another job while the one followed runs, or while a push or create claims
+        the shard for another job (take()); create: the stamp is a CreateTable's (its table is not created)."""
+        nothing = nothing_done(create)
+        claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
+        if claim is not None:
+            raise JobConflictError(
+                f"shard {self.shard_id} is {doing} of job {claim.job} "
+                f"({job_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
+                f"{stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
+                f"a time (two jobs would train one model over each other); wait for job {claim.job}'s end, or stop "
+                f"it; {nothing}"
+            )
+        if stamp.job == self.job or not self.running():
+            return
+        silent = time.monotonic() - self._heard
+        left = max(0.0, self._patience_s - silent)
+        live = sum(not d for d in self._done())
+        resume = (
+            f", or resume job {self.job} (its workers' command with --job-id {self.job}; a --resume-file "
+            "keeps it, and `ps-worker launch` run again with its --resume-file gives it back), which pushes on at once "
+            "(a worker killed without a word, only with its --resume-file, which keeps its process token)"
+            if self.unclocked
+            else ""
+        )  # a sync or ssp worker cannot rejoin
+        raise JobConflictError(
+            f"shard {self.shard_id} holds job {self.job} ({job_kind(self.setup, self.unclocked)}, {live} of its "
+            f"{self.num_workers} workers not done, last heard from {silent:.3g} s ago), so worker {stamp.worker} of "
+            f"job {stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at a "
+            f"time (two jobs would train one model over each other). If job {self.job}'s workers are gone (killed "
+            f"without a word), the shard holds it for {left:.3g} s more (its barrier timeout, {self._patience_s:g} "
+            f"s, after it was last heard from): wait that long{resume}; if they run, wait for the job's end, or stop "
+            f"it; {nothing}"
+        )
+
+    def check_client(self, stamp: WorkerStamp, client: int, clocks: list[int]) -> None:
+        """JobConflictError, stopping the job, for a push of the followed job's worker from another client than
+        its earlier pushes here; clocks: JobClocks' worker clocks, which the refusal names."""
+        if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
+            return
+        self.stop(JobConflictError(
+            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s push of step {stamp.step:,} "
+            f"comes from another process than its earlier pushes (its clock here is {clocks[stamp.worker]:,}): "
+            "a worker restarted mid-job would train its share again, and two processes cannot share a --worker-id; "
+            "start the job anew under a new --job-id; the request was not applied"
+        ))  # fmt: skip
+        raise again(self.stopped)
+
+    def pushed_from(self, stamp: WorkerStamp, client: int) -> None:
+        """Notes client (0: unknown) as the one the clocked stamp's worker pushes from, where none was known."""
+        if client and not self._clients[stamp.worker]:
+            self._clients[stamp.worker] = client
+
+    def check_token(self, stamp: WorkerStamp, create: bool) -> None:
+        """JobConflictError for an unclocked stamp of a worker whose stamps here carry another token (another
+        process), heard within the job's barrier timeout and not done since, or claimed by a push or create of the
+        job that another token sends (take())."""
+        silent = self.token_conflict(stamp)
+        if silent is None:
+            return
+        patience = self._patience_s if self.follows(stamp) else stamp.timeout_s  # (a claim's job: not started)
+        n, w, left = self.num_workers or stamp.num_workers, stamp.worker, max(0.0, patience - silent)
+        raise JobConflictError(
+            f"shard {self.shard_id}: worker {w} of job {stamp.job} ({job_kind(stamp.setup, True)}) is trained here by "
+            f"another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
+            f"process's, {stamp.token:#x}), which holds worker {w} for {left:.3g} s more (the job's barrier timeout, "
+            f"{patience:g} s, after it was last heard from) unless it says it is done or stopped. If this is worker "
+            f"{w} started again after that process was killed without a word (SIGKILL, an OOM kill, a lost node): "
+            "without the --resume-file its killed run kept, it is another process, refused until then; with that "
+            "file it is the same process and pushes on at once. If the other process runs, two processes given one "
+            f"--worker-id would train its share twice and another share never: give each process its own "
+            f"--worker-id in 0..{n - 1}, or stop the other one; {nothing_done(create)}"
+        )
+
+    def token_conflict(self, stamp: WorkerStamp) -> float | None:
+        """Seconds since this shard heard the stamp's worker under another token (0 for a claim of the job's first
+        push or create by another token), where that process still holds the worker: not done, heard within the
+        job's barrier timeout; None where the stamp may take the worker (clocked, no token, the same token, or
+        none held)."""
+        if not stamp.unclocked or not stamp.token:
+            return None
+        if any(c.job == stamp.job and c.worker == stamp.worker and c.token not in (0, stamp.token)
+               for c, _ in self._claims):  # fmt: skip
+            return 0.0
+        if not self.follows(stamp) or stamp.num_workers != self.num_workers:
+            return None
+        token, silent = self._tokens[stamp.worker], time.monotonic() - self._token_heard[stamp.worker]
+        if token in (0, stamp.token) or self._done()[stamp.worker] or silent > self._patience_s:
+            return None
+        return silent
+
+    def _take_token(self, stamp: WorkerStamp) -> None:
+        """Notes the token of an unclocked stamp of the job followed, passed by check_token, as its worker's, heard
+        now."""
+        if stamp.unclocked and stamp.token and self.follows(stamp) and stamp.num_workers == self.num_workers:
+            self._tokens[stamp.worker], self._token_heard[stamp.worker] = stamp.token, time.monotonic()
+
+    def check_workers(self, stamp: WorkerStamp, applied: bool = False) -> None:
+        """The stamp's job, if it is the one followed, against what it started with; a stamp of a stopped job gets
+        why, and one of another worker count or setup stops the job (applied: the stamp's push was applied, after
+        JobClocks.check: neither a stopped job nor another setup raises)."""
+        if not self.follows(stamp):
+            return
+        if self.stopped is not None and not applied:
+            raise again(self.stopped)
+        if stamp.num_workers != self.num_workers:  # (never after a push applied: JobClocks.pushed returns first)
+            error = self._mismatch(stamp, f"says the job has {stamp.num_workers:,} workers; it started here with "
+                                          f"{self.num_workers:,}", "gives the same count")  # fmt: skip
+            self.stop(error)
+            raise again(error)
+        if not applied and stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
+            self.stop(self._mismatch(stamp, "runs another setup than the job started with here",
+                                     "runs the same mode, model and tables",
+                                     f": {setup_difference(stamp.setup, self.setup)}"))  # fmt: skip
+            raise again(self.stopped)
+        if not applied and stamp.unclocked != self.unclocked:
+            self.stop(self._mismatch(stamp, f"stamps as {job_kind('', stamp.unclocked)} does, where the job started "
+                                     f"here as {job_kind('', self.unclocked)}", "runs the same mode"))  # fmt: skip
+            raise again(self.stopped)
+
+    def _mismatch(self, stamp: WorkerStamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:
+        """The error that stops the job for a stamp that does not match what the job started with."""
+        first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
+        return InvalidArgumentError(
+            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker} {what} ({first} first stamp)"
+            f"{detail}; every worker of a job {rule} (a flag given to some workers only? or a second run under the "
+            "job id: a job id is for one run, give a new --job-id); the request was not applied"
+        )
