@@ -148,7 +148,7 @@ class PushResponse(_message.Message):
     def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
 
 class WorkerStamp(_message.Message):
-    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked", "token", "apart")
+    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked", "token", "apart", "stopped_by")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class WorkerStamp(_message.Message):
     UNCLOCKED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     APART_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_BY_FIELD_NUMBER: _ClassVar[int]
     job: int
     worker: int
     num_workers: int
@@ -177,7 +178,8 @@ class WorkerStamp(_message.Message):
     unclocked: bool
     token: int
     apart: bool
-    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ..., apart: _Optional[bool] = ...) -> None: ...
+    stopped_by: str
+    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ..., apart: _Optional[bool] = ..., stopped_by: _Optional[str] = ...) -> None: ...
 
 class PullBatchRequest(_message.Message):
     __slots__ = ("pulls", "stamp")

@@ -79,6 +79,7 @@ message WorkerStamp
   12 unclocked        VARINT  bool                     async or geo: push, create; names the job, moves no clock
   13 token            VARINT  uint64                   unclocked: the worker process's random id; 0: not known
   14 apart            VARINT  bool                     push, sync or ssp: ends no step of the worker here; no clock moves
+  15 stopped_by       LEN     string                   with stopped: the class of the shard's refusal it stopped on; empty: none
 
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull

@@ -27,7 +27,9 @@ class WorkerStamp:
     and acked 0), and token: an unclocked stamp's worker process (random, nonzero, kept in its --resume-file; 0:
     not known), so that a shard refuses a second process pushing as the same worker (ps.engine.jobhold), and apart:
     a sync or ssp worker's PushBatch that ends none of its steps on the shard (a message of a step's push before
-    the shard's last, or a push sent apart from the steps), which holds the shard for the job and moves no clock."""
+    the shard's last, or a push sent apart from the steps), which holds the shard for the job and moves no clock;
+    stopped_by: a stop stamp's, the class of the shard's refusal its worker stopped on (worker.steprows
+    stopped_by; empty: a cause of its own), which a shard relays where it stopped the job (ps.engine.jobhold)."""
 
     job: int
     worker: int
@@ -43,6 +45,7 @@ class WorkerStamp:
     unclocked: bool = False
     token: int = 0
     apart: bool = False
+    stopped_by: str = ""
 
     @property
     def timeout_s(self) -> float:

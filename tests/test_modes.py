@@ -975,6 +975,9 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
          "a stop stamp comes in a PushBatch without pushes"),
         (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, done=True, stopped="x")), "not both"),
         (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, stopped="x" * 1001)), "stopped of 1,001 characters"),
+        (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, stopped_by="InvalidArgumentError")), "no stopped"),
+        (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, stopped="x", stopped_by="E" * 101)),
+         "stopped_by of 101 characters"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, done=True)),
          "without pushes"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A, add_delta=True)], stamp=ps_pb2.WorkerStamp(**good, sync=True)),
@@ -1337,8 +1340,9 @@ def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shar
     worker 1's on shard 0. Worker 1 is refused on shard 1 (its setup differs: the job stops there) and stops,
     telling every shard why; shard 0 then stops the job with that refusal, its class and its words naming what
     differs, so worker 0 learns the cause there too, not only that worker 1 stopped. A stop for any other reason
-    stays a stop naming the worker (ABORTED), and so does one whose refusal stopped another job."""
-    from worker.steprows import stop_reason
+    stays a stop naming the worker (ABORTED), and so does one whose refusal stopped another job or stops none, and
+    one of the worker's own error whose words read as a relay (its stamp's stopped_by names no refusal)."""
+    from worker.steprows import stop_reason, stopped_by
 
     fm, deepfm = SETUP, SETUP.replace("model=fm", "model=deepfm")
     addresses, started = servers(2)
@@ -1350,17 +1354,22 @@ def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shar
         mine = WorkerStamp(JOB, 1, 2, 0, setup=deepfm)
         with pytest.raises(InvalidArgumentError, match="shard 1: job 24301 stops: worker 1 runs another setup") as e:
             client.pull_many([("emb", ids)], stamp=mine)
-        assert client.stop_job(mine, stop_reason(e.value)) == []
+        assert stopped_by(e.value) == "InvalidArgumentError" and stopped_by(ValueError("a bad line")) == ""
+        assert client.stop_job(mine, stop_reason(e.value), by=stopped_by(e.value)) == []
         named = r"shard 1: job 24301 stops: worker 1 runs another setup .*'model' 'deepfm' \(the job's: 'fm'\)"
         with pytest.raises(InvalidArgumentError, match=named):  # the cause, shard 1's refusal
             started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB, 0, 2, 0, setup=fm))
         with pytest.raises(InvalidArgumentError, match=named):
             client.pull_many([("emb", ids)], stamp=WorkerStamp(JOB, 0, 2, 0, setup=fm))
         stopped = "worker 1 stopped before its end"
-        for job, reason in [(JOB + 1, "ValueError: a bad line"), (JOB + 2, f"DiskFullError: shard 1: job {JOB + 2} "
-                            "stops: x"), (JOB + 3, f"InvalidArgumentError: shard 1: job {JOB} stops: x")]:  # fmt: skip
+        for job, reason, by in [
+            (JOB + 1, "ValueError: a bad line", ""),
+            (JOB + 2, f"DiskFullError: shard 1: job {JOB + 2} stops: x", "DiskFullError"),  # stops no job
+            (JOB + 3, f"InvalidArgumentError: shard 1: job {JOB} stops: x", "InvalidArgumentError"),  # another job's
+            (JOB + 4, f"InvalidArgumentError: shard 1: job {JOB + 4} stops: x", ""),  # the worker's own error
+        ]:
             started[0].shard.jobs.wait_for_pull(WorkerStamp(job, 0, 2, 0))
-            assert client.stop_job(WorkerStamp(job, 1, 2, 0), reason) == []
+            assert client.stop_job(WorkerStamp(job, 1, 2, 0), reason, by=by) == []
             with pytest.raises(BarrierTimeoutError, match=f"job {job} stops: {stopped}"):
                 started[0].shard.jobs.wait_for_pull(WorkerStamp(job, 0, 2, 0))
 

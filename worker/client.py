@@ -397,15 +397,16 @@ class Client:
         )
         return min(r.min_clock for r in replies)
 
-    def stop_job(self, stamp: WorkerStamp, reason: str, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
+    def stop_job(self, stamp: WorkerStamp, reason: str, timeout_s: float = STOP_TIMEOUT_S, by: str = "") -> list[str]:
         """Tells every shard that the stamp's worker stopped before its end, and why (reason, cut to
-        MAX_STOP_REASON characters): each stops the job if it follows it, so that the other workers' waits end
+        MAX_STOP_REASON characters; by: the class of the shard's refusal it stopped on, worker.steprows.stopped_by,
+        where one did): each stops the job if it follows it, so that the other workers' waits end
         now, naming this worker, instead of at their barrier timeout, and another job may start. One attempt per
         shard, each within timeout_s, never retried: the worker is on its way out. Returns a line per shard that
         did not take it (empty: every shard did)."""
         why = reason if len(reason) <= MAX_STOP_REASON else reason[: MAX_STOP_REASON - 3] + "..."
         stop = ps_pb2.PushBatchRequest(
-            stamp=codec.stamp_to_proto(replace(stamp, stopped=why or "stopped", done=False, sync=False))
+            stamp=codec.stamp_to_proto(replace(stamp, stopped=why or "stopped", stopped_by=by, done=False, sync=False))
         )
         outcomes = self._send([("PushBatch", s, stop) for s in range(len(self._stubs))], timeout_s)
         return [f"shard {s} at {self.servers[s]} ({why_failed(o)})"

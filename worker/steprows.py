@@ -23,8 +23,8 @@ last sync, worker/allreduce.py's writes (add_delta): with the job's stamp, advan
 its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
-abandon(reason, servers_ok) (the worker stops before its end: sync and ssp stop the job on the shards, so that no
-other worker waits for it; geo pushes the deltas it holds, unless the servers failed; async and geo tell the shards
+abandon(reason, servers_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
+the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed; async and geo tell the shards
 that the worker stopped, so that the job holds them no more for it) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
@@ -94,14 +94,14 @@ class _Leaving:
     def __init__(self, tables: Any, stamp: WorkerStamp | None):
         self.tables, self.stamp, self.told = tables, stamp, stamp is None
 
-    def __call__(self, reason: str | None) -> None:
+    def __call__(self, reason: str | None, by: str = "") -> None:
         if self.told:
             return
         self.told = True
         if reason is None:
             self.tables.finish(self.stamp)
             return
-        for line in self.tables.stop_job(self.stamp, reason):
+        for line in self.tables.stop_job(self.stamp, reason, by=by):
             log.warning("could not tell %s that this worker stopped; it holds the shard for the job until the "
                         "job's barrier timeout", line)  # fmt: skip
 
@@ -151,8 +151,8 @@ class AsyncRows:
     def finish(self) -> None:
         self._leave(None)
 
-    def abandon(self, reason: str, servers_ok: bool = True) -> None:
-        self._leave(reason)
+    def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
+        self._leave(reason, by)
 
     def stats(self) -> dict:
         return {}
@@ -248,13 +248,13 @@ class ClockedRows:
             self._finished = True
             self.tables.finish(replace(self.stamp, step=0, acked=self.acked, done=True))
 
-    def abandon(self, reason: str, servers_ok: bool = True) -> None:
-        """Stops the job on every shard (Client.stop_job), unless this worker finished; a shard that did not take
-        it is logged (its other workers then wait out their barrier)."""
+    def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
+        """Stops the job on every shard (Client.stop_job, with by: stopped_by), unless this worker finished; a shard
+        that did not take it is logged (its other workers then wait out their barrier)."""
         if self._finished:
             return
         self._finished = True
-        for line in self.tables.stop_job(replace(self.stamp, step=self.acked, acked=self.acked), reason):
+        for line in self.tables.stop_job(replace(self.stamp, step=self.acked, acked=self.acked), reason, by=by):
             log.warning("could not tell %s that this worker stopped; its other workers there wait for it until "
                         "their barrier timeout", line)  # fmt: skip
 
@@ -330,14 +330,14 @@ class GeoRows:
             raise
         self.unpushed_steps = 0
 
-    def abandon(self, reason: str, servers_ok: bool = True) -> None:
+    def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
         """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
         examples holds them), unless the servers are what failed; then tells the shards it stopped."""
         try:
             if servers_ok:
                 self._flush()
         finally:
-            self._leave(reason)
+            self._leave(reason, by)
 
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
@@ -346,8 +346,8 @@ class GeoRows:
 
 def stop_reason(e: BaseException) -> str:
     """Why a worker stopped, for its job's other workers: "interrupted (Ctrl-C)", "terminated (SIGTERM)", or the
-    error's class and the first line of its message ("InvalidArgumentError: shard 1 at ...": a shard reads a
-    refusal that stopped the job so, and stops the job with it, ps.engine.jobhold)."""
+    error's class and the first line of its message ("InvalidArgumentError: shard 1 at ...": with stopped_by, a
+    shard reads a refusal that stopped the job so, and stops the job with it, ps.engine.jobhold)."""
     e = signal_behind(e) or e  # numba can wrap a signal's exception in a SystemError
     if isinstance(e, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
@@ -357,11 +357,19 @@ def stop_reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
+def stopped_by(e: BaseException) -> str:
+    """The class of the shard's refusal a worker stopped on, for its stop stamp's stopped_by (a shard relays a
+    refusal that stopped the job: ps.engine.jobhold): e's, where it is a server's error (PsError); "" for a cause of
+    the worker's own."""
+    return type(e).__name__ if isinstance(e, PsError) else ""
+
+
 def abandon(source: Any, e: BaseException) -> None:
-    """source.abandon(stop_reason(e), servers_ok) for a worker that e stops before its end (servers_ok: e is no
-    server's error, PsError); a failure of that is logged, not raised: e is the error to report."""
+    """source.abandon(stop_reason(e), servers_ok, stopped_by(e)) for a worker that e stops before its end
+    (servers_ok: e is no server's error, PsError); a failure of that is logged, not raised: e is the error to
+    report."""
     try:
-        source.abandon(stop_reason(e), servers_ok=not isinstance(e, PsError))
+        source.abandon(stop_reason(e), servers_ok=not isinstance(e, PsError), by=stopped_by(e))
     except Exception as failed:
         log.warning("could not tell the servers that this worker stopped: %s", failed)
 

@@ -43,8 +43,9 @@ restarted shard follows the first job that stamps a request to it, and another j
 job's workers are gone, or still wait for the restart (the shards that did not restart refuse that job's pushes, and
 its worker stops; the first job's workers are refused where it got in).
 
-A relayed stop: a stop stamp whose reason is a refusal that stopped the job on a shard stops the job here with that
-refusal (relayed_stop), so that every worker learns the first cause whichever shard it hears it from.
+A relayed stop: a stop stamp of a worker that stopped on a shard's refusal that stopped the job there (its stopped_by
+names the refusal's class, its reason holds the refusal's words) stops the job here with that refusal
+(relayed_stop), so that every worker learns the first cause whichever shard it hears it from.
 
 Contract. ps.engine.jobs's JobClocks holds one JobHold and calls it under its one condition (`cond`, passed here),
 which every method expects held. The hold owns the job's identity and setup (job, num_workers, setup, unclocked:
@@ -77,15 +78,16 @@ JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeE
 
 
 def relayed_stop(stamp: WorkerStamp) -> PsError | None:
-    """The refusal that stopped the stop stamp's job on a shard, where its reason is one (worker/steprows.py
-    stop_reason: the error's class, then its first line, which holds the refusal's message): one of
-    JOB_STOPPING_ERRORS, saying job_stops' words of the stamp's job (the cause, where a reason relays a relay), in
-    printable ASCII. None for any other reason: the worker stopped for a cause of its own."""
-    found = re.fullmatch(rf"(\w+): .*?\b(shard \d+: job {stamp.job} stops: [ -~]*)", stamp.stopped)
-    cls = next((c for c in JOB_STOPPING_ERRORS if found and c.__name__ == found[1]), None)
-    if cls is None:
+    """The refusal that stopped the stop stamp's job on a shard, where the worker stopped on one: its stopped_by
+    (worker/steprows.py stopped_by: the class of the shard's refusal) is one of JOB_STOPPING_ERRORS, and its reason
+    (stop_reason: the error's class, then its first line, which holds the refusal's message) holds job_stops' words
+    of the stamp's job (the first, the cause, where a reason relays a relay), then printable ASCII to its end. None
+    otherwise: the worker stopped for a cause of its own, or on a refusal that stops no job."""
+    cls = next((c for c in JOB_STOPPING_ERRORS if c.__name__ == stamp.stopped_by), None)
+    found = None if cls is None else re.search(rf"\bshard \d+: job {stamp.job} stops: [ -~]*\Z", stamp.stopped)
+    if found is None:
         return None
-    return cls(f"{found[2]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
+    return cls(f"{found[0]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
 
 
 class JobHold:

@@ -45,9 +45,9 @@ is the smallest clock (when every worker is done, the largest).
 - A stop stamp (a PushBatch without pushes whose `stopped` says why) comes from a worker that ends before its
   work is done (interrupted, or failed): the job stops at once, as for a worker of another setup (ps.engine.jobhold), with
   BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers waiting out their barrier
-  for a worker that is gone; and another job may start. Where the reason is a refusal that stopped the job on a
-  shard (a worker of another setup there, say: the worker stopped because the job had), the job stops with that
-  refusal instead, its class and its words, so that every worker learns the first cause whichever shard it hears
+  for a worker that is gone; and another job may start. Where the worker stopped on a refusal that stopped the job
+  on a shard (a worker of another setup there, say: the worker stopped because the job had; the stamp's stopped_by
+  names its class), the job stops with that refusal instead, its class and its words, so that every worker learns the first cause whichever shard it hears
   it from. A stop stamp of a job the shard does not follow, or of one stopped already, changes nothing.
 
 Restarts. Clocks live in memory; done flags too, and each is also stored (synced) before its done stamp is

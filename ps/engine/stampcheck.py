@@ -13,6 +13,7 @@ from ps.stamp import WorkerStamp
 
 MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
 MAX_SETUP_CHARS = MAX_STAMP_TEXT  # of a stamp's setup and stop reason
+MAX_STOPPED_BY_CHARS = 100  # of a stop stamp's stopped_by: an error's class name
 NAMED_KEYS = 8  # setup keys named in a refusal, at most
 
 
@@ -38,6 +39,10 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
         bad = f"setup of {len(stamp.setup):,} characters is longer than {MAX_SETUP_CHARS:,}"
     elif len(stamp.stopped) > MAX_SETUP_CHARS:
         bad = f"stopped of {len(stamp.stopped):,} characters is longer than {MAX_SETUP_CHARS:,}"
+    elif len(stamp.stopped_by) > MAX_STOPPED_BY_CHARS:
+        bad = f"stopped_by of {len(stamp.stopped_by):,} characters is longer than {MAX_STOPPED_BY_CHARS:,}"
+    elif stamp.stopped_by and not stamp.stopped:
+        bad = "stopped_by (the refusal a worker stopped on) is said by a stop stamp, with stopped; this one says no stopped"
     elif (pull or create) and (stamp.done or stamp.stopped):
         bad = f"{'done' if stamp.done else 'stopped'} is said by a PushBatch without pushes, not by a "
         bad += "pull" if pull else "CreateTable"
