@@ -391,6 +391,28 @@ def test_the_large_recipe_cut_short_by_max_examples_is_warned_about_with_its_ste
                                                                          max_examples=10**6)  # fmt: skip
 
 
+def test_the_few_steps_warning_counts_the_examples_the_validation_split_leaves_to_train(caplog):
+    """--validation-fraction 0.5 of 10,000 examples leaves about 5,000 to train: 3 steps of 2048, as many as the
+    training batches the data yields (the oracle), not the 5 of every example; 1,100,000 examples, of which the
+    split takes 110,000, make 484 steps (under 489: warned), where all of them would make 538."""
+    with caplog.at_level("WARNING"):
+        cfg, data, _, _ = prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=10_000, recipe="large",
+                                              validation_fraction=0.5))  # fmt: skip
+    steps = sum(1 for _ in data.train())
+    trained = sum(len(b) for b in data.train())
+    assert steps == math.ceil(trained / cfg.batch_size) == 3, (steps, trained)
+    assert "--recipe large on 10,000 training examples (5,000 train, 5,000 in the validation split): 1 epoch in " \
+           f"batches of 2,048 is {steps} steps" in caplog.text  # fmt: skip
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=1_100_000, recipe="large",
+                            validation_fraction=0.1))  # fmt: skip
+    assert "(990,000 train, 110,000 in the validation split): 1 epoch in batches of 2,048 is 484 steps" in caplog.text
+    assert math.ceil(990_000 / 2048) == 484 < recipe.FEWEST_LARGE_STEPS <= math.ceil(1_100_000 / 2048)
+    assert "is 245 steps" in recipe.few_steps(LARGE, 10**6, LARGE.batch_size, 1, held_out=499_000)
+    assert recipe.few_steps(LARGE, 10**6, LARGE.batch_size, 1, held_out=0) is None
+
+
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched(tmp_path):
     """--optimizer ftrl with --mode geo is refused by the flags' checks (launch makes them before any worker
     starts); ftrl that a --table-config (or a schema) gives a table, when the tables are configured."""

@@ -11,6 +11,7 @@
                   its start (its header or lines wrong, or no example in it, fails the run before anything is
                   trained); in a larger file a malformed line further on is met, as --max-bad-lines says, when
                   eval() reads it
+    held_out(n, fraction, max_validation)   of n examples, about how many a validation split takes
     eval_count()  --eval-data's lines, counted up to SCORING_COUNT_LINES, for a progress total
 
 The split: the k-th example of this worker's share (counting good examples from 0, in file order) is a
@@ -53,6 +54,12 @@ DEFAULT_MAX_VALIDATION = 200_000
 WHOLE_EVAL_CHECK_LINES = 200_000  # an --eval-data of at most this many lines ...
 WHOLE_EVAL_CHECK_BYTES = 256 << 20  # ... and bytes (of its files, gzip'ed ones as they are) is read whole first
 HELD_WARNING_BYTES = 1 << 30  # training examples held for --shuffle on: a WARNING from this size (else INFO)
+
+
+def held_out(examples: int, fraction: float, max_validation: int) -> int:
+    """The examples of `examples` that a validation split of `fraction` takes, as an estimate (its picks are by a
+    hash: the module docstring): at most max_validation, whose later picks train."""
+    return min(examples - int(examples * (1 - fraction)), max_validation)
 
 
 def count_lines(path: str, header: bool = False) -> int:

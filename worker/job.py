@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from ps.config import OptimizerConfig, TableConfig
 from worker.client import Client
 from worker.cluster import LocalCluster
-from worker.data import DataSource
+from worker.data import DataSource, held_out
 from worker.datafiles import check_held_out, describe_files
 from worker.dense import DensePath, DenseSync
 from worker.formats import first_with_content, read_csv_header
@@ -135,7 +135,8 @@ def prepare(
     data.cfg, data.batch_size = cfg, cfg.batch_size
     if training:
         check_validation_flags(given, cfg)
-        few = few_steps(chosen, n, cfg.batch_size, cfg.epochs, unit, cfg.max_examples)  # small data
+        split = held_out(n, cfg.validation_fraction or 0.0, data.max_validation * cfg.num_workers)
+        few = few_steps(chosen, n, cfg.batch_size, cfg.epochs, unit, cfg.max_examples, split)  # small data
         if few:
             log.warning("%s", few)
     if training and cfg.model == "dnn" and recipe_line.startswith("small-data"):
@@ -248,8 +249,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
         progress=cfg.progress and not cfg.progress_lines,
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
         progress_lines=cfg.progress_lines, worker=cfg.worker_id,
-        total_examples=max(int(data.examples * (1 - (cfg.validation_fraction or 0.0))),
-                           data.examples - data.max_validation),  # the split's picks past max_validation train
+        total_examples=data.examples - held_out(data.examples, cfg.validation_fraction or 0.0, data.max_validation),
         skip_examples=cfg.skip_examples,
         max_examples=cfg.worker_max_examples(),
         total_estimated=data.line_count is not None and data.line_count.more,

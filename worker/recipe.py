@@ -108,21 +108,24 @@ def choose(recipe: str, examples: int) -> Recipe:
 
 
 def few_steps(r: Recipe, examples: int, batch_size: int, epochs: int, unit: str = "training examples",
-              max_examples: int = 0) -> str | None:  # fmt: skip
+              max_examples: int = 0, held_out: int = 0) -> str | None:  # fmt: skip
     """The warning for a run of the large recipe that makes fewer steps (of `batch_size`, over `epochs` passes of
-    `examples`, all workers together, or the first max_examples of them, --max-examples, counted over the epochs)
-    than FEWEST_LARGE_STEPS, the recipe's steps on the least data --recipe auto gives it: --recipe large on small
-    data. None for another recipe, or as many steps (flags given: more epochs, smaller batches)."""
-    steps = -(-examples // batch_size) * epochs
+    the examples that train: `examples`, all workers together, less the `held_out` of them the validation split
+    takes, or the first max_examples of them, --max-examples, counted over the epochs) than FEWEST_LARGE_STEPS,
+    the recipe's steps on the least data --recipe auto gives it: --recipe large on small data. None for another
+    recipe, or as many steps (flags given: more epochs, smaller batches)."""
+    training = examples - held_out
+    steps = -(-training // batch_size) * epochs
     trained = f"{epochs} epoch{'s' * (epochs != 1)}"
     cut = bool(max_examples) and -(-max_examples // batch_size) < steps
     if cut:
         steps, trained = -(-max_examples // batch_size), f"--max-examples {max_examples:,}"
     if r.name != LARGE.name or steps >= FEWEST_LARGE_STEPS:
         return None
+    split = f" ({training:,} train, {held_out:,} in the validation split)" if held_out else ""
     remedies = (["--recipe auto (the small-data recipe on this data)"] if examples < SMALL_DATA_EXAMPLES else []) + [
         "a larger --max-examples" if cut else "more --epochs", "a smaller --batch-size"]  # fmt: skip
-    return (f"--recipe large on {examples:,} {unit}: {trained} in batches of {batch_size:,} "
+    return (f"--recipe large on {examples:,} {unit}{split}: {trained} in batches of {batch_size:,} "
             f"is {steps:,} step{'s' * (steps != 1)}, where the large recipe makes {FEWEST_LARGE_STEPS} or more on the "
             f"least data --recipe auto gives it ({SMALL_DATA_EXAMPLES:,} examples): the model stays near its start "
             f"(AUC near 0.5, logloss near the base rate's or worse); {', '.join(remedies[:-1])} or {remedies[-1]} "
