@@ -984,6 +984,46 @@ def test_the_builtin_csv_schema_takes_a_label_named_elsewhere_and_warns_of_colum
     assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'
 
 
+def test_the_builtin_csv_schema_warns_of_numbers_written_with_thousands_separators(tmp_path, caplog):
+    """Numbers exported with thousands separators ('"15,726"' quoted, '8 402') are no numbers to the readers: the
+    built-in schema reads each as an id, and says so of each such column, with a value of it and the fix; a column
+    of ids ('u7') or of plain numbers says nothing of separators, and neither does a tab-separated file's column of
+    lists of ids of mixed lengths ('12,3456,7'); lists of 3-digit ids read as numbers too, and the warning says so."""
+    rng = np.random.default_rng(3)
+    revenue, spaced = rng.integers(0, 10**7, 300), rng.integers(0, 10**6, 300)
+    rows = [f'{c},"{r:,}",{s:,},u{u},{p:.2f}'.replace(f"{s:,}", f"{s:,}".replace(",", " "))
+            for c, r, s, u, p in zip(rng.integers(0, 2, 300), revenue, spaced, rng.integers(0, 9, 300),
+                                     rng.random(300))]  # fmt: skip
+    data = tmp_path / "d.csv"
+    data.write_text("click,revenue,visits,user,price\n" + "\n".join(rows) + "\n")
+    hints = _hints(caplog, data, "csv")
+    said = {h.split("column ", 1)[1].split(" ", 1)[0]: h for h in hints if "separat" in h}
+    assert set(said) == {"'revenue'", "'visits'"}, hints
+    first_grouped = next(f"{r:,}" for r in revenue if r >= 1000 and "," in f"{r:,}")
+    assert f"holds numbers with thousands separators (as '{first_grouped}') (a sample of 300 rows): the built-in " \
+           "csv schema reads each value as an id of its own" in said["'revenue'"]  # fmt: skip
+    assert (
+        "read_csv(..., thousands=',')" in said["'revenue'"] and f"ps-worker schema --data {data}" in said["'revenue'"]
+    )
+    first_spaced = next(f"{s:,}".replace(",", " ") for s in spaced if s >= 1000)
+    assert f"holds numbers with thousands separated by ' ' (as '{first_spaced}')" in said["'visits'"]
+    assert "read_csv(..., thousands=' ')" in said["'visits'"]
+    assert "lists of 3-digit ids" in said["'revenue'"] and "lists" not in said["'visits'"]
+    lists = tmp_path / "lists.tsv"
+    tags = [",".join(str(rng.integers(1, 10 ** rng.integers(1, 5))) for _ in range(rng.integers(1, 4)))
+            for _ in range(300)]  # fmt: skip
+    lists.write_text("click\tuser\ttags\n" + "".join(f"{i % 2}\tu{i % 7}\t{t}\n" for i, t in enumerate(tags)))
+    assert schema_of(lists, "auto").delimiter == "\t"
+    assert not [h for h in _hints(caplog, lists, "auto") if "separat" in h or "decimal" in h]
+    three = tmp_path / "three.tsv"
+    three.write_text("click\tuser\ttags\n" + "".join(f"{i % 2}\tu{i % 7}\t{100 + i % 9},{200 + i % 13},{300 + i % 5}\n"
+                                                        for i in range(300)))  # fmt: skip
+    (warned,) = [h for h in _hints(caplog, three, "auto") if "separat" in h]
+    assert "column 'tags' holds numbers with thousands separators (as '100,200,300')" in warned
+    assert warned.endswith('(lists of 3-digit ids look the same: a schema reads those with kind = "multi_hot", '
+                           'separator = ",")')  # fmt: skip
+
+
 @pytest.mark.parametrize("first, warned", [("1,u40,i14,1.1140", True), ("0,u3,i7,0.5", True),
                                             ("click,user,item,price", False), ("label,2020,2021,site", False),
                                             ("0,1,2,label", False), ("user,2019,2020,2021", False),

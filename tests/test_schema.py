@@ -595,6 +595,29 @@ def test_infer_numbers_with_thousands_separators_are_said_as_such_not_lists_nor_
     assert "decimal=','" in visits and not any(c.startswith("'items'") for c in checks), checks
 
 
+def test_infer_numbers_with_spaces_as_thousands_separators_are_said_as_such(tmp_path):
+    """Numbers exported with spaces between thousands ('8 402', a no-break space or a narrow one alike; '1 234,5'
+    with a decimal comma) are text to the readers: categorical, and on stderr the separator to remove; a column of
+    words with spaces or of codes like '12 34' is not."""
+    rng = np.random.default_rng(11)
+    grouped = lambda v, sep: f"{v:,}".replace(",", sep)  # 1,234,567 with sep between thousands
+    rows = ["click;plain;nbsp;french;words;codes"]
+    for _ in range(500):
+        v = [int(rng.lognormal(8, 2)) for _ in range(3)]
+        rows.append(f"{rng.integers(2)};{grouped(v[0], ' ')};{grouped(v[1], chr(0xA0))};"
+                    f"{grouped(v[2], chr(0x202F))},{rng.integers(10)};big sale {rng.integers(9)};"
+                    f"{rng.integers(10, 99)} {rng.integers(10, 99)}")  # fmt: skip
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    text, checks = infer_schema(str(tmp_path / "d.csv"), delimiter=";")
+    kinds = {c.name: c.kind for c in schema_from_text(text, "inferred", default_table="t", default_dim=4).columns}
+    assert kinds["plain"] == kinds["nbsp"] == kinds["french"] == "categorical", kinds
+    said = {c.split("'", 2)[1]: c for c in checks if "thousands separated by" in c}
+    assert set(said) == {"plain", "nbsp", "french"}, checks
+    assert "thousands separated by ' ' (as '" in said["plain"] and "read_csv(..., thousands=' ')" in said["plain"]
+    assert "thousands separated by '\\xa0'" in said["nbsp"] and "thousands='\\xa0')" in said["nbsp"]
+    assert "thousands='\\u202f', decimal=',')" in said["french"], said["french"]
+
+
 def test_the_fingerprint_holds_the_label_and_the_builtin_libsvm_field_count():
     """Another label trains the rows toward another target: another fingerprint. The built-in libsvm schema read
     with 3 fields or 4 scores a line of 3 features otherwise (the 4th field's missing id adds its row): another

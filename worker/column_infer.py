@@ -3,6 +3,7 @@ which picks the label and writes the TOML).
 
     column_entries(name, source, cells, taken, sampled) -> (TOML lines, checks)   # a comment and an entry each
     infer_column(name, source, cells, sampled=False) -> (Column, comment)          # the column alone
+    written_numbers(cells) -> (what, fix, aside) | None     # numbers with separators the readers take as text
 
 The rules, per CSV column of the sample other than the label (a cell that is empty or one of
 cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite, |x| <= 3.4e38, float32's largest):
@@ -28,7 +29,7 @@ cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite
                                       integers of at most _MANY_CODES values, each seen _CODE_REPEATS times on
                                       average (codes, or small counts), also `<name>_code`: each value its own id
     numbers with a decimal comma (`0,6792` in most cells), or numbers with thousands separators (`1,234,567`
-    in some cells, numbers in nine in ten; `49,490` reads either way)
+    or `1 234 567` in some cells, numbers in nine in ten; `49,490` reads either way): written_numbers
                                       categorical, and on stderr: how to convert them to plain numbers
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
     prose (most of its commas followed by a space)
@@ -58,6 +59,8 @@ _MANY_CODES = 1000  # an integer column of at most this many distinct values ...
 _CODE_REPEATS = 10  # ... each seen this many times on average in the sample gets a categorical twin
 _DECIMAL_COMMA = re.compile(r"\s*[-+]?\d+,\d+\s*")  # 0,6792: a number written with a decimal comma
 _THOUSANDS = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?\s*")  # 1,234,567.5: thousands separators
+_SPACES = " \u00a0\u202f"  # a space, a no-break space, a narrow no-break space: thousands separators
+_SPACED = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:[ \u00a0\u202f]\d{3})+(?:[.,]\d+)?\s*")  # 1 234 567,5
 _DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")  # 2023-12-02 (19:26:40), 12/02/2023
 _UNTOLD_TIMES = {  # what a column of times of a form no time transform reads (timestamps.untold_time) needs
     "unix_ms": "; times in unix milliseconds: as a number or as ids, each later day's values are new; write them in "
@@ -84,9 +87,12 @@ def column_entries(
     column, comment = infer_column(name, source, cells, sampled=sampled)
     lines = ["", f"# {source!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
     checks: list[str] = []
-    commas = _comma_numbers(cells)
-    if commas:
-        checks.append(f"{source!r} holds {commas[0]}: read as text they are categories; {commas[1]}")
+    written = written_numbers(cells)
+    if written:
+        what, fix, aside = written
+        checks.append(
+            f"{source!r} holds {what}: read as text they are categories; {fix} and infer the schema again{aside}"
+        )
     if column.kind == "categorical" and ". CHECK " in comment:  # a column of numbers made text by a few cells
         checks.append(comment.split(". CHECK ", 1)[1])
     if column.kind == "numeric":
@@ -135,27 +141,36 @@ def _bucket_twin(column: Column, values: list[float], taken: set[str]) -> Column
     return Column(name, column.source, "numeric", transform="bucketize", boundaries=tuple(cuts))
 
 
-def _comma_numbers(cells: list[str]) -> tuple[str, str] | None:
-    """What the cells hold and how to make them plain numbers, where they are numbers written with commas: thousands
-    separators (1,234,567 in some of the cells that are not empty or missing, numbers in nine in ten; 49,490 in all
-    of them reads as decimal commas too), else decimal commas in nine in ten of them (0,6792); else None."""
+def written_numbers(cells: list[str]) -> tuple[str, str, str] | None:
+    """(what the cells hold, how to make them plain numbers, an aside) where they are numbers the readers do not
+    take as such, written with separators: thousands separated by commas (1,234,567 in some of the cells that are
+    not empty or missing, numbers in nine in ten; 49,490 in all of them reads as decimal commas too), or by spaces
+    (1 234 567, a space, no-break space or narrow no-break space; 1 234,5 with a decimal comma), else decimal
+    commas in nine in ten of them (0,6792); else None."""
     cells = [c.strip() for c in cells if c.strip() and not is_missing_text(c)]
+    spaced = [c for c in cells if _SPACED.fullmatch(c)]
+    numbers = sum(bool(_SPACED.fullmatch(c) or _DECIMAL_COMMA.fullmatch(c)) or _floats([c]) is not None for c in cells)
+    if spaced and numbers >= 0.9 * len(cells):
+        separator = next(ch for ch in spaced[0] if ch in _SPACES)
+        decimal = ", decimal=','" if any("," in c for c in spaced) else ""
+        return (f"numbers with thousands separated by {separator!r} (as {spaced[0]!r})",
+                f"remove the separators (pandas: read_csv(..., thousands={separator!r}{decimal}) then to_csv)", "")  # fmt: skip
     commas = [c for c in cells if "," in c]
     if not commas:
         return None
     grouped = sum(bool(_THOUSANDS.fullmatch(c)) or _floats([c]) is not None for c in cells) >= 0.9 * len(cells)
     if grouped and all(_THOUSANDS.fullmatch(c) for c in commas):
-        lists = ' (lists of 3-digit ids look the same: then make it kind = "multi_hot", separator = ",")'
+        lists = ' (lists of 3-digit ids look the same: a schema reads those with kind = "multi_hot", separator = ",")'
         other = [c for c in commas if not _DECIMAL_COMMA.fullmatch(c)]
         if other:
             return (f"numbers with thousands separators (as {other[0]!r})", "remove the separators (pandas: "
-                    f"read_csv(..., thousands=',') then to_csv) and infer the schema again{lists}")  # fmt: skip
+                    "read_csv(..., thousands=',') then to_csv)", lists)  # fmt: skip
         return (f"numbers written with a comma, a thousands separator or a decimal comma (as {commas[0]!r})",
                 "write them as plain numbers (pandas: read_csv(..., thousands=',') or read_csv(..., decimal=','), "
-                f"then to_csv) and infer the schema again{lists}")  # fmt: skip
+                "then to_csv)", lists)  # fmt: skip
     if sum(bool(_DECIMAL_COMMA.fullmatch(c)) for c in cells) >= 0.9 * len(cells):
         return (f"numbers written with a decimal comma (as {commas[0]!r})", "convert them to decimal points "
-                "(pandas: read_csv(..., decimal=',') then to_csv) and infer the schema again")  # fmt: skip
+                "(pandas: read_csv(..., decimal=',') then to_csv)", "")  # fmt: skip
     return None
 
 
@@ -276,9 +291,12 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
             "delete them, train computes them in a pass over its whole file before training and prints them: eval "
             "and predict need them back in the schema)",
         )
-    commas = _comma_numbers(present)
-    if commas:
-        return Column(name, source, "categorical"), f"{commas[0]} ({seen}): categorical, as text; {commas[1]}"
+    written = written_numbers(present)
+    if written:
+        what, fix, aside = written
+        return Column(name, source, "categorical"), (
+            f"{what} ({seen}): categorical, as text; {fix} and infer the schema again{aside}"
+        )
     for sep in _BAG_SEPARATORS:
         holding = [c for c in present if sep in c]
         if sep == "," and holding and sum(", " in c for c in holding) >= 0.5 * len(holding):

@@ -1,7 +1,7 @@
 """What the built-in schema (worker/schema_builtin.py) may read wrong in a file, warned of as a run starts: a first
 line that reads like an example (a CSV without a header line: also formats.detect_format's refusal and `ps-worker
-schema`'s check), a label the header names elsewhere, columns of numbers read as ids, --numeric-columns' logs of
-numbers below 0, libsvm values that are not 0 and 1."""
+schema`'s check), a label the header names elsewhere, columns of numbers read as ids (plain, or written as 1,234
+or 0,5), --numeric-columns' logs of numbers below 0, libsvm values that are not 0 and 1."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
     """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the records of
     the first file holding some, formats.csv_records): the first column taken as the label where another column is named like one
     (label_guessed: the first column taken by default; not where no file holds a record, which the run refuses, so
-    the refusal is what it says), columns of times or of numbers read as categories
+    the refusal is what it says), columns of times or of numbers (plain, or written with thousands separators or
+    decimal commas: column_infer.written_numbers) read as categories
     (no_numeric: no --numeric-columns) where `ps-worker schema` would read their hours of day and weekdays, or read
     them as numbers."""
-    from worker.column_infer import infer_column
+    from worker.column_infer import infer_column, written_numbers
     from worker.schema_infer import is_binary
 
     label = schema.label if schema.label is not None else header[0]
@@ -56,6 +57,13 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
                     "then --schema schema.toml, reads their hour of day and weekday", data,
                     "columns" if len(times) > 1 else "column", ", ".join(map(repr, times)),
                     "hold" if len(times) > 1 else "holds", _rows(rows), data)  # fmt: skip
+    for name, column in cells.items():
+        written = written_numbers(column) if name not in times else None
+        if written:
+            log.warning("%s: column %r holds %s (a sample of %s): the built-in csv schema reads each value as an id "
+                        "of its own, not as a number. If they are numbers, %s; then `ps-worker schema --data %s > "
+                        "schema.toml`, and --schema schema.toml, reads them as numbers%s", data, name, written[0],
+                        _rows(rows), written[1], data, written[2])  # fmt: skip
     numeric = [name for name, column in cells.items() if name not in times
                and infer_column(name, name, column, sampled=True)[0].kind == "numeric"]  # fmt: skip
     if numeric:
