@@ -5,7 +5,8 @@ schemas (worker/schema_builtin.py), so every run reads its data through one (`--
 format of the data's first line, formats.detect_format). Grammar (keys not listed are errors):
 
     format    = "csv"              # csv (default) | criteo | libsvm: how a line splits into columns, and the
-                                   # columns' names (worker/readers/): csv the header's; criteo label, I1..I13,
+                                   # columns' names (worker/readers/): csv the header's (trimmed, as are the
+                                   # label and sources named here); criteo label, I1..I13,
                                    # C1..C26; libsvm label, f0, f1, ... (f<k> the k-th id:value token's id)
     delimiter = ","                # csv only: one character
     label     = "label"            # the label column (0/1); default: the training file's first column, for
@@ -334,6 +335,7 @@ def _parse(doc: dict, path: str, default_table: str, default_dim: int) -> Schema
         if len(delimiter) != 1 or delimiter in '"\r\n\0':
             raise ValueError(f"{path}: delimiter {delimiter!r}, expected one character other than a quote or newline")
     label = _value(doc, "label", str, path, None if fmt == "csv" else "label")
+    label = label.strip() if label is not None else None  # as csv header names are read (csv_reader.header_names)
     if fmt != "csv" and label != "label":
         raise ValueError(f"{path}: label {label!r}: a {fmt} file's label column is 'label'")
     tables = _tables(_value(doc, "tables", dict, path, {}), path, default_dim)
@@ -408,7 +410,7 @@ def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -
         raise ValueError(f"{where}: a name must be non-empty and not start with '_' (reserved: {BIAS_FIELD!r})")
     kind = _value(spec, "kind", str, where, ..., KINDS)
     _known(spec, _KEYS[kind], f"{where} ({kind})")
-    source = _value(spec, "source", str, where, name)
+    source = _value(spec, "source", str, where, name).strip()  # as csv header names are read
     if fmt == "criteo" and source not in CRITEO_COLUMNS[1:]:
         raise ValueError(f"{where}: source {source!r} is not a criteo column; expected I1..I13 or C1..C26")
     if fmt == "libsvm" and not LIBSVM_COLUMN.fullmatch(source):

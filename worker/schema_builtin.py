@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 
 from worker.features import NUM_INT_FIELDS
-from worker.readers.csv_reader import delimiter_name, spaced_name_hint
+from worker.readers.csv_reader import delimiter_name
 from worker.schema import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,
@@ -84,15 +84,16 @@ def builtin_schema(
 def _csv_roles(
     header: list[str] | None, label_column: str | None, drop: tuple[str, ...], numeric: tuple[str, ...]
 ) -> tuple[str, list[str], list[str]]:
-    """(label, numeric columns in the order given, categorical columns in header order) of a csv header."""
+    """(label, numeric columns in the order given, categorical columns in header order) of a csv header (its
+    names trimmed: csv_reader.header_names); the names given are trimmed alike (` clicked` names `clicked`)."""
     if not header:
         raise ValueError("the header line names no columns")
+    label_column = label_column.strip() if label_column is not None else None
+    drop, numeric = tuple(c.strip() for c in drop), tuple(c.strip() for c in numeric)
     named = ([label_column] if label_column is not None else []) + list(drop) + list(numeric)
     unknown = [c for c in dict.fromkeys(named) if c not in header]
     if unknown:
-        raise ValueError(
-            f"columns {unknown} are not in the header; its columns are {header}{spaced_name_hint(unknown, header)}"
-        )
+        raise ValueError(f"columns {unknown} are not in the header; its columns are {header}")
     label = header[0] if label_column is None else label_column
     roles = {"label": {label}, "drop": set(drop), "numeric": set(numeric)}
     for a, b in (("label", "drop"), ("label", "numeric"), ("drop", "numeric")):

@@ -1,9 +1,9 @@
 """The CSV reader: a worker's share of a CSV file's records as chunks of cells (worker/formats.py reads them).
 
 csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
-        quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once, named
-        as it writes them, spaces and all (`id, clicked` names ' clicked': a name missing from the header but for
-        such spaces is refused naming the header's, spaced_name_hint). The
+        quoting; UTF-8, a leading BOM ignored), each cell with the spaces around it left out (`id, clicked`
+        names `clicked`; header_names refuses two cells that differ only so, `a` and ` a`); the schema's
+        sources and label must each be in it once. The
         label column (the built-in schema's: schema_builtin.csv_label) holds 0 or 1: any text that float() reads
         as 0 or 1, or true or false in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label (a record equal to the header, as a
@@ -116,7 +116,21 @@ def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None
     if is_blank(name):
         return None
     with open_csv(name, delimiter) as reader:
-        return next(reader, None)
+        cells = next(reader, None)
+    return None if cells is None else header_names(name, cells)
+
+
+def header_names(name: str, cells: list[str]) -> list[str]:
+    """The column names of the header line of file `name` (cells: as the csv module reads them): each cell with the
+    spaces around it left out, or ValueError where two cells that differ so name one column (` a` and `a`; two
+    cells written alike stay two of one name, refused where a column reads them: header_positions)."""
+    names = [c.strip() for c in cells]
+    written: dict[str, str] = {}
+    for cell, n in zip(cells, names):
+        if n and written.setdefault(n, cell) != cell:
+            raise ValueError(f"{name}: the header's cells {written[n]!r} and {cell!r} both name column {n!r} (the "
+                             "spaces around a name are no part of it): rename one of them")  # fmt: skip
+    return names
 
 
 def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tuple[int, list[str]]]:
@@ -127,7 +141,7 @@ def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tupl
     with open_data(name) as raw:
         lines = CsvLines(raw)
         reader = BoundedReader(lines.texts(), delimiter)
-        header = next(reader, None) or []
+        header = header_names(name, next(reader, None) or [])
         at = header_positions(name, header, columns, delimiter)
         while True:
             start = lines.consumed + 1
@@ -169,7 +183,7 @@ class _Label:
         return self.blank_ok and not self._repeated_header(row)
 
     def _repeated_header(self, row: list[str]) -> bool:
-        return ([row[0].removeprefix("\ufeff"), *row[1:]] if row else row) == self.header
+        return [c.strip() for c in ([row[0].removeprefix("\ufeff"), *row[1:]] if row else row)] == self.header
 
     def problem(self, cell: str, row: list[str]) -> str:
         """Why a record (row: its cells) whose label cell is `cell` is bad."""
@@ -214,17 +228,6 @@ def _delimiter_hint(header: list[str], delimiter: str) -> str:
     return ""
 
 
-def spaced_name_hint(unknown: list[str], header: list[str]) -> str:
-    """For names not in a header that a name of it is but for the spaces around it (`id, clicked` names ' clicked'),
-    a hint naming the header's, else ""."""
-    spaced = [h for c in unknown for h in header if h != c and h.strip() == c.strip()]
-    if not spaced:
-        return ""
-    return (f" (did you mean {', '.join(map(repr, spaced))}? A column's name is as the header writes it, spaces and "
-            "all: --label-column and a schema's names can hold them, a comma-separated flag's names cannot; or take "
-            "the spaces around the names out of the header)")  # fmt: skip
-
-
 def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True, blank_ok: bool = False
                  ) -> tuple[_Label, dict[str, int]]:  # fmt: skip
     """(the label column, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
@@ -246,11 +249,11 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
 
 def header_positions(name: str, header: list[str], columns: list[str], delimiter: str) -> list[int]:
     """The position in the header of file `name` of each of columns, or ValueError naming those it lacks (with
-    _delimiter_hint's and spaced_name_hint's hints) or names more than once."""
+    _delimiter_hint's hint) or names more than once."""
     unknown = [c for c in columns if c not in header]
     if unknown:
         raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}"
-                         f"{_delimiter_hint(header, delimiter)}{spaced_name_hint(unknown, header)}")  # fmt: skip
+                         f"{_delimiter_hint(header, delimiter)}")  # fmt: skip
     repeated = [c for c in columns if header.count(c) > 1]
     if repeated:
         raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
@@ -269,6 +272,7 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
         header = next(reader, None)
         if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
             return
+        header = header_names(name, header)
         label, sources = _csv_columns(name, header, schema, labeled, blank_labels)
         parsed = parsed_sources(schema)
         scan = CSV_SCAN and ord(schema.delimiter) < 128

@@ -8,7 +8,7 @@ import itertools
 import os
 from typing import Any
 
-from worker.readers.csv_reader import BoundedReader, open_csv
+from worker.readers.csv_reader import BoundedReader, header_names, open_csv
 from worker.readers.share import is_blank
 
 SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, past its first half-sample
@@ -18,7 +18,7 @@ MAX_SPOT_BYTES = 4 << 20  # read of one spot's span, at most
 
 
 def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
-    """(header, up to `rows` records that have the header's column count). ValueError for a file of no content
+    """(header, up to `rows` records that have the header's column count; header_names). ValueError for a file of no content
     (share.is_blank: empty, or whitespace only). The first
     half are the file's first records; the other half follow them, or, in an uncompressed file with at least
     SPREAD_MIN_BYTES more, come from SAMPLE_SPOTS places spread evenly over the rest (each from the line after a
@@ -32,6 +32,7 @@ def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple
         header = next(reader, None)
         if header is None:
             raise ValueError(f"{name}: the file is empty; expected a header line")
+        header = header_names(name, header)
         sample = _good_records(reader, len(header), rows - rows // 2)
         start = opened.raw.tell()  # past the half-sample (by at most the text layer's read-ahead)
         spread = len(sample) == rows - rows // 2 and not name.endswith(".gz")
