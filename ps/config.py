@@ -31,6 +31,8 @@ DEFAULT_BARRIER_S = 60.0  # a sync or ssp wait's deadline where none is given (a
 MAX_STAMP_TEXT = 1000  # characters of a stamp's setup, and of a stop stamp's reason
 MAX_BARRIER_S = 3600.0  # of a sync or ssp wait (a stamp's barrier_timeout_s, --barrier-timeout)
 MAX_MEMORY_BYTES = 1 << 50  # of --cache-bytes and --memory-bytes (1 PiB): beyond any machine's memory
+MAX_MEMORY_TEXT = f"{MAX_MEMORY_BYTES >> 40}T ({MAX_MEMORY_BYTES:,} bytes, beyond any machine's memory)"  # as said
+# by the messages refusing a size over it (the servers' and ps-worker's --row-cache-bytes), spelled as sizes are
 MAX_INTERVAL_S = 1e7  # of a time flag (~115 days): Python's waits take at most threading.TIMEOUT_MAX (~9.2e9 s)
 MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is refused. Rows stamp the clock as
 # float32 last_step, exact up to 2**24 and within 2**-24 of the clock above (65,536 steps at MAX_CLOCK); the
@@ -321,8 +323,7 @@ class ServerConfig:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         for flag, size in (("--cache-bytes", self.cache_bytes), ("--memory-bytes", self.memory_bytes)):
             if size is not None and not 1 <= size <= MAX_MEMORY_BYTES:
-                raise ValueError(f"{flag} must be at least 1 byte and at most 1024T ({MAX_MEMORY_BYTES:,} bytes, "
-                                 f"beyond any machine's memory), got {size:,}")  # fmt: skip
+                raise ValueError(f"{flag} must be at least 1 byte and at most {MAX_MEMORY_TEXT}, got {size:,}")
         if self.read_threads < 1:
             raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
         if self.max_queued_calls < 1:

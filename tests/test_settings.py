@@ -275,6 +275,29 @@ def test_a_size_is_bytes_or_a_number_with_a_binary_unit_and_takes_exponents(text
             _size(text)
 
 
+def test_the_servers_and_the_workers_size_bound_is_said_alike_and_parses_back_to_the_bound():
+    """The servers' --cache-bytes and ps-worker's --row-cache-bytes refuse a size over MAX_MEMORY_BYTES in one
+    wording: the size each message spells (1024T) is the bound as a size flag reads it, and so is its figure."""
+    import argparse
+    import re
+
+    from ps.config import MAX_MEMORY_BYTES, ServerConfig
+    from ps.settings import byte_size
+    from worker.cli_train import _size
+
+    over = str(MAX_MEMORY_BYTES + 1)
+    with pytest.raises(ValueError) as server:
+        ServerConfig(data_dir="d", cache_bytes=MAX_MEMORY_BYTES + 1).validate()
+    with pytest.raises(argparse.ArgumentTypeError) as worker:
+        _size(over)
+    said = [re.search(r"(?:to|most) (\S+) \(([\d,]+) bytes, beyond any machine's memory\)", str(e.value))
+            for e in (server, worker)]  # fmt: skip
+    assert all(said), (str(server.value), str(worker.value))
+    assert len({m.string[m.start(1) : m.end()] for m in said}) == 1  # one wording
+    for m in said:
+        assert byte_size(m.group(1)) == int(m.group(2).replace(",", "")) == MAX_MEMORY_BYTES
+
+
 @pytest.mark.parametrize("text", ["lots", "infG", "nan", "1E", "", "G", "1e999", "1.5", "300000.9", "2.5e-1"])
 def test_a_size_that_is_no_number_is_refused(text):
     from ps.settings import byte_size

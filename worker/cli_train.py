@@ -18,6 +18,7 @@ from ps.config import (
     MAX_HYPERPARAMETER,
     MAX_INTERVAL_S,
     MAX_MEMORY_BYTES,
+    MAX_MEMORY_TEXT,
     OPTIMIZER_PARAMS,
 )
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, byte_size, integer, number
@@ -44,8 +45,7 @@ def _size(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of bytes, e.g. 67108864, or 64M") from None
     if not 0 <= value <= MAX_MEMORY_BYTES:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes from 0 to 1024T ({MAX_MEMORY_BYTES:,}, beyond any "
-                                         "machine's memory)")  # fmt: skip
+        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes from 0 to {MAX_MEMORY_TEXT}")
     return value
 
 
