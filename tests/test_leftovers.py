@@ -235,6 +235,74 @@ def test_a_worker_export_into_an_out_another_export_writes_into_now_is_refused_b
     assert sorted(os.listdir(out)) == [dead.name, "export.json"] and (dead / "manifest.json").exists()
 
 
+def test_a_worker_export_holds_out_until_its_ps_server_export_ends_which_claims_it_through_the_same_lock(
+    tmp_path, capsys, monkeypatch
+):
+    """No other export takes OUT between the worker's checkpoint and its ps-server export, nor while that runs."""
+    import worker.export
+
+    out, seen, real_run = tmp_path / "out", [], subprocess.run
+
+    def child(command, **kwargs):
+        seen.append(free(out))  # the worker has its checkpoint now, and starts ps-server export
+        done = real_run(command, **kwargs)
+        seen.append(free(out))  # it ended, having removed the checkpoint
+        return done
+
+    monkeypatch.setattr(worker.export.subprocess, "run", child)
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        code = main(["export", str(out), "--servers", address, "--no-progress"])
+    finally:
+        server.stop(grace_s=1)
+    assert code == 0, capsys.readouterr().err
+    assert seen == [False, False] and free(out)
+    summary = json.loads((out / "export.json").read_text())
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"]) and len(exported(out, "emb")[0]) == 5
+
+
+def free(path) -> bool:
+    """Whether another process could claim the folder path now (an exclusive flock on it had at once)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_ps_server_export_claims_out_through_a_descriptor_of_out_only(ckpt, tmp_path, capsys):
+    out, other = tmp_path / "out", tmp_path / "other"
+    os.makedirs(out)
+    os.makedirs(other)
+    fd = held(out, fcntl.LOCK_EX)  # as ps-worker export holds it and passes it on
+    wrong = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        args = [ckpt, "--out", str(out), "--no-progress", "--claim-fd"]
+        bad = subprocess.run([sys.executable, "-m", "ps", "export", *args, str(wrong)], pass_fds=(wrong,),
+                             capture_output=True, text=True)  # fmt: skip
+        closed = subprocess.run([sys.executable, "-m", "ps", "export", *args, "999"], capture_output=True, text=True)
+        assert os.listdir(out) == []  # nothing written
+        done = subprocess.run([sys.executable, "-m", "ps", "export", *args, str(fd)], pass_fds=(fd,),
+                              capture_output=True, text=True)  # fmt: skip
+        assert not free(out)  # still held by this process's descriptor
+    finally:
+        os.close(fd)
+        os.close(wrong)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert f"ps-server export: error: descriptor {wrong}, given as one of {out}, is of another file" in bad.stderr
+    assert closed.returncode == 2 and f"descriptor 999, given as one of {out}: Bad file descriptor" in closed.stderr
+    assert done.returncode == 0, done.stderr
+    assert len(exported(out, "a")[0]) == 10 and sorted(os.listdir(other)) == []
+
+
 def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp_path, capsys, caplog):
     out = tmp_path / "export"
     leftover = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"

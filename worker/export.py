@@ -1,6 +1,6 @@
 """`ps-worker export OUT --servers ...`: the model the servers hold, written for serving at one cut.
 
-    1. a claim on OUT until step 4 (export_claim: an exclusive flock, refused where another export holds one;
+    1. a claim on OUT for the whole run (export_claim: an exclusive flock, refused where another export holds one;
        what exports killed mid-way left in OUT is removed first, in an export's own folder only,
        worker/temp_dirs.py and ps/storage/leftovers.py)
     2. once the servers answer, an error unless the tables exported hold a row (check_rows: a model made by
@@ -8,8 +8,8 @@
     3. a checkpoint through the servers into OUT/checkpoint.new-<pid>-<host>-<8 hex> (worker/checkpoint.py save;
        OUT must lie inside the servers' --checkpoint-root)
     4. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
-       RocksDB files, the worker does not import it; it claims OUT in turn, refused where another export took it
-       between), --since and --tables passed on; its exit code is this one's,
+       RocksDB files, the worker does not import it; it is given the claim's descriptor, --claim-fd, and claims OUT
+       through it), --since and --tables passed on; its exit code is this one's,
        and one killed by signal N is said so, exit code 128 + N. It puts the new export in place of an earlier one
        whole, by the rename of its export.json (ps.engine.restore.export), and removes the earlier one's files.
        With --keep-checkpoint it moves the fresh checkpoint into the export's folder first (--move-checkpoint), so
@@ -88,45 +88,48 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             except OSError:
                 break
 
-    try:  # the claim on OUT is held until ps-server export starts, which claims it for its own writes
-        with export_claim(args.out), client(args) as servers:
-            shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
-            held = sorted({t.name for shard in shard_stats for t in shard.tables})
-            if not held:
-                raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
-                                 "the model's tables); nothing was saved")  # fmt: skip
-            if patterns is not None:
-                for pattern in patterns:
-                    if not fnmatch.filter(held, pattern):
-                        raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
-                                         f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
-            exported = held if patterns is None else sorted({n for p in patterns for n in fnmatch.filter(held, p)})
-            check_rows(shard_stats, exported)
-            only = None  # the tables a lost one refuses the save: every one, unless the checkpoint is read for
-            if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
-                only = set(exported)
-            try:
-                save(servers, fresh, tables=only, temporary=True)  # undo() removes it on a failure
-            except NoCheckpointRootError as e:  # a server started without --checkpoint-root
-                raise NoCheckpointRootError(
-                    "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
-                    "server saves only inside its --checkpoint-root: restart the servers with --checkpoint-root "
-                    f"DIR (their data dirs keep the model) and give an OUT inside DIR; nothing was saved. The "
-                    f"server said: {e}"
-                ) from None
-            except CheckpointOutsideRootError as e:
-                raise InvalidArgumentError(
-                    f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
-                    f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
-                    f"give an OUT inside it. The server said: {e}"
-                ) from None
-        command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
-        command += [] if args.since is None else ["--since", str(args.since)]
-        command += [] if args.tables is None else ["--tables", args.tables]
-        command += ["--no-progress"] if args.no_progress else []
-        command += ["--move-checkpoint"] if args.keep_checkpoint else ["--remove-checkpoint"]
-        earlier = _export_in_place(args.out)
-        done = subprocess.run(command, preexec_fn=child_setup(own_group=False))  # dies with this process
+    try:  # the claim on OUT is held to the end: ps-server export claims OUT through it (--claim-fd)
+        with export_claim(args.out) as claim:
+            with client(args) as servers:
+                shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
+                held = sorted({t.name for shard in shard_stats for t in shard.tables})
+                if not held:
+                    raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
+                                     "the model's tables); nothing was saved")  # fmt: skip
+                if patterns is not None:
+                    for pattern in patterns:
+                        if not fnmatch.filter(held, pattern):
+                            raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
+                                             f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
+                exported = held if patterns is None else sorted({n for p in patterns for n in fnmatch.filter(held, p)})
+                check_rows(shard_stats, exported)
+                only = None  # the tables a lost one refuses the save: every one, unless the checkpoint is read for
+                if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
+                    only = set(exported)
+                try:
+                    save(servers, fresh, tables=only, temporary=True)  # undo() removes it on a failure
+                except NoCheckpointRootError as e:  # a server started without --checkpoint-root
+                    raise NoCheckpointRootError(
+                        "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
+                        "server saves only inside its --checkpoint-root: restart the servers with --checkpoint-root "
+                        f"DIR (their data dirs keep the model) and give an OUT inside DIR; nothing was saved. The "
+                        f"server said: {e}"
+                    ) from None
+                except CheckpointOutsideRootError as e:
+                    raise InvalidArgumentError(
+                        f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
+                        f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
+                        f"give an OUT inside it. The server said: {e}"
+                    ) from None
+            command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
+            command += [] if args.since is None else ["--since", str(args.since)]
+            command += [] if args.tables is None else ["--tables", args.tables]
+            command += ["--no-progress"] if args.no_progress else []
+            command += ["--move-checkpoint"] if args.keep_checkpoint else ["--remove-checkpoint"]
+            command += [] if claim is None else ["--claim-fd", str(claim)]  # (None: no flock on OUT's file system)
+            earlier = _export_in_place(args.out)
+            done = subprocess.run(command, preexec_fn=child_setup(own_group=False),  # dies with this process
+                                  pass_fds=() if claim is None else (claim,))  # fmt: skip
     except BaseException:
         undo()
         raise
@@ -161,19 +164,20 @@ def check_rows(shard_stats: list, tables: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def export_claim(out: str) -> Iterator[None]:
-    """The claim a `ps-worker export` holds on out (an existing folder) while it takes the checkpoint (ps.storage
-    .leftovers.claimed: ClaimedError where another export holds one): under it, first, what exports killed mid-way
-    left in out is removed, logging each with its size (their fresh checkpoints, worker.temp_dirs
-    .dead_export_checkpoints, and what their `ps-server export` left, leftovers.export_leftovers), if out is an
-    export's folder (leftovers.holds_an_export); the checkpoints whose writer may still run are reported and left."""
+def export_claim(out: str) -> Iterator[int | None]:
+    """The claim a `ps-worker export` holds on out (an existing folder) for its whole run (ps.storage.leftovers
+    .claimed: ClaimedError where another export holds one), and passes on to the `ps-server export` it runs:
+    yields the descriptor it is held by (None where none is). Under it, first, what exports killed mid-way left in
+    out is removed, logging each with its size (their fresh checkpoints, worker.temp_dirs.dead_export_checkpoints,
+    and what their `ps-server export` left, leftovers.export_leftovers), if out is an export's folder
+    (leftovers.holds_an_export); the checkpoints whose writer may still run are reported and left."""
 
     def killed() -> list[str]:
         if not leftovers.holds_an_export(out, EXPORT_CHECKPOINT_NAME):
             return []
         return dead_export_checkpoints(out)[0] + leftovers.export_leftovers(out, EXPORT_CHECKPOINT_NAME)
 
-    with leftovers.claimed(out, killed, "an export killed mid-way"):
+    with leftovers.claimed(out, killed, "an export killed mid-way") as fd:
         leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
                          "host, or named without its process): remove it once none is")  # fmt: skip
-        yield
+        yield fd

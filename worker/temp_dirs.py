@@ -26,9 +26,10 @@ in a container sharing /tmp, whose pids are not comparable), and kept ones are l
 another process keeps its directory until that process ends, which errs on the safe side.
 
 A `ps-worker export` killed by SIGKILL leaves its OUT/checkpoint.new-...: the next export into OUT removes those
-of this host whose <pid> no longer runs (dead_export_checkpoints), if no writer holds a claim on OUT (the `ps-server
-export` a killed worker started runs on, and holds one: ps.storage.leftovers); it reports the others (of a running
-export, of another host, or named without a <pid>) and leaves them. Likewise, the next predict into F
+of this host whose <pid> no longer runs (dead_export_checkpoints), under its claim on OUT (refused while another
+export holds one: a running export holds its claim for its whole run, and the `ps-server export` a killed worker
+started, which runs on, holds it too: ps.storage.leftovers); it reports the others (of a running export, of
+another host, or named without a <pid>) and leaves them. Likewise, the next predict into F
 removes the .partial files of F of this host whose <pid> no longer runs (dead_partial_files).
 """
 

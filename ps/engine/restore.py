@@ -129,7 +129,7 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
            tables: Sequence[str] | None = None, move_checkpoint: bool = False, overwrite: bool = True,
-           remove_checkpoint: bool = False) -> dict:  # fmt: skip
+           remove_checkpoint: bool = False, claim_fd: int | None = None) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: `export.json`, and the folder it names
     (its "dir": out/export-<8 hex>) holding per table `<table>.ids.npy` (uint64, sorted) and `<table>.rows.npy`
     (float32 (n, dim): embeddings only, no optimizer state, row i of id i), admitted rows only. export.json: {clock,
@@ -164,7 +164,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     in the unnamed folder, which the next export into out removes (leftovers.export_leftovers). remove_checkpoint:
     export.json names no checkpoint (null), and the checkpoint is removed once the export is in place (ps-worker
     export's own): a kill before that leaves it where it is, named by nothing (worker.temp_dirs names ps-worker
-    export's for the next export to remove); a failure to remove it is logged.
+    export's for the next export to remove); a failure to remove it is logged. claim_fd: a descriptor of out by
+    which the caller holds the claim on it and passes it on (ps-worker export's: no other export takes out between
+    its checkpoint and this export), ValueError where it is no descriptor of out.
     """
     if move_checkpoint and remove_checkpoint:
         raise ValueError("the checkpoint exported is either moved into the export's folder or removed, not both")
@@ -176,7 +178,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
         check_holds_no_export(out)
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
-    with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write"):
+    with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write", claim_fd):
         summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
         try:

@@ -6,8 +6,8 @@ pattern is described where it is produced (ps.storage.sidefiles, ps.engine.resto
 worker/temp_dirs). What proves that none is in use:
 - in a data dir: this server holds RocksDB's LOCK on it (one server a dir), so Store removes them once it opened it;
 - in an export's OUT: a flock on the directory OUT itself. Every writer into OUT (`ps-server export`, `ps-worker
-  export`) holds an exclusive one while it writes there (`claimed`), so no other is there; one that finds it held
-  is refused (ClaimedError). Where the file system has no flock on directories (as NFS), the leftovers are
+  export`) holds an exclusive one while it writes there (`claimed`; `ps-worker export` passes its own on to the
+  `ps-server export` it runs), so no other is there; one that finds it held is refused (ClaimedError). Where the file system has no flock on directories (as NFS), the leftovers are
   reported and left.
 - a worker's own files (an export's fresh checkpoint, predict's .partial file) name its process and host: those
   of this host whose process is gone (worker/temp_dirs).
@@ -183,20 +183,27 @@ class ClaimedError(OSError):
 
 
 @contextlib.contextmanager
-def claimed(directory: str, leftovers: Callable[[], list[str]], whose: str) -> Iterator[None]:
+def claimed(
+    directory: str, leftovers: Callable[[], list[str]], whose: str, fd: int | None = None
+) -> Iterator[int | None]:
     """Holds an exclusive flock on the folder directory while the block runs, had at once: no other writer is
     there, so first it removes leftovers() (paths in directory that only a dead writer can have left; whose: see
     remove). ClaimedError, nothing changed, where another writer holds it. Without flock (not POSIX, a file system
-    with none on directories), or where directory cannot be opened, leftovers() is reported only."""
-    fd = None
-    if os.name == "posix":
+    with none on directories), or where directory cannot be opened, leftovers() is reported only. Yields the
+    descriptor the flock is held by (None where none is): a child process given it (pass_fds) holds the claim
+    too, and claims the folder through it (fd: such a descriptor, of directory, which this leaves open; a
+    ValueError where it is none)."""
+    own = fd is None
+    if not own:
+        _check_descriptor_of(fd, directory)
+    elif os.name == "posix":
         with contextlib.suppress(OSError):
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         alone = False
-        if fd is not None:
+        if fd is not None and os.name == "posix":
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # had already where fd is one holding it
                 alone = True
             except BlockingIOError:
                 raise ClaimedError(f"another export into {directory} runs now (it holds a lock on the folder): wait "
@@ -207,7 +214,17 @@ def claimed(directory: str, leftovers: Callable[[], list[str]], whose: str) -> I
             remove(leftovers(), whose)
         else:
             report(leftovers(), f"no lock on {directory} can be had, so another writer may be using it")
-        yield
+        yield fd if alone else None
     finally:
-        if fd is not None:
+        if own and fd is not None:
             os.close(fd)
+
+
+def _check_descriptor_of(fd: int, directory: str) -> None:
+    """ValueError unless fd is an open descriptor of the folder directory."""
+    try:
+        held, there = os.fstat(fd), os.stat(directory)
+    except OSError as e:
+        raise ValueError(f"descriptor {fd}, given as one of {directory}: {e.strerror or e}") from None
+    if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+        raise ValueError(f"descriptor {fd}, given as one of {directory}, is of another file")
