@@ -157,6 +157,21 @@ def test_an_export_over_an_export_json_naming_no_folder_there_removes_no_folder(
     assert not any(f.exists() for f in folders) and len(removed_lines(caplog)) == 2
 
 
+@pytest.mark.parametrize("move", [True, False])
+def test_an_export_of_the_checkpoint_a_killed_export_moved_into_its_folder_keeps_that_folder(ckpt, tmp_path, move):
+    """ps-server export --move-checkpoint killed before its export.json was in place leaves the checkpoint in an
+    unnamed folder: exporting it from there removes no folder that holds it."""
+    out = tmp_path / "out"
+    restore.export(ckpt, str(out))
+    moved = out / "export-0123abcd" / "checkpoint"
+    os.makedirs(moved.parent)
+    os.rename(ckpt, moved)
+    summary = restore.export(str(moved), str(out), move_checkpoint=move)
+    assert len(exported(out, "a")[0]) == 10
+    kept = out / summary["dir"] / "checkpoint" if move else moved
+    assert summary["checkpoint"] == str(kept) and sorted(os.listdir(kept)) == ["manifest.json", "shard-0"]
+
+
 @pytest.mark.parametrize("how", [fcntl.LOCK_SH, fcntl.LOCK_EX])
 def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_changes_nothing(ckpt, tmp_path, how):
     out = tmp_path / "out"

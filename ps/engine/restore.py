@@ -161,7 +161,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     the export's folder (`<dir>/checkpoint`, on out's filesystem), once the .npy files are written, and export.json
     names it there: the export and the checkpoint it was made from appear together, by the one rename, and a later
     export into out removes them together. A failure before that rename moves the checkpoint back; a kill leaves it
-    in the unnamed folder, which the next export into out removes (leftovers.export_leftovers). remove_checkpoint:
+    in the unnamed folder, which the next export into out removes (leftovers.export_leftovers), unless it exports
+    that checkpoint. remove_checkpoint:
     export.json names no checkpoint (null), and the checkpoint is removed once the export is in place (ps-worker
     export's own): a kill before that leaves it where it is, named by nothing (worker.temp_dirs names ps-worker
     export's for the next export to remove); a failure to remove it is logged. claim_fd: a descriptor of out by
@@ -178,7 +179,14 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
         check_holds_no_export(out)
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
-    with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write", claim_fd):
+
+    def killed() -> list[str]:  # never a folder that holds the checkpoint read (one a killed export moved there)
+        found = leftovers.export_leftovers(out)
+        held = _holding(found, directory)
+        leftovers.report(held, f"it holds the checkpoint exported, {directory}")
+        return [p for p in found if p not in held]
+
+    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd):
         summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
         try:
@@ -251,8 +259,7 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
                "tables": {}}  # fmt: skip
     files, final = os.path.join(out, name), os.path.join(out, "export.json")
     earlier = _earlier_files(out)
-    source = os.path.realpath(directory)
-    inside = [p for p in earlier if os.path.commonpath([source, os.path.realpath(p)]) == os.path.realpath(p)]
+    inside = _holding(earlier, directory)
     if inside and not move_checkpoint:  # (moved, it leaves that folder before it goes)
         raise ValueError(f"the checkpoint {directory} lies inside the export in {out} that this export replaces, "
                          f"whose folder {inside[0]} is removed once the new one is in place; move or copy the "
@@ -325,6 +332,12 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
                 os.remove(path)
     sync_directory(out)
     return summary
+
+
+def _holding(paths: list[str], directory: str) -> list[str]:
+    """Those of paths that are directory or a folder it lies in (links resolved)."""
+    source = os.path.realpath(directory)
+    return [p for p in paths if os.path.commonpath([source, os.path.realpath(p)]) == os.path.realpath(p)]
 
 
 def _earlier_files(out: str) -> list[str]:
