@@ -1341,8 +1341,9 @@ def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shar
     telling every shard why; shard 0 then stops the job with that refusal, its class and its words naming what
     differs, so worker 0 learns the cause there too, not only that worker 1 stopped. A stop for any other reason
     stays a stop naming the worker (ABORTED), and so does one whose refusal stopped another job or stops none, and
-    one of the worker's own error whose words read as a relay (its stamp's stopped_by names no refusal)."""
-    from worker.steprows import stop_reason, stopped_by
+    one of the worker's own error whose words read as a relay (its stamp's stopped_by names no refusal). The worker
+    tells the shards through its row source (worker.steprows.abandon), as a training worker does."""
+    from worker.steprows import ClockedRows, abandon, stopped_by
 
     fm, deepfm = SETUP, SETUP.replace("model=fm", "model=deepfm")
     addresses, started = servers(2)
@@ -1355,7 +1356,7 @@ def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shar
         with pytest.raises(InvalidArgumentError, match="shard 1: job 24301 stops: worker 1 runs another setup") as e:
             client.pull_many([("emb", ids)], stamp=mine)
         assert stopped_by(e.value) == "InvalidArgumentError" and stopped_by(ValueError("a bad line")) == ""
-        assert client.stop_job(mine, stop_reason(e.value), by=stopped_by(e.value)) == []
+        abandon(ClockedRows(client, None, mine), e.value)
         named = r"shard 1: job 24301 stops: worker 1 runs another setup .*'model' 'deepfm' \(the job's: 'fm'\)"
         with pytest.raises(InvalidArgumentError, match=named):  # the cause, shard 1's refusal
             started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB, 0, 2, 0, setup=fm))
@@ -1366,12 +1367,18 @@ def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shar
             (JOB + 1, "ValueError: a bad line", ""),
             (JOB + 2, f"DiskFullError: shard 1: job {JOB + 2} stops: x", "DiskFullError"),  # stops no job
             (JOB + 3, f"InvalidArgumentError: shard 1: job {JOB} stops: x", "InvalidArgumentError"),  # another job's
-            (JOB + 4, f"InvalidArgumentError: shard 1: job {JOB + 4} stops: x", ""),  # the worker's own error
+            (JOB + 4, f"InvalidArgumentError: shard 1: job {JOB + 4} stops: x", ""),  # no stopped_by
         ]:
             started[0].shard.jobs.wait_for_pull(WorkerStamp(job, 0, 2, 0))
             assert client.stop_job(WorkerStamp(job, 1, 2, 0), reason, by=by) == []
             with pytest.raises(BarrierTimeoutError, match=f"job {job} stops: {stopped}"):
                 started[0].shard.jobs.wait_for_pull(WorkerStamp(job, 0, 2, 0))
+        own = InvalidArgumentError(f"shard 1: job {JOB + 5} stops: x")  # the worker's own, no shard's refusal
+        assert stopped_by(own) == ""
+        started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB + 5, 0, 2, 0))
+        abandon(ClockedRows(client, None, WorkerStamp(JOB + 5, 1, 2, 0)), own)
+        with pytest.raises(BarrierTimeoutError, match=f"job {JOB + 5} stops: {stopped}"):
+            started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB + 5, 0, 2, 0))
 
 
 def _first_pull_lost(server, seen: list, what) -> object:

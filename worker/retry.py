@@ -217,7 +217,7 @@ class Outages:
         """The error a call that failed with e ends with: for a shard gone (see __init__), why; for one not sent again
         after it may have run, that it may still run; for one whose shard stayed down, how long it was waited for
         (ran: whether any attempt of it may have run, may_have_run, which the error's `ran` says); else the PsError
-        of e's status."""
+        of e's status, the shard's refusal, whose `refused_by` names the shard."""
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
         gone = self.gone(shard) if self.gone is not None and retryable(e) else None
         if gone:  # before "it may still be running there": it is not running anywhere
@@ -256,7 +256,9 @@ class Outages:
                                           "but not a sparseps shard; is --servers the right address (ps-server "
                                           "prints its address as it starts)?")  # fmt: skip
         cls = error_class(code.name, error_name(e))
-        return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
+        error = cls(f"{where}: {method} failed with {code.name}: {e.details()}")
+        error.refused_by = shard  # a shard's refusal, not the worker's own error (worker.steprows.stopped_by)
+        return error
 
 
 def push_left(error: PsError, batches: dict[int, int], wave: int, failed: dict[int, PsError]) -> PsError:

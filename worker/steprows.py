@@ -359,9 +359,9 @@ def stop_reason(e: BaseException) -> str:
 
 def stopped_by(e: BaseException) -> str:
     """The class of the shard's refusal a worker stopped on, for its stop stamp's stopped_by (a shard relays a
-    refusal that stopped the job: ps.engine.jobhold): e's, where it is a server's error (PsError); "" for a cause of
-    the worker's own."""
-    return type(e).__name__ if isinstance(e, PsError) else ""
+    refusal that stopped the job: ps.engine.jobhold): e's, where a shard refused a call with it (worker.retry's
+    refused_by names the shard); "" for a cause of the worker's own, a PsError it raised itself included."""
+    return type(e).__name__ if isinstance(e, PsError) and getattr(e, "refused_by", None) is not None else ""
 
 
 def abandon(source: Any, e: BaseException) -> None:
