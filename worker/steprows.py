@@ -24,8 +24,8 @@ its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
 abandon(reason, servers_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
-the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed; async and geo tell the shards
-that the worker stopped, so that the job holds them no more for it) and
+the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed;
+async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
 """
@@ -376,9 +376,9 @@ def abandon(source: Any, e: BaseException) -> None:
 
 def job_setup(cfg: Any, spec: ModelSpec) -> str:
     """What every worker of a job must run alike, as the stamp's key=value pairs (the shards refuse a worker whose
-    pairs differ from the job's: ps.engine.jobhold): the mode (and ssp's staleness, geo's steps per push), the model, its
-    fields (their count and a digest of each field's name, table, width and pooling), the numeric features, and
-    for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer; sync: the
+    pairs differ from the job's: ps.engine.jobhold): the mode (and ssp's staleness, geo's steps per push), the
+    model, its fields (their count and a digest of each field's name, table, width and pooling), the numeric
+    features, and for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer; sync: the
     steps between the MLP's pushes, which a step's sum takes alike from every worker). Left out
     on purpose: what a worker may choose for its own hardware or share (backend, device, batch size, epochs,
     prefetch, its data)."""

@@ -43,12 +43,13 @@ is the smallest clock (when every worker is done, the largest).
   for done workers is applied with the contributions it has. A push of a worker held as done is refused
   (WorkerDoneError, FAILED_PRECONDITION): a done worker pushes nothing more.
 - A stop stamp (a PushBatch without pushes whose `stopped` says why) comes from a worker that ends before its
-  work is done (interrupted, or failed): the job stops at once, as for a worker of another setup (ps.engine.jobhold), with
-  BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers waiting out their barrier
-  for a worker that is gone; and another job may start. Where the worker stopped on a refusal that stopped the job
-  on a shard (a worker of another setup there, say: the worker stopped because the job had; the stamp's stopped_by
-  names its class), the job stops with that refusal instead, its class and its words, so that every worker learns the first cause whichever shard it hears
-  it from. A stop stamp of a job the shard does not follow, or of one stopped already, changes nothing.
+  work is done (interrupted, or failed): the job stops at once, as for a worker of another setup
+  (ps.engine.jobhold), with BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers
+  waiting out their barrier for a worker that is gone; and another job may start. Where the worker stopped on a
+  refusal that stopped the job on a shard (a worker of another setup there, say: the worker stopped because the
+  job had; the stamp's stopped_by names its class), the job stops with that refusal instead, its class and its
+  words, so that every worker learns the first cause whichever shard it hears it from. A stop stamp of a job the
+  shard does not follow, or of one stopped already, changes nothing.
 
 Restarts. Clocks live in memory; done flags too, and each is also stored (synced) before its done stamp is
 answered (done_store; a store that fails is logged, and the flag kept in memory), so a restarted shard knows which
@@ -444,10 +445,10 @@ class JobClocks:
 
     def abandon(self, stamp: WorkerStamp) -> int:
         """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
-        the refusal that stopped it on a shard where the reason is one (ps.engine.jobhold relayed_stop), else BarrierTimeoutError
-        naming the worker and why (unclocked: marks the worker as done instead: no other worker
-        waits for it; but not where another process, another token, holds the worker); otherwise changes nothing.
-        Returns min_clock."""
+        the refusal that stopped it on a shard where the worker stopped on one (ps.engine.jobhold relayed_stop),
+        else BarrierTimeoutError naming the worker and why (unclocked: marks the worker as done instead: no other
+        worker waits for it; but not where another process, another token, holds the worker); otherwise changes
+        nothing. Returns min_clock."""
         with self._cond:
             if self._closed:
                 raise ShardClosingError(f"shard {self.shard_id} is shutting down")
