@@ -219,6 +219,48 @@ def test_reclaim_keeps_to_the_share_as_it_is_when_each_row_moves(tiny_shares):
     assert budget.used_bytes == (giver.used + other.used + asker.used) * RC <= budget.limit_bytes
 
 
+def test_rows_a_growth_took_and_has_not_put_in_use_yet_count_as_its_table_s_for_a_reclaim(tiny_shares):
+    """Table a, alone at first, holds 16 rows; b joins (a share of 16 rows each) and a takes the 16 free rows
+    beyond its share, paid for but not in use while its growth moves its arrays (its lock held). b, under its
+    share with no rows, needs 3: it waits for a's lock and takes them back from a, rather than finding no table
+    above its share (a's rows in use are only its share) and getting none."""
+    budget = MemoryBudget(32 * RC)
+    a = Arena(1, budget)
+    install(a, 16, dirty=[])  # the arrays' room: 16 rows
+    b = Arena(1, budget)
+    moving, asked = threading.Event(), threading.Event()
+    resize, inner = a._resize, a.lock
+
+    def slow_resize(capacity: int) -> None:
+        moving.set()
+        assert asked.wait(10)
+        resize(capacity)
+
+    class Watched:  # tells when b's reclaim asks for a's lock
+        def acquire(self, timeout: float = -1) -> bool:
+            asked.set()
+            return inner.acquire(timeout=timeout)
+
+        def release(self) -> None:
+            inner.release()
+
+    a._resize, a.lock = slow_resize, Watched()
+
+    def grow_a() -> None:
+        with inner:
+            a.grow(16, a.new_stamp())
+
+    grower = threading.Thread(target=grow_a)
+    grower.start()
+    assert moving.wait(10) and budget.free_bytes() == 0 and a.used == 16
+    with b.lock:
+        got = b.grow(3, b.new_stamp())
+    asked.set()  # a's growth goes on, if b did not ask for its lock
+    join_thread(grower, 10, "a's growth")
+    assert len(got) == b.used == 3 and a.used == 29
+    assert budget.used_bytes == (a.used + b.used) * RC == budget.limit_bytes
+
+
 @pytest.mark.parametrize("failing", ["create_table", "counts"])
 def test_a_table_whose_creation_fails_after_joining_the_budget_leaves_it(tmp_path, monkeypatch, failing):
     """A RAM tier of 256 rows takes one table. The first CreateTable fails in RocksDB, writing the table's config
@@ -479,7 +521,7 @@ def test_two_tables_each_waiting_in_reclaim_for_the_others_lock_both_go_on(monke
         row_charge = RC
 
         def __init__(self, name: str) -> None:
-            self.name, self.used, self.lock = name, 8, threading.Lock()
+            self.name, self.paid, self.lock = name, 8, threading.Lock()
 
         def give_up(self, k: int) -> int:  # to the one that waited longer, once the other let go of its lock
             return 0

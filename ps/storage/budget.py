@@ -56,7 +56,7 @@ class Member(Protocol):
 
     name: str  # its table's, for messages
     row_charge: int  # bytes one row costs
-    used: int  # rows paid for
+    paid: int  # rows paid for: those in use, and those a growth in progress was granted and has not put in use yet
     lock: threading.Lock  # its table's lock
 
     def give_up(self, k: int) -> int: ...
@@ -114,7 +114,7 @@ class MemoryBudget:
         budget."""
         with self._lock:
             self._members = [m for m in self._members if m is not member]
-            self.used_bytes -= member.used * member.row_charge
+            self.used_bytes -= member.paid * member.row_charge
 
     def share_bytes(self) -> int:
         """A table's fair share: what it can always hold."""
@@ -158,10 +158,10 @@ class MemoryBudget:
 
     def _reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
         rc, granted, busy, failed = asker.row_charge, 0, [], []
-        for other in sorted(self._members, key=lambda m: m.used * m.row_charge, reverse=True):
+        for other in sorted(self._members, key=lambda m: m.paid * m.row_charge, reverse=True):
             share = self.share_bytes()
             room = min(rows, share // rc - holding) - granted
-            if room <= 0 or other.used * other.row_charge <= share:
+            if room <= 0 or other.paid * other.row_charge <= share:
                 break
             if other is asker:
                 continue
@@ -171,7 +171,7 @@ class MemoryBudget:
             try:  # other's table is idle now: its rows can move
                 with self._lock:
                     gone = other not in self._members  # it left since the list was read (a table replaced): its
-                surplus = -(-(other.used * other.row_charge - share) // other.row_charge)  # bytes are free already
+                surplus = -(-(other.paid * other.row_charge - share) // other.row_charge)  # bytes are free already
                 wanted = -(-room * rc // other.row_charge)  # to under a row above share
                 freed = other.give_up(min(surplus, wanted)) if surplus > 0 and not gone else 0
             except Exception as e:  # e.g. its dirty rows cannot be written: asker fails only if left too few rows
