@@ -261,6 +261,30 @@ def test_rows_a_growth_took_and_has_not_put_in_use_yet_count_as_its_table_s_for_
     assert budget.used_bytes == (a.used + b.used) * RC == budget.limit_bytes
 
 
+def test_bytes_freed_after_a_table_s_take_and_before_its_reclaim_are_granted_to_it(tiny_shares):
+    """a and c hold 6 rows each, the whole budget; b joins (a share of 4 rows) with none and asks for 2. Between
+    b's take (nothing free) and its reclaim, c leaves (a table replaced): 6 rows are free, and a, at the new
+    share of 6 rows, has none to give back. b gets 2 of the free rows, rather than none."""
+    budget = MemoryBudget(12 * RC)
+    a = Arena(1, budget)
+    install(a, 6, dirty=[])
+    c = Arena(1, budget)
+    install(c, 6, dirty=[])
+    b = Arena(1, budget)
+    reclaim = budget.reclaim
+
+    def leave_first(*args):
+        with c.lock:
+            budget.leave(c)
+        return reclaim(*args)
+
+    budget.reclaim = leave_first
+    with b.lock:
+        got = b.grow(2, b.new_stamp())
+    assert len(got) == b.used == 2 and a.used == 6
+    assert budget.used_bytes == (a.used + b.used) * RC
+
+
 @pytest.mark.parametrize("failing", ["create_table", "counts"])
 def test_a_table_whose_creation_fails_after_joining_the_budget_leaves_it(tmp_path, monkeypatch, failing):
     """A RAM tier of 256 rows takes one table. The first CreateTable fails in RocksDB, writing the table's config

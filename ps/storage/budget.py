@@ -180,12 +180,19 @@ class MemoryBudget:
                 freed = 0
             finally:
                 other.lock.release()
-            with self._lock:  # hand the freed bytes to asker before any other table can take them
-                self.used_bytes -= freed * other.row_charge
-                got = min(room, self.free_bytes() // rc)
-                self.used_bytes += got * rc
-            granted += got
+            granted += self._hand(freed * other.row_charge, room, rc)
+        # bytes freed since asker's take() (a table that left, a growth that failed), where no table had rows to give
+        granted += self._hand(0, min(rows, self.share_bytes() // rc - holding) - granted, rc)
         return granted, busy, failed
+
+    def _hand(self, freed_bytes: int, room: int, rc: int) -> int:
+        """Pays freed_bytes back and grants up to room rows of rc bytes from the free bytes, in one hold of the lock:
+        no other table takes the freed bytes first. Returns the rows granted."""
+        with self._lock:
+            self.used_bytes -= freed_bytes
+            got = max(0, min(room, self.free_bytes() // rc))
+            self.used_bytes += got * rc
+        return got
 
     def _lock_of(self, other: Member) -> bool:
         """Takes other's lock for reclaim(), waiting in slices of RECLAIM_WAIT_S for as long as other is not in
