@@ -344,7 +344,13 @@ def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_chang
         starved = shard.create_table(sgd_table("starved"))
         ids = np.arange(100, 112, dtype=np.uint64)
         seq = shard.journal.next_seq
-        with starved.lock, pytest.raises(RamTierTooSmallError, match="no evictable rows for 12 ids") as e:
+        with (
+            starved.lock,
+            pytest.raises(
+                RamTierTooSmallError,
+                match="no evictable rows for 12 ids: its share of the RAM tier is 8 rows.*send it again, nothing was applied",
+            ) as e,
+        ):
             starved._make_room(len(ids), starved.arena.new_stamp())
         assert e.value.status == "RESOURCE_EXHAUSTED"
         assert starved.num_rows == 0 and shard.journal.next_seq == seq

@@ -504,7 +504,12 @@ class Table:
                         f"tier that hold them ({', '.join(map(repr, self.arena.busy))}) were busy taking rows back "
                         "themselves: send the request again; nothing was applied"
                     )
-                raise RamTierTooSmallError(f"table {self.name!r}: no evictable rows for {n} ids (RAM tier too small)")
+                share = self.arena.budget.share_bytes() // self.arena.row_charge
+                raise RamTierTooSmallError(
+                    f"table {self.name!r}: no evictable rows for {n} ids: its share of the RAM tier is {share} rows, "
+                    "the other tables hold the rest, and the request was cut for a larger share: send it again, "
+                    "nothing was applied (if this repeats, raise --cache-bytes)"
+                )
             dirty = victims[self.arena.dirty[victims] == 1]
             if len(dirty):
                 self._persist(dirty, background=True)
