@@ -583,3 +583,40 @@ def test_torchruns_unnamed_run_id_is_no_job_id(monkeypatch):
     named = train_config_from_argv(["--servers", "h:1", "--mode", "sync"])
     assert named.job_id == train_config_from_argv(["--servers", "h:1", "--job-id", "my-job-3"]).job_id
     named.validate()
+
+
+@pytest.mark.parametrize("mode", ["sync", "ssp"])
+def test_a_worker_whose_tables_check_fails_stops_the_job_at_once(servers, data_file, mode):
+    """Worker 0 makes the tables and waits for worker 1 (sync: at its first step; ssp: at its sixth of 16, past
+    the staleness of 4); worker 1, given another --embedding-dim (a flag given to one worker only), fails its
+    tables check before it creates anything: it tells the shards it stopped, so worker 0 fails at once naming it
+    and why, not at its 60 s barrier."""
+    from ps.errors import BarrierTimeoutError
+    from worker.train import train
+
+    addresses, _ = servers(2)
+    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="fm", recipe="large", progress=False,
+                      batch_size=100, validation_fraction=0.0, synthetic_eval_rows=0, num_workers=2, job_id=61,
+                      mode=mode, barrier_timeout_s=60)  # fmt: skip
+    errors: list = []
+
+    def worker0():
+        try:
+            train(dataclasses.replace(cfg, worker_id=0))
+        except Exception as e:  # the test looks at it
+            errors.append(e)
+
+    thread = threading.Thread(target=worker0)
+    thread.start()
+    with Client(addresses) as client:  # worker 0's tables made: it holds the shards for the job
+        deadline = time.monotonic() + 60
+        while not all(s.tables for s in client.stats()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with pytest.raises(ValueError, match="other settings than this run's"):
+        train(dataclasses.replace(cfg, worker_id=1, embedding_dim=4))
+    started = time.monotonic()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 20
+    assert len(errors) == 1 and isinstance(errors[0], BarrierTimeoutError), errors
+    assert "worker 1 stopped before its end" in str(errors[0]) and "other settings" in str(errors[0]), errors[0]

@@ -94,28 +94,28 @@ def train(cfg: TrainConfig) -> dict:
             position.state_ids = client.state_ids
         features = held_features(client, data.schema, [t.name for t in tables_cfg], shard_stats)
         tables_cfg = [dataclasses.replace(t, features=features) for t in tables_cfg]
-        # one worker replaces tables of other settings that were never trained (a run that stopped first made
-        # them); a job's workers do not: one worker's other settings would silently replace the others' tables
-        replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
-                                recipe_line=job.recipe_line if job.recipe_optimizer else "",
-                                shard_stats=shard_stats)  # fmt: skip
-        held = 0
-        # rows trained before this worker's first push are an earlier run's where no other worker of the job can
-        # have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
-        alone_so_far = cfg.num_workers == 1 or cfg.mode == "sync"
-        if alone_so_far and not cfg.create_tables_only:
-            held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
-            for warning in missing_shares(shard_stats, spec, client.servers):
-                log.warning("%s", warning)
         # the job's stamp goes with the creation of its tables: each shard holds itself for the job from its first
         # table on, and refuses another job's create (ps.engine.jobhold); a run that trains nothing (one that
         # creates the tables only, or only evaluates) holds nothing
         source = row_source(cfg, client, spec, tables_cfg)
         trains = not cfg.create_tables_only and not cfg.resume_trained
         stamp = source.stamp if trains else None
-        if position is not None and trains:  # kept before the hold starts: a restart after a kill is the same job
-            position.update(cfg.skip_examples)  # and process, and pushes on at once
         try:
+            # one worker replaces tables of other settings that were never trained (a run that stopped first made
+            # them); a job's workers do not: one worker's other settings would silently replace the others' tables
+            replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
+                                    recipe_line=job.recipe_line if job.recipe_optimizer else "",
+                                    shard_stats=shard_stats)  # fmt: skip
+            held = 0
+            # rows trained before this worker's first push are an earlier run's where no other worker of the job
+            # can have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
+            alone_so_far = cfg.num_workers == 1 or cfg.mode == "sync"
+            if alone_so_far and not cfg.create_tables_only:
+                held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
+                for warning in missing_shares(shard_stats, spec, client.servers):
+                    log.warning("%s", warning)
+            if position is not None and trains:  # kept before the hold starts: a restart after a kill is the same
+                position.update(cfg.skip_examples)  # job and process, and pushes on at once
             for i, table in enumerate(tables_cfg):
                 try:
                     client.create_table(table, replace_untrained=table.name in replaced, stamp=stamp)
@@ -157,8 +157,8 @@ def train(cfg: TrainConfig) -> dict:
                 if few:
                     log.warning("%s", few)
             settings = loop_settings(cfg, data, tables_cfg)
-        except BaseException as e:  # before training: the shards hold the job no more for this worker
-            if trains:
+        except BaseException as e:  # before training (its tables' check included): the shards hold the job no
+            if trains:  # more for this worker
                 abandon(source, e)  # (sync and ssp: the job stops, so that no other worker waits for this one)
             if position is not None and cfg.resume_started_from is None:  # the file this start wrote: a start
                 position.forget()  # refused (another job, another process of its worker) records nothing
