@@ -172,6 +172,57 @@ def test_an_export_of_the_checkpoint_a_killed_export_moved_into_its_folder_keeps
     assert summary["checkpoint"] == str(kept) and sorted(os.listdir(kept)) == ["manifest.json", "shard-0"]
 
 
+KILLED_PUBLISHING = """
+import os, signal, sys
+real = os.replace
+def replace(source, target, *args, **kwargs):
+    if os.path.basename(str(target)) == "export.json":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(source, target, *args, **kwargs)
+os.replace = replace
+from ps.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_users_checkpoint_a_killed_export_moved_into_its_folder_is_kept_by_every_later_export_and_named(
+    tmp_path, caplog
+):
+    """ps-server export --move-checkpoint killed after the move, before its export.json was in place: the folder
+    holds the user's only copy, which no later export into OUT removes (ps-server's or ps-worker's); the log says
+    where it came from. The same kill of ps-worker export's own fresh checkpoint leaves a folder that goes."""
+    out = tmp_path / "out"
+    users = one_table_checkpoint(tmp_path, 10)
+    fresh = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"  # as ps-worker export names its own
+    os.makedirs(out)
+    os.rename(one_table_checkpoint(tmp_path / "worker", 7), fresh)
+    folders = []
+    for checkpoint in (users, str(fresh)):
+        before = set(os.listdir(out))
+        killed = subprocess.run([sys.executable, "-c", KILLED_PUBLISHING, "export", checkpoint, "--out", str(out),
+                                 "--move-checkpoint", "--overwrite", "--no-progress"], capture_output=True, text=True)  # fmt: skip
+        assert killed.returncode == -9 and not os.path.exists(checkpoint), killed.stderr
+        (folder,) = [out / n for n in set(os.listdir(out)) - before if n.startswith("export-")]
+        assert (folder / "checkpoint" / "manifest.json").exists()
+        folders.append(folder)
+    mine, workers = folders
+    assert json.loads((mine / leftovers.MOVED_CHECKPOINT).read_text()) == {"from": users}
+    assert not (workers / leftovers.MOVED_CHECKPOINT).exists()
+    caplog.set_level("INFO", LOGGER)
+    with export_claim(str(out)):  # ps-worker export's claim
+        pass
+    summary = restore.export(one_table_checkpoint(tmp_path / "other", 4), str(out))
+    assert len(exported(out, "a")[0]) == 4 and not workers.exists()
+    assert any(str(workers) in x for x in removed_lines(caplog)), removed_lines(caplog)
+    assert sorted(os.listdir(out)) == sorted([mine.name, summary["dir"], "export.json"])
+    assert sorted(os.listdir(mine / "checkpoint")) == ["manifest.json", "shard-0"]
+    left = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"left {mine} ")]
+    assert len(left) == 2 and all(f"moved there from {users}: it is never removed" in x for x in left), left
+    os.rename(mine / "checkpoint", users)  # as the log says: moved back, it exports as it was
+    restore.export(users, str(out), overwrite=True)
+    assert len(exported(out, "a")[0]) == 10 and not mine.exists()
+
+
 @pytest.mark.parametrize("how", [fcntl.LOCK_SH, fcntl.LOCK_EX])
 def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_changes_nothing(ckpt, tmp_path, how):
     out = tmp_path / "out"

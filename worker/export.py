@@ -41,7 +41,7 @@ from ps.terminate import child_setup, how_it_ended
 from worker.checkpoint import save
 from worker.flags import check_new_dir
 from worker.tables import NEVER_TRAINED
-from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, dead_export_checkpoints, export_checkpoint_dir
+from worker.temp_dirs import dead_export_checkpoints, export_checkpoint_dir
 
 
 def _missing_dirs(path: str) -> list[str]:
@@ -69,7 +69,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                          "model as a checkpoint into a folder of OUT first, and they save none inside another; give a "
                          "directory of its own; nothing was written")  # fmt: skip
     if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
-        only_leftovers = re.compile("|".join(p.pattern for p in (EXPORT_CHECKPOINT_NAME, leftovers.EXPORT_TEMPORARY,
+        only_leftovers = re.compile("|".join(p.pattern for p in (leftovers.EXPORT_CHECKPOINT_NAME, leftovers.EXPORT_TEMPORARY,
                                                                  leftovers.EXPORT_FILES)))  # fmt: skip
         earlier = os.path.exists(os.path.join(args.out, "export.json"))
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
@@ -173,9 +173,9 @@ def export_claim(out: str) -> Iterator[int | None]:
     (leftovers.holds_an_export); the checkpoints whose writer may still run are reported and left."""
 
     def killed() -> list[str]:
-        if not leftovers.holds_an_export(out, EXPORT_CHECKPOINT_NAME):
+        if not leftovers.holds_an_export(out, leftovers.EXPORT_CHECKPOINT_NAME):
             return []
-        return dead_export_checkpoints(out)[0] + leftovers.export_leftovers(out, EXPORT_CHECKPOINT_NAME)
+        return dead_export_checkpoints(out)[0] + leftovers.export_leftovers(out, leftovers.EXPORT_CHECKPOINT_NAME)
 
     with leftovers.claimed(out, killed, "an export killed mid-way") as fd:
         leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "

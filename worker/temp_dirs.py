@@ -46,7 +46,7 @@ import tempfile
 from collections.abc import Callable
 
 from ps.storage.atomicfile import NAME_MAX_BYTES, name_within
-from ps.storage.leftovers import matching
+from ps.storage.leftovers import EXPORT_CHECKPOINT, matching
 
 if os.name == "posix":
     import fcntl
@@ -154,10 +154,6 @@ def _own_directory(path: str) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-
-
-EXPORT_CHECKPOINT = "checkpoint.new-"  # the prefix of an export's fresh checkpoint in its OUT
-EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")  # the names of such checkpoints
 
 
 def export_checkpoint_dir(out: str) -> str:

@@ -11,7 +11,7 @@ worker/temp_dirs). What proves that none is in use:
   reported and left.
 - a worker's own files (an export's fresh checkpoint, predict's .partial file) name its process and host: those
   of this host whose process is gone (worker/temp_dirs).
-Stdlib only: worker/ uses it too (its own export's leftovers).
+Stdlib only (and ps.storage.atomicfile): worker/ uses it too (its own export's leftovers).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from ps.storage.atomicfile import sync_directory, sync_file
+
 if os.name == "posix":
     import fcntl
 
@@ -35,9 +37,17 @@ log = logging.getLogger(__name__)
 # too). The temporary file, and every export-<8 hex> folder that export.json does not name (an export killed before
 # its export.json was in place, or before it removed the folder of the export it replaced), are what killed exports
 # left, which every writer into OUT removes under its claim (export_leftovers); where export.json names no folder
-# there (damaged), no folder is removed.
+# there (damaged), no folder is removed, nor one that holds a user's checkpoint (MOVED_CHECKPOINT).
 EXPORT_TEMPORARY = re.compile(r"export\.json\.tmp")
 EXPORT_FILES = re.compile(r"export-[0-9a-f]{8}")
+# ps-worker export's fresh checkpoint in its OUT, checkpoint.new-<pid>-<host>-<8 hex> (worker/temp_dirs)
+EXPORT_CHECKPOINT = "checkpoint.new-"
+EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")
+# A folder of export files holds this note, {"from": the checkpoint's absolute path}, fsynced, before an export moves
+# into it (<folder>/checkpoint) a checkpoint that is no ps-worker export's fresh one: the user's (`ps-server export
+# --move-checkpoint`). Such a folder that no export.json names still holds the user's only copy: it is never removed
+# as a leftover (export_leftovers), but reported with where to move it back. The note goes once export.json names it.
+MOVED_CHECKPOINT = "moved-checkpoint.json"
 
 
 def open_temporary(path: str, mode: str = "wb", **options: Any) -> IO[Any]:
@@ -99,20 +109,62 @@ def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]
     place: every one where out holds no export.json, every one but the folder named where it names one that is
     there. An export.json that names none there (damaged, or of an export without "dir") proves none of them a
     killed export's: they are reported and left (the export that replaces it names its own, and the one after
-    removes them, superseded). Only a writer that holds out alone (claimed) may remove them: another's may be
-    writing them now."""
+    removes them, superseded). A folder that holds the user's checkpoint, moved there by a killed export
+    (moved_checkpoint_origin), is never one of them: it is reported, saying where to move the checkpoint back. Only
+    a writer that holds out alone (claimed) may remove them: another's may be writing them now."""
     if not holds_an_export(out, also):
         return []
     temporary, dirs = matching(out, EXPORT_TEMPORARY, files=True), matching(out, EXPORT_FILES, dirs=True)
-    if not os.path.lexists(os.path.join(out, "export.json")):
-        return temporary + dirs
-    live = export_files_dir(read_export_json(out))
-    if live is None or os.path.join(out, live) not in dirs:
-        report(dirs, f"{os.path.join(out, 'export.json')} names no folder of export files there (it is damaged, or "
-                     "an export's without \"dir\"), so none is known to be a killed export's; once an export names "
-                     "its own, the next removes them")  # fmt: skip
-        return temporary
-    return temporary + [p for p in dirs if os.path.basename(p) != live]
+    if os.path.lexists(os.path.join(out, "export.json")):
+        live = export_files_dir(read_export_json(out))
+        if live is None or os.path.join(out, live) not in dirs:
+            report(dirs, f"{os.path.join(out, 'export.json')} names no folder of export files there (it is damaged, "
+                         "or an export's without \"dir\"), so none is known to be a killed export's; once an export "
+                         "names its own, the next removes them")  # fmt: skip
+            return temporary
+        dirs = [p for p in dirs if os.path.basename(p) != live]
+    users = []
+    for path in dirs:
+        origin = moved_checkpoint_origin(path)
+        if origin is not None:
+            checkpoint = os.path.join(path, "checkpoint")
+            report([path], f"it holds {checkpoint}, your checkpoint, which an export killed mid-write (ps-server "
+                           f"export --move-checkpoint) moved there from {origin}: it is never removed; move it back "
+                           f"(mv {checkpoint} {origin}), then remove {path}")  # fmt: skip
+            users.append(path)
+    return temporary + [p for p in dirs if p not in users]
+
+
+def note_moved_checkpoint(folder: str, checkpoint: str) -> None:
+    """Writes, fsynced, folder's MOVED_CHECKPOINT note that the checkpoint is moved into it (folder/checkpoint) from
+    the path checkpoint."""
+    with open(os.path.join(folder, MOVED_CHECKPOINT), "x") as f:
+        json.dump({"from": os.path.abspath(checkpoint)}, f)
+        sync_file(f)
+    sync_directory(folder)  # on disk before the checkpoint's rename into folder
+
+
+def moved_checkpoint_origin(folder: str) -> str | None:
+    """Where the checkpoint in folder (one of export files), folder/checkpoint, was moved from, where its
+    MOVED_CHECKPOINT note says it is the user's ("an unknown place" where the note does not read); None where
+    folder holds no such checkpoint."""
+    note = os.path.join(folder, MOVED_CHECKPOINT)
+    if not (os.path.lexists(note) and os.path.lexists(os.path.join(folder, "checkpoint"))):
+        return None
+    try:
+        with open(note) as f:
+            origin = json.load(f)["from"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return "an unknown place"
+    return origin if isinstance(origin, str) else "an unknown place"
+
+
+def is_export_checkpoint(checkpoint: str, out: str) -> bool:
+    """Whether checkpoint is a ps-worker export's fresh checkpoint in out (EXPORT_CHECKPOINT_NAME, directly in it),
+    which no one but that export holds."""
+    path = os.path.abspath(checkpoint)
+    parent = os.path.realpath(os.path.dirname(path))
+    return parent == os.path.realpath(out) and EXPORT_CHECKPOINT_NAME.fullmatch(os.path.basename(path)) is not None
 
 
 def matching(directory: str, pattern: re.Pattern[str], files: bool = False, dirs: bool = False) -> list[str]:
