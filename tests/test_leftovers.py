@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -241,6 +242,32 @@ def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_cha
     assert sorted(os.listdir(ckpt)) == ["manifest.json", "shard-0"]
 
 
+def an_export_ends_meanwhile(out, real):
+    """make_dirs as real, after which an export into out is put in place (one that ended before this one claimed
+    out), leaving what killed exports left there."""
+
+    def make_dirs(path, what):
+        real(path, what)
+        write(out / "export-4567cdef" / "a.ids.npy", 7)
+        (out / "export.json").write_text(json.dumps({"dir": "export-4567cdef", "tables": {"a": {}}}))
+
+    return make_dirs
+
+
+def test_an_export_without_overwrite_checks_out_under_its_claim_and_its_refusal_removes_nothing(
+    ckpt, tmp_path, monkeypatch
+):
+    out = tmp_path / "out"
+    write(out / "export-0123abcd" / "gone.rows.npy", 1000)  # a killed export's: out holds no export yet
+    write(out / "export.json.tmp", 9)
+    monkeypatch.setattr(restore, "make_dirs", an_export_ends_meanwhile(out, restore.make_dirs))
+    with pytest.raises(ValueError, match=re.escape(f"--out {out} holds an earlier export (export.json): give")):
+        restore.export(ckpt, str(out), overwrite=False)
+    assert sorted(os.listdir(out)) == ["export-0123abcd", "export-4567cdef", "export.json", "export.json.tmp"]
+    assert (out / "export-0123abcd" / "gone.rows.npy").stat().st_size == 1000 and free(out)
+    assert sorted(os.listdir(ckpt)) == ["manifest.json", "shard-0"]
+
+
 def test_while_an_export_writes_into_out_another_cannot_claim_it_alone(ckpt, tmp_path, monkeypatch):
     out = tmp_path / "out"
     seen = []
@@ -299,6 +326,25 @@ def test_a_worker_export_into_an_out_another_export_writes_into_now_is_refused_b
     err = capsys.readouterr().err
     assert f"ps-worker: error: another export into {out} runs now" in err and "127.0.0.1:1" not in err, err
     assert sorted(os.listdir(out)) == [dead.name, "export.json"] and (dead / "manifest.json").exists()
+
+
+def test_a_worker_export_without_overwrite_checks_out_under_its_claim_and_its_refusal_removes_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    import worker.export
+
+    out = tmp_path / "out"
+    dead = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"  # a killed export's: out holds no export yet
+    write(dead / "manifest.json", 10)
+    write(out / "export.json.tmp", 9)
+    monkeypatch.setattr(worker.export, "make_dirs", an_export_ends_meanwhile(out, worker.export.make_dirs))
+    nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
+    assert main(["export", str(out), *nowhere]) == 2
+    err = capsys.readouterr().err
+    assert f"ps-worker: error: OUT {out} is not empty (it holds export.json); nothing was written: give a new or " \
+           "empty directory, or --overwrite to write over the export there" in err, err  # fmt: skip
+    assert sorted(os.listdir(out)) == sorted([dead.name, "export-4567cdef", "export.json", "export.json.tmp"])
+    assert (dead / "manifest.json").exists() and free(out)
 
 
 def test_a_worker_export_holds_out_until_its_ps_server_export_ends_which_claims_it_through_the_same_lock(

@@ -1,7 +1,8 @@
 """`ps-worker export OUT --servers ...`: the model the servers hold, written for serving at one cut.
 
     1. a claim on OUT for the whole run (export_claim: an exclusive flock, refused where another export holds one;
-       what exports killed mid-way left in OUT is removed first, in an export's own folder only,
+       under it, OUT checked new or empty (or --overwrite), so that no export put in place meanwhile is written
+       over; then what exports killed mid-way left in OUT is removed, in an export's own folder only,
        worker/temp_dirs.py and ps/storage/leftovers.py)
     2. once the servers answer, an error unless the tables exported hold a row (check_rows: a model made by
        `train --create-tables-only`, or the wrong --servers, exports nothing of use)
@@ -17,8 +18,8 @@
        export.json it puts in place names no checkpoint, and it removes the fresh one after (--remove-checkpoint):
        a kill between leaves the new export whole and the fresh checkpoint, named by nothing, which the next
        export removes (its <pid> is gone)
-Checked before any server is asked: OUT no checkpoint or RocksDB directory, new or empty (or --overwrite), and
-writable. A failure leaves OUT as it was (an OUT this export created is removed).
+Checked before any server is asked: OUT no checkpoint or RocksDB directory, writable, and (under the claim) new
+or empty (or --overwrite). A failure leaves OUT as it was (an OUT this export created is removed).
 """
 
 from __future__ import annotations
@@ -68,12 +69,6 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         raise ValueError(f"OUT {args.out} is a checkpoint or a RocksDB directory: export has the servers save the "
                          "model as a checkpoint into a folder of OUT first, and they save none inside another; give a "
                          "directory of its own; nothing was written")  # fmt: skip
-    if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
-        only_leftovers = re.compile("|".join(p.pattern for p in (leftovers.EXPORT_CHECKPOINT_NAME, leftovers.EXPORT_TEMPORARY,
-                                                                 leftovers.EXPORT_FILES)))  # fmt: skip
-        earlier = os.path.exists(os.path.join(args.out, "export.json"))
-        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
-            "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip
     where = args.out if os.path.isdir(args.out) else os.path.dirname(os.path.abspath(args.out))
     if os.path.isdir(where) and not os.access(where, os.W_OK):
         raise ValueError(f"OUT {args.out}: {where} is not writable by this user; nothing was written")
@@ -88,8 +83,15 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             except OSError:
                 break
 
+    def empty() -> None:  # under the claim on OUT: no export put in place meanwhile is written over
+        only_leftovers = re.compile("|".join(p.pattern for p in (leftovers.EXPORT_CHECKPOINT_NAME, leftovers.EXPORT_TEMPORARY,
+                                                                 leftovers.EXPORT_FILES)))  # fmt: skip
+        earlier = os.path.exists(os.path.join(args.out, "export.json"))
+        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
+            "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip
+
     try:  # the claim on OUT is held to the end: ps-server export claims OUT through it (--claim-fd)
-        with export_claim(args.out) as claim:
+        with export_claim(args.out, None if args.overwrite else empty) as claim:
             with client(args) as servers:
                 shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
                 held = sorted({t.name for shard in shard_stats for t in shard.tables})
@@ -164,10 +166,11 @@ def check_rows(shard_stats: list, tables: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def export_claim(out: str) -> Iterator[int | None]:
+def export_claim(out: str, check: Callable[[], None] | None = None) -> Iterator[int | None]:
     """The claim a `ps-worker export` holds on out (an existing folder) for its whole run (ps.storage.leftovers
     .claimed: ClaimedError where another export holds one), and passes on to the `ps-server export` it runs:
-    yields the descriptor it is held by (None where none is). Under it, first, what exports killed mid-way left in
+    yields the descriptor it is held by (None where none is). Under it, first, check() runs (an error it raises
+    refuses, nothing changed); then what exports killed mid-way left in
     out is removed, logging each with its size (their fresh checkpoints, worker.temp_dirs.dead_export_checkpoints,
     and what their `ps-server export` left, leftovers.export_leftovers), if out is an export's folder
     (leftovers.holds_an_export); the checkpoints whose writer may still run are reported and left."""
@@ -177,7 +180,7 @@ def export_claim(out: str) -> Iterator[int | None]:
             return []
         return dead_export_checkpoints(out)[0] + leftovers.export_leftovers(out, leftovers.EXPORT_CHECKPOINT_NAME)
 
-    with leftovers.claimed(out, killed, "an export killed mid-way") as fd:
+    with leftovers.claimed(out, killed, "an export killed mid-way", check=check) as fd:
         leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
                          "host, or named without its process): remove it once none is")  # fmt: skip
         yield fd

@@ -151,7 +151,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     again on a failure. What exports killed mid-write left in out is removed first, if out is an export's
     (leftovers.holds_an_export); leftovers.ClaimedError where another export writes there now, nothing changed
     (one export into out at a time). ValueError for an out inside the
-    checkpoint, for an out that holds files without overwrite (check_holds_no_export), and for a checkpoint inside
+    checkpoint, for an out that holds files without overwrite (check_holds_no_export, under the claim, before
+    any leftover is removed: no export put in place meanwhile is replaced), and for a checkpoint inside
     the folder of the export in out that this one replaces (without move_checkpoint: that folder is removed);
     CheckpointDamagedError for a damaged checkpoint (naming the file and
     offset where RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ
@@ -178,8 +179,6 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     if tables:
         manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
     check_out_of_checkpoint(directory, out)  # first: overwrite does not help there
-    if not overwrite:
-        check_holds_no_export(out)
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
 
@@ -189,7 +188,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
         leftovers.report(held, f"it holds the checkpoint exported, {directory}")
         return [p for p in found if p not in held]
 
-    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd):
+    empty = None if overwrite else lambda: check_holds_no_export(out)  # under the claim: no export ends meanwhile
+    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, empty):
         summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
         try:

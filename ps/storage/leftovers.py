@@ -236,12 +236,18 @@ class ClaimedError(OSError):
 
 @contextlib.contextmanager
 def claimed(
-    directory: str, leftovers: Callable[[], list[str]], whose: str, fd: int | None = None
+    directory: str,
+    leftovers: Callable[[], list[str]],
+    whose: str,
+    fd: int | None = None,
+    check: Callable[[], None] | None = None,
 ) -> Iterator[int | None]:
     """Holds an exclusive flock on the folder directory while the block runs, had at once: no other writer is
-    there, so first it removes leftovers() (paths in directory that only a dead writer can have left; whose: see
-    remove). ClaimedError, nothing changed, where another writer holds it. Without flock (not POSIX, a file system
-    with none on directories), or where directory cannot be opened, leftovers() is reported only. Yields the
+    there, so first it runs check() (what directory must hold for the writer to go ahead, seen under the claim: an
+    error it raises refuses, nothing changed), then removes leftovers() (paths in directory that only a dead writer
+    can have left; whose: see remove). ClaimedError, nothing changed, where another writer holds it. Without flock
+    (not POSIX, a file system with none on directories), or where directory cannot be opened, check() runs and
+    leftovers() is reported only. Yields the
     descriptor the flock is held by (None where none is): a child process given it (pass_fds) holds the claim
     too, and claims the folder through it (fd: such a descriptor, of directory, which this leaves open; a
     ValueError where it is none)."""
@@ -262,6 +268,8 @@ def claimed(
                                    "for it to end, or give another directory; nothing was written") from None  # fmt: skip
             except OSError:  # no flock on this file system
                 pass
+        if check is not None:
+            check()
         if alone:
             remove(leftovers(), whose)
         else:
