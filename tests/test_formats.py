@@ -1018,7 +1018,8 @@ def test_the_builtin_csv_schema_warns_of_numbers_written_with_thousands_separato
     first_spaced = next(f"{s:,}".replace(",", " ") for s in spaced if s >= 1000)
     assert f"holds numbers with thousands separated by ' ' (as '{first_spaced}')" in said["'visits'"]
     assert "read_csv(..., thousands=' ')" in said["'visits'"]
-    assert "lists of 3-digit ids" in said["'revenue'"] and "lists" not in said["'visits'"]
+    assert 'kind = "multi_hot", separator = ",")' in said["'revenue'"], said["'revenue'"]
+    assert 'kind = "multi_hot", separator = " ")' in said["'visits'"], said["'visits'"]
     lists = tmp_path / "lists.tsv"
     tags = [",".join(str(rng.integers(1, 10 ** rng.integers(1, 5))) for _ in range(rng.integers(1, 4)))
             for _ in range(300)]  # fmt: skip

@@ -618,6 +618,28 @@ def test_infer_numbers_with_spaces_as_thousands_separators_are_said_as_such(tmp_
     assert "thousands='\\u202f', decimal=',')" in said["french"], said["french"]
 
 
+def test_a_column_of_ids_and_space_separated_lists_of_them_is_not_said_to_hold_numbers(tmp_path):
+    """A column of single ids (nine in ten cells) and lists of ids split by spaces ('3 17 25', '17 250') holds no
+    numbers with thousands separators, though '17 250' alone reads as one: every cell holding a space must be such a
+    number, as every cell holding a comma must for the comma form. A column whose spaced cells are all grouped in
+    threes is said to hold such numbers, and that lists of 3-digit ids look the same."""
+    rng = np.random.default_rng(5)
+    lists = ["3 17 25", "17 250", "40 101", "1 2 3", "12 345 7"]
+    rows = ["click,tags,grouped"]
+    for k in range(500):
+        tags = lists[k // 100] if k % 100 == 0 else str(rng.integers(1, 999))
+        grouped = "17 250" if k % 100 == 0 else str(rng.integers(1, 999))
+        rows.append(f"{rng.integers(2)},{tags},{grouped}")
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    _, checks = infer_schema(str(tmp_path / "d.csv"))
+    said = {c.split("'", 2)[1]: c for c in checks if "thousands separated by" in c}
+    assert set(said) == {"grouped"}, checks
+    assert (
+        'lists of 3-digit ids look the same: a schema reads those with kind = "multi_hot", separator = " "'
+        in (said["grouped"])
+    )
+
+
 def test_the_fingerprint_holds_the_label_and_the_builtin_libsvm_field_count():
     """Another label trains the rows toward another target: another fingerprint. The built-in libsvm schema read
     with 3 fields or 4 scores a line of 3 features otherwise (the 4th field's missing id adds its row): another

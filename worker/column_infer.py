@@ -29,7 +29,8 @@ cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite
                                       integers of at most _MANY_CODES values, each seen _CODE_REPEATS times on
                                       average (codes, or small counts), also `<name>_code`: each value its own id
     numbers with a decimal comma (`0,6792` in most cells), or numbers with thousands separators (`1,234,567`
-    or `1 234 567` in some cells, numbers in nine in ten; `49,490` reads either way): written_numbers
+    or `1 234 567` in every cell holding a comma or a space, numbers in nine in ten; `49,490` reads either way):
+    written_numbers
                                       categorical, and on stderr: how to convert them to plain numbers
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
     prose (most of its commas followed by a space)
@@ -61,6 +62,7 @@ _DECIMAL_COMMA = re.compile(r"\s*[-+]?\d+,\d+\s*")  # 0,6792: a number written w
 _THOUSANDS = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?\s*")  # 1,234,567.5: thousands separators
 _SPACES = " \u00a0\u202f"  # a space, a no-break space, a narrow no-break space: thousands separators
 _SPACED = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:[ \u00a0\u202f]\d{3})+(?:[.,]\d+)?\s*")  # 1 234 567,5
+_SEPARATED = re.compile(f"[,{_SPACES}]")  # a comma or a space of _SPACES: in every number written_numbers tells
 _DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")  # 2023-12-02 (19:26:40), 12/02/2023
 _UNTOLD_TIMES = {  # what a column of times of a form no time transform reads (timestamps.untold_time) needs
     "unix_ms": "; times in unix milliseconds: as a number or as ids, each later day's values are new; write them in "
@@ -141,26 +143,37 @@ def _bucket_twin(column: Column, values: list[float], taken: set[str]) -> Column
     return Column(name, column.source, "numeric", transform="bucketize", boundaries=tuple(cuts))
 
 
+def _lists(separator: str) -> str:
+    """written_numbers' aside for a column whose cells could be lists of 3-digit ids split at separator."""
+    return f' (lists of 3-digit ids look the same: a schema reads those with kind = "multi_hot", separator = "{separator}")'
+
+
 def written_numbers(cells: list[str]) -> tuple[str, str, str] | None:
     """(what the cells hold, how to make them plain numbers, an aside) where they are numbers the readers do not
-    take as such, written with separators: thousands separated by commas (1,234,567 in some of the cells that are
-    not empty or missing, numbers in nine in ten; 49,490 in all of them reads as decimal commas too), or by spaces
-    (1 234 567, a space, no-break space or narrow no-break space; 1 234,5 with a decimal comma), else decimal
-    commas in nine in ten of them (0,6792); else None."""
-    cells = [c.strip() for c in cells if c.strip() and not is_missing_text(c)]
-    spaced = [c for c in cells if _SPACED.fullmatch(c)]
-    numbers = sum(bool(_SPACED.fullmatch(c) or _DECIMAL_COMMA.fullmatch(c)) or _floats([c]) is not None for c in cells)
-    if spaced and numbers >= 0.9 * len(cells):
+    take as such, written with separators: thousands separated by commas (1,234,567 in every cell holding a comma,
+    of the cells that are not empty or missing, numbers in nine in ten; 49,490 in all of them reads as decimal
+    commas too), or by spaces (1 234 567 in every cell holding a space, no-break space or narrow no-break space;
+    1 234,5 with a decimal comma), else decimal commas in nine in ten of them (0,6792); else None. The aside:
+    lists of 3-digit ids split by commas or spaces look the same."""
+    cells = [c.strip() for c in cells]
+    if not any(map(_SEPARATED.search, cells)):  # no comma or space within a cell: plain cells (the common case)
+        return None
+    cells = [c for c in cells if c and not is_missing_text(c)]
+    spaced = [c for c in cells if any(ch in _SPACES for ch in c)]
+    if (spaced and all(_SPACED.fullmatch(c) for c in spaced)  # each cell holding a space is a number so written
+            and sum(bool(_SPACED.fullmatch(c) or _DECIMAL_COMMA.fullmatch(c)) or _floats([c]) is not None
+                    for c in cells) >= 0.9 * len(cells)):  # fmt: skip
         separator = next(ch for ch in spaced[0] if ch in _SPACES)
         decimal = ", decimal=','" if any("," in c for c in spaced) else ""
         return (f"numbers with thousands separated by {separator!r} (as {spaced[0]!r})",
-                f"remove the separators (pandas: read_csv(..., thousands={separator!r}{decimal}) then to_csv)", "")  # fmt: skip
+                f"remove the separators (pandas: read_csv(..., thousands={separator!r}{decimal}) then to_csv)",
+                _lists(separator) if separator == " " else "")  # fmt: skip
     commas = [c for c in cells if "," in c]
     if not commas:
         return None
     grouped = sum(bool(_THOUSANDS.fullmatch(c)) or _floats([c]) is not None for c in cells) >= 0.9 * len(cells)
     if grouped and all(_THOUSANDS.fullmatch(c) for c in commas):
-        lists = ' (lists of 3-digit ids look the same: a schema reads those with kind = "multi_hot", separator = ",")'
+        lists = _lists(",")
         other = [c for c in commas if not _DECIMAL_COMMA.fullmatch(c)]
         if other:
             return (f"numbers with thousands separators (as {other[0]!r})", "remove the separators (pandas: "
