@@ -7,6 +7,7 @@ Training and eval still refuse a file without labels."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import json
 import os
@@ -257,7 +258,7 @@ def test_a_libsvm_model_made_before_its_field_count_was_recorded_is_read_as_it_w
     lines = Path(train_path).read_text().splitlines()
     Path(short).write_text("".join(" ".join(line.split(" ")[:3]) + "\n" for line in lines))  # K = 2
     current = Schema.fingerprint
-    monkeypatch.setattr(Schema, "fingerprint", lambda self, field_count=True: current(self, False))
+    monkeypatch.setattr(Schema, "fingerprint", lambda self, *a, **k: current(self, False))
     train(small_run(addresses, train_path, model="lr", format="libsvm"))
     monkeypatch.undo()
     flags = ["--format", "libsvm", "--model", "lr"]
@@ -267,6 +268,42 @@ def test_a_libsvm_model_made_before_its_field_count_was_recorded_is_read_as_it_w
         held = {client.describe_table(t.name)[0].spec.features for t in client.stats()[0].tables}
     schema = builtin_schema("libsvm", default_table="lr", default_dim=1, libsvm_fields=2)
     assert held == {schema.legacy_fingerprint()} != {schema.fingerprint()}
+
+
+def test_tables_trained_under_a_schema_files_spaced_label_are_read_with_that_schema_file(
+    servers, tmp_path, monkeypatch, capsys
+):
+    """`ps-worker schema` wrote a header `id, click, ...`'s label as `label = " click"`, and tables trained with that
+    file carry the fingerprint of the label as written (the oracle: the fingerprint of the schema whose label is
+    " click"). The same schema file, whose label is now read as "click", scores and trains them further (its
+    legacy_fingerprint), where a schema of another label is still refused."""
+    from worker.schema import Schema, load_schema
+
+    addresses, _ = servers(1)
+    data = tmp_path / "people.csv"
+    write_people(data, 300, seed=4)
+    data.write_text(data.read_text().replace("id,click,site,note", "id, click, site, note", 1))
+    schema_path = tmp_path / "schema.toml"
+    schema_path.write_text('format = "csv"\nlabel = " click"\n\n[[columns]]\nname = "site"\nkind = "categorical"\n')
+    schema = load_schema(str(schema_path), default_table="lr", default_dim=1)
+    assert schema.label == "click"
+    written = Schema.fingerprint(dataclasses.replace(schema, label=" click"))  # as tables made before carry it
+    current = Schema.fingerprint
+    monkeypatch.setattr(Schema, "fingerprint", lambda self, *a, **k: current(dataclasses.replace(self, label=" click")))
+    train(small_run(addresses, str(data), model="lr", schema=str(schema_path)))
+    monkeypatch.undo()
+    with Client(addresses) as client:
+        held = {client.describe_table(t.name)[0].spec.features for t in client.stats()[0].tables}
+    assert held == {written} != {schema.fingerprint()}
+    flags = ["--data", str(data), "--schema", str(schema_path), "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "out.csv", *flags) == 0, capsys.readouterr().err
+    train(small_run(addresses, str(data), model="lr", schema=str(schema_path)))  # trains on, under their fingerprint
+    other = tmp_path / "other.toml"
+    other.write_text(schema_path.read_text().replace('" click"', '"id"'))
+    assert (
+        predict(addresses[0], tmp_path / "other.csv", "--data", str(data), "--schema", str(other), "--model", "lr") == 2
+    )
+    assert "trained with another schema" in capsys.readouterr().err
 
 
 def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, capsys, caplog):

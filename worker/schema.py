@@ -174,7 +174,8 @@ class Schema:
     "first column" (the training file's first column, the built-in default), or why the built-in csv schema took
     another column (schema_builtin.csv_label); format_from, how the format was chosen, for the run's output: ""
     (given: --format, or the schema file's `format`) or what formats.detect_format saw. Neither is part of the
-    schema's value (equality, to_toml, fingerprint)."""
+    schema's value (equality, to_toml, fingerprint). label_written: a schema file's `label` as it writes it, where
+    spaces around it make it differ from label (legacy_fingerprint)."""
 
     format: str
     delimiter: str
@@ -184,11 +185,12 @@ class Schema:
     bias_table: str
     label_from: str = field(default="schema", compare=False)
     format_from: str = field(default="", compare=False)
+    label_written: str | None = field(default=None, compare=False)
 
     def sparse_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_sparse)
 
-    def fingerprint(self, field_count: bool = True) -> str:
+    def fingerprint(self, field_count: bool = True, label_written: bool = False) -> str:
         """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
         std), and the bias table. In a libsvm schema the columns f<k> in their shared id space (the
@@ -198,22 +200,25 @@ class Schema:
         fixes it). Columns of other formats count one by one, whatever their names. Each table the model creates
         carries it (TableConfig.features): another schema, whose ids would land on rows trained for other features
         or toward another label, is refused by the servers' tables (worker/tables.py). field_count False: the
-        shared fields' entry without K (legacy_fingerprint)."""
+        shared fields' entry without K; label_written: the label as the schema file writes it (legacy_fingerprint)."""
         drop = {"source", "mean", "std"}
         fields = [c for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)]
         shared = {c.name for c in fields if c == libsvm_column(c.name, c.table)}
         own = {c.name for c in fields if c == libsvm_column(c.name, c.table, shared=False)}
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
                    for c in self.columns if c.name not in shared | own]  # fmt: skip
-        described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,
+        label = self.label_written if label_written and self.label_written is not None else self.label
+        described = {"label": label, "columns": columns, "bias_table": self.bias_table,
                      "libsvm_fields": (len(shared) if field_count else "shared") if shared else bool(own)}  # fmt: skip
         text = json.dumps(described, sort_keys=True, default=list)
         return "schema:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def legacy_fingerprint(self) -> str | None:
         """The fingerprint that tables trained with this schema carry when they were made before the built-in
-        libsvm fields' count K was part of it (their K unrecorded), or None where it was the same."""
-        legacy = self.fingerprint(field_count=False)
+        libsvm fields' count K was part of it (their K unrecorded), or before a schema file's label was read without
+        the spaces around it (label_written: `label = " clicked"`, as `ps-worker schema` wrote a header
+        `id, clicked`'s); None where it was the same."""
+        legacy = self.fingerprint(field_count=False, label_written=True)
         return legacy if legacy != self.fingerprint() else None
 
     def dense_columns(self) -> tuple[Column, ...]:
@@ -334,8 +339,8 @@ def _parse(doc: dict, path: str, default_table: str, default_dim: int) -> Schema
         delimiter = _value(doc, "delimiter", str, path)
         if len(delimiter) != 1 or delimiter in '"\r\n\0':
             raise ValueError(f"{path}: delimiter {delimiter!r}, expected one character other than a quote or newline")
-    label = _value(doc, "label", str, path, None if fmt == "csv" else "label")
-    label = label.strip() if label is not None else None  # as csv header names are read (csv_reader.header_names)
+    written = _value(doc, "label", str, path, None if fmt == "csv" else "label")
+    label = written.strip() if written is not None else None  # as csv header names are read (header_names)
     if fmt != "csv" and label != "label":
         raise ValueError(f"{path}: label {label!r}: a {fmt} file's label column is 'label'")
     tables = _tables(_value(doc, "tables", dict, path, {}), path, default_dim)
@@ -356,7 +361,9 @@ def _parse(doc: dict, path: str, default_table: str, default_dim: int) -> Schema
     unused = [t for t in tables if t not in used]
     if unused:
         raise ValueError(f"{path}: tables {unused} are declared but no column (nor bias_table) uses them")
-    return Schema(fmt, delimiter, label, columns, tables, bias_table)
+    return Schema(
+        fmt, delimiter, label, columns, tables, bias_table, label_written=None if written == label else written
+    )
 
 
 def _known(spec: dict, keys: tuple[str, ...], where: str) -> None:
