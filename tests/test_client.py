@@ -264,6 +264,52 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang(caplog):
     assert 5.0 <= time.monotonic() - started < 20
 
 
+def test_a_shard_that_stays_down_is_waited_for_the_server_timeout_in_all_not_per_call():
+    """--server-timeout bounds the wait for a shard from the first failure the client saw of it: a call made after
+    another gave up on the shard, still failing, tries once and fails at once, saying how long the shard has been
+    failing; a failure after no call failed on it for the server timeout starts a new wait. A stand-in fails every
+    call; a fake clock moves by the retries' sleeps."""
+    now = [1000.0]
+    clock = mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "Connection refused"
+
+    attempts = []
+
+    def attempt(call, timeout_s, interruptible):
+        attempts.append(now[0])
+        return Unavailable()
+
+    def waited(call) -> tuple[float, int, str]:
+        """(fake seconds the call took, its attempts, its error)"""
+        started, tried = now[0], len(attempts)
+        with pytest.raises(ServerUnavailableError) as raised:
+            call()
+        return now[0] - started, len(attempts) - tried, str(raised.value)
+
+    with (
+        Client(["127.0.0.1:1"], timeout_s=1, server_timeout_s=10) as client,
+        mock.patch("worker.client.time", clock),
+        mock.patch("worker.retry.time", clock),
+    ):
+        client._attempt = attempt
+        first, tried, said = waited(client.stats)
+        assert 10 <= first < 12 and tried > 5 and f"it has been failing for {first:.0f} s (server timeout 10 s)" in said
+        took, tried, said = waited(client.stats)  # the shard still fails: what is left of its wait is nothing
+        assert (took, tried) == (0, 1) and f"it has been failing for {first:.0f} s (server timeout 10 s)" in said
+        now[0] += 5
+        took, tried, said = waited(client.stats)
+        assert (took, tried) == (0, 1) and f"it has been failing for {first + 5:.0f} s (server timeout 10 s)" in said
+        now[0] += 10.5  # no call failed on it for longer than the server timeout: a new outage
+        took, tried, said = waited(client.stats)
+        assert 10 <= took < 12 and tried > 5 and f"it has been failing for {took:.0f} s (server timeout 10 s)" in said
+
+
 def test_a_shrink_or_hold_past_its_deadline_is_not_sent_again_and_a_clock_advance_is_applied_once(servers, sgd1_table):
     """A Shrink (Checkpoint) that outlives its deadline may still apply on the shard: sending it again would decay
     the scores (meet its own hold) twice, so the client raises instead, having sent it once. A clock advance is a

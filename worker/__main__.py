@@ -174,8 +174,8 @@ def _add_cluster_commands(sub) -> None:
 def _add_server_timeout(p) -> None:
     p.add_argument(
         "--server-timeout", type=SECONDS_OR_0, default=30.0,
-        help="how long to wait for a server that is down (retrying) before exiting with an error (0: no retry; a "
-        "server not reachable yet is waited for up to --timeout-s)",
+        help="how long a server may stay down, counted from the first failed call to it (its calls sent again), "
+        "before exiting with an error (0: no retry; a server not reachable yet is waited for up to --timeout-s)",
     )  # fmt: skip
 
 

@@ -73,7 +73,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--server-timeout",
         type=SECONDS_OR_0,
         default=d.server_timeout_s,
-        help="how long to wait for a server that is down (retrying, and logging which one) before exiting with an error",
+        help="how long a server may stay down, counted from the first failed call to it, before the run exits with an "
+        "error (its calls are sent again meanwhile, and the worker logs which server it waits for)",
     )
     add_data_args(p, d, "train")
     work = p.add_argument_group("workers")
@@ -435,7 +436,7 @@ def add_served_model_args(p: argparse.ArgumentParser, command: str) -> None:
         "--server-timeout",
         type=SECONDS_OR_0,
         default=d.server_timeout_s,
-        help="how long to wait for a server that is down before exiting with an error",
+        help="how long a server may stay down, counted from the first failed call to it, before exiting with an error",
     )
     add_security_args(p)
     p.add_argument("--batch-size", type=integer(1), default=2048, help="examples per pull")

@@ -10,7 +10,8 @@ Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server 
 stuck), or CANCELLED (a server stopping cancels the calls it has not finished; this client cancels none it goes on
 with), or RESOURCE_EXHAUSTED from a server too busy to take it (its queue of calls full: worker.retry.overloaded;
 such a call was not run) is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
-`server_timeout_s`; the client logs which shard it is waiting for (for a shard that is starting, what its start is
+`server_timeout_s`, counted from the first failure of any of the client's calls to it (worker.retry.Outages); the
+client logs which shard it is waiting for (for a shard that is starting, what its start is
 doing: ps.errors.ShardStartingError) and when it is back, and past the timeout raises ServerUnavailableError
 naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
@@ -113,7 +114,7 @@ class Client:
         shard_gone: Callable[[int], str | None] | None = None,
     ):
         """timeout_s: the deadline of one attempt of a call; server_timeout_s: how long a shard may keep failing
-        (down, restarting) before a call gives up (0: no retries). tls_ca: verify the servers' TLS certificates
+        (down, restarting), from the first failed call to it, before its calls give up (0: no retries). tls_ca: verify the servers' TLS certificates
         against it; tls_cert / tls_key: this client's certificate, for servers that require one; auth_token:
         sent with every call (ps/security.py). max_request_bytes: the largest message sent (ids and rows; a call
         is split past it); wait_ready lowers it to fit the room the shards keep for requests (message_bytes_for).

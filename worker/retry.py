@@ -3,7 +3,9 @@ starting, and the error a call ends with.
 
 A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (RETRYABLE), or that an overloaded shard refused
 before running it (RESOURCE_EXHAUSTED, ps.errors.OVERLOADED: overloaded), is sent again while its shard has
-been failing for less than the client's server_timeout_s (Outages.keep_waiting); one that may have run on its
+been failing for less than the client's server_timeout_s (Outages.keep_waiting), counted from the first failure of
+any call of the client to it: a call made while the shard is still failing, after another gave up on it, waits only
+for what is left of that (one attempt, then the error); one that may have run on its
 shard (may_have_run) is not sent again when a repeat would apply it once more (sent_once); a PushBatch with a
 client id gets no attempt once its first is ps.config RETRY_WINDOW_S old (retry_window_left), and ends with
 RequestOutcomeUnknownError (Outages.outcome_unknown). The loop that applies this is Client._call_until_answered.
@@ -137,9 +139,12 @@ def sent_once(method: str, request: object) -> bool:
 
 
 class Outages:
-    """The shards a client's calls find failing, since when (down: shard -> time.monotonic() it started failing),
-    and which of them a checkpoint's pause holds (pausing: logged at INFO, not WARNING). Every method takes lock:
-    a client's calls run on any thread. servers: the client's addresses, for its messages."""
+    """The shards a client's calls find failing, since when (down: shard -> time.monotonic() it started failing;
+    failed: shard -> that of its latest failed attempt), and which of them a checkpoint's pause holds (pausing:
+    logged at INFO, not WARNING). A shard's outage lasts until a call to it is answered (back), or until none of
+    its calls failed for server_timeout_s (then a failure starts a new one): a call that gave up on the shard does
+    not end it, so the calls that follow wait for no more than what is left of it. Every method takes lock: a
+    client's calls run on any thread. servers: the client's addresses, for its messages."""
 
     def __init__(self, servers: list[str], gone: Callable[[int], str | None] | None = None):
         """gone(shard): why the shard can never answer again (a local shard whose process exited), else None:
@@ -147,6 +152,7 @@ class Outages:
         self.servers = servers
         self.gone = gone
         self.down: dict[int, float] = {}
+        self.failed: dict[int, float] = {}
         self.pausing: set[int] = set()
         self.lock = threading.Lock()
 
@@ -154,6 +160,7 @@ class Outages:
         """Notes that the shard answered; logs that it is back if it was failing."""
         with self.lock:
             since = self.down.pop(shard, None)
+            self.failed.pop(shard, None)
             paused = shard in self.pausing
             self.pausing.discard(shard)
         if since is not None:
@@ -161,13 +168,17 @@ class Outages:
                     self.servers[shard], time.monotonic() - since)  # fmt: skip
 
     def keep_waiting(self, shard: int, e: grpc.RpcError, server_timeout_s: float) -> bool:
-        """True while the shard has been failing for less than server_timeout_s (logs when it starts), and is not
-        gone."""
+        """True while the shard has been failing for less than server_timeout_s, since the first failure of its
+        outage (logs when that starts), and is not gone."""
         if server_timeout_s <= 0 or (self.gone is not None and self.gone(shard)):
             return False
         now = time.monotonic()
         paused = CHECKPOINT_PAUSE in (e.details() or "")  # a routine pause of pushes, seconds long
         with self.lock:
+            if now - self.failed.get(shard, now) > server_timeout_s:  # no call failed on it for so long: over
+                self.down.pop(shard, None)
+                self.pausing.discard(shard)
+            self.failed[shard] = now
             since = self.down.setdefault(shard, now)
             if since is now and paused:
                 self.pausing.add(shard)
@@ -192,6 +203,7 @@ class Outages:
         """The error of a PushBatch not answered within RETRY_WINDOW_S of its first attempt."""
         with self.lock:  # a later call waits for the shard anew
             self.down.pop(shard, None)
+            self.failed.pop(shard, None)
             self.pausing.discard(shard)
         what = f"PushBatch request {request.seq}" if request.seq else "a sync PushBatch"
         return RequestOutcomeUnknownError(
@@ -223,6 +235,7 @@ class Outages:
         if gone:  # before "it may still be running there": it is not running anywhere
             with self.lock:
                 self.down.pop(shard, None)
+                self.failed.pop(shard, None)
                 self.pausing.discard(shard)
             return ServerUnavailableError(f"{where}: {method} failed ({why_failed(e)}): {gone}")
         if sent_once(method, request) and may_have_run(e):
@@ -235,9 +248,8 @@ class Outages:
                 f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
         if retryable(e):
-            with self.lock:  # a later call waits for the shard anew, for its own server timeout
-                since = self.down.pop(shard, None)
-                self.pausing.discard(shard)
+            with self.lock:  # the outage goes on: a later call waits only for what is left of it
+                since = self.down.get(shard)
             waited = 0.0 if since is None else time.monotonic() - since
             tried = f"; it has been failing for {waited:.0f} s (server timeout {server_timeout_s:g} s)"
             if starting(e):  # a journal replay or a restore can take longer than the timeout: say how to wait
