@@ -148,7 +148,7 @@ class PushResponse(_message.Message):
     def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
 
 class WorkerStamp(_message.Message):
-    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked", "token", "apart", "stopped_by")
+    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked", "token", "apart", "stopped_by", "job_name")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class WorkerStamp(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     APART_FIELD_NUMBER: _ClassVar[int]
     STOPPED_BY_FIELD_NUMBER: _ClassVar[int]
+    JOB_NAME_FIELD_NUMBER: _ClassVar[int]
     job: int
     worker: int
     num_workers: int
@@ -179,7 +180,8 @@ class WorkerStamp(_message.Message):
     token: int
     apart: bool
     stopped_by: str
-    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ..., apart: _Optional[bool] = ..., stopped_by: _Optional[str] = ...) -> None: ...
+    job_name: str
+    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ..., apart: _Optional[bool] = ..., stopped_by: _Optional[str] = ..., job_name: _Optional[str] = ...) -> None: ...
 
 class PullBatchRequest(_message.Message):
     __slots__ = ("pulls", "stamp")

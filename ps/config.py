@@ -29,6 +29,7 @@ MAX_HOLD_S = 3600.0  # of a checkpoint's hold (ps-worker checkpoint --hold-timeo
 DEFAULT_HOLD_S = 120.0  # a hold's, where none is given (a Checkpoint hold request's hold_timeout_s 0)
 DEFAULT_BARRIER_S = 60.0  # a sync or ssp wait's deadline where none is given (a stamp's barrier_timeout_s 0)
 MAX_STAMP_TEXT = 1000  # characters of a stamp's setup, and of a stop stamp's reason
+MAX_JOB_NAME_CHARS = 100  # of a stamp's job_name (printable ASCII: ps.stamp is_job_name)
 MAX_BARRIER_S = 3600.0  # of a sync or ssp wait (a stamp's barrier_timeout_s, --barrier-timeout)
 MAX_MEMORY_BYTES = 1 << 50  # of --cache-bytes and --memory-bytes (1 PiB): beyond any machine's memory
 MAX_MEMORY_TEXT = f"{MAX_MEMORY_BYTES >> 40}T ({MAX_MEMORY_BYTES:,} bytes, beyond any machine's memory)"  # as said

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ps.config import DEFAULT_BARRIER_S
+from ps.config import DEFAULT_BARRIER_S, MAX_JOB_NAME_CHARS
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,9 @@ class WorkerStamp:
     a sync or ssp worker's PushBatch that ends none of its steps on the shard (a message of a step's push before
     the shard's last, or a push sent apart from the steps), which holds the shard for the job and moves no clock;
     stopped_by: a stop stamp's, the class of the shard's refusal its worker stopped on (worker.steprows
-    stopped_by; empty: a cause of its own), which a shard relays where it stopped the job (ps.engine.jobhold)."""
+    stopped_by; empty: a cause of its own), which a shard relays where it stopped the job (ps.engine.jobhold);
+    job_name: the job as its workers' --job-id named it (job is that name's hash; empty: no name), which the
+    shard's messages name it by (job_named)."""
 
     job: int
     worker: int
@@ -46,6 +48,12 @@ class WorkerStamp:
     token: int = 0
     apart: bool = False
     stopped_by: str = ""
+    job_name: str = ""
+
+    @property
+    def named(self) -> str:
+        """The stamp's job as messages name it (job_named)."""
+        return job_named(self.job, self.job_name)
 
     @property
     def timeout_s(self) -> float:
@@ -57,3 +65,15 @@ class WorkerStamp:
         """The stamp of a WorkerStamp message (generated, or a ps.codec view with the same attributes; the proto's
         fields and this class's are one list: tests/test_codec.py)."""
         return WorkerStamp(**{f.name: getattr(m, f.name) for f in fields(WorkerStamp)})
+
+
+def job_named(job: int, name: str = "") -> str:
+    """A job as messages name it: by its name, quoted ('j3': a stamp's job_name, printable ASCII once checked,
+    ps.engine.stampcheck), else by its id."""
+    return ascii(name) if name else str(job)
+
+
+def is_job_name(text: str) -> bool:
+    """Whether text may be a stamp's job_name: 1 to MAX_JOB_NAME_CHARS printable ASCII characters (a shard prints
+    it in its messages as it is, quoted)."""
+    return 0 < len(text) <= MAX_JOB_NAME_CHARS and text.isascii() and text.isprintable()

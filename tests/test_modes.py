@@ -998,6 +998,14 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
          "stamped apart ends none of its worker's steps, so it advances no clock; this one advances it by 1"),
         (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, apart=True, done=True)), "this one says done"),
         (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, apart=True, stopped="x")), "this one says stopped"),
+        *[(ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, job_name=name)),
+           f"bad worker stamp: job_name {said} is not a name of 1 to 100 printable ASCII characters (empty: none)")
+          for name, said in [("\x1b[2Jj3\n", r"'\x1b[2Jj3\n'"), ("j\u00f6b", r"'j\xf6b'"), ("\u202ej3", r"'\u202ej3'"),
+                             ("j" * 101, "'" + "j" * 39 + "... (101 characters)")]],
+        (ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, job_name="j\tb")), r"job_name 'j\tb' is not a name"),
+        (ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD), stamp=ps_pb2.WorkerStamp(**good,
+                                                                                               job_name="a\x00")),
+         r"job_name 'a\x00' is not a name of 1 to 100 printable ASCII characters (empty: none); nothing was created"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, apart=True,
                                                                                     unclocked=True)),
          "this one says unclocked"),
@@ -1009,6 +1017,7 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
         with pytest.raises(grpc.RpcError) as info:
             method(request)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
+        assert info.value.details().isascii() and info.value.details().isprintable()  # nothing of it printed raw
     after = (shard.table("emb").peek(A), shard.journal.next_seq, shard.jobs.stats(), shard.clock)
     assert (before[0] == after[0]).all() and before[1:] == after[1:] and not shard.jobs.sync.steps
     assert shard.jobs._done == [False, False] and shard.jobs.hold.stopped is None  # done and stopped refused too
@@ -1381,6 +1390,30 @@ def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shar
             started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB + 5, 0, 2, 0))
 
 
+def test_a_job_named_by_its_workers_is_named_so_in_the_refusal_that_stops_it_and_in_its_relay(servers):
+    """Workers given --job-id j3 stamp its name (job is its hash): the refusal that stops the job names it 'j3', not
+    the number, and the other shard relays it by that name too; a stamp of the job without the name (a worker
+    resumed from its file) is named by the name the shard knows."""
+    from worker.steprows import ClockedRows, abandon
+
+    fm, deepfm = SETUP, SETUP.replace("model=fm", "model=deepfm")
+    addresses, started = servers(2)
+    ids = random_ids(64)
+    with Client(addresses, timeout_s=30) as client:
+        client.create_table(SGD)
+        started[1].shard.jobs.wait_for_pull(WorkerStamp(JOB, 0, 2, 0, setup=fm, job_name="j3"))
+        started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB, 1, 2, 0, setup=deepfm, job_name="j3"))
+        mine = WorkerStamp(JOB, 1, 2, 0, setup=deepfm)  # no name: the shard's
+        with pytest.raises(InvalidArgumentError, match="shard 1: job 'j3' stops: worker 1 runs another setup") as e:
+            client.pull_many([("emb", ids)], stamp=mine)
+        assert str(JOB) not in str(e.value)
+        abandon(ClockedRows(client, None, dataclasses.replace(mine, job_name="j3")), e.value)
+        named = r"shard 1: job 'j3' stops: worker 1 runs another setup .*'model' 'deepfm' \(the job's: 'fm'\)"
+        with pytest.raises(InvalidArgumentError, match=named) as e:  # the cause, shard 1's refusal, relayed
+            client.pull_many([("emb", ids)], stamp=WorkerStamp(JOB, 0, 2, 0, setup=fm, job_name="j3"))
+        assert str(JOB) not in str(e.value)
+
+
 def _first_pull_lost(server, seen: list, what) -> object:
     """A stand-in for the shard's wait_for_pull that records what(stamp) of each stamped pull and answers the first
     UNAVAILABLE (the client sends it again), the others as the shard does."""
@@ -1510,7 +1543,10 @@ def test_a_second_run_under_a_job_id_is_refused_not_dropped(servers, finished):
         if finished:
             assert "FAILED_PRECONDITION" in str(info.value) and "said it is done" in str(info.value)
         else:
-            assert f"job id {JOB}'s step 0 was applied before on shard" in str(info.value)
+            assert f"job {JOB}'s step 0 was applied before on shard" in str(info.value)
+            with pytest.raises(JobIdReusedError, match=r"^job 'j3''s step 0 was applied before on shard"):
+                client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1,
+                                 stamp=WorkerStamp(JOB, 0, 2, 0, sync=True, barrier_timeout_s=5, job_name="j3"))  # fmt: skip
         assert (client.pull("emb", A) == -4).all()
 
 

@@ -582,7 +582,30 @@ def test_torchruns_unnamed_run_id_is_no_job_id(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "my-job-3")
     named = train_config_from_argv(["--servers", "h:1", "--mode", "sync"])
     assert named.job_id == train_config_from_argv(["--servers", "h:1", "--job-id", "my-job-3"]).job_id
+    assert named.job_name == "my-job-3"  # the shards name the job so
     named.validate()
+
+
+def test_a_job_id_given_as_a_name_is_the_name_the_stamps_carry():
+    """--job-id j3: the job's id is the name's hash, and its stamps carry the name for the shards' messages; an
+    integer is the id itself (no name); a name a stamp cannot carry (past 100 characters, not printable ASCII) is
+    hashed all the same, and the shards name the job by its id."""
+    from worker.cli_train import train_config_from_argv
+    from worker.job import prepare
+    from worker.steprows import row_source
+
+    def given(job: str) -> tuple[int, str]:
+        cfg = train_config_from_argv(["--servers", "h:1", "--job-id", job])
+        return cfg.job_id, cfg.job_name
+
+    assert given("j3")[1] == "j3" and given("j3")[0] not in (0, None) and given("j3")[0] != given("j4")[0]
+    assert given("74") == (74, "") and given("0x4a") == (74, "")
+    for unfit in ("j" * 101, "j\u00f6b", "j\tb"):
+        assert given(unfit)[0] and given(unfit)[1] == ""
+    for mode in ("async", "sync"):  # the stamp of every mode's row source carries it
+        cfg = train_config_from_argv(["--servers", "h:1", "--job-id", "j3", "--mode", mode, "--synthetic-rows", "100"])
+        resolved, _, spec, _ = prepare(cfg)
+        assert row_source(resolved, None, spec, []).stamp.job_name == "j3"
 
 
 @pytest.mark.parametrize("mode", ["sync", "ssp"])

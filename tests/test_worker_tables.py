@@ -12,6 +12,7 @@ import pytest
 from ps.config import InitializerConfig, TableConfig
 from ps.errors import ShardClosingError, TableExistsError, TableNotFoundError
 from worker.__main__ import main as worker_main
+from worker.cli_train import job_id
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.dense import table_name
@@ -110,34 +111,35 @@ def test_a_run_started_while_another_has_made_its_tables_is_refused_before_it_re
                                                                                            caplog):  # fmt: skip
     """Two runs on one cluster, the second (another --embedding-dim) started while the first is between making its
     tables and its first push (forced: the second runs from the first's dense_path): the first job holds the shard
-    from its first table on, so the second's replace of those untrained tables is refused, naming both jobs (and it
-    says nothing of a replace), and the first trains on the tables of its own settings. Its `--create-tables-only`
-    run before holds nothing."""
+    from its first table on, so the second's replace of those untrained tables is refused, naming both jobs as their
+    --job-id named them (and it says nothing of a replace), and the first trains on the tables of its own settings.
+    Its `--create-tables-only` run before holds nothing."""
     import worker.train
 
     with LocalCluster(1) as cluster:
         servers = ",".join(cluster.addresses)
         base = ["train", "--servers", servers, "--model", "fm", "--no-progress", *SMALL]
-        assert run([*base, "--embedding-dim", "8", "--job-id", "11", "--create-tables-only"], capsys)[0] == 0
+        assert run([*base, "--embedding-dim", "8", "--job-id", "j11", "--create-tables-only"], capsys)[0] == 0
         second, dense_path = [], worker.train.dense_path
 
         def the_second_run_starts(*args, **kw):
             if not second:  # (the second run's own dense_path comes here too)
                 second.append("started")
-                second[0] = run([*base, "--embedding-dim", "4", "--job-id", "22"], capsys)
+                second[0] = run([*base, "--embedding-dim", "4", "--job-id", "j22"], capsys)
             return dense_path(*args, **kw)
 
         monkeypatch.setattr(worker.train, "dense_path", the_second_run_starts)
-        code, err = run([*base, "--embedding-dim", "8", "--job-id", "11"], capsys)
+        code, err = run([*base, "--embedding-dim", "8", "--job-id", "j11"], capsys)
         assert code == 0, err
         ((code, err),) = second
-        assert code != 0 and re.search(r"shard 0 holds job 11 \(--mode async, 1 of its 1 workers not done, .*\), so "
-                                       r"worker 0 of job 22 \(--mode async\) cannot train here", err), err  # fmt: skip
+        assert code != 0 and re.search(r"shard 0 holds job 'j11' \(--mode async, 1 of its 1 workers not done, .*\), "
+                                       r"so worker 0 of job 'j22' \(--mode async\) cannot train here", err), err  # fmt: skip
+        assert str(job_id("j11")[0]) not in err and str(job_id("j22")[0]) not in err, err
         assert "replace" not in caplog.text, caplog.text
         with Client(cluster.addresses) as client:
             (info,) = client.describe_table("fm")
             assert info.spec.dim == 9 and info.num_rows > 0  # fm: --embedding-dim 8 and the linear term
-            assert client.stats()[0].job == 11
+            assert client.stats()[0].job == job_id("j11")[0]
 
 
 def test_a_run_that_fails_after_making_its_tables_frees_the_shard_at_once(capsys, monkeypatch):

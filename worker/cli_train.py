@@ -22,6 +22,7 @@ from ps.config import (
     OPTIMIZER_PARAMS,
 )
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, byte_size, integer, number
+from ps.stamp import is_job_name
 from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
@@ -111,7 +112,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        help="seconds a sync or ssp wait for another worker may last before the job stops, and "
                        "a job not heard from holds the shards")  # fmt: skip
     modes.add_argument("--job-id", default=None,
-                       help="the job's id, the same for all its workers (needed with several workers; a "
+                       help="the job's id, the same for all its workers: an integer, or a name, which the servers' "
+                       "messages then name the job by (up to 100 printable ASCII characters) (needed with several workers; a "
                        "new one per job; torchrun's TORCHELASTIC_RUN_ID when set, but for its 'none' (no "
                        "--rdzv-id); `ps-worker launch` picks one; else the one --resume-file keeps, else a random "
                        "one)")  # fmt: skip
@@ -489,24 +491,27 @@ def common_config(args: argparse.Namespace) -> dict:
 UNNAMED_RUN = "none"  # torchrun's TORCHELASTIC_RUN_ID when given no --rdzv-id
 
 
-def job_id(text: str | None) -> int | None:
+def job_id(text: str | None) -> tuple[int | None, str]:
     """The job id of --job-id (an integer, or any other text hashed to one), else torchrun's TORCHELASTIC_RUN_ID
-    hashed, else None. TORCHELASTIC_RUN_ID "none" is no job's: it is torchrun's --rdzv-id when none is given (its
+    hashed, else None; with the job's name: that text where it is no integer and fits a stamp's job_name
+    (ps.stamp is_job_name: the shards' messages name the job by it), else "" (they name it by its id). TORCHELASTIC_RUN_ID "none" is no job's: it is torchrun's --rdzv-id when none is given (its
     static rendezvous, of several nodes or a --master-port), the same for every run, so that a second job under it
     would be refused as a run of the first (ps.engine.jobs: a job id is for one run)."""
     if text is None:
         text = os.environ.get("TORCHELASTIC_RUN_ID")
         if text == UNNAMED_RUN:
-            return None
+            return None, ""
     if text is None:
-        return None
+        return None, ""
+    name = ""
     try:
         value = int(text, 0)
     except ValueError:
         value = zlib.crc32(text.encode()) | (zlib.adler32(text.encode()) << 32)
+        name = text if is_job_name(text) else ""
     if not 0 < value < 2**64:
         raise ValueError(f"--job-id {text}: expected an integer in [1, 2**64) or a name")
-    return value
+    return value, name
 
 
 def _from_env(value: int | None, variable: str, default: int) -> int:
@@ -527,6 +532,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     $WORLD_SIZE)."""
     worker_id = _from_env(args.worker_id, "RANK", 0)
     num_workers = _from_env(args.num_workers, "WORLD_SIZE", 1)
+    job, job_name = job_id(args.job_id)
     from_env = [f"${v} is {os.environ[v]}" for given, v in ((args.worker_id, "RANK"), (args.num_workers, "WORLD_SIZE"))
                 if given is None and v in os.environ]  # fmt: skip
     if from_env and not 0 <= worker_id < num_workers:  # validate's message would name flags not given
@@ -574,7 +580,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         staleness=args.staleness,
         geo_every=args.geo_every,
         barrier_timeout_s=args.barrier_timeout,
-        job_id=job_id(args.job_id),
+        job_id=job,
+        job_name=job_name,
         row_cache_bytes=args.row_cache_bytes,
         dense=args.dense,
         dense_staleness=args.dense_staleness,

@@ -59,7 +59,7 @@ def check_contributed(
     worker restarted within its job); the contribution was dropped."""
     if reply.num_applied == 0 and any(p.ids for p in request.pushes):
         raise JobIdReusedError(
-            f"job id {stamp.job}'s step {stamp.step} was applied before on {where}, so this push of it was dropped: "
+            f"job {stamp.named}'s step {stamp.step} was applied before on {where}, so this push of it was dropped: "
             "an earlier run used the job id, or this "
             "worker restarted within a running sync job, which a worker cannot rejoin; a job id is for one run: "
             "start every worker of the job again under a new --job-id"

@@ -405,6 +405,7 @@ def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> A
 
     stamp = WorkerStamp(
         job=cfg.job_id,
+        job_name=cfg.job_name,
         worker=cfg.worker_id,
         num_workers=cfg.num_workers,
         step=0,

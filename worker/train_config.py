@@ -107,6 +107,7 @@ class TrainConfig:
     geo_every: int | None = None  # geo: steps between pushes of the local rows' deltas; None: DEFAULT_GEO_EVERY
     barrier_timeout_s: float = 60.0  # the longest a sync or ssp wait for another worker may last
     job_id: int | None = None  # the job's id, the same on all its workers; None: one is made up (one worker)
+    job_name: str = ""  # the --job-id text job_id is the hash of, which the shards name the job by; "": none
     worker_token: int = 0  # this worker process's (an async or geo stamp's token); 0: one is made up (the
     # --resume-file keeps it: a restart with the file is the same process)
     row_cache_bytes: int | None = None  # ssp's worker row cache; None: DEFAULT_ROW_CACHE_BYTES for ssp, else 0

@@ -49,8 +49,9 @@ names the refusal's class, its reason holds the refusal's words) stops the job h
 
 Contract. ps.engine.jobs's JobClocks holds one JobHold and calls it under its one condition (`cond`, passed here),
 which every method expects held. The hold owns the job's identity and setup (job, num_workers, setup, unclocked:
-from its first stamp here), why it stopped (stopped), when it was last heard from and how long it is held without a
-word (its patience), the claims, and the workers' clients and tokens. JobClocks owns the worker clocks, done flags
+from its first stamp here; name, which messages name it by: the first its stamps carry), why it stopped
+(stopped), when it was last heard from and how long it is held without a word (its patience), the claims, and the
+workers' clients and tokens. JobClocks owns the worker clocks, done flags
 and waits: the hold reads the done flags through `done`, and stop() fails JobClocks' gathering sync steps through
 `stopping` before it notifies the condition.
 """
@@ -71,7 +72,7 @@ from ps.errors import (
     PsError,
     SyncStepTooLargeError,
 )
-from ps.stamp import WorkerStamp
+from ps.stamp import WorkerStamp, job_named
 
 # the errors that stop a job (JobHold.stop), whose message starts with job_stops' words
 JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
@@ -81,10 +82,11 @@ def relayed_stop(stamp: WorkerStamp) -> PsError | None:
     """The refusal that stopped the stop stamp's job on a shard, where the worker stopped on one: its stopped_by
     (worker/steprows.py stopped_by: the class of the shard's refusal) is one of JOB_STOPPING_ERRORS, and its reason
     (stop_reason: the error's class, then its first line, which holds the refusal's message) holds job_stops' words
-    of the stamp's job (the first, the cause, where a reason relays a relay), then printable ASCII to its end. None
+    of the stamp's job (by its name or its id; the first, the cause, where a reason relays a relay), then printable ASCII to its end. None
     otherwise: the worker stopped for a cause of its own, or on a refusal that stops no job."""
     cls = next((c for c in JOB_STOPPING_ERRORS if c.__name__ == stamp.stopped_by), None)
-    found = None if cls is None else re.search(rf"\bshard \d+: job {stamp.job} stops: [ -~]*\Z", stamp.stopped)
+    job = "|".join(re.escape(n) for n in {str(stamp.job), stamp.named})  # (a shard may name it by its id)
+    found = None if cls is None else re.search(rf"\bshard \d+: job (?:{job}) stops: [ -~]*\Z", stamp.stopped)
     if found is None:
         return None
     return cls(f"{found[0]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
@@ -106,6 +108,7 @@ class JobHold:
         self._done = done
         self._stopping = stopping
         self.job = 0
+        self.name = ""  # the job's name (its stamps' job_name; empty: none known), which messages name it by
         self.num_workers = 0
         self.setup = ""  # the job's, from its first stamp here
         self._setup_from = 0  # the worker of that stamp
@@ -122,8 +125,9 @@ class JobHold:
     def start(self, stamp: WorkerStamp) -> None:
         """Holds the shard for the stamp's job in place of the one followed: the stamp's setup the job's, not
         stopped, no client or token known, its patience from its stamps to come."""
-        self.job, self.num_workers, self.setup, self._setup_from = (
+        self.job, self.name, self.num_workers, self.setup, self._setup_from = (
             stamp.job,
+            stamp.job_name,
             stamp.num_workers,
             stamp.setup,
             stamp.worker,
@@ -174,10 +178,19 @@ class JobHold:
 
     def heard(self, stamp: WorkerStamp) -> None:
         """Notes a stamp of the job followed, which passed check_workers, as heard now: the hold lasts for the
-        largest barrier timeout its stamps gave, and an unclocked stamp's token is its worker's."""
+        largest barrier timeout its stamps gave, an unclocked stamp's token is its worker's, and its job_name is the
+        job's where none was known (the job started here by a stamp without one)."""
+        self.name = self.name or stamp.job_name
         self._heard = time.monotonic()
         self._patience_s = max(self._patience_s, stamp.timeout_s)
         self._take_token(stamp)
+
+    def named(self, stamp: WorkerStamp | None = None) -> str:
+        """The stamp's job (None: the one followed) as messages name it (ps.stamp job_named): by the stamp's
+        job_name, else by the followed job's name where it is that job, else by its id."""
+        if stamp is None:
+            return job_named(self.job, self.name)
+        return job_named(stamp.job, stamp.job_name or (self.name if stamp.job == self.job else ""))
 
     def check_replace(self, table: str) -> None:
         """JobConflictError, changing nothing, while a job holds the shard (it runs, or a push or create claims the
@@ -187,7 +200,7 @@ class JobHold:
         if claim is None and not self.running():
             return
         held = claim if claim is not None else self  # (a stamp, or the job followed: job, setup, unclocked)
-        job = held.job
+        job = self.named(claim)
         raise JobConflictError(
             f"shard {self.shard_id} holds job {job} ({job_kind(held.setup, held.unclocked)}), and this create would replace table {table!r} "
             "(never trained) under it: a create without a job's stamp (`ps-worker train --create-tables-only`, "
@@ -202,29 +215,30 @@ class JobHold:
         claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
         if claim is not None:
             raise JobConflictError(
-                f"shard {self.shard_id} is {doing} of job {claim.job} "
+                f"shard {self.shard_id} is {doing} of job {self.named(claim)} "
                 f"({job_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
-                f"{stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
-                f"a time (two jobs would train one model over each other); wait for job {claim.job}'s end, or stop "
-                f"it; {nothing}"
+                f"{stamp.named} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
+                f"a time (two jobs would train one model over each other); wait for job {self.named(claim)}'s end, or "
+                f"stop it; {nothing}"
             )
         if stamp.job == self.job or not self.running():
             return
         silent = time.monotonic() - self._heard
         left = max(0.0, self._patience_s - silent)
         live = sum(not d for d in self._done())
+        job = self.named()
         resume = (
-            f", or resume job {self.job} (its workers' command with --job-id {self.job}; a --resume-file "
+            f", or resume job {job} (its workers' command with --job-id {self.name or self.job}; a --resume-file "
             "keeps it, and `ps-worker launch` run again with its --resume-file gives it back), which pushes on at once "
             "(a worker killed without a word, only with its --resume-file, which keeps its process token)"
             if self.unclocked
             else ""
         )  # a sync or ssp worker cannot rejoin
         raise JobConflictError(
-            f"shard {self.shard_id} holds job {self.job} ({job_kind(self.setup, self.unclocked)}, {live} of its "
+            f"shard {self.shard_id} holds job {job} ({job_kind(self.setup, self.unclocked)}, {live} of its "
             f"{self.num_workers} workers not done, last heard from {silent:.3g} s ago), so worker {stamp.worker} of "
-            f"job {stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at a "
-            f"time (two jobs would train one model over each other). If job {self.job}'s workers are gone (killed "
+            f"job {stamp.named} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job "
+            f"at a time (two jobs would train one model over each other). If job {job}'s workers are gone (killed "
             f"without a word), the shard holds it for {left:.3g} s more (its barrier timeout, {self._patience_s:g} "
             f"s, after it was last heard from): wait that long{resume}; if they run, wait for the job's end, or stop "
             f"it; {nothing}"
@@ -236,7 +250,7 @@ class JobHold:
         if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
             return
         self.stop(JobConflictError(
-            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s push of step {stamp.step:,} "
+            f"{job_stops(self.shard_id, self.named(stamp))}worker {stamp.worker}'s push of step {stamp.step:,} "
             f"comes from another process than its earlier pushes (its clock here is {clocks[stamp.worker]:,}): "
             "a worker restarted mid-job would train its share again, and two processes cannot share a --worker-id; "
             "start the job anew under a new --job-id; the request was not applied"
@@ -258,7 +272,7 @@ class JobHold:
         patience = self._patience_s if self.follows(stamp) else stamp.timeout_s  # (a claim's job: not started)
         n, w, left = self.num_workers or stamp.num_workers, stamp.worker, max(0.0, patience - silent)
         raise JobConflictError(
-            f"shard {self.shard_id}: worker {w} of job {stamp.job} ({job_kind(stamp.setup, True)}) is trained here by "
+            f"shard {self.shard_id}: worker {w} of job {self.named(stamp)} ({job_kind(stamp.setup, True)}) is trained here by "
             f"another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
             f"process's, {stamp.token:#x}), which holds worker {w} for {left:.3g} s more (the job's barrier timeout, "
             f"{patience:g} s, after it was last heard from) unless it says it is done or stopped. If this is worker "
@@ -319,7 +333,7 @@ class JobHold:
         """The error that stops the job for a stamp that does not match what the job started with."""
         first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
         return InvalidArgumentError(
-            f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker} {what} ({first} first stamp)"
+            f"{job_stops(self.shard_id, self.named(stamp))}worker {stamp.worker} {what} ({first} first stamp)"
             f"{detail}; every worker of a job {rule} (a flag given to some workers only? or a second run under the "
             "job id: a job id is for one run, give a new --job-id); the request was not applied"
         )

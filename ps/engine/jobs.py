@@ -236,8 +236,8 @@ class JobClocks:
         """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
         if not stamp.done and stamp.job == self.job and self._done[stamp.worker]:
             raise WorkerDoneError(
-                f"shard {self.shard_id}: worker {stamp.worker} of job {stamp.job} said it is done, and a done "
-                "worker pushes nothing more: is a second run using the job id? a job id is for one run; give a new "
+                f"shard {self.shard_id}: worker {stamp.worker} of job {self.hold.named(stamp)} said it is done, and a "
+                "done worker pushes nothing more: is a second run using the job id? a job id is for one run; give a new "
                 "--job-id; nothing was applied"
             )
 
@@ -265,10 +265,11 @@ class JobClocks:
         job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
         done = self._stored_done(job, num_workers)  # read before anything changes
-        log.info("shard %d follows job %d of %d workers (clocks from %d)%s", self.shard_id, job, num_workers, seed,
-                 f", in place of job {self.job}" if self.job else "")  # fmt: skip
+        old, new = self.hold.named(), stamp.named
+        log.info("shard %d follows job %s of %d workers (clocks from %d)%s", self.shard_id, new, num_workers, seed,
+                 f", in place of job {old}" if self.job else "")  # fmt: skip
         replaced = BarrierTimeoutError(
-            f"shard {self.shard_id}: job {self.job} was replaced by job {job} (a stamp of that job came); the job stops"
+            f"shard {self.shard_id}: job {old} was replaced by job {new} (a stamp of that job came); the job stops"
         )
         self.sync.replace(replaced)
         self.hold.start(stamp)
@@ -277,8 +278,8 @@ class JobClocks:
         for w in done:
             self._done[w] = True
         if any(self._done):
-            log.info("shard %d: workers %s of job %d are done (as this data dir recorded them)", self.shard_id,
-                     [w for w in range(num_workers) if self._done[w]], job)  # fmt: skip
+            log.info("shard %d: workers %s of job %s are done (as this data dir recorded them)", self.shard_id,
+                     [w for w in range(num_workers) if self._done[w]], new)  # fmt: skip
         self._stamped = [False] * num_workers
         self._generation += 1
         self._cond.notify_all()
@@ -373,7 +374,7 @@ class JobClocks:
                         raise BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
                             f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job "
-                            f"{stamp.job}; is it alive? the job stops"
+                            f"{self.hold.named(stamp)}; is it alive? the job stops"
                         )
                     if not waiting:
                         refused = self._threads_refusal(stamp, f"pull of step {stamp.step}")
@@ -437,7 +438,7 @@ class JobClocks:
                 return self._min_clock()
             self._enter(stamp)
             if not self._done[stamp.worker]:
-                log.info("shard %d: worker %d of job %d is done", self.shard_id, stamp.worker, stamp.job)
+                log.info("shard %d: worker %d of job %s is done", self.shard_id, stamp.worker, self.hold.named(stamp))
                 self._done[stamp.worker] = True
                 self._store_done(stamp.job)
                 self._cond.notify_all()
@@ -455,15 +456,15 @@ class JobClocks:
             if stamp.unclocked:
                 if (stamp.job == self.job and stamp.num_workers == self.num_workers and not self._done[stamp.worker]
                         and self.hold.token_conflict(stamp) is None):  # (not another process's worker)  # fmt: skip
-                    log.info("shard %d: worker %d of job %d stopped (%s)", self.shard_id, stamp.worker, stamp.job,
+                    log.info("shard %d: worker %d of job %s stopped (%s)", self.shard_id, stamp.worker, self.hold.named(stamp),
                              echo(stamp.stopped, 200))  # fmt: skip
                     self._done[stamp.worker] = True
                     self._cond.notify_all()
             elif stamp.job == self.job and self.hold.stopped is None and not all(self._done):
-                log.warning("shard %d: job %d stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
+                log.warning("shard %d: job %s stops: worker %d stopped (%s)", self.shard_id, self.hold.named(stamp), stamp.worker,
                             echo(stamp.stopped, 200))  # fmt: skip
                 self.hold.stop(relayed_stop(stamp) or BarrierTimeoutError(
-                    f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker} stopped before its end "
+                    f"{job_stops(self.shard_id, self.hold.named(stamp))}worker {stamp.worker} stopped before its end "
                     f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
                 ))  # fmt: skip
             return self._min_clock()
@@ -475,7 +476,7 @@ class JobClocks:
         if stopping and generation == self._generation and self.hold.stopped is not None:
             raise again(self.hold.stopped)
         if generation != self._generation:
-            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job} (a stamp "
+            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.hold.named()} (a stamp "
                                       "of that job came); the job stops")  # fmt: skip
 
     def _threads_refusal(self, stamp: WorkerStamp, what: str) -> RpcThreadsExhaustedError | None:
@@ -484,7 +485,7 @@ class JobClocks:
             return None
         n = self.num_workers
         return RpcThreadsExhaustedError(
-            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {stamp.job} would wait for the other "
+            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {self.hold.named(stamp)} would wait for the other "
             f"workers while waits hold {self._waiting} of this server's {self.threads} RPC threads (--threads), "
             f"leaving none for the requests that end them; a job of {n:,} workers may have 2 x {n:,} "
             f"waits: start ps-server with --threads >= 2 x workers + 2 ({2 * n + 2:,}); nothing was applied; the "
@@ -528,7 +529,7 @@ class JobClocks:
         if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
             raise InvalidArgumentError(
                 f"bad worker stamp: sync step {stamp.step:,} is more than {MAX_SEQ_JUMP:,} steps past the newest "
-                f"step of job {stamp.job} applied on shard {self.shard_id} ({newest - 1:,}); a job's workers "
+                f"step of job {self.hold.named(stamp)} applied on shard {self.shard_id} ({newest - 1:,}); a job's workers "
                 "count their steps 0, 1, 2, ...; nothing was applied"
             )
         with self._cond:
@@ -567,7 +568,7 @@ class JobClocks:
                         ]
                         self.sync.fail(step, BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
-                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job {stamp.job}; nothing "
+                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job {self.hold.named(stamp)}; nothing "
                             "of the step was applied; is it alive? the job stops"
                         ))  # fmt: skip
                         raise again(step.error)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_STAMP_TEXT
+from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_JOB_NAME_CHARS, MAX_STAMP_TEXT
 from ps.errors import InvalidArgumentError, echo
-from ps.stamp import WorkerStamp
+from ps.stamp import WorkerStamp, is_job_name
 
 MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
 MAX_SETUP_CHARS = MAX_STAMP_TEXT  # of a stamp's setup and stop reason
@@ -41,6 +41,9 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
         bad = f"stopped of {len(stamp.stopped):,} characters is longer than {MAX_SETUP_CHARS:,}"
     elif len(stamp.stopped_by) > MAX_STOPPED_BY_CHARS:
         bad = f"stopped_by of {len(stamp.stopped_by):,} characters is longer than {MAX_STOPPED_BY_CHARS:,}"
+    elif stamp.job_name and not is_job_name(stamp.job_name):
+        bad = f"job_name {echo(stamp.job_name, 40)} is not a name of 1 to {MAX_JOB_NAME_CHARS} printable ASCII "
+        bad += "characters (empty: none)"
     elif stamp.stopped_by and not stamp.stopped:
         bad = "stopped_by (the refusal a worker stopped on) is said by a stop stamp, with stopped; this one says no stopped"
     elif (pull or create) and (stamp.done or stamp.stopped):
@@ -65,9 +68,9 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
         raise InvalidArgumentError(f"bad worker stamp: {bad}; {nothing_done(create)}")
 
 
-def job_stops(shard_id: int, job: int) -> str:
-    """How the message of an error that stops a job on a shard starts (ps.engine.jobhold JOB_STOPPING_ERRORS; its
-    relayed_stop finds it in a stop stamp's reason)."""
+def job_stops(shard_id: int, job: str) -> str:
+    """How the message of an error that stops a job (job: as ps.stamp job_named names it) on a shard starts
+    (ps.engine.jobhold JOB_STOPPING_ERRORS; its relayed_stop finds it in a stop stamp's reason)."""
     return f"shard {shard_id}: job {job} stops: "
 
 

@@ -79,7 +79,7 @@ class SyncSteps:
         """A new step for the stamp's; InvalidArgumentError while MAX_OPEN_SYNC_STEPS of the job gather."""
         if len(self.steps) >= MAX_OPEN_SYNC_STEPS:
             raise InvalidArgumentError(
-                f"bad worker stamp: sync step {stamp.step:,} of job {stamp.job} while steps "
+                f"bad worker stamp: sync step {stamp.step:,} of job {stamp.named} while steps "
                 f"{', '.join(f'{s:,}' for s in sorted(self.steps))} are still gathering on shard "
                 f"{self.shard_id}: a job's workers run one step at a time; nothing was applied"
             )  # fmt: skip
@@ -97,7 +97,7 @@ class SyncSteps:
         earlier = step.clients.get(stamp.worker, 0)
         if client and earlier and earlier != client:
             self.fail(step, InvalidArgumentError(
-                f"bad worker stamp: two workers of job {stamp.job} say they are worker {stamp.worker} "
+                f"bad worker stamp: two workers of job {stamp.named} say they are worker {stamp.worker} "
                 f"(their pushes of sync step {stamp.step:,} come from two clients): give each worker its own "
                 f"--worker-id in 0..{num_workers - 1}; the step was not applied"
             ))  # fmt: skip
@@ -119,7 +119,7 @@ class SyncSteps:
         if self.step_bytes and step_cost(held) > self.step_bytes:
             others = sum(step.held.values()) - before
             return SyncStepTooLargeError(
-                f"{job_stops(self.shard_id, stamp.job)}worker {stamp.worker}'s contribution to sync step "
+                f"{job_stops(self.shard_id, stamp.named)}worker {stamp.worker}'s contribution to sync step "
                 f"{stamp.step:,} holds {mine:,} bytes, the step's other contributions here {others:,}, other steps' "
                 f"{held - mine - others:,}: {held:,} bytes, which with the copies their sum makes take "
                 f"{step_cost(held):,}, over this server's `sync_steps` part of --memory-bytes "
@@ -156,11 +156,11 @@ class SyncSteps:
                     self.drop_unless_waited_for(step, stamp)
                     return
                 workers = sorted(step.contributions)
-                log.warning("job %d: sync step %d dropped the contributions of %s at its barrier timeout: their "
-                            "callers left and no worker waits for the step", stamp.job, step.step,
+                log.warning("job %s: sync step %d dropped the contributions of %s at its barrier timeout: their "
+                            "callers left and no worker waits for the step", stamp.named, step.step,
                             self._named(workers))  # fmt: skip
                 self.fail(step, BarrierTimeoutError(
-                    f"shard {self.shard_id}: sync step {step.step} of job {stamp.job} was dropped at its barrier "
+                    f"shard {self.shard_id}: sync step {step.step} of job {stamp.named} was dropped at its barrier "
                     f"timeout, with nobody waiting for it (the callers of {self._named(workers)} left); nothing of "
                     "it was applied"
                 ))  # fmt: skip
