@@ -1,5 +1,7 @@
 import numpy as np
+import pytest
 
+from ps.accel import hugepages
 from ps.storage.arena import Arena, MemoryBudget
 
 
@@ -54,3 +56,33 @@ def test_find_rows_and_first_repeat_match_an_oracle():
             seen.add(r)
         assert a.first_repeat(hits) == first  # and the bitmap is left clear for the next call
     assert not a._seen.any()
+
+
+def test_a_growth_whose_arrays_get_no_memory_to_move_keeps_every_row_and_the_table_goes_on(monkeypatch):
+    """The arrays of 10 rows (room for 16) cannot move to room for 32: the growth fails with MemoryError and its
+    bytes go back; the rows, their ids, data and flags stay where they were, and once memory is there the table
+    grows."""
+    budget = MemoryBudget(1 << 20)
+    a = Arena(width=2, budget=budget)
+    rows = a.grow(10, a.new_stamp())
+    ids = np.arange(10, dtype=np.uint64) + np.uint64(100)
+    block = np.arange(20, dtype=np.float32).reshape(10, 2)
+    a.install(rows, ids, block, np.arange(10, dtype=np.uint64), np.zeros(10, np.uint8), 0)
+    a.dirty[[2, 5]] = 1
+
+    def no_memory(shape: tuple, dtype: np.dtype) -> np.ndarray:
+        raise MemoryError(f"no pages for {shape}")
+
+    monkeypatch.setattr(hugepages, "zeros", no_memory)
+    with pytest.raises(MemoryError):
+        a.grow(20, a.new_stamp())
+    assert budget.used_bytes == 10 * a.row_charge and a.used == 10 and a.capacity == 16
+    assert len(a.data) == len(a.ids) == len(a.pin) == 16
+    found, _ = a.lookup(ids, a.new_stamp())
+    assert found.tolist() == rows.tolist()
+    assert (a.data[rows, :2] == block).all() and a.lsn[rows].tolist() == list(range(10))
+    assert np.flatnonzero(a.dirty[:10]).tolist() == [2, 5]
+    monkeypatch.undo()
+    more = a.grow(20, a.new_stamp())
+    assert more.tolist() == list(range(10, 30)) and a.capacity == 32 and budget.used_bytes == 30 * a.row_charge
+    assert (a.data[rows, :2] == block).all() and a.index.lookup(ids).tolist() == rows.tolist()

@@ -1,7 +1,7 @@
 """Large arrays on transparent huge pages, for the tables the hot path reads at random (arena rows, id index).
 
 Optional: correctness never depends on it. zeros() always returns a zero-filled, writable, C-contiguous array of
-the shape and dtype asked for, like np.zeros; resize() always returns the rows it was given followed by zero rows. Where Python has no MADV_HUGEPAGE (not Linux), and for arrays under
+the shape and dtype asked for, like np.zeros; resize() always leaves the rows it was given followed by zero rows. Where Python has no MADV_HUGEPAGE (not Linux), and for arrays under
 MIN_BYTES, it is np.zeros; where the kernel refuses the advice (no transparent huge pages), it is an anonymous
 mapping on ordinary pages; where transparent_hugepage is `never`, the advice is accepted and ignored. Only the
 number of TLB misses differs.
@@ -50,24 +50,31 @@ def _mapping(a: np.ndarray) -> mmap.mmap | None:
     return base if isinstance(base, mmap.mmap) else None
 
 
-def resize(a: np.ndarray, rows: int) -> np.ndarray:
-    """An array of `rows` rows, a's shape otherwise, holding a's first min(len(a), rows) rows, then zeros; for an
-    array that zeros() or resize() returned. The caller gives a up: pass its last reference (e.g.
-    `resize(obj.__dict__.pop("name"), n)`), and drop every view of it first, so that its mapping can be resized in
-    place; where something still views it, or the OS cannot resize mappings, the rows are copied instead."""
+def resize(owner: object, name: str, rows: int) -> None:
+    """Replaces owner's array attribute `name` (one that zeros() or resize() made) by an array of `rows` rows, its
+    shape otherwise, holding its first min(old rows, rows) rows, then zeros. The attribute holds the array's only
+    reference, and nothing views it (drop the views first), so that its mapping can be resized in place; where
+    something still views it, or the OS cannot resize mappings, the rows are copied instead. Where that copy gets no
+    memory (MemoryError, OSError), the attribute is left as it was and the error propagates."""
+    a = vars(owner).pop(name)
     shape = (rows, *a.shape[1:])
     dtype, old_shape = a.dtype, a.shape
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     buf = _mapping(a)
     if buf is not None and nbytes >= MIN_BYTES:
-        del a  # our reference was the last one: the mapping is no longer viewed
+        del a  # the attribute's reference was the last one: the mapping is no longer viewed
         try:
             buf.resize(nbytes)
         except (BufferError, OSError, SystemError, ValueError):  # still viewed, or no mremap: copy below
             a = np.frombuffer(buf, dtype=dtype).reshape(old_shape)
         else:
-            return np.frombuffer(buf, dtype=dtype).reshape(shape)
-    out = zeros(shape, dtype)
+            setattr(owner, name, np.frombuffer(buf, dtype=dtype).reshape(shape))
+            return
+    try:
+        out = zeros(shape, dtype)
+    except BaseException:
+        setattr(owner, name, a)
+        raise
     keep = min(rows, old_shape[0])
     out[:keep] = a[:keep]
-    return out
+    setattr(owner, name, out)

@@ -308,15 +308,21 @@ class Arena:
 
     def _resize(self, capacity: int) -> None:
         """Gives the arrays room for `capacity` rows (>= used), keeping rows [0, used). Empty views stand in
-        while the arrays move (Table.stats reads them without the lock), so nothing else keeps the old mapping."""
+        while the arrays move (Table.stats reads them without the lock), so nothing else keeps the old mapping.
+        Where a move gets no memory, the error propagates and every row stays: the arrays keep room for at least
+        `used` rows, `capacity` says how many."""
         self.lsn, self.pin = np.zeros(0, np.uint64), np.zeros(0, np.int64)
         self.ref, self.dirty, self.stored = (np.zeros(0, np.uint8) for _ in range(3))
         self._seen = None
-        self.data = hugepages.resize(self.__dict__.pop("data"), capacity)  # the last reference: moved in place
-        self.ids = hugepages.resize(self.__dict__.pop("ids"), capacity)
-        self.capacity = capacity
-        self._ghost = np.zeros(1 << max(0, int(capacity).bit_length() - 1), dtype=np.uint16)  # what it held is lost
-        self._bind()
+        try:
+            hugepages.resize(self, "data", capacity)  # its only reference: moved in place
+            hugepages.resize(self, "ids", capacity)
+        finally:
+            room = min(len(self.data), len(self.ids))
+            if room != self.capacity:
+                self.capacity = room
+                self._ghost = np.zeros(1 << max(0, room.bit_length() - 1), dtype=np.uint16)  # what it held is lost
+            self._bind()
 
     def new_stamp(self) -> int:
         """A pin stamp for a new request: its rows are pinned with it and so never evicted by that request."""
