@@ -197,6 +197,25 @@ def test_a_growth_that_fails_gives_its_bytes_back(tiny_shares):
     assert len(a.grow(5, a.new_stamp())) == 5 and budget.used_bytes == 5 * RC
 
 
+def test_a_table_whose_arrays_cannot_shrink_after_giving_rows_back_leaks_no_byte(tiny_shares, caplog):
+    """big gives 5 rows back to small, then its arrays get no memory to shrink to the 7 rows left: its give_up
+    fails, logged, after the rows left it. small gets the 5 rows, and the budget counts exactly the rows in use."""
+    budget = MemoryBudget(12 * RC)
+    big = Arena(1, budget)
+    install(big, 12, dirty=[])
+    small = Arena(1, budget)  # share: 6 rows; none free
+
+    def no_memory(capacity: int) -> None:
+        raise MemoryError(f"no pages for {capacity} rows")
+
+    big._resize = no_memory
+    with small.lock:
+        got = small.grow(5, small.new_stamp())
+    assert len(got) == small.used == 5 and big.used == 7
+    assert budget.used_bytes == (big.used + small.used) * RC == budget.limit_bytes
+    assert "could not give rows back" in caplog.text
+
+
 def test_reclaim_keeps_to_the_share_as_it_is_when_each_row_moves(tiny_shares):
     """A table joins while another is taking rows back (here from inside a giving table's persist): the share
     drops from 4 rows to 3, and the asker takes rows up to the new share, not the one it started with."""

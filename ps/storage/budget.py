@@ -59,7 +59,7 @@ class Member(Protocol):
     paid: int  # rows paid for: those in use, and those a growth in progress was granted and has not put in use yet
     lock: threading.Lock  # its table's lock
 
-    def give_up(self, k: int) -> int: ...
+    def give_up(self, k: int) -> int: ...  # its lock held; reclaim() pays back what `paid` fell by
 
 
 Failed = tuple[Member, Exception]  # a table whose give_up failed in reclaim(), and its error
@@ -168,17 +168,19 @@ class MemoryBudget:
             if not self._lock_of(other):
                 busy.append(other)
                 continue
-            try:  # other's table is idle now: its rows can move
+            paid = other.paid  # other's table is idle now (no growth in progress): its rows can move
+            try:
                 with self._lock:
                     gone = other not in self._members  # it left since the list was read (a table replaced): its
-                surplus = -(-(other.paid * other.row_charge - share) // other.row_charge)  # bytes are free already
+                surplus = -(-(paid * other.row_charge - share) // other.row_charge)  # bytes are free already
                 wanted = -(-room * rc // other.row_charge)  # to under a row above share
-                freed = other.give_up(min(surplus, wanted)) if surplus > 0 and not gone else 0
+                if surplus > 0 and not gone:
+                    other.give_up(min(surplus, wanted))
             except Exception as e:  # e.g. its dirty rows cannot be written: asker fails only if left too few rows
                 log.exception("table %r could not give rows back to table %r; skipped", other.name, asker.name)
                 failed.append((other, e))
-                freed = 0
             finally:
+                freed = paid - other.paid  # what it no longer pays for, also where give_up failed after giving rows
                 other.lock.release()
             granted += self._hand(freed * other.row_charge, room, rc)
         # bytes freed since asker's take() (a table that left, a growth that failed), where no table had rows to give
