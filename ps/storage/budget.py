@@ -138,9 +138,10 @@ class MemoryBudget:
     def reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
         """Up to `rows` rows (of asker's row_charge) taken from tables above their share and granted to asker,
         which holds its own table's lock and `holding` rows (its rows in use and any granted to it and not yet in
-        use). Never grants asker more than its share has room for, the share read again before each table it
-        takes from. Returns the rows granted, the tables above their share skipped because they were in
-        reclaim() themselves (see the module), and those whose give_up failed, each with its error."""
+        use). Never grants asker more than its share has room for, the share read again, and the tables ranked
+        again, before each table it takes from. Returns the rows granted, the tables above their share skipped
+        because they were in reclaim() themselves (see the module), and those whose give_up failed, each with its
+        error."""
         with self.reclaiming(asker):
             return self._reclaim(asker, rows, holding)
 
@@ -157,21 +158,26 @@ class MemoryBudget:
                 self._reclaiming.discard(id(member))
 
     def _reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
-        rc, granted, busy, failed = asker.row_charge, 0, [], []
-        for other in sorted(self._members, key=lambda m: m.paid * m.row_charge, reverse=True):
+        rc, granted, busy, failed, asked, freed = asker.row_charge, 0, [], [], [asker], 0
+        while True:
             share = self.share_bytes()
             room = min(rows, share // rc - holding) - granted
-            if room <= 0 or other.paid * other.row_charge <= share:
-                break
-            if other is asker:
-                continue
+            # the bytes the last table gave back, and any freed since asker's take() or by then (a table that left,
+            # a growth that failed), go to asker first; then the table furthest above its share now, each once
+            got = self._hand(freed, room, rc)
+            granted, room = granted + got, room - got
+            other = self._furthest_above(share, asked) if room > 0 else None
+            if other is None:
+                return granted, busy, failed
+            asked.append(other)
             if not self._lock_of(other):
                 busy.append(other)
+                freed = 0
                 continue
             paid = other.paid  # other's table is idle now (no growth in progress): its rows can move
             try:
                 with self._lock:
-                    gone = other not in self._members  # it left since the list was read (a table replaced): its
+                    gone = other not in self._members  # it left since it was chosen (a table replaced): its
                 surplus = -(-(paid * other.row_charge - share) // other.row_charge)  # bytes are free already
                 wanted = -(-room * rc // other.row_charge)  # to under a row above share
                 if surplus > 0 and not gone:
@@ -180,12 +186,16 @@ class MemoryBudget:
                 log.exception("table %r could not give rows back to table %r; skipped", other.name, asker.name)
                 failed.append((other, e))
             finally:
-                freed = paid - other.paid  # what it no longer pays for, also where give_up failed after giving rows
+                freed = (paid - other.paid) * other.row_charge  # no longer paid for, also where give_up failed late
                 other.lock.release()
-            granted += self._hand(freed * other.row_charge, room, rc)
-        # bytes freed since asker's take() (a table that left, a growth that failed), where no table had rows to give
-        granted += self._hand(0, min(rows, self.share_bytes() // rc - holding) - granted, rc)
-        return granted, busy, failed
+
+    def _furthest_above(self, share: int, asked: list[Member]) -> Member | None:
+        """The table holding the most bytes above `share` of those not in `asked` (their paid read without their
+        locks), or None."""
+        with self._lock:
+            held = [(m.paid * m.row_charge, m) for m in self._members if all(m is not a for a in asked)]
+        most, other = max(held, key=lambda h: h[0], default=(0, None))
+        return other if most > share else None
 
     def _hand(self, freed_bytes: int, room: int, rc: int) -> int:
         """Pays freed_bytes back and grants up to room rows of rc bytes from the free bytes, in one hold of the lock:
