@@ -95,7 +95,7 @@ class SyncStepTooLargeError(PsError):
 
 class RamTierTooSmallError(PsError, ValueError):
     """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share
-    of it (CreateTable), or the rows one request needs at once. Raise --cache-bytes (or --memory-bytes), keep
+    of it (CreateTable), or a checkpoint's tables (restore). Raise --cache-bytes (or --memory-bytes), keep
     fewer tables on a shard, or send fewer ids per request."""
 
     status = "RESOURCE_EXHAUSTED"
@@ -112,8 +112,9 @@ class TableNumbersExhaustedError(PsError):
 class TableBusyError(PsError):
     """A request on a table under its share of the RAM tier needed rows that only tables above their shares hold,
     and those tables were busy taking rows back themselves (ps.storage.budget: a possible cycle of waits, each
-    broken after RECLAIM_WAIT_S). The rows exist: nothing was applied, and clients send the request again, as
-    for a shard that is unavailable. Its message names the busy tables."""
+    broken after RECLAIM_WAIT_S; its message names them), or other tables took the rows the request was cut for
+    while it ran (a table joined and halved the shares). The rows exist: nothing was applied, and clients send the
+    request again, as for a shard that is unavailable."""
 
     status = "UNAVAILABLE"
 

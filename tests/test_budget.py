@@ -394,10 +394,13 @@ def test_the_cache_bytes_help_states_the_share_a_table_needs_as_the_budget_sets_
         assert budget_module.min_share_bytes(charge) == max(charge, rows * charge if charge <= over else floor), charge
 
 
-def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_changes_nothing(tmp_path, tiny_shares):
+def test_a_push_cut_for_a_larger_share_is_unavailable_changes_nothing_and_is_served_when_sent_again(
+    tmp_path, tiny_shares
+):
     """Table 'full' holds the whole RAM tier of 16 rows; 'starved' joins (a share of 8) and needs 12 rows at once
     (as a request chunked before a table joined and halved its share would): it takes its share back from full and
-    has none of its own to evict. RAM tier too small, and nothing changes."""
+    has none of its own to evict: UNAVAILABLE, nothing changes, and the request sent again is cut to the share it
+    finds, and served."""
     shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=16 * layout_of(4, "sgd").ram_bytes))
     try:
         shard.create_table(sgd_table("full"))
@@ -408,15 +411,18 @@ def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_chang
         with (
             starved.lock,
             pytest.raises(
-                RamTierTooSmallError,
-                match="no evictable rows for 12 ids: its share of the RAM tier is 8 rows.*send it again, nothing was applied",
+                TableBusyError,
+                match="needs rows for 12 ids and found none to evict: its share of the RAM tier is 8 rows.*send the "
+                "request again .*nothing was applied",
             ) as e,
         ):
             starved._make_room(len(ids), starved.arena.new_stamp())
-        assert e.value.status == "RESOURCE_EXHAUSTED"
+        assert e.value.status == "UNAVAILABLE"
         assert starved.num_rows == 0 and shard.journal.next_seq == seq
         assert starved.arena.used == len(starved.arena.free) == 8 and shard.table("full").arena.used == 8
         assert shard.budget.used_bytes == 16 * starved.arena.row_charge
+        shard.push("starved", ids, np.ones((len(ids), 4), np.float32))  # sent again: cut to the share of 8
+        assert starved.num_rows == len(ids)
     finally:
         shard.close()
 

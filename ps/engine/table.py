@@ -39,7 +39,6 @@ from ps.errors import (
     DataLossError,
     InvalidArgumentError,
     PsError,
-    RamTierTooSmallError,
     ShardClosingError,
     ShardNeedsRestartError,
     StorageError,
@@ -505,10 +504,10 @@ class Table:
                         "themselves: send the request again; nothing was applied"
                     )
                 share = self.arena.budget.share_bytes() // self.arena.row_charge
-                raise RamTierTooSmallError(
-                    f"table {self.name!r}: no evictable rows for {n} ids: its share of the RAM tier is {share} rows, "
-                    "the other tables hold the rest, and the request was cut for a larger share: send it again, "
-                    "nothing was applied (if this repeats, raise --cache-bytes)"
+                raise TableBusyError(
+                    f"table {self.name!r} needs rows for {n} ids and found none to evict: its share of the RAM tier "
+                    f"is {share} rows, and the other tables took the rest while the request ran: send the request "
+                    "again (it is cut to the share it finds); nothing was applied"
                 )
             dirty = victims[self.arena.dirty[victims] == 1]
             if len(dirty):
