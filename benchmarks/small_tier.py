@@ -9,9 +9,11 @@ recipe, 100,000 eval rows, seed 0) runs against --shards servers started by work
 Each run is `python -m worker train --servers ...` with the demo's defaults (plus --train-args), on fresh data
 dirs; its figures come from --metrics-out: examples/s (training only, eval excluded), eval AUC and logloss, and
 the planted model's (the oracle). After each run, before the servers stop, each server's Stats give its table's
-rows, rows in RAM, RAM tier bytes, cache misses (ids read from RocksDB) and evictions, and /proc its peak RSS.
+rows, rows in RAM, RAM tier bytes, cache misses (ids read from RocksDB) and evictions, and /proc its peak RSS
+and the CPU seconds (user + system) it used from the job's start until it went idle after it.
 In the large runs the misses are the first lookups of new ids only (evictions 0); the small runs' extra misses
-are rows the tier had to drop and read back.
+are rows the tier had to drop and read back; the servers' extra CPU is mostly those reads and the writes of the
+evicted rows (CPU, unlike wall time, is hardly moved by other work on a shared machine).
 
 Rows that fit in the small tier: its budget over the bytes per row in RAM of the large run (ram_bytes /
 rows_in_ram). The data dirs are on this machine's disk (/tmp); a table of this size stays in the page cache, so
@@ -51,16 +53,21 @@ WARMUP_EXAMPLES = 100_000  # a warm-up job's training examples: enough to evict 
 TABLE = "fm"  # the demo model's sparse table
 
 
-def server_stats(addresses: list[str], pids: list[int]) -> list[dict]:
-    """Per server: the sparse table's counts from Stats, the RAM tier budget and the peak RSS."""
+def server_stats(addresses: list[str], pids: list[int], cpu_before: list[float]) -> list[dict]:
+    """Per server: the sparse table's counts from Stats, the RAM tier budget, the peak RSS, and the CPU seconds it
+    used since cpu_before (its start-up excluded), once idle (its write-behind's last writes included), in all and
+    by thread name since it started (harness.thread_cpu_s)."""
     out = []
+    for pid in pids:
+        harness.wait_idle(pid)
     with Client(addresses) as client:
-        for response, pid in zip(client.stats(), pids, strict=True):
+        for response, pid, before in zip(client.stats(), pids, cpu_before, strict=True):
             table = next(t for t in response.tables if t.name == TABLE)
             out.append({"num_rows": table.num_rows, "rows_in_ram": table.rows_in_ram, "ram_bytes": table.ram_bytes,
                         "cache_misses": table.cache_misses, "evictions": table.evictions,
                         "ram_budget_bytes": response.ram_budget_bytes,
-                        "peak_rss_bytes": harness.peak_rss_bytes(pid)})  # fmt: skip
+                        "peak_rss_bytes": harness.peak_rss_bytes(pid), "cpu_s": harness.cpu_s(pid) - before,
+                        "thread_cpu_s": harness.thread_cpu_s(pid)})  # fmt: skip
     return out
 
 
@@ -71,6 +78,7 @@ def train_run(shards: int, cache_bytes: str, train_args: list[str]) -> dict:
         with LocalCluster(shards, root=os.path.join(tmp, "shards"), extra_args=["--cache-bytes", cache_bytes]) as c:
             cmd = [sys.executable, "-m", "worker", "train", "--servers", ",".join(c.addresses), "--no-progress",
                    "--metrics-out", out, *train_args]  # fmt: skip
+            cpu_before = [harness.cpu_s(p.pid) for p in c.procs]
             started = time.perf_counter()
             run = subprocess.run(cmd, cwd=harness.ROOT, capture_output=True, text=True)
             wall = time.perf_counter() - started
@@ -78,7 +86,7 @@ def train_run(shards: int, cache_bytes: str, train_args: list[str]) -> dict:
                 raise SystemExit(
                     f"{shlex.join(cmd)} {how_it_ended(run.returncode)}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
                 )
-            servers = server_stats(c.addresses, [p.pid for p in c.procs])
+            servers = server_stats(c.addresses, [p.pid for p in c.procs], cpu_before)
         with open(out) as f:
             metrics = json.load(f)
     keep = ("examples_per_s", "train_examples", "train_seconds", "eval_auc", "eval_logloss", "oracle_auc",
@@ -92,6 +100,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
     return {"cache_bytes": name, "examples_per_s": statistics.median(rates), "runs": rates,
             "eval_auc": statistics.median(r["eval_auc"] for r in runs), "eval_aucs": [r["eval_auc"] for r in runs],
             "eval_logloss": statistics.median(r["eval_logloss"] for r in runs),
+            "cpu_s": statistics.median(sum(s["cpu_s"] for s in r["servers"]) for r in runs),
+            "cpu_s_runs": [sum(s["cpu_s"] for s in r["servers"]) for r in runs],
             "oracle_auc": runs[0]["oracle_auc"], "servers": last}  # fmt: skip
 
 
@@ -107,17 +117,18 @@ def table_lines(small_name: str, small: dict, large: dict) -> tuple[float, int]:
           f"eval only included), {per_row:.0f} bytes each: a {small_name} tier holds about {fits:,} rows per "
           f"server, {fits / max(held):.0%} of the largest server's")  # fmt: skip
     print(f"{'per server':<18} {'rows':>9} {'in RAM':>9} {'RAM bytes':>11} {'misses':>11} {'evictions':>11} "
-          f"{'peak RSS':>10}")  # fmt: skip
+          f"{'peak RSS':>10} {'CPU':>7}")  # fmt: skip
     for leg in (small, large):
         for i, s in enumerate(leg["servers"]):
             print(f"{leg['cache_bytes'] + f' shard {i}':<18} {s['num_rows']:>9,} {s['rows_in_ram']:>9,} "
                   f"{s['ram_bytes']:>11,} {s['cache_misses']:>11,} {s['evictions']:>11,} "
-                  f"{s['peak_rss_bytes'] / (1 << 20):>6,.0f} MiB")  # fmt: skip
-    print(f"\n{'--cache-bytes':<14} {'examples/s (median)':>20} {'runs':>26} {'eval AUC':>9} {'oracle':>8}")
+                  f"{s['peak_rss_bytes'] / (1 << 20):>6,.0f} MiB {s['cpu_s']:>5.1f} s")  # fmt: skip
+    print(f"\n{'--cache-bytes':<14} {'examples/s (median)':>20} {'runs':>26} {'eval AUC':>9} {'oracle':>8} "
+          f"{'shards CPU s (median)':>22}")  # fmt: skip
     for leg in (small, large):
         each = ", ".join(f"{x:,.0f}" for x in leg["runs"])
         print(f"{leg['cache_bytes']:<14} {leg['examples_per_s']:>20,.0f} {each:>26} {leg['eval_auc']:>9.6f} "
-              f"{leg['oracle_auc']:>8.4f}")  # fmt: skip
+              f"{leg['oracle_auc']:>8.4f} {leg['cpu_s']:>22.1f}")  # fmt: skip
     return per_row, fits
 
 
@@ -147,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             runs[name].append(m)
             misses = sum(s["cache_misses"] for s in m["servers"])
             evictions = sum(s["evictions"] for s in m["servers"])
+            cpu = sum(s["cpu_s"] for s in m["servers"])
             print(f"  run {r + 1} {name:<5} {cache:>4}  {m['examples_per_s']:>9,.0f} examples/s  AUC "
-                  f"{m['eval_auc']:.6f}  misses {misses:>10,}  evictions {evictions:>10,}  ({m['wall_s']:.0f} s)",
+                  f"{m['eval_auc']:.6f}  misses {misses:>10,}  evictions {evictions:>10,}  "
+                  f"shards' CPU {cpu:4.1f} s  ({m['wall_s']:.0f} s)",
                   flush=True)  # fmt: skip
     small, large = summarize(args.small, runs["small"]), summarize(args.large, runs["large"])
     per_row, fits = table_lines(args.small, small, large)
