@@ -310,6 +310,42 @@ def test_a_shard_that_stays_down_is_waited_for_the_server_timeout_in_all_not_per
         assert 10 <= took < 12 and tried > 5 and f"it has been failing for {took:.0f} s (server timeout 10 s)" in said
 
 
+def test_a_shard_that_answers_no_attempt_within_a_deadline_longer_than_the_server_timeout_is_given_up_on():
+    """A shard that takes connections but answers nothing (stopped, hung), with a call's deadline longer than the
+    server timeout (`ps-worker stats` and export: --timeout-s 600, --server-timeout 30): each attempt fails at
+    its deadline, so the failures are a deadline apart, but the attempt in flight was failing all along: the
+    outage goes on, and the call gives up at its second failure, as with any other outage (not waiting forever,
+    a deadline at a time). A stand-in fails each attempt at its deadline under a fake clock."""
+    now = [1000.0]
+    clock = mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+
+    class Late(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+        def details(self):
+            return "Deadline Exceeded"
+
+    attempts = []
+
+    def attempt(call, timeout_s, interruptible):
+        attempts.append(now[0])
+        if len(attempts) > 10:  # the call would go on for ever: end it here
+            raise AssertionError(f"{len(attempts) - 1} attempts in {now[0] - 1000:.0f} s, and still waiting")
+        now[0] += timeout_s
+        return Late()
+
+    with (
+        Client(["127.0.0.1:1"], timeout_s=600, server_timeout_s=30) as client,
+        mock.patch("worker.client.time", clock),
+        mock.patch("worker.retry.time", clock),
+    ):
+        client._attempt = attempt
+        with pytest.raises(ServerUnavailableError, match=r"it has been failing for 600 s \(server timeout 30 s\)"):
+            client.stats()
+        assert len(attempts) == 2 and 1200 <= now[0] - 1000 < 1201
+
+
 def test_a_shrink_or_hold_past_its_deadline_is_not_sent_again_and_a_clock_advance_is_applied_once(servers, sgd1_table):
     """A Shrink (Checkpoint) that outlives its deadline may still apply on the shard: sending it again would decay
     the scores (meet its own hold) twice, so the client raises instead, having sent it once. A clock advance is a
@@ -514,9 +550,9 @@ def test_a_shard_that_fails_during_a_checkpoints_pause_is_warned_about(caplog):
 
     with Client(["127.0.0.1:1"], server_timeout_s=30) as client, caplog.at_level("INFO", "worker.client"):
         assert client._outages.keep_waiting(
-            0, Failed("shard 0 is taking a checkpoint; retry shortly"), client.server_timeout_s
+            0, Failed("shard 0 is taking a checkpoint; retry shortly"), client.server_timeout_s, time.monotonic()
         )
-        assert client._outages.keep_waiting(0, Failed("Connection refused"), client.server_timeout_s)
+        assert client._outages.keep_waiting(0, Failed("Connection refused"), client.server_timeout_s, time.monotonic())
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
     assert [level for level, _ in said] == ["INFO", "WARNING"], said
     assert "is unavailable (connection refused: nothing listens there) after a checkpoint's pause" in said[1][1]
@@ -600,9 +636,9 @@ def test_a_shard_past_a_calls_deadline_is_said_to_be_slow_not_down(caplog):
 
     with Client(["127.0.0.1:1", "127.0.0.1:2"], server_timeout_s=30) as client, caplog.at_level("INFO"):
         late = Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        assert client._outages.keep_waiting(0, late, client.server_timeout_s)
+        assert client._outages.keep_waiting(0, late, client.server_timeout_s, time.monotonic())
         refused = Failed(grpc.StatusCode.UNAVAILABLE, "Connection refused")
-        assert client._outages.keep_waiting(1, refused, client.server_timeout_s)
+        assert client._outages.keep_waiting(1, refused, client.server_timeout_s, time.monotonic())
     said = [r.getMessage() for r in caplog.records if r.name == "worker.client"]
     assert "shard 0 at 127.0.0.1:1 is not answering in time (DEADLINE_EXCEEDED: Deadline Exceeded; down, or busy: " \
            "its requests may be waiting for their memory room)" in said[0], said  # fmt: skip
