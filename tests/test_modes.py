@@ -661,7 +661,7 @@ def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path, caplog)
                 shard.store.job_done(JOB, 2)
             assert str(refused.value).endswith(f"lists what is damaged; {JOB_DONE_REMEDY}"), str(refused.value)
             caplog.clear()
-            assert shard.jobs._stored_done(JOB, 2) == []
+            assert shard.jobs._stored_done(stamp(0, 0)) == []
             said = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
             assert len(said) == 1 and said[0].endswith(f"lists what is damaged; {JOB_DONE_REMEDY}"), said
             assert said[0].count("waited for") == 1 and "restore the dir" not in said[0], said
@@ -706,6 +706,40 @@ def test_a_done_store_that_fails_is_logged_and_changes_nothing_else(caplog):
         "could not be read, so none is taken as done: disk gone" in caplog.text
         and "are done failed (disk gone)" in caplog.text
     )
+
+
+def test_the_done_stores_failures_name_the_job_as_its_workers_named_it(tmp_path, caplog):
+    """A job named 'j3' (its stamps' job_name): the logs of a done record that does not read, and of one whose write
+    RocksDB refused, name it so, and its id (the name's hash) nowhere, the store's own words of the write
+    included."""
+
+    class Refusing:  # the store's meta column family, whose writes fail
+        def __init__(self, meta):
+            self.meta = meta
+
+        def put(self, *args):
+            raise Exception("IO error: disk gone")
+
+        def __getattr__(self, name):
+            return getattr(self.meta, name)
+
+    shard = open_shard(tmp_path)
+    try:
+        shard.store._meta.put(b"job_done", b"[1]")
+        with caplog.at_level("INFO", "ps"):
+            shard.jobs.check(stamp(0, 0, job_name="j3"), pull=True)
+            shard.store._meta = Refusing(shard.store._meta)
+            assert shard.push_stamped([], 0, 0, 0, stamp(1, 0, done=True, job_name="j3"))[2] == 0
+        said = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage() or "failed" in
+                r.getMessage()]  # fmt: skip
+        assert len(said) == 2, said
+        assert said[0].startswith("shard 0: the done workers of job 'j3' could not be read"), said
+        assert said[1].startswith("shard 0: storing that workers of job 'j3' are done failed (RocksDB in "), said
+        assert "failed while storing that workers [1] of the job are done: IO error: disk gone" in said[1], said
+        assert not any(str(JOB) in line for line in said), said
+    finally:
+        shard.store._meta = getattr(shard.store._meta, "meta", shard.store._meta)
+        shard.close()
 
 
 # ---- the server's RPC threads, job switches ------------------------------------------------------------------

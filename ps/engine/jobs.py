@@ -264,7 +264,7 @@ class JobClocks:
         setup the job's (JobHold.start). Lock held."""
         job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
-        done = self._stored_done(job, num_workers)  # read before anything changes
+        done = self._stored_done(stamp)  # read before anything changes
         old, new = self.hold.named(), stamp.named
         log.info("shard %d follows job %s of %d workers (clocks from %d)%s", self.shard_id, new, num_workers, seed,
                  f", in place of job {old}" if self.job else "")  # fmt: skip
@@ -284,28 +284,28 @@ class JobClocks:
         self._generation += 1
         self._cond.notify_all()
 
-    def _stored_done(self, job: int, num_workers: int) -> list[int]:
-        """The workers of the job the done store holds as done; [] without a store, or where reading it fails
-        (logged: the record only spares waits for finished workers)."""
+    def _stored_done(self, stamp: WorkerStamp) -> list[int]:
+        """The workers of the stamp's job (of its num_workers) the done store holds as done; [] without a store, or
+        where reading it fails (logged: the record only spares waits for finished workers)."""
         if self._done_store is None:
             return []
         try:
-            return self._done_store[0](job, num_workers)
+            return self._done_store[0](stamp.job, stamp.num_workers)
         except PsError as e:
-            log.warning("shard %d: the done workers of job %d could not be read, so none is taken as done: %s",
-                        self.shard_id, job, e)  # fmt: skip
+            log.warning("shard %d: the done workers of job %s could not be read, so none is taken as done: %s",
+                        self.shard_id, stamp.named, e)  # fmt: skip
             return []
 
-    def _store_done(self, job: int) -> None:
-        """Stores the job's done workers (synced), before the done stamp is answered; a failure is logged, not
-        raised: the worker is done all the same, and only a restart would wait for it. Lock held."""
+    def _store_done(self) -> None:
+        """Stores the done workers of the job followed (synced), before the done stamp is answered; a failure is
+        logged, not raised: the worker is done all the same, and only a restart would wait for it. Lock held."""
         if self._done_store is None:
             return
         try:
-            self._done_store[1](job, self.num_workers, [w for w in range(self.num_workers) if self._done[w]])
+            self._done_store[1](self.job, self.num_workers, [w for w in range(self.num_workers) if self._done[w]])
         except PsError as e:
-            log.warning("shard %d: storing that workers of job %d are done failed (%s); after a restart the shard "
-                        "would wait for them", self.shard_id, job, e)  # fmt: skip
+            log.warning("shard %d: storing that workers of job %s are done failed (%s); after a restart the shard "
+                        "would wait for them", self.shard_id, self.hold.named(), e)  # fmt: skip
 
     @property
     def sync_held_bytes(self) -> int:
@@ -440,7 +440,7 @@ class JobClocks:
             if not self._done[stamp.worker]:
                 log.info("shard %d: worker %d of job %s is done", self.shard_id, stamp.worker, self.hold.named(stamp))
                 self._done[stamp.worker] = True
-                self._store_done(stamp.job)
+                self._store_done()
                 self._cond.notify_all()
             return self._min_clock()
 

@@ -927,7 +927,8 @@ class Store:
     def set_job_done(self, job: int, num_workers: int, done: list[int]) -> None:
         """Stores, synced, that these workers of the job (of num_workers) are done (the "job_done" record)."""
         record = json.dumps({"job": job, "num_workers": num_workers, "done": sorted(done)}).encode()
-        with self._rocksdb(f"storing that workers {sorted(done)} of job {job} are done", "the done stamp is refused"):
+        # (the caller's message names the job, as its workers named it: ps.engine.jobs)
+        with self._rocksdb(f"storing that workers {sorted(done)} of the job are done", "the done stamp is refused"):
             self._meta.put(b"job_done", record, self._synced)
 
     def job_done(self, job: int, num_workers: int) -> list[int]:
