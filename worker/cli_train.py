@@ -113,8 +113,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        "a job not heard from holds the shards")  # fmt: skip
     modes.add_argument("--job-id", default=None,
                        help="the job's id, the same for all its workers: an integer, or a name, which the servers' "
-                       "messages then name the job by (up to 100 printable ASCII characters) (needed with several workers; a "
-                       "new one per job; torchrun's TORCHELASTIC_RUN_ID when set, but for its 'none' (no "
+                       "messages then name the job by (up to 100 printable ASCII characters) (needed with several "
+                       "workers; a new one per job; torchrun's TORCHELASTIC_RUN_ID when set, but for its 'none' (no "
                        "--rdzv-id); `ps-worker launch` picks one; else the one --resume-file keeps, else a random "
                        "one)")  # fmt: skip
     modes.add_argument("--row-cache-bytes", type=_size, default=None,
@@ -494,9 +494,10 @@ UNNAMED_RUN = "none"  # torchrun's TORCHELASTIC_RUN_ID when given no --rdzv-id
 def job_id(text: str | None) -> tuple[int | None, str]:
     """The job id of --job-id (an integer, or any other text hashed to one), else torchrun's TORCHELASTIC_RUN_ID
     hashed, else None; with the job's name: that text where it is no integer and fits a stamp's job_name
-    (ps.stamp is_job_name: the shards' messages name the job by it), else "" (they name it by its id). TORCHELASTIC_RUN_ID "none" is no job's: it is torchrun's --rdzv-id when none is given (its
-    static rendezvous, of several nodes or a --master-port), the same for every run, so that a second job under it
-    would be refused as a run of the first (ps.engine.jobs: a job id is for one run)."""
+    (ps.stamp is_job_name: the shards' messages name the job by it), else "" (they name it by its id).
+    TORCHELASTIC_RUN_ID "none" is no job's: it is torchrun's --rdzv-id when none is given (its static rendezvous, of
+    several nodes or a --master-port), the same for every run, so that a second job under it would be refused as a
+    run of the first (ps.engine.jobs: a job id is for one run)."""
     if text is None:
         text = os.environ.get("TORCHELASTIC_RUN_ID")
         if text == UNNAMED_RUN:

@@ -114,8 +114,9 @@ class Client:
         shard_gone: Callable[[int], str | None] | None = None,
     ):
         """timeout_s: the deadline of one attempt of a call; server_timeout_s: how long a shard may keep failing
-        (down, restarting), from the first failed call to it, before its calls give up (0: no retries). tls_ca: verify the servers' TLS certificates
-        against it; tls_cert / tls_key: this client's certificate, for servers that require one; auth_token:
+        (down, restarting), from the first failed call to it, before its calls give up (0: no retries). tls_ca:
+        verify the servers' TLS certificates against it; tls_cert / tls_key: this client's certificate, for servers
+        that require one; auth_token:
         sent with every call (ps/security.py). max_request_bytes: the largest message sent (ids and rows; a call
         is split past it); wait_ready lowers it to fit the room the shards keep for requests (message_bytes_for).
         shard_gone(shard): why a shard can never answer again (a local shard whose process exited), else None: a

@@ -82,8 +82,8 @@ def relayed_stop(stamp: WorkerStamp) -> PsError | None:
     """The refusal that stopped the stop stamp's job on a shard, where the worker stopped on one: its stopped_by
     (worker/steprows.py stopped_by: the class of the shard's refusal) is one of JOB_STOPPING_ERRORS, and its reason
     (stop_reason: the error's class, then its first line, which holds the refusal's message) holds job_stops' words
-    of the stamp's job (by its name or its id; the first, the cause, where a reason relays a relay), then printable ASCII to its end. None
-    otherwise: the worker stopped for a cause of its own, or on a refusal that stops no job."""
+    of the stamp's job (by its name or its id; the first, the cause, where a reason relays a relay), then printable
+    ASCII to its end. None otherwise: the worker stopped for a cause of its own, or on a refusal that stops no job."""
     cls = next((c for c in JOB_STOPPING_ERRORS if c.__name__ == stamp.stopped_by), None)
     job = "|".join(re.escape(n) for n in {str(stamp.job), stamp.named})  # (a shard may name it by its id)
     found = None if cls is None else re.search(rf"\bshard \d+: job (?:{job}) stops: [ -~]*\Z", stamp.stopped)
@@ -217,9 +217,9 @@ class JobHold:
             raise JobConflictError(
                 f"shard {self.shard_id} is {doing} of job {self.named(claim)} "
                 f"({job_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
-                f"{stamp.named} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
-                f"a time (two jobs would train one model over each other); wait for job {self.named(claim)}'s end, or "
-                f"stop it; {nothing}"
+                f"{stamp.named} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job "
+                f"at a time (two jobs would train one model over each other); wait for job {self.named(claim)}'s end, "
+                f"or stop it; {nothing}"
             )
         if stamp.job == self.job or not self.running():
             return
@@ -272,8 +272,8 @@ class JobHold:
         patience = self._patience_s if self.follows(stamp) else stamp.timeout_s  # (a claim's job: not started)
         n, w, left = self.num_workers or stamp.num_workers, stamp.worker, max(0.0, patience - silent)
         raise JobConflictError(
-            f"shard {self.shard_id}: worker {w} of job {self.named(stamp)} ({job_kind(stamp.setup, True)}) is trained here by "
-            f"another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
+            f"shard {self.shard_id}: worker {w} of job {self.named(stamp)} ({job_kind(stamp.setup, True)}) is trained "
+            f"here by another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
             f"process's, {stamp.token:#x}), which holds worker {w} for {left:.3g} s more (the job's barrier timeout, "
             f"{patience:g} s, after it was last heard from) unless it says it is done or stopped. If this is worker "
             f"{w} started again after that process was killed without a word (SIGKILL, an OOM kill, a lost node): "

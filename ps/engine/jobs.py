@@ -236,9 +236,9 @@ class JobClocks:
         """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
         if not stamp.done and stamp.job == self.job and self._done[stamp.worker]:
             raise WorkerDoneError(
-                f"shard {self.shard_id}: worker {stamp.worker} of job {self.hold.named(stamp)} said it is done, and a "
-                "done worker pushes nothing more: is a second run using the job id? a job id is for one run; give a new "
-                "--job-id; nothing was applied"
+                f"shard {self.shard_id}: worker {stamp.worker} of job {self.hold.named(stamp)} said it is done, and "
+                "a done worker pushes nothing more: is a second run using the job id? a job id is for one run; give a "
+                "new --job-id; nothing was applied"
             )
 
     def _enter(self, stamp: WorkerStamp, applied: bool = False) -> int:
@@ -456,13 +456,13 @@ class JobClocks:
             if stamp.unclocked:
                 if (stamp.job == self.job and stamp.num_workers == self.num_workers and not self._done[stamp.worker]
                         and self.hold.token_conflict(stamp) is None):  # (not another process's worker)  # fmt: skip
-                    log.info("shard %d: worker %d of job %s stopped (%s)", self.shard_id, stamp.worker, self.hold.named(stamp),
-                             echo(stamp.stopped, 200))  # fmt: skip
+                    log.info("shard %d: worker %d of job %s stopped (%s)", self.shard_id, stamp.worker,
+                             self.hold.named(stamp), echo(stamp.stopped, 200))  # fmt: skip
                     self._done[stamp.worker] = True
                     self._cond.notify_all()
             elif stamp.job == self.job and self.hold.stopped is None and not all(self._done):
-                log.warning("shard %d: job %s stops: worker %d stopped (%s)", self.shard_id, self.hold.named(stamp), stamp.worker,
-                            echo(stamp.stopped, 200))  # fmt: skip
+                log.warning("shard %d: job %s stops: worker %d stopped (%s)", self.shard_id, self.hold.named(stamp),
+                            stamp.worker, echo(stamp.stopped, 200))  # fmt: skip
                 self.hold.stop(relayed_stop(stamp) or BarrierTimeoutError(
                     f"{job_stops(self.shard_id, self.hold.named(stamp))}worker {stamp.worker} stopped before its end "
                     f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
@@ -476,8 +476,8 @@ class JobClocks:
         if stopping and generation == self._generation and self.hold.stopped is not None:
             raise again(self.hold.stopped)
         if generation != self._generation:
-            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.hold.named()} (a stamp "
-                                      "of that job came); the job stops")  # fmt: skip
+            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.hold.named()} (a "
+                                      "stamp of that job came); the job stops")  # fmt: skip
 
     def _threads_refusal(self, stamp: WorkerStamp, what: str) -> RpcThreadsExhaustedError | None:
         """The error for a wait that would leave no RPC thread free (None: it may wait). Lock held."""
@@ -485,8 +485,8 @@ class JobClocks:
             return None
         n = self.num_workers
         return RpcThreadsExhaustedError(
-            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {self.hold.named(stamp)} would wait for the other "
-            f"workers while waits hold {self._waiting} of this server's {self.threads} RPC threads (--threads), "
+            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {self.hold.named(stamp)} would wait for the "
+            f"other workers while waits hold {self._waiting} of this server's {self.threads} RPC threads (--threads), "
             f"leaving none for the requests that end them; a job of {n:,} workers may have 2 x {n:,} "
             f"waits: start ps-server with --threads >= 2 x workers + 2 ({2 * n + 2:,}); nothing was applied; the "
             "job stops"
@@ -529,8 +529,8 @@ class JobClocks:
         if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
             raise InvalidArgumentError(
                 f"bad worker stamp: sync step {stamp.step:,} is more than {MAX_SEQ_JUMP:,} steps past the newest "
-                f"step of job {self.hold.named(stamp)} applied on shard {self.shard_id} ({newest - 1:,}); a job's workers "
-                "count their steps 0, 1, 2, ...; nothing was applied"
+                f"step of job {self.hold.named(stamp)} applied on shard {self.shard_id} ({newest - 1:,}); a job's "
+                "workers count their steps 0, 1, 2, ...; nothing was applied"
             )
         with self._cond:
             self._check_not_done(stamp)
@@ -568,8 +568,8 @@ class JobClocks:
                         ]
                         self.sync.fail(step, BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
-                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job {self.hold.named(stamp)}; nothing "
-                            "of the step was applied; is it alive? the job stops"
+                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job "
+                            f"{self.hold.named(stamp)}; nothing of the step was applied; is it alive? the job stops"
                         ))  # fmt: skip
                         raise again(step.error)
                     if not waiting:
