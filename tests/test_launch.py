@@ -27,6 +27,7 @@ import pytest
 from ps.terminate import Terminated, how_it_ended
 from tests.waiting import wait_until
 from worker import launch
+from worker.cli_train import job_id
 from worker.launch import (
     WorkerGroup,
     add_launch_parser,
@@ -270,9 +271,9 @@ def test_plan_takes_launch_flags_and_passes_the_rest_in_order():
     plan = plan_launch(args, rest, lambda argv: seen.append(argv) or stand_in_train_config(argv))
     assert plan.train_flags == ("--model", "lr", "--epochs", "3", "--barrier-timeout", "5.0")
     assert plan.servers == (SERVERS,) and plan.metrics_out == "out.json" and not plan.progress_bar
-    assert 0 < plan.job_id < 2**64
+    assert re.fullmatch(r"launch-[0-9a-f]{16}", plan.job_id), plan.job_id  # a name the shards' messages show
     assert seen == [[*plan.train_flags, "--servers", SERVERS, "--worker-id", "0", "--num-workers", "2",
-                     "--job-id", str(plan.job_id)]]  # fmt: skip
+                     "--job-id", plan.job_id]]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -341,10 +342,10 @@ def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp
     assert plan_launch(args, rest).job_id != plan_launch(args, rest).job_id  # no file yet: a new one each time
     (tmp_path / "p-1.json").write_text(json.dumps({"format": 1, "job_id": 12345}))  # worker 0 and 2: none yet
     plan = plan_launch(args, rest)
-    assert plan.job_id == plan.train_config.job_id == 12345
+    assert plan.job_id == "12345" and plan.train_config.job_id == 12345 and plan.train_config.job_name == ""
     assert worker_commands(plan, [SERVERS], "/m", ["w"])[2].count("12345") == 1
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume, "--mode", "sync")
-    assert plan_launch(args, rest).job_id != 12345
+    assert plan_launch(args, rest).job_id.startswith("launch-")
     (tmp_path / "p-2.json").write_text(json.dumps({"format": 1, "job_id": 678}))
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
     with pytest.raises(ValueError, match=r"keep the positions of different jobs \(.*p-1.json job 12345, .*p-2.json "
@@ -371,7 +372,8 @@ def test_servers_and_local_shards_are_refused_together():
 def test_plan_with_trains_own_config_checks_every_backend():
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--model", "lr", "--mode", "sync")
     plan = plan_launch(args, rest)
-    assert (plan.train_config.model, plan.train_config.mode, plan.train_config.job_id) == ("lr", "sync", plan.job_id)
+    assert (plan.train_config.model, plan.train_config.mode, plan.train_config.job_name) == ("lr", "sync", plan.job_id)
+    assert plan.train_config.job_id == job_id(plan.job_id)[0]  # the name's hash: the id every worker's stamps carry
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,numpy", "--model", "dnn",
                              "--device", "cuda")  # fmt: skip
     with pytest.raises(ValueError, match="--device cuda needs --backend torch.*name it in --backends \\(torch:cuda\\)"):
@@ -716,7 +718,7 @@ def test_a_job_of_fake_workers_merges_their_output_progress_and_metrics(fakes, t
     assert len(hello) == 2 and hello[0].startswith("[worker 0] hello from 0: RANK=0 WORLD_SIZE=2 LOCAL_RANK=0")
     port, job = hello[0].split("MASTER=")[1].split()[0], hello[0].split("job=")[1].split()[0]
     assert f"MASTER={port} backend=torch job={job} servers={SERVERS} lines=True argv=--model lr --epochs 1" in hello[1]
-    assert port.startswith("127.0.0.1:") and int(job) > 0
+    assert port.startswith("127.0.0.1:") and re.fullmatch(r"launch-[0-9a-f]{16}", job)
     assert "[worker 1] a line on stderr" in stdout and "PROGRESS" not in stdout
     assert "progress: 40 / 40 examples (100%), 20 examples/s, logloss 0.5000, cache hit rate 0.750" in stdout
     assert "launched 2 workers (numpy, torch; mode async) on 1 shard: 40 examples in 2.0 s" in stdout

@@ -45,6 +45,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -65,7 +66,7 @@ from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
 from worker.results import UNTRAINED, local_shards_gone, model_kept, write_metrics
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
-from worker.train_config import RESUME_WORKER, new_job_id
+from worker.train_config import RESUME_WORKER
 
 BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
@@ -76,7 +77,11 @@ _REFUSED = {  # train dests launch sets for every worker: (flag, what launch giv
     "worker_id": ("--worker-id", "worker i gets --worker-id i"),
     "num_workers": ("--num-workers", "every worker gets --num-workers N (set N with --workers)"),
     "backend": ("--backend", "worker i gets the i-th of --backends (one per worker, or one for all)"),
-    "job_id": ("--job-id", "every worker gets the same random job id (or the one their --resume-files keep)"),
+    "job_id": (
+        "--job-id",
+        "every worker gets the same new job name, launch-<16 random hex digits> (or the job id "
+        "their --resume-files keep)",
+    ),
     "progress_lines": ("--progress-lines", "every worker gets it, and launch merges the lines"),
     "launched": ("--launched", "every worker gets it: launch says once for the job what each would say"),
     "no_final_eval": ("--no-final-eval", "every worker gets it: launch scores the job's model once, at the end"),
@@ -142,7 +147,7 @@ class LaunchPlan:
     local_shards: int | None
     train_flags: tuple[str, ...]  # every worker's train flags before launch's own
     train_config: Any  # the TrainConfig of train_flags, for the final evaluation (with worker 0's backend, device)
-    job_id: int  # random, nonzero (or the workers' --resume-files'): the same for every worker
+    job_id: str  # every worker's --job-id: a new name (new_job_name), or the id the workers' --resume-files keep
     metrics_out: str | None = None
     progress_bar: bool = True
     global_flags: tuple[str, ...] = ()  # before `train`: --log-level
@@ -321,10 +326,10 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         train_config = functools.partial(train_config_from_argv, environ=environ)
     # the workers get the local shards' addresses: checked with a stand-in address
     where = ["--servers", ",".join(servers) if servers else "127.0.0.1:1"]
-    job_id = new_job_id()
+    job_id = new_job_name()
     try:
         cfg = train_config([*flags, *where, "--worker-id", "0", "--num-workers", str(args.workers), "--job-id",
-                            str(job_id)])  # fmt: skip
+                            job_id])  # fmt: skip
     except SystemExit:
         raise ValueError("the train flags were refused (see the message above)") from None
     workers = resolve_workers(backends, cfg)
@@ -341,7 +346,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
                          "(each worker's id takes its place), or leave it out")  # fmt: skip
     kept = kept_job_id(cfg, args.workers)
     if kept is not None:  # the job launched again: its workers go on under its id
-        job_id, cfg = kept, dataclasses.replace(cfg, job_id=kept)
+        job_id, cfg = str(kept), dataclasses.replace(cfg, job_id=kept, job_name="")
     if args.local_shards is not None:
         check_no_security(cfg)
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
@@ -359,6 +364,12 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
         global_flags=("--log-level", log_level) if log_level else (), job_lines=checked_job_lines(cfg, workers[0]),
     )  # fmt: skip
+
+
+def new_job_name() -> str:
+    """The --job-id of a job launched anew: launch-<16 random hex digits>, a name (its hash the job's id,
+    worker.cli_train job_id), by which the shards' messages name the job."""
+    return f"launch-{secrets.token_hex(8)}"
 
 
 def kept_job_id(cfg: Any, workers: int) -> int | None:
@@ -413,7 +424,7 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
         commands.append(
             [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
              "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend, "--device",
-             device or "cpu", "--job-id", str(plan.job_id), "--metrics-out",
+             device or "cpu", "--job-id", plan.job_id, "--metrics-out",
              os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines", "--launched", "--no-final-eval"]
         )  # fmt: skip
     return commands
