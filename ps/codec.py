@@ -80,7 +80,7 @@ message WorkerStamp
   13 token            VARINT  uint64                   unclocked: the worker process's random id; 0: not known
   14 apart            VARINT  bool                     push, sync or ssp: ends no step of the worker here; no clock moves
   15 stopped_by       LEN     string                   with stopped: the class of the shard's refusal it stopped on; empty: none
-  16 job_name         LEN     string                   the job's name (--job-id), printable ASCII, for messages; empty: none
+  16 job_name         LEN     string                   the job's name (--job-id), printable ASCII, hashing to job; empty: none
 
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull

@@ -7,6 +7,7 @@ it (ps.engine.jobs)."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -30,8 +31,8 @@ class WorkerStamp:
     the shard's last, or a push sent apart from the steps), which holds the shard for the job and moves no clock;
     stopped_by: a stop stamp's, the class of the shard's refusal its worker stopped on (worker.steprows
     stopped_by; empty: a cause of its own), which a shard relays where it stopped the job (ps.engine.jobhold);
-    job_name: the job as its workers' --job-id named it (job is that name's hash; empty: no name), which the
-    shard's messages name it by (job_named)."""
+    job_name: the job as its workers' --job-id named it (job is that name's hash, job_hash: a shard refuses a name
+    that hashes to another job; empty: no name), which the shard's messages name it by (job_named)."""
 
     job: int
     worker: int
@@ -71,6 +72,13 @@ def job_named(job: int, name: str = "") -> str:
     """A job as messages name it: by its name, quoted ('j3': a stamp's job_name, printable ASCII once checked,
     ps.engine.stampcheck), else by its id."""
     return ascii(name) if name else str(job)
+
+
+def job_hash(name: str) -> int:
+    """The job id a --job-id name stands for (worker.cli_train job_id): the 64-bit hash of its text (its CRC-32
+    low, its Adler-32 high), which a stamp's job_name must hash to (ps.engine.stampcheck)."""
+    data = name.encode()
+    return zlib.crc32(data) | (zlib.adler32(data) << 32)
 
 
 def is_job_name(text: str) -> bool:

@@ -19,7 +19,7 @@ from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableCon
 from ps.engine.push import TablePush
 from ps.engine.shard import Shard
 from ps.errors import CheckpointInProgressError, InvalidArgumentError, JobConflictError, TableNotFoundError
-from ps.stamp import WorkerStamp
+from ps.stamp import WorkerStamp, job_hash
 
 JOB, OTHER = 0xA51C, 0xB0B
 SGD = TableConfig("emb", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
@@ -77,20 +77,21 @@ def test_a_second_async_job_is_refused_naming_both_and_changes_nothing(shard):
 def test_jobs_are_named_as_their_workers_named_them_where_their_stamps_say(shard):
     """A stamp's job_name (the --job-id its id is the hash of) names the job in the shard's refusals; a job whose
     stamps carry none is named by its id, and a stamp of the job followed without one by the name the shard knows."""
-    push(shard, unclocked(0, job_name="j3", token=1))
+    j3, j4 = job_hash("j3"), job_hash("j4")  # the jobs of --job-id j3 and j4
+    push(shard, unclocked(0, job=j3, job_name="j3", token=1))
     named = (
         r"shard 0 holds job 'j3' \(--mode async, .*\), so worker 0 of job 'j4' \(--mode geo\) cannot train here: "
         r".* If job 'j3''s workers are gone .* or resume job 'j3' \(its workers' command with --job-id j3;"
     )
     with pytest.raises(JobConflictError, match=named) as refused:
-        push(shard, unclocked(0, job=OTHER, num_workers=1, setup=GEO, job_name="j4"), client=13)
-    assert str(JOB) not in str(refused.value) and str(OTHER) not in str(refused.value)
+        push(shard, unclocked(0, job=j4, num_workers=1, setup=GEO, job_name="j4"), client=13)
+    assert str(j3) not in str(refused.value) and str(j4) not in str(refused.value)
     with pytest.raises(JobConflictError, match=rf"holds job 'j3' .* so worker 0 of job {OTHER} \("):  # no name
         push(shard, unclocked(0, job=OTHER, num_workers=1, setup=GEO), client=13)
     with pytest.raises(JobConflictError, match=r"worker 0 of job 'j3' \(--mode async\) is trained here by another"):
-        push(shard, unclocked(0, token=2), client=14)  # the job's own stamp, without its name: the shard's
+        push(shard, unclocked(0, job=j3, token=2), client=14)  # the job's own stamp, without its name: the shard's
     with pytest.raises(InvalidArgumentError, match=r"^shard 0: job 'j3' stops: worker 1 runs another setup"):
-        push(shard, unclocked(1, setup=GEO), client=15)
+        push(shard, unclocked(1, job=j3, setup=GEO), client=15)
     assert rows(shard) == -1.0
 
 

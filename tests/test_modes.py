@@ -35,12 +35,14 @@ from ps.errors import (
     WorkerDoneError,
 )
 from ps.rows.initializers import init_rows
+from ps.stamp import job_hash
 from ps.storage.store import JOB_DONE_REMEDY
 from tests.conftest import crash, random_ids
 from tests.waiting import join_thread, wait_until
 from worker.client import Client, WorkerStamp, sum_duplicates
 
 JOB = 0x5EED
+J3 = job_hash("j3")  # the job of --job-id j3
 SGD = TableConfig("emb", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
 
 
@@ -53,7 +55,7 @@ def open_shard(path, *tables: TableConfig, threads: int = 8) -> Shard:
 
 def stamp(worker: int, step: int, **kw) -> WorkerStamp:
     kw.setdefault("barrier_timeout_s", 30.0)
-    return WorkerStamp(JOB, worker, kw.pop("num_workers", 2), step, **kw)
+    return WorkerStamp(kw.pop("job", JOB), worker, kw.pop("num_workers", 2), step, **kw)
 
 
 def push(ids, grads, shows=None, clicks=None, table="emb") -> TablePush:
@@ -727,16 +729,16 @@ def test_the_done_stores_failures_name_the_job_as_its_workers_named_it(tmp_path,
     try:
         shard.store._meta.put(b"job_done", b"[1]")
         with caplog.at_level("INFO", "ps"):
-            shard.jobs.check(stamp(0, 0, job_name="j3"), pull=True)
+            shard.jobs.check(stamp(0, 0, job=J3, job_name="j3"), pull=True)
             shard.store._meta = Refusing(shard.store._meta)
-            assert shard.push_stamped([], 0, 0, 0, stamp(1, 0, done=True, job_name="j3"))[2] == 0
+            assert shard.push_stamped([], 0, 0, 0, stamp(1, 0, done=True, job=J3, job_name="j3"))[2] == 0
         said = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage() or "failed" in
                 r.getMessage()]  # fmt: skip
         assert len(said) == 2, said
         assert said[0].startswith("shard 0: the done workers of job 'j3' could not be read"), said
         assert said[1].startswith("shard 0: storing that workers of job 'j3' are done failed (RocksDB in "), said
         assert "failed while storing that workers [1] of the job are done: IO error: disk gone" in said[1], said
-        assert not any(str(JOB) in line for line in said), said
+        assert not any(str(J3) in line for line in said), said
     finally:
         shard.store._meta = getattr(shard.store._meta, "meta", shard.store._meta)
         shard.close()
@@ -1037,6 +1039,13 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
           for name, said in [("\x1b[2Jj3\n", r"'\x1b[2Jj3\n'"), ("j\u00f6b", r"'j\xf6b'"), ("\u202ej3", r"'\u202ej3'"),
                              ("j" * 101, "'" + "j" * 39 + "... (101 characters)")]],
         (ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, job_name="j\tb")), r"job_name 'j\tb' is not a name"),
+        *[(request(job_name=name), f"bad worker stamp: job_name {said} is not the name of job {JOB}, the stamp's (its "
+           f"hash is {job_hash(name)}): a stamp names its own job")  # another job's name, or no job's
+          for request in (lambda **kw: ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, **kw)),
+                          lambda **kw: ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, **kw)),
+                          lambda **kw: ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD),
+                                                                 stamp=ps_pb2.WorkerStamp(**good, **kw)))
+          for name, said in [("j3", "'j3'"), ("it's \"j3\"", "'it\\'s \"j3\"'")]],
         (ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD), stamp=ps_pb2.WorkerStamp(**good,
                                                                                                job_name="a\x00")),
          r"job_name 'a\x00' is not a name of 1 to 100 printable ASCII characters (empty: none); nothing was created"),
@@ -1435,17 +1444,17 @@ def test_a_job_named_by_its_workers_is_named_so_in_the_refusal_that_stops_it_and
     ids = random_ids(64)
     with Client(addresses, timeout_s=30) as client:
         client.create_table(SGD)
-        started[1].shard.jobs.wait_for_pull(WorkerStamp(JOB, 0, 2, 0, setup=fm, job_name="j3"))
-        started[0].shard.jobs.wait_for_pull(WorkerStamp(JOB, 1, 2, 0, setup=deepfm, job_name="j3"))
-        mine = WorkerStamp(JOB, 1, 2, 0, setup=deepfm)  # no name: the shard's
+        started[1].shard.jobs.wait_for_pull(WorkerStamp(J3, 0, 2, 0, setup=fm, job_name="j3"))
+        started[0].shard.jobs.wait_for_pull(WorkerStamp(J3, 1, 2, 0, setup=deepfm, job_name="j3"))
+        mine = WorkerStamp(J3, 1, 2, 0, setup=deepfm)  # no name: the shard's
         with pytest.raises(InvalidArgumentError, match="shard 1: job 'j3' stops: worker 1 runs another setup") as e:
             client.pull_many([("emb", ids)], stamp=mine)
-        assert str(JOB) not in str(e.value)
+        assert str(J3) not in str(e.value)
         abandon(ClockedRows(client, None, dataclasses.replace(mine, job_name="j3")), e.value)
         named = r"shard 1: job 'j3' stops: worker 1 runs another setup .*'model' 'deepfm' \(the job's: 'fm'\)"
         with pytest.raises(InvalidArgumentError, match=named) as e:  # the cause, shard 1's refusal, relayed
-            client.pull_many([("emb", ids)], stamp=WorkerStamp(JOB, 0, 2, 0, setup=fm, job_name="j3"))
-        assert str(JOB) not in str(e.value)
+            client.pull_many([("emb", ids)], stamp=WorkerStamp(J3, 0, 2, 0, setup=fm, job_name="j3"))
+        assert str(J3) not in str(e.value)
 
 
 def _first_pull_lost(server, seen: list, what) -> object:
@@ -1561,11 +1570,11 @@ def test_a_second_run_under_a_job_id_is_refused_not_dropped(servers, finished):
         with Client(addresses, timeout_s=30) as client:
             client.create_table(SGD)
             for s in range(2):
-                sync = WorkerStamp(JOB, w, 2, s, sync=True, barrier_timeout_s=30, acked=s)
+                sync = WorkerStamp(J3, w, 2, s, sync=True, barrier_timeout_s=30, acked=s)
                 assert codec.stamp_to_proto(sync).acked == s
                 client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1, stamp=sync)
             if finished:
-                client.finish(WorkerStamp(JOB, w, 2, 2, acked=2))
+                client.finish(WorkerStamp(J3, w, 2, 2, acked=2))
 
     Concurrently(lambda: run1(0), lambda: run1(1)).join()
     with Client(addresses, timeout_s=30) as client:
@@ -1573,14 +1582,14 @@ def test_a_second_run_under_a_job_id_is_refused_not_dropped(servers, finished):
         expected = PsError if finished else JobIdReusedError
         with pytest.raises(expected, match="a new --job-id") as info:
             client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1,
-                             stamp=WorkerStamp(JOB, 0, 2, 0, sync=True, barrier_timeout_s=5))  # fmt: skip
+                             stamp=WorkerStamp(J3, 0, 2, 0, sync=True, barrier_timeout_s=5))  # fmt: skip
         if finished:
             assert "FAILED_PRECONDITION" in str(info.value) and "said it is done" in str(info.value)
         else:
-            assert f"job {JOB}'s step 0 was applied before on shard" in str(info.value)
+            assert f"job {J3}'s step 0 was applied before on shard" in str(info.value)
             with pytest.raises(JobIdReusedError, match=r"^job 'j3''s step 0 was applied before on shard"):
                 client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1,
-                                 stamp=WorkerStamp(JOB, 0, 2, 0, sync=True, barrier_timeout_s=5, job_name="j3"))  # fmt: skip
+                                 stamp=WorkerStamp(J3, 0, 2, 0, sync=True, barrier_timeout_s=5, job_name="j3"))  # fmt: skip
         assert (client.pull("emb", A) == -4).all()
 
 

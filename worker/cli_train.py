@@ -9,7 +9,6 @@ import dataclasses
 import logging
 import os
 import sys
-import zlib
 from collections.abc import Mapping
 
 from ps.config import (
@@ -22,7 +21,7 @@ from ps.config import (
     OPTIMIZER_PARAMS,
 )
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, byte_size, integer, number
-from ps.stamp import is_job_name
+from ps.stamp import is_job_name, job_hash
 from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
@@ -508,7 +507,7 @@ def job_id(text: str | None) -> tuple[int | None, str]:
     try:
         value = int(text, 0)
     except ValueError:
-        value = zlib.crc32(text.encode()) | (zlib.adler32(text.encode()) << 32)
+        value = job_hash(text)
         name = text if is_job_name(text) else ""
     if not 0 < value < 2**64:
         raise ValueError(f"--job-id {text}: expected an integer in [1, 2**64) or a name")

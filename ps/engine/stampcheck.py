@@ -9,7 +9,7 @@ import math
 
 from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_JOB_NAME_CHARS, MAX_STAMP_TEXT
 from ps.errors import InvalidArgumentError, echo
-from ps.stamp import WorkerStamp, is_job_name
+from ps.stamp import WorkerStamp, is_job_name, job_hash
 
 MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
 MAX_SETUP_CHARS = MAX_STAMP_TEXT  # of a stamp's setup and stop reason
@@ -44,6 +44,9 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
     elif stamp.job_name and not is_job_name(stamp.job_name):
         bad = f"job_name {echo(stamp.job_name, 40)} is not a name of 1 to {MAX_JOB_NAME_CHARS} printable ASCII "
         bad += "characters (empty: none)"
+    elif stamp.job_name and job_hash(stamp.job_name) != stamp.job:
+        bad = f"job_name {echo(stamp.job_name)} is not the name of job {stamp.job}, the stamp's (its hash is "
+        bad += f"{job_hash(stamp.job_name)}): a stamp names its own job, by the --job-id text its id is the hash of"
     elif stamp.stopped_by and not stamp.stopped:
         bad = "stopped_by (the refusal a worker stopped on) is said by a stop stamp, with stopped; this one says no stopped"
     elif (pull or create) and (stamp.done or stamp.stopped):
