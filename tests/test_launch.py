@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ps.stamp import job_hash
 from ps.terminate import Terminated, how_it_ended
 from tests.waiting import wait_until
 from worker import launch
@@ -335,8 +336,8 @@ def test_a_resume_file_the_workers_would_share_is_refused_before_any_worker_star
 
 def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp_path):
     """A job's workers killed without a word leave it holding the shards: the same launch again goes on under its
-    id (which each worker's file would refuse another of); files of two jobs are refused; sync and ssp workers,
-    which keep no file, get a new id."""
+    id (which each worker's file would refuse another of), given as its name where a file keeps one; files of two
+    jobs are refused; sync and ssp workers, which keep no file, get a new id."""
     resume = ["--resume-file", str(tmp_path / "p-{worker}.json")]
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
     assert plan_launch(args, rest).job_id != plan_launch(args, rest).job_id  # no file yet: a new one each time
@@ -350,6 +351,16 @@ def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
     with pytest.raises(ValueError, match=r"keep the positions of different jobs \(.*p-1.json job 12345, .*p-2.json "
                                          r"job 678\): remove the files of the job not to resume"):  # fmt: skip
+        plan_launch(args, rest)
+    j3 = job_hash("j3")  # a job launched as --job-id j3: its files keep its name (an older file of it, none)
+    (tmp_path / "p-1.json").write_text(json.dumps({"format": 1, "job_id": j3}))
+    (tmp_path / "p-2.json").write_text(json.dumps({"format": 1, "job_id": j3, "job_name": "j3"}))
+    plan = plan_launch(args, rest)
+    assert (plan.job_id, plan.train_config.job_id, plan.train_config.job_name) == ("j3", j3, "j3")
+    command = worker_commands(plan, [SERVERS], "/m", ["w"])[1]
+    assert command[command.index("--job-id") + 1] == "j3"
+    (tmp_path / "p-2.json").write_text(json.dumps({"format": 1, "job_id": 678, "job_name": "j4"}))  # not 678's
+    with pytest.raises(ValueError, match=rf"\(.*p-1.json job {j3}, .*p-2.json job 678\)"):
         plan_launch(args, rest)
 
 

@@ -12,6 +12,7 @@ import re
 import pytest
 
 import worker.loop
+from ps.stamp import job_hash
 from worker.__main__ import main as worker_main
 from worker.cluster import LocalCluster
 from worker.resume import PositionWriter, read_position
@@ -160,6 +161,55 @@ def test_a_start_without_job_id_takes_the_files_and_one_given_another_is_refused
         resumed(dataclasses.replace(cfg, job_id=7))
 
 
+def test_the_file_keeps_the_jobs_name_which_a_start_under_its_id_takes_and_an_older_file_keeps_none(tmp_path):
+    """A run under --job-id j3 keeps the name with the id: a start without --job-id, or given the id as a number,
+    names the job 'j3' as before; a file written without the name (an older version's) loads, naming none; a
+    name that is not the kept id's is damage, refused."""
+    from worker.cli_train import resumed
+
+    path, j3 = tmp_path / "p.json", job_hash("j3")
+    PositionWriter(resumed(TrainConfig(servers=("h:1",), resume_file=str(path), job_id=j3, job_name="j3"))).update(10)
+    record = json.loads(path.read_text())
+    assert (record["job_id"], record["job_name"]) == (j3, "j3")
+    bare = TrainConfig(servers=("h:1",), resume_file=str(path))
+    for cfg in (bare, dataclasses.replace(bare, job_id=j3)):
+        assert (resumed(cfg).job_id, resumed(cfg).job_name, resumed(cfg).skip_examples) == (j3, "j3", 10)
+    assert resumed(dataclasses.replace(bare, job_id=j3, job_name="j3")).job_name == "j3"
+    for older in ({k: v for k, v in record.items() if k != "job_name"}, {**record, "job_name": None}):
+        path.write_text(json.dumps(older))
+        assert (resumed(bare).job_id, resumed(bare).job_name, resumed(bare).skip_examples) == (j3, "", 10)
+    for bad, why in (("j4", f"job_name 'j4' is not the name of job_id {j3}"), (7, "a field of the wrong type"),
+                     ("j\n3", "job_name 'j\\n3' is not the name of job_id")):  # fmt: skip
+        path.write_text(json.dumps({**record, "job_name": bad}))
+        with pytest.raises(ValueError, match=re.escape(f"is no position this program wrote ({why}")):
+            resumed(bare)
+
+
+def test_a_restart_without_job_id_names_the_job_as_its_first_start_did(tmp_path, capsys, monkeypatch):
+    """Started with --job-id j3, stopped, started again with the same command less --job-id: its stamps carry the
+    job's name (the shards' messages name it 'j3'), and its file keeps it."""
+    from worker.client import Client
+
+    position, stamps = tmp_path / "position.json", []
+    real = Client.create_table
+
+    def create_table(self, cfg, replace_untrained=False, stamp=None):
+        stamps.append(stamp)
+        return real(self, cfg, replace_untrained, stamp)
+
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
+        interrupt_after(monkeypatch, 3)
+        code, out, err = run([*train, "--job-id", "j3"], capsys)
+        assert code == 130 and json.loads(position.read_text())["job_name"] == "j3", err
+        monkeypatch.undo()
+        monkeypatch.setattr(Client, "create_table", create_table)
+        code, out, err = run(train, capsys)
+        assert code == 0 and "resuming after" in out, err
+    assert stamps and all((s.job, s.job_name) == (job_hash("j3"), "j3") for s in stamps), stamps
+    assert json.loads(position.read_text())["job_name"] == "j3"
+
+
 def test_resume_file_is_refused_with_local_shards_and_unused_where_one_worker_cannot_resume_alone(tmp_path, caplog):
     """Local shards go with the model: refused. A sync or ssp job's workers resume together, and --dense
     allreduce keeps the MLP in the workers: the file is not used, with a warning (the deployments set it for every
@@ -286,6 +336,7 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
             "run": None,
             "state_ids": None,
             "job_id": None,
+            "job_name": None,  # (a job id made up: no name)
             "token": None,
             "started_from": 0,
             "examples": 3000,

@@ -643,10 +643,13 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
         stack.enter_context(held(cfg.resume_file))
     position = read_position(cfg)
     # the job id the file keeps, unless one is given (read_position refused another): a worker killed without a
-    # word leaves its job holding the shards, which let only that job push; and the worker's token, which makes a
+    # word leaves its job holding the shards, which let only that job push; the job's name the file keeps, unless
+    # one is given (an integer --job-id, the file's id, gives none); and the worker's token, which makes a
     # restart the same process for them (none: TrainConfig.with_recipe makes the run's up, and the file keeps them
     # from before its first CreateTable on: worker/train.py)
-    cfg = dataclasses.replace(cfg, job_id=cfg.job_id or (position and position.job_id) or None,
+    job = cfg.job_id or (position and position.job_id) or None
+    kept_name = position.job_name if position and position.job_id == job else ""
+    cfg = dataclasses.replace(cfg, job_id=job, job_name=cfg.job_name or kept_name,
                               worker_token=cfg.worker_token or (position and position.token) or 0)  # fmt: skip
     if position is None:
         print(f"--resume-file {cfg.resume_file}: no position yet; this run keeps it there", flush=True)

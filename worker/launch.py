@@ -13,8 +13,9 @@
                       --backend b_i --device d_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
                       --launched --no-final-eval
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
-                    rendezvous of torch.distributed (--dense allreduce); J random, nonzero (the one the workers'
-                    --resume-files keep, where they keep one: the job launched again goes on); P a free port;
+                    rendezvous of torch.distributed (--dense allreduce); J a new name, launch-<16 random hex
+                    digits> (the job the workers' --resume-files keep, by its name, else its id, where they keep
+                    one: the job launched again goes on); P a free port;
                     a cuda worker's LOCAL_RANK is its index among the cuda workers (local_ranks: their GPU)
       4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
       5. all exit 0: the model evaluated once on the servers, on --eval-data or the synthetic eval rows (a job on
@@ -58,6 +59,7 @@ from typing import Any
 
 from ps.errors import MODEL_STATE_REPLACED, PsError
 from ps.settings import unknown_environment
+from ps.stamp import job_named
 from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from ps.terminate import TERMINATED, Terminated, child_setup, how_it_ended, sigterm_raises
 from worker.cluster import free_port, without_security_variables
@@ -79,8 +81,7 @@ _REFUSED = {  # train dests launch sets for every worker: (flag, what launch giv
     "backend": ("--backend", "worker i gets the i-th of --backends (one per worker, or one for all)"),
     "job_id": (
         "--job-id",
-        "every worker gets the same new job name, launch-<16 random hex digits> (or the job id "
-        "their --resume-files keep)",
+        "every worker gets the same new job name, launch-<16 random hex digits> (or the job their --resume-files keep)",
     ),
     "progress_lines": ("--progress-lines", "every worker gets it, and launch merges the lines"),
     "launched": ("--launched", "every worker gets it: launch says once for the job what each would say"),
@@ -147,7 +148,7 @@ class LaunchPlan:
     local_shards: int | None
     train_flags: tuple[str, ...]  # every worker's train flags before launch's own
     train_config: Any  # the TrainConfig of train_flags, for the final evaluation (with worker 0's backend, device)
-    job_id: str  # every worker's --job-id: a new name (new_job_name), or the id the workers' --resume-files keep
+    job_id: str  # every worker's --job-id: a new name (new_job_name), or the job the workers' --resume-files keep
     metrics_out: str | None = None
     progress_bar: bool = True
     global_flags: tuple[str, ...] = ()  # before `train`: --log-level
@@ -344,9 +345,9 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError(f"--resume-file {resume_file} (a flag, PS_RESUME_FILE or the config file) keeps one "
                          f"worker's position, and launch's workers would share it: put {RESUME_WORKER} in its name "
                          "(each worker's id takes its place), or leave it out")  # fmt: skip
-    kept = kept_job_id(cfg, args.workers)
-    if kept is not None:  # the job launched again: its workers go on under its id
-        job_id, cfg = str(kept), dataclasses.replace(cfg, job_id=kept, job_name="")
+    kept = kept_job(cfg, args.workers)
+    if kept is not None:  # the job launched again: its workers go on under its id, named by its name
+        job_id, cfg = kept[1] or str(kept[0]), dataclasses.replace(cfg, job_id=kept[0], job_name=kept[1])
     if args.local_shards is not None:
         check_no_security(cfg)
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
@@ -372,24 +373,24 @@ def new_job_name() -> str:
     return f"launch-{secrets.token_hex(8)}"
 
 
-def kept_job_id(cfg: Any, workers: int) -> int | None:
-    """The job id the workers' --resume-files keep (worker.resume.recorded_job_id), where the workers use them:
-    the same launch again goes on under the job's id, which the shards let push while they hold the job for
-    workers killed without a word (a job's own workers would otherwise be refused for its barrier timeout), and
-    which each worker's file would refuse another of. None where no file keeps one; ValueError where two do
-    differ (files of two jobs)."""
-    from worker.resume import recorded_job_id, unused_because
+def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
+    """The job id the workers' --resume-files keep (worker.resume.recorded_job), where the workers use them, with
+    the job's name where one keeps it ("" where none does): the same launch again goes on under the job's id, which
+    the shards let push while they hold the job for workers killed without a word (a job's own workers would
+    otherwise be refused for its barrier timeout), and which each worker's file would refuse another of. None
+    where no file keeps one; ValueError where two do differ (files of two jobs)."""
+    from worker.resume import recorded_job, unused_because
 
     resume_file = getattr(cfg, "resume_file", None)
     if not resume_file or unused_because(cfg) is not None:
         return None
     files = [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
-    kept = {path: job_id for path in files if (job_id := recorded_job_id(path)) is not None}
-    if len(set(kept.values())) > 1:
-        named = ", ".join(f"{path} job {job_id}" for path, job_id in kept.items())
+    kept = {path: job for path in files if (job := recorded_job(path)) is not None}
+    if len({job_id for job_id, _ in kept.values()}) > 1:
+        named = ", ".join(f"{path} job {job_named(*job)}" for path, job in kept.items())
         raise ValueError(f"the workers' --resume-files keep the positions of different jobs ({named}): remove "
                          "the files of the job not to resume")  # fmt: skip
-    return next(iter(kept.values()), None)
+    return max(kept.values(), key=lambda job: job[1], default=None)  # a file's name (an older file keeps none)
 
 
 def checked_job_lines(cfg: Any, worker: str) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ instead of from the stream's start.
 The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
-     "finished": false, "state_ids": [ID, ...], "job_id": J, "token": T}
+     "finished": false, "state_ids": [ID, ...], "job_id": J, "job_name": NAME, "token": T}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
@@ -27,6 +27,10 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   a job whose worker was killed without a word (SIGKILL, an OOM kill, a lost node) for its barrier timeout, and
   refuses another job's table creations and pushes until then (ps/engine/jobhold.py), but lets its own job push on.
   A start given another --job-id is refused, as for the run settings.
+- job_name: the job's name, the --job-id text J is the hash of (ps.stamp job_hash), which the run's stamps carry
+  for the shards' messages; absent or null: none (an integer --job-id, or one made up). A start under J takes it
+  (and `ps-worker launch` gives it as every worker's --job-id), so that a worker started again without --job-id
+  names its job as before.
 - token: the worker process's token (ps.stamp WorkerStamp.token, made up at the run's first start); absent or null:
   not known. A start takes it: for the shards it is the same process, and pushes on at once, where another process
   given the same --worker-id (or this worker started again without the file) is refused while the first one's
@@ -62,6 +66,8 @@ import os
 import time
 from collections.abc import Iterator
 
+from ps.errors import echo
+from ps.stamp import is_job_name, job_hash
 from ps.storage.atomicfile import temp_prefix_within, write_json_whole
 from worker.schema import AUTO_FORMAT
 from worker.train_config import RESUME_WORKER, TrainConfig
@@ -129,6 +135,7 @@ class Position:
     state_ids: tuple[int, ...] = ()
     job_id: int | None = None
     token: int | None = None
+    job_name: str = ""
 
 
 @contextlib.contextmanager
@@ -179,10 +186,13 @@ def read_position(cfg: TrainConfig) -> Position | None:
         if record.get("format") != FORMAT:
             raise ValueError(f"format {record.get('format')!r}, expected {FORMAT}")
         state_ids, job_id, token = record.get("state_ids", []), record.get("job_id"), record.get("token")
-        if not isinstance(state_ids, list):
+        job_name = record.get("job_name") or ""
+        if not isinstance(state_ids, list) or not isinstance(job_name, str):
             raise ValueError("a field of the wrong type")
+        if job_name and not (is_job_name(job_name) and job_id == job_hash(job_name)):
+            raise ValueError(f"job_name {echo(job_name, 40)} is not the name of job_id {job_id}")
         position = Position(record["started_from"], record["examples"], record["trained"], record["finished"],
-                            tuple(state_ids), job_id, token)  # fmt: skip
+                            tuple(state_ids), job_id, token, job_name)  # fmt: skip
         run = record["run"]
         counts, flags = (position.started_from, position.examples, *state_ids), (position.trained, position.finished)
         if not (all(type(n) is int and n >= 0 for n in counts) and all(type(b) is bool for b in flags)
@@ -212,11 +222,15 @@ def ended_before(path: str) -> int | None:
     return examples if type(examples) is int else None
 
 
-def recorded_job_id(path: str) -> int | None:
-    """The job id the file at path keeps, else None (no such file, one that cannot be read, or none kept): the id a
-    launcher gives the workers it starts again (read_position checks the rest when each starts)."""
-    job_id = _file_record(path).get("job_id")
-    return job_id if _is_id(job_id) else None
+def recorded_job(path: str) -> tuple[int, str] | None:
+    """The job id the file at path keeps, with the job's name where it keeps one that is that id's ("" where not),
+    else None (no such file, one that cannot be read, or no id kept): the job a launcher gives the workers it
+    starts again (read_position checks the rest when each starts)."""
+    record = _file_record(path)
+    job_id, name = record.get("job_id"), record.get("job_name")
+    if not _is_id(job_id):
+        return None
+    return job_id, name if isinstance(name, str) and is_job_name(name) and job_hash(name) == job_id else ""
 
 
 def _file_record(path: str) -> dict:
@@ -252,6 +266,7 @@ class PositionWriter:
         self.failing = False  # the last periodic write failed (logged once)
         self.state_ids = tuple(cfg.resume_state_ids)  # the shards' model state ids: the file's until the run reads them
         self.job_id = cfg.job_id  # the one given, or the file's; train() sets the one the run trains under
+        self.job_name = cfg.job_name  # its name (the one given, or the file's; "": none)
         self.token = cfg.worker_token or None  # the file's; train() sets the one the run's stamps carry
         directory, name = os.path.split(os.path.abspath(self.path))
         leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
@@ -279,7 +294,7 @@ class PositionWriter:
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids),
-                  "job_id": self.job_id, "token": self.token}  # fmt: skip
+                  "job_id": self.job_id, "job_name": self.job_name or None, "token": self.token}  # fmt: skip
         try:
             write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         except OSError as e:  # (a full disk): named, not as the temporary file

@@ -69,7 +69,7 @@ def train(cfg: TrainConfig) -> dict:
     job = check_training(cfg, warn=not cfg.launched)  # launch said the job's warnings before it started it
     cfg, data, spec, tables_cfg = job.cfg, job.data, job.spec, job.tables
     if position is not None:  # the run's ids (given, the file's, or made up by with_recipe)
-        position.job_id, position.token = cfg.job_id, cfg.worker_token
+        position.job_id, position.job_name, position.token = cfg.job_id, cfg.job_name, cfg.worker_token
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # this worker's share, read before any server is touched
         no_auc = validation_auc_undefined(data.validation(), cfg.early_stop_metric)  # a split's examples
