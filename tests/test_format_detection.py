@@ -18,7 +18,7 @@ from tests.test_predict import predict, read_out
 from worker.__main__ import build_parser, main
 from worker.cli_predict import predict_config
 from worker.criteo import format_criteo
-from worker.formats import detect_format, read_batches, read_csv_sample
+from worker.formats import detect_format, file_has_labels, read_batches, read_csv_sample
 from worker.metrics import auc
 from worker.readers.share import ReadStats
 from worker.schema_builtin import csv_label, resolve_schema
@@ -72,8 +72,9 @@ def schema(path, fmt: str = "auto", **flags):
     return resolve_schema(str(path), schema_path=None, fmt=fmt, default_table="t", default_dim=4, **given)
 
 
-def batches(path, s) -> list[tuple]:
-    return [(b.labels.tolist(), {k: v.ids.tolist() for k, v in b.fields.items()}) for b in read_batches(path, s, 64)]
+def batches(path, s, **read) -> list[tuple]:
+    return [(b.labels.tolist(), {k: v.ids.tolist() for k, v in b.fields.items()})
+            for b in read_batches(path, s, 64, **read)]  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
@@ -135,6 +136,21 @@ def test_svmlight_query_ids_and_comments_are_told_as_libsvm_and_read_as_the_line
     misplaced.write_text("1 1:1 qid:3 2:1\n")
     with pytest.raises(ValueError, match="line 1: feature 'qid:3', expected id:value with a non-negative integer id"):
         list(read_batches(misplaced, schema(plain), 64))
+
+
+def test_svmlight_lines_without_labels_read_as_the_lines_without_their_query_ids(tmp_path):
+    """A file to score made of SVMlight lines without their labels (`qid:3 id:value ... # comment`: the query id
+    first) is a file without labels, read as the same lines without the query ids."""
+    lines = [line.split(" ", 1)[1] for line in TEXTS["libsvm"].splitlines()]
+    plain = tmp_path / "plain.libsvm"
+    plain.write_text("".join(f"{line}\n" for line in lines))
+    svmlight = tmp_path / "new.svmlight"
+    svmlight.write_text("# to score\n" + "".join(f"qid:{i // 4} {line} # row {i}\n" for i, line in enumerate(lines)))
+    s = schema(plain)
+    assert (file_has_labels(plain, s), file_has_labels(svmlight, s)) == (False, False)
+    read = [batches(path, s, labeled=False) for path in (plain, svmlight)]
+    assert [fields for _, fields in read[1]] == [fields for _, fields in read[0]] and len(read[0][0][1]["f0"]) == 20
+    assert np.isnan(read[1][0][0]).all() and len(read[1]) == 1  # (no labels: NaN)
 
 
 def test_criteo_without_labels_is_told_by_its_39_columns(tmp_path):

@@ -225,9 +225,12 @@ _QID = re.compile(rb"qid:[0-9]+")  # SVMlight's query id, which groups lines for
 
 def libsvm_tokens(line: bytes) -> list[bytes]:
     """The whitespace-separated tokens of a libsvm line, as SVMlight writes them too: a comment from "#" to the
-    line's end left out, and so is a query id, qid:<digits>, second (after the label)."""
+    line's end left out, and so is a query id, qid:<digits>, second (after the label) or first (a line without
+    its label, in a file to score)."""
     tokens = line.partition(b"#")[0].split()
-    return tokens[:1] + tokens[2:] if len(tokens) > 1 and _QID.fullmatch(tokens[1]) else tokens
+    if len(tokens) > 1 and _QID.fullmatch(tokens[1]):
+        return tokens[:1] + tokens[2:]
+    return tokens[1:] if tokens and _QID.fullmatch(tokens[0]) else tokens
 
 
 def libsvm_like(body: bytes) -> bool:

@@ -2,7 +2,8 @@
 
 libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or -1 (-> 0) or +1 (-> 1).
         SVMlight's additions are read too (criteo.libsvm_tokens): a comment from "#" to the line's end is left
-        out (a line of a comment only is an empty line), and so is a query id, qid:<digits>, after the label.
+        out (a line of a comment only is an empty line), and so is a query id, qid:<digits>, after the label
+        (first on a line without one).
         Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing:
         CTR libsvm data is one-hot, any other finite value is ignored): a chunk's Parsed holds every column's
         ids as a hashed categorical column reads them (the id itself), its cells the decimal text of those of
