@@ -590,9 +590,11 @@ def test_infer_numbers_with_thousands_separators_are_said_as_such_not_lists_nor_
     revenue = next(c for c in checks if c.startswith("'revenue'"))
     assert "holds numbers with thousands separators (as '" in revenue and "read_csv(..., thousands=',')" in revenue
     assert "decimal" not in revenue, revenue
+    assert "then to_csv(..., index=False)" in revenue, revenue  # (pandas' row index would be a column of the file)
     visits = next(c for c in checks if c.startswith("'visits'"))
     assert "a thousands separator or a decimal comma" in visits and "thousands=','" in visits, visits
     assert "decimal=','" in visits and not any(c.startswith("'items'") for c in checks), checks
+    assert "then to_csv(..., index=False)" in visits, visits
 
 
 def test_infer_numbers_with_spaces_as_thousands_separators_are_said_as_such(tmp_path):
@@ -616,6 +618,7 @@ def test_infer_numbers_with_spaces_as_thousands_separators_are_said_as_such(tmp_
     assert "thousands separated by ' ' (as '" in said["plain"] and "read_csv(..., thousands=' ')" in said["plain"]
     assert "thousands separated by '\\xa0'" in said["nbsp"] and "thousands='\\xa0')" in said["nbsp"]
     assert "thousands='\\u202f', decimal=',')" in said["french"], said["french"]
+    assert all("then to_csv(..., index=False)" in said[k] for k in said), said
 
 
 def test_a_column_of_ids_and_space_separated_lists_of_them_is_not_said_to_hold_numbers(tmp_path):

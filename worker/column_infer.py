@@ -148,6 +148,9 @@ def _lists(separator: str) -> str:
     return f' (lists of 3-digit ids look the same: a schema reads those with kind = "multi_hot", separator = "{separator}")'
 
 
+_TO_CSV = "to_csv(..., index=False)"  # how written_numbers' fixes write the file back: without pandas' row index
+
+
 def written_numbers(cells: list[str]) -> tuple[str, str, str] | None:
     """(what the cells hold, how to make them plain numbers, an aside) where they are numbers the readers do not
     take as such, written with separators: thousands separated by commas (1,234,567 in every cell holding a comma,
@@ -166,7 +169,7 @@ def written_numbers(cells: list[str]) -> tuple[str, str, str] | None:
         separator = next(ch for ch in spaced[0] if ch in _SPACES)
         decimal = ", decimal=','" if any("," in c for c in spaced) else ""
         return (f"numbers with thousands separated by {separator!r} (as {spaced[0]!r})",
-                f"remove the separators (pandas: read_csv(..., thousands={separator!r}{decimal}) then to_csv)",
+                f"remove the separators (pandas: read_csv(..., thousands={separator!r}{decimal}) then {_TO_CSV})",
                 _lists(separator) if separator == " " else "")  # fmt: skip
     commas = [c for c in cells if "," in c]
     if not commas:
@@ -177,13 +180,13 @@ def written_numbers(cells: list[str]) -> tuple[str, str, str] | None:
         other = [c for c in commas if not _DECIMAL_COMMA.fullmatch(c)]
         if other:
             return (f"numbers with thousands separators (as {other[0]!r})", "remove the separators (pandas: "
-                    "read_csv(..., thousands=',') then to_csv)", lists)  # fmt: skip
+                    f"read_csv(..., thousands=',') then {_TO_CSV})", lists)  # fmt: skip
         return (f"numbers written with a comma, a thousands separator or a decimal comma (as {commas[0]!r})",
                 "write them as plain numbers (pandas: read_csv(..., thousands=',') or read_csv(..., decimal=','), "
-                "then to_csv)", lists)  # fmt: skip
+                f"then {_TO_CSV})", lists)  # fmt: skip
     if sum(bool(_DECIMAL_COMMA.fullmatch(c)) for c in cells) >= 0.9 * len(cells):
         return (f"numbers written with a decimal comma (as {commas[0]!r})", "convert them to decimal points "
-                "(pandas: read_csv(..., decimal=',') then to_csv)", "")  # fmt: skip
+                f"(pandas: read_csv(..., decimal=',') then {_TO_CSV})", "")  # fmt: skip
     return None
 
 
