@@ -397,6 +397,28 @@ def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     assert [c.name for c in load_schema(str(path), default_table="t", default_dim=4).columns] == ["f0", "f1"]
 
 
+def test_infer_says_a_column_of_no_name_may_be_the_row_index_pandas_wrote(tmp_path):
+    """A first column of no name (pandas' to_csv wrote its row index) is read as column0, a CHECK in the schema and
+    on stderr, as the built-in csv schema refuses it; so is one of no name elsewhere, without that guess."""
+    data = tmp_path / "d.csv"
+    rows = [(i, 7 * i, i % 2, f"c{i % 3}") for i in range(50)]
+    for header, columns, said in (
+        (",id,click,city", (0, 1, 2, 3), "column 1 of the header has no name (a row index that pandas' to_csv "
+                                         "wrote?): read as 'column0' here"),
+        ("id,click,,city", (1, 2, 0, 3), "column 3 of the header has no name: read as 'column2' here"),
+        ("id,click,city", (1, 2, 3), None),
+    ):  # fmt: skip
+        data.write_text(header + "\n" + "".join(",".join(str(r[k]) for k in columns) + "\n" for r in rows))
+        text, checks = infer_schema(str(data))
+        s = schema_from_text(text, "inferred", default_table="t", default_dim=4)
+        assert s.label == "click" and {"id", "city"} <= {c.source for c in s.columns}
+        if said is None:
+            assert not any("no name" in c for c in checks) and "CHECK" not in text, (checks, text)
+        else:
+            assert [c for c in checks if c.startswith(said)] and f"# CHECK: {said}" in text, (checks, text)
+            assert "" in {c.source for c in s.columns}  # read, as the check says, until a person deletes it
+
+
 def test_infer_prefers_a_label_by_its_name_keeps_codes_and_reads_missing_markers(tmp_path):
     """is_click, not the first 0/1 column, is the label; zip codes with leading zeros stay categorical; numbers
     with NA / nan markers are numeric, and the reader takes the markers as missing."""

@@ -4,7 +4,8 @@ The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and fal
 whose name holds one of LABEL_WORDS (`has_clicked`, `purchased`), else the first such column, else the first column;
 the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
 stderr. Every other column gets the entries worker/column_infer.py infers from its cells, but one whose name the
-header gives twice: it is left out, said in the schema and on stderr. criteo and libsvm files get their built-in
+header gives twice: it is left out, said in the schema and on stderr; one of no name (pandas' row index, first) is
+read as column<k>, said so too. criteo and libsvm files get their built-in
 schema, written out. The TOML says in comments what was inferred
 from how many rows, for a person to review before training.
 """
@@ -179,6 +180,12 @@ def infer_schema(
             continue
         name = h if h and not h.startswith("_") else f"column{j}"
         entries, column_checks = column_entries(name, h, columns[h], set(header), sampled=not whole)
+        if not h:  # (the built-in csv schema refuses it: schema_builtin)
+            index = " (a row index that pandas' to_csv wrote?)" if j == 0 else ""
+            note = (f"column {j + 1} of the header has no name{index}: read as {name!r} here; delete its entries "
+                    "if it is no feature")  # fmt: skip
+            entries.insert(1, f"# CHECK: {note}.")
+            column_checks.append(note)
         lines += entries
         checks += column_checks
     if "[[columns]]" not in lines:  # load_schema refuses a schema of no column: said now, with why
