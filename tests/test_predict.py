@@ -306,6 +306,41 @@ def test_tables_trained_under_a_schema_files_spaced_label_are_read_with_that_sch
     assert "trained with another schema" in capsys.readouterr().err
 
 
+def test_tables_trained_on_the_built_in_schema_of_a_spaced_header_are_refused_naming_the_schema_that_reads_them(
+    servers, tmp_path, monkeypatch, capsys
+):
+    """A worker that read a csv header's names as written (`id, click, site, note`: ' click', ' site', ...) trained
+    tables on its built-in schema whose fingerprint and ids are those of the names with their spaces; the oracle is
+    a schema file naming the columns so (a30a7a2's built-in schema of such a header carried that file's
+    fingerprint, and its predictions, checked by hand). The built-in schema now reads the names trimmed: a run on it
+    is refused, naming a schema file, and that file scores the tables as the oracle file does."""
+    from worker.schema import Schema
+
+    addresses, _ = servers(1)
+    data = tmp_path / "people.csv"
+    write_people(data, 300, seed=4)
+    data.write_text(data.read_text().replace("id,click,site,note", "id, click, site, note", 1))
+    oracle = tmp_path / "oracle.toml"
+    oracle.write_text('format = "csv"\nlabel = " click"\n' + "".join(
+        f'\n[[columns]]\nname = "{name}"\nkind = "categorical"\n' for name in ("id", " site", " note")))  # fmt: skip
+    current = Schema.fingerprint  # trained as a worker that kept the label's spaces did
+    monkeypatch.setattr(Schema, "fingerprint", lambda self, *a, **k: current(dataclasses.replace(self, label=" click")))
+    train(small_run(addresses, str(data), model="lr", schema=str(oracle)))
+    monkeypatch.undo()
+    flags = ["--data", str(data), "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "refused.csv", *flags) == 2
+    err = capsys.readouterr().err
+    assert "names the columns as written" in err and not (tmp_path / "refused.csv").exists()
+    named = tmp_path / "named.toml"
+    named.write_text(err[err.index('format = "csv"') :])
+    assert predict(addresses[0], tmp_path / "named.csv", *flags, "--schema", str(named)) == 0, capsys.readouterr().err
+    assert predict(addresses[0], tmp_path / "oracle.csv", *flags, "--schema", str(oracle)) == 0
+    got, want = read_out(tmp_path / "named.csv")[1], read_out(tmp_path / "oracle.csv")[1]
+    assert (
+        np.array_equal(got["probability"], want["probability"]) and np.ptp(want["probability"]) > 0.01
+    )  # trained rows: lr starts at 0
+
+
 def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, capsys, caplog):
     addresses, _ = servers(1)
     train_path, test_path = files

@@ -189,12 +189,24 @@ def missing_shares(shard_stats: list, spec: ModelSpec, servers: list[str]) -> li
 def held_features(client: Client, schema: Any, tables: list[str], shard_stats: list | None = None) -> str:
     """The fingerprint the run's tables carry: schema.fingerprint(), or its legacy_fingerprint where the servers
     hold the model's tables under that one (made before libsvm's K was part of it: they are read as they were
-    trained, without a check of K). shard_stats: the shards' StatsResponses when the caller has them."""
-    legacy = schema.legacy_fingerprint()
-    if legacy is not None:
-        for shard in shard_stats or client.stats():
-            for t in shard.tables:
-                if t.name in tables:
-                    info = client.describe_table(t.name, [shard.shard_id])[0]
-                    return legacy if info.spec.features == legacy else schema.fingerprint()
-    return schema.fingerprint()
+    trained, without a check of K). ValueError where they hold them under the fingerprint of schema.as_written
+    (trained on the built-in csv schema of the header as written, spaces and all, whose ids this run's trimmed
+    names would hash otherwise): it names the schema file that reads them. shard_stats: the shards'
+    StatsResponses when the caller has them."""
+    legacy, written = schema.legacy_fingerprint(), schema.as_written
+    if legacy is None and written is None:
+        return schema.fingerprint()
+    held = None
+    for shard in shard_stats or client.stats():
+        for t in shard.tables:
+            if held is None and t.name in tables:
+                held = client.describe_table(t.name, [shard.shard_id])[0].spec.features
+    if written is not None and held == written.fingerprint():
+        raise ValueError(
+            f"the servers hold this model's tables trained on the built-in csv schema of a header whose names have "
+            f"spaces around them, as the worker read such names before it trimmed them ({held}): their ids were "
+            "hashed under the names as written, which this run's names, trimmed, would not find. Give --schema a "
+            "file that names the columns as written, this one (the same ids, read from the same cells):\n"
+            + written.to_toml()
+        )
+    return legacy if legacy is not None and held == legacy else schema.fingerprint()

@@ -175,7 +175,10 @@ class Schema:
     another column (schema_builtin.csv_label); format_from, how the format was chosen, for the run's output: ""
     (given: --format, or the schema file's `format`) or what formats.detect_format saw. Neither is part of the
     schema's value (equality, to_toml, fingerprint). label_written: a schema file's `label` as it writes it, where
-    spaces around it make it differ from label (legacy_fingerprint)."""
+    spaces around it make it differ from label (legacy_fingerprint). as_written: the built-in csv schema of a header
+    whose names have spaces around them, built from its cells as written, spaces kept (names, label and id
+    spaces), as the worker read such a header before it trimmed its names: tables trained on it carry its
+    fingerprint and hashed its ids so (model_tables.held_features says which schema file reads them)."""
 
     format: str
     delimiter: str
@@ -186,6 +189,7 @@ class Schema:
     label_from: str = field(default="schema", compare=False)
     format_from: str = field(default="", compare=False)
     label_written: str | None = field(default=None, compare=False)
+    as_written: Schema | None = field(default=None, compare=False, repr=False)
 
     def sparse_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_sparse)

@@ -85,11 +85,13 @@ def _csv_roles(
     header: list[str] | None, label_column: str | None, drop: tuple[str, ...], numeric: tuple[str, ...]
 ) -> tuple[str, list[str], list[str]]:
     """(label, numeric columns in the order given, categorical columns in header order) of a csv header (its
-    names trimmed: csv_reader.header_names); the names given are trimmed alike (` clicked` names `clicked`)."""
+    names trimmed: csv_reader.header_names; or its cells as written, Schema.as_written's); the names given are
+    trimmed alike (` clicked` names `clicked`) and name the header's column of that name."""
     if not header:
         raise ValueError("the header line names no columns")
-    label_column = label_column.strip() if label_column is not None else None
-    drop, numeric = tuple(c.strip() for c in drop), tuple(c.strip() for c in numeric)
+    by_name = {h.strip(): h for h in header}  # (cells that differ and name one column: refused, header_names)
+    label_column = by_name.get(label_column.strip(), label_column.strip()) if label_column is not None else None
+    drop, numeric = (tuple(by_name.get(c.strip(), c.strip()) for c in given) for given in (drop, numeric))
     named = ([label_column] if label_column is not None else []) + list(drop) + list(numeric)
     unknown = [c for c in dict.fromkeys(named) if c not in header]
     if unknown:
@@ -209,14 +211,22 @@ def resolve_schema(
     if fmt == "libsvm" and libsvm_fields is None:
         libsvm_fields = libsvm_field_count(data)
     named = picked is not None and picked[1] != "first column"  # a column taken for its name
+    label_column = picked[0] if named else label_column
     try:
         schema = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
-                                label_column=picked[0] if named else label_column, drop_columns=drop_columns,
+                                label_column=label_column, drop_columns=drop_columns,
                                 numeric_columns=numeric_columns, libsvm_fields=libsvm_fields,
                                 delimiter=delimiter)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
-    schema = dataclasses.replace(schema, format_from=format_from, **({"label_from": picked[1]} if named else {}))
+    cells = read_csv_header(data, delimiter, as_written=True) if fmt == "csv" else header
+    as_written = None
+    if cells != header:  # names with spaces around them: the schema an earlier worker read them as (Schema)
+        as_written = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=cells,
+                                    label_column=label_column, drop_columns=drop_columns,
+                                    numeric_columns=numeric_columns, delimiter=delimiter)  # fmt: skip
+    schema = dataclasses.replace(schema, format_from=format_from, as_written=as_written,
+                                 **({"label_from": picked[1]} if named else {}))  # fmt: skip
     if fmt == "csv":
         warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns)
     elif fmt == "libsvm" and data is not None:

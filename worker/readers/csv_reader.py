@@ -109,15 +109,19 @@ class open_csv:
         self.raw.close()
 
 
-def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None:
+def read_csv_header(path: str | os.PathLike, delimiter: str, as_written: bool = False) -> list[str] | None:
     """The header's column names of a csv file, or None for a file of no content (share.is_blank: empty, or
-    whitespace only)."""
+    whitespace only); as_written: its cells as the file writes them, the spaces around them kept (checked as the
+    names are)."""
     name = os.fspath(path)
     if is_blank(name):
         return None
     with open_csv(name, delimiter) as reader:
         cells = next(reader, None)
-    return None if cells is None else header_names(name, cells)
+    if cells is None:
+        return None
+    names = header_names(name, cells)
+    return cells if as_written else names
 
 
 def header_names(name: str, cells: list[str]) -> list[str]:
