@@ -208,7 +208,7 @@ def test_a_users_checkpoint_a_killed_export_moved_into_its_folder_is_kept_by_eve
         folders.append(folder)
     mine, workers = folders
     assert json.loads((mine / leftovers.MOVED_CHECKPOINT).read_text()) == {"from": users}
-    assert not (workers / leftovers.MOVED_CHECKPOINT).exists()
+    assert json.loads((workers / leftovers.MOVED_CHECKPOINT).read_text()) == {"from": str(fresh)}
     caplog.set_level("INFO", LOGGER)
     with export_claim(str(out)):  # ps-worker export's claim
         pass
@@ -222,6 +222,27 @@ def test_a_users_checkpoint_a_killed_export_moved_into_its_folder_is_kept_by_eve
     os.rename(mine / "checkpoint", users)  # as the log says: moved back, it exports as it was
     restore.export(users, str(out), overwrite=True)
     assert len(exported(out, "a")[0]) == 10 and not mine.exists()
+
+
+def test_a_checkpoint_an_export_of_an_earlier_version_left_in_a_folder_without_a_note_is_kept(tmp_path, caplog):
+    """An export before moved-checkpoint.json (a30a7a2's ps-server export --move-checkpoint, killed after the move
+    and before its export.json was in place) left the user's checkpoint in an unnamed folder with no note: no later
+    export into OUT removes it (its origin unknown, the log says so), while a folder of .npy files alone goes."""
+    out = tmp_path / "out"
+    restore.export(one_table_checkpoint(tmp_path, 10), str(out))
+    kept = out / "export-0123abcd"
+    os.makedirs(kept)
+    os.rename(one_table_checkpoint(tmp_path / "users", 7), kept / "checkpoint")
+    write(kept / "a.rows.npy", 100)
+    gone = out / "export-4567cdef"
+    write(gone / "a.rows.npy", 100)
+    caplog.set_level("INFO", LOGGER)
+    summary = restore.export(one_table_checkpoint(tmp_path / "other", 4), str(out), overwrite=True)
+    assert len(exported(out, "a")[0]) == 4 and not gone.exists()
+    assert sorted(os.listdir(out)) == sorted([kept.name, summary["dir"], "export.json"])
+    assert sorted(os.listdir(kept / "checkpoint")) == ["manifest.json", "shard-0"]
+    left = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"left {kept} ")]
+    assert len(left) == 1 and "a place its folder does not name: it is never removed" in left[0], left
 
 
 @pytest.mark.parametrize("how", [fcntl.LOCK_SH, fcntl.LOCK_EX])

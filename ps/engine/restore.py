@@ -162,10 +162,11 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     the export's folder (`<dir>/checkpoint`, on out's filesystem), once the .npy files are written, and export.json
     names it there: the export and the checkpoint it was made from appear together, by the one rename, and a later
     export into out removes them together. A failure before that rename moves the checkpoint back; a kill leaves it
-    in the unnamed folder. Where it is the user's (no ps-worker export's fresh one: leftovers.is_export_checkpoint),
-    a note naming where it came from is written into the folder before the move (leftovers.MOVED_CHECKPOINT), and
-    every later export into out keeps that folder, logging where to move the checkpoint back; ps-worker export's is
-    removed by the next export into out (leftovers.export_leftovers), unless it exports that checkpoint.
+    in the unnamed folder. A note naming where it came from is written into the folder before the move
+    (leftovers.MOVED_CHECKPOINT): where it is the user's (no ps-worker export's fresh one:
+    leftovers.is_export_checkpoint), every later export into out keeps that folder, logging where to move the
+    checkpoint back; ps-worker export's is removed by the next export into out (leftovers.export_leftovers), unless
+    it exports that checkpoint.
     remove_checkpoint:
     export.json names no checkpoint (null), and the checkpoint is removed once the export is in place (ps-worker
     export's own): a kill before that leaves it where it is, named by nothing (worker.temp_dirs names ps-worker
@@ -278,10 +279,10 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
             except OSError:  # the folder stays, checkpoint and all: the user's is kept by the next export, as
                 made.remove(files)  # its note says (leftovers.MOVED_CHECKPOINT); ps-worker export's is removed
         for path in made:
-            if path == files:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # what is left goes with the next export's leftovers
+                if path == files:
+                    leftovers.remove_folder(path)
+                else:
                     os.remove(path)
         if new_out:  # an out this export made, if nothing else came into it
             with contextlib.suppress(OSError):
@@ -307,8 +308,7 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
                                            "optimizer": cfg.optimizer.name,
                                            "initializer": dataclasses.asdict(cfg.initializer)}  # fmt: skip
         if move_checkpoint:
-            if not leftovers.is_export_checkpoint(directory, out):  # the user's: a kill leaves it marked as such
-                leftovers.note_moved_checkpoint(files, directory)
+            leftovers.note_moved_checkpoint(files, directory)  # a kill leaves the folder naming where it came from
             os.rename(directory, moved)
             summary["checkpoint"] = os.path.abspath(moved)
         sync_directory(files)
@@ -329,12 +329,12 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
         raise
     sync_directory(out)  # the rename, after a power loss too
     with contextlib.suppress(OSError):  # the checkpoint is the export's now, which a later export replaces whole
-        os.remove(os.path.join(files, leftovers.MOVED_CHECKPOINT))
+        os.replace(os.path.join(files, leftovers.MOVED_CHECKPOINT), os.path.join(files, leftovers.EXPORTED_CHECKPOINT))
     # an earlier folder left (a kill, an error) is one export.json does not name, which the next export removes
     for path in earlier:
         with contextlib.suppress(OSError):
             if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
+                leftovers.remove_folder(path)
             else:
                 os.remove(path)
     sync_directory(out)

@@ -37,17 +37,22 @@ log = logging.getLogger(__name__)
 # too). The temporary file, and every export-<8 hex> folder that export.json does not name (an export killed before
 # its export.json was in place, or before it removed the folder of the export it replaced), are what killed exports
 # left, which every writer into OUT removes under its claim (export_leftovers); where export.json names no folder
-# there (damaged), no folder is removed, nor one that holds a user's checkpoint (MOVED_CHECKPOINT).
+# there (damaged), no folder is removed, nor one that holds a checkpoint other than ps-worker export's fresh one
+# (MOVED_CHECKPOINT).
 EXPORT_TEMPORARY = re.compile(r"export\.json\.tmp")
 EXPORT_FILES = re.compile(r"export-[0-9a-f]{8}")
 # ps-worker export's fresh checkpoint in its OUT, checkpoint.new-<pid>-<host>-<8 hex> (worker/temp_dirs)
 EXPORT_CHECKPOINT = "checkpoint.new-"
 EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")
 # A folder of export files holds this note, {"from": the checkpoint's absolute path}, fsynced, before an export moves
-# into it (<folder>/checkpoint) a checkpoint that is no ps-worker export's fresh one: the user's (`ps-server export
-# --move-checkpoint`). Such a folder that no export.json names still holds the user's only copy: it is never removed
-# as a leftover (export_leftovers), but reported with where to move it back. The note goes once export.json names it.
+# a checkpoint into it (<folder>/checkpoint). A folder that no export.json names and that holds a checkpoint is
+# removed as a leftover (export_leftovers) only where its note names ps-worker export's fresh checkpoint in OUT
+# (is_export_checkpoint); else it may hold the user's only copy (`ps-server export --move-checkpoint`; without a
+# note: an export of a version that wrote none, or a damaged note): it is never removed, but reported with where to
+# move the checkpoint back. Once export.json names the folder, the note is renamed EXPORTED_CHECKPOINT: the
+# checkpoint is the export's, and goes with its folder (a folder an export replaced, left by a kill, goes too).
 MOVED_CHECKPOINT = "moved-checkpoint.json"
+EXPORTED_CHECKPOINT = "exported-checkpoint.json"
 
 
 def open_temporary(path: str, mode: str = "wb", **options: Any) -> IO[Any]:
@@ -109,8 +114,9 @@ def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]
     place: every one where out holds no export.json, every one but the folder named where it names one that is
     there. An export.json that names none there (damaged, or of an export without "dir") proves none of them a
     killed export's: they are reported and left (the export that replaces it names its own, and the one after
-    removes them, superseded). A folder that holds the user's checkpoint, moved there by a killed export
-    (moved_checkpoint_origin), is never one of them: it is reported, saying where to move the checkpoint back. Only
+    removes them, superseded). A folder that holds a checkpoint other than ps-worker export's fresh one, moved there
+    by a killed export (moved_checkpoint_origin), is never one of them: it is reported, saying where to move the
+    checkpoint back. Only
     a writer that holds out alone (claimed) may remove them: another's may be writing them now."""
     if not holds_an_export(out, also):
         return []
@@ -126,11 +132,12 @@ def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]
     users = []
     for path in dirs:
         origin = moved_checkpoint_origin(path)
-        if origin is not None:
+        if origin is not None and not is_export_checkpoint(origin, out):
             checkpoint = os.path.join(path, "checkpoint")
+            back = f"move it back (mv {checkpoint} {origin})" if origin else "move it where you keep checkpoints"
             report([path], f"it holds {checkpoint}, your checkpoint, which an export killed mid-write (ps-server "
-                           f"export --move-checkpoint) moved there from {origin}: it is never removed; move it back "
-                           f"(mv {checkpoint} {origin}), then remove {path}")  # fmt: skip
+                           f"export --move-checkpoint) moved there from {origin or 'a place its folder does not name'}"
+                           f": it is never removed; {back}, then remove {path}")  # fmt: skip
             users.append(path)
     return temporary + [p for p in dirs if p not in users]
 
@@ -145,18 +152,19 @@ def note_moved_checkpoint(folder: str, checkpoint: str) -> None:
 
 
 def moved_checkpoint_origin(folder: str) -> str | None:
-    """Where the checkpoint in folder (one of export files), folder/checkpoint, was moved from, where its
-    MOVED_CHECKPOINT note says it is the user's ("an unknown place" where the note does not read); None where
-    folder holds no such checkpoint."""
-    note = os.path.join(folder, MOVED_CHECKPOINT)
-    if not (os.path.lexists(note) and os.path.lexists(os.path.join(folder, "checkpoint"))):
+    """Where the checkpoint in folder (one of export files), folder/checkpoint, was moved from, as its
+    MOVED_CHECKPOINT note says ("" where the note is missing or does not read); None where folder holds no
+    checkpoint, or one an export in place held (EXPORTED_CHECKPOINT)."""
+    if not os.path.lexists(os.path.join(folder, "checkpoint")) or os.path.lexists(
+        os.path.join(folder, EXPORTED_CHECKPOINT)
+    ):
         return None
     try:
-        with open(note) as f:
+        with open(os.path.join(folder, MOVED_CHECKPOINT)) as f:
             origin = json.load(f)["from"]
     except (OSError, ValueError, TypeError, KeyError):
-        return "an unknown place"
-    return origin if isinstance(origin, str) else "an unknown place"
+        return ""
+    return origin if isinstance(origin, str) else ""
 
 
 def is_export_checkpoint(checkpoint: str, out: str) -> bool:
@@ -202,6 +210,15 @@ def size_bytes(path: str) -> int:
     return total
 
 
+def remove_folder(path: str) -> None:
+    """shutil.rmtree(path), its `checkpoint` (an export's folder's) first: a kill meanwhile leaves the folder's
+    note (MOVED_CHECKPOINT, EXPORTED_CHECKPOINT), which says whose the checkpoint is, while any of it is left."""
+    checkpoint = os.path.join(path, "checkpoint")
+    if os.path.isdir(checkpoint) and not os.path.islink(checkpoint):
+        shutil.rmtree(checkpoint)
+    shutil.rmtree(path)
+
+
 def remove(paths: list[str], whose: str) -> list[str]:
     """Removes each path (a file, or a folder and all under it), logging a WARNING that names it, its size and
     whose it was ("an export killed mid-write", say); returns those removed. One that cannot be removed is
@@ -211,7 +228,7 @@ def remove(paths: list[str], whose: str) -> list[str]:
         size = size_bytes(path)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
+                remove_folder(path)
             else:
                 os.remove(path)
         except FileNotFoundError:  # another run removed it first
