@@ -383,16 +383,7 @@ def test_a_worker_export_holds_out_until_its_ps_server_export_ends_which_claims_
         return done
 
     monkeypatch.setattr(worker.export.subprocess, "run", child)
-    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
-    server.start()
-    try:
-        address = f"127.0.0.1:{server.port}"
-        with Client([address]) as client:
-            client.create_table(TableConfig("emb", 2))
-            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
-        code = main(["export", str(out), "--servers", address, "--no-progress"])
-    finally:
-        server.stop(grace_s=1)
+    code = _export_five_rows(tmp_path, out)
     assert code == 0, capsys.readouterr().err
     assert seen == [False, False] and free(out)
     summary = json.loads((out / "export.json").read_text())
@@ -496,16 +487,7 @@ def test_a_kill_between_an_export_in_place_and_its_checkpoint_removed_leaves_exp
         return done
 
     monkeypatch.setattr(worker.export.subprocess, "run", killed_child)
-    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
-    server.start()
-    try:
-        address = f"127.0.0.1:{server.port}"
-        with Client([address]) as client:
-            client.create_table(TableConfig("emb", 2))
-            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
-        code = main(["export", str(out), "--servers", address, "--no-progress"])
-    finally:
-        server.stop(grace_s=1)
+    code = _export_five_rows(tmp_path, out)
     err = capsys.readouterr().err
     assert code == 137 and f"the new export is in place ({out / 'export.json'} names export-" in err, err
     ((summary, names),) = seen
@@ -874,3 +856,18 @@ def test_an_export_over_an_export_json_whose_tables_is_damaged_goes_ahead_and_re
     summary = restore.export(ckpt, str(out))
     assert sorted(os.listdir(out)) == ["a.ids.npy", "a.rows.npy", "b.ids.npy", summary["dir"], "export.json"]
     assert len(exported(out, "a")[0]) == 10
+
+
+def _export_five_rows(tmp_path, out) -> int:
+    """`ps-worker export out` of a one-shard server (data and checkpoint root under tmp_path) holding 5 rows of a
+    table "emb"; its exit code."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        return main(["export", str(out), "--servers", address, "--no-progress"])
+    finally:
+        server.stop(grace_s=1)
