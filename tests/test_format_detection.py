@@ -462,11 +462,25 @@ def test_no_column_that_can_be_the_label_is_refused_before_reading_naming_what_e
     with pytest.raises(ValueError) as e:
         schema(path)
     said = str(e.value)
-    assert said.startswith(f"{path}: no column can be the label (0 or 1, true and false too): in the first ") and \
-        holds in said and "Give --label-column naming the column to predict" in said, said  # fmt: skip
+    assert said.startswith(f"{path}: no column can be the label (0 or 1, or true and false, yes and no, any case): "
+                           "in the first ") and holds in said and said.endswith(
+        ". No flag reads these values as labels: write the column to predict as 0 and 1 (-1 as 0, a count as 1 where "
+        "it is above 0), then train on the rewritten file with --label-column naming that column"), said  # fmt: skip
     assert schema(path, label_column="a").label == "a"  # the flag names it (its reader refuses its values)
     path.write_text(text.split("\n", 1)[0] + "\n")  # a header alone: nothing to tell by
     assert schema(path).label == "id"
+
+
+def test_no_label_refusal_names_a_column_of_0_and_1_that_the_flag_would_take(tmp_path):
+    """Where a column neither first nor named like a label holds 0 and 1, the refusal names it as what
+    --label-column would take as it is; with that flag the file reads."""
+    path = tmp_path / "l.csv"
+    path.write_text("id,clicks,is_mobile\n7,3,1\n8,0,0\n")
+    with pytest.raises(ValueError) as e:
+        schema(path)
+    assert str(e.value).endswith("; or, where 'is_mobile', of 0 and 1 already, is the outcome to predict, give "
+                                 "--label-column is_mobile"), str(e.value)  # fmt: skip
+    assert schema(path, label_column="is_mobile").label == "is_mobile"
 
 
 def test_a_run_with_no_flags_trains_an_avazu_like_file_and_says_how_it_read_it(tmp_path, capsys):

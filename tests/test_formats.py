@@ -414,16 +414,20 @@ def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
 
 
 @pytest.mark.parametrize("scan", [True, False])
-def test_csv_labels_true_and_false_as_pandas_writes_them_read_as_1_and_0(tmp_path, monkeypatch, scan):
+def test_csv_labels_true_and_false_yes_and_no_read_as_1_and_0(tmp_path, monkeypatch, scan):
     from worker.readers import csv_reader
 
     monkeypatch.setattr(csv_reader, "CSV_SCAN", scan)
     path = tmp_path / "d.csv"
-    path.write_text("clicked,site\nTrue,a\nFalse,b\n true ,c\nFALSE,d\nfalse,e\nyes,f\n")
+    cells = ["True", "False", " true ", "FALSE", "false", "yes", "No", " YES", "no ", "yess"]
+    path.write_text("clicked,site\n" + "".join(f"{c},s{i}\n" for i, c in enumerate(cells)))
     stats = ReadStats()
-    (b,) = read(path, "csv", 10, max_bad_lines=1, stats=stats)
-    assert b.labels.tolist() == [1, 0, 1, 0, 0] and b.line_nos.tolist() == [2, 3, 4, 5, 6]
-    assert stats.bad_lines == 1 and stats.first_bad.startswith(f"{path} line 7: label 'yes', expected 0 or 1")
+    (b,) = read(path, "csv", 20, max_bad_lines=1, stats=stats)
+    oracle = [float(c.strip().lower() in ("true", "yes")) for c in cells[:-1]]
+    assert b.labels.tolist() == oracle and b.line_nos.tolist() == list(range(2, 11))
+    assert stats.bad_lines == 1 and stats.first_bad.startswith(f"{path} line 11: label 'yess', expected 0 or 1")
+    (b,) = read(path, "csv", 20, columns={"label_column": "clicked"}, max_bad_lines=1)  # the flag reads them alike
+    assert b.labels.tolist() == oracle
 
 
 @pytest.mark.parametrize("scan", [True, False])
@@ -465,12 +469,13 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
                                                    "holds other values: --label-column or the schema's `label` names "
                                                    "another); 1 bad line")):  # fmt: skip
         read(named, "csv", 10)
-    named.write_text("site,clicked\na,yes\n")  # named so, but no labels: no column can be the label
-    with pytest.raises(ValueError, match=re.escape("no column can be the label (0 or 1, true and false too): in the "
-                                                   "first row, the first column, 'site', holds 'a'; 'clicked', named "
-                                                   "like a label, holds 'yes'. Give --label-column naming the "
-                                                   "column to predict, its values 0 and 1 (or true and false): "
-                                                   "rewrite -1 and 1, or yes and no, as 0 and 1")):  # fmt: skip
+    named.write_text("site,clicked\na,maybe\n")  # named so, but no labels: no column can be the label
+    with pytest.raises(ValueError, match=re.escape("no column can be the label (0 or 1, or true and false, yes and "
+                                                   "no, any case): in the first row, the first column, 'site', holds "
+                                                   "'a'; 'clicked', named like a label, holds 'maybe'. No flag reads "
+                                                   "these values as labels: write the column to predict as 0 and 1 "
+                                                   "(-1 as 0, a count as 1 where it is above 0), then train on the "
+                                                   "rewritten file with --label-column naming that column")):  # fmt: skip
         read(named, "csv", 10)
     named.write_text("site,price,is_click,y\na,2.5,1,0\n")  # two label columns: which one is for the user to say
     with pytest.raises(ValueError, match=re.escape("(column 'site', the first column, the built-in default: "
@@ -481,16 +486,16 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
     named.write_text("site,price,has_clicked\na,2.5,1\nb,3,0\n")  # LABEL_NAMES first, then LABEL_WORDS, as
     (b,) = read(named, "csv", 10)  # `ps-worker schema` takes them
     assert b.labels.tolist() == [1.0, 0.0]
-    named.write_text("site,price,has_clicked\na,2.5,yes\n")  # named so, of no labels: said as above
-    with pytest.raises(ValueError, match=re.escape("'has_clicked', named like a label, holds 'yes'. Give")):
+    named.write_text("site,price,has_clicked\na,2.5,maybe\n")  # named so, of no labels: said as above
+    with pytest.raises(ValueError, match=re.escape("'has_clicked', named like a label, holds 'maybe'. No flag")):
         read(named, "csv", 10)
-    coded = tmp_path / "coded.csv"  # labels coded -1/1 or yes/no: how to write them; 2 or NA: a bad cell, no more
-    rewrite = (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are "
-               "read as 1 and 0 too); 1 bad line")  # fmt: skip
+    coded = tmp_path / "coded.csv"  # labels coded -1/1 or other words: how to write them; 2 or NA: a bad cell
+    rewrite = (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false, yes "
+               "and no, any case are read as 1 and 0 too); 1 bad line")  # fmt: skip
     for cell, told in (
         ("-1", rewrite),
-        (" yes", rewrite),
-        ("No", rewrite),
+        (" clicked", rewrite),
+        ("Nope", rewrite),
         ("2", "; 1 bad line"),
         ("NA", "; 1 bad line"),
     ):
@@ -1164,7 +1169,7 @@ def test_libsvm_lines_ended_by_cr_alone_are_a_bad_line_even_where_the_schema_tak
 @pytest.mark.parametrize("fmt", ["criteo", "csv"])
 @pytest.mark.parametrize("scan", [True, False])
 def test_blank_labels_reads_a_label_cell_that_is_no_label_as_none_and_counts_it(tmp_path, monkeypatch, fmt, scan):
-    """read_batches blank_labels (predict): a line whose label cell holds 2 or yes is read as its labeled twin, its
+    """read_batches blank_labels (predict): a line whose label cell holds 2 or maybe is read as its labeled twin, its
     label NaN, counted in stats.unread_labels; a bad line stays bad and is not counted; the compiled scans (csv_fast,
     criteo_fast) and the reference paths agree. Without blank_labels (eval) such lines are bad."""
     from worker.readers import criteo_reader, csv_reader
@@ -1178,7 +1183,7 @@ def test_blank_labels_reads_a_label_cell_that_is_no_label_as_none_and_counts_it(
         clean, sep, first = tmp_path / "clean.csv", ",", 1
         clean.write_text("click,site,price,device\n" + "\n".join(rows) + "\n")
     lines = clean.read_text().splitlines(keepends=True)
-    odd = {first + k: ("2", "yes", " 7 ")[k % 3] for k in range(3, 40, 4)}  # index in lines: the new label cell
+    odd = {first + k: ("2", "maybe", " 7 ")[k % 3] for k in range(3, 40, 4)}  # index in lines: the new label cell
     for i, cell in odd.items():
         lines[i] = cell + sep + lines[i].split(sep, 1)[1]
     changed = tmp_path / f"odd{clean.suffix}"

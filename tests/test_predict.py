@@ -645,13 +645,14 @@ def test_a_csv_whose_first_column_holds_labels_and_blank_labels_is_taken_as_labe
 
 
 def test_a_csv_whose_first_column_holds_true_and_false_is_taken_as_labeled(tmp_path):
-    """The readers take True/False as labels; predict's check of the built-in schema's first column does too."""
+    """The readers take True/False and yes/no as labels; predict's check of the built-in schema's first column does
+    too."""
     from worker.predict import _csv_label_unknown
 
-    (tmp_path / "tf.csv").write_text("label,a\nTrue,x\nfalse,y\n1,z\n")
-    (tmp_path / "yes.csv").write_text("label,a\nyes,x\n")
+    (tmp_path / "tf.csv").write_text("label,a\nTrue,x\nfalse,y\n1,z\nYES,u\nno,v\n")
+    (tmp_path / "maybe.csv").write_text("label,a\nmaybe,x\n")
     assert not _csv_label_unknown("csv", str(tmp_path / "tf.csv")) and _csv_label_unknown(
-        "csv", str(tmp_path / "yes.csv")
+        "csv", str(tmp_path / "maybe.csv")
     )
 
 
@@ -662,7 +663,8 @@ def test_a_csv_whose_label_is_a_column_named_like_one_is_taken_as_labeled(tmp_pa
     from worker.predict import _csv_label_unknown
 
     for text, unknown in (("id,click,a\n10,1,x\n11,0,y\n", False), ("id,click,y,a\n10,1,0,x\n", True),
-                          ("id,a\n10,x\n", True), ("id,click,a\n10,yes,x\n", True)):  # fmt: skip
+                          ("id,a\n10,x\n", True), ("id,click,a\n10,maybe,x\n", True),
+                          ("id,click,a\n10,yes,x\n", False)):  # fmt: skip
         (tmp_path / "s.csv").write_text(text)
         assert _csv_label_unknown("auto", str(tmp_path / "s.csv")) is unknown, text
     (tmp_path / "s.tsv").write_text("\t".join(["1", *["5"] * 39]) + "\n")  # criteo: no csv label to tell
@@ -734,7 +736,7 @@ def test_a_blank_label_cell_is_a_row_to_score_not_a_bad_line(servers, files, tmp
 def test_a_label_cell_that_is_no_label_is_a_row_to_score_under_predict_and_a_bad_line_under_eval(
     servers, files, tmp_path, caplog, fmt
 ):
-    """predict reads no label: a row whose label cell holds 2 or yes is scored as its labeled twin, its label cell
+    """predict reads no label: a row whose label cell holds 2 or maybe is scored as its labeled twin, its label cell
     written empty, and one warning counts them (more than 1 in 100 of them no longer fails the run); eval still
     skips such lines as malformed."""
     addresses, _ = servers(1)
@@ -748,7 +750,7 @@ def test_a_label_cell_that_is_no_label_is_a_row_to_score_under_predict_and_a_bad
     with open(test_path) as f, open(odd, "w") as g:
         for i, line in enumerate(f):
             if i % 3 == 1 and not (fmt == "csv" and i == 0):  # a third of the rows: far past 1 in 100
-                line = ("2" if i % 2 else "yes") + sep + line.split(sep, 1)[1]
+                line = ("2" if i % 2 else "maybe") + sep + line.split(sep, 1)[1]
                 changed += 1
             g.write(line)
     flags = ["--data", train_path, "--format", fmt, "--model", "lr"]

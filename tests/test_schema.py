@@ -512,15 +512,21 @@ def test_the_schema_sample_of_a_file_sorted_by_time_sees_its_later_rows(tmp_path
 
 
 def test_infer_names_a_label_of_two_words_and_a_label_of_one_value(tmp_path):
-    """A column named like a label holding two words is the label, with a CHECK that says to write them as 0 and 1
-    (the readers take 0/1 and true/false only); a label that is the same in every row is a CHECK too."""
+    """A column named like a label holding two words other than true/false, yes/no is the label, with a CHECK that
+    says to write them as 0 and 1; one of yes and no is a label as it is; a label that is the same in every row is a
+    CHECK too."""
     words = tmp_path / "w.csv"
-    words.write_text("city,clicked,price\n" + "".join(f"c{i % 4},{'yes' if i % 3 else 'no'},{i}\n" for i in range(30)))
+    words.write_text(
+        "city,clicked,price\n" + "".join(f"c{i % 4},{'buy' if i % 3 else 'skip'},{i}\n" for i in range(30))
+    )
     text, checks = infer_schema(str(words))
     assert 'label = "clicked"' in text
-    assert checks == ["'clicked' holds 'no' and 'yes', not 0 and 1: the readers take a label as 0 or 1 (or true and "
-                      "false) only, so training stops at its first line: write its values as 1 for the outcome the "
-                      "model predicts and 0 for the other"]  # fmt: skip
+    assert checks == ["'clicked' holds 'buy' and 'skip', not 0 and 1: the readers take a label as 0 or 1 (or true "
+                      "and false, yes and no, any case) only, so training stops at its first line: write its values "
+                      "as 1 for the outcome the model predicts and 0 for the other"]  # fmt: skip
+    words.write_text("city,clicked,price\n" + "".join(f"c{i % 4},{'Yes' if i % 3 else 'no'},{i}\n" for i in range(30)))
+    text, checks = infer_schema(str(words))
+    assert 'label = "clicked"' in text and checks == []
     zeros = tmp_path / "z.csv"
     zeros.write_text("city,clicked,price\n" + "".join(f"c{i % 4},0,{i}\n" for i in range(30)))
     text, checks = infer_schema(str(zeros))

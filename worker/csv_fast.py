@@ -309,12 +309,14 @@ def _labels(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     return labels
 
 
-_BOOLS = {"true": 1.0, "false": 0.0}
+_BOOLS = {"true": 1.0, "false": 0.0, "yes": 1.0, "no": 0.0}
+BOOL_LABELS = "true and false, yes and no, any case"  # _BOOLS, as messages name them (1 and 0)
 
 
 def label_value(cell: str) -> float:
-    """A CSV label cell's value: float()'s, else 1 for true and 0 for false in any case, surrounding whitespace
-    allowed (pandas writes a bool column as True and False), else NaN."""
+    """A CSV label cell's value: float()'s, else 1 for true or yes and 0 for false or no in any case, surrounding
+    whitespace allowed (pandas writes a bool column as True and False; surveys and exports write yes and no), else
+    NaN."""
     try:
         return float(cell)
     except ValueError:

@@ -62,7 +62,7 @@ LABEL_PROBE_LINES lines, worker/readers/share.py), as the reader of the file's f
 Blank labels (read_batches blank_labels=True; `ps-worker predict` only, which reads no label): in a file with
 labels, a line whose label cell is empty (csv: or holds a missing value's text, cells.MISSING_TEXTS: NA, ?) is
 an example without a label, NaN, not a bad line: a file of rows to score keeps its label column with the cells
-left blank. So is a line whose label cell holds anything else but a label (2, yes: csv, criteo; libsvm: a first
+left blank. So is a line whose label cell holds anything else but a label (2, x: csv, criteo; libsvm: a first
 token without ":"), its features read as any line's; such good lines are counted in stats.unread_labels (the first
 in stats.first_unread_label). A CSV record equal to the header stays a bad line. libsvm has no empty label cell.
 """

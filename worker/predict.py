@@ -19,7 +19,7 @@ each the same format as the first (formats.check_same_format). The output file (
                    the same float32 back; "1e-05" style for small ones)
     label       := "0" | "1" | ""                           # the input's label of the example; "": its label
                                                                   # cell was blank (or NA, ?), or no label (2,
-                                                                  # yes: formats.py's "Blank labels", counted in
+                                                                  # x: formats.py's "Blank labels", counted in
                                                                   # a warning), a row to score, not a bad line
     cell        := the example's cell of a kept column (--keep-columns: columns of a CSV input's header, to join
                    the predictions back to the rows by an id), as the csv module reads it and writes it back

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+from worker.csv_fast import BOOL_LABELS
 from worker.features import NUM_INT_FIELDS
 from worker.readers.csv_reader import delimiter_name
 from worker.schema import (
@@ -248,7 +249,7 @@ def _check_column_flags(data: str, fmt: str, seen: str, label_column: str | None
 
 def holds_labels(cells: Sequence[str]) -> bool:
     """Whether CSV cells hold labels: each 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and
-    false too) or blank (empty, NA, ?: cells.MISSING_TEXTS, a row to score), and at least one 0 or 1."""
+    false, yes and no too) or blank (empty, NA, ?: cells.MISSING_TEXTS, a row to score), and at least one 0 or 1."""
     from worker.cells import is_missing_text
     from worker.csv_fast import label_value
 
@@ -284,10 +285,13 @@ def _check_a_label_is_named(data: str, header: list[str], rows: list[list[str]])
         return
     holds = [f"the first column, {header[0]!r}, {_not_labels([r[0] for r in rows])}"]
     holds += [f"{h!r}, named like a label, {_not_labels([r[i] for r in rows])}" for i, h in named.items()]
-    raise ValueError(f"{data}: no column can be the label (0 or 1, true and false too): in {_first_rows(rows)}, "
-                     f"{'; '.join(holds)}. Give --label-column naming the column to predict, its values 0 and 1 "
-                     "(or true and false): rewrite -1 and 1, or yes and no, as 0 and 1, and a count as 1 where it "
-                     "is above 0")  # fmt: skip
+    other = next((h for i, h in enumerate(header) if holds_labels([r[i] for r in rows])), None)
+    flag = (f"; or, where {other!r}, of 0 and 1 already, is the outcome to predict, give --label-column {other}"
+            if other is not None else "")  # fmt: skip
+    raise ValueError(f"{data}: no column can be the label (0 or 1, or {BOOL_LABELS}): in {_first_rows(rows)}, "
+                     f"{'; '.join(holds)}. No flag reads these values as labels: write the column to predict as 0 "
+                     "and 1 (-1 as 0, a count as 1 where it is above 0), then train on the rewritten file with "
+                     f"--label-column naming that column{flag}")  # fmt: skip
 
 
 def _first_rows(rows: list[list[str]]) -> str:

@@ -1,6 +1,6 @@
 """`ps-worker schema --data FILE`: a starting feature schema (worker/schema.py) inferred from a sample of a file.
 
-The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and false, any case), else such a column
+The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and false, yes and no, any case), else such a column
 whose name holds one of LABEL_WORDS (`has_clicked`, `purchased`), else the first such column, else the first column;
 the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
 stderr. Every other column gets the entries worker/column_infer.py infers from its cells, but one whose name the
@@ -16,7 +16,7 @@ import csv
 
 from worker.column_infer import column_entries
 from worker.criteo import other_format_hint
-from worker.csv_fast import label_value
+from worker.csv_fast import BOOL_LABELS, label_value
 from worker.datafiles import data_files
 from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, _entry, _toml, is_label_name, labels_by_name
 from worker.schema_builtin import builtin_schema, separator_of_one_column
@@ -125,15 +125,17 @@ def infer_schema(
             empty = sum(not c.strip() for c in columns[label])
             guess = (f"{empty:,} of the sample's {len(rows):,} rows have no label (an empty {label!r} cell): training "
                      "stops at the first such line, unless --max-bad-lines lets it skip them: remove those rows")  # fmt: skip
-    if label is None:  # a label named so whose two values are words: said, as the readers take 0/1, true/false only
+    if (
+        label is None
+    ):  # a label named so whose two values are other words: said (label_value reads 0/1, true/false, yes/no)
         words = [h for h in header if is_label_name(h)
                  and len({c.strip() for c in columns[h] if c.strip()}) == 2]  # fmt: skip
         if words:
             label = words[0]
             values = " and ".join(repr(v) for v in sorted({c.strip() for c in columns[label] if c.strip()}))
-            guess = (f"{label!r} holds {values}, not 0 and 1: the readers take a label as 0 or 1 (or true and "
-                     "false) only, so training stops at its first line: write its values as 1 for the outcome the "
-                     "model predicts and 0 for the other")  # fmt: skip
+            guess = (f"{label!r} holds {values}, not 0 and 1: the readers take a label as 0 or 1 (or {BOOL_LABELS}) "
+                     "only, so training stops at its first line: write its values as 1 for the outcome the model "
+                     "predicts and 0 for the other")  # fmt: skip
     if label is None and binary:
         label = binary[0]
         others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
@@ -223,5 +225,5 @@ def _check_separator(path: str, header: list[str], delimiter: str, first: list[s
 
 
 def is_binary(cells: list[str]) -> bool:
-    """Whether every cell is 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and false too)."""
+    """Whether every cell is 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and false, yes and no too)."""
     return bool(cells) and all(label_value(c) in (0.0, 1.0) for c in cells)

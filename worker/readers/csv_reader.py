@@ -5,7 +5,7 @@ csv     A header line names the columns (the csv module's dialect with the schem
         names `clicked`; header_names refuses two cells that differ only so, `a` and ` a`); the schema's
         sources and label must each be in it once. The
         label column (the built-in schema's: schema_builtin.csv_label) holds 0 or 1: any text that float() reads
-        as 0 or 1, or true or false in any case, surrounding whitespace allowed (csv_fast.label_value).
+        as 0 or 1, or true, false, yes or no in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label (a record equal to the header, as a
         concatenation of files repeats it, is named as such; blank_labels: any other label cell is no label,
         NaN, worker/formats.py's "Blank labels"). A chunk is read by worker/csv_fast.py's
@@ -33,7 +33,7 @@ import numpy as np
 
 from worker.cells import is_missing_text
 from worker.criteo import EMPTY_LINE
-from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
+from worker.csv_fast import BOOL_LABELS, CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
 from worker.schema import Schema, is_label_name, labels_by_name
@@ -213,12 +213,12 @@ class _Label:
 
 def _other_coding(cell: str) -> str:
     """For a label cell of the label column that is -1 or a word (not a missing value's text), as labels coded -1
-    and 1, or yes and no, are: how to write them; else ""."""
+    and 1, or with words other than label_value's (clicked and not), are: how to write them; else ""."""
     value = label_value(cell)
     if value != -1 and not (math.isnan(value) and cell.strip() and not is_missing_text(cell)):
         return ""
-    return (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are "
-            "read as 1 and 0 too)")  # fmt: skip
+    return (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (" + BOOL_LABELS +
+            " are read as 1 and 0 too)")  # fmt: skip
 
 
 def _delimiter_hint(header: list[str], delimiter: str) -> str:
