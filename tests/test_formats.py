@@ -178,24 +178,41 @@ INT_PROBLEM = (
 
 
 @pytest.mark.parametrize(
-    "limit, message",
+    "line_no, problem",
     [
-        (0, "line 4: label '2', expected '0' or '1'; 1 bad line, more than --max-bad-lines 0"),
+        (4, "label '2', expected '0' or '1'"),
         (
-            1,
-            "line 11: 2 tab-separated columns, expected 40 (another tab-separated layout? with a header line, "
-            "--format auto reads it as CSV); 2 bad lines, more than --max-bad-lines 1",
+            11,
+            "2 tab-separated columns, expected 40 (another tab-separated layout? with a header line, --format auto "
+            "reads it as CSV)",
         ),
-        (2, "line 12: 1 tab-separated columns, expected 40; 3 bad lines, more than --max-bad-lines 2"),
-        (3, f"line 30: {INT_PROBLEM}9223372036854775807]; 4 bad lines, more than --max-bad-lines 3"),
+        (12, "1 tab-separated columns, expected 40"),
+        (30, f"{INT_PROBLEM}9223372036854775807]"),
     ],
 )
-def test_criteo_too_many_bad_lines_raise_at_the_line_that_crossed_the_limit(tmp_path, limit, message):
+def test_criteo_bad_lines_name_their_problem(tmp_path, line_no, problem):
+    bad, _ = criteo_with_bad_lines(tmp_path)
+    lines = bad.read_text().splitlines(keepends=True)
+    for other in (4, 11, 12, 30):  # the other bad lines made empty (skipped, not bad): this one alone is bad
+        lines[other - 1] = lines[other - 1] if other == line_no else "\n"
+    bad.write_text("".join(lines))
+    with pytest.raises(ValueError) as e:
+        read(bad, "criteo", 64)
+    assert str(e.value) == f"{bad} line {line_no}: {problem}; 1 bad line, more than --max-bad-lines 0"
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 3])
+def test_criteo_too_many_bad_lines_raise_naming_the_first_bad_line_and_the_count(tmp_path, limit):
+    """The trouble starts at the first bad line (line 4), whichever line crossed the limit (4, 11, 12 or 30)."""
     bad, _ = criteo_with_bad_lines(tmp_path)
     for batch_size in (1, 64, 10000):  # the order of the problems does not depend on how the lines are chunked
         with pytest.raises(ValueError) as e:
             read(bad, "criteo", batch_size, max_bad_lines=limit)
-        assert str(e.value) == f"{bad} {message}"
+        bad_lines = f"{limit + 1} bad line{'s' * (limit > 0)}"
+        assert (
+            str(e.value)
+            == f"{bad} line 4: label '2', expected '0' or '1'; {bad_lines}, more than --max-bad-lines {limit}"
+        )
 
 
 def test_bad_lines_are_counted_by_the_worker_whose_share_they_are_in(tmp_path):
@@ -206,8 +223,32 @@ def test_bad_lines_are_counted_by_the_worker_whose_share_they_are_in(tmp_path):
     assert stats[0].first_bad.startswith(f"{bad} line 11: ")
     assert stats[1].first_bad.startswith(f"{bad} line 4: ")
     assert len(rows[0]) + len(rows[1]) == 50
-    with pytest.raises(ValueError, match=r"bad.txt line 12: .*; 2 bad lines, more than --max-bad-lines 1"):
-        read(bad, "criteo", 8, worker_id=1, num_workers=2, max_bad_lines=1)
+    with pytest.raises(ValueError, match=r"bad.txt line 4: .*; 2 bad lines, more than --max-bad-lines 1"):
+        read(bad, "criteo", 8, worker_id=1, num_workers=2, max_bad_lines=1)  # (its share's first: line 4, of 4, 12)
+
+
+@pytest.mark.parametrize(
+    "labeled, blank_labels, asked",
+    [(True, False, ", with labels of 0 and 1"), (True, True, ""), (False, False, "")],
+)
+def test_the_hint_past_a_share_of_bad_lines_names_labels_only_where_they_are_read(
+    tmp_path, labeled, blank_labels, asked
+):
+    """Training and eval read labels: the hint asks for labels of 0 and 1; predict (blank_labels) reads none, nor
+    does it in a file without labels (labeled=False): the hint asks for the format alone."""
+    path, *_ = random_criteo(tmp_path / "data.txt", 300)
+    lines = path.read_text().splitlines(keepends=True)
+    if not labeled:
+        lines = [line.split("\t", 1)[1] for line in lines]  # 39 columns: a file without labels
+    lines[1::2] = ["1\tthree\tcolumns\n"] * len(lines[1::2])  # every other line bad, whatever its label
+    path.write_text("".join(lines))
+    with pytest.raises(ValueError) as e:
+        read(path, "criteo", 64, max_bad_lines=1000, max_bad_share=0.01, labeled=labeled, blank_labels=blank_labels)
+    said = str(e.value)
+    assert said.startswith(f"{path} line 2: ") and said.endswith(
+        f"more than 1 in 100: is the data in this format{asked}? (--max-bad-lines N skips up to N bad lines, "
+        "whatever their share)"
+    ), said
 
 
 def _criteo_with_bad_every(tmp_path, rows: int, every: int):
@@ -230,7 +271,7 @@ def test_a_share_of_bad_lines_stops_the_reading_past_ten_of_them(tmp_path, every
             read(bad, "criteo", 64, max_bad_lines=1000, max_bad_share=0.01, stats=stats)
         k = stats.bad_records  # the first bad line past 10 and past 1 in 100 of the lines read (a chunk at a time)
         assert stats.stopped and k == max(11, stats.lines_read // 100 + 1) and k * every <= stats.lines_read
-        assert str(e.value).startswith(f"{bad} line {k * every}: label '-1', expected '0' or '1'; {k} bad records of the "
+        assert str(e.value).startswith(f"{bad} line {every}: label '-1', expected '0' or '1'; {k} bad records of the "
                                        f"first {stats.lines_read:,} lines read, more than 1 in 100: is the data in this "
                                        "format, with labels of 0 and 1?")  # fmt: skip
     else:  # 20 bad lines of 3,000: under 1 in 100
@@ -402,15 +443,21 @@ def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
         f"{path} line 3: label '7', expected 0 or 1 (column 'y', the first column, the built-in default: "
         "--label-column or the schema's `label` names another)"
     )
-    expected = [
-        "line 4: 2 columns, expected 3 as in the header; 2 bad lines",
-        "line 5: numeric column 'n' is 'abc', expected a finite float32 number (|x| <= 3.4e38) or empty; 3 bad lines",
-        "line 8: numeric column 'n' is 'inf', expected a finite float32 number (|x| <= 3.4e38) or empty; 4 bad lines",
-    ]
-    for limit, message in enumerate(expected, start=1):
+    for limit in (1, 2, 3):  # the first bad line is named, whichever crossed the limit, with the count
         with pytest.raises(ValueError) as e:
             read(path, "csv", 10, columns={"numeric_columns": ["n"]}, max_bad_lines=limit)
-        assert str(e.value) == f"{path} {message}, more than --max-bad-lines {limit}"
+        assert str(e.value) == f"{stats.first_bad}; {limit + 1} bad lines, more than --max-bad-lines {limit}"
+    records = ["1,x,1\n", "7,x,1\n", "0,y\n", '1,"two\nlines",abc\n', "\n", "1,z,inf\n", "0,w,\n"]
+    for at, said in (
+        (2, "line 4: 2 columns, expected 3 as in the header"),
+        (3, "line 5: numeric column 'n' is 'abc', expected a finite float32 number (|x| <= 3.4e38) or empty"),
+        (5, "line 8: numeric column 'n' is 'inf', expected a finite float32 number (|x| <= 3.4e38) or empty"),
+    ):  # each bad record alone, the others before it made blank lines (skipped): its problem is named
+        kept = [r if k == at or k not in (1, 2, 3, 5) else "\n" * r.count("\n") for k, r in enumerate(records)]
+        path.write_text("y,a,n\n" + "".join(kept))
+        with pytest.raises(ValueError) as e:
+            read(path, "csv", 10, columns={"numeric_columns": ["n"]})
+        assert str(e.value).startswith(f"{path} {said}; "), str(e.value)
 
 
 @pytest.mark.parametrize("scan", [True, False])
@@ -448,19 +495,20 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
     (b,) = read(path, "csv", 10, schema=schema, max_bad_lines=2, stats=stats)
     assert len(b) == 6 and stats.bad_lines == 2
     assert stats.first_bad == f"{path} line 5: a repeated header line (files concatenated?)"
-    with pytest.raises(ValueError, match=re.escape("line 9: an empty label, expected 0 or 1 (column 'click', the "
-                                                   "schema's label); 2 bad lines")):  # fmt: skip
-        read(path, "csv", 10, schema=schema, max_bad_lines=1)
+    path.write_text(part + part.split("\n", 1)[1] + "u9,,s9\n")  # without the repeated header: line 8 is bad
+    with pytest.raises(ValueError, match=re.escape("line 8: an empty label, expected 0 or 1 (column 'click', the "
+                                                   "schema's label); 1 bad line")):  # fmt: skip
+        read(path, "csv", 10, schema=schema)
     flagged = schema_of(path, "csv", label_column="click")
-    with pytest.raises(ValueError, match=re.escape("line 9: an empty label, expected 0 or 1 (column 'click', given "
-                                                   "by --label-column); 2 bad lines")):  # fmt: skip
-        read(path, "csv", 10, schema=flagged, max_bad_lines=1)
+    with pytest.raises(ValueError, match=re.escape("line 8: an empty label, expected 0 or 1 (column 'click', given "
+                                                   "by --label-column); 1 bad line")):  # fmt: skip
+        read(path, "csv", 10, schema=flagged)
     first = tmp_path / "first.csv"
-    first.write_text("click,site\n1,a\nclick,site\n2,b\n")
+    first.write_text("click,site\n1,a\n\n2,b\n")
     with pytest.raises(ValueError, match=re.escape("line 4: label '2', expected 0 or 1 (column 'click', the first "
                                                    "column, the built-in default: --label-column or the schema's "
-                                                   "`label` names another); 2 bad lines")):  # fmt: skip
-        read(first, "csv", 10, max_bad_lines=1)
+                                                   "`label` names another); 1 bad line")):  # fmt: skip
+        read(first, "csv", 10)
     named = tmp_path / "named.csv"  # a label-named column that is not the first: named in the message
     named.write_text("site,clicked\na,1\nb,0\nc,\n")  # the label (schema_builtin.csv_label), where 'site' is none
     with pytest.raises(ValueError, match=re.escape("line 4: an empty label, expected 0 or 1 (column 'clicked', named "
@@ -564,8 +612,9 @@ def test_a_schema_file_reads_a_csv_with_bags_and_bad_tokens(tmp_path):
     assert wt.offsets.tolist() == [0, 2, 2, 3] and wt.weights.tolist() == [2.0, 0.5, 1.0]
     np.testing.assert_array_equal(wt.ids, space_ids(1, cat_values(np.array(["u", "v", "v"]))))
     np.testing.assert_array_equal(b.dense, [[-1.0], [0.0], [1.0]])  # a missing price is the mean
-    with pytest.raises(ValueError, match=r"line 5: column 'wt' has the token 'u', expected id:weight"):
-        read(path, "csv", 4, schema=schema, max_bad_lines=1)
+    path.write_text(path.read_text().replace("x,1,4,u:abc\n", "\n"))  # line 4 blank: line 5 is the first bad
+    with pytest.raises(ValueError, match=r"line 5: column 'wt' has the token 'u', expected id:weight.*; 1 bad line"):
+        read(path, "csv", 4, schema=schema)
 
 
 def test_column_stats_are_of_the_good_lines_present_values(tmp_path):

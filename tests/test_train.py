@@ -461,7 +461,7 @@ def test_the_large_recipe_stops_at_a_file_of_many_malformed_lines(tmp_path):
     lines = ["label,item"] + [f"{'1' if i % 2 else '-1'},i{i % 7}" for i in range(500)]
     (tmp_path / "pm.csv").write_text("\n".join(lines) + "\n")
     cfg = TrainConfig(local_shards=1, data=str(tmp_path / "pm.csv"), format="csv", recipe="large", progress=False)
-    with pytest.raises(ValueError, match=r"pm.csv line 22: label '-1', expected 0 or 1 .*; 11 bad records of the first 500 lines read, "
+    with pytest.raises(ValueError, match=r"pm.csv line 2: label '-1', expected 0 or 1 .*; 11 bad records of the first 500 lines read, "
                                          r"more than 1 in 100: is the data in this format, with labels of 0 and 1\?"):  # fmt: skip
         train(cfg)
     result = train(dataclasses.replace(cfg, max_bad_lines=250))

@@ -45,11 +45,13 @@ Common to all formats:
     numeric cell that is not a number, an integer column that is not an int64 integer, a bag token that is
     not id:weight, a raw id that is not a decimal). A worker counts only the bad lines of its share; when its
     count exceeds max_bad_lines the reader raises ValueError
-    "<file> line <L>: <problem>; <k> bad lines, more than --max-bad-lines <max>", L the 1-based physical line
-    of the bad line that crossed the limit; so it does, given max_bad_share, once the bad records (a CSV record
-    over several lines counts once) exceed readers.share.BAD_SHARE_AFTER and max_bad_share of the lines read
-    ("<k> bad records of the first <n> lines read, more than 1 in <1/share>"; lines are counted a chunk at a
-    time, so <n> may run up to a chunk past the bad line). Bad lines are counted in file order.
+    "<file> line <L>: <problem>; <k> bad lines, more than --max-bad-lines <max>", naming the first bad line of
+    the stream (stats.first_bad: L its 1-based physical line), where the trouble starts, not the one that crossed
+    the limit; so it does, given max_bad_share, once the bad records (a CSV record over several lines counts
+    once) exceed readers.share.BAD_SHARE_AFTER and max_bad_share of the lines read ("<k> bad records of the
+    first <n> lines read, more than 1 in <1/share>: is the data in this format, with labels of 0 and 1?", the
+    labels left out under blank_labels or labeled=False, which read none; lines are counted a chunk at a time,
+    so <n> may run up to a chunk past the bad line that crossed it). Bad lines are counted in file order.
   - Batches hold batch_size good examples each (the last may hold fewer), in file order; probs is None;
     line_nos holds each example's 1-based physical line (a CSV record's first line; the header is line 1).
     Bags cut to their column's max_length are counted in stats.truncated_bags.
@@ -149,7 +151,9 @@ def read_batches(
     def stream() -> Iterator[Batch]:
         for k, name in enumerate(files):  # file k's share: its lines whose number % n == (worker_id + k) % n
             share = Share(
-                (worker_id + k) % num_workers, num_workers, BadLines(name, max_bad_lines, stats, max_bad_share)
+                (worker_id + k) % num_workers,
+                num_workers,
+                BadLines(name, max_bad_lines, stats, max_bad_share, labels=labeled and not blank_labels),
             )
             yield from _encoded(name, schema, batch_size, share, labeled, blank_labels)
 
@@ -381,7 +385,7 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: 
         out = encode_examples(schema, chunk.labels, chunk.cells, chunk.parsed)
         out.batch.line_nos = np.delete(chunk.line_nos, out.bad)  # of the good examples, as out.batch holds them
         problems = chunk.problems + [(int(chunk.line_nos[i]), p) for i, p in zip(out.bad.tolist(), out.problems)]
-        for line_no, problem, *lines in sorted(problems):  # in file order: the limit is crossed at the right line
+        for line_no, problem, *lines in sorted(problems):  # in file order: first_bad is the first in the file
             if problem == EMPTY_LINE:
                 share.bad.stats.empty_lines += 1
             else:

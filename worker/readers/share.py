@@ -142,10 +142,12 @@ class _GzipData(gzip.GzipFile):
 class BadLines:
     """The bad lines of one file of a stream, counted into stats (those of the whole stream) against the limit
     and, given a share, its bad records against that share of the lines read once more than BAD_SHARE_AFTER
-    records are bad."""
+    records are bad. Past either, the ValueError names the stream's first bad line (where the trouble starts) and
+    the count; labels: whether the lines are read for their labels (training, eval; not predict), which its hint
+    past the share names."""
 
-    def __init__(self, name: str, limit: int, stats: ReadStats, share: float | None = None):
-        self.name, self.limit, self.stats = name, limit, stats
+    def __init__(self, name: str, limit: int, stats: ReadStats, share: float | None = None, labels: bool = True):
+        self.name, self.limit, self.stats, self.labels = name, limit, stats, labels
         self.share = None if share is None or share >= 1 else share
 
     def add(self, line_no: int, problem: str, lines: int = 1) -> None:
@@ -153,19 +155,19 @@ class BadLines:
         s = self.stats
         s.bad_lines += lines
         s.bad_records += 1
-        message = f"{self.name} line {line_no}: {problem}"
         if s.first_bad is None:
-            s.first_bad = message
+            s.first_bad = f"{self.name} line {line_no}: {problem}"
         if s.bad_lines > self.limit:
             s.stopped = True
             lines = f"{s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''}"
-            raise ValueError(f"{message}; {lines}, more than --max-bad-lines {self.limit}")
+            raise ValueError(f"{s.first_bad}; {lines}, more than --max-bad-lines {self.limit}")
         if self.share is not None and s.bad_records > BAD_SHARE_AFTER and s.bad_records > self.share * s.lines_read:
             s.stopped = True  # records, not lines: one stray quote (up to MAX_RECORD_LINES bad lines) is one
+            labels = ", with labels of 0 and 1" if self.labels else ""
             raise ValueError(
-                f"{message}; {s.bad_records:,} bad records of the first {s.lines_read:,} lines read, more than 1 in "
-                f"{round(1 / self.share)}: is the data in this format, with labels of 0 and 1? (--max-bad-lines N "
-                "skips up to N bad lines, whatever their share)"
+                f"{s.first_bad}; {s.bad_records:,} bad records of the first {s.lines_read:,} lines read, more than 1 "
+                f"in {round(1 / self.share)}: is the data in this format{labels}? (--max-bad-lines N skips up to N "
+                "bad lines, whatever their share)"
             )
 
 
