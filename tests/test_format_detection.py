@@ -123,7 +123,9 @@ def test_svmlight_query_ids_and_comments_are_told_as_libsvm_and_read_as_the_line
         label, features = line.split(" ", 1)
         text += [f"{label} qid:{i // 4} {features}" + (f" # row {i}" if i % 3 else "")] + ["  # a note"] * (i == 5)
     svmlight.write_text("\n".join(text) + "\n")
-    assert detect_format(str(svmlight)) == ("libsvm", None, SEEN["libsvm"])
+    seen = "its first data line, below comment lines (# ...), is a label and id:value tokens"  # not line 1's
+    assert detect_format(str(svmlight)) == ("libsvm", None, seen)
+    assert detect_format(str(plain)) == ("libsvm", None, SEEN["libsvm"])
     assert schema(svmlight) == schema(plain)
     assert (
         batches(svmlight, schema(svmlight)) == batches(plain, schema(plain))

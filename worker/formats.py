@@ -294,7 +294,8 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str | None, str]:
     first = cells[0].strip()
     past_comments = first_line(name, lambda line: bool(libsvm_tokens(line))) or b""  # (lines of a comment: # ...)
     if libsvm_like(past_comments.rstrip(b"\r\n")):  # (whitespace-separated: tabs too, as the reader splits it)
-        return "libsvm", None, "its first line is a label and id:value tokens"
+        first = "its first line" if past_comments == line else "its first data line, below comment lines (# ...),"
+        return "libsvm", None, f"{first} is a label and id:value tokens"
     criteo_ints = len(cells) == NUM_COLUMNS and all(not c or c.lstrip(b"-").isdigit() for c in cells[1:14])
     seen = _criteo_seen(cells, criteo_ints)
     if seen:
