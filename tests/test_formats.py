@@ -36,6 +36,7 @@ from worker.models.spec import BIAS_FIELD
 from worker.readers.csv_reader import column_cells
 from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema, resolve_schema
+from worker.schema_infer import infer_schema_text
 
 
 def schema_of(path, fmt, label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None):
@@ -665,10 +666,12 @@ def test_the_logged_statistics_of_standardized_columns_copied_into_the_schema_gi
 
 def test_libsvm_labels_fields_missing_and_padding(tmp_path):
     """K is the longest line's feature count; every field's ids are in one id space (a feature id is one row
-    wherever its token stands); a line with more than K features is bad."""
+    wherever its token stands); a line with more than K features is bad. A file of values 0 and 1 reads one-hot:
+    each field one categorical id a line (its value 0 or past the line's end: the missing id)."""
     path = tmp_path / "d.svm"
-    path.write_text("1 3:1 7:1 9:1\n-1 3:1 8:0.5\n+1 4:1 7:0 9:1\n0 1:1 2:1 3:1 4:1\nx 1:1\n0\n1.0 5:1 6:1 7:1\n")
+    path.write_text("1 3:1 7:1 9:1\n-1 3:1 8:1\n+1 4:1 7:0 9:1\n0 1:1 2:1 3:1 4:1\nx 1:1\n0\n1.0 5:1 6:1 7:1\n")
     assert libsvm_field_count(path) == 4
+    assert {c.kind for c in schema_of(path, "libsvm").columns} == {"categorical"}
     stats = ReadStats()
     (b,) = read(path, "libsvm", 10, max_bad_lines=1, stats=stats)
     assert b.labels.tolist() == [1, 0, 1, 0, 0, 1] and b.dense is None
@@ -709,10 +712,17 @@ def test_libsvm_raw_ids_are_the_tokens_ids_and_a_libsvm_column_is_categorical(tm
     assert b.fields["f0"].ids.tolist() == [9, 10, 100, 7]  # the ids as written, not read as hex
     hashed = np.array([16, 255, 4096, MISSING_CAT], dtype=np.uint64)
     np.testing.assert_array_equal(b.fields["f1"].ids, space_ids(schema.id_spaces()["f1"], hashed))
-    for kind in ('"numeric"\ntransform = "none"', '"multi_hot"', '"weighted"'):
+    for kind in ('"numeric"\ntransform = "none"', '"multi_hot"'):
         (tmp_path / "n.toml").write_text(f'format = "libsvm"\n[[columns]]\nname = "f0"\nkind = {kind}\n')
-        with pytest.raises(ValueError, match="a libsvm column holds the id of a line's k-th feature token"):
+        with pytest.raises(ValueError, match="a libsvm column holds the id of a line's k-th feature token, so its "
+                                             "kind is 'categorical' .* or 'weighted'"):  # fmt: skip
             load_schema(str(tmp_path / "n.toml"), default_table="t", default_dim=4)
+    (tmp_path / "n.toml").write_text(
+        'format = "libsvm"\n[[columns]]\nname = "f0"\nkind = "weighted"\nseparator = ";"\n'
+    )
+    with pytest.raises(ValueError, match=r"column 'f0' \(a libsvm weighted column: one id:value token\): unknown key "
+                                         "'separator'"):  # fmt: skip
+        load_schema(str(tmp_path / "n.toml"), default_table="t", default_dim=4)
     (tmp_path / "far.toml").write_text('format = "libsvm"\n[[columns]]\nname = "a"\nsource = "f3000000"\n'
                                        'kind = "categorical"\n')  # fmt: skip
     with pytest.raises(ValueError, match="source 'f3000000': a libsvm field is the position of a line's feature "):
@@ -1137,15 +1147,55 @@ def test_the_builtin_csv_schema_takes_a_column_of_0_and_1_named_like_a_label(tmp
     assert schema_of(data, "csv").label == (name if taken else "is_mobile")
 
 
-def test_the_builtin_libsvm_schema_warns_of_values_it_does_not_use(tmp_path, caplog):
-    weighted = tmp_path / "w.libsvm"
-    weighted.write_text("1 1:1 7:0.25\n0 2:1 9:-3\n0 3:1\n")
-    (warning,) = _hints(caplog, weighted, "libsvm")
-    assert "2 of the 5 feature tokens of its first 1000 lines carry a value other than 0 and 1 ('7:0.25' on line 1)" \
-           in warning and "not used as a weight" in warning  # fmt: skip
+def test_the_builtin_libsvm_schema_reads_a_files_values_as_weights(tmp_path, caplog):
+    """Where a file's first lines carry values other than 0 and 1, each field is weighted: its token's id with the
+    value as the weight, in the one id space; a value of 0, or a line's end, is an empty bag; a value beyond
+    float32 is a bad line, a non-finite one too. A file of 0 and 1 only stays one-hot: a value other than those
+    counts among the first FIELD_COUNT_LINES lines. ps-worker schema writes the weighted schema, which reads back alike."""
+    path = tmp_path / "w.libsvm"
+    path.write_text("1 1:1 7:0.25\n0 2:1 9:-3\n0 3:2 4:0\n1 5:1e39\n0 6:nan\n")
+    schema = schema_of(path, "libsvm")
+    assert [(c.name, c.kind, c.id_space, c.pooling) for c in schema.columns] == [
+        ("f0", "weighted", "all", "sum"), ("f1", "weighted", "all", "sum")]  # fmt: skip
+    assert _hints(caplog, path, "libsvm") == []
+    stats = ReadStats()
+    (b,) = read(path, "libsvm", 10, schema=schema, max_bad_lines=2, stats=stats)
+    assert stats.bad_lines == 2 and "line 4: feature 1e+39: a weight beyond float32's range" in stats.first_bad
+    f0, f1 = b.fields["f0"], b.fields["f1"]
+    np.testing.assert_array_equal(f0.ids, field_ids(0, np.array([[1], [2], [3]], dtype=np.uint64))[:, 0])  # as one-hot
+    assert f0.offsets.tolist() == [0, 1, 2, 3] and f0.weights.tolist() == [1.0, 1.0, 2.0]
+    np.testing.assert_array_equal(f1.ids, field_ids(0, np.array([[7], [9]], dtype=np.uint64))[:, 0])
+    assert f1.offsets.tolist() == [0, 1, 2, 2] and f1.weights.tolist() == [0.25, -3.0]  # 4:0: an empty bag
+    written = tmp_path / "s.toml"
+    written.write_text(infer_schema_text(str(path), fmt="libsvm"))
+    assert "weighted: the values are not all 0 and 1" in written.read_text()
+    again = load_schema(str(written), default_table="t", default_dim=4)
+    assert again.columns == schema.columns and again.fingerprint() == schema.fingerprint()
     one_hot = tmp_path / "o.libsvm"
-    one_hot.write_text("1 1:1 7:1\n0 2:1 9:0\n")
-    assert _hints(caplog, one_hot, "libsvm") == []
+    one_hot.write_text("1 1:1 7:1\n0 2:1 9:0\n" * 3 + "1 1:0.5\n")
+    assert {c.kind for c in schema_of(one_hot, "libsvm").columns} == {"weighted"}  # line 7 is sampled
+    from worker.readers import libsvm_reader
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(libsvm_reader, "FIELD_COUNT_LINES", 6)  # the lines sampled hold 0 and 1 only
+        assert {c.kind for c in schema_of(one_hot, "libsvm").columns} == {"categorical"}
+
+
+def test_a_libsvm_weighted_column_takes_raw_ids_and_the_fingerprint_says_weighted_without_k(tmp_path):
+    path = tmp_path / "d.svm"
+    path.write_text("1 9:0.5\n0 10:0\n")
+    (tmp_path / "s.toml").write_text('format = "libsvm"\n[[columns]]\nname = "f0"\nkind = "weighted"\n'
+                                     'ids = "raw"\n')  # fmt: skip
+    schema = load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
+    (b,) = read(path, "libsvm", 10, schema=schema)
+    assert b.fields["f0"].ids.tolist() == [9] and b.fields["f0"].offsets.tolist() == [0, 1, 1]
+    assert b.fields["f0"].weights.tolist() == [0.5]
+    three, four = (builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=k, libsvm_weighted=True)
+                   for k in (3, 4))  # fmt: skip
+    assert three.fingerprint() == four.fingerprint()  # a field a line leaves out adds nothing
+    one_hot = builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=3)
+    assert three.fingerprint() != one_hot.fingerprint() == three.one_hot_fingerprint()
+    assert one_hot.one_hot_fingerprint() is None
 
 
 def test_a_schema_sample_reads_a_bounded_number_of_records_and_a_stray_quote_does_not_swallow_the_file(tmp_path):

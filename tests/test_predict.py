@@ -856,3 +856,51 @@ def test_keep_columns_copies_a_csvs_columns_into_each_row_verbatim(servers, tmp_
         f"--keep-columns copies columns a CSV file's header names; {svm} is read as libsvm" in capsys.readouterr().err
     )
     assert not [name for name in os.listdir(tmp_path) if "none" in name]
+
+
+def write_valued_libsvm(path, n: int, seed: int, w: np.ndarray) -> np.ndarray:
+    """A libsvm file of n lines, each 6 of the len(w) features with real values N(0, 1), its label drawn from the
+    planted logistic model w (and a bias of -0.5); returns the true logits."""
+    rng = np.random.default_rng(seed)
+    logits, lines = [], []
+    for _ in range(n):
+        ids = np.sort(rng.choice(len(w), 6, replace=False))
+        x = rng.normal(0, 1, 6)
+        logits.append(float(w[ids] @ x) - 0.5)
+        y = int(rng.random() < sigmoid(np.float64(logits[-1])))
+        lines.append(f"{y} " + " ".join(f"{i}:{v:.4g}" for i, v in zip(ids, x)))
+    Path(path).write_text("\n".join(lines) + "\n")
+    return np.array(logits)
+
+
+def test_a_libsvm_files_values_are_weights_and_tables_trained_one_hot_are_refused_or_read_so(servers, tmp_path):
+    """A planted logistic model over real-valued libsvm features: read one-hot (a schema file of categorical
+    fields: the values left out) lr scores near chance; the built-in schema reads the values as weights and
+    scores near the planted model's own AUC (the oracle). Tables trained one-hot are refused by eval with the
+    built-in schema, naming why, and read with the one-hot schema file; predict reads the file as train did."""
+    w = np.random.default_rng(0).normal(0, 1, 20)
+    train_path, eval_path = tmp_path / "train.svm", tmp_path / "eval.svm"
+    write_valued_libsvm(train_path, 3000, 1, w)
+    true_logits = write_valued_libsvm(eval_path, 1000, 2, w)
+    labels = np.array([float(line.split()[0]) for line in eval_path.read_text().splitlines()])
+    oracle = auc(labels, true_logits)
+    assert main(["schema", "--data", str(train_path), "--out", str(tmp_path / "s.toml")]) == 0
+    one_hot = tmp_path / "one_hot.toml"
+    one_hot.write_text((tmp_path / "s.toml").read_text().replace('kind = "weighted"', 'kind = "categorical"'))
+    (a,), _ = servers(1, root=tmp_path / "a")
+    run = dict(data=str(train_path), eval_data=str(eval_path), model="lr", progress=False, server_timeout_s=0)
+    before = train(TrainConfig(servers=(a,), schema=str(one_hot), **run))["eval_auc"]
+    with pytest.raises(ValueError, match=r"the servers hold table lr trained on libsvm data read one-hot \(each "
+                                         r"feature's value left out\), and this run reads the data's values as "
+                                         r"weights"):  # fmt: skip
+        evaluate_servers(TrainConfig(servers=(a,), data=str(train_path), eval_data=str(eval_path), model="lr"))
+    again = evaluate_servers(TrainConfig(servers=(a,), data=str(train_path), eval_data=str(eval_path),
+                                         model="lr", schema=str(one_hot)))  # fmt: skip
+    assert again["eval_auc"] == pytest.approx(before, abs=1e-6)
+    (b,), _ = servers(1, root=tmp_path / "b")
+    after = train(TrainConfig(servers=(b,), **run))["eval_auc"]
+    assert after > before + 0.2 and after > oracle - 0.03, (before, after, oracle)
+    without_label(eval_path, tmp_path / "score.svm", "libsvm")
+    assert predict(b, tmp_path / "out.csv", "--model", "lr", "--predict-data", str(tmp_path / "score.svm")) == 0
+    _, out = read_out(tmp_path / "out.csv")
+    assert auc(labels, out["probability"]) == pytest.approx(after, abs=1e-4)

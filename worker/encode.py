@@ -17,7 +17,8 @@ number, an integer, a raw id and a missing cell are what worker/cells.py says th
     multi_hot    the cell split at the separator; empty tokens dropped; the first max_length tokens kept (a bag
                  cut so counts in truncated_bags); each token an id as for categorical; an empty bag is allowed
     weighted     as multi_hot, each token id:weight split at its last ":", the id non-empty, the weight a
-                 finite number (weights float32)
+                 finite number (weights float32); a source in parsed.weights: one id an example (read as for
+                 categorical) with its weight, none where that is 0
     numeric      a number or a missing cell (cells.float_values); log_buckets: an integer or a missing cell
                  (cells.int_values); then log: log(1 + max(x, 0)); none: x;
                  standardize: (x - mean) / std; missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
@@ -65,11 +66,14 @@ class Parsed:
     """Sources read before encode_examples, as it would read them: ints {source: int64 (n,)} as int_values
     gives them, of cells that are all ok (MISSING_INT where empty); cats {source: uint64 (n,)} as
     features.cat_values gives them; floats {source: (float64 values, missing) (n,)} as float_values gives them,
-    of cells that are all ok."""
+    of cells that are all ok; weights {source: float32 (n,)}: the source's cell is one id (in cats, or its cell
+    where ids are raw) of this weight, or none where the weight is 0, which a weighted column reads as a bag of
+    that one id, or an empty bag (a libsvm token's id and value: worker/readers/libsvm_reader.py)."""
 
     ints: dict[str, np.ndarray] = field(default_factory=dict)
     cats: dict[str, np.ndarray] = field(default_factory=dict)
     floats: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def parsed_sources(schema: Schema) -> tuple[set[str], set[str], set[str]]:
@@ -107,8 +111,9 @@ def encode_examples(
     dense_columns = schema.dense_columns()
     dense = np.empty((n, len(dense_columns)), dtype=np.float32) if dense_columns else None
     truncated = np.zeros(n, dtype=np.int64)
+    one_id = set(_checked(parsed.weights, np.float32, n))  # weighted columns of one id an example
     hashed = _cat_values_by_source(
-        [c for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"],
+        [c for c in schema.columns if c.ids == "hashed" and (c.kind == "categorical" or c.source in one_id)],
         cells,
         n,
         _checked(parsed.cats, np.uint64, n),
@@ -124,6 +129,8 @@ def encode_examples(
             hashed_values[c.name] = (space, hashed[c.source])
         elif c.kind == "categorical":
             fields[c.name] = Bags.one_per_example(_ids(c, space, _cells(cells, c, n), problems, None))
+        elif c.kind == "weighted" and c.source in one_id:
+            fields[c.name] = _one_id_bags(c, space, hashed, cells, parsed.weights[c.source], problems)
         else:
             fields[c.name] = _bags(c, space, _cells(cells, c, n), problems, truncated)
     if hashed_values:
@@ -251,6 +258,20 @@ def _bags(c: Column, space: int, cells: np.ndarray, problems: _Problems, truncat
     if c.kind == "weighted":
         tokens, weights = _weighted(c, tokens, example, problems)
     return Bags(_ids(c, space, tokens, problems, example), offsets, weights)
+
+
+def _one_id_bags(c: Column, space: int, hashed: dict[str, np.ndarray], cells: Mapping[str, np.ndarray],
+                 weights: np.ndarray, problems: _Problems) -> Bags:  # fmt: skip
+    """The bags of a weighted column whose source Parsed.weights holds: example i's one id (its hashed value, or
+    its raw cell) with weights[i], or an empty bag where that is 0."""
+    present = np.flatnonzero(weights != 0)
+    offsets = np.zeros(len(weights) + 1, dtype=np.int64)
+    np.cumsum(weights != 0, out=offsets[1:])
+    if c.ids == "hashed":
+        ids = space_ids(space, hashed[c.source][present])
+    else:
+        ids = _ids(c, space, _cells(cells, c, len(weights))[present], problems, present)
+    return Bags(ids, offsets, weights[present])
 
 
 def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Problems) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ from worker.model_tables import check_allreduce_tables, check_geo_tables, table_
 from worker.models.spec import MLP_MODELS, ModelSpec
 from worker.recipe import few_steps
 from worker.schema import Schema
-from worker.schema_builtin import columns_line, format_note
+from worker.schema_builtin import columns_line, format_note, libsvm_note
 from worker.temp_dirs import remove_stale_temp_dirs
 from worker.train_config import TrainConfig
 
@@ -198,8 +198,8 @@ def job_lines(job: CheckedJob) -> list[str]:
     the format --format auto took); for worker 0 only, as one worker speaks for the job, how a csv file's columns
     are read and which files a directory, glob or list names."""
     cfg, schema = job.cfg, job.data.schema
-    note = format_note(schema) if schema.format != "csv" else ""  # csv: on the columns line
-    lines = [job.recipe_line + (f"; {note}" if note else "")]
+    notes = [format_note(schema) if schema.format != "csv" else "", libsvm_note(schema)]  # csv: on the columns line
+    lines = [job.recipe_line + "".join(f"; {note}" for note in notes if note)]
     if cfg.worker_id != 0:
         return lines
     if schema.format == "csv" and cfg.data is not None:

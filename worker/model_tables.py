@@ -191,16 +191,17 @@ def held_features(client: Client, schema: Any, tables: list[str], shard_stats: l
     hold the model's tables under that one (made before libsvm's K was part of it: they are read as they were
     trained, without a check of K). ValueError where they hold them under the fingerprint of schema.as_written
     (trained on the built-in csv schema of the header as written, spaces and all, whose ids this run's trimmed
-    names would hash otherwise): it names the schema file that reads them. shard_stats: the shards'
-    StatsResponses when the caller has them."""
-    legacy, written = schema.legacy_fingerprint(), schema.as_written
-    if legacy is None and written is None:
+    names would hash otherwise): it names the schema file that reads them; and where they hold them under its
+    one_hot_fingerprint (trained on a libsvm file read one-hot, which this run reads with its values as weights).
+    shard_stats: the shards' StatsResponses when the caller has them."""
+    legacy, written, one_hot = schema.legacy_fingerprint(), schema.as_written, schema.one_hot_fingerprint()
+    if legacy is None and written is None and one_hot is None:
         return schema.fingerprint()
-    held = None
+    held, name = None, None
     for shard in shard_stats or client.stats():
         for t in shard.tables:
             if held is None and t.name in tables:
-                held = client.describe_table(t.name, [shard.shard_id])[0].spec.features
+                held, name = client.describe_table(t.name, [shard.shard_id])[0].spec.features, t.name
     if written is not None and held == written.fingerprint():
         raise ValueError(
             f"the servers hold this model's tables trained on the built-in csv schema of a header whose names have "
@@ -209,4 +210,15 @@ def held_features(client: Client, schema: Any, tables: list[str], shard_stats: l
             "file that names the columns as written, this one (the same ids, read from the same cells):\n"
             + written.to_toml()
         )
+    if one_hot is not None and held == one_hot:
+        raise ValueError(ONE_HOT_HELD.format(table=name))
     return legacy if legacy is not None and held == legacy else schema.fingerprint()
+
+
+ONE_HOT_HELD = (
+    "the servers hold table {table} trained on libsvm data read one-hot (each feature's value left out), and this "
+    "run reads the data's values as weights (its values are not all 0 and 1): the rows stand for other features. "
+    "Train the model anew (on servers without these tables), or read the data as it was trained: `ps-worker schema "
+    '--data FILE > schema.toml`, each column\'s kind = "weighted" changed to "categorical", then --schema '
+    "schema.toml; nothing was done"
+)

@@ -46,7 +46,9 @@ Rules: a field name is unique and does not start with "_" (BIAS_FIELD, the bias'
 every model); the label column is no column's source; a sparse column's table is declared under [tables] or
 is the default table; a declared table is used; `table` and `id_space` belong to sparse columns and numerics
 giving ids, `ids` to sparse kinds, and raw ids have no id space; a libsvm column is categorical (its cell is
-a feature token's id: raw takes the id itself, hashed mixes it into the id space), its source f0..f1023.
+a feature token's id: raw takes the id itself, hashed mixes it into the id space) or weighted (that id with the
+token's value as its weight: a bag of one id, empty where the line has no k-th token or its value is 0; no
+separator nor max_length), its source f0..f1023.
 Sparse fields come in column order, numeric features too.
 
 Values and ids (see worker/encode.py for the arrays): a categorical or bag token's value is
@@ -151,11 +153,13 @@ class Column:
 LIBSVM_ID_SPACE = "all"
 
 
-def libsvm_column(name: str, table: str | None, shared: bool = True) -> Column:
+def libsvm_column(name: str, table: str | None, shared: bool = True, weighted: bool = False) -> Column:
     """Column f<k> of the built-in libsvm schema (worker/schema_builtin.py): the k-th token, in the id space all
     of its fields share (LIBSVM_ID_SPACE); shared=False: in an id space of its own (a schema file's column that
-    names none), which reads ids as they were read before the built-in schema shared one."""
-    return Column(name, name, "categorical", table, LIBSVM_ID_SPACE if shared else name)
+    names none), which reads ids as they were read before the built-in schema shared one. weighted: the token's
+    id with its value as the weight (a weighted column, pooling sum), as the built-in schema reads a file whose
+    values are not all 0 and 1; else categorical, the id alone (one-hot)."""
+    return Column(name, name, "weighted" if weighted else "categorical", table, LIBSVM_ID_SPACE if shared else name)
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,9 @@ class Schema:
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
         std), and the bias table. In a libsvm schema the columns f<k> in their shared id space (the
         built-in schema's) count as one entry with their number K: each field a line leaves out adds its missing
-        id's row, so a model read with another K scores the same lines otherwise. Those in id spaces of their own
+        id's row, so a model read with another K scores the same lines otherwise. Weighted ones (the built-in
+        schema of a file with values) count as one other entry, without K: a field a line leaves out is an empty
+        bag, which adds nothing, so any K scores a line alike. Those in id spaces of their own
         (a schema file's f<k> that names none) count as one other entry, whatever their number (a schema file
         fixes it). Columns of other formats count one by one, whatever their names. Each table the model creates
         carries it (TableConfig.features): another schema, whose ids would land on rows trained for other features
@@ -209,11 +215,14 @@ class Schema:
         fields = [c for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)]
         shared = {c.name for c in fields if c == libsvm_column(c.name, c.table)}
         own = {c.name for c in fields if c == libsvm_column(c.name, c.table, shared=False)}
+        weighted = {c.name for c in fields if c == libsvm_column(c.name, c.table, weighted=True)}
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
-                   for c in self.columns if c.name not in shared | own]  # fmt: skip
+                   for c in self.columns if c.name not in shared | own | weighted]  # fmt: skip
         label = self.label_written if label_written and self.label_written is not None else self.label
         described = {"label": label, "columns": columns, "bias_table": self.bias_table,
                      "libsvm_fields": (len(shared) if field_count else "shared") if shared else bool(own)}  # fmt: skip
+        if weighted:
+            described["libsvm_weighted"] = True
         text = json.dumps(described, sort_keys=True, default=list)
         return "schema:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -224,6 +233,14 @@ class Schema:
         `id, clicked`'s); None where it was the same."""
         legacy = self.fingerprint(field_count=False, label_written=True)
         return legacy if legacy != self.fingerprint() else None
+
+    def one_hot_fingerprint(self) -> str | None:
+        """The fingerprint of this schema with its weighted libsvm fields in their shared id space (the built-in
+        schema's, of a file whose values are not all 0 and 1) read as categorical, one-hot (each value left out):
+        that of tables trained on such a file read so; None where it has no such fields."""
+        columns = tuple(libsvm_column(c.name, c.table) if c == libsvm_column(c.name, c.table, weighted=True) else c
+                        for c in self.columns) if self.format == "libsvm" else self.columns  # fmt: skip
+        return dataclasses.replace(self, columns=columns).fingerprint() if columns != self.columns else None
 
     def dense_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if not c.is_sparse)
@@ -429,10 +446,13 @@ def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -
     if fmt == "libsvm" and int(source[1:]) >= MAX_LIBSVM_FIELDS:
         raise ValueError(f"{where}: source {source!r}: a libsvm field is the position of a line's feature token "
                          f"(f0 the first), at most f{MAX_LIBSVM_FIELDS - 1}; it is not the feature's id")  # fmt: skip
-    if fmt == "libsvm" and kind != "categorical":
+    if fmt == "libsvm" and kind not in ("categorical", "weighted"):
         raise ValueError(f"{where}: kind {kind!r}: a libsvm column holds the id of a line's k-th feature "
-                         "token (its value only says whether the feature is there), so its kind is "
-                         "'categorical'")  # fmt: skip
+                         "token, so its kind is 'categorical' (the id alone) or 'weighted' (the id, its value the "
+                         "weight)")  # fmt: skip
+    if fmt == "libsvm" and kind == "weighted":
+        _known(spec, tuple(k for k in _KEYS[kind] if k not in ("separator", "max_length")),
+               f"{where} (a libsvm weighted column: one id:value token)")  # fmt: skip
     transform = None
     if kind == "numeric":
         transform = _value(spec, "transform", str, where, ..., DENSE_TRANSFORMS + SPARSE_TRANSFORMS)

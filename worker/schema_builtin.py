@@ -24,7 +24,7 @@ from worker.schema import (
     libsvm_column,
     load_schema,
 )
-from worker.schema_hints import HINT_SAMPLE_ROWS, warn_of_csv_columns, warn_of_libsvm_values
+from worker.schema_hints import HINT_SAMPLE_ROWS, warn_of_csv_columns
 
 log = logging.getLogger("worker.schema_builtin")
 
@@ -39,6 +39,7 @@ def builtin_schema(
     drop_columns: tuple[str, ...] | list[str] = (),
     numeric_columns: tuple[str, ...] | list[str] = (),
     libsvm_fields: int | None = None,
+    libsvm_weighted: bool = False,
     delimiter: str = ",",
 ) -> Schema:
     """The schema of `--format fmt` and the column flags, every sparse column on default_table (csv: its
@@ -50,7 +51,8 @@ def builtin_schema(
             numeric_columns are numeric features (log) in the order given, the others categorical sparse
             fields in header order (id space f for the f-th of them).
     libsvm  fields f0..f{K-1} (K = libsvm_fields), categorical: the k-th token's id, all in one id space
-            (schema.LIBSVM_ID_SPACE).
+            (schema.LIBSVM_ID_SPACE); libsvm_weighted (a file whose values are not all 0 and 1:
+            libsvm_reader.has_values): weighted, that id with the token's value as its weight (pooling sum).
     """
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
@@ -58,6 +60,8 @@ def builtin_schema(
         raise ValueError(f"label_column, drop_columns, numeric_columns and delimiter apply to csv only, not {fmt}")
     if libsvm_fields is not None and (fmt != "libsvm" or libsvm_fields < 0):
         raise ValueError(f"libsvm_fields is {libsvm_fields} for format {fmt}; expected libsvm and >= 0")
+    if libsvm_weighted and fmt != "libsvm":
+        raise ValueError(f"libsvm_weighted for format {fmt}; expected libsvm")
     t = default_table
     label: str | None = "label"
     if fmt == "criteo":
@@ -73,7 +77,7 @@ def builtin_schema(
                              "(f<k>: a line's k-th feature token), which suits lines of up to a few "
                              "dozen one-hot features; a long list of ids per line is one multi_hot column of a CSV "
                              "file (a bag)")  # fmt: skip
-        columns = [libsvm_column(f"f{k}", t) for k in range(libsvm_fields)]
+        columns = [libsvm_column(f"f{k}", t, weighted=libsvm_weighted) for k in range(libsvm_fields)]
     else:
         label, numeric, categorical = _csv_roles(header, label_column, tuple(drop_columns), tuple(numeric_columns))
         columns = [Column(h, h, "categorical", t, h) for h in categorical]
@@ -182,6 +186,7 @@ def resolve_schema(
                 schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
     from worker.formats import csv_records, detect_format, libsvm_field_count, read_csv_header
+    from worker.readers.libsvm_reader import has_values
 
     format_from, delimiter = "", ","
     if fmt == AUTO_FORMAT:
@@ -211,13 +216,14 @@ def resolve_schema(
                 _check_a_label_is_named(data, header, rows)
     if fmt == "libsvm" and libsvm_fields is None:
         libsvm_fields = libsvm_field_count(data)
+    weighted = fmt == "libsvm" and data is not None and has_values(data)
     named = picked is not None and picked[1] != "first column"  # a column taken for its name
     label_column = picked[0] if named else label_column
     try:
         schema = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
                                 label_column=label_column, drop_columns=drop_columns,
                                 numeric_columns=numeric_columns, libsvm_fields=libsvm_fields,
-                                delimiter=delimiter)  # fmt: skip
+                                libsvm_weighted=weighted, delimiter=delimiter)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
     cells = read_csv_header(data, delimiter, as_written=True) if fmt == "csv" else header
@@ -230,8 +236,6 @@ def resolve_schema(
                                  **({"label_from": picked[1]} if named else {}))  # fmt: skip
     if fmt == "csv":
         warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns)
-    elif fmt == "libsvm" and data is not None:
-        warn_of_libsvm_values(data)
     return schema
 
 
@@ -323,6 +327,16 @@ _SHOWN_NAMES = 6  # names of a kind the columns line shows, at most
 def format_note(schema: Schema) -> str:
     """What a run says of its format where --format auto chose it (schema.format_from), else ""."""
     return f"format {schema.format} ({schema.format_from}; --format sets it)" if schema.format_from else ""
+
+
+def libsvm_note(schema: Schema) -> str:
+    """What a run says of a libsvm schema whose fields are weighted (the built-in one of a file whose values are
+    not all 0 and 1), else ""."""
+    weighted = [c.name for c in schema.columns if schema.format == "libsvm" and c.kind == "weighted"]
+    if not weighted:
+        return ""
+    return (f"libsvm fields {weighted[0]}..{weighted[-1]} weighted: each feature's value is its weight (the file's "
+            "values are not all 0 and 1); a value of 0 is a missing feature")  # fmt: skip
 
 
 def columns_line(schema: Schema, header: list[str] | None) -> str:

@@ -1,7 +1,7 @@
 """What the built-in schema (worker/schema_builtin.py) may read wrong in a file, warned of as a run starts: a first
 line that reads like an example (a CSV without a header line: also formats.detect_format's refusal and `ps-worker
 schema`'s check), a label the header names elsewhere, columns of numbers read as ids (plain, or written as 1,234
-or 0,5), --numeric-columns' logs of numbers below 0, libsvm values that are not 0 and 1."""
+or 0,5), --numeric-columns' logs of numbers below 0."""
 
 from __future__ import annotations
 
@@ -170,16 +170,3 @@ def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: l
 def _rows(rows: list) -> str:
     """'1 row', '300 rows': a sample's size as the warnings name it."""
     return f"{len(rows):,} row{'s' * (len(rows) != 1)}"
-
-
-def warn_of_libsvm_values(data: str) -> None:
-    """A warning where data's first lines carry feature values other than 0 and 1, which libsvm reading ignores."""
-    from worker.readers.libsvm_reader import weighted_tokens
-
-    weighted, tokens, example = weighted_tokens(data, HINT_SAMPLE_ROWS)
-    if weighted:
-        log.warning("%s: %d of the %d feature tokens of its first %d lines carry a value other than 0 and 1 (%s): "
-                    "libsvm features are read as ids, one-hot; a value other than 0 only says the feature is there "
-                    "and is not used as a weight. Real-valued features train better as ids of their buckets, or "
-                    "from a csv file with `ps-worker schema`", data, weighted, tokens, HINT_SAMPLE_ROWS,
-                    example)  # fmt: skip

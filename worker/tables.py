@@ -212,7 +212,8 @@ FEATURES_HINT = (
     "same ids would stand for other features or another target (a schema inferred anew, or one of another "
     "dataset? a csv's label, unless --label-column or the schema's `label` names it, is the first column of the "
     "file the run reads its header from: --data, else the file scored; a libsvm schema's field count K is the most "
-    "features of a line in that file, unless --libsvm-fields gives the training run's)"
+    "features of a line in that file, unless --libsvm-fields gives the training run's; its values are weights where "
+    "that file's first 10,000 lines carry one other than 0 and 1)"
 )
 
 

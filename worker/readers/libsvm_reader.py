@@ -4,10 +4,12 @@ libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or 
         SVMlight's additions are read too (criteo.libsvm_tokens): a comment from "#" to the line's end is left
         out (a line of a comment only is an empty line), and so is a query id, qid:<digits>, after the label
         (first on a line without one).
-        Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing:
-        CTR libsvm data is one-hot, any other finite value is ignored): a chunk's Parsed holds every column's
-        ids as a hashed categorical column reads them (the id itself), its cells the decimal text of those of
-        columns with raw ids ('' where missing), so f<k> is the id whether the schema hashes it or takes it raw.
+        Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing):
+        a chunk's Parsed holds every column's ids as a hashed categorical column reads them (the id itself), its
+        cells the decimal text of those of columns with raw ids ('' where missing), so f<k> is the id whether the
+        schema hashes it or takes it raw. A categorical column takes the id alone (one-hot: any other finite
+        value is ignored); a weighted one takes it with the token's value as its weight (Parsed.weights: 0 where
+        missing, the column's bag then empty); a value beyond float32's range is then a bad line.
         K = 1 + the largest k among the schema's columns (0 without any; at most schema.MAX_LIBSVM_FIELDS): a
         line with fewer than K features has empty cells in its last columns; one with more is a bad line. Ids are
         integers 0 <= id < 2**64 - 1, written as decimal digits.
@@ -22,6 +24,7 @@ Without labels: id:value id:value ...: every token a feature. Bad: a token other
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import os
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from worker.cells import FLOAT32_MAX
 from worker.criteo import CR_ALONE, EMPTY_LINE, libsvm_tokens
 from worker.encode import Parsed
 from worker.features import MISSING_CAT
@@ -45,31 +49,40 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
     labels; blank_labels: a first token that is no label, nor id:value, is no label)."""
     wanted = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns})
     raw = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns if c.ids == "raw"})
+    weighted = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns if c.kind == "weighted"})
     k_fields = wanted[-1] + 1 if wanted else 0
     with open_data(name) as f:
         for lines, first in share.chunks(bounded_lines(f, name), size):
             labels: list[float] = []
             rows: list[list[int]] = []
+            weights: list[list[float]] = []
             line_nos: list[int] = []
             problems: list[tuple[int, str]] = []
             unread: dict[int, str] = {}
             for k, line in enumerate(lines):
-                line_no, parsed = first + k * share.num_workers, _libsvm_line(line, labeled, blank_labels)
+                line_no = first + k * share.num_workers
+                parsed = _libsvm_line(line, labeled, blank_labels, with_values=bool(weighted))
                 if isinstance(parsed, str):
                     problems.append((line_no, parsed))
                 elif len(parsed[1]) > k_fields:
                     problems.append((line_no, f"{len(parsed[1])} features, more than the schema's {k_fields} fields "
                                               "(the built-in schema's count is the most of a line among the training "
                                               "file's first 10,000; --libsvm-fields sets it)"))  # fmt: skip
+                elif weighted and (large := _too_large(parsed[2], weighted)):
+                    problems.append((line_no, f"feature {large}: a weight beyond float32's range (|x| <= 3.4e38)"))
                 else:
                     if labeled and parsed[0] != parsed[0]:  # NaN: a token read as no label
                         unread[line_no] = _text(line.split()[0])
                     labels.append(parsed[0])
                     rows.append(parsed[1])
+                    if weighted:
+                        weights.append(parsed[2])
                     line_nos.append(line_no)
-            values = _libsvm_values(rows, k_fields)
+            values = _libsvm_values(rows, k_fields, MISSING_CAT, np.uint64)
             cells = {f"f{k}": _decimal_strings(values[:, k]) for k in raw}
-            parsed = Parsed(cats={f"f{k}": np.ascontiguousarray(values[:, k]) for k in wanted})
+            w = _libsvm_values(weights, k_fields, 0.0, np.float32) if weighted else None
+            parsed = Parsed(cats={f"f{k}": np.ascontiguousarray(values[:, k]) for k in wanted},
+                            weights={f"f{k}": np.ascontiguousarray(w[:, k]) for k in weighted})  # fmt: skip
             labels_f32, line_nos_i64 = np.array(labels, dtype=np.float32), np.array(line_nos, dtype=np.int64)
             yield Cells(labels_f32, cells, line_nos_i64, problems, parsed, unread)
 
@@ -79,11 +92,19 @@ def _decimal_strings(ids: np.ndarray) -> np.ndarray:
     return np.where(ids == MISSING_CAT, "", ids.astype(np.str_))
 
 
-def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False) -> tuple[float, list[int]] | str:
-    """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong (a CR before
-    the line's end is: lines ended by CR alone read as one line, whose tokens would make one example of them all);
-    labeled=False: every token is a feature, the label NaN; blank_labels: a first token that is no label and holds
-    no ":" is no label, NaN."""
+def _too_large(values: list[float], weighted: list[int]) -> str:
+    """A line's value at one of the positions `weighted` (ascending) beyond float32's range, as text ("" where none
+    is): a weight that would be inf."""
+    return next((repr(values[k]) for k in weighted[: bisect.bisect_left(weighted, len(values))]
+                 if abs(values[k]) > FLOAT32_MAX), "")  # fmt: skip
+
+
+def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False,
+                 with_values: bool = False) -> tuple[float, list[int], list[float]] | str:  # fmt: skip
+    """(label, the id of each feature token, MISSING_CAT for a value of 0, and with_values each token's value, else
+    []), or what is wrong (a CR before the line's end is: lines ended by CR alone read as one line, whose tokens
+    would make one example of them all); labeled=False: every token is a feature, the label NaN; blank_labels: a
+    first token that is no label and holds no ":" is no label, NaN."""
     if b"\r" in line.rstrip(b"\r\n"):
         return CR_ALONE
     tokens = libsvm_tokens(line)
@@ -98,7 +119,9 @@ def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False) 
         if v not in (0.0, 1.0, -1.0) and not (blank_labels and b":" not in tokens[0]):
             return f"label {_text(tokens[0])!r}, expected 0, 1, -1 or +1"
         label = float(v == 1.0) if v in (0.0, 1.0, -1.0) else math.nan
-    values = []
+    ids: list[int] = []
+    values: list[float] = []
+    add_id, add_value = ids.append, values.append  # (bound once: this loop is most of the reader's time)
     for tok in tokens[1:] if labeled else tokens:
         key, sep, value = tok.partition(b":")
         if not sep or not key.isdigit():
@@ -112,17 +135,19 @@ def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False) 
             v = math.nan
         if not math.isfinite(v):
             return f"feature {_text(tok)!r}: value {_text(value)!r}, expected a finite number"
-        values.append(ident if v != 0 else _MISSING)
-    return label, values
+        add_id(ident if v != 0 else _MISSING)
+        if with_values:
+            add_value(v)
+    return label, ids, values
 
 
-def _libsvm_values(rows: list[list[int]], k_fields: int) -> np.ndarray:
-    """uint64 (n, K): the rows' values, MISSING_CAT past a row's last feature."""
+def _libsvm_values(rows: list[list], k_fields: int, missing: object, dtype: type) -> np.ndarray:
+    """(n, K) of dtype: the rows' values, `missing` past a row's last feature."""
     n = len(rows)
     lengths = np.fromiter((len(r) for r in rows), dtype=np.intp, count=n)
-    values = np.full((n, k_fields), MISSING_CAT, dtype=np.uint64)
+    values = np.full((n, k_fields), missing, dtype=dtype)
     present = np.arange(k_fields)[None, :] < lengths[:, None]
-    values[present] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.uint64, count=int(lengths.sum()))
+    values[present] = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(lengths.sum()))
     return values
 
 
@@ -146,22 +171,16 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
     return most_within or most
 
 
-def weighted_tokens(path: str | os.PathLike, lines: int) -> tuple[int, int, str]:
-    """(feature tokens whose value is neither 0 nor 1, feature tokens, the first such token and its line: "'1:-0.8'
-    on line 1", or "") among the first `lines` lines of a libsvm file (bad lines skipped)."""
+def has_values(path: str | os.PathLike) -> bool:
+    """Whether a feature token of the first FIELD_COUNT_LINES lines of a libsvm file has a value other than 0 and 1
+    (bad lines skipped): a file the built-in schema reads with its values as weights."""
     labeled = has_labels(os.fspath(path))
-    weighted = total = 0
-    example = ""
     with open_data(os.fspath(path)) as f:
-        for line_no, line in enumerate(itertools.islice(bounded_lines(f, os.fspath(path)), lines), 1):
-            if isinstance(_libsvm_line(line, labeled), str):
-                continue
-            for tok in libsvm_tokens(line)[1 if labeled else 0 :]:
-                total += 1
-                if float(tok.partition(b":")[2]) not in (0.0, 1.0):
-                    weighted += 1
-                    example = example or f"{_text(tok)!r} on line {line_no}"
-    return weighted, total, example
+        for line in itertools.islice(bounded_lines(f, os.fspath(path)), FIELD_COUNT_LINES):
+            parsed = _libsvm_line(line, labeled, with_values=True)
+            if not isinstance(parsed, str) and any(v not in (0.0, 1.0) for v in parsed[2]):
+                return True
+    return False
 
 
 def has_labels(name: str) -> bool:
