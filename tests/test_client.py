@@ -310,6 +310,39 @@ def test_a_shard_that_stays_down_is_waited_for_the_server_timeout_in_all_not_per
         assert 10 <= took < 12 and tried > 5 and f"it has been failing for {took:.0f} s (server timeout 10 s)" in said
 
 
+def test_a_server_timeout_shorter_than_the_backoff_between_attempts_still_ends_the_wait():
+    """A call's attempts back off from 0.05 to 2 s: with a server timeout under that (0.2 s), the gap between two of
+    its own attempts is no quiet time that ends the outage, so the call gives up once the shard has failed for the
+    server timeout (it does not wait for ever). A stand-in fails every call under a fake clock."""
+    now = [1000.0]
+    clock = mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "Connection refused"
+
+    attempts = []
+
+    def attempt(call, timeout_s, interruptible):
+        attempts.append(now[0])
+        if len(attempts) > 20:  # the call would go on for ever: end it here
+            raise AssertionError(f"{len(attempts) - 1} attempts in {now[0] - 1000:.2f} s, and still waiting")
+        return Unavailable()
+
+    with (
+        Client(["127.0.0.1:1"], timeout_s=1, server_timeout_s=0.2) as client,
+        mock.patch("worker.client.time", clock),
+        mock.patch("worker.retry.time", clock),
+    ):
+        client._attempt = attempt
+        with pytest.raises(ServerUnavailableError, match=r"it has been failing for 0 s \(server timeout 0.2 s\)"):
+            client.stats()
+    assert 0.2 <= now[0] - 1000 < 0.5 and len(attempts) == 4, attempts
+
+
 def test_a_shard_that_answers_no_attempt_within_a_deadline_longer_than_the_server_timeout_is_given_up_on():
     """A shard that takes connections but answers nothing (stopped, hung), with a call's deadline longer than the
     server timeout (`ps-worker stats` and export: --timeout-s 600, --server-timeout 30): each attempt fails at

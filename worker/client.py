@@ -481,7 +481,6 @@ class Client:
         left = retry_window_left(method, request, started)
         ran = False  # an attempt may have run on the shard (worker.retry.may_have_run)
         while True:
-            sent = time.monotonic()
             outcome = self._attempt(call, min(timeout_s, left), interruptible)
             if not isinstance(outcome, grpc.RpcError):
                 self._outages.back(shard)
@@ -492,7 +491,7 @@ class Client:
                 not retryable(outcome)
                 or once
                 or self._closed
-                or not self._outages.keep_waiting(shard, outcome, self.server_timeout_s, sent)
+                or not self._outages.keep_waiting(shard, outcome, self.server_timeout_s, started[0])
             ):
                 return self._error(method, shard, outcome, timeout_s, request, ran)
             if retried is not None:

@@ -142,9 +142,9 @@ class Outages:
     """The shards a client's calls find failing, since when (down: shard -> time.monotonic() it started failing;
     failed: shard -> that of its latest failed attempt), and which of them a checkpoint's pause holds (pausing:
     logged at INFO, not WARNING). A shard's outage lasts until a call to it is answered (back), or until none of
-    its calls failed for server_timeout_s before an attempt was sent (that attempt's failure starts a new one): a
+    its calls failed for server_timeout_s before a call began (that call's first failure starts a new one): a
     call that gave up on the shard does not end it, so the calls that follow wait for no more than what is left of
-    it; nor does an attempt that failed at its deadline, however long that is. Every method takes lock: a
+    it; nor do a call's own attempts, however far apart its backoff or its deadlines put them. Every method takes lock: a
     client's calls run on any thread. servers: the client's addresses, for its messages."""
 
     def __init__(self, servers: list[str], gone: Callable[[int], str | None] | None = None):
@@ -168,17 +168,18 @@ class Outages:
             log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is back after %.1f s", shard,
                     self.servers[shard], time.monotonic() - since)  # fmt: skip
 
-    def keep_waiting(self, shard: int, e: grpc.RpcError, server_timeout_s: float, sent: float) -> bool:
+    def keep_waiting(self, shard: int, e: grpc.RpcError, server_timeout_s: float, began: float) -> bool:
         """True while the shard has been failing for less than server_timeout_s, since the first failure of its
-        outage (logs when that starts), and is not gone. e: the error of an attempt sent at time.monotonic() `sent`
-        (a failure seen before it, within server_timeout_s, keeps the outage going)."""
+        outage (logs when that starts), and is not gone. e: the error of an attempt of a call whose first attempt
+        was sent at time.monotonic() `began`: a failure seen within server_timeout_s before it began keeps the
+        outage going, and so do the call's own (its retries, however far apart its backoff or deadlines put them)."""
         if server_timeout_s <= 0 or (self.gone is not None and self.gone(shard)):
             return False
         now = time.monotonic()
         paused = CHECKPOINT_PAUSE in (e.details() or "")  # a routine pause of pushes, seconds long
         with self.lock:
-            last = self.failed.get(shard, sent)
-            if sent - last > server_timeout_s:  # no call failed on it for so long before this one was sent: over
+            last = self.failed.get(shard, began)
+            if began - last > server_timeout_s:  # no call failed on it for so long before this one began: over
                 self.down.pop(shard, None)
                 self.pausing.discard(shard)
             self.failed[shard] = max(last, now)
