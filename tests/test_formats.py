@@ -1194,8 +1194,9 @@ def test_a_libsvm_weighted_column_takes_raw_ids_and_the_fingerprint_says_weighte
                    for k in (3, 4))  # fmt: skip
     assert three.fingerprint() == four.fingerprint()  # a field a line leaves out adds nothing
     one_hot = builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=3)
-    assert three.fingerprint() != one_hot.fingerprint() == three.one_hot_fingerprint()
-    assert one_hot.one_hot_fingerprint() is None
+    assert three.fingerprint() != one_hot.fingerprint() == three.libsvm_fingerprint(weighted=False)
+    assert one_hot.libsvm_fingerprint(weighted=False) is None and three.libsvm_fingerprint(weighted=True) is None
+    assert one_hot.libsvm_fingerprint(weighted=True) == three.fingerprint()  # any K: tables trained weighted
 
 
 def test_a_schema_sample_reads_a_bounded_number_of_records_and_a_stray_quote_does_not_swallow_the_file(tmp_path):

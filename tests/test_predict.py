@@ -904,3 +904,33 @@ def test_a_libsvm_files_values_are_weights_and_tables_trained_one_hot_are_refuse
     assert predict(b, tmp_path / "out.csv", "--model", "lr", "--predict-data", str(tmp_path / "score.svm")) == 0
     _, out = read_out(tmp_path / "out.csv")
     assert auc(labels, out["probability"]) == pytest.approx(after, abs=1e-4)
+
+
+def test_a_file_of_values_0_and_1_scored_on_tables_trained_with_weights_is_refused_naming_the_training_file(
+    servers, tmp_path, capsys
+):
+    """Tables trained on libsvm values read as weights: a file to score whose values are all 1 reads one-hot by
+    its own lines, which predict and eval refuse, naming why and the flags that read it as trained; with --data the
+    training file its lines score as they do among lines that carry other values (the oracle: that file read
+    weighted by its own lines)."""
+    train_path = tmp_path / "train.svm"
+    write_valued_libsvm(train_path, 500, 1, np.random.default_rng(0).normal(0, 1, 20))
+    (a,), _ = servers(1, root=tmp_path / "a")
+    train(TrainConfig(servers=(a,), data=str(train_path), model="fm", progress=False, server_timeout_s=0))
+    ones, mixed = tmp_path / "ones.svm", tmp_path / "mixed.svm"
+    ones.write_text("1:1 3:1\n4:1 7:1 9:1\n")
+    mixed.write_text("1:1 3:1\n4:1 7:1 9:1\n2:0.5\n")
+    refused = "the servers hold table fm trained on libsvm data read with its values as weights"
+    assert predict(a, tmp_path / "out.csv", "--model", "fm", "--predict-data", str(ones)) == 2
+    assert refused in capsys.readouterr().err and not (tmp_path / "out.csv").exists()
+    (tmp_path / "ev.svm").write_text("1 1:1 3:1\n0 4:1 7:1 9:1\n")
+    with pytest.raises(ValueError, match=refused):
+        evaluate_servers(
+            TrainConfig(servers=(a,), data=str(tmp_path / "ev.svm"), eval_data=str(tmp_path / "ev.svm"), model="fm")
+        )
+    assert predict(a, tmp_path / "out.csv", "--model", "fm", "--predict-data", str(ones), "--data",
+                   str(train_path)) == 0  # fmt: skip
+    assert predict(a, tmp_path / "mixed.csv", "--model", "fm", "--predict-data", str(mixed)) == 0
+    _, out = read_out(tmp_path / "out.csv")
+    _, oracle = read_out(tmp_path / "mixed.csv")
+    assert out["probability"].tolist() == oracle["probability"][:2].tolist()

@@ -192,10 +192,12 @@ def held_features(client: Client, schema: Any, tables: list[str], shard_stats: l
     trained, without a check of K). ValueError where they hold them under the fingerprint of schema.as_written
     (trained on the built-in csv schema of the header as written, spaces and all, whose ids this run's trimmed
     names would hash otherwise): it names the schema file that reads them; and where they hold them under its
-    one_hot_fingerprint (trained on a libsvm file read one-hot, which this run reads with its values as weights).
-    shard_stats: the shards' StatsResponses when the caller has them."""
-    legacy, written, one_hot = schema.legacy_fingerprint(), schema.as_written, schema.one_hot_fingerprint()
-    if legacy is None and written is None and one_hot is None:
+    libsvm_fingerprint, the libsvm fields read the other way (trained on a libsvm file read one-hot, which this
+    run reads with its values as weights, or the other way round: the file read here, whose first lines carry
+    only values of 0 and 1, reads one-hot). shard_stats: the shards' StatsResponses when the caller has them."""
+    legacy, written = schema.legacy_fingerprint(), schema.as_written
+    one_hot, weighted = schema.libsvm_fingerprint(weighted=False), schema.libsvm_fingerprint(weighted=True)
+    if legacy is None and written is None and one_hot is None and weighted is None:
         return schema.fingerprint()
     held, name = None, None
     for shard in shard_stats or client.stats():
@@ -212,6 +214,8 @@ def held_features(client: Client, schema: Any, tables: list[str], shard_stats: l
         )
     if one_hot is not None and held == one_hot:
         raise ValueError(ONE_HOT_HELD.format(table=name))
+    if weighted is not None and held == weighted:
+        raise ValueError(WEIGHTED_HELD.format(table=name))
     return legacy if legacy is not None and held == legacy else schema.fingerprint()
 
 
@@ -221,4 +225,12 @@ ONE_HOT_HELD = (
     "Train the model anew (on servers without these tables), or read the data as it was trained: `ps-worker schema "
     '--data FILE > schema.toml`, each column\'s kind = "weighted" changed to "categorical", then --schema '
     "schema.toml; nothing was done"
+)
+WEIGHTED_HELD = (
+    "the servers hold table {table} trained on libsvm data read with its values as weights (the training file's "
+    "values are not all 0 and 1), and this run reads its file one-hot: the values of that file's first 10,000 "
+    "lines are all 0 and 1, so the built-in schema reads them so. Read it as the model was trained: --data the "
+    "training file (eval and predict take the schema from its lines), or --schema the training file's schema "
+    '(`ps-worker schema --data TRAINING_FILE --out schema.toml`, whose columns say kind = "weighted"); nothing '
+    "was done"
 )

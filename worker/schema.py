@@ -234,11 +234,13 @@ class Schema:
         legacy = self.fingerprint(field_count=False, label_written=True)
         return legacy if legacy != self.fingerprint() else None
 
-    def one_hot_fingerprint(self) -> str | None:
-        """The fingerprint of this schema with its weighted libsvm fields in their shared id space (the built-in
-        schema's, of a file whose values are not all 0 and 1) read as categorical, one-hot (each value left out):
-        that of tables trained on such a file read so; None where it has no such fields."""
-        columns = tuple(libsvm_column(c.name, c.table) if c == libsvm_column(c.name, c.table, weighted=True) else c
+    def libsvm_fingerprint(self, weighted: bool) -> str | None:
+        """The fingerprint of this schema with its libsvm fields in their shared id space (the built-in schema's)
+        read the other way: weighted: its categorical ones as weighted (a file whose values are not all 0 and 1,
+        read with them as weights), else its weighted ones as categorical (one-hot, each value left out): that of
+        tables trained on a file read so; None where it has no such fields."""
+        columns = tuple(libsvm_column(c.name, c.table, weighted=weighted)
+                        if c == libsvm_column(c.name, c.table, weighted=not weighted) else c
                         for c in self.columns) if self.format == "libsvm" else self.columns  # fmt: skip
         return dataclasses.replace(self, columns=columns).fingerprint() if columns != self.columns else None
 
