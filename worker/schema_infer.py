@@ -129,9 +129,8 @@ def infer_schema(
             empty = sum(not c.strip() for c in columns[label])
             guess = (f"{empty:,} of the sample's {len(rows):,} rows have no label (an empty {label!r} cell): training "
                      "stops at the first such line, unless --max-bad-lines lets it skip them: remove those rows")  # fmt: skip
-    if (
-        label is None
-    ):  # a label named so whose two values are other words: said (label_value reads 0/1, true/false, yes/no)
+    # a label named so whose two values are other words: said (label_value reads 0/1, true/false, yes/no)
+    if label is None:
         words = [h for h in header if is_label_name(h)
                  and len({c.strip() for c in columns[h] if c.strip()}) == 2]  # fmt: skip
         if words:
