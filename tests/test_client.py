@@ -264,26 +264,34 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang(caplog):
     assert 5.0 <= time.monotonic() - started < 20
 
 
+def _fake_clock() -> tuple[list[float], mock.Mock]:
+    """A stand-in for the time module whose clock moves only by its sleeps: ([now], the stand-in)."""
+    now = [1000.0]
+    return now, mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+
+
+class _ConnectionRefused(grpc.RpcError):
+    """An attempt's failure where nothing listens at the shard's address."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "Connection refused"
+
+
 def test_a_shard_that_stays_down_is_waited_for_the_server_timeout_in_all_not_per_call():
     """--server-timeout bounds the wait for a shard from the first failure the client saw of it: a call made after
     another gave up on the shard, still failing, tries once and fails at once, saying how long the shard has been
     failing; a failure after no call failed on it for the server timeout starts a new wait. A stand-in fails every
     call; a fake clock moves by the retries' sleeps."""
-    now = [1000.0]
-    clock = mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-
-    class Unavailable(grpc.RpcError):
-        def code(self):
-            return grpc.StatusCode.UNAVAILABLE
-
-        def details(self):
-            return "Connection refused"
+    now, clock = _fake_clock()
 
     attempts = []
 
     def attempt(call, timeout_s, interruptible):
         attempts.append(now[0])
-        return Unavailable()
+        return _ConnectionRefused()
 
     def waited(call) -> tuple[float, int, str]:
         """(fake seconds the call took, its attempts, its error)"""
@@ -314,15 +322,7 @@ def test_a_server_timeout_shorter_than_the_backoff_between_attempts_still_ends_t
     """A call's attempts back off from 0.05 to 2 s: with a server timeout under that (0.2 s), the gap between two of
     its own attempts is no quiet time that ends the outage, so the call gives up once the shard has failed for the
     server timeout (it does not wait for ever). A stand-in fails every call under a fake clock."""
-    now = [1000.0]
-    clock = mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-
-    class Unavailable(grpc.RpcError):
-        def code(self):
-            return grpc.StatusCode.UNAVAILABLE
-
-        def details(self):
-            return "Connection refused"
+    now, clock = _fake_clock()
 
     attempts = []
 
@@ -330,7 +330,7 @@ def test_a_server_timeout_shorter_than_the_backoff_between_attempts_still_ends_t
         attempts.append(now[0])
         if len(attempts) > 20:  # the call would go on for ever: end it here
             raise AssertionError(f"{len(attempts) - 1} attempts in {now[0] - 1000:.2f} s, and still waiting")
-        return Unavailable()
+        return _ConnectionRefused()
 
     with (
         Client(["127.0.0.1:1"], timeout_s=1, server_timeout_s=0.2) as client,
@@ -349,8 +349,7 @@ def test_a_shard_that_answers_no_attempt_within_a_deadline_longer_than_the_serve
     its deadline, so the failures are a deadline apart, but the attempt in flight was failing all along: the
     outage goes on, and the call gives up at its second failure, as with any other outage (not waiting forever,
     a deadline at a time). A stand-in fails each attempt at its deadline under a fake clock."""
-    now = [1000.0]
-    clock = mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    now, clock = _fake_clock()
 
     class Late(grpc.RpcError):
         def code(self):
