@@ -183,8 +183,13 @@ class MemoryBudget:
                 if surplus > 0 and not gone:
                     other.give_up(min(surplus, wanted))
             except Exception as e:  # e.g. its dirty rows cannot be written: asker fails only if left too few rows
-                log.exception("table %r could not give rows back to table %r; skipped", other.name, asker.name)
-                failed.append((other, e))
+                given = paid - other.paid  # rows that left it before it failed (its arrays could not shrink)
+                if given:
+                    log.exception("table %r gave %d rows back to table %r, then could not shrink its arrays (they "
+                                  "keep their size until it next resizes)", other.name, given, asker.name)  # fmt: skip
+                else:
+                    log.exception("table %r could not give rows back to table %r; skipped", other.name, asker.name)
+                    failed.append((other, e))
             finally:
                 freed = (paid - other.paid) * other.row_charge  # no longer paid for, also where give_up failed late
                 other.lock.release()
