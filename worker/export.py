@@ -84,8 +84,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                 break
 
     def empty() -> None:  # under the claim on OUT: no export put in place meanwhile is written over
-        only_leftovers = re.compile("|".join(p.pattern for p in (leftovers.EXPORT_CHECKPOINT_NAME, leftovers.EXPORT_TEMPORARY,
-                                                                 leftovers.EXPORT_FILES)))  # fmt: skip
+        only_leftovers = re.compile(f"{leftovers.EXPORT_OWN.pattern}|{leftovers.EXPORT_CHECKPOINT_NAME.pattern}")
         earlier = os.path.exists(os.path.join(args.out, "export.json"))
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
             "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip

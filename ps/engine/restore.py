@@ -214,7 +214,7 @@ def check_holds_no_export(out: str) -> None:
     may go into. An export's folders and temporary files count as its export.json does (without one, they are a
     killed export's, removed as an export starts)."""
     held = sorted(os.listdir(out)) if os.path.isdir(out) else []
-    held = [n for n in held if not (leftovers.EXPORT_TEMPORARY.fullmatch(n) or leftovers.EXPORT_FILES.fullmatch(n))]
+    held = [n for n in held if not leftovers.EXPORT_OWN.fullmatch(n)]
     if held:
         what = "an earlier export" if "export.json" in held else "files of no export"
         raise ValueError(f"--out {out} holds {what} ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): give "

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 # (MOVED_CHECKPOINT).
 EXPORT_TEMPORARY = re.compile(r"export\.json\.tmp")
 EXPORT_FILES = re.compile(r"export-[0-9a-f]{8}")
+# the names either of them takes: no content of OUT to an export without --overwrite (a killed export's, which it
+# removes, or the export's in place, which export.json stands for)
+EXPORT_OWN = re.compile(f"{EXPORT_TEMPORARY.pattern}|{EXPORT_FILES.pattern}")
 # ps-worker export's fresh checkpoint in its OUT, checkpoint.new-<pid>-<host>-<8 hex> (worker/temp_dirs)
 EXPORT_CHECKPOINT = "checkpoint.new-"
 EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")
