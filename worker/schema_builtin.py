@@ -52,7 +52,7 @@ def builtin_schema(
             fields in header order (id space f for the f-th of them).
     libsvm  fields f0..f{K-1} (K = libsvm_fields), categorical: the k-th token's id, all in one id space
             (schema.LIBSVM_ID_SPACE); libsvm_weighted (a file whose values are not all 0 and 1:
-            libsvm_reader.has_values): weighted, that id with the token's value as its weight (pooling sum).
+            libsvm_reader.libsvm_sample): weighted, that id with the token's value as its weight (pooling sum).
     """
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
@@ -185,8 +185,8 @@ def resolve_schema(
             if header:
                 schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
-    from worker.formats import csv_records, detect_format, libsvm_field_count, read_csv_header
-    from worker.readers.libsvm_reader import has_values
+    from worker.formats import csv_records, detect_format, read_csv_header
+    from worker.readers.libsvm_reader import libsvm_sample
 
     format_from, delimiter = "", ","
     if fmt == AUTO_FORMAT:
@@ -214,9 +214,10 @@ def resolve_schema(
             picked = csv_label(header, rows)
             if picked is None:
                 _check_a_label_is_named(data, header, rows)
-    if fmt == "libsvm" and libsvm_fields is None:
-        libsvm_fields = libsvm_field_count(data)
-    weighted = fmt == "libsvm" and data is not None and has_values(data)
+    weighted = False
+    if fmt == "libsvm" and (libsvm_fields is None or data is not None):
+        counted, weighted = libsvm_sample(data)
+        libsvm_fields = counted if libsvm_fields is None else libsvm_fields
     named = picked is not None and picked[1] != "first column"  # a column taken for its name
     label_column = picked[0] if named else label_column
     try:

@@ -83,8 +83,8 @@ def infer_schema(
 ) -> tuple[str, list[str]]:
     """(infer_schema_text's TOML, what a person must check before training: a label that is a guess). fmt "auto":
     the format formats.detect_format tells (csv: and the delimiter), said in a comment."""
-    from worker.formats import detect_format, first_with_content, libsvm_field_count
-    from worker.readers.libsvm_reader import has_values
+    from worker.formats import detect_format, first_with_content
+    from worker.readers.libsvm_reader import libsvm_sample
 
     if fmt not in FORMAT_CHOICES:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMAT_CHOICES)}")
@@ -94,8 +94,8 @@ def infer_schema(
         delimiter = told or delimiter
         lines.append(f"# Format {fmt} (detected: {seen}; --format sets it).")
     if fmt != "csv":
-        k = libsvm_field_count(first_with_content(path)) if fmt == "libsvm" else None  # as train counts them
-        weighted = fmt == "libsvm" and has_values(first_with_content(path))  # and reads their values
+        # as train counts their fields and reads their values
+        k, weighted = libsvm_sample(first_with_content(path)) if fmt == "libsvm" else (None, False)
         schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k,
                                 libsvm_weighted=weighted)  # fmt: skip
         fields = f" ({k} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"

@@ -151,36 +151,34 @@ def _libsvm_values(rows: list[list], k_fields: int, missing: object, dtype: type
     return values
 
 
-FIELD_COUNT_LINES = 10_000  # libsvm_field_count reads this many lines: lines of a file differ in their lengths
+FIELD_COUNT_LINES = 10_000  # libsvm_sample reads this many lines: lines of a file differ in their lengths
 
 
 def libsvm_field_count(path: str | os.PathLike) -> int:
     """K of a libsvm file: the most features of a good line among its first FIELD_COUNT_LINES lines, else 0
-    (lines read without a label when the file has none, as file_has_labels tells). Lines of more than
-    schema.MAX_LIBSVM_FIELDS features count only where no line has fewer (the schema then refuses the file, saying
-    why): among shorter lines such a line is a bad line, not a reason to refuse the whole file."""
+    (libsvm_sample's first)."""
+    return libsvm_sample(path)[0]
+
+
+def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
+    """(K, weighted) of a libsvm file, from its first FIELD_COUNT_LINES lines (read without a label when the file
+    has none, as has_labels tells; bad lines skipped), in one pass. K: the most features of a line. Lines of more
+    than schema.MAX_LIBSVM_FIELDS features count only where no line has fewer (the schema then refuses the file,
+    saying why): among shorter lines such a line is a bad line, not a reason to refuse the whole file. weighted:
+    whether a feature token has a value other than 0 and 1, a file the built-in schema reads with its values as
+    weights."""
     labeled = has_labels(os.fspath(path))
     most = most_within = 0
+    weighted = False
     with open_data(os.fspath(path)) as f:
         for line in itertools.islice(bounded_lines(f, os.fspath(path)), FIELD_COUNT_LINES):
-            parsed = _libsvm_line(line, labeled)
+            parsed = _libsvm_line(line, labeled, with_values=True)
             if not isinstance(parsed, str):
                 most = max(most, len(parsed[1]))
                 if len(parsed[1]) <= MAX_LIBSVM_FIELDS:
                     most_within = max(most_within, len(parsed[1]))
-    return most_within or most
-
-
-def has_values(path: str | os.PathLike) -> bool:
-    """Whether a feature token of the first FIELD_COUNT_LINES lines of a libsvm file has a value other than 0 and 1
-    (bad lines skipped): a file the built-in schema reads with its values as weights."""
-    labeled = has_labels(os.fspath(path))
-    with open_data(os.fspath(path)) as f:
-        for line in itertools.islice(bounded_lines(f, os.fspath(path)), FIELD_COUNT_LINES):
-            parsed = _libsvm_line(line, labeled, with_values=True)
-            if not isinstance(parsed, str) and any(v not in (0.0, 1.0) for v in parsed[2]):
-                return True
-    return False
+                weighted = weighted or any(v not in (0.0, 1.0) for v in parsed[2])
+    return most_within or most, weighted
 
 
 def has_labels(name: str) -> bool:
