@@ -157,13 +157,18 @@ class Outages:
         self.pausing: set[int] = set()
         self.lock = threading.Lock()
 
+    def _end(self, shard: int) -> tuple[float | None, bool]:
+        """Ends the shard's outage (lock held): (since when it was failing, None where it was not; whether a
+        checkpoint's pause held it)."""
+        self.failed.pop(shard, None)
+        paused = shard in self.pausing
+        self.pausing.discard(shard)
+        return self.down.pop(shard, None), paused
+
     def back(self, shard: int) -> None:
         """Notes that the shard answered; logs that it is back if it was failing."""
         with self.lock:
-            since = self.down.pop(shard, None)
-            self.failed.pop(shard, None)
-            paused = shard in self.pausing
-            self.pausing.discard(shard)
+            since, paused = self._end(shard)
         if since is not None:
             log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is back after %.1f s", shard,
                     self.servers[shard], time.monotonic() - since)  # fmt: skip
@@ -180,8 +185,7 @@ class Outages:
         with self.lock:
             last = self.failed.get(shard, began)
             if began - last > server_timeout_s:  # no call failed on it for so long before this one began: over
-                self.down.pop(shard, None)
-                self.pausing.discard(shard)
+                self._end(shard)
             self.failed[shard] = max(last, now)
             since = self.down.setdefault(shard, now)
             if since is now and paused:
@@ -206,9 +210,7 @@ class Outages:
     ) -> PsError:
         """The error of a PushBatch not answered within RETRY_WINDOW_S of its first attempt."""
         with self.lock:  # a later call waits for the shard anew
-            self.down.pop(shard, None)
-            self.failed.pop(shard, None)
-            self.pausing.discard(shard)
+            self._end(shard)
         what = f"PushBatch request {request.seq}" if request.seq else "a sync PushBatch"
         return RequestOutcomeUnknownError(
             f"shard {shard} at {self.servers[shard]} did not answer {what} of client id {client_id:#x} within "
@@ -238,9 +240,7 @@ class Outages:
         gone = self.gone(shard) if self.gone is not None and retryable(e) else None
         if gone:  # before "it may still be running there": it is not running anywhere
             with self.lock:
-                self.down.pop(shard, None)
-                self.failed.pop(shard, None)
-                self.pausing.discard(shard)
+                self._end(shard)
             return ServerUnavailableError(f"{where}: {method} failed ({why_failed(e)}): {gone}")
         if sent_once(method, request) and may_have_run(e):
             ended = (f"did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED
