@@ -81,6 +81,11 @@ def job_hash(name: str) -> int:
     return zlib.crc32(data) | (zlib.adler32(data) << 32)
 
 
+def names_job(name: str, job: int) -> bool:
+    """Whether name may be a stamp's job_name (is_job_name) and is the name of job (job_hash)."""
+    return is_job_name(name) and job_hash(name) == job
+
+
 def is_job_name(text: str) -> bool:
     """Whether text may be a stamp's job_name: 1 to MAX_JOB_NAME_CHARS printable ASCII characters (a shard prints
     it in its messages as it is, quoted)."""

@@ -67,7 +67,7 @@ import time
 from collections.abc import Iterator
 
 from ps.errors import echo
-from ps.stamp import is_job_name, job_hash
+from ps.stamp import names_job
 from ps.storage.atomicfile import temp_prefix_within, write_json_whole
 from worker.schema import AUTO_FORMAT
 from worker.train_config import RESUME_WORKER, TrainConfig
@@ -189,7 +189,7 @@ def read_position(cfg: TrainConfig) -> Position | None:
         job_name = record.get("job_name") or ""
         if not isinstance(state_ids, list) or not isinstance(job_name, str):
             raise ValueError("a field of the wrong type")
-        if job_name and not (is_job_name(job_name) and job_id == job_hash(job_name)):
+        if job_name and not names_job(job_name, job_id):
             raise ValueError(f"job_name {echo(job_name, 40)} is not the name of job_id {job_id}")
         position = Position(record["started_from"], record["examples"], record["trained"], record["finished"],
                             tuple(state_ids), job_id, token, job_name)  # fmt: skip
@@ -230,7 +230,7 @@ def recorded_job(path: str) -> tuple[int, str] | None:
     job_id, name = record.get("job_id"), record.get("job_name")
     if not _is_id(job_id):
         return None
-    return job_id, name if isinstance(name, str) and is_job_name(name) and job_hash(name) == job_id else ""
+    return job_id, name if isinstance(name, str) and names_job(name, job_id) else ""
 
 
 def _file_record(path: str) -> dict:
