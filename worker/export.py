@@ -128,7 +128,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             command += ["--no-progress"] if args.no_progress else []
             command += ["--move-checkpoint"] if args.keep_checkpoint else ["--remove-checkpoint"]
             command += [] if claim is None else ["--claim-fd", str(claim)]  # (None: no flock on OUT's file system)
-            earlier = _export_in_place(args.out)
+            earlier = leftovers.export_in_place(args.out)
             done = subprocess.run(command, preexec_fn=child_setup(own_group=False),  # dies with this process
                                   pass_fds=() if claim is None else (claim,))  # fmt: skip
     except BaseException:
@@ -138,18 +138,13 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         undo()
         if done.returncode > 0:  # ps-server export said why
             return done.returncode
-        now = _export_in_place(args.out)
+        now = leftovers.export_in_place(args.out)
         what = (f"the new export is in place ({os.path.join(args.out, 'export.json')} names {now})" if now != earlier
                 else f"nothing was exported, and what {args.out} held before is as it was")  # fmt: skip
         print(f"ps-worker: error: `ps-server export` {how_it_ended(done.returncode)} before it finished: {what} "
               "(the next export into it removes any temporary files the child left there)", file=sys.stderr)  # fmt: skip
         return 128 - done.returncode  # as a shell gives a child's death by signal N: 128 + N
     return 0
-
-
-def _export_in_place(out: str) -> str | None:
-    """The folder of the export in place in out (its export.json's "dir"), None where none is named."""
-    return leftovers.export_files_dir(leftovers.read_export_json(out))
 
 
 def check_rows(shard_stats: list, tables: list[str]) -> None:

@@ -103,6 +103,11 @@ def read_export_json(out: str) -> dict:
     return info if isinstance(info, dict) else {}
 
 
+def export_in_place(out: str) -> str | None:
+    """The folder of the export in place in out, as its export.json names it (export_files_dir), or None."""
+    return export_files_dir(read_export_json(out))
+
+
 def export_files_dir(info: dict) -> str | None:
     """The name of the folder of export files (EXPORT_FILES) that an export.json (read_export_json's) names ("dir"),
     or None where it names no such folder (an export.json without "dir" keeps its .npy files in out itself; one
@@ -125,7 +130,7 @@ def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]
         return []
     temporary, dirs = matching(out, EXPORT_TEMPORARY, files=True), matching(out, EXPORT_FILES, dirs=True)
     if os.path.lexists(os.path.join(out, "export.json")):
-        live = export_files_dir(read_export_json(out))
+        live = export_in_place(out)
         if live is None or os.path.join(out, live) not in dirs:
             report(dirs, f"{os.path.join(out, 'export.json')} names no folder of export files there (it is damaged, "
                          "or an export's without \"dir\"), so none is known to be a killed export's; once an export "
