@@ -242,6 +242,20 @@ def test_reclaim_keeps_to_the_share_as_it_is_when_each_row_moves(tiny_shares):
     assert budget.used_bytes == (giver.used + other.used + asker.used) * RC <= budget.limit_bytes
 
 
+class _Watched:
+    """A table's lock that sets `asked` whenever someone asks for it (a reclaim, say), then takes `inner`."""
+
+    def __init__(self, inner: threading.Lock, asked: threading.Event):
+        self.inner, self.asked = inner, asked
+
+    def acquire(self, timeout: float = -1) -> bool:
+        self.asked.set()
+        return self.inner.acquire(timeout=timeout)
+
+    def release(self) -> None:
+        self.inner.release()
+
+
 def test_rows_a_growth_took_and_has_not_put_in_use_yet_count_as_its_table_s_for_a_reclaim(tiny_shares):
     """Table a, alone at first, holds 16 rows; b joins (a share of 16 rows each) and a takes the 16 free rows
     beyond its share, paid for but not in use while its growth moves its arrays (its lock held). b, under its
@@ -259,15 +273,7 @@ def test_rows_a_growth_took_and_has_not_put_in_use_yet_count_as_its_table_s_for_
         assert asked.wait(10)
         resize(capacity)
 
-    class Watched:  # tells when b's reclaim asks for a's lock
-        def acquire(self, timeout: float = -1) -> bool:
-            asked.set()
-            return inner.acquire(timeout=timeout)
-
-        def release(self) -> None:
-            inner.release()
-
-    a._resize, a.lock = slow_resize, Watched()
+    a._resize, a.lock = slow_resize, _Watched(inner, asked)  # tells when b's reclaim asks for a's lock
 
     def grow_a() -> None:
         with inner:
@@ -320,15 +326,7 @@ def test_a_table_that_takes_freed_bytes_beyond_its_share_during_a_reclaim_gives_
     asker = Arena(1, budget)
     asked, inner = threading.Event(), a.lock
 
-    class Watched:  # tells when asker's reclaim asks for a's lock
-        def acquire(self, timeout: float = -1) -> bool:
-            asked.set()
-            return inner.acquire(timeout=timeout)
-
-        def release(self) -> None:
-            inner.release()
-
-    a.lock = Watched()
+    a.lock = _Watched(inner, asked)  # tells when asker's reclaim asks for a's lock
     got = []
 
     def grow_asker() -> None:
