@@ -345,6 +345,42 @@ def test_a_table_that_takes_freed_bytes_beyond_its_share_during_a_reclaim_gives_
     assert budget.used_bytes == (asker.used + b.used + c.used) * RC
 
 
+def _grow_paused_at(asker: Arena, rows: int, table: Arena) -> tuple[threading.Thread, list, threading.Lock]:
+    """Starts asker's growth of `rows` rows in a thread, its lock held, and returns once its reclaim() asks for table's
+    lock, which the caller then holds (the returned lock: table's own), with the rows asker took so far."""
+    inner, asked, got = table.lock, threading.Event(), []
+    table.lock = _Watched(inner, asked)
+    inner.acquire()
+
+    def grow() -> None:
+        with asker.lock:
+            got.extend(asker.grow(rows, asker.new_stamp()))
+
+    grower = threading.Thread(target=grow)
+    grower.start()
+    assert asked.wait(10)
+    return grower, got, inner
+
+
+def test_rows_a_reclaim_granted_count_as_the_asker_s_at_once_and_the_figures_add_up_to_the_budget(tiny_shares):
+    """x holds 7 rows and y 5, the whole budget; asker joins (a share of 4 rows) and needs 4: it takes 3 back from x,
+    then waits for y's lock. Meanwhile the rows each table is charged for, the figures reclaim() ranks the tables by,
+    count the 3 rows granted to asker, not yet in use, as asker's, and add up to what the budget holds."""
+    budget = MemoryBudget(12 * RC)
+    x, y = Arena(1, budget), Arena(1, budget)
+    install(x, 7, dirty=[])
+    install(y, 5, dirty=[])
+    asker = Arena(1, budget)
+    grower, got, y_lock = _grow_paused_at(asker, 4, y)
+    try:
+        assert (x.paid, y.paid, asker.paid, asker.used) == (4, 5, 3, 0)
+        assert (x.paid + y.paid + asker.paid) * RC == budget.used_bytes == budget.limit_bytes
+    finally:
+        y_lock.release()
+    join_thread(grower, 10, "asker's growth")
+    assert len(got) == asker.used == asker.paid == 4 and (x.used, y.used) == (4, 4)
+
+
 @pytest.mark.parametrize("failing", ["create_table", "counts"])
 def test_a_table_whose_creation_fails_after_joining_the_budget_leaves_it(tmp_path, monkeypatch, failing):
     """A RAM tier of 256 rows takes one table. The first CreateTable fails in RocksDB, writing the table's config
@@ -608,25 +644,25 @@ def test_a_table_under_its_share_waits_for_a_busy_table_to_take_rows_from(tmp_pa
 
 
 def test_two_tables_each_waiting_in_reclaim_for_the_others_lock_both_go_on(monkeypatch, tiny_shares):
-    """A cycle of waits: a and b each hold their own lock and wait in reclaim() for the other's (each saw the
-    other above a share). Each finds the other in reclaim() and skips it after RECLAIM_WAIT_S: both go on, each
-    told which table it skipped as busy."""
+    """A cycle of waits: a and b each hold their own lock and wait in reclaim() for the other's (each sees the
+    other above the share of 6 rows: c joined after they took 8 each). Each finds the other in reclaim() and skips
+    it after RECLAIM_WAIT_S: both go on, each told which table it skipped as busy."""
     monkeypatch.setattr(budget_module, "RECLAIM_WAIT_S", 0.1)
 
     class Member:
         row_charge = RC
 
         def __init__(self, name: str) -> None:
-            self.name, self.paid, self.lock = name, 8, threading.Lock()
+            self.name, self.used, self.lock = name, 8, threading.Lock()
 
         def give_up(self, k: int) -> int:  # to the one that waited longer, once the other let go of its lock
             return 0
 
-    budget = MemoryBudget(10 * RC)
-    a, b = Member("a"), Member("b")
-    budget.join(a)
-    budget.join(b)
-    budget.take(10 * RC, RC)
+    budget = MemoryBudget(20 * RC)
+    a, b, c = Member("a"), Member("b"), Member("c")
+    for m, n in ((a, 8), (b, 8), (c, 4)):
+        budget.join(m)
+        assert budget.take(m, n * RC, RC) == n * RC
     both = threading.Barrier(2)
     got = {}
 
@@ -641,7 +677,7 @@ def test_two_tables_each_waiting_in_reclaim_for_the_others_lock_both_go_on(monke
         t.start()
     for t in threads:
         join_thread(t, 10, "a table waiting in reclaim for the other's lock")
-    assert got["a"][0] == got["b"][0] == 0 and budget.used_bytes == 10 * RC
+    assert got["a"][0] == got["b"][0] == 0 and budget.used_bytes == 20 * RC
     # the first to skip the other breaks the cycle; the other may then get the lock, once the first let go of it
     assert got["a"][1] in ([], ["b"]) and got["b"][1] in ([], ["a"]) and got["a"][1] + got["b"][1]
 

@@ -282,7 +282,6 @@ class Arena:
         self._bind()
         self.index = IdIndex(MIN_CAPACITY)
         self.used = 0  # rows [0, used) are in use (installed, or free-listed) and paid for
-        self._granted = 0  # rows paid for that the growth in progress has not put in use yet (see paid)
         self.hand = 0
         self._probation = IdQueue()  # ids on probation, front first (see the module)
         self._ghost = np.zeros(1, dtype=np.uint16)  # fingerprints of ids taken from probation (see the module)
@@ -415,10 +414,8 @@ class Arena:
     @property
     def paid(self) -> int:
         """Rows paid for from the budget: those in use, and those the growth in progress (grow, this table's lock
-        held) was granted and has not put in use yet. Another table's reclaim() reads it without this table's lock:
-        rows granted beyond the share count as this table's from the moment they are paid for, so that table
-        waits for this lock and takes them back, rather than finding no table above its share."""
-        return self.used + self._granted
+        held) was granted and has not put in use yet; the budget's own record (MemoryBudget.paid_bytes)."""
+        return self.budget.paid_bytes(self) // self.row_charge
 
     def max_pinnable(self) -> int:
         """How many rows one request may pin at once: half of what this table is sure to hold while it serves the
@@ -440,18 +437,16 @@ class Arena:
             return reused
         rc = self.row_charge
         want = min(n - len(reused), self.max_rows - self.used)
-        take = self._granted = self.budget.take(want * rc, rc) // rc
         try:  # the rows granted are paid for: on any failure before they are in use, the bytes go back
+            take = self.budget.take(self, want * rc, rc) // rc
             if take < want and self.budget.share_bytes() // rc > self.used + take:  # reclaim checks again
                 got, busy, failed = self.budget.reclaim(self, want - take, self.used + take)
                 take, self.busy = take + got, [m.name for m in busy]
-                self._granted = take
                 self.failed = [(m.name, _detached(e)) for m, e in failed]
             if self.used + take > self.capacity:
                 self._resize(min(self.max_rows, max(self.used + take, 2 * self.capacity, MIN_CAPACITY)))
         except BaseException:
-            self.budget.give(take * rc)
-            self._granted = 0
+            self.budget.settle(self, self.used)
             raise
         self.free = self.free[len(reused) :]
         self.pin[reused] = stamp
@@ -462,7 +457,6 @@ class Arena:
         self.dirty[rows] = 0
         self.stored[rows] = 0
         self.used += take
-        self._granted = 0  # after: paid may count the rows twice for a moment, never leave them out
         return np.concatenate([reused, rows]) if len(reused) else rows
 
     def give_up(self, k: int) -> int:

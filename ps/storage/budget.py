@@ -17,11 +17,16 @@ So a table can hold its share, also one created after the others filled the budg
 MIN_SHARE_ROWS rows of the widest table, or MIN_SHARE_BYTES where that is less (wide rows). A table whose
 creation fails after join(), or that is replaced (its arena's lock held), leaves again (leave()).
 
-Lock order: a table waits for another table's lock only in reclaim(), holding its own lock and no other, and
-while it holds another table's lock (give_up) it waits for no table's lock; nothing else holds a table's lock while it
-waits for another's. So a cycle of waits can only be of tables that are each in reclaim() (the other tables' row
-counts are read without their locks, and the share changes as tables join, so two tables can each see the other
-above a share). reclaim() therefore waits for a table's lock as long as it takes (a request on that table, a
+Paid bytes: the budget records what it charges each table (its rows in use, and those granted to a growth in
+progress and not yet in use), changed under the budget's own lock together with used_bytes, so the figures always
+add up to used_bytes and reclaim() ranks the tables by figures read at one moment, without their tables' locks.
+
+Lock order: a table's lock, then the budget's. The budget's lock is the innermost: taken with or without a table's
+lock held, and nothing waits for any other lock while holding it. A table waits for another table's lock only in
+reclaim(), holding its own lock and no other, and while it holds another table's lock (give_up) it waits for no
+table's lock; nothing else holds a table's lock while it waits for another's. So a cycle of waits can only be of
+tables that are each in reclaim() (the share changes as tables join, so two tables can each see the other above a
+share). reclaim() therefore waits for a table's lock as long as it takes (a request on that table, a
 Shrink's chunk, a flush's), in slices of RECLAIM_WAIT_S, except while that table is itself in reclaim(): then
 for RECLAIM_WAIT_S at most, after which it is skipped, and the waiting request goes on with the rows it has: its
 own cold rows, or, when they are too few, ps.errors.TableBusyError (UNAVAILABLE, naming the tables skipped: the
@@ -56,10 +61,10 @@ class Member(Protocol):
 
     name: str  # its table's, for messages
     row_charge: int  # bytes one row costs
-    paid: int  # rows paid for: those in use, and those a growth in progress was granted and has not put in use yet
+    used: int  # rows in use, read under its lock: while its table is idle, the budget charges it for exactly these
     lock: threading.Lock  # its table's lock
 
-    def give_up(self, k: int) -> int: ...  # its lock held; reclaim() pays back what `paid` fell by
+    def give_up(self, k: int) -> int: ...  # its lock held; lowers `used` by the rows given; reclaim() pays them back
 
 
 Failed = tuple[Member, Exception]  # a table whose give_up failed in reclaim(), and its error
@@ -78,6 +83,7 @@ class MemoryBudget:
         self.used_bytes = 0
         self._lock = threading.Lock()
         self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
+        self._paid: dict[int, int] = {}  # id() of each member -> the bytes charged to it; they add up to used_bytes
         self._reclaiming: set[int] = set()  # id() of the members in reclaim() now, each holding its own lock
 
     def join(self, member: Member) -> None:
@@ -85,6 +91,7 @@ class MemoryBudget:
         with self._lock:
             self._check_join(member.row_charge, self._members)
             self._members.append(member)
+            self._paid[id(member)] = 0
 
     def check_join(self, row_charge: int, replacing: Member | None = None) -> None:
         """The RamTierTooSmallError join() would raise for a table whose rows cost row_charge bytes, after
@@ -110,11 +117,17 @@ class MemoryBudget:
 
     def leave(self, member: Member) -> None:
         """Removes a table's arena that joined (a table whose creation failed after join(), or one replaced; the
-        caller holds the arena's lock, so no reclaim() is taking rows from it); the bytes of its rows go back to the
-        budget."""
+        caller holds the arena's lock, so no reclaim() is taking rows from it); the bytes charged to it go back to
+        the budget, and it is granted none from now on."""
         with self._lock:
             self._members = [m for m in self._members if m is not member]
-            self.used_bytes -= member.paid * member.row_charge
+            self.used_bytes -= self._paid.pop(id(member), 0)
+
+    def paid_bytes(self, member: Member) -> int:
+        """The bytes charged to member: its rows in use, and those granted to its growth in progress and not yet in
+        use (0 once it left)."""
+        with self._lock:
+            return self._paid.get(id(member), 0)
 
     def share_bytes(self) -> int:
         """A table's fair share: what it can always hold."""
@@ -123,17 +136,28 @@ class MemoryBudget:
     def free_bytes(self) -> int:
         return max(0, self.limit_bytes - self.used_bytes)
 
-    def take(self, want_bytes: int, unit: int) -> int:
-        """Grants the largest multiple of `unit` bytes <= want_bytes that fits; returns the bytes granted."""
+    def take(self, member: Member, want_bytes: int, unit: int) -> int:
+        """Grants member the largest multiple of `unit` bytes <= want_bytes that fits; returns the bytes granted (0
+        to a member that left)."""
         with self._lock:
+            if id(member) not in self._paid:
+                return 0
             granted = min(want_bytes, self.free_bytes() // unit * unit)
-            self.used_bytes += granted
+            self._charge(member, granted)
             return granted
 
-    def give(self, nbytes: int) -> None:
-        """Returns bytes that take() or reclaim() granted and the caller did not keep."""
+    def settle(self, member: Member, rows: int) -> None:
+        """Charges member for `rows` rows of its row_charge from now on: bytes that take() or reclaim() granted it
+        beyond them, and it did not put in use (a growth that failed), go back to the budget."""
         with self._lock:
-            self.used_bytes -= nbytes
+            self._charge(member, rows * member.row_charge - self._paid.get(id(member), 0))
+
+    def _charge(self, member: Member, nbytes: int) -> None:
+        """Adds nbytes (< 0: pays them back) to what member and the budget hold, if member has not left (its bytes
+        went back then); the budget's lock held."""
+        if id(member) in self._paid:
+            self._paid[id(member)] += nbytes
+            self.used_bytes += nbytes
 
     def reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
         """Up to `rows` rows (of asker's row_charge) taken from tables above their share and granted to asker,
@@ -158,57 +182,57 @@ class MemoryBudget:
                 self._reclaiming.discard(id(member))
 
     def _reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
-        rc, granted, busy, failed, asked, freed = asker.row_charge, 0, [], [], [asker], 0
+        rc, busy, failed, asked = asker.row_charge, [], [], [asker]
+        granted = self._hand(asker, rows, holding, 0)  # bytes freed since asker's take(): a table left, a growth failed
         while True:
             share = self.share_bytes()
             room = min(rows, share // rc - holding) - granted
-            # the bytes the last table gave back, and any freed since asker's take() or by then (a table that left,
-            # a growth that failed), go to asker first; then the table furthest above its share now, each once
-            got = self._hand(freed, room, rc)
-            granted, room = granted + got, room - got
-            other = self._furthest_above(share, asked) if room > 0 else None
+            other = self._furthest_above(share, asked) if room > 0 else None  # each table once
             if other is None:
                 return granted, busy, failed
             asked.append(other)
             if not self._lock_of(other):
                 busy.append(other)
-                freed = 0
                 continue
-            paid = other.paid  # other's table is idle now (no growth in progress): its rows can move
+            used = other.used  # other's table is idle now: it is charged for these rows, and its rows can move
             try:
                 with self._lock:
-                    gone = other not in self._members  # it left since it was chosen (a table replaced): its
-                surplus = -(-(paid * other.row_charge - share) // other.row_charge)  # bytes are free already
-                wanted = -(-room * rc // other.row_charge)  # to under a row above share
-                if surplus > 0 and not gone:
-                    other.give_up(min(surplus, wanted))
+                    held = self._paid.get(id(other))  # None: it left since it was chosen (a table replaced)
+                if held is not None and held > share:
+                    surplus = -(-(held - share) // other.row_charge)  # to under a row above share
+                    other.give_up(min(surplus, -(-room * rc // other.row_charge)))
             except Exception as e:  # e.g. its dirty rows cannot be written: asker fails only if left too few rows
-                given = paid - other.paid  # rows that left it before it failed (its arrays could not shrink)
-                if given:
+                if used != other.used:  # rows left it before it failed (its arrays could not shrink)
                     log.exception("table %r gave %d rows back to table %r, then could not shrink its arrays (they "
-                                  "keep their size until it next resizes)", other.name, given, asker.name)  # fmt: skip
+                                  "keep their size until it next resizes)", other.name, used - other.used,
+                                  asker.name)  # fmt: skip
                 else:
                     log.exception("table %r could not give rows back to table %r; skipped", other.name, asker.name)
                     failed.append((other, e))
-            finally:
-                freed = (paid - other.paid) * other.row_charge  # no longer paid for, also where give_up failed late
+            finally:  # what other no longer holds (also where give_up failed late) goes to asker before its lock goes
+                granted += self._hand(asker, rows, holding, granted, other, (used - other.used) * other.row_charge)
                 other.lock.release()
 
     def _furthest_above(self, share: int, asked: list[Member]) -> Member | None:
-        """The table holding the most bytes above `share` of those not in `asked` (their paid read without their
-        locks), or None."""
+        """The table charged the most bytes above `share` of those not in `asked`, or None."""
         with self._lock:
-            held = [(m.paid * m.row_charge, m) for m in self._members if all(m is not a for a in asked)]
+            held = [(self._paid[id(m)], m) for m in self._members if all(m is not a for a in asked)]
         most, other = max(held, key=lambda h: h[0], default=(0, None))
         return other if most > share else None
 
-    def _hand(self, freed_bytes: int, room: int, rc: int) -> int:
-        """Pays freed_bytes back and grants up to room rows of rc bytes from the free bytes, in one hold of the lock:
-        no other table takes the freed bytes first. Returns the rows granted."""
+    def _hand(
+        self, asker: Member, rows: int, holding: int, granted: int, giver: Member | None = None, freed_bytes: int = 0
+    ) -> int:
+        """Pays back the freed_bytes giver no longer holds, then grants asker, out of the free bytes, up to the rows
+        its share has room for as it is now (of `rows`, holding `holding` and granted `granted` so far in this
+        reclaim()), in one hold of the lock: no other table takes the freed bytes first. Returns the rows granted."""
+        rc = asker.row_charge
         with self._lock:
-            self.used_bytes -= freed_bytes
+            if freed_bytes:
+                self._charge(giver, -freed_bytes)
+            room = min(rows, self.share_bytes() // rc - holding) - granted
             got = max(0, min(room, self.free_bytes() // rc))
-            self.used_bytes += got * rc
+            self._charge(asker, got * rc)
         return got
 
     def _lock_of(self, other: Member) -> bool:
