@@ -315,10 +315,11 @@ def test_bytes_freed_after_a_table_s_take_and_before_its_reclaim_are_granted_to_
 
 
 def test_a_table_that_takes_freed_bytes_beyond_its_share_during_a_reclaim_gives_them_back_to_it(tiny_shares):
-    """a holds 6 rows, c and b 3 each, the whole budget; asker joins (a share of 3 rows) and needs 3. While it
-    waits for a's lock, a is replaced (it leaves: a share of 4 rows, 6 rows free) and b takes the 6 free rows. asker
-    finds a gone and ranks the tables again: it takes 3 rows back from b, above its share now, rather than stop at
-    c, at its share, and get none."""
+    """a holds 6 rows, c and b 3 each, the whole budget; asker joins (a share of 3 rows) and asks for 4. While it
+    waits for a's lock, a is replaced (it leaves: a share of 4 rows, 6 rows free) and b asks for 6 rows: it gets
+    the 3 free rows no reclaim is owed (asker is owed the 3 of its share then). asker finds a gone, takes the 3 free
+    rows and ranks the tables again: it takes the fourth row its share now holds back from b, above its share,
+    rather than stop at c, at its share."""
     budget = MemoryBudget(12 * RC)
     a, c, b = Arena(1, budget), Arena(1, budget), Arena(1, budget)
     for t, n in ((a, 6), (c, 3), (b, 3)):
@@ -331,7 +332,7 @@ def test_a_table_that_takes_freed_bytes_beyond_its_share_during_a_reclaim_gives_
 
     def grow_asker() -> None:
         with asker.lock:
-            got.extend(asker.grow(3, asker.new_stamp()))
+            got.extend(asker.grow(4, asker.new_stamp()))
 
     with inner:
         grower = threading.Thread(target=grow_asker)
@@ -339,9 +340,9 @@ def test_a_table_that_takes_freed_bytes_beyond_its_share_during_a_reclaim_gives_
         assert asked.wait(10)
         budget.leave(a)
         with b.lock:
-            assert len(b.grow(6, b.new_stamp())) == 6 and budget.free_bytes() == 0
+            assert len(b.grow(6, b.new_stamp())) == 3 and budget.free_bytes() == 3 * RC
     join_thread(grower, 10, "asker's growth")
-    assert len(got) == asker.used == 3 and (b.used, c.used) == (6, 3)
+    assert len(got) == asker.used == 4 and (b.used, c.used) == (5, 3)
     assert budget.used_bytes == (asker.used + b.used + c.used) * RC
 
 
@@ -379,6 +380,30 @@ def test_rows_a_reclaim_granted_count_as_the_asker_s_at_once_and_the_figures_add
         y_lock.release()
     join_thread(grower, 10, "asker's growth")
     assert len(got) == asker.used == asker.paid == 4 and (x.used, y.used) == (4, 4)
+
+
+def test_a_table_a_reclaim_visited_cannot_take_bytes_freed_meanwhile_beyond_its_share(tiny_shares):
+    """x and y hold 5 rows each, z 2, the whole budget; asker joins (a share of 3 rows) and needs 3: it takes 2 back
+    from x, then waits for y's lock (y's rows are dirty and cannot be written: it gives none). Meanwhile z leaves (a
+    share of 4 rows, 2 rows free) and x, visited already, asks for 2 rows: it gets 1, up to its share, and the
+    other free row, owed to asker, goes to asker, rather than x ending above its share and asker short of a row."""
+    budget = MemoryBudget(12 * RC)
+    x, y, z = Arena(1, budget), Arena(1, budget), Arena(1, budget)
+    for t, n in ((x, 5), (y, 5), (z, 2)):
+        install(t, n, dirty=list(range(n)) if t is y else [])
+    asker = Arena(1, budget)
+    grower, got, y_lock = _grow_paused_at(asker, 3, y)
+    try:
+        assert (x.used, asker.paid) == (3, 2)
+        with z.lock:
+            budget.leave(z)
+        with x.lock:
+            assert len(x.grow(2, x.new_stamp())) == 1 and x.used * RC == budget.share_bytes()
+    finally:
+        y_lock.release()
+    join_thread(grower, 10, "asker's growth")
+    assert len(got) == asker.used == 3 and (x.used, y.used) == (4, 5)
+    assert budget.used_bytes == (x.used + y.used + asker.used) * RC == budget.limit_bytes
 
 
 @pytest.mark.parametrize("failing", ["create_table", "counts"])

@@ -3,7 +3,8 @@
 Every arena row in use, free-listed ones included, is paid for: `row_charge` bytes from the budget. So the sum of
 the tables' ram_bytes is `used_bytes` and never exceeds `limit_bytes` (--cache-bytes); there is no allowance
 outside it. Sharing:
-- a table takes free bytes while there are any (first come, first served);
+- a table takes free bytes while there are any (first come, first served), but for those owed to a table in
+  reclaim() (below);
 - once the budget is spent, a table holding less than its fair share (limit_bytes / number of tables) takes
   rows back from the tables holding more than theirs, largest first, leaving each at its share (less than one
   of its rows under it, at most): reclaim() asks the giving arena, under that table's lock, to give up its
@@ -11,6 +12,11 @@ outside it. Sharing:
   written) is logged and skipped, and so is one busy in reclaim() itself for RECLAIM_WAIT_S (Lock order); where
   the asker is then left with too few rows, its request fails with that write's error (ps.engine.table), not as a
   RAM tier too small;
+- while a table is in reclaim(), the rows it still has room for under its share are owed to it: take() grants
+  another table free bytes beyond that table's own share only out of the bytes no reclaim() is owed. So a table
+  reclaim() has visited already (each is visited once), left at its share, cannot take back beyond its share
+  the bytes that go free while the asker waits for the next table (a table that left, a growth that failed);
+  those go to the asker;
 - a table at or above its share reuses its own cold rows (S3-FIFO, ps/storage/arena.py).
 So a table can hold its share, also one created after the others filled the budget; join() refuses a table
 (RamTierTooSmallError, before anything is written) when the shares would fall under the floor of min_share_bytes:
@@ -84,6 +90,7 @@ class MemoryBudget:
         self._lock = threading.Lock()
         self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
         self._paid: dict[int, int] = {}  # id() of each member -> the bytes charged to it; they add up to used_bytes
+        self._owed: dict[int, int] = {}  # id() of each member in reclaim() -> bytes it still has room for
         self._reclaiming: set[int] = set()  # id() of the members in reclaim() now, each holding its own lock
 
     def join(self, member: Member) -> None:
@@ -137,12 +144,16 @@ class MemoryBudget:
         return max(0, self.limit_bytes - self.used_bytes)
 
     def take(self, member: Member, want_bytes: int, unit: int) -> int:
-        """Grants member the largest multiple of `unit` bytes <= want_bytes that fits; returns the bytes granted (0
-        to a member that left)."""
+        """Grants member the largest multiple of `unit` bytes <= want_bytes that fits: any free bytes up to its
+        share, beyond it only those no table in reclaim() is owed (see the module). Returns the bytes granted (0 to
+        a member that left)."""
         with self._lock:
             if id(member) not in self._paid:
                 return 0
-            granted = min(want_bytes, self.free_bytes() // unit * unit)
+            free = self.free_bytes()
+            spare = free - sum(self._owed.values())
+            to_share = min(free, self.share_bytes() - self._paid[id(member)])
+            granted = max(0, min(want_bytes, max(spare, to_share) // unit * unit))
             self._charge(member, granted)
             return granted
 
@@ -163,9 +174,9 @@ class MemoryBudget:
         """Up to `rows` rows (of asker's row_charge) taken from tables above their share and granted to asker,
         which holds its own table's lock and `holding` rows (its rows in use and any granted to it and not yet in
         use). Never grants asker more than its share has room for, the share read again, and the tables ranked
-        again, before each table it takes from. Returns the rows granted, the tables above their share skipped
-        because they were in reclaim() themselves (see the module), and those whose give_up failed, each with its
-        error."""
+        again, before each table it takes from; while it runs, asker is owed that room (see the module). Returns
+        the rows granted, the tables above their share skipped because they were in reclaim() themselves (see the
+        module), and those whose give_up failed, each with its error."""
         with self.reclaiming(asker):
             return self._reclaim(asker, rows, holding)
 
@@ -180,6 +191,7 @@ class MemoryBudget:
         finally:
             with self._lock:
                 self._reclaiming.discard(id(member))
+                self._owed.pop(id(member), None)
 
     def _reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
         rc, busy, failed, asked = asker.row_charge, [], [], [asker]
@@ -225,7 +237,8 @@ class MemoryBudget:
     ) -> int:
         """Pays back the freed_bytes giver no longer holds, then grants asker, out of the free bytes, up to the rows
         its share has room for as it is now (of `rows`, holding `holding` and granted `granted` so far in this
-        reclaim()), in one hold of the lock: no other table takes the freed bytes first. Returns the rows granted."""
+        reclaim()), in one hold of the lock: no other table takes the freed bytes first. What room is left is owed
+        to asker. Returns the rows granted."""
         rc = asker.row_charge
         with self._lock:
             if freed_bytes:
@@ -233,6 +246,7 @@ class MemoryBudget:
             room = min(rows, self.share_bytes() // rc - holding) - granted
             got = max(0, min(room, self.free_bytes() // rc))
             self._charge(asker, got * rc)
+            self._owed[id(asker)] = max(0, room - got) * rc
         return got
 
     def _lock_of(self, other: Member) -> bool:
