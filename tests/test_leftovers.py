@@ -245,6 +245,29 @@ def test_a_checkpoint_an_export_of_an_earlier_version_left_in_a_folder_without_a
     assert len(left) == 1 and "a place its folder does not name: it is never removed" in left[0], left
 
 
+@pytest.mark.parametrize("note", [True, False])
+def test_a_checkpoint_moved_on_out_of_a_kept_folder_is_noted_as_from_where_that_folder_says(tmp_path, note):
+    """Exported from a folder kept for the checkpoint a killed export moved into it (--move-checkpoint again), the
+    checkpoint's new folder names the kept folder's origin (unknown where it has no note), not the kept folder:
+    that folder goes as a leftover once the checkpoint has left it. A checkpoint of the export in place, or of
+    anywhere else, is noted as from its own path."""
+    out, users = tmp_path / "out", one_table_checkpoint(tmp_path / "users", 7)
+    restore.export(one_table_checkpoint(tmp_path, 10), str(out))
+    kept = out / "export-0123abcd"
+    os.makedirs(kept)
+    os.rename(users, kept / "checkpoint")
+    if note:
+        (kept / leftovers.MOVED_CHECKPOINT).write_text(json.dumps({"from": users}))
+    summary = restore.export(str(kept / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
+    noted = out / summary["dir"] / leftovers.EXPORTED_CHECKPOINT  # the note, once export.json names the folder
+    assert json.loads(noted.read_text()) == {"from": users if note else None}
+    assert leftovers.checkpoint_origin(summary["checkpoint"]) == summary["checkpoint"]  # the export in place's
+    elsewhere = one_table_checkpoint(tmp_path / "elsewhere", 4)
+    assert leftovers.checkpoint_origin(elsewhere) == elsewhere
+    restore.export(elsewhere, str(out), overwrite=True)
+    assert not kept.exists()  # a leftover now that the checkpoint has left it
+
+
 @pytest.mark.parametrize("how", [fcntl.LOCK_SH, fcntl.LOCK_EX])
 def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_changes_nothing(ckpt, tmp_path, how):
     out = tmp_path / "out"

@@ -47,8 +47,9 @@ EXPORT_OWN = re.compile(f"{EXPORT_TEMPORARY.pattern}|{EXPORT_FILES.pattern}")
 # ps-worker export's fresh checkpoint in its OUT, checkpoint.new-<pid>-<host>-<8 hex> (worker/temp_dirs)
 EXPORT_CHECKPOINT = "checkpoint.new-"
 EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")
-# A folder of export files holds this note, {"from": the checkpoint's absolute path}, fsynced, before an export moves
-# a checkpoint into it (<folder>/checkpoint). A folder that no export.json names and that holds a checkpoint is
+# A folder of export files holds this note, {"from": where the checkpoint comes from}, fsynced, before an export moves
+# a checkpoint into it (<folder>/checkpoint): its absolute path, or, for one moved out of a folder kept so (a killed
+# export's, below), what that folder's note says (null where it has none: unknown; checkpoint_origin). A folder that no export.json names and that holds a checkpoint is
 # removed as a leftover (export_leftovers) only where its note names ps-worker export's fresh checkpoint in OUT
 # (is_export_checkpoint); else it may hold the user's only copy (`ps-server export --move-checkpoint`; without a
 # note: an export of a version that wrote none, or a damaged note): it is never removed, but reported with where to
@@ -151,10 +152,10 @@ def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]
 
 
 def note_moved_checkpoint(folder: str, checkpoint: str) -> None:
-    """Writes, fsynced, folder's MOVED_CHECKPOINT note that the checkpoint is moved into it (folder/checkpoint) from
-    the path checkpoint."""
+    """Writes, fsynced, folder's MOVED_CHECKPOINT note that the checkpoint at the path checkpoint is moved into it
+    (folder/checkpoint), naming where it comes from (checkpoint_origin)."""
     with open(os.path.join(folder, MOVED_CHECKPOINT), "x") as f:
-        json.dump({"from": os.path.abspath(checkpoint)}, f)
+        json.dump({"from": checkpoint_origin(checkpoint)}, f)
         sync_file(f)
     sync_directory(folder)  # on disk before the checkpoint's rename into folder
 
@@ -173,6 +174,21 @@ def moved_checkpoint_origin(folder: str) -> str | None:
     except (OSError, ValueError, TypeError, KeyError):
         return ""
     return origin if isinstance(origin, str) else ""
+
+
+def checkpoint_origin(checkpoint: str) -> str | None:
+    """Where the checkpoint at the path checkpoint comes from: its absolute path, unless it is the checkpoint of a
+    folder of export files kept as a killed export left it (<folder>/checkpoint, where moved_checkpoint_origin is not
+    None and no export.json beside the folder names it), which is a place to move it back from, not its origin: then
+    what that folder's note names (None where it has none that reads: unknown)."""
+    path = os.path.abspath(checkpoint)
+    folder = os.path.dirname(path)
+    if os.path.basename(path) != "checkpoint" or not EXPORT_FILES.fullmatch(os.path.basename(folder)):
+        return path
+    origin = moved_checkpoint_origin(folder)
+    if origin is None or export_in_place(os.path.dirname(folder)) == os.path.basename(folder):
+        return path
+    return origin or None
 
 
 def is_export_checkpoint(checkpoint: str, out: str) -> bool:
