@@ -268,6 +268,55 @@ def test_a_checkpoint_moved_on_out_of_a_kept_folder_is_noted_as_from_where_that_
     assert not kept.exists()  # a leftover now that the checkpoint has left it
 
 
+def an_earlier_layouts_export(tmp_path, with_dir: bool) -> Path:
+    """tmp_path/out as an export of an earlier version with --keep-checkpoint left it: export.json naming
+    OUT/checkpoint, and the .npy files of table "a" in a folder it names (with_dir) or in OUT itself."""
+    out = tmp_path / "out"
+    os.makedirs(out)
+    os.rename(one_table_checkpoint(tmp_path / "kept", 7), out / "checkpoint")
+    files = out / "export-4567cdef" if with_dir else out
+    write(files / "a.ids.npy", 8)
+    write(files / "a.rows.npy", 16)
+    info = {"checkpoint": str(out / "checkpoint"), "tables": {"a": {}}} | ({"dir": files.name} if with_dir else {})
+    (out / "export.json").write_text(json.dumps(info))
+    return out
+
+
+def listing(out) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+
+@pytest.mark.parametrize("with_dir", [False, True])
+def test_an_export_over_one_that_names_out_checkpoint_is_refused_as_it_would_leave_it_behind(
+    tmp_path, with_dir, capsys
+):
+    """OUT/checkpoint, named by export.json (an earlier version's kept checkpoint, or the user's one that the export
+    in place was made from: the two cannot be told apart), is never left behind named by nothing, nor removed: an
+    --overwrite export of another checkpoint is refused, ps-server's and ps-worker's (before any server is asked),
+    nothing changed. An export of that checkpoint itself goes ahead (moved into the new export's folder)."""
+    out = an_earlier_layouts_export(tmp_path, with_dir)
+    before = listing(out)
+    other = one_table_checkpoint(tmp_path / "other", 4)
+    with pytest.raises(ValueError, match=f"{out / 'checkpoint'} is the checkpoint {out / 'export.json'} names"):
+        restore.export(other, str(out), overwrite=True)
+    nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
+    assert main(["export", str(out), "--overwrite", *nowhere]) == 2
+    err = capsys.readouterr().err
+    assert f"ps-worker: error: {out / 'checkpoint'} is the checkpoint" in err and "127.0.0.1:1" not in err, err
+    assert listing(out) == before and os.path.isdir(other)
+    summary = restore.export(str(out / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
+    assert sorted(os.listdir(out)) == [summary["dir"], "export.json"]
+    assert summary["checkpoint"] == str(out / summary["dir"] / "checkpoint") and len(exported(out, "a")[0]) == 7
+
+
+def test_an_export_over_one_that_names_another_checkpoint_leaves_a_users_out_checkpoint_as_it_is(tmp_path):
+    out = an_earlier_layouts_export(tmp_path, with_dir=False)
+    (out / "export.json").write_text(json.dumps({"checkpoint": str(tmp_path / "checkpoint"), "tables": {"a": {}}}))
+    summary = restore.export(one_table_checkpoint(tmp_path / "other", 4), str(out), overwrite=True)
+    assert sorted(os.listdir(out)) == ["checkpoint", summary["dir"], "export.json"]
+    assert sorted(os.listdir(out / "checkpoint")) == ["manifest.json", "shard-0"]
+
+
 @pytest.mark.parametrize("how", [fcntl.LOCK_SH, fcntl.LOCK_EX])
 def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_changes_nothing(ckpt, tmp_path, how):
     out = tmp_path / "out"

@@ -19,7 +19,8 @@
        a kill between leaves the new export whole and the fresh checkpoint, named by nothing, which the next
        export removes (its <pid> is gone)
 Checked before any server is asked: OUT no checkpoint or RocksDB directory, writable, and (under the claim) new
-or empty (or --overwrite). A failure leaves OUT as it was (an OUT this export created is removed).
+or empty (or --overwrite), holding no OUT/checkpoint that its export.json names (an earlier version's kept checkpoint
+or the user's: leftovers.check_no_named_checkpoint_left), which this export would leave behind. A failure leaves OUT as it was (an OUT this export created is removed).
 """
 
 from __future__ import annotations
@@ -83,14 +84,16 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             except OSError:
                 break
 
-    def empty() -> None:  # under the claim on OUT: no export put in place meanwhile is written over
-        only_leftovers = re.compile(f"{leftovers.EXPORT_OWN.pattern}|{leftovers.EXPORT_CHECKPOINT_NAME.pattern}")
-        earlier = os.path.exists(os.path.join(args.out, "export.json"))
-        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
-            "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip
+    def check() -> None:  # under the claim on OUT: no export put in place meanwhile is written over
+        if not args.overwrite:
+            only_leftovers = re.compile(f"{leftovers.EXPORT_OWN.pattern}|{leftovers.EXPORT_CHECKPOINT_NAME.pattern}")
+            earlier = os.path.exists(os.path.join(args.out, "export.json"))
+            check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
+                "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip
+        leftovers.check_no_named_checkpoint_left(args.out)  # its export reads its fresh checkpoint, never that one
 
     try:  # the claim on OUT is held to the end: ps-server export claims OUT through it (--claim-fd)
-        with export_claim(args.out, None if args.overwrite else empty) as claim:
+        with export_claim(args.out, check) as claim:
             with client(args) as servers:
                 shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
                 held = sorted({t.name for shard in shard_stats for t in shard.tables})

@@ -152,7 +152,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     (leftovers.holds_an_export); leftovers.ClaimedError where another export writes there now, nothing changed
     (one export into out at a time). ValueError for an out inside the
     checkpoint, for an out that holds files without overwrite (check_holds_no_export, under the claim, before
-    any leftover is removed: no export put in place meanwhile is replaced), and for a checkpoint inside
+    any leftover is removed: no export put in place meanwhile is replaced), for an out/checkpoint that out's
+    export.json names and this export would leave behind (leftovers.check_no_named_checkpoint_left, under the
+    claim too), and for a checkpoint inside
     the folder of the export in out that this one replaces (without move_checkpoint: that folder is removed);
     CheckpointDamagedError for a damaged checkpoint (naming the file and
     offset where RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ
@@ -189,8 +191,12 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
         leftovers.report(held, f"it holds the checkpoint exported, {directory}")
         return [p for p in found if p not in held]
 
-    empty = None if overwrite else lambda: check_holds_no_export(out)  # under the claim: no export ends meanwhile
-    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, empty):
+    def check() -> None:  # under the claim: no export ends meanwhile
+        if not overwrite:
+            check_holds_no_export(out)
+        leftovers.check_no_named_checkpoint_left(out, directory)
+
+    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, check):
         summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
         try:

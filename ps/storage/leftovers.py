@@ -191,6 +191,27 @@ def checkpoint_origin(checkpoint: str) -> str | None:
     return origin or None
 
 
+def check_no_named_checkpoint_left(out: str, checkpoint: str | None = None) -> None:
+    """ValueError where out holds a `checkpoint` folder that out's export.json names as its checkpoint, and an
+    export of the checkpoint at the path checkpoint (None: one of none there) would leave it behind, named by
+    nothing: an export of an earlier version kept its checkpoint there (`ps-worker export --keep-checkpoint`), or
+    the export in place was made from it. Which of the two it is cannot be told, and an export never removes what
+    may be the user's only copy of a checkpoint; only an export of that checkpoint itself goes ahead."""
+    kept = os.path.join(out, "checkpoint")
+    named = read_export_json(out).get("checkpoint")
+    if not os.path.lexists(kept) or not isinstance(named, str) or not named:
+        return
+    if os.path.realpath(named) != os.path.realpath(kept):
+        return
+    if checkpoint is not None and os.path.realpath(checkpoint) == os.path.realpath(kept):
+        return
+    raise ValueError(f"{kept} is the checkpoint {os.path.join(out, 'export.json')} names: one an export of an "
+                     "earlier version kept there (ps-worker export --keep-checkpoint), or the one the export in place "
+                     "was made from. This export would leave it behind, named by nothing, and it removes no "
+                     "checkpoint that may be your only copy: move it where you keep checkpoints (or remove it, if it "
+                     "is a kept copy you do not need), then export again; nothing was written")  # fmt: skip
+
+
 def is_export_checkpoint(checkpoint: str, out: str) -> bool:
     """Whether checkpoint is a ps-worker export's fresh checkpoint in out (EXPORT_CHECKPOINT_NAME, directly in it),
     which no one but that export holds."""
