@@ -7,8 +7,9 @@
     python3 dev.py bench benchmarks/small_data.py   # one benchmark script (any of benchmarks/*.py)
     python3 dev.py env     # only create or update ./.venv (the others do it first)
 
-Each creates ./.venv on first use and installs the package there (`pip install -e .[dev]`); later runs reuse it
-and reinstall only when pyproject.toml changes. `test` and `bench` also install PyTorch (TORCH_PIN, for the torch
+Each creates ./.venv on first use and installs the package there (`pip install -e .[dev]`, with the venv's own
+pip as Python gives it, 22.3 or newer in 3.11: no pip upgrade, which would need the network where a local
+wheelhouse, PIP_FIND_LINKS, serves the rest); later runs reuse it and reinstall only when pyproject.toml changes. `test` and `bench` also install PyTorch (TORCH_PIN, for the torch
 backend: the CPU build where pip finds one, as on this project's machines; PyPI's Linux wheel is the CUDA
 build, so elsewhere set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
 scikit-learn, the tuned logistic regression that benchmarks/small_data.py compares with). Extra arguments go to `ps-worker train`, to pytest
@@ -44,7 +45,7 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
     if not os.path.exists(stamp):
         print("installing sparseps and its dependencies (first run: a minute or two) ...", flush=True)
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        steps = [["--upgrade", "pip"], ["-e", f"{ROOT}[{extras}]"]] + ([[TORCH_PIN]] if with_torch else [])
+        steps = [["-e", f"{ROOT}[{extras}]"]] + ([[TORCH_PIN]] if with_torch else [])
         for args in steps:
             done = subprocess.run([*pip, *args], capture_output=True, text=True)
             if done.returncode != 0:  # show pip's output only when it failed
