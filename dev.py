@@ -7,13 +7,15 @@
     python3 dev.py bench benchmarks/small_data.py   # one benchmark script (any of benchmarks/*.py)
     python3 dev.py env     # only create or update ./.venv (the others do it first)
 
-Each creates ./.venv on first use and installs the package there (`pip install -e .[dev]`, with the venv's own
-pip as Python gives it, 22.3 or newer in 3.11: no pip upgrade, which would need the network where a local
-wheelhouse, PIP_FIND_LINKS, serves the rest); later runs reuse it and reinstall only when pyproject.toml changes. `test` and `bench` also install PyTorch (TORCH_PIN, for the torch
-backend: the CPU build where pip finds one, as on this project's machines; PyPI's Linux wheel is the CUDA
-build, so elsewhere set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
-scikit-learn, the tuned logistic regression that benchmarks/small_data.py compares with). Extra arguments go to `ps-worker train`, to pytest
-or to benchmarks/report.py.
+Each creates ./.venv on first use and installs the package there: `pip install -e .[dev]`, but `-e .` alone (the
+runtime) for `demo`, which an install with extras serves as well. pip is the venv's own, as Python gives it (22.3 or
+newer in 3.11), never upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LINKS) serves
+the rest. Later runs reuse the venv and reinstall only when pyproject.toml changes. `test` and `bench` also install
+PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's machines; PyPI's
+Linux wheel is the CUDA build, so elsewhere set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and
+`bench` the benchmark-only extra (`.[bench]`: scikit-learn, the tuned logistic regression that
+benchmarks/small_data.py compares with). Extra arguments go to `ps-worker train`, to pytest or to
+benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 
 
 def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
-    """Returns the venv's python, creating the venv and installing the package with `extras` (and TORCH_PIN) if
-    needed."""
+    """Returns the venv's python, creating the venv and installing the package with `extras` (comma-separated; ""
+    for the runtime alone) and TORCH_PIN (with_torch) unless an install of this pyproject.toml with them all, or
+    more, is stamped there (installed_with)."""
     if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 the user has)
         sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
@@ -41,18 +44,29 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
         venv.EnvBuilder(with_pip=True).create(VENV)
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    stamp = os.path.join(VENV, f".installed-{digest}-{extras.replace(',', '-')}{'-torch' if with_torch else ''}")
-    if not os.path.exists(stamp):
+    parts = sorted({*filter(None, extras.split(",")), *(["torch"] if with_torch else [])})
+    if not installed_with(digest, parts):
         print("installing sparseps and its dependencies (first run: a minute or two) ...", flush=True)
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        steps = [["-e", f"{ROOT}[{extras}]"]] + ([[TORCH_PIN]] if with_torch else [])
+        steps = [["-e", f"{ROOT}[{extras}]" if extras else ROOT]] + ([[TORCH_PIN]] if with_torch else [])
         for args in steps:
             done = subprocess.run([*pip, *args], capture_output=True, text=True)
             if done.returncode != 0:  # show pip's output only when it failed
                 sys.stderr.write(done.stdout + done.stderr)
                 sys.exit(f"pip install {' '.join(args)} failed (exit {done.returncode}); see the output above")
-        open(stamp, "w").close()
+        open(os.path.join(VENV, "-".join([".installed", digest, *parts])), "w").close()
     return python
+
+
+def installed_with(digest: str, parts: list[str]) -> bool:
+    """Whether the venv holds the stamp of an install of the pyproject.toml whose sha256 starts with digest, with
+    every one of parts (extras, and "torch" for TORCH_PIN) among its own: .installed-<digest>[-<part>...]."""
+    try:
+        names = os.listdir(VENV)
+    except OSError:
+        return False
+    stamps = [name.split("-") for name in names if name.startswith(".installed-")]
+    return any(stamp[1:2] == [digest] and set(parts) <= set(stamp[2:]) for stamp in stamps)
 
 
 def main(argv: list[str]) -> int:
@@ -62,7 +76,8 @@ def main(argv: list[str]) -> int:
             print(f"\ndev.py: unknown command {argv[0]!r}: expected demo, test, bench or env", file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
-    python = ensure_env(with_torch=command in ("test", "bench"), extras="dev,bench" if command == "bench" else "dev")
+    extras = {"demo": "", "bench": "dev,bench"}.get(command, "dev")  # the demo runs the package alone
+    python = ensure_env(with_torch=command in ("test", "bench"), extras=extras)
     if command == "env":
         print(python)
         return 0

@@ -13,7 +13,7 @@ import dev
 @pytest.fixture
 def venv(tmp_path, monkeypatch) -> list[list[str]]:
     """dev.py's venv at tmp_path/.venv, made already (its python a stub); returns the pip commands it runs there,
-    each run offline: only the package's own install works, as from a local wheelhouse (PIP_FIND_LINKS)."""
+    each run offline: a pip upgrade fails, what a local wheelhouse (PIP_FIND_LINKS) serves is installed."""
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text("")
@@ -23,7 +23,7 @@ def venv(tmp_path, monkeypatch) -> list[list[str]]:
 
     def run(args, **kwargs):
         ran.append(args)
-        offline = "-e" not in args  # anything but the package's install would reach for an index
+        offline = "--upgrade" in args  # a pip upgrade reaches for an index; the rest comes from a wheelhouse
         return subprocess.CompletedProcess(args, 1 if offline else 0, "", "no index can be reached" if offline else "")
 
     monkeypatch.setattr(dev.subprocess, "run", run)
@@ -37,3 +37,17 @@ def test_env_offline_installs_the_package_from_what_pip_finds_locally_and_upgrad
     ]
     venv.clear()
     assert dev.ensure_env() == python and venv == []  # installed: the stamp says so
+
+
+def test_demo_installs_the_runtime_alone_and_an_install_with_extras_serves_it(venv, monkeypatch):
+    ran = []
+    monkeypatch.setattr(dev.subprocess, "call", lambda args, **kwargs: ran.append(args) or 0)
+    assert dev.main(["demo"]) == 0
+    assert [args[-1] for args in venv] == [dev.ROOT] and ran[0][1:4] == ["-m", "worker", "train"]
+    venv.clear()
+    dev.ensure_env(with_torch=True, extras="dev,bench")  # what `bench` installs
+    assert [args[-1] for args in venv] == [f"{dev.ROOT}[dev,bench]", dev.TORCH_PIN]
+    venv.clear()
+    for command in (["demo"], ["test", "-k", "x"], ["bench", "benchmarks/x.py"]):
+        assert dev.main(command) == 0
+    assert venv == []  # each of them served by that install
