@@ -315,7 +315,9 @@ def build_export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server export", description=export_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (ps-worker checkpoint save)")
     p.add_argument("--out", required=True, help="directory to write export.json and the folder of .npy files it "
-                   "names into")  # fmt: skip
+                   "names into. A second export into it while one runs is refused by a lock on it, which a file "
+                   "system that keeps locks per machine (NFS) keeps from this machine's exports only: there, export "
+                   "into one --out from one machine")  # fmt: skip
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "
                    "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table. A choice that leaves "

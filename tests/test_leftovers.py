@@ -335,6 +335,28 @@ def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_cha
     assert sorted(os.listdir(ckpt)) == ["manifest.json", "shard-0"]
 
 
+def test_an_export_into_an_out_whose_file_system_refuses_flock_says_it_goes_ahead_holding_no_claim(
+    ckpt, tmp_path, monkeypatch, caplog
+):
+    """As on Lustre mounted without -o flock (ENOSYS): the export is written, and a warning says that no claim on
+    OUT is held, so that another export there meanwhile is not refused; a killed export's files are reported."""
+    import errno
+
+    def refused(fd, how):
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    out = tmp_path / "out"
+    write(out / "export-0123abcd" / "a.rows.npy", 9)  # a killed export's
+    monkeypatch.setattr(leftovers.fcntl, "flock", refused)
+    caplog.set_level("INFO", LOGGER)
+    summary = restore.export(ckpt, str(out))
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export-0123abcd", "export.json"])
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"no lock on {out} can be had (its file system refuses flock: {os.strerror(errno.ENOSYS)}): this " \
+           "writer goes ahead holding no claim on it" in warned[0], warned  # fmt: skip
+    assert len(warned) == 2 and warned[1].startswith(f"left {out / 'export-0123abcd'} "), warned
+
+
 def an_export_ends_meanwhile(out, real):
     """make_dirs as real, after which an export into out is put in place (one that ended before this one claimed
     out), leaving what killed exports left there."""

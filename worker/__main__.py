@@ -149,7 +149,9 @@ def _add_cluster_commands(sub) -> None:
                        "here and on the servers. --since STEP writes only "
                        "the rows pushed at clock step >= STEP: a delta for an online store.",
                        formatter_class=HelpFormatter)  # fmt: skip
-    p.add_argument("out", help="output directory: new or empty, unless --overwrite")
+    p.add_argument("out", help="output directory: new or empty, unless --overwrite. A second export into it while "
+                   "one runs is refused by a lock on it, which a file system that keeps locks per machine (NFS) "
+                   "keeps from this machine's exports only: there, export into one OUT from one machine")  # fmt: skip
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "

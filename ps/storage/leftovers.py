@@ -7,8 +7,10 @@ worker/temp_dirs). What proves that none is in use:
 - in a data dir: this server holds RocksDB's LOCK on it (one server a dir), so Store removes them once it opened it;
 - in an export's OUT: a flock on the directory OUT itself. Every writer into OUT (`ps-server export`, `ps-worker
   export`) holds an exclusive one while it writes there (`claimed`; `ps-worker export` passes its own on to the
-  `ps-server export` it runs), so no other is there; one that finds it held is refused (ClaimedError). Where the file system has no flock on directories (as NFS), the leftovers are
-  reported and left.
+  `ps-server export` it runs), so no other is there; one that finds it held is refused (ClaimedError). Where no
+  flock can be had (a file system that refuses it), the leftovers are reported and left, and the writer says it
+  holds no claim; where the file system keeps flocks on each machine (NFS's on a directory), writers on two
+  machines do not see each other's, which nothing here can detect (see claimed).
 - a worker's own files (an export's fresh checkpoint, predict's .partial file) name its process and host: those
   of this host whose process is gone (worker/temp_dirs).
 Stdlib only (and ps.storage.atomicfile): worker/ uses it too (its own export's leftovers).
@@ -308,17 +310,22 @@ def claimed(
     there, so first it runs check() (what directory must hold for the writer to go ahead, seen under the claim: an
     error it raises refuses, nothing changed), then removes leftovers() (paths in directory that only a dead writer
     can have left; whose: see remove). ClaimedError, nothing changed, where another writer holds it. Without flock
-    (not POSIX, a file system with none on directories), or where directory cannot be opened, check() runs and
-    leftovers() is reported only. Yields the
+    (not POSIX, a file system that refuses it on directories), or where directory cannot be opened, check() runs,
+    leftovers() is reported only, and a WARNING says that the writer goes ahead holding no claim. A flock excludes
+    only those who take one where it is kept: on a network file system that keeps it on each machine (NFS's flock
+    on a directory, or a mount with local_lock=flock or all; Lustre's localflock), a writer on another machine is
+    not kept out, and nothing here can tell. Yields the
     descriptor the flock is held by (None where none is): a child process given it (pass_fds) holds the claim
     too, and claims the folder through it (fd: such a descriptor, of directory, which this leaves open; a
     ValueError where it is none)."""
-    own = fd is None
+    own, why = fd is None, "no flock on this system"  # why: where none is had
     if not own:
         _check_descriptor_of(fd, directory)
     elif os.name == "posix":
-        with contextlib.suppress(OSError):
+        try:
             fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            why = f"the folder does not open: {e.strerror or e}"
     try:
         alone = False
         if fd is not None and os.name == "posix":
@@ -328,13 +335,16 @@ def claimed(
             except BlockingIOError:
                 raise ClaimedError(f"another export into {directory} runs now (it holds a lock on the folder): wait "
                                    "for it to end, or give another directory; nothing was written") from None  # fmt: skip
-            except OSError:  # no flock on this file system
-                pass
+            except OSError as e:  # a file system that refuses flock (Lustre without -o flock: ENOSYS)
+                why = f"its file system refuses flock: {e.strerror or e}"
         if check is not None:
             check()
         if alone:
             remove(leftovers(), whose)
         else:
+            log.warning("no lock on %s can be had (%s): this writer goes ahead holding no claim on it, so another "
+                        "writing there at the same time is not refused, and what killed writers left is only "
+                        "reported; run one writer into it at a time", directory, why)  # fmt: skip
             report(leftovers(), f"no lock on {directory} can be had, so another writer may be using it")
         yield fd if alone else None
     finally:
