@@ -142,7 +142,7 @@ class JobIdReusedError(PsError):
 
 
 class JobConflictError(PsError):
-    """A stamped request that conflicts with the job a shard follows (ps.engine.jobhold): a stamp of another job while
+    """A stamped request that conflicts with the job a shard follows (ps.engine.tenancy): a stamp of another job while
     that one is running, or an ssp push of a worker from another process than its earlier pushes (a restarted
     worker, or two processes given one worker id). Nothing was applied."""
 

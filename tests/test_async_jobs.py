@@ -1,4 +1,4 @@
-"""Async and geo jobs on the shards (ps.engine.jobs and jobhold, unclocked stamps): a shard trains one job at a time, whatever
+"""Async and geo jobs on the shards (ps.engine.jobs and tenancy, unclocked stamps): a shard trains one job at a time, whatever
 its mode, and refuses a worker of its job that runs another mode or setup; a resumed job, a late worker and the
 reads of eval, predict, export and stats go on; a job whose workers are gone holds the shard no longer."""
 
@@ -176,7 +176,7 @@ def test_a_gone_jobs_hold_expires_at_its_barrier_timeout_and_an_ended_one_frees_
 
 def test_a_job_whose_pushes_a_checkpoint_holds_back_past_its_barrier_timeout_keeps_the_shard(shard):
     """Its workers are there, their pushes sent again while a long save holds them back: the job is heard from,
-    and another job is refused at its check, not let in as the hold ends."""
+    and another job is refused at its check, not let in as the tenancy ends."""
     push(shard, unclocked(0, barrier_timeout_s=1.0))
     _, token = shard.hold(30.0)
     deadline = time.monotonic() + 1.5
@@ -240,7 +240,7 @@ def test_two_jobs_first_pushes_reaching_a_free_shard_together_let_one_in_and_ref
 
 
 def test_a_first_push_that_fails_leaves_the_shard_free(shard):
-    """A job's first push refused (a table the shard lacks) takes no hold: another job starts at once."""
+    """A job's first push refused (a table the shard lacks) takes no tenancy: another job starts at once."""
     bad = [TablePush(name="nope", ids=IDS, grads=np.ones((len(IDS), 4), np.float32), shows=None, clicks=None)]
     with pytest.raises(TableNotFoundError):
         shard.push_stamped(bad, 1, 11, next(SEQ), unclocked(0))

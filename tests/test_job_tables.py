@@ -1,4 +1,4 @@
-"""A job's hold on a shard from its first table (ps.engine.jobhold, stamped CreateTable): a train run's worker stamps
+"""A job's tenancy of a shard from its first table (ps.engine.tenancy, stamped CreateTable): a train run's worker stamps
 the CreateTable requests that make its job's tables, so a second job's create or replace is refused while the first
 job holds the shard, before it changes anything; the same job's workers, resumed ones included, go on; a create that
 fails, a check_only and an unstamped create (`train --create-tables-only`, other callers) hold nothing."""
@@ -102,7 +102,7 @@ def test_a_create_that_fails_and_a_check_only_leave_the_shard_free(shard):
                                                    "not by a CreateTable; nothing was created"):  # fmt: skip
         shard.create_table(TableConfig("t", 2), stamp=async_stamp(0, done=True))
     shard.check_create(TableConfig("t", 2), stamp=async_stamp(0))
-    assert shard.stats()["job"] == OTHER and not shard.jobs.hold._claims and "t" not in shard.tables
+    assert shard.stats()["job"] == OTHER and not shard.jobs.tenancy._claims and "t" not in shard.tables
     shard.create_table(TableConfig("t", 2), stamp=ssp_stamp(job=0x5EC))  # OTHER is done: another job starts
     assert shard.stats()["job"] == 0x5EC
 
@@ -179,7 +179,7 @@ def test_an_unstamped_replace_is_refused_while_a_job_holds_the_shard(shard):
 
 def test_a_check_only_keeps_no_hold_alive_and_claims_nothing(shard):
     """JOB's worker made its table, then its checks keep coming (a train run checks its tables before it creates
-    them): they do not keep JOB's hold on the shard (it lasts its barrier timeout from the create, the last write),
+    them): they do not keep JOB's tenancy of the shard (it lasts its barrier timeout from the create, the last write),
     so job OTHER gets the shard then; a check of a free shard claims nothing for its job."""
     shard.create_table(SGD4, stamp=async_stamp(0, num_workers=1, barrier_timeout_s=0.5))
     deadline = time.monotonic() + 0.6
@@ -190,7 +190,7 @@ def test_a_check_only_keeps_no_hold_alive_and_claims_nothing(shard):
     assert shard.stats()["job"] == OTHER
     shard.push_stamped([], 0, 0, 0, ssp_stamp(done=True))  # OTHER is over: the shard is free
     shard.check_create(SGD4, stamp=async_stamp(0))
-    assert not shard.jobs.hold._claims and shard.stats()["job"] == OTHER
+    assert not shard.jobs.tenancy._claims and shard.stats()["job"] == OTHER
     shard.create_table(SGD4, stamp=async_stamp(0))
     with pytest.raises(JobConflictError, match=held_by(JOB)):  # a check is refused where its create would be
         shard.check_create(SGD4, stamp=ssp_stamp(job=0x5EC))
@@ -198,7 +198,7 @@ def test_a_check_only_keeps_no_hold_alive_and_claims_nothing(shard):
 
 def test_a_check_only_of_another_process_takes_no_worker_token(shard):
     """Worker 0's process A (token 0xA) was not heard from for the barrier timeout while worker 1 keeps the job
-    running; process B's check of worker 0 passes (as its create would: A's hold on the worker lapsed) but takes
+    running; process B's check of worker 0 passes (as its create would: A's claim on the worker lapsed) but takes
     nothing: A, restarted with its --resume-file, pushes on, and B is refused then."""
     a, b = (async_stamp(0, barrier_timeout_s=0.5, token=t) for t in (0xA, 0xB))
     shard.create_table(SGD4, stamp=a)

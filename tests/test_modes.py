@@ -921,7 +921,7 @@ def test_a_worker_that_stops_before_its_end_stops_the_job_at_once_and_frees_the_
         ssp_push(shard, 1, 0, B)
         before = shard.pull("emb", A).copy()
         shard.push_stamped([], 0, 0, 0, WorkerStamp(JOB + 7, 0, 2, 0, stopped="not this job"))  # not followed: nothing
-        assert shard.stats()["job"] == JOB and shard.jobs.hold.stopped is None
+        assert shard.stats()["job"] == JOB and shard.jobs.tenancy.stopped is None
         if sync:
             waiting = Concurrently(lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 11, 0,
                                                               stamp(0, 1, sync=True)))  # fmt: skip
@@ -1063,7 +1063,7 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
         assert info.value.details().isascii() and info.value.details().isprintable()  # nothing of it printed raw
     after = (shard.table("emb").peek(A), shard.journal.next_seq, shard.jobs.stats(), shard.clock)
     assert (before[0] == after[0]).all() and before[1:] == after[1:] and not shard.jobs.sync.steps
-    assert shard.jobs._done == [False, False] and shard.jobs.hold.stopped is None  # done and stopped refused too
+    assert shard.jobs._done == [False, False] and shard.jobs.tenancy.stopped is None  # done and stopped refused too
     # another worker count: refused, and the job stops
     s = ps_pb2.WorkerStamp(**{**good, "num_workers": 3, "worker": 2})
     with pytest.raises(grpc.RpcError) as info:
@@ -1376,7 +1376,7 @@ def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(ser
         stopped = WorkerStamp(JOB, 0, 2, 0, acked=41)  # a worker past its first steps: acked > step is fine here
         assert client.stop_job(stopped, "ValueError: a bad line") == []
     for server in started:
-        assert "worker 0 stopped before its end ('ValueError: a bad line')" in str(server.shard.jobs.hold.stopped)
+        assert "worker 0 stopped before its end ('ValueError: a bad line')" in str(server.shard.jobs.tenancy.stopped)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connections are refused

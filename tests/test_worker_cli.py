@@ -892,7 +892,7 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
     assert proc.returncode == code, out
     assert ("interrupted" if sig == signal.SIGINT else "terminated") in out, out
     why = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)"
-    assert f"worker 0 stopped before its end ('{why}')" in str(jobs.hold.stopped)  # its peers need not wait
+    assert f"worker 0 stopped before its end ('{why}')" in str(jobs.tenancy.stopped)  # its peers need not wait
     assert jobs.wait_for_pull(WorkerStamp(78, 0, 1, 0)) == 0  # and the shard takes another job at once
 
 

@@ -177,7 +177,7 @@ class Client:
         RocksDB write there, or a table created or trained in between by another client (or, with a stamp, a
         shard taken by another job in between). stamp: a training job's worker's (its row source's,
         worker/steprows.py), for its job's tables: each shard holds itself for the job from then on, as after the
-        job's first push, and refuses the create while it holds another job (ps.engine.jobhold)."""
+        job's first push, and refuses the create while it holds another job (ps.engine.tenancy)."""
         cfg.validate()
         spec = codec.table_config_to_proto(cfg)
         proto = None if stamp is None else codec.stamp_to_proto(stamp)

@@ -25,7 +25,7 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - job_id: the job id the run trains under (its --job-id, or the one made up at its first start); absent or null:
   not known. A start without --job-id takes it (and `ps-worker launch` gives it to every worker): a shard holds
   a job whose worker was killed without a word (SIGKILL, an OOM kill, a lost node) for its barrier timeout, and
-  refuses another job's table creations and pushes until then (ps/engine/jobhold.py), but lets its own job push on.
+  refuses another job's table creations and pushes until then (ps/engine/tenancy.py), but lets its own job push on.
   A start given another --job-id is refused, as for the run settings.
 - job_name: the job's name, the --job-id text J is the hash of (ps.stamp job_hash), which the run's stamps carry
   for the shards' messages; absent or null: none (an integer --job-id, or one made up). A start under J takes it

@@ -13,7 +13,7 @@
                                                                  (GeoRows)
 
 Every mode's pushes carry the job's stamp (async and geo: unclocked, which moves no clock): a shard trains one job
-at a time, and refuses a worker of its job whose setup (job_setup) differs (ps.engine.jobhold).
+at a time, and refuses a worker of its job whose setup (job_setup) differs (ps.engine.tenancy).
 
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
@@ -347,7 +347,7 @@ class GeoRows:
 def stop_reason(e: BaseException) -> str:
     """Why a worker stopped, for its job's other workers: "interrupted (Ctrl-C)", "terminated (SIGTERM)", or the
     error's class and the first line of its message ("InvalidArgumentError: shard 1 at ...": with stopped_by, a
-    shard reads a refusal that stopped the job so, and stops the job with it, ps.engine.jobhold)."""
+    shard reads a refusal that stopped the job so, and stops the job with it, ps.engine.tenancy)."""
     e = signal_behind(e) or e  # numba can wrap a signal's exception in a SystemError
     if isinstance(e, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
@@ -359,7 +359,7 @@ def stop_reason(e: BaseException) -> str:
 
 def stopped_by(e: BaseException) -> str:
     """The class of the shard's refusal a worker stopped on, for its stop stamp's stopped_by (a shard relays a
-    refusal that stopped the job: ps.engine.jobhold): e's, where a shard refused a call with it (worker.retry's
+    refusal that stopped the job: ps.engine.tenancy): e's, where a shard refused a call with it (worker.retry's
     refused_by names the shard); "" for a cause of the worker's own, a PsError it raised itself included."""
     return type(e).__name__ if isinstance(e, PsError) and getattr(e, "refused_by", None) is not None else ""
 
@@ -376,7 +376,7 @@ def abandon(source: Any, e: BaseException) -> None:
 
 def job_setup(cfg: Any, spec: ModelSpec) -> str:
     """What every worker of a job must run alike, as the stamp's key=value pairs (the shards refuse a worker whose
-    pairs differ from the job's: ps.engine.jobhold): the mode (and ssp's staleness, geo's steps per push), the
+    pairs differ from the job's: ps.engine.tenancy): the mode (and ssp's staleness, geo's steps per push), the
     model, its fields (their count and a digest of each field's name, table, width and pooling), the numeric
     features, and for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer; sync: the
     steps between the MLP's pushes, which a step's sum takes alike from every worker). Left out

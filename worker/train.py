@@ -95,7 +95,7 @@ def train(cfg: TrainConfig) -> dict:
         features = held_features(client, data.schema, [t.name for t in tables_cfg], shard_stats)
         tables_cfg = [dataclasses.replace(t, features=features) for t in tables_cfg]
         # the job's stamp goes with the creation of its tables: each shard holds itself for the job from its first
-        # table on, and refuses another job's create (ps.engine.jobhold); a run that trains nothing (one that
+        # table on, and refuses another job's create (ps.engine.tenancy); a run that trains nothing (one that
         # creates the tables only, or only evaluates) holds nothing
         source = row_source(cfg, client, spec, tables_cfg)
         trains = not cfg.create_tables_only and not cfg.resume_trained
@@ -121,7 +121,7 @@ def train(cfg: TrainConfig) -> dict:
                     client.create_table(table, replace_untrained=table.name in replaced, stamp=stamp)
                 except RamTierTooSmallError as e:
                     raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
-            if replaced:  # said once done: a shard that holds another job refuses the replace (ps.engine.jobhold)
+            if replaced:  # said once done: a shard that holds another job refuses the replace (ps.engine.tenancy)
                 log.warning("%s", replaced_warning(replaced))
             if cfg.create_tables_only:
                 return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}

@@ -44,7 +44,7 @@ is the smallest clock (when every worker is done, the largest).
   (WorkerDoneError, FAILED_PRECONDITION): a done worker pushes nothing more.
 - A stop stamp (a PushBatch without pushes whose `stopped` says why) comes from a worker that ends before its
   work is done (interrupted, or failed): the job stops at once, as for a worker of another setup
-  (ps.engine.jobhold), with BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers
+  (ps.engine.tenancy), with BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers
   waiting out their barrier for a worker that is gone; and another job may start. Where the worker stopped on a
   refusal that stopped the job on a shard (a worker of another setup there, say: the worker stopped because the
   job had; the stamp's stopped_by names its class), the job stops with that refusal instead, its class and its
@@ -64,7 +64,7 @@ stamp says acked > t or a worker contributes to a later step: that worker had it
 after the whole sum. Stamps are trusted that far and no further: no stamp proves a step the journal does not hold.
 
 The job. The job followed, its setup, the claims of the pushes and creates that start a job, and which process
-trains each worker (a push's client id, an unclocked stamp's token) are the shard's JobHold's (ps.engine.jobhold,
+trains each worker (a push's client id, an unclocked stamp's token) are the shard's JobTenancy's (ps.engine.tenancy,
 which says when a stamp of another job, another setup or another process is refused); JobClocks holds one and checks
 every stamp against it.
 
@@ -103,11 +103,11 @@ import time
 from collections.abc import Callable
 
 from ps.config import MAX_SEQ_JUMP
-from ps.engine.jobhold import JobHold, relayed_stop
 from ps.engine.push import TablePush
 from ps.engine.stampcheck import check_stamp, job_stops
 from ps.engine.syncsteps import SyncStep, SyncSteps, again
 from ps.engine.syncsum import sync_key
+from ps.engine.tenancy import JobTenancy, relayed_stop
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
@@ -174,19 +174,20 @@ class JobClocks:
         self._done: list[bool] = []
         self._stamped: list[bool] = []  # worker -> a stamp of it came here (since the job started here)
         self.sync = SyncSteps(shard_id, self._cond, max_count, sync_step_bytes, self._reach, self._named)
-        self.hold = JobHold(shard_id, self._cond, lambda: self._done, self.sync.fail_gathering)  # the job followed
+        # the job followed, and which job holds the shard
+        self.tenancy = JobTenancy(shard_id, self._cond, lambda: self._done, self.sync.fail_gathering)
         self._generation = 0  # moves when the job changes: waits of an older job fail
         self._closed = False
 
     @property
     def job(self) -> int:
-        """The job followed (0: none yet), the hold's."""
-        return self.hold.job
+        """The job followed (0: none yet), the tenancy's."""
+        return self.tenancy.job
 
     @property
     def num_workers(self) -> int:
-        """The worker count of the job followed, the hold's."""
-        return self.hold.num_workers
+        """The worker count of the job followed, the tenancy's."""
+        return self.tenancy.num_workers
 
     # ---- the job --------------------------------------------------------------------------------------
     def check(
@@ -194,64 +195,64 @@ class JobClocks:
     ) -> bool:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
-        stops the job: JobHold.check_workers); WorkerDoneError for a push of a worker held as done;
+        stops the job: JobTenancy.check_workers); WorkerDoneError for a push of a worker held as done;
         JobConflictError for a stamp of another job while the one followed runs or a push or create that starts
-        one is claimed (JobHold.check_job), and for an ssp push from another client (the PushBatch's client_id; 0:
+        one is claimed (JobTenancy.check_job), and for an ssp push from another client (the PushBatch's client_id; 0:
         unknown) than the worker's earlier pushes (which stops the job), and for an unclocked stamp of a worker
-        another process (token) holds (JobHold.check_token: the job goes on). A stamp of the job followed that
-        passes counts as hearing from the job (its hold on the shard lasts). create: the stamp of a CreateTable (a
+        another process (token) holds (JobTenancy.check_token: the job goes on). A stamp of the job followed that
+        passes counts as hearing from the job (its tenancy of the shard lasts). create: the stamp of a CreateTable (a
         job's worker creating its job's tables, before its first push), checked as a push's is but for done and
         client. check_only: a CreateTable's check_only (Shard.check_create), refused as its create would be, but
-        holding nothing: it claims no shard, is not heard from (the hold does not last for it) and takes no token
+        holding nothing: it claims no shard, is not heard from (the tenancy does not last for it) and takes no token
         (returns False). Returns whether the stamp claims the shard: a push (not sync, not done) or a create that
         starts its job here; the claim refuses every other job until pushed(claimed=True) or created(claimed=True)
         starts the job, or release() drops it (the push or create failed)."""
         check_stamp(stamp, pull, create)
         with self._cond:
-            if stamp.unclocked and stamp.done and not self.hold.follows(stamp):
+            if stamp.unclocked and stamp.done and not self.tenancy.follows(stamp):
                 return False  # the end of a worker of a job not followed: nothing to change (finish)
-            self.hold.check_job(stamp, create)
-            self.hold.check_workers(stamp)
+            self.tenancy.check_job(stamp, create)
+            self.tenancy.check_workers(stamp)
             if not pull and not create and not stamp.unclocked:
                 self._check_not_done(stamp)
                 if not stamp.sync and not stamp.done:
-                    self.hold.check_client(stamp, client, self._clocks)
-            self.hold.check_token(stamp, create)
+                    self.tenancy.check_client(stamp, client, self._clocks)
+            self.tenancy.check_token(stamp, create)
             if check_only:  # it writes nothing: it holds nothing
                 return False
-            return self.hold.take(stamp, pull, create)
+            return self.tenancy.take(stamp, pull, create)
 
     def check_replace(self, table: str) -> None:
-        """JobConflictError, changing nothing, while a job holds the shard (JobHold.check_replace): a CreateTable
+        """JobConflictError, changing nothing, while a job holds the shard (JobTenancy.check_replace): a CreateTable
         without a stamp would replace table, never trained, under that job."""
         with self._cond:
-            self.hold.check_replace(table)
+            self.tenancy.check_replace(table)
 
     def release(self, stamp: WorkerStamp) -> None:
         """Drops the claim of check() for stamp: its push or create failed, and the shard is as it was before it."""
         with self._cond:
-            self.hold.drop_claim(stamp)
+            self.tenancy.drop_claim(stamp)
 
     def _check_not_done(self, stamp: WorkerStamp) -> None:
         """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
         if not stamp.done and stamp.job == self.job and self._done[stamp.worker]:
             raise WorkerDoneError(
-                f"shard {self.shard_id}: worker {stamp.worker} of job {self.hold.named(stamp)} said it is done, and "
+                f"shard {self.shard_id}: worker {stamp.worker} of job {self.tenancy.named(stamp)} said it is done, and "
                 "a done worker pushes nothing more: is a second run using the job id? a job id is for one run; give a "
                 "new --job-id; nothing was applied"
             )
 
     def _enter(self, stamp: WorkerStamp, applied: bool = False) -> int:
         """Starts the stamp's job if it is another one and takes in its acked; returns the job's generation
-        (applied: as JobHold.check_workers). Lock held."""
+        (applied: as JobTenancy.check_workers). Lock held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
-        if not self.hold.follows(stamp):
-            self.hold.check_job(stamp)
+        if not self.tenancy.follows(stamp):
+            self.tenancy.check_job(stamp)
             self._start(stamp)
-        self.hold.check_workers(stamp, applied)
+        self.tenancy.check_workers(stamp, applied)
         self._stamped[stamp.worker] = True
-        self.hold.heard(stamp)
+        self.tenancy.heard(stamp)
         if stamp.acked > self._clocks[stamp.worker]:
             self._reach(stamp.acked, [stamp.worker])
         if stamp.acked > self._acked:
@@ -261,18 +262,18 @@ class JobClocks:
 
     def _start(self, stamp: WorkerStamp) -> None:
         """Follows the stamp's job in place of the one followed: clocks seeded from the journal, the stamp's
-        setup the job's (JobHold.start). Lock held."""
+        setup the job's (JobTenancy.start). Lock held."""
         job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
         done = self._stored_done(stamp)  # read before anything changes
-        old, new = self.hold.named(), stamp.named
+        old, new = self.tenancy.named(), stamp.named
         log.info("shard %d follows job %s of %d workers (clocks from %d)%s", self.shard_id, new, num_workers, seed,
                  f", in place of job {old}" if self.job else "")  # fmt: skip
         replaced = BarrierTimeoutError(
             f"shard {self.shard_id}: job {old} was replaced by job {new} (a stamp of that job came); the job stops"
         )
         self.sync.replace(replaced)
-        self.hold.start(stamp)
+        self.tenancy.start(stamp)
         self.max_gap, self._acked = 0, 0
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
         for w in done:
@@ -305,7 +306,7 @@ class JobClocks:
             self._done_store[1](self.job, self.num_workers, [w for w in range(self.num_workers) if self._done[w]])
         except PsError as e:
             log.warning("shard %d: storing that workers of job %s are done failed (%s); after a restart the shard "
-                        "would wait for them", self.shard_id, self.hold.named(), e)  # fmt: skip
+                        "would wait for them", self.shard_id, self.tenancy.named(), e)  # fmt: skip
 
     @property
     def sync_held_bytes(self) -> int:
@@ -374,7 +375,7 @@ class JobClocks:
                         raise BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
                             f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job "
-                            f"{self.hold.named(stamp)}; is it alive? the job stops"
+                            f"{self.tenancy.named(stamp)}; is it alive? the job stops"
                         )
                     if not waiting:
                         refused = self._threads_refusal(stamp, f"pull of step {stamp.step}")
@@ -404,7 +405,7 @@ class JobClocks:
             if stamp.unclocked:  # a worker that pushes runs: one that stopped (or finished) was started again
                 self._done[stamp.worker] = False
                 return self._min_clock()
-            self.hold.pushed_from(stamp, client)
+            self.tenancy.pushed_from(stamp, client)
             if not stamp.apart:
                 self._reach(stamp.step + 1, [stamp.worker])
             return self._min_clock()
@@ -422,10 +423,10 @@ class JobClocks:
         applied: enters the stamp's job (_enter, applied) unless another job started since the check and runs, or
         the job started since with another worker count; returns whether it entered it. Lock held."""
         if claimed:
-            self.hold.drop_claim(stamp)
-        if stamp.job != self.job and self.hold.running():
+            self.tenancy.drop_claim(stamp)
+        if stamp.job != self.job and self.tenancy.running():
             return False
-        if self.hold.follows(stamp) and stamp.num_workers != self.num_workers:
+        if self.tenancy.follows(stamp) and stamp.num_workers != self.num_workers:
             return False
         self._enter(stamp, applied=True)
         return True
@@ -434,11 +435,13 @@ class JobClocks:
         """Marks the stamp's worker done (idempotent): no wait counts it any more; an unclocked one of a job not
         followed changes nothing. Returns min_clock."""
         with self._cond:
-            if stamp.unclocked and not self.hold.follows(stamp):
+            if stamp.unclocked and not self.tenancy.follows(stamp):
                 return self._min_clock()
             self._enter(stamp)
             if not self._done[stamp.worker]:
-                log.info("shard %d: worker %d of job %s is done", self.shard_id, stamp.worker, self.hold.named(stamp))
+                log.info(
+                    "shard %d: worker %d of job %s is done", self.shard_id, stamp.worker, self.tenancy.named(stamp)
+                )
                 self._done[stamp.worker] = True
                 self._store_done()
                 self._cond.notify_all()
@@ -446,7 +449,7 @@ class JobClocks:
 
     def abandon(self, stamp: WorkerStamp) -> int:
         """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
-        the refusal that stopped it on a shard where the worker stopped on one (ps.engine.jobhold relayed_stop),
+        the refusal that stopped it on a shard where the worker stopped on one (ps.engine.tenancy relayed_stop),
         else BarrierTimeoutError naming the worker and why (unclocked: marks the worker as done instead: no other
         worker waits for it; but not where another process, another token, holds the worker); otherwise changes
         nothing. Returns min_clock."""
@@ -455,16 +458,16 @@ class JobClocks:
                 raise ShardClosingError(f"shard {self.shard_id} is shutting down")
             if stamp.unclocked:
                 if (stamp.job == self.job and stamp.num_workers == self.num_workers and not self._done[stamp.worker]
-                        and self.hold.token_conflict(stamp) is None):  # (not another process's worker)  # fmt: skip
+                        and self.tenancy.token_conflict(stamp) is None):  # (not another process's worker)  # fmt: skip
                     log.info("shard %d: worker %d of job %s stopped (%s)", self.shard_id, stamp.worker,
-                             self.hold.named(stamp), echo(stamp.stopped, 200))  # fmt: skip
+                             self.tenancy.named(stamp), echo(stamp.stopped, 200))  # fmt: skip
                     self._done[stamp.worker] = True
                     self._cond.notify_all()
-            elif stamp.job == self.job and self.hold.stopped is None and not all(self._done):
-                log.warning("shard %d: job %s stops: worker %d stopped (%s)", self.shard_id, self.hold.named(stamp),
+            elif stamp.job == self.job and self.tenancy.stopped is None and not all(self._done):
+                log.warning("shard %d: job %s stops: worker %d stopped (%s)", self.shard_id, self.tenancy.named(stamp),
                             stamp.worker, echo(stamp.stopped, 200))  # fmt: skip
-                self.hold.stop(relayed_stop(stamp) or BarrierTimeoutError(
-                    f"{job_stops(self.shard_id, self.hold.named(stamp))}worker {stamp.worker} stopped before its end "
+                self.tenancy.stop(relayed_stop(stamp) or BarrierTimeoutError(
+                    f"{job_stops(self.shard_id, self.tenancy.named(stamp))}worker {stamp.worker} stopped before its end "
                     f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
                 ))  # fmt: skip
             return self._min_clock()
@@ -473,10 +476,10 @@ class JobClocks:
         """Raises what ends a wait: the shard closing, the job stopped (if stopping), or replaced. Lock held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
-        if stopping and generation == self._generation and self.hold.stopped is not None:
-            raise again(self.hold.stopped)
+        if stopping and generation == self._generation and self.tenancy.stopped is not None:
+            raise again(self.tenancy.stopped)
         if generation != self._generation:
-            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.hold.named()} (a "
+            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.tenancy.named()} (a "
                                       "stamp of that job came); the job stops")  # fmt: skip
 
     def _threads_refusal(self, stamp: WorkerStamp, what: str) -> RpcThreadsExhaustedError | None:
@@ -485,7 +488,7 @@ class JobClocks:
             return None
         n = self.num_workers
         return RpcThreadsExhaustedError(
-            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {self.hold.named(stamp)} would wait for the "
+            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {self.tenancy.named(stamp)} would wait for the "
             f"other workers while waits hold {self._waiting} of this server's {self.threads} RPC threads (--threads), "
             f"leaving none for the requests that end them; a job of {n:,} workers may have 2 x {n:,} "
             f"waits: start ps-server with --threads >= 2 x workers + 2 ({2 * n + 2:,}); nothing was applied; the "
@@ -529,7 +532,7 @@ class JobClocks:
         if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
             raise InvalidArgumentError(
                 f"bad worker stamp: sync step {stamp.step:,} is more than {MAX_SEQ_JUMP:,} steps past the newest "
-                f"step of job {self.hold.named(stamp)} applied on shard {self.shard_id} ({newest - 1:,}); a job's "
+                f"step of job {self.tenancy.named(stamp)} applied on shard {self.shard_id} ({newest - 1:,}); a job's "
                 "workers count their steps 0, 1, 2, ...; nothing was applied"
             )
         with self._cond:
@@ -546,8 +549,8 @@ class JobClocks:
             if not step.applying:
                 too_large = self.sync.contribute(step, stamp, pushes, advance_clock, client, self.num_workers)
                 if too_large is not None:  # its step could not complete: the job stops
-                    self.hold.stop(too_large)
-                    raise again(self.hold.stopped)
+                    self.tenancy.stop(too_large)
+                    raise again(self.tenancy.stopped)
             started, waiting = time.monotonic(), False
             step.waiters += 1
             try:
@@ -569,7 +572,7 @@ class JobClocks:
                         self.sync.fail(step, BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
                             f"{waited:.3g} s for the pushes of {self._named(missing)} of job "
-                            f"{self.hold.named(stamp)}; nothing of the step was applied; is it alive? the job stops"
+                            f"{self.tenancy.named(stamp)}; nothing of the step was applied; is it alive? the job stops"
                         ))  # fmt: skip
                         raise again(step.error)
                     if not waiting:

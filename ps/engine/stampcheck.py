@@ -1,5 +1,5 @@
 """The checks of a worker's stamp that need no job: check_stamp (what no job's stamp may say), and the words the
-refusals of ps.engine.jobhold use for a job's setup (its key=value pairs, what differs between two, its mode) and for
+refusals of ps.engine.tenancy use for a job's setup (its key=value pairs, what differs between two, its mode) and for
 stopping a job (job_stops).
 """
 
@@ -73,7 +73,7 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
 
 def job_stops(shard_id: int, job: str) -> str:
     """How the message of an error that stops a job (job: as ps.stamp job_named names it) on a shard starts
-    (ps.engine.jobhold JOB_STOPPING_ERRORS; its relayed_stop finds it in a stop stamp's reason)."""
+    (ps.engine.tenancy JOB_STOPPING_ERRORS; its relayed_stop finds it in a stop stamp's reason)."""
     return f"shard {shard_id}: job {job} stops: "
 
 

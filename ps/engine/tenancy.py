@@ -1,4 +1,4 @@
-"""JobHold: which training job holds a shard, and the checks of a worker's stamp against it: the job's setup, the
+"""JobTenancy: which training job holds a shard (the job's tenancy of it), and the checks of a worker's stamp against it: the job's setup, the
 claims of pushes and creates that start a job, and the processes (clients, tokens) that train its workers.
 
 Setup. The first stamp of a job on a shard sets the job's worker count and setup (its `setup`: key=value pairs the
@@ -17,10 +17,10 @@ checks it; a push that is applied first (async, geo, ssp) claims the shard at it
 two jobs' first pushes reaching a free shard together do not both apply: the other job is refused until the push is
 applied (its job starts) or fails (the claim is dropped, the shard as it was). A stamped CreateTable claims the
 shard the same way, whatever the job's mode, and starts its job once the table is made (a create that fails leaves
-the shard as it was); so the hold starts at a job's first table, and a second job's create (a replace of the first
+the shard as it was); so the tenancy starts at a job's first table, and a second job's create (a replace of the first
 job's untrained tables, say) is refused before it changes anything. Its check_only is checked the same way (refused
-where the create would be) and holds nothing: it claims no shard, does not count as hearing from its job (the hold
-does not last for it), and takes no worker's token. A CreateTable without a stamp holds nothing and is not refused
+where the create would be) and holds nothing: it claims no shard, does not count as hearing from its job (the
+tenancy does not last for it), and takes no worker's token. A CreateTable without a stamp holds nothing and is not refused
 for a job, but for a replace (replace_untrained, of a table of another spec): that is refused while a job holds the
 shard (check_replace), as it would replace that job's tables under it.
 
@@ -47,12 +47,12 @@ A relayed stop: a stop stamp of a worker that stopped on a shard's refusal that 
 names the refusal's class, its reason holds the refusal's words) stops the job here with that refusal
 (relayed_stop), so that every worker learns the first cause whichever shard it hears it from.
 
-Contract. ps.engine.jobs's JobClocks holds one JobHold and calls it under its one condition (`cond`, passed here),
-which every method expects held. The hold owns the job's identity and setup (job, num_workers, setup, unclocked:
+Contract. ps.engine.jobs's JobClocks holds one JobTenancy and calls it under its one condition (`cond`, passed here),
+which every method expects held. The tenancy owns the job's identity and setup (job, num_workers, setup, unclocked:
 from its first stamp here; name, which messages name it by: the first its stamps carry), why it stopped
 (stopped), when it was last heard from and how long it is held without a word (its patience), the claims, and the
 workers' clients and tokens. JobClocks owns the worker clocks, done flags
-and waits: the hold reads the done flags through `done`, and stop() fails JobClocks' gathering sync steps through
+and waits: the tenancy reads the done flags through `done`, and stop() fails JobClocks' gathering sync steps through
 `stopping` before it notifies the condition.
 """
 
@@ -74,7 +74,7 @@ from ps.errors import (
 )
 from ps.stamp import WorkerStamp, job_named
 
-# the errors that stop a job (JobHold.stop), whose message starts with job_stops' words
+# the errors that stop a job (JobTenancy.stop), whose message starts with job_stops' words
 JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
 
 
@@ -92,7 +92,7 @@ def relayed_stop(stamp: WorkerStamp) -> PsError | None:
     return cls(f"{found[0]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
 
 
-class JobHold:
+class JobTenancy:
     def __init__(
         self,
         shard_id: int,
@@ -160,8 +160,8 @@ class JobHold:
         return time.monotonic() - self._heard <= self._patience_s
 
     def take(self, stamp: WorkerStamp, pull: bool, create: bool) -> bool:
-        """After the stamp passed the checks (JobClocks.check): one of the job followed is heard from (its hold on
-        the shard lasts, its token is taken) and claims nothing; a push (not sync, not done) or a create of a job not
+        """After the stamp passed the checks (JobClocks.check): one of the job followed is heard from (its tenancy
+        of the shard lasts, its token is taken) and claims nothing; a push (not sync, not done) or a create of a job not
         followed claims the shard (returns True): every other job is refused until drop_claim drops it."""
         if self.follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
             self._heard = time.monotonic()
@@ -177,7 +177,7 @@ class JobHold:
         self._claims.remove(next(c for c in self._claims if c[0] == stamp))
 
     def heard(self, stamp: WorkerStamp) -> None:
-        """Notes a stamp of the job followed, which passed check_workers, as heard now: the hold lasts for the
+        """Notes a stamp of the job followed, which passed check_workers, as heard now: the tenancy lasts for the
         largest barrier timeout its stamps gave, an unclocked stamp's token is its worker's, and its job_name is the
         job's where none was known (the job started here by a stamp without one)."""
         self.name = self.name or stamp.job_name
