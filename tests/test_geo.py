@@ -226,7 +226,7 @@ def test_apply_needs_the_rows_held_and_every_must_be_positive(server):
 
 def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_the_servers_failed():
     """So that the examples a stopped run says it trained (its --skip-examples) are on the servers."""
-    from ps.errors import ServerUnavailableError
+    from ps.errors import InvalidArgumentError, ServerUnavailableError
     from worker.steprows import GeoRows, abandon
 
     class Geo:
@@ -238,12 +238,78 @@ def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_th
     geo = Geo()
     abandon(GeoRows(None, geo), KeyboardInterrupt())
     abandon(GeoRows(None, geo), ValueError("a bad line"))
-    assert geo.flushes == 2
+    abandon(GeoRows(None, geo), InvalidArgumentError("grads of table 'mlp' hold a NaN"))  # its own request's fault
+    assert geo.flushes == 3
     abandon(GeoRows(None, geo), ServerUnavailableError("shard 0 did not answer"))
     failed = GeoRows(None, geo)
     failed._failed = True  # a push of deltas failed: some shards may have applied it
     abandon(failed, KeyboardInterrupt())
-    assert geo.flushes == 2
+    assert geo.flushes == 3
+
+
+def _three_geo_steps(server, every: int = 4):
+    """GeoRows over the server, every `every` steps per push, after three steps of SGD on ids 1 and 2; and the
+    local rows of those ids."""
+    from worker.batch import TableIds
+    from worker.steprows import GeoRows
+
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5))
+    server.create_table(cfg)
+    rows = GeoRows(server, GeoTables(server, {"emb": cfg}, every=every))
+    ids = np.array([1, 2], np.uint64)
+    tids = {"emb": TableIds(ids, {}, np.ones(2, F32), np.zeros(2, F32))}
+    for step in range(1, 4):
+        rows.rows(step, tids, None)
+        rows.push(step, tids, {"emb": np.ones((2, 4), F32)}, [])
+    return rows, ids, rows.geo.rows({"emb": ids})["emb"].copy()
+
+
+def test_a_geo_worker_whose_own_request_was_refused_pushes_its_deltas_as_it_stops(server):
+    """An InvalidArgumentError (its own check of a push before it sent, or a shard's refusal of what a request
+    held) is no failure of the servers: the deltas of the steps since the last push reach them."""
+    from ps.errors import InvalidArgumentError
+    from worker.steprows import abandon
+
+    rows, ids, local = _three_geo_steps(server)
+    before = server.pull("emb", ids)
+    assert rows.holding()
+    abandon(rows, InvalidArgumentError("grads of table 'mlp' hold a NaN"))
+    assert not rows.holding()
+    np.testing.assert_allclose(server.pull("emb", ids), local, rtol=1e-6)
+    assert not np.allclose(before, local)
+
+
+def test_a_geo_worker_that_does_not_push_its_deltas_as_it_stops_says_how_many_steps_they_cover(server, caplog):
+    """Where the servers failed, or the push as it stops fails, the warning names the steps whose deltas the
+    servers lack; the worker still counts them as not pushed (holding)."""
+    from ps.errors import InvalidArgumentError, ServerUnavailableError
+    from worker.steprows import abandon
+
+    rows, ids, _ = _three_geo_steps(server)
+    before = server.pull("emb", ids)
+    with caplog.at_level("WARNING", logger="worker.steprows"):
+        abandon(rows, ServerUnavailableError("shard 0 did not answer"))
+    assert "the local deltas of this worker's last 3 steps (since its last push) are not on the servers" in caplog.text
+    assert "the servers failed" in caplog.text
+    assert rows.holding()
+    np.testing.assert_array_equal(server.pull("emb", ids), before)
+
+    caplog.clear()
+    other = InProcessTables(cache_bytes=64 << 20)
+    try:
+        rows, ids, _ = _three_geo_steps(other)
+
+        def refused(items, **kw):
+            raise InvalidArgumentError("shard 0: job 7 stops: worker 1 runs another setup")
+
+        other.push_many = refused
+        with caplog.at_level("WARNING", logger="worker.steprows"):
+            abandon(rows, InvalidArgumentError("grads of table 'mlp' hold a NaN"))
+        assert "last 3 steps" in caplog.text
+        assert "their push as the worker stopped failed (InvalidArgumentError: shard 0: job 7 stops" in caplog.text
+        assert rows.holding()
+    finally:
+        other.close()
 
 
 def test_a_settle_whose_push_was_interrupted_is_not_pushed_again_by_the_abandon_after_it(server):

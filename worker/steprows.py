@@ -24,7 +24,8 @@ its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
 abandon(reason, servers_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
-the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed;
+the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed
+(servers_failed) or a push of them did, and logs how many steps' deltas it did not push;
 async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ps.errors import PsError
+from ps.errors import InvalidArgumentError, PsError
 from ps.terminate import Terminated, signal_behind
 from worker.batch import TableIds
 from worker.client import PushItem
@@ -298,12 +299,14 @@ class GeoRows:
     def push(self, step: int, tids: dict[str, TableIds], row_grads: dict, extra: list) -> list:
         for t, ti in tids.items():
             self.geo.apply(t, ti.uniq, row_grads[t], ti.shows, ti.clicks)
+        self.unpushed_steps += 1  # until a push holds this step's deltas
         try:
             self.geo.end_step()  # a round's deltas and clock advance, in one PushBatch per shard
         except BaseException:
             self._failed = True
             raise
-        self.unpushed_steps = 0 if self.geo.steps % self.geo.every == 0 else self.unpushed_steps + 1
+        if self.geo.steps % self.geo.every == 0:
+            self.unpushed_steps = 0
         return self.tables.push_many(extra, return_rows=True, stamp=self.stamp) if extra else []
 
     def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
@@ -332,12 +335,29 @@ class GeoRows:
 
     def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
         """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
-        examples holds them), unless the servers are what failed; then tells the shards it stopped."""
+        examples holds them), unless the servers are what failed (servers_ok False) or a push of deltas failed
+        before; where they are not pushed (so, or their push fails now), a warning says how many steps' deltas the
+        servers lack. Then tells the shards it stopped."""
         try:
-            if servers_ok:
-                self._flush()
+            why = self._flush_on_stop(servers_ok)
+            if why is not None and self.unpushed_steps:
+                log.warning("the local deltas of this worker's last %d steps (since its last push) are not on the "
+                            "servers, or not whole: %s; its count of pushed examples leaves them out, and a resumed "
+                            "run trains them again", self.unpushed_steps, why)  # fmt: skip
         finally:
             self._leave(reason, by)
+
+    def _flush_on_stop(self, servers_ok: bool) -> str | None:
+        """Pushes the pending deltas where it may; why they were not pushed, or None where they were."""
+        if self._failed:
+            return "a push of them failed, and is not sent again (some shards may have applied it)"
+        if not servers_ok:
+            return "the servers failed, so this worker sent them nothing more"
+        try:
+            self._flush()
+        except Exception as e:
+            return f"their push as the worker stopped failed ({stop_reason(e)})"
+        return None
 
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
@@ -364,12 +384,17 @@ def stopped_by(e: BaseException) -> str:
     return type(e).__name__ if isinstance(e, PsError) and getattr(e, "refused_by", None) is not None else ""
 
 
+def servers_failed(e: BaseException) -> bool:
+    """Whether e may be a failure of the servers: a PsError, but for InvalidArgumentError (a request refused for
+    what it holds, by the client's own check before it sent or by a shard that answered, says nothing of them)."""
+    return isinstance(e, PsError) and not isinstance(e, InvalidArgumentError)
+
+
 def abandon(source: Any, e: BaseException) -> None:
     """source.abandon(stop_reason(e), servers_ok, stopped_by(e)) for a worker that e stops before its end
-    (servers_ok: e is no server's error, PsError); a failure of that is logged, not raised: e is the error to
-    report."""
+    (servers_ok: not servers_failed(e)); a failure of that is logged, not raised: e is the error to report."""
     try:
-        source.abandon(stop_reason(e), servers_ok=not isinstance(e, PsError), by=stopped_by(e))
+        source.abandon(stop_reason(e), servers_ok=not servers_failed(e), by=stopped_by(e))
     except Exception as failed:
         log.warning("could not tell the servers that this worker stopped: %s", failed)
 
