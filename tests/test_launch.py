@@ -337,7 +337,7 @@ def test_a_resume_file_the_workers_would_share_is_refused_before_any_worker_star
 def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp_path):
     """A job's workers killed without a word leave it holding the shards: the same launch again goes on under its
     id (which each worker's file would refuse another of), given as its name where a file keeps one; files of two
-    jobs are refused; sync and ssp workers, which keep no file, get a new id."""
+    jobs are refused; sync and ssp workers, whose job resumes only under a new id, get a new one."""
     resume = ["--resume-file", str(tmp_path / "p-{worker}.json")]
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
     assert plan_launch(args, rest).job_id != plan_launch(args, rest).job_id  # no file yet: a new one each time
@@ -1290,8 +1290,8 @@ def test_local_shards_refuse_tls_and_token_settings_from_flags_or_the_file_not_f
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_command_again(fakes, capsys, mode):
     """With --resume-file each worker resumes from its file, which refuses a --skip-examples other than the one the
-    stopped run started with: the hint is the same command, not a --skip-examples; sync leaves the files unused (a
-    warning), so there the skip stands."""
+    stopped run started with: the hint is the same command, not a --skip-examples (sync too: launch run again
+    gives its workers a new job id, under which a sync job resumes)."""
     wait = {"wait_for": ["worker-1"]}
     command, pids = fakes([{"action": "exit", "code": 3, "progress": [{"examples": 300}], **wait},
                            {"action": "sleep", "progress": [{"examples": 500}]}])  # fmt: skip
@@ -1301,12 +1301,9 @@ def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_c
     )  # a command with a --skip-examples: its workers' files refuse any other
     assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 1
     err = capsys.readouterr().err
-    if mode == "async":
-        assert "--skip-examples 500" not in err and "run the same command again" in err, err
-        assert "no --skip-examples" not in err and "its --skip-examples, if any, unchanged" in err, err
-        assert "--resume-file /tmp/pos-{worker}.json" in err, err
-    else:
-        assert "--skip-examples 500" in err and "run the same command again" not in err, err
+    assert "--skip-examples 500" not in err and "run the same command again" in err, err
+    assert "no --skip-examples" not in err and "its --skip-examples, if any, unchanged" in err, err
+    assert "--resume-file /tmp/pos-{worker}.json" in err, err
     assert_all_gone(pids, {"worker-0", "worker-1"})
 
 

@@ -211,17 +211,79 @@ def test_a_restart_without_job_id_names_the_job_as_its_first_start_did(tmp_path,
 
 
 def test_resume_file_is_refused_with_local_shards_and_unused_where_one_worker_cannot_resume_alone(tmp_path, caplog):
-    """Local shards go with the model: refused. A sync or ssp job's workers resume together, and --dense
-    allreduce keeps the MLP in the workers: the file is not used, with a warning (the deployments set it for every
-    worker, whatever the mode)."""
+    """Local shards go with the model: refused. --dense allreduce keeps the MLP in the workers: the file is not
+    used, with a warning (the deployments set it for every worker, whatever the mode)."""
     from worker.cli_train import resumed
 
     with pytest.raises(ValueError, match="--resume-file resumes training a model that servers hold"):
         TrainConfig(resume_file=str(tmp_path / "p.json"), local_shards=1).validate()
-    for settings, why in (({"mode": "sync", "num_workers": 2, "job_id": 7}, "a --mode sync job's workers resume"),
-                          ({"dense": "allreduce", "model": "dnn"}, "--dense allreduce keeps the MLP in the workers")):  # fmt: skip
-        cfg = resumed(TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), **settings))
-        assert cfg.resume_file is None and why in caplog.text and not (tmp_path / "p.json").exists()
+    cfg = resumed(TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), dense="allreduce", model="dnn"))
+    assert cfg.resume_file is None and "--dense allreduce keeps the MLP in the workers" in caplog.text
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("mode", ["sync", "ssp"])
+def test_a_sync_or_ssp_position_resumes_under_a_new_job_id_and_its_own_id_is_refused(tmp_path, mode):
+    """A sync or ssp job resumes whole, under a new job id (the shards keep the stopped job's clocks and applied
+    steps under its id): the file's id is refused while its training is not over, never taken; a worker whose
+    training was over tells the new job it is done (resume_rejoins), a finished one too, where under the file's id
+    it does nothing."""
+    from worker.cli_train import resumed
+
+    path = tmp_path / "p.json"
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(path), mode=mode, num_workers=2, job_id=7)
+    assert resumed(cfg).resume_file == str(path)  # used: no warning, no position yet
+    writer = PositionWriter(cfg)
+    writer.job_id = 7
+    writer.update(300)
+    assert json.loads(path.read_text())["examples"] == 300
+    with pytest.raises(ValueError, match=rf"position in job 7 \(--mode {mode}\), which stopped after 300 of its "
+                                         rf"examples, and a --mode {mode} job resumes only under a new --job-id"):  # fmt: skip
+        resumed(cfg)
+    again = resumed(dataclasses.replace(cfg, job_id=8))
+    assert (again.job_id, again.skip_examples, again.resume_trained, again.resume_rejoins) == (8, 300, False, False)
+    writer.write(500, trained=True)
+    assert resumed(cfg).resume_rejoins is False  # the file's own job: it evaluates, as it would have
+    trained = resumed(dataclasses.replace(cfg, job_id=8))
+    assert (trained.skip_examples, trained.resume_trained, trained.resume_rejoins) == (500, True, True)
+    writer.write(500, finished=True)
+    assert resumed(cfg) is None  # its run ended: nothing to do
+    finished = resumed(dataclasses.replace(cfg, job_id=8))
+    assert (finished.resume_trained, finished.resume_rejoins) == (True, True)
+
+    alone = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "one.json"), mode=mode)  # one worker
+    writer = PositionWriter(alone)
+    writer.job_id = 7  # the one drawn at its first start
+    writer.update(300)
+    one = resumed(alone)
+    assert one.job_id is None and one.skip_examples == 300  # a new id is drawn (with_recipe), not the file's
+    writer.write(500, finished=True)
+    assert resumed(alone) is None  # no peers to tell
+
+
+def test_a_sync_worker_whose_training_was_over_tells_its_resumed_job_it_is_done(tmp_path, capsys):
+    """Worker 1's file says its training in job j1 was over; started again with its peer under job j2, it tells j2
+    that it is done before it evaluates, so worker 0 trains its share without waiting for it (a wait would end at
+    the 2 s barrier timeout, stopping the job)."""
+    from worker.cli_train import train_config_from_argv
+
+    position = str(tmp_path / "position-{worker}.json")
+    with LocalCluster(1) as cluster:
+
+        def sync(worker: int, job: str) -> list[str]:
+            return ["--servers", cluster.addresses[0], "--mode", "sync", "--num-workers", "2", "--worker-id",
+                    str(worker), "--job-id", job, "--barrier-timeout", "2", "--resume-file", position, *FLAGS]  # fmt: skip
+
+        first = train_config_from_argv(sync(1, "j1"))
+        writer = PositionWriter(dataclasses.replace(first, resume_file=first.worker_resume_file()))
+        writer.job_id, writer.job_name = job_hash("j1"), "j1"
+        writer.write(ROWS // 2, trained=True)
+        code, out, err = run(["train", *sync(1, "j2")], capsys)
+        assert code == 0, out + err
+        assert "telling job 'j2' (its workers resumed) that this worker is done, then evaluating" in out, out
+        code, out, err = run(["train", *sync(0, "j2")], capsys)
+        assert code == 0, err
+        assert re.search(rf"trained lr .* on {ROWS // 2:,} examples", out), out
 
 
 def test_metrics_out_naming_the_resume_file_is_refused_before_the_run(tmp_path):

@@ -114,8 +114,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        help="the job's id, the same for all its workers: an integer, or a name, which the servers' "
                        "messages then name the job by (up to 100 printable ASCII characters) (needed with several "
                        "workers; a new one per job; torchrun's TORCHELASTIC_RUN_ID when set, but for its 'none' (no "
-                       "--rdzv-id); `ps-worker launch` picks one; else the one --resume-file keeps, else a random "
-                       "one)")  # fmt: skip
+                       "--rdzv-id); `ps-worker launch` picks one; else the one --resume-file keeps (async, geo: a sync or "
+                       "ssp job resumes under a new one), else a random one)")  # fmt: skip
     modes.add_argument("--row-cache-bytes", type=_size, default=None,
                        help="ssp: a worker cache of rows served while within the staleness bound, evicting the "
                        "least frequently used (e.g. 64M; default 64M for ssp, 0 otherwise)")  # fmt: skip
@@ -245,8 +245,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="keep this worker's position in FILE (as it starts, every 10 s, and as it stops or ends) and, when FILE exists, "
         "train on from it: the same command started again (a restart policy's, a Job's retry) resumes instead of "
-        "training from the start; refused where FILE is another run's, or in use by a run still going; {worker} in the name: the worker's id; not "
-        "used (a warning) with --mode sync or ssp, or --dense allreduce",
+        "training from the start; refused where FILE is another run's, or in use by a run still going; {worker} in the name: the worker's id; "
+        "--mode sync or ssp: the job resumes whole, every worker under a new --job-id; not used (a warning) with "
+        "--dense allreduce",
     )
     fit.add_argument(
         "--max-examples",
@@ -627,11 +628,13 @@ def run_train(args: argparse.Namespace) -> int:
 
 def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> TrainConfig | None:
     """cfg to run under --resume-file: with --skip-examples from the file's position (worker/resume.py; only the
-    final evaluation when its training was over), as given when there is no file yet, without the file where one
+    final evaluation when its training was over; sync and ssp under a new job id, a worker whose training was over
+    telling it that it is done: resume_rejoins), as given when there is no file yet, without the file where one
     worker cannot resume alone (a warning says why); None (said) when the file says the run ended. ValueError for a
     file of another run, for a --skip-examples other than the one the file's run started from, and, with a stack,
     for a file another run holds (the stack then holds it, worker.resume.held, until it closes)."""
-    from worker.resume import held, read_position, resume_path, unused_because
+    from ps.stamp import job_named
+    from worker.resume import held, read_position, rejoins, resume_path, resumes_whole, unused_because
 
     cfg.validate()
     why = unused_because(cfg)
@@ -647,7 +650,8 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     # one is given (an integer --job-id, the file's id, gives none); and the worker's token, which makes a
     # restart the same process for them (none: TrainConfig.with_recipe makes the run's up, and the file keeps them
     # from before its first CreateTable on: worker/train.py)
-    job = cfg.job_id or (position and position.job_id) or None
+    # (sync and ssp resume under a new job id, never the file's: read_position refused it where it was given)
+    job = cfg.job_id or (position and not resumes_whole(cfg) and position.job_id) or None
     kept_name = position.job_name if position and position.job_id == job else ""
     cfg = dataclasses.replace(cfg, job_id=job, job_name=cfg.job_name or kept_name,
                               worker_token=cfg.worker_token or (position and position.token) or 0)  # fmt: skip
@@ -659,17 +663,24 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
                          f"({position.examples:,} examples) of a run started with --skip-examples "
                          f"{position.started_from}: give that run's command (the file's position then wins), or "
                          "remove the file")  # fmt: skip
-    if position.finished:
+    rejoin = rejoins(cfg, position)  # its peers wait for it unless it says it is done
+    if position.finished and not rejoin:
         print(f"--resume-file {cfg.resume_file}: this worker's run ended before, after {position.examples:,} "
               "examples; nothing to do (remove the file to train again)", flush=True)  # fmt: skip
         return None
-    if position.trained:
+    if position.trained and rejoin:
+        before, now = job_named(position.job_id or 0, position.job_name), job_named(job, cfg.job_name)
+        print(f"--resume-file {cfg.resume_file}: this worker's training ended after {position.examples:,} examples, "
+              f"in job {before}; telling job {now} (its workers resumed) that this worker is done, then evaluating"
+              f"{' again' if position.finished else ''}", flush=True)  # fmt: skip
+    elif position.trained:
         print(f"--resume-file {cfg.resume_file}: this worker's training ended after {position.examples:,} examples, "
               "its final evaluation did not: evaluating", flush=True)  # fmt: skip
     else:
         print(f"--resume-file {cfg.resume_file}: resuming after {position.examples:,} training examples", flush=True)
     return dataclasses.replace(cfg, skip_examples=position.examples, resume_started_from=position.started_from,
-                               resume_trained=position.trained, resume_state_ids=position.state_ids)  # fmt: skip
+                               resume_trained=position.trained, resume_state_ids=position.state_ids,
+                               resume_rejoins=rejoin and position.trained)  # fmt: skip
 
 
 def eval_config(args: argparse.Namespace) -> TrainConfig:

@@ -81,7 +81,8 @@ _REFUSED = {  # train dests launch sets for every worker: (flag, what launch giv
     "backend": ("--backend", "worker i gets the i-th of --backends (one per worker, or one for all)"),
     "job_id": (
         "--job-id",
-        "every worker gets the same new job name, launch-<16 random hex digits> (or the job their --resume-files keep)",
+        "every worker gets the same new job name, launch-<16 random hex digits> (or, async and geo, the job their "
+        "--resume-files keep)",
     ),
     "progress_lines": ("--progress-lines", "every worker gets it, and launch merges the lines"),
     "launched": ("--launched", "every worker gets it: launch says once for the job what each would say"),
@@ -378,11 +379,12 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
     the job's name where one keeps it ("" where none does): the same launch again goes on under the job's id, which
     the shards let push while they hold the job for workers killed without a word (a job's own workers would
     otherwise be refused for its barrier timeout), and which each worker's file would refuse another of. None
-    where no file keeps one; ValueError where two do differ (files of two jobs)."""
-    from worker.resume import recorded_job, unused_because
+    where no file keeps one, and for sync and ssp, whose job resumes under a new id (worker.resume.resumes_whole);
+    ValueError where two do differ (files of two jobs)."""
+    from worker.resume import recorded_job, resumes_whole, unused_because
 
     resume_file = getattr(cfg, "resume_file", None)
-    if not resume_file or unused_because(cfg) is not None:
+    if not resume_file or unused_because(cfg) is not None or resumes_whole(cfg):
         return None
     files = [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
     kept = {path: job for path in files if (job := recorded_job(path)) is not None}

@@ -26,7 +26,8 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   not known. A start without --job-id takes it (and `ps-worker launch` gives it to every worker): a shard holds
   a job whose worker was killed without a word (SIGKILL, an OOM kill, a lost node) for its barrier timeout, and
   refuses another job's table creations and pushes until then (ps/engine/tenancy.py), but lets its own job push on.
-  A start given another --job-id is refused, as for the run settings.
+  A start given another --job-id is refused, as for the run settings (async and geo; sync and ssp take none
+  from the file, and refuse its own: below).
 - job_name: the job's name, the --job-id text J is the hash of (ps.stamp job_hash), which the run's stamps carry
   for the shards' messages; absent or null: none (an integer --job-id, or one made up). A start under J takes it
   (and `ps-worker launch` gives it as every worker's --job-id), so that a worker started again without --job-id
@@ -48,10 +49,20 @@ training takes a stale gradient). The MLP gradients a --dense ps run had not pus
 While a run uses FILE it holds a lock on a hidden file beside it (.FILE.lock, kept): the same command started again
 while the first still runs is refused (both would train the worker's share and write one position).
 
+A sync or ssp job's worker keeps its position the same way (a step's push is answered once the shards applied it:
+the step's sum, in sync), but its job resumes only whole, every worker started again with its file under a new job
+id: the shards keep a job's clocks, done workers and applied sync steps under its id, so a worker of the stopped job
+would be refused, and a sync step of a run under its id again taken as applied. So, for these modes: a start given
+the file's job id is refused while the file's training is not over (the file names the job; a start without
+--job-id, one worker's, draws a new one); each worker resumes from its own position (the steps of the new job pair
+other examples than the first run's did); and a worker whose training was over (trained, or finished: its run
+ended) tells the new job it is done before it evaluates (a finished one evaluates again), so that its resumed
+peers wait for nobody.
+
 FILE may hold "{worker}", replaced by the worker's id: workers that share a machine (torchrun's
-LOCAL_WORLD_SIZE > 1) need it, each keeping its own file. The file is not used (a warning says so) where one
-worker cannot resume alone: --mode sync or ssp (the job's workers resume together, under a new job id) and
---dense allreduce (the MLP lives in the workers, written to the servers only every 30 s).
+LOCAL_WORLD_SIZE > 1) need it, each keeping its own file. The file is not used (a warning says so) with --dense
+allreduce (the MLP lives in the workers, written to the servers only every 30 s: a worker's position can be ahead
+of the MLP the servers hold).
 """
 
 from __future__ import annotations
@@ -67,7 +78,7 @@ import time
 from collections.abc import Iterator
 
 from ps.errors import echo
-from ps.stamp import names_job
+from ps.stamp import job_named, names_job
 from ps.storage.atomicfile import temp_prefix_within, write_json_whole
 from worker.schema import AUTO_FORMAT
 from worker.train_config import RESUME_WORKER, TrainConfig
@@ -104,11 +115,19 @@ def data_format(fmt: object, cfg: TrainConfig) -> object:
     return fmt
 
 
+def resumes_whole(cfg: TrainConfig) -> bool:
+    """Whether cfg's job resumes only whole, under a new job id (sync and ssp: the module docstring)."""
+    return cfg.mode in ("sync", "ssp")
+
+
+def rejoins(cfg: TrainConfig, position: Position) -> bool:
+    """Whether a start of cfg with the file's position joins a new run of its job (sync or ssp, several workers,
+    under another job id than the file's), which its worker tells that it is done where its training was over."""
+    return resumes_whole(cfg) and cfg.num_workers > 1 and cfg.job_id != position.job_id
+
+
 def unused_because(cfg: TrainConfig) -> str | None:
     """Why --resume-file is not used by this run (the module docstring), or None."""
-    if cfg.mode in ("sync", "ssp"):
-        return (f"a --mode {cfg.mode} job's workers resume together, with --skip-examples and a new --job-id "
-                "(a stopped run prints it)")  # fmt: skip
     if cfg.dense == "allreduce":
         return ("--dense allreduce keeps the MLP in the workers, so a worker's position can be ahead of the MLP the "
                 "servers hold; a stopped run prints the --skip-examples that resumes it")  # fmt: skip
@@ -205,11 +224,20 @@ def read_position(cfg: TrainConfig) -> Position | None:
     run = {**run, "format": data_format(run.get("format"), cfg)}
     differ = [f"{name}: {_setting(run.get(name))} in the file != {_setting(ours[name])} now" for name in RUN_SETTINGS
               if run.get(name) != ours[name]]  # fmt: skip
-    if position.job_id and cfg.job_id and position.job_id != cfg.job_id:  # (not given: the file's is taken)
-        differ.append(f"job_id: {position.job_id} in the file != {cfg.job_id} now")
+    if position.job_id and cfg.job_id and position.job_id != cfg.job_id and not resumes_whole(cfg):
+        differ.append(f"job_id: {position.job_id} in the file != {cfg.job_id} now")  # (not given: the file's is taken)
     if differ:
         raise ValueError(f"--resume-file {path} is the position of a run with other settings ({'; '.join(differ)}): "
                          "give that run's settings to resume it, or remove the file to train from the start")  # fmt: skip
+    if resumes_whole(cfg) and position.job_id and cfg.job_id == position.job_id and not position.trained:
+        job = job_named(position.job_id, position.job_name)
+        raise ValueError(
+            f"--resume-file {path} is this worker's position in job {job} (--mode {cfg.mode}), which stopped after "
+            f"{position.examples:,} of its examples, and a --mode {cfg.mode} job resumes only under a new --job-id: "
+            f"the shards keep job {job}'s clocks and applied steps under its id, so its workers would be refused, or "
+            "their steps taken as applied; start every worker of the job again with its --resume-file and a new "
+            "--job-id (each resumes from its own position); nothing was trained"
+        )
     return position
 
 

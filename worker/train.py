@@ -167,6 +167,8 @@ def train(cfg: TrainConfig) -> dict:
         try:
             if cfg.resume_trained:  # a --resume-file run whose training was over: its final evaluation only
                 loop.trained_all = True
+                if cfg.resume_rejoins:  # the job's other workers, resumed under a new job id, wait for nobody
+                    source.finish()
             else:
                 run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
                            on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,

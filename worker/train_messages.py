@@ -78,8 +78,11 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
 
 def _kept_position(cfg: TrainConfig) -> str:
     """What resumes a run of --resume-file: the same command, its file holding the position (another
-    --skip-examples than the command's would be refused)."""
-    return f"--resume-file {cfg.worker_resume_file()} holds the position"
+    --skip-examples than the command's would be refused); sync and ssp: the job's every worker, under a new job id
+    (worker/resume.py)."""
+    whole = (f"; a --mode {cfg.mode} job resumes whole: every worker again, each with its file, and a new --job-id "
+             "if you gave one") if cfg.mode in ("sync", "ssp") else ""  # fmt: skip
+    return f"--resume-file {cfg.worker_resume_file()} holds the position{whole}"
 
 
 def _resume_flags(done: int, cfg: TrainConfig) -> str:
