@@ -406,6 +406,43 @@ def test_a_table_a_reclaim_visited_cannot_take_bytes_freed_meanwhile_beyond_its_
     assert budget.used_bytes == (x.used + y.used + asker.used) * RC == budget.limit_bytes
 
 
+def test_bytes_freed_while_a_reclaim_waits_for_a_table_busy_in_its_own_reclaim_go_to_the_asker(tiny_shares):
+    """x holds 6 rows, z and w 3 each, the whole budget; asker joins (a share of 3 rows) and needs 3. Its reclaim asks
+    for x's lock while x is in reclaim itself, its lock held; before that wait ends, z leaves (a share of 4 rows, 3
+    rows free). The reclaim skips x as busy and finds no other table above its share: the 3 free rows, owed to it,
+    go to asker rather than staying free with asker refused."""
+    budget = MemoryBudget(12 * RC)
+    x, z, w = Arena(1, budget), Arena(1, budget), Arena(1, budget)
+    for t, n in ((x, 6), (z, 3), (w, 3)):
+        install(t, n, dirty=[])
+    asker = Arena(1, budget)
+    inner, asked, left = x.lock, threading.Event(), threading.Event()
+
+    class HeldUntilLeft(_Watched):
+        def acquire(self, timeout: float = -1) -> bool:
+            self.asked.set()
+            assert left.wait(10)
+            return self.inner.acquire(timeout=timeout)
+
+    x.lock = HeldUntilLeft(inner, asked)
+    got: list = []
+
+    def grow() -> None:
+        with asker.lock:
+            got.extend(asker.grow(3, asker.new_stamp()))
+
+    with inner, budget.reclaiming(x):  # x in reclaim, holding its lock
+        grower = threading.Thread(target=grow)
+        grower.start()
+        assert asked.wait(10)
+        with z.lock:
+            budget.leave(z)
+        left.set()
+        join_thread(grower, 10, "asker's growth")
+    assert len(got) == asker.used == 3 and budget.free_bytes() == 0
+    assert budget.used_bytes == (x.used + w.used + asker.used) * RC == budget.limit_bytes
+
+
 @pytest.mark.parametrize("failing", ["create_table", "counts"])
 def test_a_table_whose_creation_fails_after_joining_the_budget_leaves_it(tmp_path, monkeypatch, failing):
     """A RAM tier of 256 rows takes one table. The first CreateTable fails in RocksDB, writing the table's config

@@ -205,6 +205,7 @@ class MemoryBudget:
             asked.append(other)
             if not self._lock_of(other):
                 busy.append(other)
+                granted += self._hand(asker, rows, holding, granted)  # bytes freed while it waited
                 continue
             used = other.used  # other's table is idle now: it is charged for these rows, and its rows can move
             try:
@@ -222,8 +223,10 @@ class MemoryBudget:
                     log.exception("table %r could not give rows back to table %r; skipped", other.name, asker.name)
                     failed.append((other, e))
             finally:  # what other no longer holds (also where give_up failed late) goes to asker before its lock goes
-                granted += self._hand(asker, rows, holding, granted, other, (used - other.used) * other.row_charge)
-                other.lock.release()
+                try:
+                    granted += self._hand(asker, rows, holding, granted, other, (used - other.used) * other.row_charge)
+                finally:
+                    other.lock.release()
 
     def _furthest_above(self, share: int, asked: list[Member]) -> Member | None:
         """The table charged the most bytes above `share` of those not in `asked`, or None."""
@@ -243,6 +246,8 @@ class MemoryBudget:
         with self._lock:
             if freed_bytes:
                 self._charge(giver, -freed_bytes)
+            if id(asker) not in self._paid:  # it left (take() grants such a table nothing either)
+                return 0
             room = min(rows, self.share_bytes() // rc - holding) - granted
             got = max(0, min(room, self.free_bytes() // rc))
             self._charge(asker, got * rc)
