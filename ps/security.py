@@ -28,6 +28,7 @@ import ssl
 import stat
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 from google.protobuf.message import Message
@@ -213,7 +214,8 @@ class TokenCheck(grpc.ServerInterceptor):
     """Rejects, with UNAUTHENTICATED, every call but health checks that lacks `authorization: Bearer <token>` (or
     `Bearer <read_token>`); a call of read_token's to a method outside READ_ONLY_METHODS gets PERMISSION_DENIED.
     Neither refusal reads the request: a refused caller's bytes are neither taken in nor parsed (a stamped
-    PullBatch's, PERMISSION_DENIED too, is read). refused(method, code), if given, is told of each refusal: the
+    PullBatch's, PERMISSION_DENIED too, is read), and both are answered as the call arrives, holding no thread and
+    no call slot (answered_on_arrival): callers without the token cannot crowd out those with it. refused(method, code), if given, is told of each refusal: the
     ParameterServer method's name, or "other" for a path that names none (the caller chose it: counted under its
     own name, a caller without the token could add labels to a metric without bound), and the status's name."""
 
@@ -228,7 +230,7 @@ class TokenCheck(grpc.ServerInterceptor):
         def deny(requests, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token (authorization: Bearer ...)")
 
-        self._deny = grpc.stream_unary_rpc_method_handler(deny)
+        self._deny = grpc.stream_unary_rpc_method_handler(answered_on_arrival(deny))
         self._refused = refused or (lambda method, code: None)
 
     def intercept_service(
@@ -288,7 +290,37 @@ def _read_only_refusal(method: str) -> grpc.RpcMethodHandler:
     def refuse(requests, context):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, text)
 
-    return grpc.stream_unary_rpc_method_handler(refuse)
+    return grpc.stream_unary_rpc_method_handler(answered_on_arrival(refuse))
+
+
+class _OnArrival(ThreadPoolExecutor):
+    """An executor that runs what it is given at once, on the thread that submits it, and returns its future
+    done."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)  # starts no thread: submit never reaches the pool's own
+
+    def submit(self, fn: Callable, /, *args: object, **kwargs: object) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # the future carries it, as a pool's would
+            future.set_exception(e)
+        return future
+
+
+_ON_ARRIVAL = _OnArrival()
+
+
+def answered_on_arrival(refuse: Callable) -> Callable:
+    """refuse (a stream-unary behavior that reads no request and only aborts), run by gRPC on its thread that
+    takes calls in, as the call arrives, through gRPC's per-behavior executor (`experimental_thread_pool`):
+    the refusal takes no thread of the server's pool and holds no call slot (maximum_concurrent_rpcs counts a
+    call from its submission to the pool until its handler returns), so a flood of refused calls cannot keep
+    admitted ones out. Correctness needs nothing of it: a gRPC without that hook runs refuse in the pool, as
+    any call."""
+    refuse.experimental_thread_pool = _ON_ARRIVAL  # type: ignore[attr-defined]
+    return refuse
 
 
 class TokenHeader(grpc.UnaryUnaryClientInterceptor):

@@ -716,3 +716,41 @@ def test_a_certificates_end_is_read_as_ssl_reads_it(pki, expired):
         (body,) = PEM_CERTIFICATE.findall(path.read_bytes())
         assert not_after(body) == ssl.cert_time_to_seconds(ssl._ssl._test_decode_cert(str(path))["notAfter"])
     assert not_after(b"bm90IGEgY2VydGlmaWNhdGU=") is None  # "not a certificate": left to ssl to judge
+
+
+def test_callers_without_the_token_take_no_call_slot_from_those_with_it(tmp_path):
+    """With the server's one thread held by a caller of the token, a flood of calls without it (more than the call
+    slots) is refused UNAUTHENTICATED at once, taking no slot: a caller of the token still gets the free one, and
+    is served once the thread is let go."""
+    (tmp_path / "token").write_text("s3cret-token\n")
+    server = Server(ServerConfig(data_dir=str(tmp_path / "data"), port=0, threads=1, max_queued_calls=1,
+                                 auth_token_file=str(tmp_path / "token")))  # fmt: skip
+    server.start()
+    real_stats, release, entered = server.shard.stats, threading.Event(), threading.Event()
+
+    def held_stats():
+        entered.set()
+        assert release.wait(30)
+        return real_stats()
+
+    server.shard.stats = held_stats
+    address, token = f"127.0.0.1:{server.port}", [("authorization", "Bearer s3cret-token")]
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stats = channel.unary_unary("/sparseps.ParameterServer/Stats", request_serializer=None,
+                                        response_deserializer=ps_pb2.StatsResponse.FromString)  # fmt: skip
+            request = ps_pb2.StatsRequest().SerializeToString()
+            holder = stats.future(request, metadata=token, timeout=30)
+            assert entered.wait(30), "the first call never reached the shard"
+            flood = [stats.future(request, timeout=10) for _ in range(8)]  # 4 x the slots (threads + queued)
+            served = stats.future(request, metadata=token, timeout=30)
+            codes = Counter(call.code() for call in flood)  # answered while the only thread is held
+            assert codes == {grpc.StatusCode.UNAUTHENTICATED: 8}
+            assert not served.done()  # queued for the thread, in the one free slot
+            release.set()
+            assert served.result().tables is not None
+            assert holder.result().tables is not None
+    finally:
+        release.set()
+        server.shard.stats = real_stats
+        server.stop(grace_s=1)
