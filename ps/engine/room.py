@@ -54,11 +54,13 @@ class RequestRoom:
     """A byte count that requests take from and give back, in the order they ask. capacity 0: unbounded (no
     --memory-bytes), every take returns at once."""
 
-    def __init__(self, capacity: int, alone_limit: int = 0):
-        """alone_limit: the most a sync step's push may copy, running alone (0: no more than the room)."""
+    def __init__(self, capacity: int, alone_limit: int = 0, what: str = "request room (--memory-bytes)"):
+        """alone_limit: the most a sync step's push may copy, running alone (0: no more than the room). what: the
+        room, as a wait that its caller left names it."""
         if capacity < 0:
             raise ValueError(f"request room must be >= 0 bytes, got {capacity}")
         self.capacity = capacity
+        self.what = what
         self.alone_limit = max(alone_limit, capacity)
         self._cond = threading.Condition()
         self._in_use = 0
@@ -103,12 +105,20 @@ class RequestRoom:
 
     @contextlib.contextmanager
     def take(self, nbytes: int, caller_gone: Callable[[], bool] | None = None) -> Iterator[None]:
-        """Holds nbytes of room for the with-block: waits for its turn, then until nbytes fit (or the room is
-        empty: a take larger than the room, a sync step's sum, runs alone). caller_gone: looked at every
-        CALLER_CHECK_S of the wait; once true, the wait ends with CallerGoneError (its caller cancelled, or past its
-        deadline: nobody would read the reply), and the turn passes on."""
-        if not self.capacity or not nbytes:  # nothing to hold: no turn to wait for
+        """Holds nbytes of room for the with-block (acquire, then release at its end)."""
+        self.acquire(nbytes, caller_gone)
+        try:
             yield
+        finally:
+            self.release(nbytes)
+
+    def acquire(self, nbytes: int, caller_gone: Callable[[], bool] | None = None) -> None:
+        """Takes nbytes of room, for release(nbytes) to give back (from any thread): waits for its turn, then
+        until nbytes fit (or the room is empty: a take larger than the room, a sync step's sum, runs alone).
+        caller_gone: looked at every CALLER_CHECK_S of the wait; once true, the wait ends with CallerGoneError (its
+        caller cancelled, or past its deadline: nobody would read the reply), and the turn passes on. Nothing to
+        take without a bound, or for 0 bytes."""
+        if not self.capacity or not nbytes:  # nothing to hold: no turn to wait for
             return
         with self._cond:
             ticket = self._next_ticket
@@ -119,8 +129,8 @@ class RequestRoom:
                     waited = True
                     self._cond.wait(None if caller_gone is None else CALLER_CHECK_S)
                     if caller_gone is not None and caller_gone():
-                        raise CallerGoneError("a request stopped waiting for request room (--memory-bytes): its "
-                                              "caller left (its deadline passed, or it was cancelled)")  # fmt: skip
+                        raise CallerGoneError(f"a request stopped waiting for {self.what}: its caller left (its "
+                                              "deadline passed, or it was cancelled)")  # fmt: skip
             except BaseException:  # interrupted while waiting: its turn passes to the next ticket
                 self._abandoned.add(ticket)
                 self._next_turn()
@@ -129,12 +139,14 @@ class RequestRoom:
             self._serving += 1
             self._next_turn()
             self._in_use += nbytes
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._in_use -= nbytes
-                self._cond.notify_all()
+
+    def release(self, nbytes: int) -> None:
+        """Gives back what acquire(nbytes) took."""
+        if not self.capacity or not nbytes:
+            return
+        with self._cond:
+            self._in_use -= nbytes
+            self._cond.notify_all()
 
     def _next_turn(self) -> None:
         """Moves the turn past abandoned tickets and wakes the waiters (the next ticket may fit too). Under _cond."""
