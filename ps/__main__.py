@@ -13,7 +13,7 @@ with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start
     import sys
 
     from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-    from ps.config import MAX_DIM, MAX_INTERVAL_S, ServerConfig
+    from ps.config import DEFAULT_REPLY_BYTES, MAX_DIM, MAX_INTERVAL_S, ServerConfig
     from ps.errors import PsError, StorageError
     from ps.settings import (
         LOG_LEVELS,
@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calls that may wait for a free thread; a call past them is refused at once "
                    "(RESOURCE_EXHAUSTED), and ps-worker's clients send it again after a pause, as for a shard that "
                    "is down: the bound on what a flood of calls holds on a server")  # fmt: skip
+    p.add_argument("--reply-bytes", type=parse_bytes, default=DEFAULT_REPLY_BYTES,
+                   help="the bytes of replies of rows (pulls, pushes' returned rows) built and not yet sent, all "
+                   "calls together (K/M/G/T suffixes; default 1G): a reply waits for room while slow readers' "
+                   "replies hold it, and one larger than all of it is refused (RESOURCE_EXHAUSTED)")  # fmt: skip
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,
@@ -463,6 +467,7 @@ def _run_server(args: argparse.Namespace) -> int:
         port=args.port,
         threads=args.threads,
         max_queued_calls=args.max_queued_calls,
+        reply_bytes=args.reply_bytes,
         sync=args.sync,
         cache_bytes=args.cache_bytes,
         memory_bytes=args.memory_bytes,

@@ -24,6 +24,7 @@ ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest
 MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal float32 whose reciprocal is finite
 # (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
+DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together (ps.replies)
 MAX_CLUSTER_CHARS = 64  # of a --cluster name
 MAX_HOLD_S = 3600.0  # of a checkpoint's hold (ps-worker checkpoint --hold-timeout-s, a Checkpoint hold request)
 DEFAULT_HOLD_S = 120.0  # a hold's, where none is given (a Checkpoint hold request's hold_timeout_s 0)
@@ -286,6 +287,7 @@ class ServerConfig:
     max_queued_calls: int = 256  # calls waiting for one of the threads; past them RESOURCE_EXHAUSTED (ps.server)
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # largest request and reply (gRPC's limits and the servicer's)
+    reply_bytes: int = DEFAULT_REPLY_BYTES  # replies of rows built and not sent yet, together (ps.replies); 0: no bound
     cache_bytes: int | None = None  # RAM tier budget shared by all tables; None: 2 GiB, or what memory_bytes leaves
     memory_bytes: int | None = None  # one bound for the data: RAM tier, RocksDB, write-behind (ps.storage.memory)
     read_threads: int = 2  # threads reading a request's missed rows from RocksDB
@@ -329,6 +331,8 @@ class ServerConfig:
             raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
         if self.max_queued_calls < 1:
             raise ValueError(f"--max-queued-calls must be >= 1, got {self.max_queued_calls}")
+        if self.reply_bytes < 0:
+            raise ValueError(f"--reply-bytes must be >= 0 (0: no bound), got {self.reply_bytes:,}")
         if not 0 < self.flush_interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"--flush-interval-s must be > 0 and <= {MAX_INTERVAL_S:g} s, got {self.flush_interval_s}")
         if len(self.cluster) > MAX_CLUSTER_CHARS or not all(

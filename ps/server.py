@@ -193,7 +193,8 @@ class Server:
 
     def start(self) -> int:
         """Serves the shard built: the calls go to it, health says SERVING, the metrics port serves its figures."""
-        servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes)
+        servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes,
+                                           reply_bytes=self.config.reply_bytes)  # fmt: skip
         self._servicer = servicer
         if self.metrics is not None:
             self.metrics.attach(self.shard)

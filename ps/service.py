@@ -13,7 +13,9 @@ return_rows compute the size of the rows they would return from ids x dim, and a
 server's message limit (ServerConfig.max_message_bytes, the limit gRPC sends with) is RESOURCE_EXHAUSTED, naming
 the size and the limit, before any row is gathered or any push applied. RESOURCE_EXHAUSTED, not
 INVALID_ARGUMENT: the request is well formed and would succeed against a server with a larger limit, and it is
-the code gRPC itself gives a message over the limit, so clients handle one code for both.
+the code gRPC itself gives a message over the limit, so clients handle one code for both. Those replies take room
+in the servicer's ReplyRoom (ps.replies, --reply-bytes) before their request runs, until their call ends: a reply
+waits while replies built and not yet sent fill it, and one larger than all of it is refused the same way.
 
 A PullBatch carries at most MAX_BATCH_ITEMS pulls and a PushBatch at most MAX_BATCH_ITEMS pushes; more is
 INVALID_ARGUMENT, checked before any pull or push of the request is looked at.
@@ -56,7 +58,7 @@ from google.protobuf.message import Message
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import DEFAULT_HOLD_S, MAX_MESSAGE_BYTES
+from ps.config import DEFAULT_HOLD_S, DEFAULT_REPLY_BYTES, MAX_MESSAGE_BYTES
 from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.engine.syncsum import SYNC_KEY_BIT
@@ -77,6 +79,7 @@ from ps.errors import (
     echo,
 )
 from ps.refusals import RefusalLog
+from ps.replies import ReplyRoom
 from ps.stamp import WorkerStamp
 from ps.terminate import SIGNAL_CHECK_S
 
@@ -308,20 +311,24 @@ class RunningCalls:
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
-    def __init__(self, shard: Shard, metrics: ServerMetrics | None = None, max_reply_bytes: int = MAX_MESSAGE_BYTES):
+    def __init__(self, shard: Shard, metrics: ServerMetrics | None = None, max_reply_bytes: int = MAX_MESSAGE_BYTES,
+                 reply_bytes: int = DEFAULT_REPLY_BYTES):  # fmt: skip
         self.shard = shard
         self.calls = RunningCalls()  # Server.stop waits for them before it closes the shard
         self.metrics = metrics  # ps.metrics.ServerMetrics, or None
         self.max_reply_bytes = max_reply_bytes  # the server's grpc.max_send_message_length
+        self.replies = ReplyRoom(reply_bytes)  # the replies of rows built and not sent yet (ps.replies)
         self.refusals = RefusalLog(log)  # a kind of refusal is logged once a minute at most, then its count
 
-    def _check_reply(self, method: str, shapes: list[tuple[int, int]]) -> None:
-        """ReplyTooLargeError when a reply carrying rows of these (ids, dim) would exceed max_reply_bytes;
-        called before anything is gathered or applied."""
+    def _check_reply(self, method: str, shapes: list[tuple[int, int]], runs_alone: bool = False) -> int:
+        """The size of a reply carrying rows of these (ids, dim), at most; ReplyTooLargeError when it would exceed
+        max_reply_bytes, or the whole reply room (unless it runs alone: a sync step's rows to return). Called
+        before anything is gathered or applied."""
         rows_bytes = sum(4 * n * dim for n, dim in shapes)
         size = rows_bytes + REPLY_FRAME_BYTES * (len(shapes) + 1)
         if size <= self.max_reply_bytes:
-            return
+            self.replies.refuse_larger(method, size, runs_alone)
+            return size
         if len(shapes) == 1:
             n, dim = shapes[0]
             what = f"{n:,} ids x dim {dim} x 4 bytes"
@@ -354,7 +361,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """Returns the PullResponse already serialized (see handler)."""
         ids = wire.decode_ids(request.ids)
         dim = self.shard.table(request.table).dim
-        self._check_reply("Pull", [(len(ids), dim)])
+        size = self._check_reply("Pull", [(len(ids), dim)])
+        self.replies.hold(size, context.add_callback, CallerGone(context))
         replies = []
 
         def reply_rows(n: int, dim: int) -> Any:  # rows of the reply, made once the pull holds its request room
@@ -391,9 +399,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if stamp is not None:
             self.shard.jobs.check(stamp, pull=True)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
-        self._check_reply("PullBatch", [(len(ids), self.shard.table(name).dim) for name, ids in pulls])
+        size = self._check_reply("PullBatch", [(len(ids), self.shard.table(name).dim) for name, ids in pulls])
         cost = self.shard.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
+        # after the ssp wait: no wait for the job's other workers is made holding reply room
+        self.replies.hold(size, context.add_callback, CallerGone(context))
         return self.shard.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
                                      CallerGone(context))  # fmt: skip
 
@@ -408,12 +418,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
         sync = stamp is not None and stamp.sync  # one PushBatch per shard and step: runs alone past the room
         if back:  # before the push: a rejected request changes nothing
-            self._check_reply("PushBatch", returned)
+            size = self._check_reply("PushBatch", returned, runs_alone=sync)
             cost = self.shard.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
+            if stamp is None:  # a stamped push takes its reply room after its waits for the job's other workers
+                self.replies.hold(size, context.add_callback, CallerGone(context))
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
                 pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context), request.shared
             )
+            if back:
+                self.replies.hold(size, context.add_callback, CallerGone(context))
         with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
             if stamp is None:
                 step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq,

@@ -22,6 +22,7 @@ SERVER = frozenset(
         "PS_PORT",
         "PS_READ_THREADS",
         "PS_READ_TOKEN_FILE",
+        "PS_REPLY_BYTES",
         "PS_RESTORE",
         "PS_SHARD_ID",
         "PS_STOP_WITH_STDIN",

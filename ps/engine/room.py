@@ -11,9 +11,9 @@ so does the step's sum (not refused: its workers' contributions together, which 
 
 What is not counted: the request's own bytes, already received when it asks (worker.client sizes its messages to a
 share of the room the shards report, but for a sync step's push; another client's are bounded by the message limit
-only); a reply, made inside its take and sent after it; a sync step's contributions, held across its wait for the
-job's other workers (the wait is never made holding room): they take the plan's `sync_steps` part instead
-(ps.engine.syncsteps).
+only); a reply, made inside its take and sent after it (the servicer's reply room bounds those, ps.replies); a
+sync step's contributions, held across its wait for the job's other workers (the wait is never made holding room):
+they take the plan's `sync_steps` part instead (ps.engine.syncsteps).
 
 Lock order: a push holds the checkpoint hold's gate and its client's lock before it asks for room; nothing that
 holds room waits for anything but its own work, so a wait for room always ends. A waiter that stops waiting (an

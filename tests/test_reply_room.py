@@ -1,0 +1,200 @@
+"""The reply room (ps/replies.py): the replies of rows a server built and gRPC has not sent are bounded by
+--reply-bytes. A reply takes its room before its request runs and gives it back when its call ends; one that does
+not fit waits, one larger than all of it is refused. Through gRPC, with a caller of raw HTTP/2 that opens no flow
+control window, so that its reply stays unsent until it does."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps import wire
+from ps.config import ServerConfig, TableConfig
+from ps.errors import CallerGoneError
+from ps.replies import ReplyRoom
+from ps.server import Server
+from tests.conftest import random_ids
+from tests.waiting import wait_until
+
+DIM = 16
+IDS = 1000  # a Pull's reply: 64,000 bytes of rows and its frame
+REPLY_BYTES = 100_000  # one such reply fits, two do not
+
+
+class _Ends:
+    """A stand-in for a call's context.add_callback: the callbacks kept, run by end()."""
+
+    def __init__(self, ended: bool = False):
+        self.callbacks, self.ended = [], ended
+
+    def __call__(self, callback) -> bool:
+        if self.ended:
+            return False
+        self.callbacks.append(callback)
+        return True
+
+    def end(self) -> None:
+        self.ended = True
+        for callback in self.callbacks:
+            callback()
+
+
+def test_a_reply_holds_its_room_until_its_call_ends_and_the_next_waits_for_it():
+    room, first, got = ReplyRoom(100), _Ends(), []
+    room.hold(60, first, lambda: False)
+    second = threading.Thread(target=lambda: (room.hold(50, _Ends(), lambda: False), got.append("second")))
+    second.start()
+    wait_until(lambda: room.waiting == 1, 10, "the second reply waiting for room")
+    assert got == [] and room.in_use == 60
+    first.end()
+    second.join(10)
+    assert got == ["second"] and room.in_use == 50
+
+
+def test_a_call_that_ended_before_its_reply_took_room_gives_it_back_at_once():
+    room = ReplyRoom(100)
+    room.hold(80, _Ends(ended=True), lambda: False)
+    assert room.in_use == 0
+
+
+def test_a_wait_for_reply_room_ends_when_its_caller_leaves():
+    room = ReplyRoom(100)
+    room.hold(80, _Ends(), lambda: False)
+    with pytest.raises(CallerGoneError, match=r"reply room \(--reply-bytes\)"):
+        room.hold(50, _Ends(), lambda: True)
+    assert room.waiting == 0 and room.in_use == 80
+
+
+def test_a_reply_larger_than_the_room_is_refused_but_a_sync_steps_runs_alone():
+    room = ReplyRoom(100)
+    with pytest.raises(Exception, match=r"Pull reply would be 101 bytes, over .* \(100 bytes, --reply-bytes\)"):
+        room.refuse_larger("Pull", 101)
+    room.refuse_larger("PushBatch", 101, runs_alone=True)
+    room.refuse_larger("Pull", 100)
+    ReplyRoom(0).refuse_larger("Pull", 1 << 40)  # no bound
+
+
+# ---- a caller of raw HTTP/2 that reads its reply only when told --------------------------------------------------
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def _literal(name: str, value: str) -> bytes:
+    """An HPACK header field, literal and not indexed, its name and value under 127 bytes."""
+    return bytes([0, len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
+
+
+class SlowReader:
+    """One unary call over a socket of its own whose stream's flow control window is 0: the server can send its
+    reply's headers but no byte of the message until read() opens the window. The reply's headers (sent once
+    the handler returned its reply) set `built`, its trailers (the call's end) `answered`."""
+
+    def __init__(self, port: int, method: str, request: bytes):
+        self.built, self.answered = threading.Event(), threading.Event()
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        headers = b"".join(_literal(k, v) for k, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", f"/sparseps.ParameterServer/{method}"),
+            (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"), ("te", "trailers")))  # fmt: skip
+        message = b"\0" + struct.pack(">I", len(request)) + request
+        self._sock.sendall(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + _frame(0x4, 0, 0, struct.pack(">HI", 0x4, 0))  # SETTINGS: INITIAL_WINDOW_SIZE 0
+            + _frame(0x1, 0x4, 1, headers)  # HEADERS, END_HEADERS
+            + _frame(0x0, 0x1, 1, message)  # DATA, END_STREAM
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                head = self._exactly(9)
+                size, kind, flags = int.from_bytes(head[:3], "big"), head[3], head[4]
+                payload = self._exactly(size)
+                if kind == 0x4 and not flags & 0x1:  # SETTINGS: acknowledged
+                    self._sock.sendall(_frame(0x4, 0x1, 0))
+                elif kind == 0x6 and not flags & 0x1:  # PING: answered
+                    self._sock.sendall(_frame(0x6, 0x1, 0, payload))
+                elif kind == 0x1:  # HEADERS: the reply's, then with END_STREAM its trailers
+                    (self.answered if flags & 0x1 else self.built).set()
+        except OSError:
+            return
+
+    def _exactly(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self._sock.recv(n - len(out))
+            if not chunk:
+                raise OSError("closed")
+            out += chunk
+        return out
+
+    def read(self) -> None:
+        """Opens the stream's window: the reply is sent."""
+        self._sock.sendall(_frame(0x8, 0, 1, struct.pack(">I", 1 << 20)))  # WINDOW_UPDATE
+
+    def close(self) -> None:
+        """Closes the connection (shut down first: a close alone sends nothing while the reader is in recv)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed by the server already
+            pass
+        self._sock.close()
+        self._reader.join(10)
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = Server(ServerConfig(data_dir=str(tmp_path / "data"), port=0, reply_bytes=REPLY_BYTES))
+    server.start()
+    server.shard.create_table(TableConfig(name="emb", dim=DIM))
+    yield server
+    server.stop(grace_s=1)
+
+
+def _pull(ids: np.ndarray) -> ps_pb2.PullRequest:
+    return ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(np.sort(ids)))
+
+
+def test_a_reply_waits_while_a_slow_readers_unsent_reply_holds_the_room(server):
+    """A caller that does not read its reply keeps it on the server: the next Pull's reply, which would not fit
+    beside it, is built only once the first is read; then both callers have their rows."""
+    slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+    order = []
+    try:
+        assert slow.built.wait(30), "the slow reader's reply was not built"
+        replies = server._servicer.replies
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = ps_pb2_grpc.ParameterServerStub(channel).Pull.future(_pull(random_ids(IDS, seed=2)), timeout=30)
+            call.add_done_callback(lambda _: order.append("second answered"))
+            wait_until(lambda: call.done() or replies.waiting, 30, "the second Pull waiting for reply room")
+            order.append("first read")
+            slow.read()
+            assert slow.answered.wait(30), "the slow reader's reply never came"
+            assert len(call.result().rows) == 4 * IDS * DIM
+        assert order == ["first read", "second answered"]
+        wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
+    finally:
+        slow.close()
+
+
+def test_a_slow_reader_that_leaves_gives_its_room_back(server):
+    slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+    assert slow.built.wait(30), "the slow reader's reply was not built"
+    replies = server._servicer.replies
+    assert replies.in_use > 0
+    slow.close()
+    wait_until(lambda: replies.in_use == 0, 30, "the reply room given back")
+
+
+def test_a_reply_larger_than_the_whole_reply_room_is_refused(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel, pytest.raises(grpc.RpcError) as info:
+        ps_pb2_grpc.ParameterServerStub(channel).Pull(_pull(random_ids(2 * IDS)), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "(100,000 bytes, --reply-bytes)" in info.value.details()
