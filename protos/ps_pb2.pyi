@@ -56,7 +56,7 @@ class EvictionSpec(_message.Message):
     def __init__(self, ttl_steps: _Optional[int] = ..., score_threshold: _Optional[float] = ..., decay: _Optional[float] = ..., nonclk_coeff: _Optional[float] = ..., click_coeff: _Optional[float] = ...) -> None: ...
 
 class TableSpec(_message.Message):
-    __slots__ = ("name", "dim", "initializer", "optimizer", "weight_bound", "admission", "eviction", "l2", "features")
+    __slots__ = ("name", "dim", "initializer", "optimizer", "weight_bound", "admission", "eviction", "l2", "features", "values_at_rest")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INITIALIZER_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class TableSpec(_message.Message):
     EVICTION_FIELD_NUMBER: _ClassVar[int]
     L2_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_AT_REST_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     initializer: InitializerSpec
@@ -75,7 +76,8 @@ class TableSpec(_message.Message):
     eviction: EvictionSpec
     l2: float
     features: str
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., weight_bound: _Optional[float] = ..., admission: _Optional[_Union[AdmissionSpec, _Mapping]] = ..., eviction: _Optional[_Union[EvictionSpec, _Mapping]] = ..., l2: _Optional[float] = ..., features: _Optional[str] = ...) -> None: ...
+    values_at_rest: str
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., weight_bound: _Optional[float] = ..., admission: _Optional[_Union[AdmissionSpec, _Mapping]] = ..., eviction: _Optional[_Union[EvictionSpec, _Mapping]] = ..., l2: _Optional[float] = ..., features: _Optional[str] = ..., values_at_rest: _Optional[str] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("spec", "replace_untrained", "check_only", "stamp")

@@ -16,6 +16,7 @@ import numpy as np
 from ps.errors import InvalidArgumentError, echo
 
 INITIALIZERS = ("zeros", "uniform", "normal")
+VALUES_AT_REST = ("float32", "float16")  # a TableConfig.values_at_rest: how RocksDB holds a row's embedding
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 FEATURES_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}")  # a TableConfig.features value
 MAX_DIM = 4096
@@ -194,6 +195,10 @@ class TableConfig:
     # none. Part of the spec like the rest, except that "" on either side of a comparison matches any value (a
     # table made before fingerprints, or by a client that sends none).
     features: str = ""
+    # How RocksDB holds the embedding of each row at rest (ps.storage.store): "float16" halves its bytes there, and a
+    # row read back from RocksDB has its embedding rounded to float16 (clipped to +-65504); the RAM tier, the
+    # optimizer state and the statistics stay float32. A table keeps the setting it was created with.
+    values_at_rest: str = "float32"
 
     def validate(self) -> None:
         if not TABLE_NAME_RE.fullmatch(self.name):
@@ -216,6 +221,9 @@ class TableConfig:
         if not FEATURES_RE.fullmatch(self.features):
             raise InvalidArgumentError(f"table {self.name!r}: features {echo(self.features)} is invalid; expected at "
                                        "most 64 characters of [A-Za-z0-9_.:-]")  # fmt: skip
+        if self.values_at_rest not in VALUES_AT_REST:
+            raise InvalidArgumentError(f"table {self.name!r}: values_at_rest {echo(self.values_at_rest)} is unknown; "
+                                       f"expected one of {VALUES_AT_REST}")  # fmt: skip
 
     def check_new(self) -> None:
         """InvalidArgumentError for settings that validate() takes but a table made now may not have: ftrl with
@@ -253,6 +261,7 @@ class TableConfig:
             eviction=EvictionConfig(**d.get("eviction", {})),
             l2=float(d.get("l2", 0.0)),
             features=str(d.get("features", "")),
+            values_at_rest=str(d.get("values_at_rest", "float32")),
         )
 
     def differences(self, other: TableConfig) -> list[str]:
@@ -378,7 +387,7 @@ _SECTIONS = {
 }
 
 
-_SCALARS = ("dim", "weight_bound", "l2")  # TableConfig's settings that are plain values
+_SCALARS = ("dim", "weight_bound", "l2", "values_at_rest")  # TableConfig's settings that are plain values
 _SETTINGS = (*_SCALARS, *_SECTIONS)  # every key of a table's section, as messages list them
 _EXAMPLES = {  # of each section, for messages
     "initializer": 'initializer = { name = "uniform", scale = 0.01 }',
@@ -413,6 +422,7 @@ def table_configs_from_toml(text: str, source: str = "table config") -> dict[str
         dim = 9                      # optional where the model decides it
         weight_bound = 10.0
         l2 = 0.0                     # > 0: lazy L2 (ps.rows.update); not with ftrl, which has its own
+        values_at_rest = "float32"   # or "float16": embeddings in RocksDB at half the bytes (TableConfig)
         initializer = { name = "uniform", scale = 0.01, seed = 0 }
         optimizer = { name = "ftrl", learning_rate = 0.05, params = { l1 = 1.0, l2 = 0.1 } }
         admission = { min_count = 2 }

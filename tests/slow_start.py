@@ -53,7 +53,7 @@ def hold_restore(gate: str) -> None:
     until the file gate exists."""
     import_slots, seen = Store.import_slots, [False]
 
-    def held(self: Store, source: str, slots, names, widths, on_written=None, **kwargs):
+    def held(self: Store, source: str, slots, names, layouts, on_written=None, **kwargs):
         def written(n: int) -> None:
             if not seen[0]:
                 seen[0] = True
@@ -61,7 +61,7 @@ def hold_restore(gate: str) -> None:
             if on_written is not None:
                 on_written(n)
 
-        return import_slots(self, source, slots, names, widths, written, **kwargs)
+        return import_slots(self, source, slots, names, layouts, written, **kwargs)
 
     Store.import_slots = held
 

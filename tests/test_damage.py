@@ -782,12 +782,12 @@ def test_a_restore_meeting_rows_of_no_layouts_size_undoes_its_copy_and_calls_the
     try:
         for spec in specs:
             store.create_table(spec)
-        widths = {spec.name: layout_of(spec.dim, spec.optimizer.name).width for spec in specs}
+        layouts = {spec.name: layout_of(spec.dim, spec.optimizer.name) for spec in specs}
         slot = int(slot_of(ids[7:8])[0])
         assert slot != int(slot_of(ids[900:901])[0])
         with pytest.raises(CheckpointDamagedError, match=rf"'emb' holds 1 stored rows in slots {slot}\.\.{slot} of "
                                                          r"neither .* the first of id 7 "):  # fmt: skip
-            store.import_slots(str(ckpt / "shard-0"), (slot, slot + 1), [spec.name for spec in specs], widths)
+            store.import_slots(str(ckpt / "shard-0"), (slot, slot + 1), [spec.name for spec in specs], layouts)
     finally:
         store.close()
     shard = Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(tmp_path / "good")))

@@ -119,7 +119,7 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
     monkeypatch.setattr(Store, "read_table", staticmethod(functools.partial(read_table, chunk=4096)))
     tracemalloc.start()
     try:
-        for _ in Store.read_table(str(tmp_path / "ckpt" / "shard-0"), "emb", layout_of(8, "adam").width):
+        for _ in Store.read_table(str(tmp_path / "ckpt" / "shard-0"), "emb", layout_of(8, "adam")):
             pass
         one_chunk = tracemalloc.get_traced_memory()[1]  # a chunk of rows being read: a fixed cost, not per row
         tracemalloc.reset_peak()

@@ -71,12 +71,12 @@ def restore_into(
         store.create_table(cfg)
     slots = slot_range(shard_id, num_shards)
     rows = {cfg.name: {"admitted": 0, "pending": 0} for cfg in tables}
-    widths = {t.name: layout_of(t.dim, t.optimizer.name).width for t in tables}
+    layouts = {t.name: layout_of(t.dim, t.optimizer.name, t.values_at_rest) for t in tables}
     for shard in manifest["shards"]:
         lo, hi = slot_range(int(shard["shard_id"]), int(manifest["num_shards"]))  # the slots it owned
         try:
             copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables],
-                                        widths, on_written, trained_from=lo < slots[1] and slots[0] < hi)  # fmt: skip
+                                        layouts, on_written, trained_from=lo < slots[1] and slots[0] < hi)  # fmt: skip
         except CheckpointDamagedError as e:
             raise _undone(store, e) from None
         for name, counts in copied.items():
@@ -376,11 +376,11 @@ def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, si
     total count filled as read (since: only those pushed at step >= since, a prefix of them; on_read: told the
     number of rows of each batch read); CheckpointDamagedError when a shard holds another number of them than its
     manifest entry says."""
-    layout = layout_of(cfg.dim, cfg.optimizer.name)
+    layout = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest)
     ids_out, rows_out, kept = np.zeros(total, np.uint64), np.zeros((total, cfg.dim), np.float32), 0
     for shard in manifest["shards"]:
         held, expected = 0, int(shard["rows"].get(cfg.name, 0))
-        for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout.width):
+        for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout):
             held += len(ids)
             if held > expected:
                 break  # more rows than the manifest says: refused below, before any is placed past the arrays

@@ -4,8 +4,9 @@ A row is `width` float32: the embedding, the optimizer state, then STATS_FLOATS 
     row   := embedding:f32[dim]  state:f32[state_floats(optimizer, dim)]  stats
     stats := show:f32  click:f32  last_step:f32  admitted:f32 (0 or 1)
 last_step is exact up to 2**24 clock steps. On disk, RocksDB holds an admitted id's row, or a not yet admitted
-id's stats, each with its lsn (the journal sequence number of the last push applied to it), under a KEY_BYTES key:
-ps.storage.store, the module that writes them, has the grammar of keys and values.
+id's stats, each with its lsn (the journal sequence number of the last push applied to it), under a KEY_BYTES key;
+a table of values_at_rest "float16" (ps.config.TableConfig) holds its embedding there as float16, its `half_floats`
+(ps.storage.store, the module that writes them, has the grammar of keys and values).
 
 In RAM a row is one arena line: the row's float32 (padded to an even count), then META_FLOATS of bookkeeping
     meta := lsn:u64  pin:i64  uses:u8  dirty:u8  stored:u8  pad:u8[5]
@@ -48,6 +49,9 @@ def line_floats(width: int) -> int:
 ROCKSDB_OVERHEAD_BYTES = 8
 
 
+HALF_AT_REST = "float16"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float16
+
+
 class StoredSizes(NamedTuple):
     """The sizes, in bytes, that a RocksDB value of a table's rows may have (`size in sizes`: one of them)."""
 
@@ -55,16 +59,18 @@ class StoredSizes(NamedTuple):
     pending: int  # an id's not admitted yet: its statistics, then its lsn
 
 
-def stored_sizes(width: int) -> StoredSizes:
-    """The sizes a stored value of a table of `width`-float rows may have: every reader and checker of stored rows
-    (a pull's, a restore's, an export's, `ps-server verify`'s) asks this."""
-    return StoredSizes(4 * width + LSN_BYTES, 4 * STATS_FLOATS + LSN_BYTES)
+def stored_sizes(width: int, half_floats: int = 0) -> StoredSizes:
+    """The sizes a stored value of a table of `width`-float rows may have, the first half_floats of a trained row
+    stored as float16 (RowLayout.half_floats): every reader and checker of stored rows (a pull's, a restore's, an
+    export's, `ps-server verify`'s) asks this."""
+    return StoredSizes(4 * width - 2 * half_floats + LSN_BYTES, 4 * STATS_FLOATS + LSN_BYTES)
 
 
 @dataclass(frozen=True)
 class RowLayout:
     dim: int
     state_floats: int
+    half_floats: int = 0  # leading floats of a row that RocksDB holds as float16: dim, or 0 (layout_of)
 
     @property
     def stats_col(self) -> int:
@@ -77,14 +83,19 @@ class RowLayout:
         return self.dim + self.state_floats + STATS_FLOATS
 
     @property
+    def sizes_at_rest(self) -> StoredSizes:
+        """The sizes of the table's RocksDB values."""
+        return stored_sizes(self.width, self.half_floats)
+
+    @property
     def value_bytes(self) -> int:
         """RocksDB value of an admitted id."""
-        return stored_sizes(self.width).trained
+        return self.sizes_at_rest.trained
 
     @property
     def pending_value_bytes(self) -> int:
         """RocksDB value of an id not admitted yet (statistics only)."""
-        return stored_sizes(self.width).pending
+        return self.sizes_at_rest.pending
 
     @property
     def ram_bytes(self) -> int:
@@ -97,10 +108,11 @@ class RowLayout:
         return KEY_BYTES + self.value_bytes + ROCKSDB_OVERHEAD_BYTES
 
 
-def layout_of(dim: int, optimizer: str) -> RowLayout:
-    """The layout of a table of `dim` with `optimizer` (one of ps.rows.optim.OPTIMIZERS)."""
+def layout_of(dim: int, optimizer: str, values_at_rest: str = "float32") -> RowLayout:
+    """The layout of a table of `dim` with `optimizer` (one of ps.rows.optim.OPTIMIZERS) whose embeddings RocksDB
+    holds as values_at_rest (ps.config.VALUES_AT_REST)."""
     from ps.rows.optim import OPTIMIZERS
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
-    return RowLayout(dim, OPTIMIZERS[optimizer].state_floats_for(dim))
+    return RowLayout(dim, OPTIMIZERS[optimizer].state_floats_for(dim), dim if values_at_rest == HALF_AT_REST else 0)

@@ -9,9 +9,12 @@ Layout, one RocksDB per server data dir. Keys are bytes.
         value := row lsn:u64le                     an admitted id (it has a trained row)
                | stats lsn:u64le                   an id not admitted yet: its embedding and state are the
                                                    initial ones
-    row and stats are float32 little-endian, as ps.rows.layout defines them (a row is `width` floats, stats its
-    last STATS_FLOATS). lsn is the journal sequence number of the last push applied to the row, so replaying the
-    journal after a crash applies each push to each row exactly once; a restore's copy sets it to 0.
+        row   := f32le[width]                      a table of values_at_rest "float32" (the default)
+               | f16le[dim] f32le[width - dim]     a table of values_at_rest "float16": its embedding as float16
+    row and stats are the floats of ps.rows.layout's row (`width` of them, stats its last STATS_FLOATS), little-
+    endian. A float16 embedding is the float32 one rounded to nearest, clipped to +-HALF_MAX first; it reads back
+    as float32. lsn is the journal sequence number of the last push applied to the row, so replaying the journal
+    after a crash applies each push to each row exactly once; a restore's copy sets it to 0.
 Big-endian keys make byte order numeric order, so a table's rows are one contiguous key range, and each of its
 slots a range inside it, to scan or move. Every table's rows share the one "rows" column family: RocksDB
 rewrites and re-reads its OPTIONS file, which lists every column family, each time one is created, so a column
@@ -259,16 +262,43 @@ def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome
     )
 
 
-def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
+def _decode_chunk(keys: list[bytes], values: list[bytes], layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
     ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
-    packed = np.frombuffer(b"".join(values), dtype=value_dtype(width))
-    return ids, np.ascontiguousarray(packed["row"])
+    packed = np.frombuffer(b"".join(values), dtype=value_dtype(layout.width, layout.half_floats))
+    return ids, np.ascontiguousarray(unpacked_rows(packed))
 
 
-def value_dtype(width: int) -> np.dtype:
-    """A stored row value of `width` floats: row:f32le[width] lsn:u64le (the module's grammar), of
-    stored_sizes(width).trained bytes."""
-    return np.dtype([("row", "<f4", (width,)), ("lsn", "<u8")])
+HALF_MAX = float(np.finfo(np.float16).max)  # 65504: a float16 embedding at rest is clipped to +-HALF_MAX
+
+
+def value_dtype(width: int, half_floats: int = 0) -> np.dtype:
+    """A stored row value of `width` floats, the first half_floats of them float16: row lsn:u64le (the module's
+    grammar; "half" the float16 part of row, "row" its float32 part), of stored_sizes(width, half_floats).trained
+    bytes."""
+    half = [("half", "<f2", (half_floats,))] if half_floats else []
+    return np.dtype([*half, ("row", "<f4", (width - half_floats,)), ("lsn", "<u8")])
+
+
+def unpacked_rows(packed: np.ndarray) -> np.ndarray:
+    """The float32 rows (n, width) of values parsed as value_dtype: "row" itself, or "half" widened beside it."""
+    if "half" not in packed.dtype.names:
+        return packed["row"]
+    return np.concatenate((packed["half"].astype(np.float32), packed["row"]), axis=1)
+
+
+def _pack_rows(packed: np.ndarray, rows: np.ndarray) -> None:
+    """Fills the row of each value of `packed` (value_dtype's, lsn left as is) from float32 rows (n, width)."""
+    if "half" not in packed.dtype.names:
+        packed["row"] = rows
+        return
+    half_floats = packed.dtype["half"].shape[0]
+    packed["half"] = np.clip(rows[:, :half_floats], -HALF_MAX, HALF_MAX)  # (numpy rounds to nearest, ties to even)
+    packed["row"] = rows[:, half_floats:]
+
+
+def as_stored(values: np.ndarray) -> np.ndarray:
+    """float32 values as a float16 embedding at rest reads back: clipped to +-HALF_MAX, rounded to float16."""
+    return np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16).astype(np.float32)
 
 
 PENDING_BYTES = value_dtype(STATS_FLOATS).itemsize  # a pending id's value
@@ -386,6 +416,7 @@ class Store:
         self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says: identity, marks
         self._synced.sync = True
         self._cfs: dict[str, Rdict] = {}
+        self._half_floats: dict[str, int] = {}  # {table: its RowLayout.half_floats}, read from its config once
         self.read_threads = max(1, read_threads)
         self._readers = (
             ThreadPoolExecutor(self.read_threads, "ps-rocksdb-read", name_os_thread) if self.read_threads > 1 else None
@@ -477,6 +508,7 @@ class Store:
                     batch.delete(COUNT_PREFIX + cfg.name.encode(), meta)
                 self._db.write(batch, self._write_opts)
             self._table_numbers()[0][cfg.name] = number
+            self._half_floats.pop(cfg.name, None)  # a replaced table's config is another's
 
     def number_for(self, table: str) -> int:
         """The number create_table records for table: its own, or for a new table the one after the highest in use,
@@ -593,7 +625,14 @@ class Store:
         cfg = self._meta_get(TABLE_CONFIG_PREFIX + table.encode(), f"reading the config of table {table!r}")
         if cfg is None:
             raise self._damaged(f"table {table!r} has no config (meta key table/{table})")
-        return layout_of(cfg.dim, cfg.optimizer.name)
+        return layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest)
+
+    def _half_floats_of(self, table: str) -> int:
+        """The table's RowLayout.half_floats: the leading floats of its trained rows stored as float16."""
+        half = self._half_floats.get(table)
+        if half is None:
+            half = self._half_floats[table] = self._layout(table).half_floats
+        return half
 
     # ---- rows -----------------------------------------------------------------------------------------
     def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
@@ -608,8 +647,9 @@ class Store:
         lsn = np.zeros(n, dtype=np.uint64)
         if n == 0:
             return sizes >= 0, rows, lsn, sizes >= 0
-        full, short = value_dtype(width), value_dtype(STATS_FLOATS)
-        allowed = stored_sizes(width)
+        half = self._half_floats_of(table)
+        full, short = value_dtype(width, half), value_dtype(STATS_FLOATS)
+        allowed = stored_sizes(width, half)
 
         def parse(values: list, at: int) -> None:
             try:  # every key found and every value a trained row's, as for the misses of rows trained before:
@@ -619,7 +659,7 @@ class Store:
             if joined is not None and (np.fromiter(map(len, values), np.int64, len(values)) == full.itemsize).all():
                 parsed = np.frombuffer(joined, dtype=full)
                 sizes[at : at + len(values)] = full.itemsize
-                rows[at : at + len(values)] = parsed["row"]
+                rows[at : at + len(values)] = unpacked_rows(parsed)
                 lsn[at : at + len(values)] = parsed["lsn"]
                 return
             got = np.empty(len(values), dtype=object)
@@ -627,11 +667,11 @@ class Store:
             where = np.flatnonzero(np.not_equal(got, None))
             lengths = np.fromiter(map(len, got[where]), dtype=np.int64, count=len(where))
             sizes[at + where] = lengths
-            for dtype in (full, short):  # a value of neither size is left unparsed; get_rows raises for it
-                mine = lengths == dtype.itemsize
+            for dtype, floats in ((full, width), (short, STATS_FLOATS)):  # a value of neither size is left
+                mine = lengths == dtype.itemsize  # unparsed; get_rows raises for it
                 if mine.any():
                     parsed = np.frombuffer(b"".join(got[where[mine]]), dtype=dtype)
-                    rows[at + where[mine], width - dtype["row"].shape[0] :] = parsed["row"]
+                    rows[at + where[mine], width - floats :] = unpacked_rows(parsed)
                     lsn[at + where[mine]] = parsed["lsn"]
 
         pending = self._behind.snapshot(table)  # before the read: a batch written since is in RocksDB
@@ -652,6 +692,8 @@ class Store:
             if len(at):
                 found[hit], lsn[hit], complete[hit] = True, batch.lsn[at], batch.complete[at]
                 rows[hit] = np.where(batch.complete[at, None], batch.rows[at], 0.0)
+                if half:  # as RocksDB will hold them once written
+                    rows[hit, :half] = as_stored(rows[hit, :half])
                 rows[hit, width - STATS_FLOATS :] = batch.rows[at, width - STATS_FLOATS :]
         if found.all():  # every id stored, as for the misses of rows trained before: no copies
             return found, rows, lsn, complete
@@ -715,11 +757,13 @@ class Store:
         order = np.lexsort((ids, slot_of(ids)))  # the key's order: table (one here), slot, id; stable
         ids, lsn, complete = ids[order], lsn[order], complete[order]  # rows are read through order: no copy
         values = np.empty(len(ids), dtype=object)
-        for mask, part in ((complete, rows), (~complete, rows[:, rows.shape[1] - STATS_FLOATS :])):
+        half = self._half_floats_of(table)
+        for mask, part, dtype in ((complete, rows, value_dtype(rows.shape[1], half)),
+                                  (~complete, rows[:, rows.shape[1] - STATS_FLOATS :], value_dtype(STATS_FLOATS))):  # fmt: skip
             where = np.flatnonzero(mask)
             if len(where):
-                packed = np.empty(len(where), dtype=value_dtype(part.shape[1]))
-                packed["row"] = part[order[where]]
+                packed = np.empty(len(where), dtype=dtype)
+                _pack_rows(packed, part[order[where]])
                 packed["lsn"] = lsn[where]
                 values[where] = packed.view(f"V{packed.dtype.itemsize}").tolist()
         number = self.table_number(table)
@@ -779,7 +823,7 @@ class Store:
         source: str,
         slots: tuple[int, int],
         tables: list[str],
-        widths: dict[str, int] | None = None,
+        layouts: dict[str, RowLayout] | None = None,
         on_written: Callable[[int], None] | None = None,
         trained_from: bool = False,
     ) -> dict[str, dict]:
@@ -788,8 +832,9 @@ class Store:
         {table: {"admitted": rows, "pending": ids}} copied. CheckpointDamagedError where RocksDB finds damage in
         source, or where source does not hold what the grammar and the manifest say: no table number for one of
         `tables` (before anything is copied from it), a meta value that does not read, a row of neither a pending
-        id's size nor a trained row's of its table's width (widths: table -> floats per row, its RowLayout.width:
-        named once the table's slots are read, nothing copied past the first). What was copied stays: the caller
+        id's size nor a trained row's of its table's layout (layouts: table -> its RowLayout, sizes_at_rest: named once
+        the table's slots are read, nothing copied past the first). Values are copied as they are: the tables are
+        created with the checkpoint's configs, values_at_rest included. What was copied stays: the caller
         undoes it. on_written: told the admitted rows of each batch written (it may raise to stop the copy there).
         trained_from: source owned some of these slots, so a table its counts say was trained (a Shrink may have
         dropped every id since) is trained here too."""
@@ -813,7 +858,7 @@ class Store:
                     handle = self._db.get_column_family_handle(ROWS_CF)
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self.table_number(table).to_bytes(4, "big")
                     batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
-                    odd = OddRows(stored_sizes(widths[table]) if widths and table in widths else None)
+                    odd = OddRows(layouts[table].sizes_at_rest if layouts and table in layouts else None)
                     for key, value in iter_items(cf, src_prefix + int(lo).to_bytes(2, "big")):
                         if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
                             break
@@ -842,20 +887,20 @@ class Store:
 
     @staticmethod
     def read_table(
-        source: str, table: str, width: int, chunk: int = 1 << 16
+        source: str, table: str, layout: RowLayout, chunk: int = 1 << 16
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
-        checkpoint, opened read-only), in key order, chunk rows at a time; pending ids (values of STATS_FLOATS
+        """Yields (ids, rows (n, layout.width) float32) of the admitted rows of a table of the RocksDB at `source`
+        (a checkpoint, opened read-only), in key order, chunk rows at a time; pending ids (values of STATS_FLOATS
         floats) are skipped. CheckpointDamagedError where RocksDB finds damage in it, and, once every row is
         read, for stored values of neither size (naming how many, and the first one's id and key): damaged rows,
-        or a width (the manifest's config) that does not match them."""
+        or a layout (the manifest's config) that does not match them."""
         damaged = checkpoint_damaged(source)
         with reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}
             if ROWS_CF not in names or table not in numbers:
                 return
             prefix = numbers[table].to_bytes(4, "big")
-            keys, values, odd = [], [], OddRows(stored_sizes(width))
+            keys, values, odd = [], [], OddRows(layout.sizes_at_rest)
             for key, value in iter_prefixed(src.get_column_family(ROWS_CF), prefix):
                 if len(value) == odd.sizes.trained:
                     keys.append(key)
@@ -863,11 +908,11 @@ class Store:
                 else:
                     odd.saw(key, value)
                 if len(keys) == chunk:
-                    yield _decode_chunk(keys, values, width)
+                    yield _decode_chunk(keys, values, layout)
                     keys, values = [], []
             odd.check(damaged, table)
             if keys:
-                yield _decode_chunk(keys, values, width)
+                yield _decode_chunk(keys, values, layout)
 
     @staticmethod
     def admitted_counts(source: str) -> dict[str, int]:
@@ -961,6 +1006,7 @@ class Store:
             self._db.write(batch, self._synced)
         with self._numbers_lock:  # after a read of the numbers from before the write has kept them
             self._numbers = None
+        self._half_floats.clear()
 
     def set_restore_pending(self, directory: str | None) -> None:
         with self._rocksdb("clearing the mark of an unfinished restore" if directory is None else

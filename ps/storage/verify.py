@@ -21,7 +21,7 @@ import os
 
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
 from ps.errors import StorageError
-from ps.rows.layout import KEY_BYTES, layout_of, stored_sizes
+from ps.rows.layout import KEY_BYTES, layout_of
 from ps.storage.journal import Journal
 from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
 from ps.storage.readonly import damage_at
@@ -234,7 +234,7 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
 
 def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[str, int | None]:
     """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
-    or a pending id's (ps.rows.layout.stored_sizes; Store.get_rows refuses a row of another size with DATA_LOSS);
+    or a pending id's (ps.rows.layout.RowLayout.sizes_at_rest; Store.get_rows refuses a row of another size with DATA_LOSS);
     the rows of a table number no table config has (a lost table's, which no server reads: damage in a data dir, a
     note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
     number is absent or does not read, if there is one (with several such tables, said to be most likely theirs).
@@ -256,7 +256,7 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
         numbers.add(number)
         if cfg is None:  # named by _meta_values
             continue
-        sizes = stored_sizes(layout_of(cfg.dim, cfg.optimizer.name).width)
+        sizes = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest).sizes_at_rest
         mine = {size: seen for (t, size), seen in rows.sizes.items() if t == number}
         checked[table] = sum(n for n, _ in mine.values())
         bad = {size: seen for size, seen in sorted(mine.items()) if size not in sizes}

@@ -1,0 +1,151 @@
+"""A table of values_at_rest "float16": RocksDB holds its embeddings as float16 (ps.storage.store's grammar), so a
+row read back from RocksDB has its embedding rounded to float16, clipped to +-65504, and its optimizer state and
+statistics exact; checkpoints, restores onto another shard count and exports keep the stored values, and verify reads their sizes as the layout's; a table keeps
+the setting it was created with. Oracle: numpy's astype(float16) of the float32 values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps.codec import table_config_from_proto, table_config_to_proto
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig, table_configs_from_toml
+from ps.engine.restore import export
+from ps.engine.shard import Shard
+from ps.errors import InvalidArgumentError, TableExistsError
+from ps.rows.layout import layout_of
+from ps.sharding import SlotMap, slot_of
+from ps.storage.store import Store
+from ps.storage.verify import verify_checkpoint
+from tests.conftest import exported, one_shard_checkpoint
+
+HALF = "float16"
+
+
+def rounded(values: np.ndarray) -> np.ndarray:
+    """The oracle: float32 values as a float16 embedding at rest reads back."""
+    return np.clip(values, -65504, 65504).astype(np.float16).astype(np.float32)
+
+
+def test_the_store_keeps_a_float16_tables_embeddings_rounded_and_the_rest_exact(tmp_path):
+    cfg = TableConfig("emb", 3, optimizer=OptimizerConfig("adagrad"), values_at_rest=HALF)  # width 3 + 3 + 4
+    width = layout_of(3, "adagrad", HALF).width
+    ids = np.array([0, 5, 256, 2**64 - 1], dtype=np.uint64)
+    rows = np.random.default_rng(0).standard_normal((4, width)).astype(np.float32) * 1000
+    rows[0, :3] = [1e6, -1e6, 2e-8]  # beyond float16's range, and below its smallest subnormal
+    complete = np.array([True, True, True, False])
+    lsn = np.arange(1, 5, dtype=np.uint64)
+    store = Store(str(tmp_path))
+    try:
+        store.create_table(cfg)
+        store.put_rows("emb", ids[:2], rows[:2], lsn[:2], complete[:2], {"admitted": 1, "pending": 0})
+        store.put_rows("emb", ids[2:], rows[2:], lsn[2:], complete[2:], {"admitted": 3, "pending": 1},
+                       background=True)  # fmt: skip
+        before_drain = store.get_rows("emb", ids, width)  # the write-behind's rows read as RocksDB will hold them
+        store.drain()
+        found, got, got_lsn, got_complete = store.get_rows("emb", ids, width)
+        sizes = sorted({len(value) for _, value in store.iter_rows("emb")})
+    finally:
+        store.close()
+    assert found.all() and (got_complete == complete).all() and (got_lsn == lsn).all()
+    np.testing.assert_array_equal(got[:3, :3], rounded(rows[:3, :3]))
+    assert got[0, :3].tolist() == [65504.0, -65504.0, 0.0]
+    np.testing.assert_array_equal(got[:3, 3:], rows[:3, 3:])  # the optimizer state and statistics: exact
+    np.testing.assert_array_equal(got[3], np.r_[np.zeros(width - 4, np.float32), rows[3, -4:]])  # statistics only
+    for a, b in zip(before_drain, (found, got, got_lsn, got_complete)):
+        np.testing.assert_array_equal(a, b)
+    assert sizes == [4 * 4 + 8, 2 * 3 + 4 * 7 + 8]  # a pending id's; a trained row's, 6 bytes less than float32's
+    assert layout_of(3, "adagrad", HALF).value_bytes == 2 * 3 + 4 * 7 + 8
+
+
+def table_config(values_at_rest: str) -> TableConfig:
+    return TableConfig("emb", 4, InitializerConfig("zeros"), OptimizerConfig("adagrad", 1.0),
+                       values_at_rest=values_at_rest)  # fmt: skip
+
+
+def test_rows_evicted_reloaded_checkpointed_restored_and_exported_are_float16_rounded(tmp_path):
+    """A float16 table with a RAM tier of 300 rows and a float32 twin holding every row get the same push; once
+    the float16 shard reopens (its RAM tier empty), every row it serves is the twin's with the embedding rounded,
+    and its state exact; so are a restore of its checkpoint onto two shards and the checkpoint's export."""
+    n = 3000
+    ids = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(7919)
+    grads = np.random.default_rng(1).standard_normal((n, 4)).astype(np.float32)
+    cfg = table_config(HALF)
+    ram_rows = 300 * layout_of(4, "adagrad", HALF).ram_bytes
+    small = Shard(ServerConfig(data_dir=str(tmp_path / "small"), cache_bytes=ram_rows, flush_interval_s=3600))
+    twin = Shard(ServerConfig(data_dir=str(tmp_path / "twin"), flush_interval_s=3600))
+    try:
+        small.create_table(cfg)
+        twin.create_table(table_config("float32"))
+        for start in range(0, n, 250):
+            for shard in (small, twin):
+                shard.push("emb", ids[start : start + 250], grads[start : start + 250])
+        assert small.table("emb").arena.evictions >= n - 300
+        want = twin.pull("emb", ids)
+        twin.flush()
+        width = twin.table("emb").width
+        want_rows = twin.store.get_rows("emb", ids, width)[1]
+    finally:
+        small.close()
+        twin.close()
+    assert not np.array_equal(rounded(want), want)  # the rounding shows
+    small = Shard(ServerConfig(data_dir=str(tmp_path / "small")))
+    try:
+        np.testing.assert_array_equal(small.pull("emb", ids), rounded(want))
+        got_rows = small.store.get_rows("emb", ids, width)[1]
+        np.testing.assert_array_equal(got_rows[:, 4:], want_rows[:, 4:])  # the adagrad accumulators, statistics
+        one_shard_checkpoint(small, str(tmp_path / "ckpt"), [cfg])
+    finally:
+        small.close()
+    lines, damaged = verify_checkpoint(str(tmp_path / "ckpt"))  # its rows of the sizes the float16 layout makes
+    assert not damaged, lines
+    owner = SlotMap.contiguous(2).owner[slot_of(ids)]
+    for shard_id in (0, 1):
+        restored = Shard(ServerConfig(data_dir=str(tmp_path / f"r{shard_id}"), shard_id=shard_id, num_shards=2,
+                                      restore_dir=str(tmp_path / "ckpt")))  # fmt: skip
+        try:
+            assert restored.table("emb").cfg.values_at_rest == HALF
+            mine = owner == shard_id
+            np.testing.assert_array_equal(restored.pull("emb", ids[mine]), rounded(want[mine]))
+        finally:
+            restored.close()
+    export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    got_ids, got = exported(tmp_path / "out", "emb")
+    order = np.argsort(ids)
+    np.testing.assert_array_equal(got_ids, ids[order])
+    np.testing.assert_array_equal(got, rounded(want[order]))
+
+
+def test_a_table_keeps_the_values_at_rest_it_was_created_with(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        shard.create_table(table_config("float32"))
+        with pytest.raises(TableExistsError, match=r"different spec \(existing != requested\): values_at_rest: "
+                                                   r"'float32' != 'float16'$"):  # fmt: skip
+            shard.create_table(table_config(HALF))
+        shard.push("emb", np.array([1], np.uint64), np.ones((1, 4), np.float32))
+        with pytest.raises(TableExistsError, match=r"values_at_rest: 'float32' != 'float16'; it holds 1 trained"):
+            shard.create_table(table_config(HALF), replace_untrained=True)
+        assert shard.table("emb").cfg.values_at_rest == "float32"
+    finally:
+        shard.close()
+    reopened = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        assert reopened.table("emb").cfg == table_config("float32").normalized()
+    finally:
+        reopened.close()
+
+
+def test_values_at_rest_is_checked_read_from_toml_and_carried_by_the_spec():
+    with pytest.raises(InvalidArgumentError, match=r"table 'emb': values_at_rest 'bfloat16' is unknown; expected one "
+                                                   r"of \('float32', 'float16'\)"):  # fmt: skip
+        TableConfig("emb", 4, values_at_rest="bfloat16").validate()
+    assert TableConfig.from_dict({k: v for k, v in table_config(HALF).to_dict().items() if k != "values_at_rest"}) \
+        == table_config("float32")  # a config stored before the setting: float32  # fmt: skip
+    assert table_configs_from_toml('[emb]\nvalues_at_rest = "float16"\n')["emb"]["values_at_rest"] == HALF
+    with pytest.raises(InvalidArgumentError, match=r"\[emb\] values_at_rest must be a string, got 16"):
+        table_configs_from_toml("[emb]\nvalues_at_rest = 16\n")
+    assert table_config_from_proto(table_config_to_proto(table_config(HALF))) == table_config(HALF)
+    spec = table_config_to_proto(table_config(HALF))
+    spec.ClearField("values_at_rest")
+    assert table_config_from_proto(spec).values_at_rest == "float32"
