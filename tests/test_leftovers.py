@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -293,18 +294,23 @@ def test_an_export_over_one_that_names_out_checkpoint_is_refused_as_it_would_lea
     """OUT/checkpoint, named by export.json (an earlier version's kept checkpoint, or the user's one that the export
     in place was made from: the two cannot be told apart), is never left behind named by nothing, nor removed: an
     --overwrite export of another checkpoint is refused, ps-server's and ps-worker's (before any server is asked),
-    nothing changed. An export of that checkpoint itself goes ahead (moved into the new export's folder)."""
+    nothing changed. An export of that checkpoint itself goes ahead (moved into the new export's folder): the refusal
+    names the command for it."""
     out = an_earlier_layouts_export(tmp_path, with_dir)
     before = listing(out)
     other = one_table_checkpoint(tmp_path / "other", 4)
-    with pytest.raises(ValueError, match=f"{out / 'checkpoint'} is the checkpoint {out / 'export.json'} names"):
+    with pytest.raises(ValueError, match=f"{out / 'checkpoint'} is the checkpoint {out / 'export.json'} names") as e:
         restore.export(other, str(out), overwrite=True)
+    way_out = re.search(r"`ps-server (export [^`]+)`", str(e.value))  # the third way out, besides a move or removal
     nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
     assert main(["export", str(out), "--overwrite", *nowhere]) == 2
     err = capsys.readouterr().err
     assert f"ps-worker: error: {out / 'checkpoint'} is the checkpoint" in err and "127.0.0.1:1" not in err, err
     assert listing(out) == before and os.path.isdir(other)
-    summary = restore.export(str(out / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
+    from ps.__main__ import main as server_main
+
+    assert way_out and server_main([*shlex.split(way_out[1]), "--no-progress"]) == 0, str(e.value)
+    summary = json.loads((out / "export.json").read_text())
     assert sorted(os.listdir(out)) == [summary["dir"], "export.json"]
     assert summary["checkpoint"] == str(out / summary["dir"] / "checkpoint") and len(exported(out, "a")[0]) == 7
 

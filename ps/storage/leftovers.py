@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -198,7 +199,8 @@ def check_no_named_checkpoint_left(out: str, checkpoint: str | None = None) -> N
     export of the checkpoint at the path checkpoint (None: one of none there) would leave it behind, named by
     nothing: an export of an earlier version kept its checkpoint there (`ps-worker export --keep-checkpoint`), or
     the export in place was made from it. Which of the two it is cannot be told, and an export never removes what
-    may be the user's only copy of a checkpoint; only an export of that checkpoint itself goes ahead."""
+    may be the user's only copy of a checkpoint; only an export of that checkpoint itself goes ahead, which the
+    message names as the way to make it the export's own (moved into its folder)."""
     kept = os.path.join(out, "checkpoint")
     named = read_export_json(out).get("checkpoint")
     if not os.path.lexists(kept) or not isinstance(named, str) or not named:
@@ -207,11 +209,14 @@ def check_no_named_checkpoint_left(out: str, checkpoint: str | None = None) -> N
         return
     if checkpoint is not None and os.path.realpath(checkpoint) == os.path.realpath(kept):
         return
+    make_it_the_exports = f"ps-server export {shlex.quote(kept)} --out {shlex.quote(out)} --move-checkpoint --overwrite"
     raise ValueError(f"{kept} is the checkpoint {os.path.join(out, 'export.json')} names: one an export of an "
                      "earlier version kept there (ps-worker export --keep-checkpoint), or the one the export in place "
                      "was made from. This export would leave it behind, named by nothing, and it removes no "
                      "checkpoint that may be your only copy: move it where you keep checkpoints (or remove it, if it "
-                     "is a kept copy you do not need), then export again; nothing was written")  # fmt: skip
+                     "is a kept copy you do not need), then export again; or make it the export's own: "
+                     f"`{make_it_the_exports}` exports it, moved into the new export's folder, which a later export "
+                     f"into {out} removes with it. Nothing was written")  # fmt: skip
 
 
 def is_export_checkpoint(checkpoint: str, out: str) -> bool:
