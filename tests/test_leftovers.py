@@ -269,6 +269,35 @@ def test_a_checkpoint_moved_on_out_of_a_kept_folder_is_noted_as_from_where_that_
     assert not kept.exists()  # a leftover now that the checkpoint has left it
 
 
+def test_a_users_folder_named_like_one_of_export_files_is_no_kept_folder_and_its_checkpoint_is_noted_as_from_it(
+    tmp_path,
+):
+    """A dated folder of the user's (ckpts/export-20241231/checkpoint, beside other files: no export's folder) that
+    only looks like one of export files: its checkpoint, moved into an export's folder, is noted as from its own
+    path, where to move it back. A kept folder directly in the OUT exported into is one of export files even where
+    OUT holds files of the user's too (not an export's folder)."""
+    ckpts = tmp_path / "ckpts"
+    dated = ckpts / "export-20241231" / "checkpoint"
+    os.makedirs(dated.parent)
+    os.rename(one_table_checkpoint(tmp_path / "users", 7), dated)
+    write(ckpts / "notes.txt", 3)
+    assert leftovers.checkpoint_origin(str(dated)) == str(dated)
+    out = tmp_path / "out"
+    summary = restore.export(str(dated), str(out), move_checkpoint=True)
+    noted = out / summary["dir"] / leftovers.EXPORTED_CHECKPOINT
+    assert json.loads(noted.read_text()) == {"from": str(dated)} and len(exported(out, "a")[0]) == 7
+    kept = out / "export-0123abcd"
+    os.makedirs(kept)
+    os.rename(out / summary["dir"] / "checkpoint", kept / "checkpoint")
+    (kept / leftovers.MOVED_CHECKPOINT).write_text(json.dumps({"from": str(dated)}))
+    write(out / "notes.txt", 3)
+    os.remove(out / "export.json")  # OUT: a kept folder and the user's files, no export's folder
+    assert leftovers.checkpoint_origin(str(kept / "checkpoint")) == str(kept / "checkpoint")
+    summary = restore.export(str(kept / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
+    noted = out / summary["dir"] / leftovers.EXPORTED_CHECKPOINT
+    assert json.loads(noted.read_text()) == {"from": str(dated)}  # the kept folder's, not that folder
+
+
 def an_earlier_layouts_export(tmp_path, with_dir: bool) -> Path:
     """tmp_path/out as an export of an earlier version with --keep-checkpoint left it: export.json naming
     OUT/checkpoint, and the .npy files of table "a" in a folder it names (with_dir) or in OUT itself."""

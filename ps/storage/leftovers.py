@@ -156,9 +156,9 @@ def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]
 
 def note_moved_checkpoint(folder: str, checkpoint: str) -> None:
     """Writes, fsynced, folder's MOVED_CHECKPOINT note that the checkpoint at the path checkpoint is moved into it
-    (folder/checkpoint), naming where it comes from (checkpoint_origin)."""
+    (folder/checkpoint, folder directly in the OUT exported into), naming where it comes from (checkpoint_origin)."""
     with open(os.path.join(folder, MOVED_CHECKPOINT), "x") as f:
-        json.dump({"from": checkpoint_origin(checkpoint)}, f)
+        json.dump({"from": checkpoint_origin(checkpoint, os.path.dirname(os.path.abspath(folder)))}, f)
         sync_file(f)
     sync_directory(folder)  # on disk before the checkpoint's rename into folder
 
@@ -179,14 +179,19 @@ def moved_checkpoint_origin(folder: str) -> str | None:
     return origin if isinstance(origin, str) else ""
 
 
-def checkpoint_origin(checkpoint: str) -> str | None:
+def checkpoint_origin(checkpoint: str, out: str | None = None) -> str | None:
     """Where the checkpoint at the path checkpoint comes from: its absolute path, unless it is the checkpoint of a
     folder of export files kept as a killed export left it (<folder>/checkpoint, where moved_checkpoint_origin is not
     None and no export.json beside the folder names it), which is a place to move it back from, not its origin: then
-    what that folder's note names (None where it has none that reads: unknown)."""
+    what that folder's note names (None where it has none that reads: unknown). A folder is one of export files
+    only where its parent is an export's folder (holds_an_export) or out (the OUT an export writes into): a user's
+    folder named alike (/ckpts/export-20241231) is not."""
     path = os.path.abspath(checkpoint)
     folder = os.path.dirname(path)
     if os.path.basename(path) != "checkpoint" or not EXPORT_FILES.fullmatch(os.path.basename(folder)):
+        return path
+    parent = os.path.dirname(folder)
+    if not holds_an_export(parent) and (out is None or os.path.realpath(parent) != os.path.realpath(out)):
         return path
     origin = moved_checkpoint_origin(folder)
     if origin is None or export_in_place(os.path.dirname(folder)) == os.path.basename(folder):
