@@ -337,9 +337,13 @@ def build_export_parser() -> argparse.ArgumentParser:
     kept.add_argument("--remove-checkpoint", action="store_true", help="remove CHECKPOINT once the export is in "
                       "place; export.json names no checkpoint (ps-worker export without --keep-checkpoint). A kill "
                       "before that leaves it where it is")  # fmt: skip
-    p.add_argument("--claim-fd", type=int, metavar="FD", help="an open descriptor of --out by which the caller holds "
-                   "the flock that claims it and passes it on: the export claims --out through it (ps-worker export's, "
-                   "so that no other export takes --out between its checkpoint and this export)")  # fmt: skip
+    claim = p.add_mutually_exclusive_group()
+    claim.add_argument("--claim-fd", type=int, metavar="FD", help="an open descriptor of --out by which the caller "
+                       "holds the flock that claims it and passes it on: the export claims --out through it (ps-worker "
+                       "export's, so that no other export takes --out between its checkpoint and this export)")  # fmt: skip
+    claim.add_argument("--unclaimed", action="store_true", help="the caller found that no lock on --out can be had "
+                       "(a file system that refuses flock) and said so, reporting what killed exports left there "
+                       "(ps-worker export's): the export goes ahead holding none, saying nothing of it again")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out: the new one takes its "
                    "place whole once written, and the earlier one's .npy files are removed then (a failure leaves it "
                    "as it was); without it such a directory is an error")  # fmt: skip
@@ -368,7 +372,8 @@ def _export(args: argparse.Namespace) -> int:
         specs = read_manifest(args.checkpoint)["tables"] if tables else []  # read before --move-checkpoint
         summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables,
                          move_checkpoint=args.move_checkpoint, overwrite=args.overwrite,
-                         remove_checkpoint=args.remove_checkpoint, claim_fd=args.claim_fd)  # fmt: skip
+                         remove_checkpoint=args.remove_checkpoint, claim_fd=args.claim_fd,
+                         unclaimed=args.unclaimed)  # fmt: skip
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2

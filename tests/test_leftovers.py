@@ -392,6 +392,49 @@ def test_an_export_into_an_out_whose_file_system_refuses_flock_says_it_goes_ahea
     assert len(warned) == 2 and warned[1].startswith(f"left {out / 'export-0123abcd'} "), warned
 
 
+FLOCK_REFUSED = """
+import errno, fcntl, os, sys
+def refused(fd, how):
+    raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+fcntl.flock = refused
+from ps.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_worker_export_into_an_out_whose_file_system_refuses_flock_says_so_once(tmp_path, monkeypatch, caplog, capfd):
+    """ps-worker export finds no lock on OUT to be had, says so and reports a killed export's folder; its
+    ps-server export, refused flock too, says neither again."""
+    import errno
+    import types
+
+    import worker.export
+
+    def refused(fd, how):
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    out, real_run = tmp_path / "out", subprocess.run
+    write(out / "export-0123abcd" / "a.rows.npy", 9)  # a killed export's
+    monkeypatch.setattr(
+        leftovers, "fcntl", types.SimpleNamespace(flock=refused, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+    )
+
+    def child(command, **kwargs):  # ps-server export, on the same file system
+        assert command[1:3] == ["-m", "ps"], command
+        return real_run([command[0], "-c", FLOCK_REFUSED, *command[3:]], **kwargs)
+
+    monkeypatch.setattr(worker.export.subprocess, "run", child)
+    caplog.set_level("INFO", LOGGER)
+    assert _export_five_rows(tmp_path, out) == 0
+    err = capfd.readouterr().err
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == LOGGER]
+    assert len(warned) == 2 and warned[0].startswith(f"no lock on {out} can be had"), warned
+    assert warned[1].startswith(f"left {out / 'export-0123abcd'} "), warned
+    assert "no lock on" not in err and "export-0123abcd" not in err, err  # the child said neither again
+    summary = json.loads((out / "export.json").read_text())
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export-0123abcd", "export.json"])
+
+
 def an_export_ends_meanwhile(out, real):
     """make_dirs as real, after which an export into out is put in place (one that ended before this one claimed
     out), leaving what killed exports left there."""

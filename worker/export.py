@@ -10,7 +10,8 @@
        OUT must lie inside the servers' --checkpoint-root)
     4. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
        RocksDB files, the worker does not import it; it is given the claim's descriptor, --claim-fd, and claims OUT
-       through it), --since and --tables passed on; its exit code is this one's,
+       through it, or --unclaimed where no lock on OUT can be had, which this one said), --since and --tables passed
+       on; its exit code is this one's,
        and one killed by signal N is said so, exit code 128 + N. It puts the new export in place of an earlier one
        whole, by the rename of its export.json (ps.engine.restore.export), and removes the earlier one's files.
        With --keep-checkpoint it moves the fresh checkpoint into the export's folder first (--move-checkpoint), so
@@ -130,7 +131,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             command += [] if args.tables is None else ["--tables", args.tables]
             command += ["--no-progress"] if args.no_progress else []
             command += ["--move-checkpoint"] if args.keep_checkpoint else ["--remove-checkpoint"]
-            command += [] if claim is None else ["--claim-fd", str(claim)]  # (None: no flock on OUT's file system)
+            command += ["--unclaimed"] if claim is None else ["--claim-fd", str(claim)]  # None: no lock, said so
             earlier = leftovers.export_in_place(args.out)
             done = subprocess.run(command, preexec_fn=child_setup(own_group=False),  # dies with this process
                                   pass_fds=() if claim is None else (claim,))  # fmt: skip

@@ -129,7 +129,8 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
            tables: Sequence[str] | None = None, move_checkpoint: bool = False, overwrite: bool = True,
-           remove_checkpoint: bool = False, claim_fd: int | None = None) -> dict:  # fmt: skip
+           remove_checkpoint: bool = False, claim_fd: int | None = None,
+           unclaimed: bool = False) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: `export.json`, and the folder it names
     (its "dir": out/export-<8 hex>) holding per table `<table>.ids.npy` (uint64, sorted) and `<table>.rows.npy`
     (float32 (n, dim): embeddings only, no optimizer state, row i of id i), admitted rows only. export.json: {clock,
@@ -174,7 +175,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     export's own): a kill before that leaves it where it is, named by nothing (worker.temp_dirs names ps-worker
     export's for the next export to remove); a failure to remove it is logged. claim_fd: a descriptor of out by
     which the caller holds the claim on it and passes it on (ps-worker export's: no other export takes out between
-    its checkpoint and this export), ValueError where it is no descriptor of out.
+    its checkpoint and this export), ValueError where it is no descriptor of out. unclaimed: the caller found that no
+    lock on out can be had, and said so (ps-worker export's, where out's file system refuses flock): this export
+    goes ahead holding none, saying nothing of it again (leftovers.claimed).
     """
     if move_checkpoint and remove_checkpoint:
         raise ValueError("the checkpoint exported is either moved into the export's folder or removed, not both")
@@ -196,7 +199,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
             check_holds_no_export(out)
         leftovers.check_no_named_checkpoint_left(out, directory)
 
-    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, check):
+    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, check, unclaimed):
         summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
         try:

@@ -315,6 +315,7 @@ def claimed(
     whose: str,
     fd: int | None = None,
     check: Callable[[], None] | None = None,
+    unclaimed: bool = False,
 ) -> Iterator[int | None]:
     """Holds an exclusive flock on the folder directory while the block runs, had at once: no other writer is
     there, so first it runs check() (what directory must hold for the writer to go ahead, seen under the claim: an
@@ -327,7 +328,16 @@ def claimed(
     not kept out, and nothing here can tell. Yields the
     descriptor the flock is held by (None where none is): a child process given it (pass_fds) holds the claim
     too, and claims the folder through it (fd: such a descriptor, of directory, which this leaves open; a
-    ValueError where it is none)."""
+    ValueError where it is none). unclaimed: the writer that runs this one found that no lock on directory can be
+    had, and said so and reported leftovers() itself (ps-worker export's `ps-server export`): none is tried, check()
+    runs, and nothing is said again."""
+    if unclaimed:
+        if fd is not None:
+            raise ValueError(f"descriptor {fd} is given as the claim on {directory}, which is also said to have none")
+        if check is not None:
+            check()
+        yield None
+        return
     own, why = fd is None, "no flock on this system"  # why: where none is had
     if not own:
         _check_descriptor_of(fd, directory)
