@@ -8,14 +8,15 @@
     python3 dev.py env     # only create or update ./.venv (the others do it first)
 
 Each creates ./.venv on first use and installs the package there: `pip install -e .[dev]`, but `-e .` alone (the
-runtime) for `demo`, which an install with extras serves as well. pip is the venv's own, as Python gives it (22.3 or
-newer in 3.11), never upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LINKS) serves
-the rest. Later runs reuse the venv and reinstall only when pyproject.toml changes. `test` and `bench` also install
-PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's machines; PyPI's
-Linux wheel is the CUDA build, so elsewhere set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and
-`bench` the benchmark-only extra (`.[bench]`: scikit-learn, the tuned logistic regression that
-benchmarks/small_data.py compares with). Extra arguments go to `ps-worker train`, to pytest or to
-benchmarks/report.py.
+runtime) for `demo`, which an install with extras serves as well. pip is the venv's own, as Python gives it (an
+editable install of a pyproject.toml package, PEP 660, needs pip 21.3 or newer; Python 3.11's is newer), never
+upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LINKS) serves the rest. Later runs
+reuse the venv and reinstall only when pyproject.toml or the venv's Python version changes. `test` and `bench`
+also install PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's
+machines; PyPI's Linux wheel is the CUDA build, so elsewhere set
+PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
+scikit-learn, the tuned logistic regression that benchmarks/small_data.py compares with). Extra arguments go to
+`ps-worker train`, to pytest or to benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -30,20 +31,24 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(ROOT, ".venv")
 TORCH_PIN = "torch==2.13.0"  # pinned: the version the torch backend is tested with
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
+STAMP = ".installed-"  # the venv's stamps of what is installed there (installed_with)
 
 
 def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
     """Returns the venv's python, creating the venv and installing the package with `extras` (comma-separated; ""
     for the runtime alone) and TORCH_PIN (with_torch) unless an install of this pyproject.toml with them all, or
-    more, is stamped there (installed_with)."""
+    more, is stamped there (installed_with). A venv it creates holds no stamp (one of a venv made there before is
+    removed: its packages are gone)."""
     if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 the user has)
         sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
     if not os.path.exists(python):
         print(f"creating virtual environment in {VENV} ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+        for name in os.listdir(VENV):
+            if name.startswith(STAMP):
+                os.remove(os.path.join(VENV, name))
+    digest = install_digest()
     parts = sorted({*filter(None, extras.split(",")), *(["torch"] if with_torch else [])})
     if not installed_with(digest, parts):
         print("installing sparseps and its dependencies (first run: a minute or two) ...", flush=True)
@@ -54,19 +59,37 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
             if done.returncode != 0:  # show pip's output only when it failed
                 sys.stderr.write(done.stdout + done.stderr)
                 sys.exit(f"pip install {' '.join(args)} failed (exit {done.returncode}); see the output above")
-        open(os.path.join(VENV, "-".join([".installed", digest, *parts])), "w").close()
+        open(os.path.join(VENV, "+".join([STAMP + digest, *parts])), "w").close()
     return python
 
 
+def install_digest() -> str:
+    """What an install into the venv depends on, as 16 hex digits: the sha256 of pyproject.toml and of the venv's
+    Python version (major.minor, as its pyvenv.cfg says: a venv made again by another Python has none of its
+    packages)."""
+    version = ""
+    try:
+        with open(os.path.join(VENV, "pyvenv.cfg"), encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition("=")
+                if key.strip() == "version":
+                    version = ".".join(value.strip().split(".")[:2])
+    except OSError:
+        pass
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return hashlib.sha256(f.read() + f"\npython {version}".encode()).hexdigest()[:16]
+
+
 def installed_with(digest: str, parts: list[str]) -> bool:
-    """Whether the venv holds the stamp of an install of the pyproject.toml whose sha256 starts with digest, with
-    every one of parts (extras, and "torch" for TORCH_PIN) among its own: .installed-<digest>[-<part>...]."""
+    """Whether the venv holds the stamp of an install whose install_digest was digest, with every one of parts
+    (extras, and "torch" for TORCH_PIN) among its own: .installed-<digest>[+<part>...] (an extra's name may hold
+    '-', never '+')."""
     try:
         names = os.listdir(VENV)
     except OSError:
         return False
-    stamps = [name.split("-") for name in names if name.startswith(".installed-")]
-    return any(stamp[1:2] == [digest] and set(parts) <= set(stamp[2:]) for stamp in stamps)
+    stamps = [name[len(STAMP) :].split("+") for name in names if name.startswith(STAMP)]
+    return any(stamp[0] == digest and set(parts) <= set(stamp[1:]) for stamp in stamps)
 
 
 def main(argv: list[str]) -> int:

@@ -3,6 +3,7 @@ made, nothing installed)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -17,6 +18,7 @@ def venv(tmp_path, monkeypatch) -> list[list[str]]:
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text("")
+    (tmp_path / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
     monkeypatch.setattr(dev, "VENV", str(tmp_path / ".venv"))
     monkeypatch.setattr(dev, "BIN", str(bin_dir))
     ran: list[list[str]] = []
@@ -51,3 +53,41 @@ def test_demo_installs_the_runtime_alone_and_an_install_with_extras_serves_it(ve
     for command in (["demo"], ["test", "-k", "x"], ["bench", "benchmarks/x.py"]):
         assert dev.main(command) == 0
     assert venv == []  # each of them served by that install
+
+
+def test_a_venv_of_another_python_or_made_again_is_installed_into_again(venv, monkeypatch):
+    """The stamp of an install names the venv's Python version (pyvenv.cfg's): a venv made again by another Python
+    has none of the packages; one made again by dev.py (its python gone) holds no stamp of the one before."""
+    cfg = os.path.join(dev.VENV, "pyvenv.cfg")
+
+    class Builder:  # venv.EnvBuilder's create, as the Python 3.12 now running dev.py makes the venv
+        def __init__(self, **options):
+            pass
+
+        def create(self, directory):
+            open(os.path.join(dev.BIN, "python"), "w").close()
+            with open(cfg, "w") as f:
+                f.write("home = /usr/bin\nversion = 3.12.1\n")
+
+    dev.ensure_env()
+    venv.clear()
+    with open(cfg, "w") as f:
+        f.write("home = /usr/bin\nversion = 3.12.1\n")  # made again over it by python3.12 -m venv
+    dev.ensure_env()
+    assert [args[-1] for args in venv] == [f"{dev.ROOT}[dev]"]
+    venv.clear()
+    dev.ensure_env()
+    assert venv == []  # installed for 3.12: the stamp says so
+    os.remove(os.path.join(dev.BIN, "python"))
+    monkeypatch.setattr(dev.venv, "EnvBuilder", Builder)
+    dev.ensure_env()
+    assert [args[-1] for args in venv] == [f"{dev.ROOT}[dev]"]
+
+
+def test_an_extra_whose_name_holds_a_dash_is_told_apart_from_others(venv):
+    dev.ensure_env(extras="dev,gpu-kernels")
+    venv.clear()
+    dev.ensure_env(extras="gpu-kernels")
+    assert venv == []  # served by that install
+    dev.ensure_env(extras="kernels")  # no extra of that install
+    assert [args[-1] for args in venv] == [f"{dev.ROOT}[kernels]"]
