@@ -27,12 +27,15 @@ from worker.features import (
 from worker.formats import (
     ReadStats,
     column_stats,
+    detect_format,
     file_has_labels,
     libsvm_field_count,
     read_batches,
     read_csv_header,
+    read_csv_sample,
 )
 from worker.models.spec import BIAS_FIELD
+from worker.readers.csv_dialect import csv_delimiter
 from worker.readers.csv_reader import column_cells
 from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema, resolve_schema
@@ -407,6 +410,24 @@ def test_header_names_and_the_names_given_are_read_without_the_spaces_around_the
         schema_of(twice, "csv")
     with pytest.raises(ValueError, match=message):
         read(twice, "csv", schema=schema_of(path, "csv", label_column="clicked"))
+
+
+@pytest.mark.parametrize("delimiter", [",", ";", "\t"])
+def test_a_header_whose_names_differ_only_by_spaces_is_probed_for_its_delimiter_and_refused_when_read(
+    tmp_path, delimiter
+):
+    """--format auto tells the delimiter of a header whose cells `a` and ` a` name one column (the probe refuses
+    nothing); the run's schema, read from that header, refuses it naming both cells, as every reader does."""
+    twice = tmp_path / "twice.csv"
+    twice.write_text(delimiter.join(["click", "a", " a"]) + "\n" + delimiter.join(["1", "x", "y"]) + "\n")
+    assert csv_delimiter(str(twice)) == (delimiter, ["click", "a", "a"])
+    assert detect_format(twice)[:2] == ("csv", delimiter)
+    message = r"twice.csv: the header's cells 'a' and ' a' both name column 'a' \(the spaces around a name are no " \
+              r"part of it\): rename one of them$"  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        schema_of(twice, "auto")
+    with pytest.raises(ValueError, match=message):
+        read_csv_sample(twice, delimiter, 10)
 
 
 def test_csv_header_must_hold_the_schemas_columns(tmp_path):

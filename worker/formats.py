@@ -86,7 +86,7 @@ from worker.datafiles import data_files
 from worker.encode import encode_examples
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
 from worker.readers.csv_dialect import csv_delimiter
-from worker.readers.csv_reader import DELIMITERS, delimiter_name, read_csv_header
+from worker.readers.csv_reader import DELIMITERS, delimiter_name, read_csv_header, read_header_cells
 from worker.readers.csv_sample import read_csv_sample
 from worker.readers.libsvm_reader import libsvm_field_count
 from worker.readers.share import (
@@ -300,7 +300,7 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str | None, str]:
     seen = _criteo_seen(cells, criteo_ints)
     if seen:
         return "criteo", None, seen
-    if not criteo_ints and not read_csv_header(name, ",") and any(d.encode() in body for d in DELIMITERS):
+    if not criteo_ints and not read_header_cells(name, ",") and any(d.encode() in body for d in DELIMITERS):
         raise ValueError(f"{cannot}: its first line is blank, and the first with content ({shown}) is further down: "
                          "a CSV file's header is its first line; remove the blank lines above it")  # fmt: skip
     try:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from worker.csv_fast import BOOL_LABELS
 from worker.features import NUM_INT_FIELDS
-from worker.readers.csv_reader import delimiter_name
+from worker.readers.csv_reader import delimiter_name, read_header_cells
 from worker.schema import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,
@@ -227,7 +227,7 @@ def resolve_schema(
                                 libsvm_weighted=weighted, delimiter=delimiter)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
-    cells = read_csv_header(data, delimiter, as_written=True) if fmt == "csv" else header
+    cells = read_header_cells(data, delimiter) if fmt == "csv" else header
     as_written = None
     if cells != header:  # names with spaces around them: the schema an earlier worker read them as (Schema)
         as_written = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=cells,

@@ -10,7 +10,9 @@ or there is none (a header alone): a header whose width most records lack is no 
 first line over Criteo TSV, say), while a few bad records are the reader's to count. The delimiter is the
 matching candidate, of several the one giving the most cells (`id;price, EUR;qty`: ';', whose 3 cells beat the
 comma's 2). None: no delimiter splits the first line (one column, or a blank first line). ValueError where no
-candidate matches, or two match giving as many cells.
+candidate matches, or two match giving as many cells. The header's names are its cells trimmed, as the readers
+name columns; cells that name one column but for their spaces (`a` and ` a`) are no matter here: the readers
+refuse them (csv_reader.header_names), the probe does not.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import csv
 import itertools
 
-from worker.readers.csv_reader import DELIMITERS, delimiter_name, open_csv, read_csv_header
+from worker.readers.csv_reader import DELIMITERS, delimiter_name, open_csv, read_header_cells
 
 CHECKED_RECORDS = 100  # records under the header a delimiter is checked against, at most
 MATCH_SHARE = 0.5  # of them with the header's cell count, more than, for a delimiter to match them (most)
@@ -28,7 +30,8 @@ def csv_delimiter(name: str) -> tuple[str, list[str]] | None:
     """(the delimiter, the header's cells split at it) of the file (see the module docstring), None where none
     splits its first line; ValueError, saying what the first line splits into and what the records under it do,
     where they match no candidate or two alike."""
-    headers = {d: h for d in DELIMITERS if len(h := read_csv_header(name, d) or []) > 1}
+    cells = {d: read_header_cells(name, d) or [] for d in DELIMITERS}
+    headers = {d: [c.strip() for c in h] for d, h in cells.items() if len(h) > 1}  # (names trimmed, none refused)
     if not headers:
         return None
     widths = {d: _record_widths(name, d) for d in headers}

@@ -2,8 +2,8 @@
 
 csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
         quoting; UTF-8, a leading BOM ignored), each cell with the spaces around it left out (`id, clicked`
-        names `clicked`; header_names refuses two cells that differ only so, `a` and ` a`); the schema's
-        sources and label must each be in it once. The
+        names `clicked`; the readers refuse two cells that differ only so, `a` and ` a`: header_names, which
+        the delimiter probe does not call); the schema's sources and label must each be in it once. The
         label column (the built-in schema's: schema_builtin.csv_label) holds 0 or 1: any text that float() reads
         as 0 or 1, or true, false, yes or no in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label (a record equal to the header, as a
@@ -109,19 +109,22 @@ class open_csv:
         self.raw.close()
 
 
-def read_csv_header(path: str | os.PathLike, delimiter: str, as_written: bool = False) -> list[str] | None:
-    """The header's column names of a csv file, or None for a file of no content (share.is_blank: empty, or
-    whitespace only); as_written: its cells as the file writes them, the spaces around them kept (checked as the
-    names are)."""
+def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None:
+    """The header's column names of a csv file (header_names: refused where two cells differ only by the spaces
+    around them), or None for a file of no content (share.is_blank: empty, or whitespace only)."""
+    cells = read_header_cells(path, delimiter)
+    return None if cells is None else header_names(os.fspath(path), cells)
+
+
+def read_header_cells(path: str | os.PathLike, delimiter: str) -> list[str] | None:
+    """The header line's cells of a csv file as the file writes them, the spaces around them kept, or None for a
+    file of no content (share.is_blank: empty, or whitespace only). Nothing is refused: the delimiter probe
+    (csv_dialect) reads every candidate's cells so, and the readers that use the names check them (header_names)."""
     name = os.fspath(path)
     if is_blank(name):
         return None
     with open_csv(name, delimiter) as reader:
-        cells = next(reader, None)
-    if cells is None:
-        return None
-    names = header_names(name, cells)
-    return cells if as_written else names
+        return next(reader, None)
 
 
 def header_names(name: str, cells: list[str]) -> list[str]:
