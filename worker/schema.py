@@ -180,9 +180,10 @@ class Schema:
     (given: --format, or the schema file's `format`) or what formats.detect_format saw. Neither is part of the
     schema's value (equality, to_toml, fingerprint). label_written: a schema file's `label` as it writes it, where
     spaces around it make it differ from label (legacy_fingerprint). as_written: the built-in csv schema of a header
-    whose names have spaces around them, built from its cells as written, spaces kept (names, label and id
-    spaces), as the worker read such a header before it trimmed its names: tables trained on it carry its
-    fingerprint and hashed its ids so (model_tables.held_features says which schema file reads them)."""
+    whose names have spaces around them, with its cells as written in their place, spaces kept (names, sources,
+    label and id spaces: schema_builtin._as_written), as the worker read such a header before it trimmed its
+    names: tables trained on it carry its fingerprint and hashed its ids so (model_tables.held_features says which
+    schema file reads them)."""
 
     format: str
     delimiter: str

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from worker.csv_fast import BOOL_LABELS
 from worker.features import NUM_INT_FIELDS
-from worker.readers.csv_reader import delimiter_name, read_header_cells
+from worker.readers.csv_reader import delimiter_name, header_names, read_header_cells
 from worker.schema import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,
@@ -90,8 +90,9 @@ def _csv_roles(
     header: list[str] | None, label_column: str | None, drop: tuple[str, ...], numeric: tuple[str, ...]
 ) -> tuple[str, list[str], list[str]]:
     """(label, numeric columns in the order given, categorical columns in header order) of a csv header (its
-    names trimmed: csv_reader.header_names; or its cells as written, Schema.as_written's); the names given are
-    trimmed alike (` clicked` names `clicked`) and name the header's column of that name."""
+    names trimmed, as csv_reader.header_names reads them; a cell with spaces around it is named by its trimmed
+    text too); the names given are trimmed alike (` clicked` names `clicked`) and name the header's column of
+    that name."""
     if not header:
         raise ValueError("the header line names no columns")
     by_name = {h.strip(): h for h in header}  # (cells that differ and name one column: refused, header_names)
@@ -185,7 +186,7 @@ def resolve_schema(
             if header:
                 schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
-    from worker.formats import csv_records, detect_format, read_csv_header
+    from worker.formats import csv_records, detect_format
     from worker.readers.libsvm_reader import libsvm_sample
 
     format_from, delimiter = "", ","
@@ -195,13 +196,14 @@ def resolve_schema(
         fmt, told, seen = detect_format(spec)
         format_from, delimiter = f"detected: {seen}", told or ","
         _check_column_flags(data, fmt, seen, label_column, drop_columns, numeric_columns, libsvm_fields)
-    header, rows, picked = None, [], None  # picked: csv_label's (label, why)
+    header, cells, rows, picked = None, None, [], None  # cells: the header's as written; picked: csv_label's
     if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
         raise ValueError(f"the built-in {fmt} schema needs the data file (its header or field count); none given")
     if fmt == "csv":
-        header = read_csv_header(data, delimiter)
-        if header is None:
+        cells = read_header_cells(data, delimiter)
+        if cells is None:
             raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
+        header = header_names(data, cells)
         _, rows = csv_records(spec, delimiter, HINT_SAMPLE_ROWS)  # past header-only files
         other = separator_of_one_column(header, rows[0] if rows else [], ",", "\t;|")  # a label-only file's row: none
         if other:
@@ -227,17 +229,30 @@ def resolve_schema(
                                 libsvm_weighted=weighted, delimiter=delimiter)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
-    cells = read_header_cells(data, delimiter) if fmt == "csv" else header
-    as_written = None
-    if cells != header:  # names with spaces around them: the schema an earlier worker read them as (Schema)
-        as_written = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=cells,
-                                    label_column=label_column, drop_columns=drop_columns,
-                                    numeric_columns=numeric_columns, delimiter=delimiter)  # fmt: skip
+    as_written = _as_written(schema, header, cells) if fmt == "csv" else None
     schema = dataclasses.replace(schema, format_from=format_from, as_written=as_written,
                                  **({"label_from": picked[1]} if named else {}))  # fmt: skip
     if fmt == "csv":
         warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns)
     return schema
+
+
+def _as_written(schema: Schema, header: list[str], cells: list[str]) -> Schema | None:
+    """Schema.as_written of the built-in csv schema of a header (header: its names, trimmed; cells: as written):
+    the same schema with the label and each column's name, source and id space the cell as written, as the schema
+    built from the cells reads; None where no cell has spaces around it."""
+    if cells == header:
+        return None
+    written = dict(zip(header, cells))  # (cells that name one column but for their spaces: refused, header_names)
+
+    def spaced(name: str | None) -> str | None:
+        return written.get(name, name) if name is not None else None
+
+    columns = tuple(
+        dataclasses.replace(c, name=spaced(c.name), source=spaced(c.source), id_space=spaced(c.id_space))
+        for c in schema.columns
+    )
+    return dataclasses.replace(schema, label=spaced(schema.label), columns=columns)
 
 
 def _check_column_flags(data: str, fmt: str, seen: str, label_column: str | None, drop_columns: Sequence[str],
