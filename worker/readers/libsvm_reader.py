@@ -24,7 +24,6 @@ Without labels: id:value id:value ...: every token a feature. Bad: a token other
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import os
@@ -68,8 +67,6 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
                     problems.append((line_no, f"{len(parsed[1])} features, more than the schema's {k_fields} fields "
                                               "(the built-in schema's count is the most of a line among the training "
                                               "file's first 10,000; --libsvm-fields sets it)"))  # fmt: skip
-                elif weighted and (large := _too_large(parsed[2], weighted)):
-                    problems.append((line_no, f"feature {large}: a weight beyond float32's range (|x| <= 3.4e38)"))
                 else:
                     if labeled and parsed[0] != parsed[0]:  # NaN: a token read as no label
                         unread[line_no] = _text(line.split()[0])
@@ -79,11 +76,17 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
                         weights.append(parsed[2])
                     line_nos.append(line_no)
             values = _libsvm_values(rows, k_fields, MISSING_CAT, np.uint64)
-            cells = {f"f{k}": _decimal_strings(values[:, k]) for k in raw}
-            w = _libsvm_values(weights, k_fields, 0.0, np.float32) if weighted else None
-            parsed = Parsed(cats={f"f{k}": np.ascontiguousarray(values[:, k]) for k in wanted},
-                            weights={f"f{k}": np.ascontiguousarray(w[:, k]) for k in weighted})  # fmt: skip
             labels_f32, line_nos_i64 = np.array(labels, dtype=np.float32), np.array(line_nos, dtype=np.int64)
+            w = _libsvm_values(weights, k_fields, 0.0, np.float64) if weighted else None
+            large = _too_large(w, weighted) if weighted else None
+            if large is not None and large.any():  # bad lines, their problems in line order among the others
+                problems = sorted(problems + _large_problems(w, weighted, large, line_nos_i64), key=lambda p: p[0])
+                for line_no in line_nos_i64[large].tolist():
+                    unread.pop(line_no, None)
+                values, w, labels_f32, line_nos_i64 = (a[~large] for a in (values, w, labels_f32, line_nos_i64))
+            cells = {f"f{k}": _decimal_strings(values[:, k]) for k in raw}
+            parsed = Parsed(cats={f"f{k}": np.ascontiguousarray(values[:, k]) for k in wanted},
+                            weights={f"f{k}": w[:, k].astype(np.float32) for k in weighted})  # fmt: skip
             yield Cells(labels_f32, cells, line_nos_i64, problems, parsed, unread)
 
 
@@ -92,11 +95,22 @@ def _decimal_strings(ids: np.ndarray) -> np.ndarray:
     return np.where(ids == MISSING_CAT, "", ids.astype(np.str_))
 
 
-def _too_large(values: list[float], weighted: list[int]) -> str:
-    """A line's value at one of the positions `weighted` (ascending) beyond float32's range, as text ("" where none
-    is): a weight that would be inf."""
-    return next((repr(values[k]) for k in weighted[: bisect.bisect_left(weighted, len(values))]
-                 if abs(values[k]) > FLOAT32_MAX), "")  # fmt: skip
+def _too_large(weights: np.ndarray, weighted: list[int]) -> np.ndarray:
+    """bool (n,): the lines of a chunk's (n, K) float64 values whose value at one of the positions `weighted` is
+    beyond float32's range (a weight that would be inf)."""
+    return (np.abs(weights[:, weighted]) > FLOAT32_MAX).any(axis=1)
+
+
+def _large_problems(weights: np.ndarray, weighted: list[int], large: np.ndarray, line_nos: np.ndarray
+                    ) -> list[tuple[int, str]]:  # fmt: skip
+    """The problem of each line marked in `large` (_too_large's), naming its first value beyond float32's range at
+    the positions `weighted` (ascending) of weights, float64 (n, K)."""
+    out = []
+    for i in np.flatnonzero(large).tolist():
+        at = weighted[int(np.argmax(np.abs(weights[i, weighted]) > FLOAT32_MAX))]
+        value = float(weights[i, at])
+        out.append((int(line_nos[i]), f"feature {value!r}: a weight beyond float32's range (|x| <= 3.4e38)"))
+    return out
 
 
 def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False,

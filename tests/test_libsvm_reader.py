@@ -1,0 +1,66 @@
+"""Tests for worker/readers/libsvm_reader.py: its chunks' bad lines and what counts as a data line, against per-line
+oracles written here."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from worker.cells import FLOAT32_MAX
+from worker.readers.libsvm_reader import libsvm_cells
+from worker.readers.share import BadLines, ReadStats, Share
+from worker.schema import libsvm_column
+from worker.schema_builtin import builtin_schema
+
+TOO_LARGE = "a weight beyond float32's range (|x| <= 3.4e38)"
+
+
+def chunks(path, schema, size, worker_id=0, num_workers=1, blank_labels=False):
+    share = Share(worker_id, num_workers, BadLines(str(path), 10**9, ReadStats()))
+    return list(libsvm_cells(str(path), schema, size, share, blank_labels=blank_labels))
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_each_line_with_a_weight_beyond_float32_is_bad_naming_its_first_such_value(tmp_path, num_workers):
+    """f0..f2 weighted, f3 one-hot: a line whose value at a weighted position passes float32's range is a bad line
+    naming the first such value (by position), in line order among the chunk's other problems; a large value at
+    the one-hot position is read; a line read as no label (blank_labels) that is bad is no unread label. The
+    oracle checks each line's tokens in turn."""
+    schema = builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=4, libsvm_weighted=True)
+    schema = dataclasses.replace(schema, columns=(*schema.columns[:3], libsvm_column("f3", "t")))
+    rng = np.random.default_rng(3)
+    lines = []
+    for k in range(60):
+        values = rng.choice([0.5, -2.0, 1e39, -5e38, 1.0], size=4, p=[0.4, 0.3, 0.1, 0.1, 0.1]).tolist()
+        label = "x" if k % 7 == 3 else str(k % 2)
+        lines.append(f"{label} " + " ".join(f"{i + 10 * k}:{v!r}" for i, v in enumerate(values)))
+    lines[5] = "1 1:1e39 2:-1e40 3:0.5"  # two beyond: the first named
+    lines[9] = "1 1:0.5 2:0.5 3:0.5 4:1e39"  # the one-hot f3's: read
+    lines[11] = "1 1:0.5 2:x"  # another bad line among them
+    path = tmp_path / "w.libsvm"
+    path.write_text("\n".join(lines) + "\n")
+    for worker_id in range(num_workers):
+        mine = range(worker_id, len(lines), num_workers)
+        problems, good, unread = [], [], {}
+        for k in mine:
+            tokens = lines[k].split()
+            values = [float(t.split(":")[1]) for t in tokens[1:] if t != "2:x"]
+            large = next((v for v in values[:3] if abs(v) > FLOAT32_MAX), None)
+            if "2:x" in tokens:
+                problems.append((k + 1, "feature '2:x': value 'x', expected a finite number"))
+            elif large is not None:
+                problems.append((k + 1, f"feature {large!r}: {TOO_LARGE}"))
+            else:
+                good.append(k + 1)
+                if tokens[0] == "x":
+                    unread[k + 1] = "x"
+        got = chunks(path, schema, 8, worker_id, num_workers, blank_labels=True)
+        assert [p for c in got for p in c.problems] == problems
+        for c in got:
+            assert [p[0] for p in c.problems] == sorted(p[0] for p in c.problems)
+            assert len(c.labels) == len(c.line_nos) == len(c.parsed.weights["f0"]) == len(c.parsed.cats["f3"])
+        assert np.concatenate([c.line_nos for c in got]).tolist() == good
+        assert {k: v for c in got for k, v in c.unread_labels.items()} == unread
+        weights = np.concatenate([c.parsed.weights["f2"] for c in got])
+        assert weights.dtype == np.float32 and np.isfinite(weights).all()
+        assert any(f"feature {1e39!r}" in p[1] for c in got for p in c.problems)
