@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from worker.cells import FLOAT32_MAX
-from worker.readers.libsvm_reader import libsvm_cells
+from worker.readers.libsvm_reader import FIELD_COUNT_LINES, libsvm_cells, libsvm_field_count, libsvm_sample
 from worker.readers.share import BadLines, ReadStats, Share
 from worker.schema import libsvm_column
 from worker.schema_builtin import builtin_schema
@@ -64,3 +64,15 @@ def test_each_line_with_a_weight_beyond_float32_is_bad_naming_its_first_such_val
         weights = np.concatenate([c.parsed.weights["f2"] for c in got])
         assert weights.dtype == np.float32 and np.isfinite(weights).all()
         assert any(f"feature {1e39!r}" in p[1] for c in got for p in c.problems)
+
+
+def test_the_sample_takes_the_first_lines_of_data_past_comment_and_blank_lines(tmp_path):
+    """libsvm_sample's FIELD_COUNT_LINES lines are lines of data: a file that opens with that many lines of comments
+    and blanks is sampled on the lines under them (their K and their values), and a line of data past the first
+    FIELD_COUNT_LINES of data is not."""
+    path = tmp_path / "c.svm"
+    above = ["# exported by a tool", "", "   # its columns: ..."] * (FIELD_COUNT_LINES // 3 + 1)
+    data = [f"{k % 2} {k}:1 {k + 1}:1" for k in range(FIELD_COUNT_LINES - 1)] + ["1 1:0.5 2:1 3:1"]
+    path.write_text("\n".join([*above, *data, "0 1:2 2:1 3:1 4:1"]) + "\n")  # the last: past the sample
+    assert libsvm_sample(path) == (3, True)
+    assert libsvm_field_count(path) == 3

@@ -22,7 +22,7 @@ from worker.client import Client
 from worker.data import count_lines, validation_mask
 from worker.datafiles import check_held_out
 from worker.job import loop_settings, open_job, prepare
-from worker.linecount import CHUNK_BYTES, LineCount, count_lines_upto
+from worker.linecount import CHUNK_BYTES, LineCount, count_data_upto, count_lines_upto
 from worker.loop import run_epochs
 from worker.recipe import BIG_BATCH_EXAMPLES, LARGE, SMALL, SMALL_DATA_EXAMPLES, choose
 from worker.train import train
@@ -79,6 +79,33 @@ def test_a_file_over_the_threshold_takes_the_large_recipe_after_reading_a_bounde
     assert cfg.batch_size == LARGE.batch_size
     settings = loop_settings(cfg, data)
     assert settings.total_estimated and 15_000 < settings.total_examples < 60_000  # 30,000: an estimate
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_libsvm_files_comment_and_blank_lines_are_no_lines_of_data(tmp_path, monkeypatch, packed):
+    """Lines of whitespace or of a comment only (# ...) are not counted: the recipe, its line and the progress total
+    count the 60 lines of data; a count stopped at a limit stops at that data line; a last line without its end
+    counts where it holds data."""
+    monkeypatch.setattr(recipe, "SMALL_DATA_EXAMPLES", 100)
+    lines = ["# made by a tool", ""]
+    for i in range(60):
+        lines.append(f"{i % 2} {i}:1 # line {i}")
+        lines += ["  # a note", " \t", ""] if i % 3 == 0 else []
+    text = "\n".join(lines) + "\n# the end"
+    path = tmp_path / ("c.svm.gz" if packed else "c.svm")
+    with gzip.open(path, "wt") if packed else open(path, "w") as f:
+        f.write(text)
+    cfg, data, _, line = prepare(TrainConfig(data=str(path), format="libsvm", local_shards=1, progress=False))
+    assert (data.line_count.lines, data.line_count.more) == (60, False)
+    assert line.startswith("small-data recipe for 60 lines of training data (under 100): ")
+    assert loop_settings(cfg, data).total_examples == int(60 * 0.9)
+    assert count_lines_upto(str(path), None).lines == len(lines) + 1  # every line, without skip_empty
+    assert count_data_upto([str(path)], 60, "libsvm").more and count_data_upto([str(path)], 61, "libsvm").lines == 60
+    half = count_data_upto([str(path)], 30, "libsvm")
+    assert (half.lines, half.more) == (30, True) and 45 <= half.estimate <= 80  # 60, from the bytes of the first 30
+    with open(path, "ab") as f:
+        f.write(b"\n1 60:1" if not packed else gzip.compress(b"\n1 60:1"))  # a data line without its end
+    assert count_data_upto([str(path)], None, "libsvm").lines == 61
 
 
 def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, monkeypatch):

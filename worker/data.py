@@ -42,7 +42,7 @@ from worker.formats import (
     idle_workers,
     read_batches,
 )
-from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
+from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto, count_files_upto
 from worker.results import UNTRAINED
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
@@ -141,11 +141,11 @@ class DataSource:
                     check_same_format(spec, self.schema)
             if not labels_optional:
                 self._check_labeled(cfg, training=count)
-            header = self.schema.format == "csv"
             # malformed lines included; only where a count is used (training's recipe and progress total), not for
             # eval and predict, which read --data only for its schema; no further than the recipe's threshold
             if count:
-                self.line_count = count_files_upto(data_files(cfg.data), recipe.SMALL_DATA_EXAMPLES, header=header)
+                files, fmt = data_files(cfg.data), self.schema.format
+                self.line_count = count_data_upto(files, recipe.SMALL_DATA_EXAMPLES, fmt)
                 self.examples = self.line_count.estimate // cfg.num_workers
                 self._check_every_worker_reads(cfg)
             if self.schema.needs_stats():
@@ -410,7 +410,7 @@ class DataSource:
         files = data_files(self.cfg.eval_data)
         if not getattr(self.cfg, "final_eval", True) or sum(os.path.getsize(f) for f in files) > WHOLE_EVAL_CHECK_BYTES:
             return
-        count = count_files_upto(files, WHOLE_EVAL_CHECK_LINES + 1, header=self.schema.format == "csv")
+        count = count_data_upto(files, WHOLE_EVAL_CHECK_LINES + 1, self.schema.format)
         if count.more:  # the final evaluation meets what lies past the start
             return
         whole = ReadStats()
@@ -422,12 +422,11 @@ class DataSource:
             raise ValueError(f"--eval-data, read whole before training ({lines}): {e}") from None
 
     def eval_count(self) -> LineCount | None:
-        """The lines of --eval-data (less headers), counted up to SCORING_COUNT_LINES (an estimate from bytes past
+        """The data lines of --eval-data (linecount.count_data_upto), counted up to SCORING_COUNT_LINES (an estimate from bytes past
         them): a progress total for eval(); None for synthetic data (synthetic_eval_rows) or without --eval-data."""
         if self.synthetic is not None or not self.cfg.eval_data:
             return None
-        header = self.schema.format == "csv"
-        return count_files_upto(data_files(self.cfg.eval_data), SCORING_COUNT_LINES, header=header)
+        return count_data_upto(data_files(self.cfg.eval_data), SCORING_COUNT_LINES, self.schema.format)
 
     def first_batch(self) -> Batch:
         """The first batch of the data (to check the data against the model before training)."""

@@ -8,7 +8,10 @@ counted lines took (uncompressed files: the file's size; gzip: the compressed by
 uncompressed size is unknown until the end, and the compressed bytes a line takes are known as it is read). A
 count to the end also gives each file's lines (LineCount.per_file), by which worker/data.py refuses data that
 leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a line; beyond
-the threshold nothing needs them: the validation split is a hash of an example's index (worker/data.py).
+the threshold nothing needs them: the validation split is a hash of an example's index (worker/data.py). Lines of
+data are counted (count_data_upto): a csv file's header line is none, nor is a libsvm line of whitespace or of a
+comment only. The shares take every num_workers-th line, such lines included: the check of a share without a
+line goes by lines of data, exact for files without such lines.
 """
 
 from __future__ import annotations
@@ -38,47 +41,56 @@ class LineCount:
     per_file: tuple[int, ...] = ()  # count_files_upto: the lines of each file it counted to the end, in order
 
 
-def count_lines_upto(path: str, limit: int | None, header: bool = False) -> LineCount:
+def count_lines_upto(path: str, limit: int | None, header: bool = False, skip_empty: bool = False) -> LineCount:
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
     the end). A line ends in LF; in a file with a header (CSV, whose reader takes every kind of line end) in LF,
-    CRLF or a lone CR; a last line without a line end counts too, as the readers read it. ValueError names a .gz
-    file that does not read as gzip."""
+    CRLF or a lone CR; a last line without a line end counts too, as the readers read it. skip_empty (a libsvm
+    file, headerless): a line of whitespace, or of a comment only (# ...), is no data line and not counted.
+    ValueError names a .gz file that does not read as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
     after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
-    last = b""  # the file's last byte
+    last = b""  # the file's last byte; skip_empty: its last line, when it has no line end
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
-        for chunk, chunk_bytes in _chunks(raw, path):
-            last = chunk[-1:] or last
+        chunks = _whole_lines(_chunks(raw, path)) if skip_empty else _chunks(raw, path)
+        for chunk, chunk_bytes in chunks:
+            last = (chunk if skip_empty and not chunk.endswith(b"\n") else chunk[-1:]) or last
             skip = int(after_cr and chunk.startswith(b"\n"))
             n = chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") - skip if header else 0)
+            n -= len(_NO_DATA.findall(b"\n" + chunk)) if skip_empty else 0
             after_cr = header and chunk.endswith(b"\r")
             if header and not head and n:
                 head = (_nth_end(chunk, 1, header, skip) + 1) * chunk_bytes / len(chunk)  # the header's share
             if target is not None and newlines + n >= target:  # the limit's line is in this chunk
-                read += (_nth_end(chunk, target - newlines, header, skip) + 1) * chunk_bytes / len(chunk)
+                k = target - newlines
+                end = _nth_data_end(chunk, k) if skip_empty else _nth_end(chunk, k, header, skip)
+                read += (end + 1) * chunk_bytes / len(chunk)
                 estimate = round(limit * (size - head) / max(read - head, 1))
                 return LineCount(limit, True, max(limit, estimate), raw.tell())
             newlines += n
             read += chunk_bytes
         unended = int(last != b"" and last not in (b"\r\n" if header else b"\n"))  # a last line without its end
+        if skip_empty and unended:  # ... of data
+            unended = int(_NO_DATA_LINE.fullmatch(last) is None)
         lines = max(0, newlines + unended - header)
         if limit is not None and lines >= limit:  # that last line is the limit's
             return LineCount(limit, True, limit, raw.tell())
         return LineCount(lines, False, lines, raw.tell())
 
 
-def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False) -> LineCount:
+def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, skip_empty: bool = False
+                     ) -> LineCount:  # fmt: skip
     """count_lines_upto over files read one after another (worker/datafiles.py: a data input of several files,
-    each with its own header line when header): the count stops once `limit` lines are counted in all. The files
+    each with its own header line when header; skip_empty: lines of no data not counted): the count stops once
+    `limit` lines are counted in all. The files
     not reached then are estimated from their sizes at the lines per byte of the files of their kind (gzip'ed or
     not) counted so far, the file where the count stopped included."""
     lines = read = 0
     per_file: list[int] = []
     per_kind: dict[bool, list[float]] = {True: [0.0, 0.0], False: [0.0, 0.0]}  # gzip'ed? -> [lines, bytes]
     for i, path in enumerate(paths):
-        count = count_lines_upto(path, None if limit is None else limit - lines, header)
+        count = count_lines_upto(path, None if limit is None else limit - lines, header, skip_empty)
         read += count.bytes_read
         kind = per_kind[path.endswith(".gz")]
         kind[0] += count.estimate
@@ -94,6 +106,12 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
         lines += count.lines
         per_file.append(count.lines)
     return LineCount(lines, False, lines, read, tuple(per_file))
+
+
+def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str) -> LineCount:
+    """count_files_upto of the data lines of files in format fmt (schema.format): a csv file's header line left
+    out, and a libsvm file's lines of whitespace or of a comment only (skip_empty)."""
+    return count_files_upto(paths, limit, header=fmt == "csv", skip_empty=fmt == "libsvm")
 
 
 def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
@@ -126,6 +144,38 @@ def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
 
 
 _ANY_LINE_END = re.compile(rb"\r\n|\r|\n")
+# a line of no data (skip_empty): whitespace, or a comment only (libsvm_reader's "# ..."), matched with the line end
+# before it, so that findall over LF + whole lines finds each once (a match takes no LF of the line after)
+_NO_DATA = re.compile(rb"\n[ \t\r\x0b\x0c]*(?:#[^\n]*)?(?=\n)")
+_NO_DATA_LINE = re.compile(rb"[ \t\r\x0b\x0c]*(?:#[^\n]*)?\n?")  # one such line, its line end or none
+
+
+def _whole_lines(chunks: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, int]]:
+    """The chunks cut after their last LF, the rest carried into the next (the file's last line without its end,
+    if any, last, of no file bytes), each with its file bytes as _chunks gives them."""
+    carry = b""
+    for chunk, chunk_bytes in chunks:
+        chunk = carry + chunk
+        cut = chunk.rfind(b"\n") + 1
+        carry = chunk[cut:]
+        if cut:
+            yield chunk[:cut], chunk_bytes
+    if carry:
+        yield carry, 0
+
+
+def _nth_data_end(chunk: bytes, k: int) -> int:
+    """The offset of the LF that ends the k-th line of data (not _NO_DATA_LINE's) of a chunk of whole lines (k >= 1,
+    and the chunk holds at least k); -1 for k = 0."""
+    start = 0
+    while k and (end := chunk.find(b"\n", start)) >= 0:
+        k -= _NO_DATA_LINE.fullmatch(chunk, start, end + 1) is None
+        if not k:
+            return end
+        start = end + 1
+    if k:
+        raise ValueError(f"the chunk holds fewer than {k} lines of data")
+    return -1
 
 
 def _nth_end(chunk: bytes, k: int, universal: bool, skip: int) -> int:

@@ -68,7 +68,7 @@ from worker.formats import (
     first_with_content,
     read_csv_header,
 )
-from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
+from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto
 from worker.readers.csv_reader import column_cells, header_positions
 from worker.schema import AUTO_FORMAT, Schema
 from worker.schema_builtin import csv_label
@@ -187,10 +187,9 @@ def predict_servers(cfg: PredictConfig) -> dict:
         check_same_format(cfg.data, m.data.schema)
         _check_kept_columns(cfg.keep_columns, cfg.data, m.data.schema)
         labeled = file_has_labels(cfg.data, m.data.schema)
-        header = m.data.schema.format == "csv"
         counted = LineCount(0, False, 0, 0)
-        if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of large files,
-            counted = count_files_upto(files, SCORING_COUNT_LINES, header=header)  # from their bytes
+        if cfg.progress:  # lines, an estimate of the examples (bad lines among them: count_data_upto); of large files,
+            counted = count_data_upto(files, SCORING_COUNT_LINES, m.data.schema.format)  # from their bytes
         stats = ReadStats()  # of the files as one stream: --max-bad-lines counts over them all, as eval's
         # (reported in the summary line, not again among the read_stats warnings)
         scored = _scored(m, files, stats, cfg.keep_columns)

@@ -19,7 +19,7 @@ from worker.datafiles import data_files
 from worker.dense import DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
 from worker.job import job_client, make_backend, prepare
-from worker.linecount import SCORING_COUNT_LINES, count_files_upto
+from worker.linecount import SCORING_COUNT_LINES, count_data_upto
 from worker.model_tables import held_features, sparse_table_stats, table_configs
 from worker.models.spec import LOGIT_BIAS, ModelSpec
 from worker.scoring import ScoringProgress, evaluate
@@ -109,9 +109,9 @@ def evaluate_servers(cfg: TrainConfig, trained_on_data: bool = False, warn: bool
                              "labels; nothing was evaluated")  # fmt: skip
         eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
         progress = None
-        if cfg.progress:  # total: the file's lines, an estimate of its examples (bad and empty lines among them)
-            header = data.schema.format == "csv"
-            counted = None if scored is None else count_files_upto(data_files(scored), SCORING_COUNT_LINES, header)
+        if cfg.progress:  # total: the file's lines, an estimate of its examples (bad ones among them: count_data_upto)
+            fmt = data.schema.format
+            counted = None if scored is None else count_data_upto(data_files(scored), SCORING_COUNT_LINES, fmt)
             total = cfg.synthetic_eval_rows if counted is None else counted.estimate
             progress = ScoringProgress(total, True, estimated=counted is not None and counted.more)
         results = {

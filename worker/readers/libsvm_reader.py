@@ -3,7 +3,8 @@
 libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or -1 (-> 0) or +1 (-> 1).
         SVMlight's additions are read too (criteo.libsvm_tokens): a comment from "#" to the line's end is left
         out (a line of a comment only is an empty line), and so is a query id, qid:<digits>, after the label
-        (first on a line without one).
+        (first on a line without one). An empty line is no line of data: the line counts
+        (linecount.count_data_upto) and libsvm_sample pass it.
         Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing):
         a chunk's Parsed holds every column's ids as a hashed categorical column reads them (the id itself), its
         cells the decimal text of those of columns with raw ids ('' where missing), so f<k> is the id whether the
@@ -19,7 +20,7 @@ Without labels: id:value id:value ...: every token a feature. Bad: a token other
         features. A file is without labels when the first of its first LABEL_PROBE_LINES lines whose first
         token is id:value (a non-negative integer id) or has no ":" (a label) is the former (has_labels).
         libsvm_field_count counts the features of such a file's lines the same way (the most of a line among the
-        first FIELD_COUNT_LINES).
+        first FIELD_COUNT_LINES lines of data).
 """
 
 from __future__ import annotations
@@ -165,18 +166,19 @@ def _libsvm_values(rows: list[list], k_fields: int, missing: object, dtype: type
     return values
 
 
-FIELD_COUNT_LINES = 10_000  # libsvm_sample reads this many lines: lines of a file differ in their lengths
+FIELD_COUNT_LINES = 10_000  # libsvm_sample reads this many data lines: lines of a file differ in their lengths
 
 
 def libsvm_field_count(path: str | os.PathLike) -> int:
-    """K of a libsvm file: the most features of a good line among its first FIELD_COUNT_LINES lines, else 0
+    """K of a libsvm file: the most features of a good line among its first FIELD_COUNT_LINES data lines, else 0
     (libsvm_sample's first)."""
     return libsvm_sample(path)[0]
 
 
 def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
-    """(K, weighted) of a libsvm file, from its first FIELD_COUNT_LINES lines (read without a label when the file
-    has none, as has_labels tells; bad lines skipped), in one pass. K: the most features of a line. Lines of more
+    """(K, weighted) of a libsvm file, from its first FIELD_COUNT_LINES data lines (lines of whitespace or of a
+    comment only are none; read without a label when the file has none, as has_labels tells; bad lines skipped),
+    in one pass. K: the most features of a line. Lines of more
     than schema.MAX_LIBSVM_FIELDS features count only where no line has fewer (the schema then refuses the file,
     saying why): among shorter lines such a line is a bad line, not a reason to refuse the whole file. weighted:
     whether a feature token has a value other than 0 and 1, a file the built-in schema reads with its values as
@@ -185,8 +187,8 @@ def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
     most = most_within = 0
     weighted = False
     with open_data(os.fspath(path)) as f:
-        for line in itertools.islice(bounded_lines(f, os.fspath(path)), FIELD_COUNT_LINES):
-            parsed = _libsvm_line(line, labeled, with_values=True)
+        parsed_lines = (_libsvm_line(line, labeled, with_values=True) for line in bounded_lines(f, os.fspath(path)))
+        for parsed in itertools.islice((p for p in parsed_lines if p != EMPTY_LINE), FIELD_COUNT_LINES):
             if not isinstance(parsed, str):
                 most = max(most, len(parsed[1]))
                 if len(parsed[1]) <= MAX_LIBSVM_FIELDS:
