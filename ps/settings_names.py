@@ -75,6 +75,7 @@ WORKER = frozenset(
         "PS_LAUNCHED",
         "PS_LEARNING_RATE",
         "PS_LIBSVM_FIELDS",
+        "PS_LIBSVM_VALUES",
         "PS_LOCAL_SHARDS",
         "PS_MAX_BAD_LINES",
         "PS_MAX_EXAMPLES",

@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 
 from worker.cells import FLOAT32_MAX
+from worker.cli_train import train_config_from_argv
+from worker.data import LEFT_VALUES
+from worker.formats import read_batches
+from worker.job import prepare
+from worker.readers import libsvm_reader
 from worker.readers.libsvm_reader import FIELD_COUNT_LINES, libsvm_cells, libsvm_field_count, libsvm_sample
 from worker.readers.share import BadLines, ReadStats, Share
 from worker.schema import libsvm_column
-from worker.schema_builtin import builtin_schema
+from worker.schema_builtin import builtin_schema, resolve_schema
+from worker.train_config import TrainConfig
 
 TOO_LARGE = "a weight beyond float32's range (|x| <= 3.4e38)"
 
@@ -76,3 +82,82 @@ def test_the_sample_takes_the_first_lines_of_data_past_comment_and_blank_lines(t
     path.write_text("\n".join([*above, *data, "0 1:2 2:1 3:1 4:1"]) + "\n")  # the last: past the sample
     assert libsvm_sample(path) == (3, True)
     assert libsvm_field_count(path) == 3
+
+
+def one_hot_file(path, n, valued):
+    """n lines of 0/1 values (one 1.0, a qid and a comment with ":" among them), `valued` {line: token} replacing
+    the last token of those lines."""
+    lines = []
+    for k in range(1, n + 1):
+        tokens = [str(k % 2), "qid:3" if k == 2 else "", f"{k % 5}:1", f"{5 + k % 3}:{'1.0' if k == 3 else 0}"]
+        tokens[-1] = valued.get(k, tokens[-1])
+        lines.append(" ".join(t for t in tokens if t) + (" # note: a:b" if k == 4 else ""))
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("values", ["auto", "one-hot", "weights"])
+def test_libsvm_values_chooses_how_the_values_are_read(tmp_path, monkeypatch, values):
+    """--libsvm-values weights or one-hot reads every field so whatever the sample holds; auto reads one-hot a file
+    whose sampled lines carry only 0 and 1, and names the first good line past them that carries another value
+    (once, from any chunk, whatever comments, qids and 1.0 come before it); one-hot and weights name none."""
+    monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 20)
+    path = tmp_path / "d.svm"
+    one_hot_file(path, 60, {37: "6:0.5", 45: "7:2", 41: "x"})  # 41: a bad line
+    schema = resolve_schema(str(path), schema_path=None, fmt="auto", label_column=None, drop_columns=(),
+                            numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4,
+                            libsvm_values=values)  # fmt: skip
+    assert {c.kind for c in schema.columns} == {"weighted" if values == "weights" else "categorical"}
+    assert schema.libsvm_values == values
+    for size in (8, 4096):
+        stats = ReadStats()
+        batches = list(read_batches(path, schema, size, max_bad_lines=1, stats=stats))
+        assert sum(map(len, batches)) == 59 and stats.bad_lines == 1
+        assert stats.first_left_value == (f"{path} line 37: value 0.5" if values == "auto" else None)
+    one_hot_file(path, 60, {12: "6:0.5"})  # in the sample: auto reads the values as weights
+    kinds = {c.kind for c in schema_of(path, values).columns}
+    assert kinds == {"categorical" if values == "one-hot" else "weighted"}
+
+
+def schema_of(path, values):
+    return resolve_schema(str(path), schema_path=None, fmt="libsvm", label_column=None, drop_columns=(),
+                          numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4,
+                          libsvm_values=values)  # fmt: skip
+
+
+def test_libsvm_values_is_for_libsvm_data_and_the_built_in_schema(tmp_path):
+    """--libsvm-values other than auto is refused with a schema file, for data of another format, and by --format
+    csv; auto goes with any."""
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text("y,a\n1,x\n")
+    with pytest.raises(ValueError, match=r"reads as csv .*--libsvm-values is for libsvm data: give --format libsvm"):
+        resolve_schema(str(csv_file), schema_path=None, fmt="auto", label_column=None, drop_columns=(),
+                       numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4,
+                       libsvm_values="weights")  # fmt: skip
+    toml = tmp_path / "s.toml"
+    toml.write_text('format = "libsvm"\n[[columns]]\nname = "f0"\nkind = "categorical"\n')
+    with pytest.raises(ValueError, match=r"cannot be combined with \['--libsvm-values'\]"):
+        resolve_schema(None, schema_path=str(toml), fmt="auto", label_column=None, drop_columns=(),
+                       numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4,
+                       libsvm_values="one-hot")  # fmt: skip
+    with pytest.raises(ValueError, match="--libsvm-values is for --format libsvm data only"):
+        TrainConfig(data=str(csv_file), format="csv", libsvm_values="weights", local_shards=1).validate()
+    with pytest.raises(ValueError, match="--libsvm-values 'dense': expected one of auto, one-hot, weights"):
+        TrainConfig(data=str(csv_file), libsvm_values="dense", local_shards=1).validate()
+
+
+def test_a_run_reports_once_the_first_value_its_auto_one_hot_read_left_out(tmp_path, monkeypatch):
+    """A training run on a file read one-hot by --libsvm-values auto (its sampled lines all 0 and 1) warns once, of
+    its first pass, naming the first line past the sample with another value; --libsvm-values reaches the schema
+    from the command line."""
+    monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 20)
+    path = tmp_path / "d.svm"
+    one_hot_file(path, 60, {37: "6:0.5", 50: "7:3"})
+    _, data, _, _ = prepare(TrainConfig(data=str(path), format="libsvm", local_shards=1, progress=False))
+    for _ in range(2):  # the first pass is the one reported
+        list(data.read_whole(str(path)))
+    said = [line for line in data.bad_lines_report() if "other than 0 and 1" in line]
+    assert said == [LEFT_VALUES.format(first=f"{path} line 37: value 0.5", data=path)]
+    assert said[0].startswith(f"{path} line 37: value 0.5, other than 0 and 1, and every such value")
+    cfg = train_config_from_argv(["--data", str(path), "--libsvm-values", "weights", "--local-shards", "1"])
+    _, data, _, _ = prepare(dataclasses.replace(cfg, progress=False))
+    assert {c.kind for c in data.schema.columns} == {"weighted"} and data.schema.libsvm_values == "weights"

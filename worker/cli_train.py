@@ -28,7 +28,7 @@ from worker.progress_lines import JSON_EVERY_S
 from worker.readers.share import BAD_SHARE_AFTER
 from worker.recipe import BIG_BATCH_EXAMPLES, EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, SMALL
 from worker.results import format_results, json_figures, local_shards_gone, model_kept
-from worker.schema import FORMAT_CHOICES, LABEL_NAMES
+from worker.schema import FORMAT_CHOICES, LABEL_NAMES, LIBSVM_VALUES
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
@@ -356,6 +356,14 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         help="libsvm: the number of fields K (default: the most features of a line among the first 10,000 of --data; give the training file's K to eval)",
     )
     data.add_argument(
+        "--libsvm-values",
+        default=d.libsvm_values,
+        choices=list(LIBSVM_VALUES),
+        help="libsvm: weights reads each feature's value as its weight, one-hot leaves values out (the id alone); "
+        "auto: weights where the first 10,000 lines of data of --data carry a value other than 0 and 1, else "
+        "one-hot, warning of a later line that carries one; give eval and predict the training run's",
+    )
+    data.add_argument(
         "--max-bad-lines",
         type=integer(0),
         default=d.max_bad_lines,
@@ -480,7 +488,7 @@ def common_config(args: argparse.Namespace) -> dict:
         servers=server_list(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
         format=args.format, label_column=args.label_column, drop_columns=names(args.drop_columns),
         numeric_columns=names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
-        libsvm_fields=args.libsvm_fields, schema=args.schema, model=args.model, backend=args.backend,
+        libsvm_fields=args.libsvm_fields, libsvm_values=args.libsvm_values, schema=args.schema, model=args.model, backend=args.backend,
         device=args.device, embedding_dim=args.embedding_dim,
         hidden=hidden_widths(args.hidden), batch_size=args.batch_size, timeout_s=args.timeout_s,
         server_timeout_s=args.server_timeout, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,

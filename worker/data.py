@@ -97,6 +97,13 @@ class LabelOrder:
         self._last = bool(ones[-1])
 
 
+LEFT_VALUES = (
+    "{first}, other than 0 and 1, and every such value of the file was left out: --libsvm-values auto reads it "
+    "one-hot, as the first 10,000 lines of data of {data} carry only 0 and 1; --libsvm-values weights reads the "
+    "values as weights (a model trained one-hot is refused by it: train anew), one-hot says they are to be left out"
+)
+
+
 class DataSource:
     """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train_config.py).
     labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
@@ -134,7 +141,7 @@ class DataSource:
             self.schema = resolve_schema(
                 cfg.data, schema_path=cfg.schema, fmt=cfg.format, label_column=cfg.label_column,
                 drop_columns=cfg.drop_columns, numeric_columns=cfg.numeric_columns, libsvm_fields=cfg.libsvm_fields,
-                default_table=default_table, default_dim=cfg.embedding_dim,
+                libsvm_values=cfg.libsvm_values, default_table=default_table, default_dim=cfg.embedding_dim,
             )  # fmt: skip
             for spec in (cfg.data, cfg.validation_data, cfg.eval_data):
                 if spec:
@@ -452,7 +459,8 @@ class DataSource:
         return sum(s.bad_lines for path, s in self.read_stats if path == self.cfg.data)
 
     def bad_lines_report(self) -> list[str]:
-        """A line per file read with malformed lines skipped or bags cut; a file whose reading a bad line past
+        """A line per file read with malformed lines skipped or bags cut, or read one-hot by --libsvm-values auto
+        with a value other than 0 and 1 past the lines that chose it (LEFT_VALUES); a file whose reading a bad line past
         --max-bad-lines stopped is left to the error that says so (its lines were not all skipped)."""
         out = []
         for path, s in self.read_stats:
@@ -461,4 +469,6 @@ class DataSource:
                 out.append(f"{path}: skipped {s.bad_lines:,} {lines} of {s.lines_read:,} (first: {s.first_bad})")
             if getattr(s, "truncated_bags", 0):
                 out.append(f"{path}: {s.truncated_bags:,} bags were longer than their column's max_length and cut")
+            if getattr(s, "first_left_value", None):
+                out.append(LEFT_VALUES.format(first=s.first_left_value, data=self.cfg.data))
         return out

@@ -394,6 +394,8 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: 
         share.bad.stats.truncated_bags += out.truncated_bags
         if chunk.unread_labels:
             _count_unread_labels(share.bad.stats, name, chunk.unread_labels, out.batch.line_nos)
+        if chunk.left_value is not None and share.bad.stats.first_left_value is None:
+            share.bad.stats.first_left_value = f"{name} line {chunk.left_value[0]}: value {chunk.left_value[1]!r}"
         if len(out.batch):
             yield out.batch
 

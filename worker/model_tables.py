@@ -222,15 +222,16 @@ def held_features(client: Client, schema: Any, tables: list[str], shard_stats: l
 ONE_HOT_HELD = (
     "the servers hold table {table} trained on libsvm data read one-hot (each feature's value left out), and this "
     "run reads the data's values as weights (its values are not all 0 and 1): the rows stand for other features. "
-    "Train the model anew (on servers without these tables), or read the data as it was trained: `ps-worker schema "
-    '--data FILE > schema.toml`, each column\'s kind = "weighted" changed to "categorical", then --schema '
-    "schema.toml; nothing was done"
+    "Train the model anew (on servers without these tables), or read the data as it was trained: --libsvm-values "
+    'one-hot, or `ps-worker schema --data FILE > schema.toml`, each column\'s kind = "weighted" changed to '
+    '"categorical", then --schema schema.toml; nothing was done'
 )
 WEIGHTED_HELD = (
     "the servers hold table {table} trained on libsvm data read with its values as weights (the training file's "
     "values are not all 0 and 1), and this run reads its file one-hot: the values of that file's first 10,000 "
-    "lines are all 0 and 1, so the built-in schema reads them so. Read it as the model was trained: --data the "
-    "training file (eval and predict take the schema from its lines), or --schema the training file's schema "
+    "lines of data are all 0 and 1, so the built-in schema reads them so (or --libsvm-values one-hot says to). Read "
+    "it as the model was trained: --libsvm-values weights, --data the training file (eval and predict take the "
+    "schema from its lines), or --schema the training file's schema "
     '(`ps-worker schema --data TRAINING_FILE --out schema.toml`, whose columns say kind = "weighted"); nothing '
     "was done"
 )

@@ -110,6 +110,9 @@ TIME_TRANSFORMS = ("yymmddhh_hour", "yymmddhh_weekday", "unix_hour", "unix_weekd
 SPARSE_TRANSFORMS = BUCKET_TRANSFORMS + TIME_TRANSFORMS  # a numeric column of these gives ids
 CRITEO_COLUMNS = ("label", *(f"I{i + 1}" for i in range(NUM_INT_FIELDS)), *(f"C{i + 1}" for i in range(NUM_CAT_FIELDS)))
 LIBSVM_COLUMN = re.compile(r"f(0|[1-9][0-9]*)")
+# --libsvm-values: the built-in libsvm schema's fields read a token's value as its weight (weights) or leave it out
+# (one-hot); auto: weights where libsvm_sample finds a value other than 0 and 1 in the data's first lines
+LIBSVM_VALUES = ("auto", "one-hot", "weights")
 MAX_LIBSVM_FIELDS = 1024  # f0..f1023: a libsvm field is a token's position (a chunk of lines holds K ids a line)
 _TOP_KEYS = ("format", "delimiter", "label", "bias_table", "tables", "columns")
 _SPARSE_KEYS = ("table", "id_space")
@@ -183,7 +186,9 @@ class Schema:
     whose names have spaces around them, with its cells as written in their place, spaces kept (names, sources,
     label and id spaces: schema_builtin._as_written), as the worker read such a header before it trimmed its
     names: tables trained on it carry its fingerprint and hashed its ids so (model_tables.held_features says which
-    schema file reads them)."""
+    schema file reads them). libsvm_values: the built-in libsvm schema's --libsvm-values (LIBSVM_VALUES), None for
+    any other schema; its "auto" read one-hot has the reader watch for a value other than 0 and 1 that it leaves
+    out (libsvm_reader.libsvm_cells)."""
 
     format: str
     delimiter: str
@@ -195,6 +200,7 @@ class Schema:
     format_from: str = field(default="", compare=False)
     label_written: str | None = field(default=None, compare=False)
     as_written: Schema | None = field(default=None, compare=False, repr=False)
+    libsvm_values: str | None = field(default=None, compare=False)
 
     def sparse_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_sparse)

@@ -158,13 +158,15 @@ def resolve_schema(
     libsvm_fields: int | None,
     default_table: str,
     default_dim: int,
+    libsvm_values: str = "auto",
 ) -> Schema:
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
     column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first
     with content: formats.first_with_content; a csv's sample records from the first holding some:
     formats.csv_records). fmt "auto": the format formats.detect_format tells by data's first
     line (said in the schema's format_from); a column flag of another format is refused. csv without label_column:
-    the label column csv_label picks (the first column by default)."""
+    the label column csv_label picks (the first column by default). libsvm: libsvm_values (schema.LIBSVM_VALUES)
+    says whether its fields read values as weights; auto: where libsvm_sample finds a value other than 0 and 1."""
     spec = data  # the data's files, where it names many (their hints name them all)
     if data is not None:
         from worker.formats import first_with_content
@@ -172,7 +174,8 @@ def resolve_schema(
         data = first_with_content(data)
     if schema_path is not None:
         flags = {"--label-column": label_column is not None, "--drop-columns": bool(drop_columns),
-                 "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None}  # fmt: skip
+                 "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None,
+                 "--libsvm-values": libsvm_values != "auto"}  # fmt: skip
         given = [flag for flag, on in flags.items() if on]
         if given:
             raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
@@ -195,7 +198,7 @@ def resolve_schema(
             raise ValueError("--format auto tells the format by the data file's first line; none given")
         fmt, told, seen = detect_format(spec)
         format_from, delimiter = f"detected: {seen}", told or ","
-        _check_column_flags(data, fmt, seen, label_column, drop_columns, numeric_columns, libsvm_fields)
+        _check_column_flags(data, fmt, seen, label_column, drop_columns, numeric_columns, libsvm_fields, libsvm_values)
     header, cells, rows, picked = None, None, [], None  # cells: the header's as written; picked: csv_label's
     if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
         raise ValueError(f"the built-in {fmt} schema needs the data file (its header or field count); none given")
@@ -216,10 +219,13 @@ def resolve_schema(
             picked = csv_label(header, rows)
             if picked is None:
                 _check_a_label_is_named(data, header, rows)
-    weighted = False
+    weighted = libsvm_values == "weights"
     if fmt == "libsvm" and (libsvm_fields is None or data is not None):
-        counted, weighted = libsvm_sample(data)
+        counted, sampled = libsvm_sample(data)
         libsvm_fields = counted if libsvm_fields is None else libsvm_fields
+        weighted = sampled if libsvm_values == "auto" else weighted
+    if fmt != "libsvm" and libsvm_values != "auto":
+        raise ValueError(f"--libsvm-values is for libsvm data, not {fmt}; leave it out")
     named = picked is not None and picked[1] != "first column"  # a column taken for its name
     label_column = picked[0] if named else label_column
     try:
@@ -231,6 +237,7 @@ def resolve_schema(
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
     as_written = _as_written(schema, header, cells) if fmt == "csv" else None
     schema = dataclasses.replace(schema, format_from=format_from, as_written=as_written,
+                                 libsvm_values=libsvm_values if fmt == "libsvm" else None,
                                  **({"label_from": picked[1]} if named else {}))  # fmt: skip
     if fmt == "csv":
         warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns)
@@ -256,11 +263,12 @@ def _as_written(schema: Schema, header: list[str], cells: list[str]) -> Schema |
 
 
 def _check_column_flags(data: str, fmt: str, seen: str, label_column: str | None, drop_columns: Sequence[str],
-                        numeric_columns: Sequence[str], libsvm_fields: int | None) -> None:  # fmt: skip
+                        numeric_columns: Sequence[str], libsvm_fields: int | None, libsvm_values: str = "auto"
+                        ) -> None:  # fmt: skip
     """ValueError when a flag of another format's columns is given for data detected as fmt (seen: why)."""
     flags = (("--label-column", label_column is not None, "csv"), ("--drop-columns", bool(drop_columns), "csv"),
              ("--numeric-columns", bool(numeric_columns), "csv"), ("--libsvm-fields", libsvm_fields is not None,
-             "libsvm"))  # fmt: skip
+             "libsvm"), ("--libsvm-values", libsvm_values != "auto", "libsvm"))  # fmt: skip
     for flag, given, whose in flags:
         if given and fmt != whose:
             raise ValueError(f"{data} reads as {fmt} ({seen}), and {flag} is for {whose} data: give --format {whose} "

@@ -213,7 +213,8 @@ FEATURES_HINT = (
     "dataset? a csv's label, unless --label-column or the schema's `label` names it, is the first column of the "
     "file the run reads its header from: --data, else the file scored; a libsvm schema's field count K is the most "
     "features of a line in that file, unless --libsvm-fields gives the training run's; its values are weights where "
-    "that file's first 10,000 lines carry one other than 0 and 1)"
+    "that file's first 10,000 lines of data carry one other than 0 and 1, unless --libsvm-values gives the training "
+    "run's)"
 )
 
 

@@ -19,7 +19,7 @@ from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file, same_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, Recipe, choose, describe
-from worker.schema import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, MAX_LIBSVM_FIELDS
+from worker.schema import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, LIBSVM_VALUES, MAX_LIBSVM_FIELDS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
@@ -63,6 +63,9 @@ class TrainConfig:
     # (recipe.MAX_BAD_SHARE where max_bad_lines is unset, else 1.0: --max-bad-lines alone bounds them)
     max_bad_share: float | None = None
     libsvm_fields: int | None = None  # libsvm: fields per example; None: the most of a line of `data`'s first 10,000
+    # libsvm: a feature's value as its weight ("weights") or left out ("one-hot"); "auto": weights where the first
+    # 10,000 lines of data of `data` carry a value other than 0 and 1 (schema_builtin.resolve_schema)
+    libsvm_values: str = "auto"
     synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
     synthetic_interactions: float = 0.0
@@ -206,6 +209,11 @@ class TrainConfig:
         if self.libsvm_fields is not None and self.format not in ("libsvm", AUTO_FORMAT) and not self.schema:
             # (--schema: its own refusal; auto: resolve_schema's, once the format is known)
             raise ValueError(f"--libsvm-fields is for --format libsvm data only (the format here is {self.format!r}): "
+                             "leave it out")  # fmt: skip
+        if self.libsvm_values not in LIBSVM_VALUES:
+            raise ValueError(f"--libsvm-values {self.libsvm_values!r}: expected one of {', '.join(LIBSVM_VALUES)}")
+        if self.libsvm_values != "auto" and self.format not in ("libsvm", AUTO_FORMAT) and not self.schema:
+            raise ValueError(f"--libsvm-values is for --format libsvm data only (the format here is {self.format!r}): "
                              "leave it out")  # fmt: skip
         if self.libsvm_fields is not None and not 1 <= self.libsvm_fields <= MAX_LIBSVM_FIELDS:
             raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected 1..{MAX_LIBSVM_FIELDS}")

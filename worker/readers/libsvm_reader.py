@@ -9,8 +9,10 @@ libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or 
         a chunk's Parsed holds every column's ids as a hashed categorical column reads them (the id itself), its
         cells the decimal text of those of columns with raw ids ('' where missing), so f<k> is the id whether the
         schema hashes it or takes it raw. A categorical column takes the id alone (one-hot: any other finite
-        value is ignored); a weighted one takes it with the token's value as its weight (Parsed.weights: 0 where
-        missing, the column's bag then empty); a value beyond float32's range is then a bad line.
+        value is ignored; where the built-in schema chose so by --libsvm-values auto, the first good line holding
+        one is named: Cells.left_value); a weighted one takes it with the token's value as its weight
+        (Parsed.weights: 0 where missing, the column's bag then empty); a value beyond float32's range is then a
+        bad line.
         K = 1 + the largest k among the schema's columns (0 without any; at most schema.MAX_LIBSVM_FIELDS): a
         line with fewer than K features has empty cells in its last columns; one with more is a bad line. Ids are
         integers 0 <= id < 2**64 - 1, written as decimal digits.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -51,6 +54,7 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
     raw = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns if c.ids == "raw"})
     weighted = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns if c.kind == "weighted"})
     k_fields = wanted[-1] + 1 if wanted else 0
+    watch = schema.libsvm_values == "auto" and not weighted  # values a one-hot read chosen by a sample leaves out
     with open_data(name) as f:
         for lines, first in share.chunks(bounded_lines(f, name), size):
             labels: list[float] = []
@@ -88,7 +92,34 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
             cells = {f"f{k}": _decimal_strings(values[:, k]) for k in raw}
             parsed = Parsed(cats={f"f{k}": np.ascontiguousarray(values[:, k]) for k in wanted},
                             weights={f"f{k}": w[:, k].astype(np.float32) for k in weighted})  # fmt: skip
-            yield Cells(labels_f32, cells, line_nos_i64, problems, parsed, unread)
+            left = None
+            if watch and share.bad.stats.first_left_value is None:  # (once found, not looked for again)
+                left = _left_value(lines, line_nos_i64, first, share.num_workers, labeled, blank_labels)
+            yield Cells(labels_f32, cells, line_nos_i64, problems, parsed, unread, left)
+
+
+# ":" and a token's value other than 0 or 1 as libsvm files write them (0, 1, 1.0, ...): a chunk of one-hot lines
+# holds none, so a search of its bytes passes it; a match (in a comment, a qid, 1e0) is then parsed to be sure
+_NOT_BINARY = re.compile(rb":(?![01](?:\.0*)?(?:[ \t\r\n\x0b\x0c#]|$))")
+
+
+def _left_value(lines: list[bytes], good: np.ndarray, first: int, step: int, labeled: bool, blank_labels: bool
+                ) -> tuple[int, float] | None:  # fmt: skip
+    """(line number, value) of the first of the chunk's good lines (their numbers: good) holding a feature value
+    other than 0 and 1, or None: found by one search of the chunk's bytes where it has none (lines: the chunk's,
+    the k-th at line first + k * step, read as libsvm_cells reads them)."""
+    joined = b"".join(lines)
+    binary = sum(joined.count(b":" + v + end) for v in (b"0", b"1") for end in (b" ", b"\n"))
+    if binary == joined.count(b":") or _NOT_BINARY.search(joined) is None:  # (the counts: the common case, faster)
+        return None
+    kept = set(good.tolist())
+    for k, line in enumerate(lines):
+        if first + k * step in kept and _NOT_BINARY.search(line):
+            parsed = _libsvm_line(line, labeled, blank_labels, with_values=True)
+            value = next((v for v in parsed[2] if v not in (0.0, 1.0)), None)
+            if value is not None:
+                return first + k * step, value
+    return None
 
 
 def _decimal_strings(ids: np.ndarray) -> np.ndarray:

@@ -39,6 +39,8 @@ class ReadStats:
     stopped: bool = False  # a bad line past --max-bad-lines ended the reading (its ValueError says so)
     unread_labels: int = 0  # good lines whose label cell was no label, read as none (blank_labels: predict)
     first_unread_label: str | None = None  # the first of them: "<file> line <L>: label <cell>"
+    # libsvm read one-hot by --libsvm-values auto: the first good line holding a value other than 0 and 1, left out
+    first_left_value: str | None = None  # "<file> line <L>: value <v>"
 
 
 @dataclass
@@ -48,7 +50,9 @@ class Cells:
     the physical lines the bad record took, 1 unless given); parsed: the
     columns the format has already read for encode_examples, if any; unread_labels {line number: label cell} of
     the lines whose label cell was no label (0 or 1) nor blank, read as no label (NaN) under blank_labels (it may
-    name lines of other chunks: the lines of this one count)."""
+    name lines of other chunks: the lines of this one count); left_value (libsvm read one-hot by --libsvm-values
+    auto): the first good line of the chunk holding a value other than 0 and 1, and that value, which the read
+    leaves out."""
 
     labels: np.ndarray
     cells: Mapping[str, np.ndarray]
@@ -56,6 +60,7 @@ class Cells:
     problems: list[tuple[int, str]]
     parsed: Parsed | None = None
     unread_labels: Mapping[int, str] = field(default_factory=dict)
+    left_value: tuple[int, float] | None = None
 
 
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (never of UTF-8 text: 0x8b is a continuation byte)
