@@ -337,7 +337,7 @@ def test_a_resume_file_the_workers_would_share_is_refused_before_any_worker_star
 def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp_path):
     """A job's workers killed without a word leave it holding the shards: the same launch again goes on under its
     id (which each worker's file would refuse another of), given as its name where a file keeps one; files of two
-    jobs are refused; sync and ssp workers, whose job resumes only under a new id, get a new one."""
+    jobs are refused, in every mode; sync and ssp workers, whose job resumes only under a new id, get a new one."""
     resume = ["--resume-file", str(tmp_path / "p-{worker}.json")]
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
     assert plan_launch(args, rest).job_id != plan_launch(args, rest).job_id  # no file yet: a new one each time
@@ -352,6 +352,9 @@ def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp
     with pytest.raises(ValueError, match=r"keep the positions of different jobs \(.*p-1.json job 12345, .*p-2.json "
                                          r"job 678\): remove the files of the job not to resume"):  # fmt: skip
         plan_launch(args, rest)
+    sync = launch_args("--workers", "3", "--servers", SERVERS, *resume, "--mode", "sync")
+    with pytest.raises(ValueError, match="keep the positions of different jobs"):  # a new id, from one job's files
+        plan_launch(*sync)
     j3 = job_hash("j3")  # a job launched as --job-id j3: its files keep its name (an older file of it, none)
     (tmp_path / "p-1.json").write_text(json.dumps({"format": 1, "job_id": j3}))
     (tmp_path / "p-2.json").write_text(json.dumps({"format": 1, "job_id": j3, "job_name": "j3"}))

@@ -380,11 +380,12 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
     the shards let push while they hold the job for workers killed without a word (a job's own workers would
     otherwise be refused for its barrier timeout), and which each worker's file would refuse another of. None
     where no file keeps one, and for sync and ssp, whose job resumes under a new id (worker.resume.resumes_whole);
-    ValueError where two do differ (files of two jobs)."""
+    ValueError where two do differ (files of two jobs: in every mode, a job resumed from them would pair the
+    positions of two runs)."""
     from worker.resume import recorded_job, resumes_whole, unused_because
 
     resume_file = getattr(cfg, "resume_file", None)
-    if not resume_file or unused_because(cfg) is not None or resumes_whole(cfg):
+    if not resume_file or unused_because(cfg) is not None:
         return None
     files = [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
     kept = {path: job for path in files if (job := recorded_job(path)) is not None}
@@ -392,6 +393,8 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
         named = ", ".join(f"{path} job {job_named(*job)}" for path, job in kept.items())
         raise ValueError(f"the workers' --resume-files keep the positions of different jobs ({named}): remove "
                          "the files of the job not to resume")  # fmt: skip
+    if resumes_whole(cfg):
+        return None
     return max(kept.values(), key=lambda job: job[1], default=None)  # a file's name (an older file keeps none)
 
 
