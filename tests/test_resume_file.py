@@ -631,3 +631,44 @@ def test_a_first_start_the_shards_refuse_records_nothing_and_the_corrected_comma
         code, out, err = run([*train, "--worker-id", "1", "--resume-file", str(second)], capsys)
         assert code == 0 and "no position yet" in out and re.search(r"trained lr .* on 3,000 examples", out), err
         assert json.loads(second.read_text())["finished"] is True
+
+
+def _hold_for_job(address: str, name: str):
+    """Job `name` (ssp, 2 workers) holds the shard at address: a push stamp of its worker 0, not done, heard now
+    (its barrier timeout 60 s). Returns what ends its tenancy: that worker's stop stamp."""
+    from ps.stamp import WorkerStamp
+    from worker.client import Client
+
+    stamp = WorkerStamp(job_hash(name), 0, 2, 1, staleness=1, setup="mode=ssp", barrier_timeout_s=60, job_name=name)
+    client = Client([address])
+    client.push_many([], stamp=stamp)
+
+    def lapse() -> None:
+        assert client.stop_job(stamp, "gone") == []
+        client.close()
+
+    return lapse
+
+
+def test_a_rejoining_worker_whose_done_stamp_is_refused_leaves_its_file_as_it_was(tmp_path, capsys):
+    """Worker 1's training was over in job j1; started again under j2 while another job holds the shard, its done
+    stamp is refused: its file still says that its training was over (and in which job), so that a later start
+    evaluates instead of training its share again."""
+    from worker.cli_train import train_config_from_argv
+
+    position = str(tmp_path / "position-{worker}.json")
+    with LocalCluster(1) as cluster:
+        argv = ["--servers", cluster.addresses[0], "--mode", "sync", "--num-workers", "2", "--worker-id", "1",
+                "--barrier-timeout", "2", "--resume-file", position, *FLAGS]  # fmt: skip
+        first = train_config_from_argv([*argv, "--job-id", "j1"])
+        writer = PositionWriter(dataclasses.replace(first, resume_file=first.worker_resume_file()))
+        writer.job_id, writer.job_name = job_hash("j1"), "j1"
+        writer.write(ROWS // 2, trained=True)
+        before = (tmp_path / "position-1.json").read_text()
+        lapse = _hold_for_job(cluster.addresses[0], "old")
+        try:
+            code, out, err = run(["train", *argv, "--job-id", "j2"], capsys)
+        finally:
+            lapse()
+        assert code != 0 and "shard 0 holds job 'old'" in err, out + err
+        assert (tmp_path / "position-1.json").read_text() == before

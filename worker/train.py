@@ -174,7 +174,7 @@ def train(cfg: TrainConfig) -> dict:
                            on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
                            on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (steprows.abandon)
-            if position is not None:
+            if position is not None and not cfg.resume_trained:  # (a refused done stamp: the file stays as it was)
                 try:
                     position.write(cfg.skip_examples + loop.pushed)
                 except OSError as failed:  # e is the error to report
