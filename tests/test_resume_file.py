@@ -672,3 +672,51 @@ def test_a_rejoining_worker_whose_done_stamp_is_refused_leaves_its_file_as_it_wa
             lapse()
         assert code != 0 and "shard 0 holds job 'old'" in err, out + err
         assert (tmp_path / "position-1.json").read_text() == before
+
+
+def test_a_sync_start_refused_before_it_trains_keeps_the_files_job_and_runs_again_once_the_shards_are_free(
+    tmp_path, capsys
+):
+    """A sync worker resumed under a new --job-id j2 from a position of job j1 is refused as it creates its tables
+    (another job holds the shard): its file still names job j1, so the same command, once that tenancy lapsed,
+    resumes (under j2, which the file then names), rather than being refused as a restart of job j2."""
+    from worker.cli_train import train_config_from_argv
+
+    path = tmp_path / "position.json"
+    with LocalCluster(1) as cluster:
+        argv = ["train", "--servers", cluster.addresses[0], "--mode", "sync", "--resume-file", str(path),
+                "--job-id", "j2", *FLAGS]  # fmt: skip
+        writer = PositionWriter(train_config_from_argv(argv[1:]))
+        writer.job_id, writer.job_name = job_hash("j1"), "j1"
+        writer.write(2 * BATCH)
+        lapse = _hold_for_job(cluster.addresses[0], "old")
+        try:
+            code, out, err = run(argv, capsys)
+        finally:
+            lapse()
+        assert code != 0 and "shard 0 holds job 'old'" in err, out + err
+        record = json.loads(path.read_text())
+        assert (record["job_name"], record["examples"], record["trained"]) == ("j1", 2 * BATCH, False), record
+        code, out, err = run(argv, capsys)
+        assert code == 0 and f"resuming after {2 * BATCH:,} training examples" in out, out + err
+        record = json.loads(path.read_text())
+        assert (record["job_name"], record["examples"], record["finished"]) == ("j2", ROWS, True), record
+
+
+def test_a_sync_position_names_the_new_job_from_its_first_acknowledged_step(tmp_path):
+    """Written under a new job id, the position keeps the file's job while it has not moved (a start, a stop before
+    a step), and names the new job at once from the first step acknowledged, or as training ends."""
+    path = tmp_path / "p.json"
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(path), mode="sync", num_workers=2, job_id=7)
+    PositionWriter(cfg).write(300)
+    for moved, trained in ((300, False), (400, False), (300, True)):
+        writer = PositionWriter(dataclasses.replace(cfg, job_id=8), every_s=3600)
+        writer.keep_job_until_past(300)
+        writer.update(300)
+        assert json.loads(path.read_text())["job_id"] == 7
+        if trained:
+            writer.write(moved, trained=True)
+        else:
+            writer.update(moved)
+        assert json.loads(path.read_text())["job_id"] == (7 if (moved, trained) == (300, False) else 8)
+        PositionWriter(cfg).write(300)

@@ -57,7 +57,9 @@ the file's job id is refused while the file's training is not over (the file nam
 --job-id, one worker's, draws a new one); each worker resumes from its own position (the steps of the new job pair
 other examples than the first run's did); and a worker whose training was over (trained, or finished: its run
 ended) tells the new job it is done before it evaluates (a finished one evaluates again), so that its resumed
-peers wait for nobody.
+peers wait for nobody. The file names the new job only once that job trained from the position (its first step
+acknowledged, or its done stamp sent): a start refused before then (the old job still holds the shards, say)
+leaves the file's job, and the same command runs again.
 
 FILE may hold "{worker}", replaced by the worker's id: workers that share a machine (torchrun's
 LOCAL_WORLD_SIZE > 1) need it, each keeping its own file. The file is not used (a warning says so) with --dense
@@ -296,6 +298,8 @@ class PositionWriter:
         self.job_id = cfg.job_id  # the one given, or the file's; train() sets the one the run trains under
         self.job_name = cfg.job_name  # its name (the one given, or the file's; "": none)
         self.token = cfg.worker_token or None  # the file's; train() sets the one the run's stamps carry
+        self.kept_job: tuple[int, str] | None = None  # keep_job_until_past: the file's job, written instead of job_id
+        self.kept_until = 0  # ... while the position is this count, training not over
         directory, name = os.path.split(os.path.abspath(self.path))
         leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
         for left in glob.glob(os.path.join(glob.escape(directory), leftover)):
@@ -309,6 +313,7 @@ class PositionWriter:
         position written, which is behind, never ahead."""
         now = time.monotonic()
         first = self.written is None and not self.failing
+        first |= self.kept_job is not None and examples != self.kept_until  # the new job's id, written at once
         if first or (now - self.last >= self.every_s and examples != self.written):
             try:
                 self.write(examples)
@@ -319,10 +324,22 @@ class PositionWriter:
                                 f"{self.written:,}" if self.written else "no")  # fmt: skip
                 self.failing = True
 
+    def keep_job_until_past(self, examples: int) -> None:
+        """A sync or ssp run resumed under a new job id (resumes_whole) from the file's position `examples`: the
+        file keeps the job id (and name) it holds until the position moves past `examples` (a step of the new job
+        acknowledged) or training is over (its done stamp sent), so that a start refused before it trains (the old
+        job still holds the shards, say) leaves the file's job as it was, and the same command runs again."""
+        kept = recorded_job(self.path)
+        if kept is not None and kept[0] != self.job_id:
+            self.kept_job, self.kept_until = kept, examples
+
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
+        if self.kept_job is not None and (examples != self.kept_until or trained or finished):
+            self.kept_job = None  # the new job trained from the position: its id from now on
+        job_id, job_name = self.kept_job or (self.job_id, self.job_name)
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids),
-                  "job_id": self.job_id, "job_name": self.job_name or None, "token": self.token}  # fmt: skip
+                  "job_id": job_id, "job_name": job_name or None, "token": self.token}  # fmt: skip
         try:
             write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         except OSError as e:  # (a full disk): named, not as the temporary file

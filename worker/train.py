@@ -45,7 +45,7 @@ from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import held_features, missing_shares, sparse_table_stats
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
-from worker.resume import PositionWriter, state_changed
+from worker.resume import PositionWriter, resumes_whole, state_changed
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import abandon, row_source
 from worker.tables import check_tables, replaced_warning
@@ -70,6 +70,8 @@ def train(cfg: TrainConfig) -> dict:
     cfg, data, spec, tables_cfg = job.cfg, job.data, job.spec, job.tables
     if position is not None:  # the run's ids (given, the file's, or made up by with_recipe)
         position.job_id, position.job_name, position.token = cfg.job_id, cfg.job_name, cfg.worker_token
+        if resumes_whole(cfg) and cfg.resume_started_from is not None:  # the file's job until the new one trained
+            position.keep_job_until_past(cfg.skip_examples)
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # this worker's share, read before any server is touched
         no_auc = validation_auc_undefined(data.validation(), cfg.early_stop_metric)  # a split's examples
