@@ -7,11 +7,17 @@ it (ps.engine.jobs)."""
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ps.config import DEFAULT_BARRIER_S, MAX_JOB_NAME_CHARS
+from ps.errors import BarrierTimeoutError, InvalidArgumentError, JobConflictError, PsError, SyncStepTooLargeError
+
+# the refusals that stop a job on a shard (ps.engine.tenancy JobTenancy.stop), whose message starts with
+# ps.engine.stampcheck job_stops' words
+JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,20 @@ class WorkerStamp:
         """The stamp of a WorkerStamp message (generated, or a ps.codec view with the same attributes; the proto's
         fields and this class's are one list: tests/test_codec.py)."""
         return WorkerStamp(**{f.name: getattr(m, f.name) for f in fields(WorkerStamp)})
+
+
+def stopping_refusal(stamp: WorkerStamp) -> tuple[type[PsError], str] | None:
+    """The refusal a stop stamp's worker stopped on, where it stopped the stamp's job on a shard: its class (the
+    stamp's stopped_by, worker/steprows.py stopped_by: the class of the shard's refusal, is one of
+    JOB_STOPPING_ERRORS) and its words (the stamp's reason, stop_reason: the error's class, then its first line,
+    holds job_stops' words of the stamp's job, by its name or its id, then printable ASCII to its end; the first,
+    the cause, where a reason relays a relay). None otherwise: the worker stopped for a cause of its own, or on a
+    refusal that stops no job. A shard relays it (ps.engine.tenancy relayed_stop); a geo worker pushes no deltas
+    after it (worker/steprows.py GeoRows)."""
+    cls = next((c for c in JOB_STOPPING_ERRORS if c.__name__ == stamp.stopped_by), None)
+    job = "|".join(re.escape(n) for n in {str(stamp.job), stamp.named})  # (a shard may name it by its id)
+    found = None if cls is None else re.search(rf"\bshard \d+: job (?:{job}) stops: [ -~]*\Z", stamp.stopped)
+    return None if found is None else (cls, found[0])
 
 
 def job_named(job: int, name: str = "") -> str:

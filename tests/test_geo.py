@@ -247,6 +247,47 @@ def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_th
     assert geo.flushes == 3
 
 
+def test_a_geo_worker_stopped_by_a_refusal_that_stops_its_job_pushes_no_deltas(caplog):
+    """A shard's refusal that stopped the job (its words: 'job J stops') is no fault of the worker's own request:
+    the shards that have not stopped the job yet would apply the deltas, so none are pushed (a warning says how
+    many steps' they are). The same words in an error of the worker's own, or another job's, or a shard's refusal
+    that stops no job, leave the deltas pushed."""
+    from ps.errors import InvalidArgumentError
+    from ps.stamp import WorkerStamp
+    from worker.steprows import GeoRows, abandon
+
+    class Geo:
+        flushes = 0
+
+        def flush(self):
+            self.flushes += 1
+
+    class Tables:
+        def stop_job(self, stamp, reason, by=""):
+            return []
+
+    def refused(message: str, shard: int | None = 0) -> InvalidArgumentError:
+        error = InvalidArgumentError(f"shard 0 at h:1: PushBatch failed with INVALID_ARGUMENT: {message}")
+        if shard is not None:
+            error.refused_by = shard  # (worker.retry: a shard's refusal)
+        return error
+
+    stamp = WorkerStamp(7, 0, 2, 0, setup="mode=geo", unclocked=True)
+    stops = "shard 0: job 7 stops: worker 1 runs another setup than the job started with here"
+    geo = Geo()
+    for e in (refused(stops, None), refused(stops.replace("job 7", "job 8")), refused("grads hold a NaN")):
+        rows = GeoRows(Tables(), geo, stamp)
+        rows.unpushed_steps = 3
+        abandon(rows, e)
+    assert geo.flushes == 3
+    rows = GeoRows(Tables(), geo, stamp)
+    rows.unpushed_steps = 3
+    with caplog.at_level("WARNING", logger="worker.steprows"):
+        abandon(rows, refused(stops))
+    assert geo.flushes == 3 and rows.holding()
+    assert "last 3 steps" in caplog.text and "a shard's refusal stopped the job" in caplog.text
+
+
 def _three_geo_steps(server, every: int = 4):
     """GeoRows over the server, every `every` steps per push, after three steps of SGD on ids 1 and 2; and the
     local rows of those ids."""

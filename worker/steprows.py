@@ -25,8 +25,8 @@ step this worker trained; geo pushes its pending deltas, the others' pushes are 
 worker is done: nobody waits for it),
 abandon(reason, servers_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
 the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed
-(servers_failed) or a push of them did, and logs how many steps' deltas it did not push;
-async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
+(servers_failed), a shard's refusal stopped the job (ps.stamp stopping_refusal) or a push of them did, and logs
+how many steps' deltas it did not push; async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
 """
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ps.errors import InvalidArgumentError, PsError
+from ps.stamp import stopping_refusal
 from ps.terminate import Terminated, signal_behind
 from worker.batch import TableIds
 from worker.client import PushItem
@@ -335,11 +336,12 @@ class GeoRows:
 
     def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
         """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
-        examples holds them), unless the servers are what failed (servers_ok False) or a push of deltas failed
-        before; where they are not pushed (so, or their push fails now), a warning says how many steps' deltas the
-        servers lack. Then tells the shards it stopped."""
+        examples holds them), unless the servers are what failed (servers_ok False), a shard's refusal stopped the
+        job (reason and by, its stop stamp's, say so: ps.stamp stopping_refusal; the shards that have not stopped
+        it yet would apply them) or a push of deltas failed before; where they are not pushed (so, or their push
+        fails now), a warning says how many steps' deltas the servers lack. Then tells the shards it stopped."""
         try:
-            why = self._flush_on_stop(servers_ok)
+            why = self._flush_on_stop(servers_ok, reason, by)
             if why is not None and self.unpushed_steps:
                 log.warning("the local deltas of this worker's last %d steps (since its last push) are not on the "
                             "servers, or not whole: %s; its count of pushed examples leaves them out, and a resumed "
@@ -347,12 +349,14 @@ class GeoRows:
         finally:
             self._leave(reason, by)
 
-    def _flush_on_stop(self, servers_ok: bool) -> str | None:
+    def _flush_on_stop(self, servers_ok: bool, reason: str, by: str) -> str | None:
         """Pushes the pending deltas where it may; why they were not pushed, or None where they were."""
         if self._failed:
             return "a push of them failed, and is not sent again (some shards may have applied it)"
         if not servers_ok:
             return "the servers failed, so this worker sent them nothing more"
+        if self.stamp is not None and stopping_refusal(replace(self.stamp, stopped=reason, stopped_by=by)):
+            return "a shard's refusal stopped the job, so this worker sent them nothing more"
         try:
             self._flush()
         except Exception as e:

@@ -73,7 +73,7 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
 
 def job_stops(shard_id: int, job: str) -> str:
     """How the message of an error that stops a job (job: as ps.stamp job_named names it) on a shard starts
-    (ps.engine.tenancy JOB_STOPPING_ERRORS; its relayed_stop finds it in a stop stamp's reason)."""
+    (ps.stamp JOB_STOPPING_ERRORS; its stopping_refusal finds it in a stop stamp's reason)."""
     return f"shard {shard_id}: job {job} stops: "
 
 

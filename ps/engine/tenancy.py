@@ -58,38 +58,25 @@ and waits: the tenancy reads the done flags through `done`, and stop() fails Job
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
 
 from ps.engine.stampcheck import job_kind, job_stops, nothing_done, setup_difference, setup_pairs
 from ps.engine.syncsteps import again
-from ps.errors import (
-    BarrierTimeoutError,
-    InvalidArgumentError,
-    JobConflictError,
-    PsError,
-    SyncStepTooLargeError,
-)
-from ps.stamp import WorkerStamp, job_named
-
-# the errors that stop a job (JobTenancy.stop), whose message starts with job_stops' words
-JOB_STOPPING_ERRORS = (InvalidArgumentError, JobConflictError, SyncStepTooLargeError, BarrierTimeoutError)
+from ps.errors import InvalidArgumentError, JobConflictError, PsError
+from ps.stamp import WorkerStamp, job_named, stopping_refusal
 
 
 def relayed_stop(stamp: WorkerStamp) -> PsError | None:
-    """The refusal that stopped the stop stamp's job on a shard, where the worker stopped on one: its stopped_by
-    (worker/steprows.py stopped_by: the class of the shard's refusal) is one of JOB_STOPPING_ERRORS, and its reason
-    (stop_reason: the error's class, then its first line, which holds the refusal's message) holds job_stops' words
-    of the stamp's job (by its name or its id; the first, the cause, where a reason relays a relay), then printable
-    ASCII to its end. None otherwise: the worker stopped for a cause of its own, or on a refusal that stops no job."""
-    cls = next((c for c in JOB_STOPPING_ERRORS if c.__name__ == stamp.stopped_by), None)
-    job = "|".join(re.escape(n) for n in {str(stamp.job), stamp.named})  # (a shard may name it by its id)
-    found = None if cls is None else re.search(rf"\bshard \d+: job (?:{job}) stops: [ -~]*\Z", stamp.stopped)
-    if found is None:
+    """The refusal that stopped the stop stamp's job on a shard, where the worker stopped on one (ps.stamp
+    stopping_refusal), said again here; None otherwise: the worker stopped for a cause of its own, or on a refusal
+    that stops no job."""
+    refusal = stopping_refusal(stamp)
+    if refusal is None:
         return None
-    return cls(f"{found[0]} (worker {stamp.worker} stopped on this refusal, and told every shard)")
+    cls, words = refusal
+    return cls(f"{words} (worker {stamp.worker} stopped on this refusal, and told every shard)")
 
 
 class JobTenancy:
