@@ -18,7 +18,8 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   updates the servers acknowledged: `--skip-examples N` trains on from there, as a stopped run's hint says.
 - trained: the run's training is over (its stream trained, or early stopping or --max-examples ended it, the
   best model put back); a start then trains nothing and runs the final evaluation.
-- finished: the run ended, its final evaluation done too; a start then does nothing and says so.
+- finished: the run ended, its final evaluation done too; a start then does nothing and says so (but a sync or
+  ssp worker's start under a new job id, which tells that job it is done and evaluates again: below).
 - state_ids: each shard's model state id (StatsResponse state_id) as the run found it, in shard order; absent or
   empty: not known. A start that finds another on a shard (restored from a checkpoint, or on a new data dir, since
   the position was written) is refused: the servers no longer hold the model the position was trained into.
