@@ -160,7 +160,7 @@ def test_a_worker_of_another_mode_or_setup_is_refused_and_stops_the_job(shard, s
     assert rows(shard) == -1.0
 
 
-def test_a_gone_jobs_hold_expires_at_its_barrier_timeout_and_an_ended_one_frees_the_shard_at_once(shard):
+def test_a_gone_jobs_tenancy_expires_at_its_barrier_timeout_and_an_ended_one_frees_the_shard_at_once(shard):
     push(shard, unclocked(0, barrier_timeout_s=1.0))
     with pytest.raises(JobConflictError, match=r"holds it for (0\.9\d*|1) s more \(its barrier timeout, 1 s,"):
         push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)

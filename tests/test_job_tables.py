@@ -177,7 +177,7 @@ def test_an_unstamped_replace_is_refused_while_a_job_holds_the_shard(shard):
     assert shard.table("emb").cfg == ADAM8.normalized() and shard.stats()["job"] == JOB
 
 
-def test_a_check_only_keeps_no_hold_alive_and_claims_nothing(shard):
+def test_a_check_only_keeps_no_tenancy_alive_and_claims_nothing(shard):
     """JOB's worker made its table, then its checks keep coming (a train run checks its tables before it creates
     them): they do not keep JOB's tenancy of the shard (it lasts its barrier timeout from the create, the last write),
     so job OTHER gets the shard then; a check of a free shard claims nothing for its job."""

@@ -1236,7 +1236,7 @@ def test_a_push_apart_of_several_messages_carries_the_job_on_every_one_and_anoth
     servers, mode
 ):
     """A worker's push sent apart from its steps (early stopping's restore of the best model) that takes several
-    PushBatch messages per shard stamps each of them: once its job's hold lapsed (the worker silent past its barrier
+    PushBatch messages per shard stamps each of them: once its job's tenancy lapsed (the worker silent past its barrier
     timeout, in a long validation) and another job took the shard, the shard refuses its first message
     (FAILED_PRECONDITION) and none of it is applied."""
     from worker.batch import TableIds
@@ -1257,7 +1257,7 @@ def test_a_push_apart_of_several_messages_carries_the_job_on_every_one_and_anoth
         source = ClockedRows(client, Spec(), mine)
         source.push(0, tids, {"emb": np.ones((2, 4), np.float32)}, [])  # its step 0: the shard holds the job
 
-        def taken() -> bool:  # by another job, once the hold of this one lapsed
+        def taken() -> bool:  # by another job, once the tenancy of this one lapsed
             try:
                 other.pull_many([("emb", ids[:1])], stamp=WorkerStamp(JOB + 1, 0, 1, 0, staleness=1))
             except JobConflictError:

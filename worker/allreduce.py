@@ -283,8 +283,8 @@ class AllReduceDense:
         """This worker has no more batches: it takes part in the others' steps (adding no gradient) until every
         worker is done, then the lowest rank that did not wait for the others writes the values (flush), and
         leave() (this worker is done: the row source's finish). One that waits leaves before it does (an ssp
-        shard would hold the others' pulls for it); the rest once the values are written, under their job's hold:
-        the writer of the group's last step, which had a batch then, did not wait."""
+        shard would hold the others' pulls for it); the rest once the values are written, while their job holds the
+        shards: the writer of the group's last step, which had a batch then, did not wait."""
         self._next_write = math.inf  # the write below is the last
         waited = False
         while self.params and self._reduce_and_apply(0.0):

@@ -116,8 +116,8 @@ def train(cfg: TrainConfig) -> dict:
                 held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
                 for warning in missing_shares(shard_stats, spec, client.servers):
                     log.warning("%s", warning)
-            if position is not None and trains:  # kept before the hold starts: a restart after a kill is the same
-                position.update(cfg.skip_examples)  # job and process, and pushes on at once
+            if position is not None and trains:  # kept before the job holds the shards: a restart after a kill
+                position.update(cfg.skip_examples)  # is the same job and process, and pushes on at once
             for i, table in enumerate(tables_cfg):
                 try:
                     client.create_table(table, replace_untrained=table.name in replaced, stamp=stamp)

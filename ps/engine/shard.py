@@ -241,8 +241,8 @@ class Shard:
         initial rows, go with it); one that was trained is refused (TableExistsError).
         stamp: a training job's worker creates its job's tables (ps.engine.jobs: JobClocks.check with create,
         then created): refused while the shard holds another job (JobConflictError, nothing created); once
-        created, the job holds the shard as after its first push. A create that fails leaves the hold as it was.
-        Without a stamp, a replace is refused while the shard holds a job (JobClocks.check_replace: its tables)."""
+        created, the job holds the shard as after its first push. A create that fails leaves the job's tenancy as it
+        was. Without a stamp, a replace is refused while the shard holds a job (JobClocks.check_replace: its tables)."""
         self.refuse_if_lost()
         claimed = stamp is not None and self.jobs.check(stamp, pull=False, create=True)
         try:
@@ -269,7 +269,7 @@ class Shard:
         """What create_table(cfg, replace_untrained, stamp) would answer, changing no table: (config, trained rows,
         row floats) of the table it would return, or the error it would raise (all but a failed RocksDB write's),
         so that a client can check every shard before it creates the table on any. A stamp is checked as the
-        create checks it (refused while another job holds the shard), and holds nothing: no claim, no hold
+        create checks it (refused while another job holds the shard), and holds nothing: no claim, no tenancy
         lasting for it, no worker's token taken (JobClocks.check's check_only); but a stamp whose worker count or
         setup differs from its job's stops that job, as the create would (that worker exits without a stop stamp:
         this is how the job's other workers learn why)."""
