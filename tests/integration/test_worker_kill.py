@@ -13,16 +13,35 @@ import subprocess
 import sys
 
 from tests.server_process import ServerProcess
-from tests.waiting import PipeReader
+from tests.waiting import PipeReader, wait_until
 
-ROWS = 150_000
-FLAGS = ["--model", "lr", "--recipe", "large", "--batch-size", "256", "--synthetic-rows", str(ROWS),
-         "--synthetic-eval-rows", "100", "--progress-lines"]  # fmt: skip
+ROWS, SYNC_ROWS, BATCH = 150_000, 20_000, 256
+FLAGS = ["--model", "lr", "--recipe", "large", "--batch-size", str(BATCH), "--synthetic-eval-rows", "100",
+         "--progress-lines"]  # fmt: skip
+# `ps-worker train` that writes its --resume-file after every step and, as its step FROZEN_AT ends (its position
+# written), waits for ever: a worker killed there deterministically, its file holding that step's position
+FROZEN = """
+import functools, sys, threading
+import worker.loop, worker.train
+from worker.__main__ import main
+from worker.resume import PositionWriter
+worker.train.PositionWriter = functools.partial(PositionWriter, every_s=0.0)
+real, steps = worker.loop.logloss, [0]
+def logloss(labels, probs):
+    steps[0] += 1
+    if steps[0] == FROZEN_AT:
+        threading.Event().wait()
+    return real(labels, probs)
+worker.loop.logloss = logloss
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+FROZEN_AT = 5
 
 
-def train(*flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "worker", "train", *flags, *FLAGS], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+def train(*flags: str, rows: int = ROWS, frozen: bool = False) -> subprocess.Popen:
+    program = ["-c", FROZEN.replace("FROZEN_AT", str(FROZEN_AT))] if frozen else ["-m", "worker", "train"]
+    return subprocess.Popen([sys.executable, *program, *flags, *FLAGS, "--synthetic-rows", str(rows)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
 def test_a_killed_worker_restarted_with_its_resume_file_trains_on_and_another_job_is_told_when_to_come(tmp_path):
@@ -57,36 +76,36 @@ def test_a_killed_worker_restarted_with_its_resume_file_trains_on_and_another_jo
 
 
 def test_a_sync_job_whose_worker_was_killed_resumes_whole_from_each_workers_resume_file(tmp_path):
-    """A sync worker killed mid-run (SIGKILL) leaves its --resume-file's last write (its job id and a count of
-    examples whose steps the shards applied); its peer stops at its barrier timeout and writes its own. Started
-    again under the stopped job's id, a worker is refused, saying why; under a new --job-id both resume, each
-    from its own position, and train the rest of their shares once."""
+    """A sync worker killed mid-run (SIGKILL, once its --resume-file holds the position of its step 5: its job id
+    and the examples whose steps the shards applied) leaves that file; its peer stops at its barrier timeout and
+    writes its own. Under a new --job-id both resume, each from its own position, and train the rest of their
+    shares once."""
     server = ServerProcess(tmp_path / "data")
     address = server.started()
     position = str(tmp_path / "position-{worker}.json")
+    killed = tmp_path / "position-1.json"
 
-    def sync_worker(worker: int, job: str) -> subprocess.Popen:
+    def sync_worker(worker: int, job: str, frozen: bool = False) -> subprocess.Popen:
         return train("--servers", address, "--mode", "sync", "--num-workers", "2", "--worker-id", str(worker),
-                     "--job-id", job, "--barrier-timeout", "3", "--resume-file", position)  # fmt: skip
+                     "--job-id", job, "--barrier-timeout", "3", "--resume-file", position, rows=SYNC_ROWS,
+                     frozen=frozen)  # fmt: skip
+
+    def killed_examples() -> int:
+        return json.loads(killed.read_text())["examples"] if killed.exists() else 0
 
     try:
-        first = [sync_worker(w, "j1") for w in (0, 1)]
+        first = [sync_worker(0, "j1"), sync_worker(1, "j1", frozen=True)]
         readers = [PipeReader(p.stdout) for p in first]
         try:
-            readers[1].wait_for(r'"examples": [1-9]', 120, "worker 1's pushes")
+            wait_until(lambda: killed_examples() == FROZEN_AT * BATCH, 120,
+                       lambda: f"worker 1's position of its step {FROZEN_AT}: {readers[1].text()}")  # fmt: skip
         finally:
             first[1].send_signal(signal.SIGKILL)
             first[1].wait()
         assert first[0].wait(timeout=120) != 0, readers[0].close()  # its step waited for worker 1: the job stops
         kept = [json.loads((tmp_path / f"position-{w}.json").read_text()) for w in (0, 1)]
         assert [k["job_id"] for k in kept] == [kept[0]["job_id"]] * 2 and not any(k["trained"] for k in kept), kept
-
-        same = subprocess.run([sys.executable, "-m", "worker", "train", "--servers", address, "--mode", "sync",
-                               "--num-workers", "2", "--worker-id", "1", "--job-id", "j1", "--resume-file", position,
-                               *FLAGS], capture_output=True, text=True, timeout=300)  # fmt: skip
-        assert same.returncode == 2 and "a --mode sync job resumes only under a new --job-id" in same.stderr, (
-            same.stdout + same.stderr
-        )
+        assert kept[0]["examples"] > 0, kept
 
         again = [sync_worker(w, "j2") for w in (0, 1)]
         outs = [p.communicate(timeout=300)[0] for p in again]
@@ -95,6 +114,6 @@ def test_a_sync_job_whose_worker_was_killed_resumes_whole_from_each_workers_resu
             resumed = int(re.search(r"resuming after ([\d,]+) training examples", out).group(1).replace(",", ""))
             assert resumed == kept[w]["examples"], out
             trained = re.search(r"trained lr .* on ([\d,]+) examples", out)
-            assert trained and int(trained.group(1).replace(",", "")) == ROWS // 2 - resumed, out
+            assert trained and int(trained.group(1).replace(",", "")) == SYNC_ROWS // 2 - resumed, out
     finally:
         server.stop()
