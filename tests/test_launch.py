@@ -1,4 +1,4 @@
-"""`ps-worker launch` (worker/launch.py): argument checks, the workers' command lines and environment, merging of
+"""`ps-worker launch` (worker/launch*.py): argument checks, the workers' command lines and environment, merging of
 PROGRESS lines and metrics, and the lifecycle of the children, run with fake worker scripts: a failing worker
 stops the others, Ctrl-C and SIGTERM stop them all, and no process is left behind."""
 
@@ -27,20 +27,12 @@ import pytest
 from ps.stamp import job_hash
 from ps.terminate import Terminated, how_it_ended
 from tests.waiting import wait_until
-from worker import launch
+from worker import launch_devices
 from worker.cli_train import job_id
-from worker.launch import (
-    WorkerGroup,
-    add_launch_parser,
-    check_train_flags,
-    expand_backends,
-    final_evaluation,
-    local_ranks,
-    plan_launch,
-    run_launch,
-    worker_commands,
-    worker_environment,
-)
+from worker.launch import run_launch
+from worker.launch_devices import expand_backends
+from worker.launch_outcome import final_evaluation
+from worker.launch_plan import add_launch_parser, check_train_flags, plan_launch
 from worker.launch_report import (
     MergedProgress,
     format_progress,
@@ -48,6 +40,7 @@ from worker.launch_report import (
     merge_metrics,
     merge_progress,
 )
+from worker.launch_workers import WorkerGroup, local_ranks, worker_commands, worker_environment
 from worker.loop import LoopResult, _ProgressLines
 from worker.progress_lines import parse_progress
 from worker.results import NOT_EVALUATED, local_shards_gone
@@ -396,7 +389,7 @@ def test_plan_with_trains_own_config_checks_every_backend():
 
 def test_each_worker_gets_its_device_and_the_pairing_is_checked(monkeypatch):
     gpus = [(1, "2.x+cu")]  # what the child Python would say: one GPU
-    monkeypatch.setattr(launch, "cuda_device_count", lambda: gpus[0])
+    monkeypatch.setattr(launch_devices, "cuda_device_count", lambda: gpus[0])
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, "--backends", "numpy,torch:cuda,torch",
                              "--model", "fm")  # fmt: skip
     plan = plan_launch(args, rest)
@@ -432,7 +425,7 @@ def test_each_worker_gets_its_device_and_the_pairing_is_checked(monkeypatch):
 
 def test_the_gpus_are_asked_of_a_child_python():
     torch = pytest.importorskip("torch")
-    assert launch.cuda_device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    assert launch_devices.cuda_device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0,
                                           torch.__version__)  # fmt: skip
 
 
@@ -451,7 +444,7 @@ def test_a_gpu_probe_killed_by_a_signal_is_said_so(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", killed)
     with pytest.raises(ValueError, match=r"the child Python that asks was killed by SIGKILL\): no message"):
-        launch.cuda_device_count()
+        launch_devices.cuda_device_count()
 
 
 def test_worker_commands_and_environment():
@@ -608,7 +601,7 @@ def test_merged_progress_bar_counts_every_workers_examples():
 
 
 def test_the_final_evaluation_runs_with_worker_0s_backend_and_device(fakes, monkeypatch, capsys):
-    monkeypatch.setattr(launch, "cuda_device_count", lambda: (1, "2.x+cu"))
+    monkeypatch.setattr(launch_devices, "cuda_device_count", lambda: (1, "2.x+cu"))
     metrics = [{"train_examples": 20, "train_seconds": 1.0}] * 2
     command, _ = fakes([{"progress": [], "metrics": m, "action": "metrics"} for m in metrics])
     args, rest = launch_args("--workers", "2", "--backends", "torch:cuda,numpy", "--servers", SERVERS,
@@ -973,13 +966,13 @@ def test_a_local_shard_dead_once_the_workers_finished_fails_the_job_before_its_e
     monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
     monkeypatch.setattr(FakeCluster, "made", [])
     monkeypatch.setattr(FakeCluster, "dies", {})
-    read_metrics = launch._read_worker_metrics
+    read_metrics = launch.read_worker_metrics
 
     def read_then_die(*args):  # the workers all exited 0: from now on shard 0 is dead
         FakeCluster.dies[0] = "local shard 0 (pid 9) exited with code 1"
         return read_metrics(*args)
 
-    monkeypatch.setattr(launch, "_read_worker_metrics", read_then_die)
+    monkeypatch.setattr(launch, "read_worker_metrics", read_then_die)
     command, pids = fakes([{"metrics": {"train_examples": 20, "train_seconds": 1.0}, "action": "metrics"}])
     args, rest = launch_args("--workers", "1", "--local-shards", "1", "--no-progress")
     rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
@@ -1010,7 +1003,8 @@ DRIVER = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises, even if the tests run as a shell's
     # background job: one starts with SIGINT ignored, and Python keeps an inherited SIG_IGN
     sys.path.insert(0, sys.argv[1])
-    from worker.launch import add_launch_parser, run_launch
+    from worker.launch import run_launch
+    from worker.launch_plan import add_launch_parser
     from worker.train_config import TrainConfig
     parser = argparse.ArgumentParser()
     add_launch_parser(parser.add_subparsers(dest="command"))

@@ -38,7 +38,8 @@ with interrupt_exits("ps-worker"):  # a Ctrl-C while these load (most of a start
         run_train,
     )
     from worker.flags import check_new_file, check_not_an_input, check_output_file, delimiter, server_list
-    from worker.launch import add_launch_parser, run_launch
+    from worker.launch import run_launch
+    from worker.launch_plan import add_launch_parser
 
 
 def _add_synth(sub) -> None:

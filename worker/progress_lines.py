@@ -1,5 +1,5 @@
 """The PROGRESS lines a worker writes on stdout under `ps-worker train --progress-lines` (worker/loop.py) and
-`ps-worker launch` reads (worker/launch.py, merged by worker/launch_report.py):
+`ps-worker launch` reads (worker/launch_workers.py, merged by worker/launch_report.py):
 
     PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
               [, "pushed": p] [, "at_most": true] [, "estimated": true] [, "cache_hit_rate": h, "cache_bytes_saved": b]}

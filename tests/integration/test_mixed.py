@@ -19,7 +19,7 @@ from worker.cluster import LocalCluster
 from worker.data import DataSource
 from worker.dense import DenseSync
 from worker.job import prepare
-from worker.launch import split_backend
+from worker.launch_devices import split_backend
 from worker.train_config import TrainConfig
 
 PY = sys.executable

@@ -10,7 +10,7 @@ import time
 
 from tests.waiting import PipeReader, wait_until
 from worker.cluster import DISCARDED_STOP_S
-from worker.launch import GRACE_S
+from worker.launch_workers import GRACE_S
 
 PY = sys.executable
 TRAIN = ["--model", "fm", "--recipe", "large", "--batch-size", "256", "--synthetic-rows", "2000000",
