@@ -88,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "is down: the bound on what a flood of calls holds on a server")  # fmt: skip
     p.add_argument("--reply-bytes", type=parse_bytes, default=DEFAULT_REPLY_BYTES,
                    help="the bytes of replies of rows (pulls, pushes' returned rows) built and not yet sent, all "
-                   "calls together (K/M/G/T suffixes; default 1G): a reply waits for room while slow readers' "
-                   "replies hold it, and one larger than all of it is refused (RESOURCE_EXHAUSTED)")  # fmt: skip
+                   "calls together, each reply counted twice (the server holds an unsent reply twice: gRPC's copy "
+                   "and the bytes it was made from) (K/M/G/T suffixes; default 1G): a reply waits for room while "
+                   "slow readers' replies hold it, and one larger than all of it is refused (RESOURCE_EXHAUSTED)")  # fmt: skip
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,

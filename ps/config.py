@@ -296,7 +296,8 @@ class ServerConfig:
     max_queued_calls: int = 256  # calls waiting for one of the threads; past them RESOURCE_EXHAUSTED (ps.server)
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # largest request and reply (gRPC's limits and the servicer's)
-    reply_bytes: int = DEFAULT_REPLY_BYTES  # replies of rows built and not sent yet, together (ps.replies); 0: no bound
+    reply_bytes: int = DEFAULT_REPLY_BYTES  # room for replies of rows built and not sent yet, each counted twice
+    # (ps.replies.REPLY_COPIES); 0: no bound
     cache_bytes: int | None = None  # RAM tier budget shared by all tables; None: 2 GiB, or what memory_bytes leaves
     memory_bytes: int | None = None  # one bound for the data: RAM tier, RocksDB, write-behind (ps.storage.memory)
     read_threads: int = 2  # threads reading a request's missed rows from RocksDB

@@ -1,14 +1,15 @@
 """ReplyRoom: the bytes of the replies of rows that a server has built and gRPC has not sent yet, bounded.
 
 A reply of rows (a Pull's, a PullBatch's, a PushBatch's returned rows) is built inside its request's take of
-request room (ps.engine.room) and handed to gRPC, which holds a copy until the caller has read it all: the
-thread and the call slot are free again meanwhile. A caller that asks for many large replies and reads them
-slowly, or not at all, would make the server hold all of them at once. So each such reply first takes its size of
-the reply room (ServerConfig.reply_bytes, ps-server --reply-bytes; 0: no bound), before its request runs, and
+request room (ps.engine.room) and handed to gRPC, which holds it until the caller has read it all: the thread and
+the call slot are free again meanwhile. While it is unsent the server holds it twice (REPLY_COPIES): gRPC copies
+the serialized bytes into a buffer of its own and keeps the Python bytes object until the send completes. A caller that asks for many large replies and reads them
+slowly, or not at all, would make the server hold all of them at once. So each such reply first takes REPLY_COPIES
+times its size of the reply room (ServerConfig.reply_bytes, ps-server --reply-bytes; 0: no bound), before its request runs, and
 gives it back when its call ends (context.add_callback: gRPC has sent the reply and its status, or the call was
 cancelled, or passed its deadline). A reply that does not fit waits its turn, in the order asked, as requests do
-for request room; a wait ends with CallerGoneError once its caller left. One reply larger than the whole room is
-refused before anything is read or applied (ReplyTooLargeError, RESOURCE_EXHAUSTED), but for a sync step's rows
+for request room; a wait ends with CallerGoneError once its caller left. One reply whose copies are larger than the whole
+room is refused before anything is read or applied (ReplyTooLargeError, RESOURCE_EXHAUSTED), but for a sync step's rows
 to return (one push per shard and step, whatever its size), which waits until the room is empty and runs alone.
 
 Lock order: a reply takes reply room before its request room (and after a training job's waits: a stamped
@@ -25,9 +26,13 @@ from collections.abc import Callable
 from ps.engine.room import RequestRoom
 from ps.errors import ReplyTooLargeError
 
+REPLY_COPIES = 2  # an unsent reply's bytes the server holds, per byte of it: measured, a 200 MiB reply its caller
+# did not read raised the server's RSS by 401 MiB (gRPC's copy in its own buffer, and the Python bytes it keeps)
+
 
 class ReplyRoom:
-    """reply_bytes of room for the replies being built or sent (0: no bound, every hold returns at once)."""
+    """reply_bytes of room for the replies being built or sent, REPLY_COPIES bytes a byte of reply (0: no bound,
+    every hold returns at once). Sizes given to its methods are replies' sizes; in_use and capacity count room."""
 
     def __init__(self, reply_bytes: int):
         self._room = RequestRoom(reply_bytes, what="reply room (--reply-bytes)")
@@ -46,19 +51,21 @@ class ReplyRoom:
         return self._room.waiting
 
     def refuse_larger(self, method: str, nbytes: int, runs_alone: bool = False) -> None:
-        """ReplyTooLargeError when method's reply of nbytes would not fit in the whole room, unless it runs alone
-        (a sync step's rows to return); nothing without a bound."""
-        if runs_alone or not self.capacity or nbytes <= self.capacity:
+        """ReplyTooLargeError when method's reply of nbytes would not fit in the whole room (REPLY_COPIES of it),
+        unless it runs alone (a sync step's rows to return); nothing without a bound."""
+        if runs_alone or not self.capacity or REPLY_COPIES * nbytes <= self.capacity:
             return
         raise ReplyTooLargeError(
-            f"{method} reply would be {nbytes:,} bytes, over this server's room for replies being sent "
+            f"{method} reply would be {nbytes:,} bytes, held {REPLY_COPIES} times while it is sent "
+            f"({REPLY_COPIES * nbytes:,} bytes), over this server's room for replies being sent "
             f"({self.capacity:,} bytes, --reply-bytes); send fewer ids per request; nothing was read or applied"
         )
 
     def hold(self, nbytes: int, at_end: Callable[[Callable[[], None]], bool], caller_gone: Callable[[], bool]) -> None:
-        """Takes nbytes of room for a call's reply, given back when the call ends: waits for its turn and for room
-        (CallerGoneError once caller_gone() is true). at_end: the call's context.add_callback (False: the call has
-        ended already)."""
-        self._room.acquire(nbytes, caller_gone)
-        if not at_end(lambda: self._room.release(nbytes)):  # ended already
-            self._room.release(nbytes)
+        """Takes room for a call's reply of nbytes (REPLY_COPIES x nbytes), given back when the call ends: waits for
+        its turn and for room (CallerGoneError once caller_gone() is true). at_end: the call's context.add_callback
+        (False: the call has ended already)."""
+        held = REPLY_COPIES * nbytes
+        self._room.acquire(held, caller_gone)
+        if not at_end(lambda: self._room.release(held)):  # ended already
+            self._room.release(held)

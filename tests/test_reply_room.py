@@ -17,14 +17,14 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
 from ps.config import ServerConfig, TableConfig
 from ps.errors import CallerGoneError
-from ps.replies import ReplyRoom
+from ps.replies import REPLY_COPIES, ReplyRoom
 from ps.server import Server
 from tests.conftest import random_ids
 from tests.waiting import wait_until
 
 DIM = 16
-IDS = 1000  # a Pull's reply: 64,000 bytes of rows and its frame
-REPLY_BYTES = 100_000  # one such reply fits, two do not
+IDS = 1000  # a Pull's reply: 64,000 bytes of rows and its frame, held twice (REPLY_COPIES) while unsent
+REPLY_BYTES = 200_000  # one such reply fits, two do not
 
 
 class _Ends:
@@ -46,15 +46,16 @@ class _Ends:
 
 
 def test_a_reply_holds_its_room_until_its_call_ends_and_the_next_waits_for_it():
-    room, first, got = ReplyRoom(100), _Ends(), []
+    room, first, got = ReplyRoom(200), _Ends(), []
     room.hold(60, first, lambda: False)
+    assert room.in_use == REPLY_COPIES * 60 == 120  # gRPC's copy and the reply's bytes, both held until it is sent
     second = threading.Thread(target=lambda: (room.hold(50, _Ends(), lambda: False), got.append("second")))
     second.start()
     wait_until(lambda: room.waiting == 1, 10, "the second reply waiting for room")
-    assert got == [] and room.in_use == 60
+    assert got == [] and room.in_use == 120
     first.end()
     second.join(10)
-    assert got == ["second"] and room.in_use == 50
+    assert got == ["second"] and room.in_use == 100
 
 
 def test_a_call_that_ended_before_its_reply_took_room_gives_it_back_at_once():
@@ -64,16 +65,17 @@ def test_a_call_that_ended_before_its_reply_took_room_gives_it_back_at_once():
 
 
 def test_a_wait_for_reply_room_ends_when_its_caller_leaves():
-    room = ReplyRoom(100)
+    room = ReplyRoom(200)
     room.hold(80, _Ends(), lambda: False)
     with pytest.raises(CallerGoneError, match=r"reply room \(--reply-bytes\)"):
         room.hold(50, _Ends(), lambda: True)
-    assert room.waiting == 0 and room.in_use == 80
+    assert room.waiting == 0 and room.in_use == 160
 
 
 def test_a_reply_larger_than_the_room_is_refused_but_a_sync_steps_runs_alone():
-    room = ReplyRoom(100)
-    with pytest.raises(Exception, match=r"Pull reply would be 101 bytes, over .* \(100 bytes, --reply-bytes\)"):
+    room = ReplyRoom(200)
+    held = r"Pull reply would be 101 bytes, held 2 times .* \(202 bytes\), over .* \(200 bytes, --reply-bytes\)"
+    with pytest.raises(Exception, match=held):
         room.refuse_larger("Pull", 101)
     room.refuse_larger("PushBatch", 101, runs_alone=True)
     room.refuse_larger("Pull", 100)
@@ -197,4 +199,4 @@ def test_a_reply_larger_than_the_whole_reply_room_is_refused(server):
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel, pytest.raises(grpc.RpcError) as info:
         ps_pb2_grpc.ParameterServerStub(channel).Pull(_pull(random_ids(2 * IDS)), timeout=30)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "(100,000 bytes, --reply-bytes)" in info.value.details()
+    assert "(200,000 bytes, --reply-bytes)" in info.value.details()
