@@ -15,6 +15,7 @@ with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start
     from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
     from ps.config import DEFAULT_REPLY_BYTES, MAX_DIM, MAX_INTERVAL_S, ServerConfig
     from ps.errors import PsError, StorageError
+    from ps.replies import check_reply_bytes
     from ps.settings import (
         LOG_LEVELS,
         HelpFormatter,
@@ -32,17 +33,24 @@ with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start
     from ps.storage.memory import plan_memory
 
 
-def parse_bytes(text: str) -> int:
-    """'512M' -> 536870912; plain numbers are bytes; ArgumentTypeError for anything but a size >= 1 byte."""
+def parse_bytes(text: str, least: int = 1) -> int:
+    """'512M' -> 536870912; plain numbers are bytes; ArgumentTypeError for anything but a size >= least bytes."""
     try:
         size = byte_size(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a whole number of bytes or a size such as 512M or 2G, got {text!r}"
         ) from None
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, such as 512M or 2G, got {text!r}")
+    if size < least:
+        raise argparse.ArgumentTypeError(
+            f"expected a size of at least {least} byte{'' if least == 1 else 's'}, such as 512M or 2G, got {text!r}"
+        )
     return size
+
+
+def bound_bytes(text: str) -> int:
+    """parse_bytes, or 0: no bound."""
+    return parse_bytes(text, least=0)
 
 
 def seconds(text: str) -> float:
@@ -86,11 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calls that may wait for a free thread; a call past them is refused at once "
                    "(RESOURCE_EXHAUSTED), and ps-worker's clients send it again after a pause, as for a shard that "
                    "is down: the bound on what a flood of calls holds on a server")  # fmt: skip
-    p.add_argument("--reply-bytes", type=parse_bytes, default=DEFAULT_REPLY_BYTES,
+    p.add_argument("--reply-bytes", type=bound_bytes, default=DEFAULT_REPLY_BYTES,
                    help="the bytes of replies of rows (pulls, pushes' returned rows) built and not yet sent, all "
                    "calls together, each reply counted twice (the server holds an unsent reply twice: gRPC's copy "
                    "and the bytes it was made from) (K/M/G/T suffixes; default 1G): a reply waits for room while "
-                   "slow readers' replies hold it, and one larger than all of it is refused (RESOURCE_EXHAUSTED)")  # fmt: skip
+                   "slow readers' replies hold it, and one larger than all of it is refused (RESOURCE_EXHAUSTED); 0: no "
+                   "bound. The server refuses to start with less than one reply to ps-worker's largest request "
+                   "needs")  # fmt: skip
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,
@@ -496,7 +506,9 @@ def _run_server(args: argparse.Namespace) -> int:
     logging.getLogger("ps.server").info("settings (defaults left out): %s", _given_settings(args))
     try:
         config.validate()
-        logging.getLogger("ps.server").info(plan_memory(config.memory_bytes, config.cache_bytes).describe())
+        plan = plan_memory(config.memory_bytes, config.cache_bytes)
+        logging.getLogger("ps.server").info(plan.describe())
+        check_reply_bytes(config.reply_bytes, plan.request_bytes)  # a room for ps-worker's replies
         limit, whose = memory_limit()
         for flag, size in (("--memory-bytes", config.memory_bytes), ("--cache-bytes", config.cache_bytes)):
             if size is not None and size > limit:

@@ -26,6 +26,9 @@ MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal floa
 # (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together (ps.replies)
+CLIENT_MESSAGE_BYTES = 64 << 20  # the default largest message a worker.client.Client sends
+ROOM_SHARE = 16  # a client's message (its ids and rows) takes at most this share of a shard's request room
+MIN_CLIENT_MESSAGE_BYTES = 1 << 20
 MAX_CLUSTER_CHARS = 64  # of a --cluster name
 MAX_HOLD_S = 3600.0  # of a checkpoint's hold (ps-worker checkpoint --hold-timeout-s, a Checkpoint hold request)
 DEFAULT_HOLD_S = 120.0  # a hold's, where none is given (a Checkpoint hold request's hold_timeout_s 0)
@@ -60,6 +63,21 @@ def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusiv
     if not ok:
         op = ">=" if low_inclusive else ">"
         raise InvalidArgumentError(f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}, got {value}")
+
+
+def message_bytes_for(max_request_bytes: int, rooms: list[int]) -> int:
+    """The message size a worker.client.Client uses with shards that keep rooms[i] bytes for requests' copies
+    (StatsResponse request_room_bytes; 0: none, the shard started without --memory-bytes): at most
+    max_request_bytes and 1/ROOM_SHARE of the smallest room (not below MIN_CLIENT_MESSAGE_BYTES). A push's copies
+    on the shard are up to about six times its message (ps.engine.room's costs; adam and ftrl rows), and the
+    shard's threads hold the messages waiting for room: smaller messages keep both inside the shard's memory
+    bound, and a request is never refused as larger than the room. A sync step's push is one message per shard,
+    whatever its size (the shard runs it alone). The rows a message asks back are at most its size: a shard's
+    reply room holds one such reply (ps.replies.least_reply_bytes)."""
+    bounded = [r for r in rooms if r]
+    if not bounded:
+        return max_request_bytes
+    return min(max_request_bytes, max(MIN_CLIENT_MESSAGE_BYTES, min(bounded) // ROOM_SHARE))
 
 
 @dataclass(frozen=True)

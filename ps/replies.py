@@ -23,11 +23,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ps.config import CLIENT_MESSAGE_BYTES, ROOM_SHARE, message_bytes_for
 from ps.engine.room import RequestRoom
 from ps.errors import ReplyTooLargeError
 
+REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
+# reply's own header fields (PushBatchResponse's num_applied and step)
+
 REPLY_COPIES = 2  # an unsent reply's bytes the server holds, per byte of it: measured, a 200 MiB reply its caller
 # did not read raised the server's RSS by 401 MiB (gRPC's copy in its own buffer, and the Python bytes it keeps)
+
+
+def least_reply_bytes(request_room_bytes: int) -> int:
+    """The least reply room that holds the reply to one of ps-worker's largest requests to a shard that keeps
+    request_room_bytes for requests (0: none): its message size's worth of rows (ps.config.message_bytes_for), in
+    one array, REPLY_COPIES times."""
+    rows_bytes = message_bytes_for(CLIENT_MESSAGE_BYTES, [request_room_bytes])
+    return REPLY_COPIES * (rows_bytes + 2 * REPLY_FRAME_BYTES)
+
+
+def check_reply_bytes(reply_bytes: int, request_room_bytes: int) -> None:
+    """ValueError, naming the least that would do, when a reply room of reply_bytes (0: no bound) is too small for
+    one reply to ps-worker's largest requests (least_reply_bytes): every such reply would be refused."""
+    least = least_reply_bytes(request_room_bytes)
+    if reply_bytes and reply_bytes < least:
+        source = (f"1/{ROOM_SHARE} of the server's request room, the `requests` part of --memory-bytes"
+                  if request_room_bytes else "its largest message")  # fmt: skip
+        raise ValueError(
+            f"--reply-bytes {reply_bytes:,} is too small for one reply: ps-worker asks this server for up to "
+            f"{least // REPLY_COPIES - 2 * REPLY_FRAME_BYTES:,} bytes of rows a request ({source}), and a reply is "
+            f"held {REPLY_COPIES} times while it is sent; give --reply-bytes {least:,} or more (0: no bound)"
+        )
 
 
 class ReplyRoom:

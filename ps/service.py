@@ -79,7 +79,7 @@ from ps.errors import (
     echo,
 )
 from ps.refusals import RefusalLog
-from ps.replies import ReplyRoom
+from ps.replies import REPLY_FRAME_BYTES, ReplyRoom
 from ps.stamp import WorkerStamp
 from ps.terminate import SIGNAL_CHECK_S
 
@@ -88,8 +88,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ps.service")
 MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
-REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
-# reply's own header fields (PushBatchResponse's num_applied and step)
 
 
 def refuse(context: grpc.ServicerContext, e: PsError) -> None:

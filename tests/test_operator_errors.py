@@ -351,12 +351,33 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (["--memory-bytes", "1025T"], {}, "--memory-bytes must be at least 1 byte and at most 1024T"),
         (["--cache-bytes", "1"], {}, "--cache-bytes 1 byte is less than any table can use"),
         (["--cache-bytes", "20K"], {"PS_MEMORY_BYTES": "1G"}, "--cache-bytes 20,480 bytes is less than any table"),
+        (["--reply-bytes", "-1"], {}, "argument --reply-bytes: expected a size of at least 0 bytes"),
+        (
+            ["--reply-bytes", "64M"],
+            {},
+            "--reply-bytes 67,108,864 is too small for one reply: ps-worker asks this server for up to 67,108,864 "
+            "bytes of rows a request (its largest message), and a reply is held 2 times while it is sent; give "
+            "--reply-bytes 134,217,888 or more (0: no bound)",
+        ),
+        (
+            ["--reply-bytes", "16M"],
+            {"PS_MEMORY_BYTES": "1G"},
+            "for up to 8,388,608 bytes of rows a request (1/16 of the server's request room, the `requests` part of "
+            "--memory-bytes), and a reply is held 2 times while it is sent; give --reply-bytes 16,777,376 or more",
+        ),
     ],
 )
 def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, message, tmp_path):
     r = server(["--data-dir", str(tmp_path / "shard"), *argv], env)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "shard").exists()
+
+
+@pytest.mark.parametrize("argv, env", [(["--reply-bytes", "0"], {}), ([], {"PS_REPLY_BYTES": "0"})])
+def test_a_reply_room_of_0_is_no_bound_and_starts(argv, env, tmp_path):
+    r = server(["--data-dir", str(tmp_path / "shard"), "--log-level", "INFO", *argv], env)
+    assert r.returncode == 0, r.stderr
+    assert "reply_bytes" in r.stderr or "reply-bytes" in r.stderr, r.stderr  # the setting given, as logged
 
 
 @pytest.mark.parametrize("flag", ["--data-dir", "--restore", "--checkpoint-root"])

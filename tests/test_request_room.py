@@ -13,14 +13,14 @@ import time
 import numpy as np
 import pytest
 
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import ROOM_SHARE, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shard import Shard
 from ps.server import Server
 from ps.storage.memory import MiB, plan_memory
 from tests.waiting import wait_until
 from worker.__main__ import main as worker_main
-from worker.client import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ROOM_SHARE, Client, message_bytes_for
+from worker.client import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, Client, message_bytes_for
 
 
 def _taker(room: RequestRoom, nbytes: int, log: list, name: str, go_on: threading.Event | None = None):

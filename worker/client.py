@@ -61,7 +61,7 @@ import numpy as np
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import MAX_STAMP_TEXT, TableConfig
+from ps.config import CLIENT_MESSAGE_BYTES, MAX_STAMP_TEXT, MIN_CLIENT_MESSAGE_BYTES, TableConfig, message_bytes_for
 from ps.errors import PsError, RequestTooLargeError
 from ps.sharding import SlotMap
 from ps.stamp import WorkerStamp
@@ -81,23 +81,8 @@ STOP_TIMEOUT_S = 2.0  # stop_job's deadline per shard: a stopping worker does no
 MAX_STOP_REASON = MAX_STAMP_TEXT  # characters of a stop stamp's reason, as the shards take it
 
 
-MAX_MESSAGE_BYTES = 64 << 20  # the default largest message a Client sends
-ROOM_SHARE = 16  # a message's ids and rows take at most this share of a shard's request room (message_bytes_for)
-MIN_MESSAGE_BYTES = 1 << 20
-
-
-def message_bytes_for(max_request_bytes: int, rooms: list[int]) -> int:
-    """The message size a Client uses with shards that keep rooms[i] bytes for requests' copies (StatsResponse
-    request_room_bytes; 0: none, the shard started without --memory-bytes): at most max_request_bytes and
-    1/ROOM_SHARE of the smallest room (not below MIN_MESSAGE_BYTES). A push's copies on the shard are up to about
-    six times its message (ps.engine.room's costs; adam and ftrl rows), and the shard's threads hold the messages
-    waiting for room: smaller messages keep both inside the shard's memory bound, and a request is never refused
-    as larger than the room. A sync step's push is one message per shard, whatever its size (the shard runs it
-    alone)."""
-    bounded = [r for r in rooms if r]
-    if not bounded:
-        return max_request_bytes
-    return min(max_request_bytes, max(MIN_MESSAGE_BYTES, min(bounded) // ROOM_SHARE))
+MAX_MESSAGE_BYTES = CLIENT_MESSAGE_BYTES  # the default largest message a Client sends (ps.config.message_bytes_for)
+MIN_MESSAGE_BYTES = MIN_CLIENT_MESSAGE_BYTES
 
 
 class Client:

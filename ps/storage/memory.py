@@ -141,8 +141,13 @@ def _fixed_parts(memory_bytes: int) -> MemoryPlan:
                       _clamp(m // 64, 2 * MiB, DEFAULT_WRITE_BUFFER_BYTES),
                       _clamp(m // 32, 4 * MiB, DEFAULT_WRITE_BEHIND_BYTES),
                       _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES),
-                      _clamp(m // REQUEST_SHARE, MIN_REQUEST_BYTES, MAX_REQUEST_BYTES),
+                      request_room_bytes(m),
                       _clamp(m // 8, 16 * MiB, MAX_SYNC_STEP_BYTES))  # fmt: skip
+
+
+def request_room_bytes(memory_bytes: int | None) -> int:
+    """The `requests` part of --memory-bytes; 0 without it (requests take no room)."""
+    return 0 if memory_bytes is None else _clamp(memory_bytes // REQUEST_SHARE, MIN_REQUEST_BYTES, MAX_REQUEST_BYTES)
 
 
 def _left_for_ram_tier(memory_bytes: int) -> int:
