@@ -13,9 +13,9 @@ with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start
     import sys
 
     from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-    from ps.config import DEFAULT_REPLY_BYTES, MAX_DIM, MAX_INTERVAL_S, ServerConfig
+    from ps.config import MAX_DIM, MAX_INTERVAL_S, ServerConfig
     from ps.errors import PsError, StorageError
-    from ps.replies import check_reply_bytes
+    from ps.replies import check_reply_bytes, reply_room_bytes
     from ps.settings import (
         LOG_LEVELS,
         HelpFormatter,
@@ -94,13 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="calls that may wait for a free thread; a call past them is refused at once "
                    "(RESOURCE_EXHAUSTED), and ps-worker's clients send it again after a pause, as for a shard that "
                    "is down: the bound on what a flood of calls holds on a server")  # fmt: skip
-    p.add_argument("--reply-bytes", type=bound_bytes, default=DEFAULT_REPLY_BYTES,
+    p.add_argument("--reply-bytes", type=bound_bytes, default=None,
                    help="the bytes of replies of rows (pulls, pushes' returned rows) built and not yet sent, all "
                    "calls together, each reply counted twice (the server holds an unsent reply twice: gRPC's copy "
-                   "and the bytes it was made from) (K/M/G/T suffixes; default 1G): a reply waits for room while "
+                   "and the bytes it was made from) (K/M/G/T suffixes): a reply waits for room while "
                    "slow readers' replies hold it, and one larger than all of it is refused (RESOURCE_EXHAUSTED); 0: no "
                    "bound. The server refuses to start with less than one reply to ps-worker's largest request "
-                   "needs")  # fmt: skip
+                   "needs. Default: 1G, or with --memory-bytes as much as its `requests` part (1/8 of it, 16 to 128 MiB)")  # fmt: skip
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its compiled code loaded at start) comes on top. Each pull and push takes room for its copies of rows and "
         "waits while others hold it (ps-worker stats counts the waits); a request larger than the whole room is "
         "refused (RESOURCE_EXHAUSTED), but for a sync step's push, which runs alone up to --memory-bytes of "
-        "copies. Not counted: the messages waiting for a server thread, replies being sent, and what a sync "
+        "copies. Not counted: the messages waiting for a server thread, replies being sent (--reply-bytes), and what a sync "
         "step's push copies beyond the room (README, Limits). A bound "
         "past the machine's RAM, or past its container's "
         "memory limit (cgroup), is warned of at start. Default: no overall bound",
@@ -508,7 +508,7 @@ def _run_server(args: argparse.Namespace) -> int:
         config.validate()
         plan = plan_memory(config.memory_bytes, config.cache_bytes)
         logging.getLogger("ps.server").info(plan.describe())
-        check_reply_bytes(config.reply_bytes, plan.request_bytes)  # a room for ps-worker's replies
+        check_reply_bytes(reply_room_bytes(config.reply_bytes, config.memory_bytes), plan.request_bytes)
         limit, whose = memory_limit()
         for flag, size in (("--memory-bytes", config.memory_bytes), ("--cache-bytes", config.cache_bytes)):
             if size is not None and size > limit:

@@ -25,7 +25,8 @@ ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest
 MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal float32 whose reciprocal is finite
 # (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
-DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together (ps.replies)
+DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together, without --memory-bytes
+# (ps.replies.reply_room_bytes)
 CLIENT_MESSAGE_BYTES = 64 << 20  # the default largest message a worker.client.Client sends
 ROOM_SHARE = 16  # a client's message (its ids and rows) takes at most this share of a shard's request room
 MIN_CLIENT_MESSAGE_BYTES = 1 << 20
@@ -314,8 +315,8 @@ class ServerConfig:
     max_queued_calls: int = 256  # calls waiting for one of the threads; past them RESOURCE_EXHAUSTED (ps.server)
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # largest request and reply (gRPC's limits and the servicer's)
-    reply_bytes: int = DEFAULT_REPLY_BYTES  # room for replies of rows built and not sent yet, each counted twice
-    # (ps.replies.REPLY_COPIES); 0: no bound
+    reply_bytes: int | None = None  # room for replies of rows built and not sent yet, each counted twice
+    # (ps.replies.REPLY_COPIES); 0: no bound; None: 1 GiB, or the request room under memory_bytes (reply_room_bytes)
     cache_bytes: int | None = None  # RAM tier budget shared by all tables; None: 2 GiB, or what memory_bytes leaves
     memory_bytes: int | None = None  # one bound for the data: RAM tier, RocksDB, write-behind (ps.storage.memory)
     read_threads: int = 2  # threads reading a request's missed rows from RocksDB
@@ -359,7 +360,7 @@ class ServerConfig:
             raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
         if self.max_queued_calls < 1:
             raise ValueError(f"--max-queued-calls must be >= 1, got {self.max_queued_calls}")
-        if self.reply_bytes < 0:
+        if self.reply_bytes is not None and self.reply_bytes < 0:
             raise ValueError(f"--reply-bytes must be >= 0 (0: no bound), got {self.reply_bytes:,}")
         if not 0 < self.flush_interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"--flush-interval-s must be > 0 and <= {MAX_INTERVAL_S:g} s, got {self.flush_interval_s}")

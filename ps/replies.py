@@ -3,13 +3,14 @@
 A reply of rows (a Pull's, a PullBatch's, a PushBatch's returned rows) is built inside its request's take of
 request room (ps.engine.room) and handed to gRPC, which holds it until the caller has read it all: the thread and
 the call slot are free again meanwhile. While it is unsent the server holds it twice (REPLY_COPIES): gRPC copies
-the serialized bytes into a buffer of its own and keeps the Python bytes object until the send completes. A caller that asks for many large replies and reads them
-slowly, or not at all, would make the server hold all of them at once. So each such reply first takes REPLY_COPIES
-times its size of the reply room (ServerConfig.reply_bytes, ps-server --reply-bytes; 0: no bound), before its request runs, and
-gives it back when its call ends (context.add_callback: gRPC has sent the reply and its status, or the call was
-cancelled, or passed its deadline). A reply that does not fit waits its turn, in the order asked, as requests do
-for request room; a wait ends with CallerGoneError once its caller left. One reply whose copies are larger than the whole
-room is refused before anything is read or applied (ReplyTooLargeError, RESOURCE_EXHAUSTED), but for a sync step's rows
+the serialized bytes into a buffer of its own and keeps the Python bytes object until the send completes. A
+caller that asks for many large replies and reads them slowly, or not at all, would make the server hold all of
+them at once. So each such reply first takes REPLY_COPIES times its size of the reply room (reply_room_bytes:
+ServerConfig.reply_bytes, ps-server --reply-bytes; 0: no bound), before its request runs, and gives it back when
+its call ends (context.add_callback: gRPC has sent the reply and its status, or the call was cancelled, or passed
+its deadline). A reply that does not fit waits its turn, in the order asked, as requests do for request room; a
+wait ends with CallerGoneError once its caller left. One reply whose copies are larger than the whole room is
+refused before anything is read or applied (ReplyTooLargeError, RESOURCE_EXHAUSTED), but for a sync step's rows
 to return (one push per shard and step, whatever its size), which waits until the room is empty and runs alone.
 
 Lock order: a reply takes reply room before its request room (and after a training job's waits: a stamped
@@ -23,15 +24,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ps.config import CLIENT_MESSAGE_BYTES, ROOM_SHARE, message_bytes_for
+from ps.config import CLIENT_MESSAGE_BYTES, DEFAULT_REPLY_BYTES, ROOM_SHARE, message_bytes_for
 from ps.engine.room import RequestRoom
 from ps.errors import ReplyTooLargeError
+from ps.storage.memory import request_room_bytes
 
 REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
 # reply's own header fields (PushBatchResponse's num_applied and step)
 
 REPLY_COPIES = 2  # an unsent reply's bytes the server holds, per byte of it: measured, a 200 MiB reply its caller
 # did not read raised the server's RSS by 401 MiB (gRPC's copy in its own buffer, and the Python bytes it keeps)
+
+
+def reply_room_bytes(reply_bytes: int | None, memory_bytes: int | None) -> int:
+    """The reply room of a server given --reply-bytes reply_bytes (0: no bound) and --memory-bytes memory_bytes.
+    reply_bytes None, the default: as much as the request room under --memory-bytes (its `requests` part, 16 to
+    128 MiB: a bounded server holds no GiBs of replies; that is 8 times what one reply to ps-worker's largest
+    request takes, least_reply_bytes), else DEFAULT_REPLY_BYTES."""
+    if reply_bytes is not None:
+        return reply_bytes
+    return request_room_bytes(memory_bytes) or DEFAULT_REPLY_BYTES
 
 
 def least_reply_bytes(request_room_bytes: int) -> int:

@@ -26,6 +26,7 @@ from ps.errors import SHARD_STARTING, DataDirLostError, DiskFullError, ShardNeed
 from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
+from ps.replies import reply_room_bytes
 from ps.security import (
     READ_ONLY_METHODS,
     READ_TOKEN_FILE,
@@ -194,7 +195,8 @@ class Server:
     def start(self) -> int:
         """Serves the shard built: the calls go to it, health says SERVING, the metrics port serves its figures."""
         servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes,
-                                           reply_bytes=self.config.reply_bytes)  # fmt: skip
+                                           reply_bytes=reply_room_bytes(self.config.reply_bytes,
+                                                                        self.config.memory_bytes))  # fmt: skip
         self._servicer = servicer
         if self.metrics is not None:
             self.metrics.attach(self.shard)

@@ -17,8 +17,9 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
 from ps.config import ServerConfig, TableConfig
 from ps.errors import CallerGoneError
-from ps.replies import REPLY_COPIES, ReplyRoom
+from ps.replies import REPLY_COPIES, ReplyRoom, check_reply_bytes, least_reply_bytes, reply_room_bytes
 from ps.server import Server
+from ps.storage.memory import MiB, plan_memory, request_room_bytes
 from tests.conftest import random_ids
 from tests.waiting import wait_until
 
@@ -200,3 +201,23 @@ def test_a_reply_larger_than_the_whole_reply_room_is_refused(server):
         ps_pb2_grpc.ParameterServerStub(channel).Pull(_pull(random_ids(2 * IDS)), timeout=30)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "(200,000 bytes, --reply-bytes)" in info.value.details()
+
+
+def test_the_default_room_is_1_gib_or_under_memory_bytes_the_request_room_which_holds_a_largest_reply():
+    assert reply_room_bytes(None, None) == 1 << 30
+    assert reply_room_bytes(0, 1 << 30) == 0 and reply_room_bytes(5 << 20, None) == 5 << 20  # as given
+    for memory_bytes in (92 * MiB, 1 << 30, 3 << 30, 64 << 30):
+        room = reply_room_bytes(None, memory_bytes)
+        assert room == request_room_bytes(memory_bytes) == plan_memory(memory_bytes, None).request_bytes
+        assert least_reply_bytes(room) <= room  # ps-worker's largest reply to this server fits
+        check_reply_bytes(room, room)
+    assert reply_room_bytes(None, 1 << 30) == 128 * MiB
+
+
+def test_a_server_under_memory_bytes_keeps_its_request_rooms_bytes_for_replies(tmp_path):
+    server = Server(ServerConfig(data_dir=str(tmp_path / "data"), port=0, memory_bytes=1 << 30))
+    server.start()
+    try:
+        assert server._servicer.replies.capacity == server.shard.memory.request_bytes == 128 * MiB
+    finally:
+        server.stop(grace_s=1)
