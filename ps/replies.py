@@ -1,17 +1,18 @@
 """ReplyRoom: the bytes of the replies of rows that a server has built and gRPC has not sent yet, bounded.
 
-A reply of rows (a Pull's, a PullBatch's, a PushBatch's returned rows) is built inside its request's take of
-request room (ps.engine.room) and handed to gRPC, which holds it until the caller has read it all: the thread and
-the call slot are free again meanwhile. While it is unsent the server holds it twice (REPLY_COPIES): gRPC copies
-the serialized bytes into a buffer of its own and keeps the Python bytes object until the send completes. A
-caller that asks for many large replies and reads them slowly, or not at all, would make the server hold all of
-them at once. So each such reply first takes REPLY_COPIES times its size of the reply room (reply_room_bytes:
-ServerConfig.reply_bytes, ps-server --reply-bytes; 0: no bound), before its request runs, and gives it back when
-its call ends (context.add_callback: gRPC has sent the reply and its status, or the call was cancelled, or passed
-its deadline). A reply that does not fit waits its turn, in the order asked, as requests do for request room; a
-wait ends with CallerGoneError once its caller left. One reply whose copies are larger than the whole room is
-refused before anything is read or applied (ReplyTooLargeError, RESOURCE_EXHAUSTED), but for a sync step's rows
-to return (one push per shard and step, whatever its size), which waits until the room is empty and runs alone.
+A reply of rows (a Pull's, a PullBatch's, a PushBatch's returned rows) is built inside its request's take of request
+room (ps.engine.room) and handed to gRPC, which holds it until the caller has read it all: the thread and the call
+slot are free again meanwhile. While it is unsent the server holds it twice (REPLY_COPIES): gRPC copies the
+serialized bytes into a buffer of its own and keeps the Python bytes object until the send completes. A caller that
+asks for many large replies and reads them slowly, or not at all, would make the server hold all of them at once. So
+each such reply takes REPLY_COPIES times its size of the reply room (reply_room_bytes:
+ServerConfig.reply_bytes, ps-server --reply-bytes; 0: no bound) once its request passed its checks, right before its
+rows are read (a PushBatch's: after its push), and gives it back when its call ends (context.add_callback: gRPC has
+sent the reply and its status, or the call was cancelled, or passed its deadline). A reply that does not fit waits
+its turn, in the order asked, as requests do for request room; a wait ends with CallerGoneError once its caller
+left. One reply whose copies are larger than the whole room is refused before anything is read or applied, with the
+request's other checks (ReplyTooLargeError, RESOURCE_EXHAUSTED), but for a sync step's rows to return (one push per
+shard and step, whatever its size), which waits until the room is empty and runs alone.
 
 Lock order: a reply takes reply room before its request room (and after a training job's waits: a stamped
 request never holds reply room while it waits for the job's other workers), and nothing holding reply room waits

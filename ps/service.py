@@ -14,8 +14,9 @@ server's message limit (ServerConfig.max_message_bytes, the limit gRPC sends wit
 the size and the limit, before any row is gathered or any push applied. RESOURCE_EXHAUSTED, not
 INVALID_ARGUMENT: the request is well formed and would succeed against a server with a larger limit, and it is
 the code gRPC itself gives a message over the limit, so clients handle one code for both. Those replies take room
-in the servicer's ReplyRoom (ps.replies, --reply-bytes) before their request runs, until their call ends: a reply
-waits while replies built and not yet sent fill it, and one larger than all of it is refused the same way.
+in the servicer's ReplyRoom (ps.replies, --reply-bytes) once their request passed its checks, right before their
+rows are read (a PushBatch's after its push), until their call ends: a reply waits while replies built and not yet
+sent fill it, and one larger than all of it is refused the same way, before anything is read or applied.
 
 A PullBatch carries at most MAX_BATCH_ITEMS pulls and a PushBatch at most MAX_BATCH_ITEMS pushes; more is
 INVALID_ARGUMENT, checked before any pull or push of the request is looked at.
@@ -360,6 +361,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         ids = wire.decode_ids(request.ids)
         dim = self.shard.table(request.table).dim
         size = self._check_reply("Pull", [(len(ids), dim)])
+        cost = self.shard.check_pull(request.table, ids)  # refused before it waits for reply room
         self.replies.hold(size, context.add_callback, CallerGone(context))
         replies = []
 
@@ -368,7 +370,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             replies.append(reply)
             return rows
 
-        self.shard.pull(request.table, ids, out=reply_rows, caller_gone=CallerGone(context))  # straight into it
+        self.shard.pull(request.table, ids, reply_rows, CallerGone(context), cost)  # straight into the reply
         return replies[0]
 
     def _decode_push(self, request) -> TablePush:
@@ -418,21 +420,21 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if back:  # before the push: a rejected request changes nothing
             size = self._check_reply("PushBatch", returned, runs_alone=sync)
             cost = self.shard.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
-            if stamp is None:  # a stamped push takes its reply room after its waits for the job's other workers
-                self.replies.hold(size, context.add_callback, CallerGone(context))
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
                 pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context), request.shared
             )
-            if back:
-                self.replies.hold(size, context.add_callback, CallerGone(context))
-        with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
-            if stamp is None:
+        else:
+            with self.shard.store.foreground.serving():
                 step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq,
                                                       CallerGone(context))  # fmt: skip
-                num_applied = ids_applied(pushes, applied)
-            if not back:
-                return codec.encode_push_batch_response(num_applied, step, [], min_clock)
+            num_applied = ids_applied(pushes, applied)
+        if not back:
+            return codec.encode_push_batch_response(num_applied, step, [], min_clock)
+        # reply room right before the rows are read: a push refused (a checkpoint's hold, its values) never waits
+        # for it, nor does a stamped push hold it while it waits for the job's other workers
+        self.replies.hold(size, context.add_callback, CallerGone(context))
+        with self.shard.store.foreground.serving():
             return self.shard.pull_batch(
                 back, cost, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
                 CallerGone(context),

@@ -5,9 +5,11 @@ control window, so that its reply stays unsent until it does."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -152,17 +154,34 @@ class SlowReader:
         self._reader.join(10)
 
 
+@contextlib.contextmanager
+def serving(tmp_path, **config) -> Iterator[Server]:
+    """A server of table "emb" (dim DIM) whose reply room is REPLY_BYTES; config: more of its ServerConfig."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "data"), port=0, reply_bytes=REPLY_BYTES, **config))
+    server.start()
+    try:
+        server.shard.create_table(TableConfig(name="emb", dim=DIM))
+        yield server
+    finally:
+        server.stop(grace_s=1)
+
+
 @pytest.fixture
 def server(tmp_path):
-    server = Server(ServerConfig(data_dir=str(tmp_path / "data"), port=0, reply_bytes=REPLY_BYTES))
-    server.start()
-    server.shard.create_table(TableConfig(name="emb", dim=DIM))
-    yield server
-    server.stop(grace_s=1)
+    with serving(tmp_path) as server:
+        yield server
 
 
 def _pull(ids: np.ndarray) -> ps_pb2.PullRequest:
     return ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(np.sort(ids)))
+
+
+def _push_batch(ids: np.ndarray, **request) -> ps_pb2.PushBatchRequest:
+    """A PushBatch of zero grads to ids that asks their rows back; request: more of its fields."""
+    ids = np.sort(ids)
+    grads = np.zeros((len(ids), DIM), np.float32).tobytes()
+    push = ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(ids), grads=grads, dim=DIM, return_rows=True)
+    return ps_pb2.PushBatchRequest(pushes=[push], **request)
 
 
 def test_a_reply_waits_while_a_slow_readers_unsent_reply_holds_the_room(server):
@@ -221,3 +240,34 @@ def test_a_server_under_memory_bytes_keeps_its_request_rooms_bytes_for_replies(t
         assert server._servicer.replies.capacity == server.shard.memory.request_bytes == 128 * MiB
     finally:
         server.stop(grace_s=1)
+
+
+def test_a_pull_its_checks_refuse_does_not_wait_for_reply_room(tmp_path):
+    with serving(tmp_path, num_shards=2) as server:
+        mine = random_ids(4 * IDS, seed=1)
+        mine = mine[server.shard.slot_map.shard_of(mine) == 0][:IDS]
+        theirs = random_ids(4 * IDS, seed=2)
+        theirs = theirs[server.shard.slot_map.shard_of(theirs) == 1][:IDS]
+        slow = SlowReader(server.port, "Pull", _pull(mine).SerializeToString())
+        try:
+            assert slow.built.wait(30), "the slow reader's reply was not built"
+            with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel, pytest.raises(grpc.RpcError) as info:
+                ps_pb2_grpc.ParameterServerStub(channel).Pull(_pull(theirs), timeout=10)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+            assert "belong to other shards" in info.value.details()
+        finally:
+            slow.close()
+
+
+def test_a_push_a_checkpoints_hold_refuses_does_not_wait_for_reply_room(server):
+    slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+    _, token = server.shard.hold(60)
+    try:
+        assert slow.built.wait(30), "the slow reader's reply was not built"
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel, pytest.raises(grpc.RpcError) as info:
+            ps_pb2_grpc.ParameterServerStub(channel).PushBatch(_push_batch(random_ids(IDS, seed=2)), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+        assert "checkpoint" in info.value.details()
+    finally:
+        server.shard.release(token)
+        slow.close()

@@ -313,17 +313,26 @@ class Shard:
         ids: np.ndarray,
         out: np.ndarray | Callable[[int, int], np.ndarray] | None = None,
         caller_gone: Callable[[], bool] | None = None,
+        cost: int | None = None,
     ) -> np.ndarray:
         """(n, dim) embeddings of ids, written into out if given: an array, or out(n, dim) making one once the
-        request holds its room (a reply to fill, counted in it). RequestTooLargeError, before anything is read,
-        when its copies would exceed the whole request room; caller_gone: a wait for request room ends with
-        CallerGoneError once it is true (ps.engine.room)."""
+        request holds its room (a reply to fill, counted in it). Checked first as check_pull does, unless cost
+        is that check's, made already; caller_gone: a wait for request room ends with CallerGoneError once it is
+        true (ps.engine.room)."""
+        if cost is None:
+            cost = self.check_pull(name, ids)
+        table = self.table(name)
+        with self.room.take(cost, caller_gone), self.store.foreground.serving():
+            return table.pull(ids, out(len(ids), table.dim) if callable(out) else out)
+
+    def check_pull(self, name: str, ids: np.ndarray) -> int:
+        """Checks a pull as pull runs it, reading nothing: its table, that this shard owns its ids, and that its
+        copies fit in the request room (RequestTooLargeError); returns those copies' bytes."""
         table = self.table(name)
         self.check_owned(ids)
         cost = pull_cost(len(ids), table.width, table.dim)
         self.room.refuse_larger(cost, len(ids), f"a Pull of {len(ids):,} ids of table {name!r}")
-        with self.room.take(cost, caller_gone), self.store.foreground.serving():
-            return table.pull(ids, out(len(ids), table.dim) if callable(out) else out)
+        return cost
 
     def check_pull_batch(
         self, pulls: list[tuple[str, np.ndarray]], what: str = "a PullBatch", larger_runs_alone: bool = False
