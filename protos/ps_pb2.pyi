@@ -326,7 +326,7 @@ class ShrinkResponse(_message.Message):
     def __init__(self, dropped: _Optional[int] = ..., num_rows: _Optional[int] = ..., pending_ids: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock", "job", "num_workers", "min_clock", "max_gap", "memory_budget_bytes", "block_cache_budget_bytes", "block_cache_used_bytes", "memtable_bytes", "table_reader_bytes", "write_behind_bytes", "journal_map_bytes", "cluster", "data_dir_bytes", "disk_free_bytes", "disk_total_bytes", "request_room_bytes", "flushing", "request_room_waits", "restored_from", "restored_sha256", "request_room_used_bytes", "state_id", "flush_failures", "sync_steps_bytes", "sync_steps_held_bytes")
+    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock", "job", "num_workers", "min_clock", "max_gap", "memory_budget_bytes", "block_cache_budget_bytes", "block_cache_used_bytes", "memtable_bytes", "table_reader_bytes", "write_behind_bytes", "journal_map_bytes", "cluster", "data_dir_bytes", "disk_free_bytes", "disk_total_bytes", "request_room_bytes", "flushing", "request_room_waits", "restored_from", "restored_sha256", "request_room_used_bytes", "state_id", "flush_failures", "sync_steps_bytes", "sync_steps_held_bytes", "reply_room_bytes", "reply_room_used_bytes", "reply_room_waiting", "reply_room_waits")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -362,6 +362,10 @@ class StatsResponse(_message.Message):
     FLUSH_FAILURES_FIELD_NUMBER: _ClassVar[int]
     SYNC_STEPS_BYTES_FIELD_NUMBER: _ClassVar[int]
     SYNC_STEPS_HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLY_ROOM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLY_ROOM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLY_ROOM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    REPLY_ROOM_WAITS_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     num_shards: int
     num_slots: int
@@ -397,4 +401,8 @@ class StatsResponse(_message.Message):
     flush_failures: int
     sync_steps_bytes: int
     sync_steps_held_bytes: int
-    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., clock: _Optional[int] = ..., job: _Optional[int] = ..., num_workers: _Optional[int] = ..., min_clock: _Optional[int] = ..., max_gap: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., block_cache_budget_bytes: _Optional[int] = ..., block_cache_used_bytes: _Optional[int] = ..., memtable_bytes: _Optional[int] = ..., table_reader_bytes: _Optional[int] = ..., write_behind_bytes: _Optional[int] = ..., journal_map_bytes: _Optional[int] = ..., cluster: _Optional[str] = ..., data_dir_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., request_room_bytes: _Optional[int] = ..., flushing: _Optional[int] = ..., request_room_waits: _Optional[int] = ..., restored_from: _Optional[str] = ..., restored_sha256: _Optional[str] = ..., request_room_used_bytes: _Optional[int] = ..., state_id: _Optional[int] = ..., flush_failures: _Optional[int] = ..., sync_steps_bytes: _Optional[int] = ..., sync_steps_held_bytes: _Optional[int] = ...) -> None: ...
+    reply_room_bytes: int
+    reply_room_used_bytes: int
+    reply_room_waiting: int
+    reply_room_waits: int
+    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., clock: _Optional[int] = ..., job: _Optional[int] = ..., num_workers: _Optional[int] = ..., min_clock: _Optional[int] = ..., max_gap: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., block_cache_budget_bytes: _Optional[int] = ..., block_cache_used_bytes: _Optional[int] = ..., memtable_bytes: _Optional[int] = ..., table_reader_bytes: _Optional[int] = ..., write_behind_bytes: _Optional[int] = ..., journal_map_bytes: _Optional[int] = ..., cluster: _Optional[str] = ..., data_dir_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., disk_total_bytes: _Optional[int] = ..., request_room_bytes: _Optional[int] = ..., flushing: _Optional[int] = ..., request_room_waits: _Optional[int] = ..., restored_from: _Optional[str] = ..., restored_sha256: _Optional[str] = ..., request_room_used_bytes: _Optional[int] = ..., state_id: _Optional[int] = ..., flush_failures: _Optional[int] = ..., sync_steps_bytes: _Optional[int] = ..., sync_steps_held_bytes: _Optional[int] = ..., reply_room_bytes: _Optional[int] = ..., reply_room_used_bytes: _Optional[int] = ..., reply_room_waiting: _Optional[int] = ..., reply_room_waits: _Optional[int] = ...) -> None: ...

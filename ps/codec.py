@@ -239,6 +239,10 @@ message StatsResponse
   33 flush_failures   VARINT  uint32                   background flushes failed in a row (0: the last succeeded)
   34 sync_steps_bytes VARINT  uint64                   room for sync steps' contributions and sums; 0: none
   35 sync_steps_held_bytes VARINT uint64               bytes of the sync steps' contributions held now
+  36 reply_room_bytes VARINT  uint64                   room for replies built and not yet sent (twice each); 0: none
+  37 reply_room_used_bytes VARINT uint64               reply room held now by the replies built and not yet sent
+  38 reply_room_waiting VARINT uint32                  replies waiting for reply room now
+  39 reply_room_waits VARINT  uint64                   replies that waited for reply room since the start
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -25,8 +25,9 @@ Per RPC method (`method` label), observed by the servicer:
 Per table (`table` label), read from the shard at each scrape: sparseps_table_rows and sparseps_table_<k> for
 each k of TABLE_GAUGES (gauges) and TABLE_COUNTERS (counters, `_total`). Per shard: SHARD_GAUGES (the clock, the
 memory plan's parts, the data dir's bytes and its disk's free and total bytes, whether that disk is low and the
-free bytes under which it is (ps.storage.diskspace), failed flushes in a row) and SHARD_COUNTERS (`_total`: the
-requests that waited for room): these, per table and per shard, once the shard serves; sparseps_data_dir_lost, 1
+free bytes under which it is (ps.storage.diskspace), failed flushes in a row, the servicer's reply room and the
+replies waiting for it, ps.replies) and SHARD_COUNTERS (`_total`: the requests that waited for request room, the
+replies that waited for reply room): these, per table and per shard, once the shard serves; sparseps_data_dir_lost, 1
 once the shard found its journal segment or its data dir deleted under it (ps.storage.journal.Journal.check_intact),
 and sparseps_shard_broken, 1 once a push failed part way through being applied (ps.engine.shard,
 ShardNeedsRestartError): then the per-table and per-shard figures are not served (Stats refuses them), the rest
@@ -54,6 +55,7 @@ from ps.errors import DataDirLostError, ShardNeedsRestartError
 
 if TYPE_CHECKING:
     from ps.engine.shard import Shard
+    from ps.replies import ReplyRoom
 
 log = logging.getLogger("ps.metrics")
 
@@ -103,6 +105,17 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
         "request room held now by the pulls and pushes running",
     ),
     (
+        "sparseps_reply_room_bytes",
+        "reply_room_bytes",
+        "room --reply-bytes keeps for the replies of rows built and not yet sent, each counted twice (0: unbounded)",
+    ),
+    (
+        "sparseps_reply_room_used_bytes",
+        "reply_room_used_bytes",
+        "reply room held now by the replies built and not yet sent (their callers have not read them all)",
+    ),
+    ("sparseps_reply_room_waiting", "reply_room_waiting", "replies waiting now for reply room"),
+    (
         "sparseps_sync_steps_bytes",
         "sync_steps_bytes",
         "room --memory-bytes keeps for sync steps' contributions and the copies their sums make (0: unbounded)",
@@ -144,6 +157,11 @@ SHARD_COUNTERS = (  # (metric, key of the shard's stats, help): counts since the
         "request_room_waits",
         "pulls and pushes that waited for room (their copies would not fit beside others')",
     ),
+    (
+        "sparseps_reply_room_waits",
+        "reply_room_waits",
+        "replies that waited for reply room (they would not fit beside the replies not yet sent)",
+    ),
 )
 
 
@@ -162,8 +180,9 @@ class ServerMetrics:
         self.registry.register(self._shard)
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_start_time_seconds, ...
 
-    def attach(self, shard: Shard) -> None:
-        """The shard's metrics are served from now on (its start is done)."""
+    def attach(self, shard: Shard, replies: ReplyRoom | None = None) -> None:
+        """The shard's metrics, and its servicer's reply room's, are served from now on (its start is done)."""
+        self._shard.replies = replies
         self._shard.shard = shard
 
     def observe(self, method: str, code: str, seconds: float, bytes_in: int, bytes_out: int) -> None:
@@ -308,13 +327,14 @@ class _StartCollector:
 class _ShardCollector:
     def __init__(self):
         self.shard: Shard | None = None  # set once the shard serves
+        self.replies: ReplyRoom | None = None  # its servicer's, set with it
 
     def collect(self):
         shard = self.shard
         if shard is None:
             return
         try:
-            s = {**shard.stats(), **shard.health_stats()}
+            s = {**shard.stats(), **shard.health_stats(), **(self.replies.stats() if self.replies else {})}
         except (DataDirLostError, ShardNeedsRestartError):  # Stats' refusal: the figures are gone with the data
             s = None  # dir, or meaningless; the gauges below say why (their flags are set before the refusal)
         lost = GaugeMetricFamily("sparseps_data_dir_lost", "1 once the shard found its journal segment or its data "

@@ -89,6 +89,16 @@ class ReplyRoom:
         """Replies asked for and not holding room yet."""
         return self._room.waiting
 
+    @property
+    def waits(self) -> int:
+        """Replies that had to wait for room, since the room was made."""
+        return self._room.waits
+
+    def stats(self) -> dict[str, int]:
+        """The room's figures, as StatsResponse and the metrics name them."""
+        return {"reply_room_bytes": self.capacity, "reply_room_used_bytes": self.in_use,
+                "reply_room_waiting": self.waiting, "reply_room_waits": self.waits}  # fmt: skip
+
     def refuse_larger(self, method: str, nbytes: int, runs_alone: bool = False) -> None:
         """ReplyTooLargeError when method's reply of nbytes would not fit in the whole room (REPLY_COPIES of it),
         unless it runs alone (a sync step's rows to return); nothing without a bound."""

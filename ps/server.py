@@ -199,7 +199,7 @@ class Server:
                                                                         self.config.memory_bytes))  # fmt: skip
         self._servicer = servicer
         if self.metrics is not None:
-            self.metrics.attach(self.shard)
+            self.metrics.attach(self.shard, servicer.replies)
         self._gate.open(servicer)
         self.progress.finish()
         for name in ("", SERVICE_NAME):

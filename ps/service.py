@@ -464,6 +464,6 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Message:
-        s = self.shard.stats()
+        s = {**self.shard.stats(), **self.replies.stats()}
         tables = [ps_pb2.TableStats(**t) for t in s.pop("tables")]
         return ps_pb2.StatsResponse(tables=tables, **s)

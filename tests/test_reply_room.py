@@ -19,10 +19,18 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
 from ps.config import ServerConfig, TableConfig
 from ps.errors import CallerGoneError
-from ps.replies import REPLY_COPIES, ReplyRoom, check_reply_bytes, least_reply_bytes, reply_room_bytes
+from ps.replies import (
+    REPLY_COPIES,
+    REPLY_FRAME_BYTES,
+    ReplyRoom,
+    check_reply_bytes,
+    least_reply_bytes,
+    reply_room_bytes,
+)
 from ps.server import Server
 from ps.storage.memory import MiB, plan_memory, request_room_bytes
 from tests.conftest import random_ids
+from tests.test_metrics import scrape
 from tests.waiting import wait_until
 
 DIM = 16
@@ -168,7 +176,7 @@ def serving(tmp_path, **config) -> Iterator[Server]:
 
 @pytest.fixture
 def server(tmp_path):
-    with serving(tmp_path) as server:
+    with serving(tmp_path, metrics_port=0) as server:
         yield server
 
 
@@ -196,14 +204,29 @@ def test_a_reply_waits_while_a_slow_readers_unsent_reply_holds_the_room(server):
             call = ps_pb2_grpc.ParameterServerStub(channel).Pull.future(_pull(random_ids(IDS, seed=2)), timeout=30)
             call.add_done_callback(lambda _: order.append("second answered"))
             wait_until(lambda: call.done() or replies.waiting, 30, "the second Pull waiting for reply room")
+            held = REPLY_COPIES * (4 * IDS * DIM + 2 * REPLY_FRAME_BYTES)
+            assert _room_figures(server, channel) == [(REPLY_BYTES, held, 1, 0)] * 2  # Stats, /metrics
             order.append("first read")
             slow.read()
             assert slow.answered.wait(30), "the slow reader's reply never came"
             assert len(call.result().rows) == 4 * IDS * DIM
-        assert order == ["first read", "second answered"]
-        wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
+            assert order == ["first read", "second answered"]
+            wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
+            assert _room_figures(server, channel) == [(REPLY_BYTES, 0, 0, 1)] * 2
     finally:
         slow.close()
+
+
+def _room_figures(server: Server, channel: grpc.Channel) -> list[tuple[int, int, int, int]]:
+    """The reply room's (bytes, used bytes, replies waiting, replies that waited), as Stats and /metrics say."""
+    s = ps_pb2_grpc.ParameterServerStub(channel).Stats(ps_pb2.StatsRequest(), timeout=30)
+    m = scrape(server.metrics_port)
+    names = ("sparseps_reply_room_bytes", "sparseps_reply_room_used_bytes", "sparseps_reply_room_waiting",
+             "sparseps_reply_room_waits_total")  # fmt: skip
+    return [
+        (s.reply_room_bytes, s.reply_room_used_bytes, s.reply_room_waiting, s.reply_room_waits),
+        tuple(int(m[(name, ())]) for name in names),
+    ]
 
 
 def test_a_slow_reader_that_leaves_gives_its_room_back(server):

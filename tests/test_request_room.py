@@ -167,7 +167,8 @@ def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path, capsys):
         assert worker_main(["stats", "--servers", f"127.0.0.1:{server.port}"]) == 0
         out = capsys.readouterr().out
         assert re.search(r"^    0 memory of 256\.0 MiB: .*, room for requests 0 B of 32\.0 MiB \([\d,]+ requests waited for it\), "
-                         r"sync steps hold 0 B of 32\.0 MiB \(counted with the copies their sums make\)$",
+                         r"sync steps hold 0 B of 32\.0 MiB \(counted with the copies their sums make\); outside it, "
+                         r"replies being sent 0 B of 32\.0 MiB \(0 waited for room\)$",
                          out, re.MULTILINE), out  # fmt: skip
     finally:
         server.stop()

@@ -352,11 +352,14 @@ def _stats(args) -> int:
                 if s.request_room_bytes else "")  # fmt: skip
         sync = (f", sync steps hold {_size(s.sync_steps_held_bytes)} of {_size(s.sync_steps_bytes)} (counted with "
                 "the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
+        replies = (f"; outside it, replies being sent {_size(s.reply_room_used_bytes)} of "
+                   f"{_size(s.reply_room_bytes)} ({s.reply_room_waits:,} waited for room)"
+                   if s.reply_room_bytes else "")  # fmt: skip
         print(
             f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "
             f"{_size(s.block_cache_budget_bytes)}, memtables {_size(s.memtable_bytes)}, table readers "
             f"{_size(s.table_reader_bytes)}, write-behind {_size(s.write_behind_bytes)}, journal map "
-            f"{_size(s.journal_map_bytes)}{room}{sync}"
+            f"{_size(s.journal_map_bytes)}{room}{sync}{replies}"
         )
         low = _disk_low_bytes(s)
         mark = f", LOW: below {_size(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
