@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps import wire
+from ps import codec, wire
 from ps.config import ServerConfig, TableConfig
 from ps.errors import CallerGoneError
 from ps.replies import (
@@ -28,14 +28,18 @@ from ps.replies import (
     reply_room_bytes,
 )
 from ps.server import Server
+from ps.stamp import WorkerStamp
 from ps.storage.memory import MiB, plan_memory, request_room_bytes
 from tests.conftest import random_ids
 from tests.test_metrics import scrape
 from tests.waiting import wait_until
 
 DIM = 16
-IDS = 1000  # a Pull's reply: 64,000 bytes of rows and its frame, held twice (REPLY_COPIES) while unsent
+IDS = 1200  # a Pull's reply: 76,800 bytes of rows and its frame, held twice (REPLY_COPIES) while unsent; more
+# than the 65,535 bytes a connection's window starts with (SlowReader.read opens it)
 REPLY_BYTES = 200_000  # one such reply fits, two do not
+READ_WINDOW_BYTES = 1 << 20  # what a SlowReader's read() lets the server send, more than any reply here
+JOB = 7
 
 
 class _Ends:
@@ -149,8 +153,9 @@ class SlowReader:
         return out
 
     def read(self) -> None:
-        """Opens the stream's window: the reply is sent."""
-        self._sock.sendall(_frame(0x8, 0, 1, struct.pack(">I", 1 << 20)))  # WINDOW_UPDATE
+        """Opens the stream's window and the connection's (65,535 bytes until then): the reply is sent."""
+        update = struct.pack(">I", READ_WINDOW_BYTES)
+        self._sock.sendall(_frame(0x8, 0, 0, update) + _frame(0x8, 0, 1, update))  # WINDOW_UPDATEs
 
     def close(self) -> None:
         """Closes the connection (shut down first: a close alone sends nothing while the reader is in recv)."""
@@ -293,4 +298,47 @@ def test_a_push_a_checkpoints_hold_refuses_does_not_wait_for_reply_room(server):
         assert "checkpoint" in info.value.details()
     finally:
         server.shard.release(token)
+        slow.close()
+
+
+@pytest.mark.parametrize("method", ["PullBatch", "PushBatch"])
+def test_a_batchs_reply_holds_its_room_until_it_is_read(server, method):
+    """A PullBatch's rows, and a PushBatch's rows to return, hold their room while unsent, and give it back once
+    read. The PushBatch is small: the reader sends its request as one frame, at most 16 KiB."""
+    n = IDS if method == "PullBatch" else 200
+    ids = random_ids(n, seed=4)
+    request = ps_pb2.PullBatchRequest(pulls=[_pull(ids)]) if method == "PullBatch" else _push_batch(ids)
+    slow = SlowReader(server.port, method, request.SerializeToString())
+    try:
+        assert slow.built.wait(30), f"the {method} reply was not built"
+        replies = server._servicer.replies
+        assert replies.in_use == REPLY_COPIES * (4 * n * DIM + 2 * REPLY_FRAME_BYTES)
+        slow.read()
+        assert slow.answered.wait(30), f"the {method} reply never came"
+        wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
+    finally:
+        slow.close()
+
+
+def test_a_sync_steps_rows_larger_than_the_room_wait_for_it_to_empty_and_run_alone(server):
+    """A sync step's PushBatch is one per shard whatever its size: its rows to return, whose copies are larger than
+    the whole room, are not refused; they wait until the replies before them are read, then run alone."""
+    ids = random_ids(2 * IDS, seed=3)
+    assert REPLY_COPIES * (4 * len(ids) * DIM + 2 * REPLY_FRAME_BYTES) > REPLY_BYTES
+    stamp = codec.stamp_to_proto(WorkerStamp(JOB, 0, 1, 0, sync=True, barrier_timeout_s=30.0))
+    slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+    try:
+        assert slow.built.wait(30), "the slow reader's reply was not built"
+        replies = server._servicer.replies
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = ps_pb2_grpc.ParameterServerStub(channel).PushBatch.future(
+                _push_batch(ids, advance_clock=1, stamp=stamp), timeout=30
+            )
+            wait_until(lambda: call.done() or replies.waiting, 30, "the sync push waiting for reply room")
+            assert not call.done()
+            slow.read()
+            assert slow.answered.wait(30), "the slow reader's reply never came"
+            assert len(call.result().rows[0].rows) == 4 * len(ids) * DIM
+        wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
+    finally:
         slow.close()
