@@ -331,7 +331,7 @@ class ServerConfig:
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
     direct_reads: bool = False  # RocksDB reads SST files with O_DIRECT, past the page cache (benchmarks, small hosts)
     mmap_reads: bool = False  # RocksDB reads SST files through memory maps (ps.storage.options.rocksdb_options)
-    accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journal)
+    accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journalreplay)
     checkpoint_root: str | None = None  # Checkpoint saves write only inside this directory; None: saves refused
     cluster: str = ""  # the name of the cluster this shard belongs to, in Stats (clients compare their shards')
     verify_on_start: bool = False  # read every block of a data dir with data first; refuse it if damaged (ps.server)

@@ -22,7 +22,8 @@ from ps.rows import update
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, layout_of
 from ps.server import grpc_options
 from ps.storage import budget as budget_module
-from ps.storage.journal import Journal, Record
+from ps.storage.journal import Journal
+from ps.storage.journalformat import Record
 from tests.conftest import crash, random_ids
 from worker.client import Client
 

@@ -15,8 +15,10 @@ from ps.accel.filemap import MAPPABLE_FILE_SYSTEMS, file_system_type
 from ps.errors import StorageError
 from ps.rows import parallel
 from ps.storage import checksum as checksum_module
+from ps.storage import journalformat
 from ps.storage.checksum import CHUNK, checksum64, copy_with_checksum64
-from ps.storage.journal import Journal, JournalCorruptError, JournalLossError
+from ps.storage.journal import Journal
+from ps.storage.journalformat import JournalCorruptError, JournalLossError
 from tests.waiting import wait_until
 
 
@@ -367,8 +369,8 @@ def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(map
     seen = []
 
     def copy_then_fail(buffers, skip, dest):
-        header = bytes(j._map.array[start : start + journal_module.HEADER.size])
-        seen.append(journal_module.HEADER.unpack(header))
+        header = bytes(j._map.array[start : start + journalformat.HEADER.size])
+        seen.append(journalformat.HEADER.unpack(header))
         dest[: len(dest) // 2] = 7  # part of the payload is in place ...
         raise MemoryError("copy failed")  # ... when the copy fails
 
@@ -377,7 +379,7 @@ def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(map
         _push(j, 50, seed=2)
     monkeypatch.undo()
     magic, seq, payload_len, crc = seen[0]
-    assert (magic, seq, crc) == (journal_module.MAGIC, 2, 0) and payload_len > 50 * 8
+    assert (magic, seq, crc) == (journalformat.MAGIC, 2, 0) and payload_len > 50 * 8
     assert os.path.getsize(j._path) == _record_bytes(j) == start  # cut back to record 1
     assert _push(j, 3, seed=3)[0] == 2
     j.close()
@@ -388,14 +390,12 @@ def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(map
 def test_a_crash_inside_a_mapped_append_leaves_a_torn_record_that_replay_cuts(tmp_path, copied):
     """What a kill -9 inside _copy_into_map leaves: the header with a zero checksum, some or all of the payload,
     then prepared zeros. Replay cuts it off and keeps every record before it."""
-    from ps.storage import journal as journal_module
-
     path = _one_segment(tmp_path, (1, 2))
     size = os.path.getsize(path)
     payload = np.random.default_rng(3).integers(1, 256, 5000, dtype=np.uint8).tobytes()
     with open(path, "r+b") as f:
         f.seek(size)
-        f.write(journal_module.HEADER.pack(journal_module.MAGIC, 3, len(payload), 0))
+        f.write(journalformat.HEADER.pack(journalformat.MAGIC, 3, len(payload), 0))
         f.write(payload[: int(len(payload) * copied)])
         f.write(bytes(64 << 10))  # prepared zeros
     assert [r.seq for r in Journal(str(tmp_path)).replay(0)] == [1, 2]
@@ -694,16 +694,14 @@ def test_a_segment_cut_while_it_is_read_ends_the_check_without_a_crash(tmp_path,
     """ps-server verify reads a live server's journal, whose flush cuts the active segment back: a segment cut
     under the reader is read as far as it goes (the records before the cut), never a crash (reads, not a mapping,
     so no SIGBUS), and replay's windows are read where the records are."""
-    from ps.storage import journal as journal_module
-
     j = Journal(str(tmp_path), segment_bytes=1 << 30)
     for seed in range(6):
         _push(j, 2000, seed=seed)
     j.close()
     (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
     size = os.path.getsize(path)
-    monkeypatch.setattr(journal_module, "READ_BYTES", 4096)  # a window per record
-    found = journal_module.SegmentReader.end_of_data
+    monkeypatch.setattr(journalformat, "READ_BYTES", 4096)  # a window per record
+    found = journalformat.SegmentReader.end_of_data
 
     def cut_after_opening(reader):
         end = found(reader)
@@ -712,7 +710,7 @@ def test_a_segment_cut_while_it_is_read_ends_the_check_without_a_crash(tmp_path,
         )  # inside record 4: the live server's cut, after the reader took the file's size
         return end
 
-    monkeypatch.setattr(journal_module.SegmentReader, "end_of_data", cut_after_opening)
+    monkeypatch.setattr(journalformat.SegmentReader, "end_of_data", cut_after_opening)
     count, refusal, cut, _tables = Journal(str(tmp_path)).check(0)
     assert 0 < count < 6 and (refusal or cut), (count, refusal, cut)
 
@@ -721,8 +719,6 @@ def test_the_zeros_after_the_last_record_are_not_read_but_cut(tmp_path, monkeypa
     """The space prepared ahead of appends (zeros to the end of the newest segment) ends replay without the
     segment being read from there on, and is cut off as before; a bad record still is judged on the segment read
     from it on."""
-    from ps.storage import journal as journal_module
-
     j = Journal(str(tmp_path))
     for seed in range(3):
         _push(j, 100, seed=seed)
@@ -732,9 +728,9 @@ def test_the_zeros_after_the_last_record_are_not_read_but_cut(tmp_path, monkeypa
     with open(path, "ab") as f:
         f.write(bytes(1 << 20))  # prepared space
     whole_reads = []
-    read_from = journal_module.SegmentReader.read_from
+    read_from = journalformat.SegmentReader.read_from
     monkeypatch.setattr(
-        journal_module.SegmentReader, "read_from", lambda r, pos: whole_reads.append(pos) or read_from(r, pos)
+        journalformat.SegmentReader, "read_from", lambda r, pos: whole_reads.append(pos) or read_from(r, pos)
     )
     assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2, 3]
     assert whole_reads == [] and os.path.getsize(path) == records_end

@@ -20,6 +20,7 @@ from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage import budget as budget_module
 from ps.storage import journal as journal_module
+from ps.storage import journalformat
 from ps.storage.verify import verify_data_dir
 from tests.conftest import crash
 
@@ -220,8 +221,8 @@ def _end_of_record(path: str, seq: int) -> int:
     """The byte offset where journal record `seq` of the segment at path ends, by its headers."""
     data, pos = pathlib.Path(path).read_bytes(), 0
     while True:
-        _magic, got, payload_len, _check = journal_module.HEADER.unpack_from(data, pos)
-        pos += journal_module.HEADER.size + payload_len
+        _magic, got, payload_len, _check = journalformat.HEADER.unpack_from(data, pos)
+        pos += journalformat.HEADER.size + payload_len
         if got == seq:
             return pos
 

@@ -8,8 +8,8 @@ without it), it prepares the space without populating the writer's mapping, mapp
 journal writes with pwritev into the prepared space. What correctness needs of it: it never writes a byte of the
 file (fallocate allocates without writing, then a read brings the pages into the cache, and populating maps
 them), so a record being appended is never overwritten; and a reader of the file takes a run of zero bytes after
-the last record as unused space, because prepared space reads as zeros until it is written (ps.storage.journal
-does, and truncates the file to its real end when it closes it).
+the last record as unused space, because prepared space reads as zeros until it is written (ps.storage.journalreplay
+does; ps.storage.journal truncates the file to its real end when it closes it).
 
 Why: an append into new file space makes the kernel allocate, zero and account a page-cache page per 4 KB (and
 the file system reserve blocks) inside the write call, on the push's path; the Prefaulter does that work ahead, on a

@@ -52,7 +52,8 @@ from ps.rows.rowcopy import gather
 from ps.rows.update import Push, RowState
 from ps.storage.arena import Arena, MemoryBudget
 from ps.storage.foreground import Foreground
-from ps.storage.journal import Journal, Record
+from ps.storage.journal import Journal
+from ps.storage.journalformat import Record
 from ps.storage.store import Store
 
 FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock: short enough not to stall pushes

@@ -99,9 +99,10 @@ class MarkWriter:
     rotation); close() does so and stops the thread. Nothing happens on the append path. written: what the file
     holds now (it is never rewritten with less); -1: there is no file yet, and the next write makes it, at
     source() (0 before the first record), its directory fsynced too, so that the file's being there survives (a
-    data dir keeps a mark from its server's first start on: ps.storage.journal.Journal._read). check: called by
-    the thread each time it wakes, before its write, and after a write that failed (ps.storage.journal.Journal.check_intact); once it returns False (the
-    data dir is gone) the mark is no longer written, as every write would fail, and no failure is warned of."""
+    data dir keeps a mark from its server's first start on: ps.storage.journalreplay.JournalReader.read). check:
+    called by the thread each time it wakes, before its write, and after a write that failed
+    (ps.storage.journal.Journal.check_intact); once it returns False (the data dir is gone) the mark is no longer
+    written, as every write would fail, and no failure is warned of."""
 
     def __init__(self, path: str, source: Callable[[], int], written: int, interval_s: float = 1.0,
                  sync_dir: bool = False, check: Callable[[], bool] | None = None):  # fmt: skip

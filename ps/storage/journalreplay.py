@@ -1,0 +1,302 @@
+"""Journal replay's reading: the segments read record by record and checked against the mark and RocksDB, every
+record missing or damaged named, and the torn end of a crash found and cut (JournalReader).
+
+Replay rule: a crash of the process leaves at most one short or unchecked record at the end of the active
+segment, never acknowledged; replay cuts it off. The active segment's next bytes are allocated ahead of the
+appends (ps.accel.prefault) and read as zeros until written: zeros after the last record are unused space, not
+damage, and a bad record is judged as torn with them left out (it must be the last nonzero data, and no intact
+record may follow it: ps.storage.journalformat.torn_tail). A closed segment is cut to its last record; an older
+segment may end in zeros only if the next segment starts right after its last record, so a zeroed stretch of
+acknowledged records is damage. Any other bad record is damage: replay raises JournalCorruptError rather than
+drop the acknowledged pushes after it.
+
+The mark (ps.storage.journal keeps it: the seq of the last record written, in a file outside the journal's
+directory, ps.storage.sidefiles): replay requires every record from the first one RocksDB lacks up to the mark,
+with no gap: a missing one (a deleted segment, a segment cut at a record boundary or in the middle, a journal
+deleted whole) raises JournalLossError, as does a mark missing where RocksDB holds pushes or the journal holds
+records (it was deleted: which records should follow is unknown). A missing mark goes unnoticed only with nothing
+to show that pushes were written (no flushed push, no journal data). Replay is also given the largest lsn of a row
+RocksDB holds (rows_seq): that push's record was written, as every one before it, so they are required as those up
+to the mark are. Past both, a lost tail looks like the torn end of a crash: without sync, an OS crash or a power
+failure can lose pushes that were acknowledged, and the warning that replay logs when it cuts says so. With
+accept_loss, replay logs what it cannot find or read instead of refusing, and goes on with the records it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Generator
+from typing import NamedTuple
+
+from ps.errors import StorageError
+from ps.storage.journalformat import (
+    OLDER_MAGICS,
+    JournalCorruptError,
+    JournalLossError,
+    Record,
+    SegmentReader,
+    end_of_data,
+    holds_a_whole_record,
+    list_segments,
+    next_intact,
+    torn_tail,
+)
+from ps.storage.sidefiles import read_mark
+
+log = logging.getLogger(__name__)
+
+
+class ReadEnd(NamedTuple):
+    """What a read of the journal found, once it yielded every record."""
+
+    last: int  # the last seq read
+    mark: int  # the mark (0: none)
+    written: int  # the last record known to be written: the larger of the mark and rows_seq
+    tail: tuple[str, int, int, int] | None  # (path, size, pos, data_end) of a torn end to cut, or None
+
+
+class JournalReader:
+    """One read of the journal in `directory` (ps.storage.journal.Journal.replay and check make one each), checked
+    against the mark in mark_path (None: no mark kept); sync: whether the journal runs with --sync (its messages
+    say what a loss can come from). note_applied is told the origin of every record read (AppliedTable's notes).
+    `losses` holds what a read with accept_loss went on without; `progress` is (bytes read, bytes to read) of the
+    segments as the read goes."""
+
+    def __init__(self, directory: str, mark_path: str | None, sync: bool,
+                 note_applied: Callable[[tuple[int, int, int]], None]):  # fmt: skip
+        self.dir = directory
+        self.mark_path = mark_path
+        self.sync = sync
+        self._note_applied = note_applied
+        self.losses: list[str] = []
+        self.progress = (0, 0)
+        self._rows_seq = 0  # the rows_seq of the read (_witnesses)
+
+    def cut_tail(self, end: ReadEnd) -> None:
+        """Cuts the newest segment after its last intact record (end.tail; nothing if None), logging what was cut:
+        zeros at INFO, a torn record as a WARNING."""
+        if end.tail is None:
+            return
+        level, text = self.tail_message(end)
+        log.log(level, "%s", text)
+        with open(end.tail[0], "r+b") as f:
+            f.truncate(end.tail[2])
+
+    def read(self, after_seq: int, accept_loss: bool, rows_seq: int) -> Generator[Record, None, ReadEnd]:
+        """Yields the intact records with seq > after_seq (the last one RocksDB holds), in order, checked against
+        the mark and rows_seq (the largest lsn of a row RocksDB holds); cuts nothing (cut_tail does); returns what
+        it found (ReadEnd). A bad record that the replay rule does not take for a torn end raises
+        JournalCorruptError, a record missing up to the mark or rows_seq JournalLossError; with accept_loss, each
+        is a warning (kept in `losses`)."""
+        mark, marked = self._read_mark(accept_loss, after_seq)
+        self._rows_seq = rows_seq  # what the messages name (_witnesses)
+        written = max(mark, rows_seq)
+        last = expect = after_seq  # expect: the last record after after_seq yielded so far
+        tail = None
+        damaged = None  # (segment, byte) of damage replay went on past (accept_loss), until the next record
+        whole = False  # whether the bad bytes at the torn end are as long as the record their header announces
+        segs = list_segments(self.dir)
+        sizes = [_file_size(path) for _, path in segs]
+        for i, (first, path) in enumerate(segs):
+            segment = SegmentReader(path)
+            try:
+                sizes[i] = segment.end_of_data()  # a prepared tail of zeros is no work
+                done, total = sum(sizes[:i]), sum(sizes)
+                pos = 0
+                seg_last = first - 1  # the seq of the segment's last record so far
+                while pos < segment.size:
+                    rec, end = segment.record_at(pos) if pos < sizes[i] else (None, pos)  # after sizes[i]: zeros
+                    if rec is None:
+                        newest = i == len(segs) - 1
+                        if pos >= sizes[i] and (newest or segs[i + 1][0] == seg_last + 1):  # zeros to the end: unused
+                            if newest:  # space prepared ahead, nothing read; cut off as the rule below would
+                                tail = (path, segment.size, pos, pos)
+                            break
+                        data = segment.read_from(pos)  # what follows a bad record: judged on the segment from here on
+                        data_end = end_of_data(data, pos, sizes[i])  # zeros after sizes[i]: not looked at
+                        unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
+                        if data[pos : pos + 4] in OLDER_MAGICS:
+                            self._lose(JournalCorruptError(
+                                f"journal segment {path} holds a record of an older journal format "
+                                f"({data[pos:pos + 4].decode('ascii', 'replace')}) at byte {pos}; this server reads "
+                                "PSJ5. Refusing to start; stop the server version that wrote it cleanly (a clean stop "
+                                "writes every push to RocksDB), or start with --accept-journal-loss to go on without "
+                                "those pushes"
+                            ), accept_loss)  # fmt: skip
+                        elif not unused and (not newest or not torn_tail(data, pos, data_end)):
+                            self._lose(JournalCorruptError(
+                                f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record "
+                                f"{last}), with "
+                                f"{'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
+                                ": that is damage, not the torn last record of a crash. Refusing to start (cut there, "
+                                "the journal would lose the acknowledged pushes after it); restore the data dir, or "
+                                "start with --accept-journal-loss to go on without the pushes in the damaged bytes"
+                            ), accept_loss)  # fmt: skip
+                            damaged = (path, pos)  # accepted: replay goes on with the next intact record
+                            resume = next_intact(data, pos + 1, sizes[i])  # a record starts before the zeros
+                            if resume is not None:
+                                pos = resume
+                                continue
+                        elif newest:
+                            tail = (path, len(data), pos, data_end)
+                            whole = holds_a_whole_record(data, pos, len(data))  # its own zeros count: a push's last
+                            # floats are often 0.0
+                        break
+                    pos = end
+                    self.progress = (done + pos, total)
+                    seg_last = rec.seq
+                    last = max(last, rec.seq)
+                    self._note_applied(rec.origin)
+                    if rec.seq > after_seq:
+                        if rec.seq <= expect:
+                            raise JournalCorruptError(f"journal segment {path} holds record {rec.seq} after record "
+                                                      f"{expect}: segments overlap; refusing to start")  # fmt: skip
+                        if rec.seq > expect + 1:
+                            self._lose(
+                                self._in_damage(expect + 1, rec.seq - 1, damaged)
+                                if damaged
+                                else self._missing(expect + 1, rec.seq - 1, after_seq, mark, path),
+                                accept_loss,
+                            )
+                        damaged = None
+                        expect = rec.seq
+                        yield rec
+            finally:  # also when a refusal or the caller ends the read mid-segment
+                segment.close()
+        if expect < written:
+            if damaged:
+                error = self._in_damage(expect + 1, written, damaged)
+            elif whole:
+                error = self._damaged_end(tail, expect + 1, written, mark)
+            else:
+                error = self._missing(expect + 1, written, after_seq, mark, None)
+            self._lose(error, accept_loss)
+        if not marked and after_seq == 0 and (last > 0 or (tail is not None and tail[3] > tail[2])):
+            self._lose(self._unmarked(last, segs), accept_loss)
+        return ReadEnd(last, mark, written, tail)
+
+    @staticmethod
+    def _in_damage(lo: int, hi: int, damaged: tuple[str, int]) -> JournalCorruptError:
+        """The loss of records lo..hi that were in damaged bytes (damaged: the segment and where they begin),
+        which replay went on past (--accept-journal-loss)."""
+        count = f"{hi - lo + 1} pushes" if hi > lo else "1 push"
+        return JournalCorruptError(
+            f"journal records {lo}..{hi} ({count}, which may have been acknowledged) were in the damaged bytes of "
+            f"{damaged[0]} from byte {damaged[1]} on; replay goes on with the intact records after them."
+        )
+
+    def _damaged_end(self, tail: tuple[str, int, int, int], first: int, written: int, mark: int) -> JournalCorruptError:
+        """The error for a whole record at the end of the newest segment (tail: path, size, pos, data_end) that
+        fails its checks where the mark (or RocksDB's rows: _witnesses) says records first..written were written:
+        damage, not a torn record (a cut one, shorter than its header and its payload's head say, is a loss:
+        _missing)."""
+        path, _size, pos, data_end = tail
+        more = f" (and {written - first} written after it)" if written > first else ""
+        return JournalCorruptError(
+            f"journal segment {path} is corrupt at byte {pos} ({data_end - pos} bytes there fail a record's checks), "
+            f"where record {first}{more} should be: {' and '.join(self._witnesses(first, mark))}, so that is "
+            "damage, not the torn last record of a crash. Refusing to start; restore the data dir, or start with "
+            "--accept-journal-loss to go on without the pushes from there on"
+        )
+
+    def _witnesses(self, lo: int, mark: int) -> list[str]:
+        """What says record lo was written: the mark, and RocksDB's rows (the rows_seq read was given)."""
+        why = []
+        if mark >= lo:
+            why.append(f"the journal mark ({self.mark_path}) says records up to {mark} were written")
+        if self._rows_seq >= lo:
+            why.append(f"RocksDB holds a row that record {self._rows_seq} pushed (written back before a flush), so "
+                       f"records up to {self._rows_seq} were written")  # fmt: skip
+        return why
+
+    def _read_mark(self, accept_loss: bool, after_seq: int) -> tuple[int, bool]:
+        """(the mark, 0 if none; whether the mark file is there, or no mark is kept). A mark file that is
+        unreadable, or missing while RocksDB holds pushes (after_seq > 0: every flush writes the mark first), is a
+        loss: which records must be there is unknown. A mark missing while RocksDB holds none and the journal holds
+        records is read's to find (_unmarked)."""
+        if self.mark_path is None:
+            return 0, True
+        unknown = ("Without the mark, which journal records must be there is unknown. Refusing to start; start with "
+                   "--accept-journal-loss to start without that check")  # fmt: skip
+        try:
+            mark = read_mark(self.mark_path)
+        except StorageError as e:
+            self._lose(JournalLossError(f"{e}. {unknown}"), accept_loss)
+            return 0, True
+        present = os.path.exists(self.mark_path)
+        if after_seq > 0 and not present:
+            self._lose(JournalLossError(
+                f"the journal mark {self.mark_path} is missing, though RocksDB holds the pushes up to journal record "
+                f"{after_seq} (each flush writes the mark first): it was deleted. {unknown}"
+            ), accept_loss)  # fmt: skip
+        return mark, present
+
+    def _unmarked(self, last: int, segs: list[tuple[int, str]]) -> JournalLossError:
+        """The loss when the mark is missing though the journal holds data (records up to `last`, 0: only the
+        bytes of a torn one) and RocksDB none: a server writes the mark when it first opens a journal (replay),
+        before any append, so the mark was deleted, and records written after those found may be missing too."""
+        held = f"records up to {last}" if last > 0 else "the bytes of a record"
+        return JournalLossError(
+            f"the journal mark {self.mark_path} is missing, though the journal ({len(segs)} segment"
+            f"{'s' if len(segs) != 1 else ''} in {self.dir}) holds {held} (a server writes the mark when it starts "
+            "on a data dir, before its first push): it was deleted, and the records after those found may be missing "
+            "too (or it was never written: a server version that wrote it only after a second, killed within that "
+            "second, or a write at start-up that failed, which the log said). Without the mark, which journal "
+            "records must be there is unknown. Refusing to start; restore the data dir, or start with "
+            "--accept-journal-loss to go on with the records found"
+        )
+
+    def _missing(self, lo: int, hi: int, after_seq: int, mark: int, resumes_in: str | None) -> JournalLossError:
+        """The error for journal records lo..hi missing (resumes_in: the segment that holds the record after hi)."""
+        flushed = (
+            f"RocksDB holds the pushes up to record {after_seq}"
+            if after_seq
+            else "no flush has written a push to RocksDB yet"
+        )
+        why = [flushed, *self._witnesses(lo, mark)]
+        if resumes_in is not None:
+            why.append(f"the journal goes on with record {hi + 1} in {resumes_in}")
+        return JournalLossError(
+            f"journal records {lo}..{hi} in {self.dir} are missing ({hi - lo + 1} pushes, which may have been "
+            f"acknowledged): {', and '.join(why)}. A deleted or truncated journal segment, or RocksDB losing its "
+            "latest writes (its write-ahead log, *.log), leaves such a gap"
+            + ("" if self.sync else "; so can an OS crash or a power failure, as the journal runs without --sync")
+            + ". Refusing to start; restore the data dir, or start with --accept-journal-loss to go on without them"
+        )
+
+    def _lose(self, error: StorageError, accept_loss: bool) -> None:
+        """Raises error, or (accept_loss) logs it as a warning and records it in `losses`."""
+        if not accept_loss:
+            raise error
+        text = str(error).split(" Refusing to start")[0] + " Starting anyway (--accept-journal-loss)."
+        log.warning("%s", text)
+        self.losses.append(text)
+
+    def tail_message(self, end: ReadEnd) -> tuple[int, str]:
+        """(log level, text) for cutting the newest segment (end.tail: path, size bytes) after its last intact
+        record, at pos: zeros only (space prepared ahead of appends), or a torn record (nonzero bytes up to
+        data_end); end.written: the last record known to be written."""
+        (path, size, pos, data_end), last, mark, written = end.tail, end.last, end.mark, end.written
+        head = f"journal segment {path}: cut {size - pos} bytes after record {last}"
+        if data_end == pos:
+            return logging.INFO, f"{head} (zeros: unused space prepared ahead)"
+        if self.sync:
+            why = ("The journal runs with --sync: after a crash of the process or of the machine, this is the push "
+                   "that was being written, never acknowledged")  # fmt: skip
+        else:
+            why = ("If the process was killed, this is the push that was being written, never acknowledged. The "
+                   "journal runs without --sync: after an OS crash or a power failure, it can also be pushes that "
+                   "were acknowledged and had not reached the disk")  # fmt: skip
+        if written > last:  # only with accept_loss: the loss was logged
+            return logging.WARNING, (f"{head}: bytes that are not a whole record, where "
+                                     f"{' and '.join(self._witnesses(last + 1, mark))} (the loss logged above)")  # fmt: skip
+        marked = f" (every record up to the journal mark, {mark}, is here)" if mark else ""
+        return logging.WARNING, f"{head}: a record that is not whole{marked}. {why}"
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # reading it says what is wrong
+        return 0
