@@ -23,12 +23,11 @@ thread; nothing on the append path). Replay requires every record up to the mark
 row RocksDB holds (rows_seq), and appends go on past both (ps.storage.journalreplay says what it refuses).
 
 Deleted under the running server: the mark's thread also checks, each time it wakes (check_intact, about once a
-second), that the active segment is still linked (os.fstat: st_nlink 0 is a deleted file, which appends would
-go on filling with nothing on disk to replay) and that the data dir (the mark's directory) is the one the journal
-started in (os.stat: gone, or another inode, a dir removed and made again). Once either is found, `lost` says
-what happened, every later append raises ps.errors.DataDirLostError (nothing appended), on_lost is told, and the
-mark is no longer written into a data dir that is gone. Appends only read `lost`: no syscall is added to them, so
-a push that comes between the deletion and the next check (at most about a second) is still acknowledged.
+second), that the active segment is still linked and that the data dir (the mark's directory) is the one the
+journal started in (ps.storage.journalwatch). Once either is found, `lost` says what happened, every later append
+raises ps.errors.DataDirLostError (nothing appended), on_lost is told, and the mark is no longer written into a
+data dir that is gone. Appends only read `lost`: no syscall is added to them, so a push that comes between the
+deletion and the next check (at most about a second) is still acknowledged.
 """
 
 from __future__ import annotations
@@ -52,6 +51,7 @@ from ps.storage.atomicfile import sync_directory
 from ps.storage.checksum import checksum64, copy_with_checksum64
 from ps.storage.journalformat import HEADER, HEADER_CHECKED, MAGIC, Record, list_segments, payload_head, segment_path
 from ps.storage.journalreplay import JournalReader
+from ps.storage.journalwatch import DataDirWatch
 from ps.storage.sidefiles import MarkWriter
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,7 @@ class Journal:
         self.lost = ""  # what was deleted under the running server (check_intact), or "": appends are refused
         self.dir_gone = False  # the data dir itself was deleted or replaced (not only the segment)
         self.on_lost: Callable[[], None] | None = None  # told once, from the mark's thread, when `lost` is set
-        self._data_dir = os.path.dirname(mark_path) if mark_path else ""  # watched by check_intact
-        self._data_dir_id: tuple[int, int] | None = None  # its (st_dev, st_ino) when replay() started the mark
-        self._intact_at = 0.0  # time.time() of the last check that found everything in place
+        self._watch = DataDirWatch(os.path.dirname(mark_path) if mark_path else "")  # started by replay()
         self._opened_at = 0.0  # time.time() when the active segment was opened
         self.next_seq = 1
         self.bytes_written = 0
@@ -148,12 +146,7 @@ class Journal:
         self._reader.cut_tail(end)
         self.next_seq = max(end.last, end.written) + 1
         if self.mark_path is not None:
-            try:
-                st = os.stat(self._data_dir)
-                self._data_dir_id = (st.st_dev, st.st_ino)
-            except OSError:  # no dir to watch: only the segment is checked
-                self._data_dir_id = None
-            self._intact_at = time.time()
+            self._watch.start()
             present = os.path.exists(self.mark_path)  # else a new data dir, or a loss accepted above: marked now
             self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, end.mark if present else -1,
                                       sync_dir=self.sync, check=self.check_intact)  # fmt: skip
@@ -164,27 +157,7 @@ class Journal:
         """Whether the journal found its data dir or active segment gone (`lost`), or its next check_intact would:
         the same two syscalls, with no lock taken and nothing changed, for a signal handler (the thread it
         interrupts may hold the lock). A segment closed meanwhile reads as intact."""
-        return bool(self.lost) or self._dir_gone() or self._segment_gone(self._fd)
-
-    def _dir_gone(self) -> bool:
-        """Whether the data dir the journal started in is gone or replaced (one os.stat)."""
-        if self._data_dir_id is None:
-            return False
-        try:
-            st = os.stat(self._data_dir)
-        except (FileNotFoundError, NotADirectoryError):
-            return True
-        except OSError:  # a permission, an I/O error: no sign of a deletion; the writes say what is wrong
-            return False
-        return (st.st_dev, st.st_ino) != self._data_dir_id
-
-    @staticmethod
-    def _segment_gone(fd: int) -> bool:
-        """Whether the segment open as fd (-1: none) was deleted (one os.fstat; a closed fd reads as intact)."""
-        try:
-            return fd >= 0 and os.fstat(fd).st_nlink == 0
-        except OSError:
-            return False
+        return bool(self.lost) or self._watch.dir_gone() or self._watch.segment_gone(self._fd)
 
     def check_intact(self) -> bool:
         """Whether the data dir is still the one the journal started in (see the module's docstring); on the first
@@ -195,41 +168,17 @@ class Journal:
         if self.lost:
             return not self.dir_gone
         now = time.time()
-        dir_gone = self._dir_gone()
+        dir_gone = self._watch.dir_gone()
         with self._lock:  # the active segment's fd stays open meanwhile
             if self.lost:  # found by another thread meanwhile (close(), a failed mark write)
                 return not self.dir_gone
-            segment_gone = self._segment_gone(self._fd)
-            if not dir_gone and not segment_gone:
-                self._intact_at = now
+            if not dir_gone and not self._watch.segment_gone(self._fd):
+                self._watch.intact_at = now
                 return True
-            when, since = _clock(now), _clock(self._intact_at)
             if dir_gone:
-                self.lost = (f"its data dir {self._data_dir} was deleted or replaced under the running server "
-                             f"(between {since} and {when}): pushes since {since} could not be kept. Restart the "
-                             "server on an intact data dir (a backup, or --restore of a checkpoint); nothing was "
-                             "applied")  # fmt: skip
-                told = (f"the data dir {self._data_dir} was deleted or replaced under the running server (found at "
-                        f"{when}; it was in place at {since}): RocksDB's files, the journal and its mark are no "
-                        "longer in it, so nothing this server acknowledged since its last flush can be kept, and a "
-                        "restart on that path would find them missing (or start a new, empty shard where the dir "
-                        "is gone). This server takes no more writes (FAILED_PRECONDITION) and reports NOT_SERVING; "
-                        "restart it on an intact data dir (a backup, or --restore of a checkpoint)")  # fmt: skip
+                self.lost, told = self._watch.dir_lost(now)
             else:
-                first = int(os.path.basename(self._path)[:-4])
-                held = (f"records {first:,} to {self.next_seq - 1:,}, acknowledged since {_clock(self._opened_at)}"
-                        if self.next_seq > first else "no record yet")  # fmt: skip
-                self.lost = (f"its journal segment {self._path} was deleted under the running server (between "
-                             f"{since} and {when}): pushes since {_clock(self._opened_at)} could not be kept in the "
-                             "journal. Restart the server (SIGTERM: its stop writes every acknowledged push to "
-                             "RocksDB; then start it again) on its data dir, intact otherwise; nothing was "
-                             "applied")  # fmt: skip
-                told = (f"the journal segment {self._path} was deleted under the running server (found at {when}; "
-                        f"it was there at {since}): the pushes it held ({held}) are in no file, only in this "
-                        "server's memory until a flush writes their rows to RocksDB (one is started now). This "
-                        "server takes no more writes (FAILED_PRECONDITION) and reports NOT_SERVING; stop it with "
-                        "SIGTERM (its stop writes every row to RocksDB; a kill -9 before a flush loses those "
-                        "pushes) and start it again")  # fmt: skip
+                self.lost, told = self._watch.segment_lost(now, self._path, self.next_seq, self._opened_at)
             self.dir_gone = dir_gone
         log.error("%s", told)
         if self.on_lost is not None:
@@ -438,11 +387,6 @@ class Journal:
             self._prefault.close()
             if self._marker is not None:
                 self._marker.close(write=not self.dir_gone)
-
-
-def _clock(t: float) -> str:
-    """A wall-clock time for a message: '2026-12-04 12:41:20 UTC' (local time, with its zone)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
 
 def _after(parts: list, skip: int) -> list[memoryview]:
