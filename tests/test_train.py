@@ -1102,6 +1102,59 @@ def test_early_stoppings_restore_on_a_table_with_a_weight_bound_names_no_id_whos
     assert loop_settings(run, data, [cfg, TableConfig("fm", 4)]).weight_bounds == {"lr": bound}  # the loop's
 
 
+class _EvictingAfterPulls:
+    """A table source whose pull_many, once evict is set, then trains `others` of `table` (zero grads), so the RAM
+    tier evicts the rows it read."""
+
+    def __init__(self, tables: InProcessTables, table: str, others: np.ndarray):
+        self.tables, self.table, self.others, self.evict = tables, table, others, False
+
+    def pull_many(self, items: list) -> list:
+        rows = self.tables.pull_many(items)
+        if self.evict:
+            zeros = np.zeros((len(self.others), self.tables.dim(self.table)), np.float32)
+            self.tables.push(self.table, self.others, zeros)
+        return rows
+
+    def push_many(self, *args, **kwargs) -> list | None:
+        return self.tables.push_many(*args, **kwargs)
+
+
+def test_early_stoppings_restore_on_a_float16_table_names_no_id_whose_row_came_back_rounded_from_rocksdb():
+    """On a table of values_at_rest "float16" whose rows fit its RAM tier, the restore pulls them unrounded; once
+    other rows evict them, its push finds them as RocksDB holds them, rounded to float16: every row is put back
+    but for that rounding (under 2**-11 of the row), and no id is named as not admitted."""
+    from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+    from ps.rows.layout import layout_of
+    from worker.batch import TableIds
+    from worker.best import BestModel
+    from worker.models.spec import ModelSpec, uniform_fields
+
+    spec = ModelSpec("fm", uniform_fields(2, 4, table="lr"), 0, ())
+    cfg = TableConfig("lr", 4, initializer=InitializerConfig("normal", 0.3, 5), optimizer=OptimizerConfig("sgd", 1.0),
+                      values_at_rest="float16")  # fmt: skip
+    ids = np.arange(1, 201, dtype=np.uint64)
+    grads = np.random.default_rng(0).standard_normal((len(ids), 4)).astype(np.float32)
+    with InProcessTables(cache_bytes=300 * layout_of(4, "sgd", "float16").ram_bytes) as tables:
+        tables.create_table(cfg)
+        evicting = _EvictingAfterPulls(tables, "lr", np.arange(1000, 2000, dtype=np.uint64))
+        best = BestModel(evicting, spec, half_at_rest={"lr"})
+        best.add({"lr": TableIds(ids, None, None, None)})
+        tables.push("lr", ids, grads)
+        kept = tables.pull("lr", ids)
+        best.keep({})
+        tables.push("lr", ids, grads / 3)
+        current = tables.pull("lr", ids)  # in RAM, unrounded
+        evicting.evict = True
+        assert best.restore(_NoDense())
+        after = tables.pull("lr", ids)
+    assert (current != current.astype(np.float16)).any()
+    assert best.not_restored == {}
+    np.testing.assert_allclose(after, kept, rtol=0, atol=2.0**-10 * np.abs(current).max())
+    run, data, _, _ = prepare(TrainConfig(servers=("h:1",), synthetic_rows=100, progress=False))
+    assert loop_settings(run, data, [cfg, TableConfig("fm", 4)]).half_at_rest == {"lr"}  # the loop's
+
+
 def test_early_stopping_stops_keeping_ids_once_a_restore_could_not_copy_their_rows(monkeypatch):
     """Past MAX_BEST_FLOATS floats of trained rows a restore is refused: the ids seen are no longer kept (they
     grew with every step of a long run), and the sorted ids kept until then are the union of the steps' ids."""

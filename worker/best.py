@@ -14,6 +14,7 @@ restore() keeps them per table (not_restored; the run's summary counts them).
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 
 MAX_BEST_FLOATS = 64 << 20  # BestModel copies at most this many floats (256 MiB); past it, no restore
 SEEN_MERGE_STEPS = 64  # the ids of this many steps are merged into the sorted ids trained before
+HALF_STEP = 2.0**-11  # float16's rounding to nearest moves a normal value by at most this fraction of it
+HALF_SUBNORMAL_STEP = 2.0**-25  # and a subnormal one by at most this (half the smallest subnormal, 2**-24)
+HALF_MAX = float(np.finfo(np.float16).max)  # float16 at rest clips an embedding to +-this
 
 
 class BestModel:
@@ -35,12 +39,22 @@ class BestModel:
     since the best, the rows of ids first trained then, as they were; restore() pushes the difference back (see
     the module docstring)."""
 
-    def __init__(self, tables: Any, spec: ModelSpec, weight_bounds: dict[str, float] | None = None, source: Any = None):
+    def __init__(
+        self,
+        tables: Any,
+        spec: ModelSpec,
+        weight_bounds: dict[str, float] | None = None,
+        source: Any = None,
+        half_at_rest: Collection[str] = (),
+    ):
         """weight_bounds: {table: its weight_bound} of the tables that have one (the servers clip the rows a push
         admits to it, the restore's included). source: the worker's row source (worker/steprows.py), whose
-        push_apart sends the restore's pushes with the job's stamp; None: tables.push_many, unstamped."""
+        push_apart sends the restore's pushes with the job's stamp; None: tables.push_many, unstamped.
+        half_at_rest: the tables of values_at_rest "float16", whose rows may come back from RocksDB rounded to
+        float16 between the restore's pull and its push (_not_put_back allows for it)."""
         self.tables, self.spec, self.source = tables, spec, source
         self.weight_bounds = weight_bounds or {}
+        self.half_at_rest = frozenset(half_at_rest)
         self.seen: dict[str, list[np.ndarray]] = {t: [] for t in spec.table_dims()}
         self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # at the best: (sorted ids, their rows)
         self.later: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ids first trained since, their rows then
@@ -129,7 +143,8 @@ class BestModel:
         else:
             after = self.tables.push_many(pushes, add_delta=True, return_rows=True)
         for push, got, (want, cur) in zip(pushes, after, wanted, strict=True):
-            missed = push.ids[_not_put_back(got, want, cur, self.weight_bounds.get(push.table, 0.0))]
+            bound, half = self.weight_bounds.get(push.table, 0.0), push.table in self.half_at_rest
+            missed = push.ids[_not_put_back(got, want, cur, bound, half)]
             if len(missed):
                 self.not_restored[push.table] = missed
                 log.warning("early stopping put the best model back but for %s ids of table %s (%s): not admitted "
@@ -139,13 +154,17 @@ class BestModel:
         return True
 
 
-def _not_put_back(got: np.ndarray, want: np.ndarray, cur: np.ndarray, bound: float) -> np.ndarray:
+def _not_put_back(got: np.ndarray, want: np.ndarray, cur: np.ndarray, bound: float, half: bool = False) -> np.ndarray:
     """bool per row: whether got, the row after adding want - cur to cur (float32) and, where bound > 0 (the
     table's weight_bound), clipping it to [-bound, bound] as the servers clip an admitted row, is not want so
     clipped. Such an id was not admitted by the push (its row stays as it was, an initial row beyond the bound
     included); an admitted one is the clipped want but for the rounding of the delta and of its sum, each under
-    half an ulp of |want| + |cur| (clipping both moves them no further apart)."""
+    half an ulp of |want| + |cur| (clipping both moves them no further apart). half: a table of values_at_rest
+    "float16", where the push may find cur as RocksDB holds it (evicted after the pull, read back): clipped to
+    +-HALF_MAX and rounded to float16, at most HALF_STEP * |cur| (or half the smallest subnormal) from it."""
     tol = np.finfo(np.float32).eps * (np.abs(want) + np.abs(cur))
+    if half:
+        tol += HALF_STEP * np.abs(cur) + HALF_SUBNORMAL_STEP + np.maximum(np.abs(cur) - HALF_MAX, 0.0)
     if bound > 0:
         want = np.clip(want, -np.float32(bound), np.float32(bound))
     return (np.abs(got - want) > tol).any(axis=1)

@@ -242,7 +242,7 @@ def no_features_message(cfg: TrainConfig, schema: Schema) -> str:
 
 def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConfig] = ()) -> LoopSettings:
     """The loop's settings of a resolved config (after prepare); tables: the model's table configs (their
-    weight_bounds, for early stopping's restore)."""
+    weight_bounds and values_at_rest, for early stopping's restore)."""
     return LoopSettings(
         epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2 or 0.0,
         eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, early_stop_metric=cfg.early_stop_metric or "logloss",
@@ -254,6 +254,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
         max_examples=cfg.worker_max_examples(),
         total_estimated=data.line_count is not None and data.line_count.more,
         weight_bounds={t.name: t.weight_bound for t in tables if t.weight_bound > 0},
+        half_at_rest=frozenset(t.name for t in tables if t.values_at_rest == "float16"),
     )  # fmt: skip
 
 

@@ -79,6 +79,7 @@ class LoopSettings:
     skip_examples: int = 0  # the first examples of the stream (over epochs) dropped untrained: a resumed run's
     max_examples: int = 0  # the stream (over epochs, the skipped examples included) ends here; 0: no limit
     weight_bounds: dict[str, float] = field(default_factory=dict)  # {table: weight_bound} of those with one
+    half_at_rest: frozenset[str] = frozenset()  # the tables of values_at_rest "float16"
 
 
 @dataclass
@@ -238,7 +239,9 @@ def run_epochs(
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
-    best_model = BestModel(tables, spec, s.weight_bounds, source) if s.restore_best and validation else None
+    best_model = (
+        BestModel(tables, spec, s.weight_bounds, source, s.half_at_rest) if s.restore_best and validation else None
+    )
     step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as its batches are read
 
     holding = getattr(source, "holding", lambda: False)  # geo: steps whose deltas it has not pushed yet
