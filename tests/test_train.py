@@ -461,6 +461,23 @@ def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_serve
         train(dataclasses.replace(nowhere, optimizer=None, table_config=str(sets)))
 
 
+def test_an_mlp_table_of_values_at_rest_float16_is_refused_a_sparse_one_is_not(tmp_path):
+    """The MLP's values at rest as float16 would be rounded as they go through RocksDB: the servers would hold
+    another MLP than the one trained and scored. Refused in --table-config before any server is touched."""
+    from worker.model_tables import table_configs
+
+    cfg, _, spec, _ = prepare(TrainConfig(servers=("h:1",), model="fm", synthetic_rows=100, progress=False))
+    sets = tmp_path / "sets.toml"
+    sets.write_text('["dense.fm.logit.bias"]\nvalues_at_rest = "float16"\n')
+    with pytest.raises(ValueError, match=r"sets.toml: table dense.fm.logit.bias: values_at_rest 'float16' is not for "
+                                         r"an MLP table: the servers would hold its values rounded to float16 .*; "
+                                         r"leave it out \(the MLP's tables are 'float32'\)$"):  # fmt: skip
+        table_configs(dataclasses.replace(cfg, table_config=str(sets)), spec)
+    sets.write_text('[fm]\nvalues_at_rest = "float16"\n["dense.fm.logit.bias"]\nvalues_at_rest = "float32"\n')
+    tables = table_configs(dataclasses.replace(cfg, table_config=str(sets)), spec)
+    assert [(t.name, t.values_at_rest) for t in tables] == [("fm", "float16"), ("dense.fm.logit.bias", "float32")]
+
+
 def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp_path):
     """Large data is read as it trains: a stray line would stop a long run part way. Small data is read whole
     (its validation split) before the first push."""

@@ -1,6 +1,6 @@
 """The tables of a model: their configs from the flags, the schema and --table-config, and what the shards hold.
 
-table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter
+table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter (float32 at rest)
 table_config_note                what --table-config changed of the recipe's and the flags' choice
 check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
 check_allreduce_tables           --dense allreduce refuses MLP tables' settings only the servers would apply
@@ -20,6 +20,10 @@ from worker.models.spec import ModelSpec
 from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
+
+DENSE_VALUES_AT_REST = "float32"  # the only values_at_rest of an MLP table (a dense parameter's)
+DENSE_AT_REST = ("the servers would hold its values rounded to float16 once they go through RocksDB, another MLP "
+                 "than the one the job trained and scored, which training on, eval, predict and export read")  # fmt: skip
 
 
 def sparse_table_configs(
@@ -84,6 +88,10 @@ def table_configs(
             tables.append(dataclasses.replace(t, **fields).normalized() if cfg.table_config else t)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{cfg.table_config}: table {t.name}: {e}") from None
+        if tables[-1].values_at_rest != DENSE_VALUES_AT_REST:
+            raise ValueError(f"{cfg.table_config}: table {t.name}: values_at_rest {tables[-1].values_at_rest!r} is "
+                             f"not for an MLP table: {DENSE_AT_REST}; leave it out (the MLP's tables are "
+                             f"{DENSE_VALUES_AT_REST!r})")  # fmt: skip
     return [dataclasses.replace(t, features=features) for t in tables]
 
 
