@@ -140,7 +140,7 @@ message TableSpec
   7  eviction         LEN     EvictionSpec             absent: the defaults
   8  l2               I64     double                   > 0: lazy L2, embeddings decay by (1 - lr * l2) per step
   9  features         LEN     string                   what the ids mean ("" none; at most 64 of [A-Za-z0-9_.:-])
-  10 values_at_rest   LEN     string                   "float32" | "float16": the embeddings' type in RocksDB; empty: "float32"
+  10 values_at_rest   LEN     string                   "float32" | "float16" (embeddings in RocksDB); "": either, new: "float32"
 
 message CreateTableRequest
   1  spec             LEN     TableSpec                the table to create
@@ -619,7 +619,7 @@ def table_config_from_proto(spec: ps_pb2.TableSpec) -> TableConfig:
         eviction=EvictionConfig(**_set_fields(spec.eviction)),
         l2=spec.l2,
         features=spec.features,
-        values_at_rest=spec.values_at_rest or TableConfig.values_at_rest,
+        values_at_rest=spec.values_at_rest,  # "": unspecified (TableConfig.values_at_rest)
     )
 
 

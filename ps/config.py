@@ -216,7 +216,9 @@ class TableConfig:
     features: str = ""
     # How RocksDB holds the embedding of each row at rest (ps.storage.store): "float16" halves its bytes there, and a
     # row read back from RocksDB has its embedding rounded to float16 (clipped to +-65504); the RAM tier, the
-    # optimizer state and the statistics stay float32. A table keeps the setting it was created with.
+    # optimizer state and the statistics stay float32. A table keeps the setting it was created with. "" is
+    # unspecified (a client that sends none): it matches an existing table's either setting, as features does, and
+    # a table made of it is "float32" (as_new).
     values_at_rest: str = "float32"
 
     def validate(self) -> None:
@@ -240,9 +242,9 @@ class TableConfig:
         if not FEATURES_RE.fullmatch(self.features):
             raise InvalidArgumentError(f"table {self.name!r}: features {echo(self.features)} is invalid; expected at "
                                        "most 64 characters of [A-Za-z0-9_.:-]")  # fmt: skip
-        if self.values_at_rest not in VALUES_AT_REST:
+        if self.values_at_rest and self.values_at_rest not in VALUES_AT_REST:
             raise InvalidArgumentError(f"table {self.name!r}: values_at_rest {echo(self.values_at_rest)} is unknown; "
-                                       f"expected one of {VALUES_AT_REST}")  # fmt: skip
+                                       f"expected one of {VALUES_AT_REST}, or '' for unspecified")  # fmt: skip
 
     def check_new(self) -> None:
         """InvalidArgumentError for settings that validate() takes but a table made now may not have: ftrl with
@@ -259,6 +261,10 @@ class TableConfig:
                 "first non-zero gradient; give ftrl params.beta > 0 (default 1) or params.l2 > 0, or the initializer "
                 "zeros"
             )
+
+    def as_new(self) -> TableConfig:
+        """The config of a table made of self: an unspecified values_at_rest ("") is VALUES_AT_REST[0], "float32"."""
+        return self if self.values_at_rest else dataclasses.replace(self, values_at_rest=VALUES_AT_REST[0])
 
     def normalized(self) -> TableConfig:
         """Validated, with optimizer defaults spelled out: two specs that mean the same compare equal."""
@@ -284,11 +290,12 @@ class TableConfig:
         )
 
     def differences(self, other: TableConfig) -> list[str]:
-        """Human-readable list of fields where self and other differ ("dim: 8 != 16"); features only when both
-        are set."""
+        """Human-readable list of fields where self and other differ ("dim: 8 != 16"); features and values_at_rest
+        only when both are set."""
         a, b = _flatten(self.to_dict()), _flatten(other.to_dict())
-        if not (a["features"] and b["features"]):
-            del a["features"], b["features"]
+        for key in ("features", "values_at_rest"):
+            if not (a[key] and b[key]):
+                del a[key], b[key]
         return [f"{k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 

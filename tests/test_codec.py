@@ -401,7 +401,9 @@ def test_table_config_round_trips_through_proto():
 
 
 def test_unset_proto_fields_take_defaults():
-    assert codec.table_config_from_proto(ps_pb2.TableSpec(name="t", dim=3)) == TableConfig("t", 3)
+    unset = codec.table_config_from_proto(ps_pb2.TableSpec(name="t", dim=3))
+    assert unset == TableConfig("t", 3, values_at_rest="")  # values_at_rest unspecified: either one matches
+    assert unset.as_new() == TableConfig("t", 3)  # and a table made of it has the default
 
 
 def test_the_stamp_classes_of_both_ends_have_the_protos_fields_in_its_order():

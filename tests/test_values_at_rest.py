@@ -5,6 +5,8 @@ the setting it was created with. Oracle: numpy's astype(float16) of the float32 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -148,4 +150,33 @@ def test_values_at_rest_is_checked_read_from_toml_and_carried_by_the_spec():
     assert table_config_from_proto(table_config_to_proto(table_config(HALF))) == table_config(HALF)
     spec = table_config_to_proto(table_config(HALF))
     spec.ClearField("values_at_rest")
-    assert table_config_from_proto(spec).values_at_rest == "float32"
+    assert table_config_from_proto(spec).values_at_rest == ""  # unspecified: a client that sends none
+
+
+def test_a_spec_without_values_at_rest_attaches_to_either_setting_and_makes_a_float32_table(tmp_path):
+    """A client that sends no values_at_rest (one older than the option) gets the table of either setting that a
+    shard holds, as it is, and a new table of it is float32; a spec that names the other setting is refused."""
+    unspecified = table_config_to_proto(table_config(HALF))
+    unspecified.ClearField("values_at_rest")
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        shard.create_table(table_config(HALF))
+        shard.push("emb", np.array([1], np.uint64), np.ones((1, 4), np.float32))
+        for cfg in (table_config_from_proto(unspecified), dataclasses.replace(table_config(HALF), values_at_rest="")):
+            assert shard.check_create(cfg)[0].values_at_rest == HALF
+            assert shard.create_table(cfg).cfg.values_at_rest == HALF
+        with pytest.raises(TableExistsError, match=r"values_at_rest: 'float16' != 'float32'"):
+            shard.create_table(table_config("float32"))
+        new = dataclasses.replace(table_config_from_proto(unspecified), name="other")
+        assert shard.check_create(new)[0].values_at_rest == "float32"
+        assert shard.create_table(new).cfg.values_at_rest == "float32"
+        with pytest.raises(TableExistsError, match=r"values_at_rest: 'float32' != 'float16'"):
+            shard.create_table(dataclasses.replace(new, values_at_rest=HALF))
+    finally:
+        shard.close()
+    reopened = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        assert reopened.table("other").cfg.values_at_rest == "float32"  # stored as made
+        assert reopened.table("emb").cfg.values_at_rest == HALF
+    finally:
+        reopened.close()

@@ -88,7 +88,7 @@ def table_configs(
             tables.append(dataclasses.replace(t, **fields).normalized() if cfg.table_config else t)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{cfg.table_config}: table {t.name}: {e}") from None
-        if tables[-1].values_at_rest != DENSE_VALUES_AT_REST:
+        if tables[-1].as_new().values_at_rest != DENSE_VALUES_AT_REST:
             raise ValueError(f"{cfg.table_config}: table {t.name}: values_at_rest {tables[-1].values_at_rest!r} is "
                              f"not for an MLP table: {DENSE_AT_REST}; leave it out (the MLP's tables are "
                              f"{DENSE_VALUES_AT_REST!r})")  # fmt: skip

@@ -34,7 +34,7 @@ class TableMaker:
         new one (TableConfig.check_new, then check_new's refusals), or `replace_untrained`'s; and the line to log
         of the table made or replaced ("" for the existing one). check_replace(name): the shard's job refusing a
         replace (JobConflictError); None: a create stamped by a job's worker, never refused so."""
-        table, diff = self._existing(cfg)
+        table, diff, cfg = self._existing(cfg)
         if table is not None and not diff:
             return table, ""
         if diff:
@@ -60,7 +60,7 @@ class TableMaker:
     ) -> tuple[TableConfig, int, int]:
         """Shard.check_create's work, cfg normalized, the shard's lock held: (config, trained rows, row floats) of
         the table create would return, or the error it would raise (all but a failed RocksDB write's)."""
-        table, diff = self._existing(cfg)
+        table, diff, cfg = self._existing(cfg)
         if table is not None and not diff:
             return table.cfg, table.num_rows, table.width
         if diff:
@@ -68,14 +68,16 @@ class TableMaker:
                 self._refuse_other_spec(table, cfg, diff, replace_untrained, check_replace)
         return cfg, 0, self.check_new(cfg, table if diff else None).width
 
-    def _existing(self, cfg: TableConfig) -> tuple[Table | None, list[str]]:
-        """(the table of cfg's name, or None; how its config differs from cfg). Unless that table is of cfg's spec,
+    def _existing(self, cfg: TableConfig) -> tuple[Table | None, list[str], TableConfig]:
+        """(the table of cfg's name, or None; how its config differs from cfg; cfg, or, unless that table is of
+        cfg's spec, the config a table made of it gets, TableConfig.as_new). Unless that table is of cfg's spec,
         cfg is checked as a new table's first (TableConfig.check_new)."""
         table = self.tables.get(cfg.name)
         diff = table.cfg.differences(cfg) if table is not None else []
         if table is None or diff:
             cfg.check_new()
-        return table, diff
+            cfg = cfg.as_new()
+        return table, diff, cfg
 
     def check_new(self, cfg: TableConfig, replacing: Table | None) -> RowLayout:
         """The refusals of a create of a table of cfg (new, or `replacing` one of its name) left once its spec is
