@@ -60,6 +60,36 @@ def test_the_store_keeps_a_float16_tables_embeddings_rounded_and_the_rest_exact(
     assert layout_of(3, "adagrad", HALF).value_bytes == 2 * 3 + 4 * 7 + 8
 
 
+def test_a_float16_row_within_its_weight_bound_stays_within_it_at_rest(tmp_path):
+    """float16(0.3) is 0.30004883: an embedding the servers clipped to a weight_bound of 0.3 is stored as the float16
+    next below it, written by a flush or by the write-behind alike; values that round within the bound are rounded
+    to nearest. Oracle: numpy's float16 rounding, and np.nextafter toward zero where it passes the bound."""
+    bound = np.float32(0.3)
+    cfg = TableConfig("emb", 4, weight_bound=float(bound), values_at_rest=HALF)
+    width = layout_of(4, "adagrad", HALF).width
+    rows = np.zeros((2, width), np.float32)
+    rows[:, :4] = [[bound, -bound, 0.1, 0.2999], [np.float32(0.29999998), -0.25, 0.0, 1e-9]]
+    ids, lsn, complete = np.array([1, 2], np.uint64), np.array([1, 2], np.uint64), np.array([True, True])
+    assert float(np.float16(bound)) > bound  # the rounding passes the bound
+    want = rounded(rows[:, :4])
+    past = np.abs(want) > bound
+    want[past] = np.nextafter(want[past].astype(np.float16), np.float16(0)).astype(np.float32)
+    assert past.sum() == 3 and (np.abs(want) <= bound).all()
+    store = Store(str(tmp_path))
+    try:
+        store.create_table(cfg)
+        store.put_rows("emb", ids[:1], rows[:1], lsn[:1], complete[:1], {"admitted": 1, "pending": 0})
+        store.put_rows("emb", ids[1:], rows[1:], lsn[1:], complete[1:], {"admitted": 2, "pending": 0},
+                       background=True)  # fmt: skip
+        before_drain = store.get_rows("emb", ids, width)[1]
+        store.drain()
+        got = store.get_rows("emb", ids, width)[1]
+    finally:
+        store.close()
+    np.testing.assert_array_equal(got[:, :4], want)
+    np.testing.assert_array_equal(before_drain, got)
+
+
 def table_config(values_at_rest: str) -> TableConfig:
     return TableConfig("emb", 4, InitializerConfig("zeros"), OptimizerConfig("adagrad", 1.0),
                        values_at_rest=values_at_rest)  # fmt: skip

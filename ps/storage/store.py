@@ -12,8 +12,8 @@ Layout, one RocksDB per server data dir. Keys are bytes.
         row   := f32le[width]                      a table of values_at_rest "float32" (the default)
                | f16le[dim] f32le[width - dim]     a table of values_at_rest "float16": its embedding as float16
     row and stats are the floats of ps.rows.layout's row (`width` of them, stats its last STATS_FLOATS), little-
-    endian. A float16 embedding is the float32 one rounded to nearest, clipped to +-HALF_MAX first; it reads back
-    as float32. lsn is the journal sequence number of the last push applied to the row, so replaying the journal
+    endian. A float16 embedding is the float32 one rounded to nearest, clipped to +-HALF_MAX first, and never past
+    the table's weight_bound (to_half); it reads back as float32. lsn is the journal sequence number of the last push applied to the row, so replaying the journal
     after a crash applies each push to each row exactly once; a restore's copy sets it to 0.
 Big-endian keys make byte order numeric order, so a table's rows are one contiguous key range, and each of its
 slots a range inside it, to scan or move. Every table's rows share the one "rows" column family: RocksDB
@@ -44,7 +44,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from rocksdict import (
@@ -286,19 +286,42 @@ def unpacked_rows(packed: np.ndarray) -> np.ndarray:
     return np.concatenate((packed["half"].astype(np.float32), packed["row"]), axis=1)
 
 
-def _pack_rows(packed: np.ndarray, rows: np.ndarray) -> None:
-    """Fills the row of each value of `packed` (value_dtype's, lsn left as is) from float32 rows (n, width)."""
+def _pack_rows(packed: np.ndarray, rows: np.ndarray, bound: float) -> None:
+    """Fills the row of each value of `packed` (value_dtype's, lsn left as is) from float32 rows (n, width); bound:
+    the table's weight_bound (to_half)."""
     if "half" not in packed.dtype.names:
         packed["row"] = rows
         return
     half_floats = packed.dtype["half"].shape[0]
-    packed["half"] = np.clip(rows[:, :half_floats], -HALF_MAX, HALF_MAX)  # (numpy rounds to nearest, ties to even)
+    packed["half"] = to_half(rows[:, :half_floats], bound)
     packed["row"] = rows[:, half_floats:]
 
 
-def as_stored(values: np.ndarray) -> np.ndarray:
-    """float32 values as a float16 embedding at rest reads back: clipped to +-HALF_MAX, rounded to float16."""
-    return np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16).astype(np.float32)
+class AtRest(NamedTuple):
+    """How a table's trained rows are at rest: the leading floats stored as float16 (RowLayout.half_floats), and
+    the weight_bound those stay within (to_half)."""
+
+    half_floats: int
+    weight_bound: float
+
+
+def to_half(values: np.ndarray, bound: float) -> np.ndarray:
+    """float32 values as a float16 embedding at rest: clipped to +-HALF_MAX, rounded to nearest (ties to even);
+    where bound > 0 (the table's weight_bound) and rounding took a value within +-bound past it, the float16 next
+    to it toward zero instead, which lies between the value and zero: a row the servers clipped stays within its
+    bound at rest."""
+    half = np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16)
+    if bound > 0:
+        bound = np.float32(bound)  # as the servers clip to it (ps.rows.update)
+        over = (np.abs(half) > bound) & (np.abs(values) <= bound)
+        if over.any():
+            half[over] = np.nextafter(half[over], np.float16(0))
+    return half
+
+
+def as_stored(values: np.ndarray, bound: float) -> np.ndarray:
+    """float32 values as a float16 embedding at rest reads back (to_half's, widened)."""
+    return to_half(values, bound).astype(np.float32)
 
 
 PENDING_BYTES = value_dtype(STATS_FLOATS).itemsize  # a pending id's value
@@ -416,7 +439,7 @@ class Store:
         self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says: identity, marks
         self._synced.sync = True
         self._cfs: dict[str, Rdict] = {}
-        self._half_floats: dict[str, int] = {}  # {table: its RowLayout.half_floats}, read from its config once
+        self._at_rest: dict[str, AtRest] = {}  # {table: how its rows are at rest}, read from its config once
         self.read_threads = max(1, read_threads)
         self._readers = (
             ThreadPoolExecutor(self.read_threads, "ps-rocksdb-read", name_os_thread) if self.read_threads > 1 else None
@@ -508,7 +531,7 @@ class Store:
                     batch.delete(COUNT_PREFIX + cfg.name.encode(), meta)
                 self._db.write(batch, self._write_opts)
             self._table_numbers()[0][cfg.name] = number
-            self._half_floats.pop(cfg.name, None)  # a replaced table's config is another's
+            self._at_rest.pop(cfg.name, None)  # a replaced table's config is another's
 
     def number_for(self, table: str) -> int:
         """The number create_table records for table: its own, or for a new table the one after the highest in use,
@@ -621,18 +644,24 @@ class Store:
             self._cfs[ROWS_CF] = cf
         return cf
 
-    def _layout(self, table: str) -> RowLayout:
+    def _config(self, table: str) -> TableConfig:
         cfg = self._meta_get(TABLE_CONFIG_PREFIX + table.encode(), f"reading the config of table {table!r}")
         if cfg is None:
             raise self._damaged(f"table {table!r} has no config (meta key table/{table})")
+        return cfg
+
+    def _layout(self, table: str) -> RowLayout:
+        cfg = self._config(table)
         return layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest)
 
-    def _half_floats_of(self, table: str) -> int:
-        """The table's RowLayout.half_floats: the leading floats of its trained rows stored as float16."""
-        half = self._half_floats.get(table)
-        if half is None:
-            half = self._half_floats[table] = self._layout(table).half_floats
-        return half
+    def _at_rest_of(self, table: str) -> AtRest:
+        """How the table's trained rows are at rest: their leading floats stored as float16, and its weight_bound."""
+        at_rest = self._at_rest.get(table)
+        if at_rest is None:
+            cfg = self._config(table)
+            half = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest).half_floats
+            at_rest = self._at_rest[table] = AtRest(half, cfg.weight_bound)
+        return at_rest
 
     # ---- rows -----------------------------------------------------------------------------------------
     def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
@@ -647,7 +676,7 @@ class Store:
         lsn = np.zeros(n, dtype=np.uint64)
         if n == 0:
             return sizes >= 0, rows, lsn, sizes >= 0
-        half = self._half_floats_of(table)
+        half, bound = self._at_rest_of(table)
         full, short = value_dtype(width, half), value_dtype(STATS_FLOATS)
         allowed = stored_sizes(width, half)
 
@@ -693,7 +722,7 @@ class Store:
                 found[hit], lsn[hit], complete[hit] = True, batch.lsn[at], batch.complete[at]
                 rows[hit] = np.where(batch.complete[at, None], batch.rows[at], 0.0)
                 if half:  # as RocksDB will hold them once written
-                    rows[hit, :half] = as_stored(rows[hit, :half])
+                    rows[hit, :half] = as_stored(rows[hit, :half], bound)
                 rows[hit, width - STATS_FLOATS :] = batch.rows[at, width - STATS_FLOATS :]
         if found.all():  # every id stored, as for the misses of rows trained before: no copies
             return found, rows, lsn, complete
@@ -757,13 +786,13 @@ class Store:
         order = np.lexsort((ids, slot_of(ids)))  # the key's order: table (one here), slot, id; stable
         ids, lsn, complete = ids[order], lsn[order], complete[order]  # rows are read through order: no copy
         values = np.empty(len(ids), dtype=object)
-        half = self._half_floats_of(table)
+        half, bound = self._at_rest_of(table)
         for mask, part, dtype in ((complete, rows, value_dtype(rows.shape[1], half)),
                                   (~complete, rows[:, rows.shape[1] - STATS_FLOATS :], value_dtype(STATS_FLOATS))):  # fmt: skip
             where = np.flatnonzero(mask)
             if len(where):
                 packed = np.empty(len(where), dtype=dtype)
-                _pack_rows(packed, part[order[where]])
+                _pack_rows(packed, part[order[where]], bound)
                 packed["lsn"] = lsn[where]
                 values[where] = packed.view(f"V{packed.dtype.itemsize}").tolist()
         number = self.table_number(table)
@@ -1006,7 +1035,7 @@ class Store:
             self._db.write(batch, self._synced)
         with self._numbers_lock:  # after a read of the numbers from before the write has kept them
             self._numbers = None
-        self._half_floats.clear()
+        self._at_rest.clear()
 
     def set_restore_pending(self, directory: str | None) -> None:
         with self._rocksdb("clearing the mark of an unfinished restore" if directory is None else
