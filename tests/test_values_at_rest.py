@@ -14,6 +14,7 @@ from ps.codec import table_config_from_proto, table_config_to_proto
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig, table_configs_from_toml
 from ps.engine.restore import export
 from ps.engine.shard import Shard
+from ps.engine.table import layout_for
 from ps.errors import InvalidArgumentError, TableExistsError
 from ps.rows.layout import layout_of
 from ps.sharding import SlotMap, slot_of
@@ -210,3 +211,14 @@ def test_a_spec_without_values_at_rest_attaches_to_either_setting_and_makes_a_fl
         assert reopened.table("emb").cfg.values_at_rest == HALF
     finally:
         reopened.close()
+
+
+def test_a_layout_of_an_unknown_or_unspecified_values_at_rest_is_refused():
+    """Only "float32" and "float16" have a row layout; "" (unspecified) is resolved before any table is made."""
+    with pytest.raises(ValueError, match=r"values_at_rest 'bfloat16' is unknown; expected 'float32' or 'float16'"):
+        layout_of(4, "adagrad", "bfloat16")
+    with pytest.raises(ValueError, match=r"values_at_rest '' is unknown"):
+        layout_for(dataclasses.replace(table_config(HALF), values_at_rest=""))
+    assert layout_for(table_config(HALF)) == layout_of(4, "adagrad", HALF)
+    assert layout_for(table_config(HALF).as_new()).half_floats == 4
+    assert layout_for(dataclasses.replace(table_config(HALF), values_at_rest="").as_new()).half_floats == 0

@@ -46,7 +46,7 @@ from ps.errors import (
 )
 from ps.rows import update
 from ps.rows.initializers import init_rows
-from ps.rows.layout import ADMITTED, CLICK, HALF_AT_REST, LAST_STEP, SHOW, RowLayout
+from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout, half_floats_of
 from ps.rows.optim import get_optimizer
 from ps.rows.rowcopy import gather
 from ps.rows.update import Push, RowState
@@ -66,8 +66,9 @@ def rows_text(n: int) -> str:
 
 
 def layout_for(cfg: TableConfig) -> RowLayout:
-    """The row layout of a table of cfg: its width, and ram_bytes, the RAM tier's charge for one row."""
-    half_floats = cfg.dim if cfg.values_at_rest == HALF_AT_REST else 0
+    """The row layout of a table of cfg: its width, and ram_bytes, the RAM tier's charge for one row. ValueError for
+    a values_at_rest other than "float32" and "float16" (an unspecified "" included: TableConfig.as_new)."""
+    half_floats = half_floats_of(cfg.dim, cfg.values_at_rest)
     return RowLayout(cfg.dim, get_optimizer(cfg.optimizer).state_floats(cfg.dim), half_floats)
 
 

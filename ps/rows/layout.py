@@ -49,7 +49,19 @@ def line_floats(width: int) -> int:
 ROCKSDB_OVERHEAD_BYTES = 8
 
 
+FULL_AT_REST = "float32"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float32 (the default)
 HALF_AT_REST = "float16"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float16
+
+
+def half_floats_of(dim: int, values_at_rest: str) -> int:
+    """RowLayout.half_floats of a table of `dim` whose embeddings RocksDB holds as values_at_rest: dim for
+    HALF_AT_REST, 0 for FULL_AT_REST; ValueError for any other value (an unspecified "" included: a table made of
+    it is FULL_AT_REST, ps.config.TableConfig.as_new)."""
+    if values_at_rest == HALF_AT_REST:
+        return dim
+    if values_at_rest == FULL_AT_REST:
+        return 0
+    raise ValueError(f"values_at_rest {values_at_rest!r} is unknown; expected {FULL_AT_REST!r} or {HALF_AT_REST!r}")
 
 
 class StoredSizes(NamedTuple):
@@ -108,11 +120,11 @@ class RowLayout:
         return KEY_BYTES + self.value_bytes + ROCKSDB_OVERHEAD_BYTES
 
 
-def layout_of(dim: int, optimizer: str, values_at_rest: str = "float32") -> RowLayout:
+def layout_of(dim: int, optimizer: str, values_at_rest: str = FULL_AT_REST) -> RowLayout:
     """The layout of a table of `dim` with `optimizer` (one of ps.rows.optim.OPTIMIZERS) whose embeddings RocksDB
-    holds as values_at_rest (ps.config.VALUES_AT_REST)."""
+    holds as values_at_rest (half_floats_of); ValueError for an unknown optimizer or values_at_rest."""
     from ps.rows.optim import OPTIMIZERS
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
-    return RowLayout(dim, OPTIMIZERS[optimizer].state_floats_for(dim), dim if values_at_rest == HALF_AT_REST else 0)
+    return RowLayout(dim, OPTIMIZERS[optimizer].state_floats_for(dim), half_floats_of(dim, values_at_rest))
