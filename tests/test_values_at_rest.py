@@ -15,10 +15,11 @@ from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableCon
 from ps.engine.restore import export
 from ps.engine.shard import Shard
 from ps.engine.table import layout_for
-from ps.errors import InvalidArgumentError, TableExistsError
+from ps.errors import CheckpointDamagedError, DataLossError, InvalidArgumentError, TableExistsError
 from ps.rows.layout import layout_of
 from ps.sharding import SlotMap, slot_of
-from ps.storage.store import Store
+from ps.storage.readonly import OddRows
+from ps.storage.store import Store, encode_keys
 from ps.storage.verify import verify_checkpoint
 from tests.conftest import exported, one_shard_checkpoint
 
@@ -222,3 +223,29 @@ def test_a_layout_of_an_unknown_or_unspecified_values_at_rest_is_refused():
     assert layout_for(table_config(HALF)) == layout_of(4, "adagrad", HALF)
     assert layout_for(table_config(HALF).as_new()).half_floats == 4
     assert layout_for(dataclasses.replace(table_config(HALF), values_at_rest="").as_new()).half_floats == 0
+
+
+@pytest.mark.parametrize("values_at_rest, other", [(HALF, "float32"), ("float32", HALF)])
+def test_rows_of_the_other_settings_size_are_named_as_maybe_written_with_it(tmp_path, values_at_rest, other):
+    """A stored row of the size the table's layout has under the other values_at_rest is damage that the messages
+    of a pull (Store.get_rows) and of a restore's or export's read (OddRows) say may be rows written with it; a
+    row of any other odd size is not said to be."""
+    layout, other_layout = layout_of(4, "adagrad", values_at_rest), layout_of(4, "adagrad", other)
+    hint = f" (rows written with values_at_rest {other!r}?)"
+    store = Store(str(tmp_path))
+    try:
+        store.create_table(table_config(values_at_rest))
+        key = encode_keys(store.table_number("emb"), np.array([7], np.uint64))[0]
+        for size, said in ((other_layout.value_bytes, hint), (other_layout.value_bytes + 4, "")):
+            store._rows().put(key, b"\x00" * size)
+            refused = rf"holds a row of {size} bytes, expected {layout.value_bytes} "
+            with pytest.raises(DataLossError, match=refused) as failed:
+                store.get_rows("emb", np.array([7], np.uint64), layout.width)
+            assert (hint in str(failed.value)) == bool(said)
+            odd = OddRows(layout)
+            assert odd.saw(key, b"\x00" * size)
+            with pytest.raises(CheckpointDamagedError) as failed:
+                odd.check(CheckpointDamagedError, "emb")
+            assert str(failed.value).endswith(f"its manifest does not match them{said}")
+    finally:
+        store.close()

@@ -99,6 +99,15 @@ class RowLayout:
         """The sizes of the table's RocksDB values."""
         return stored_sizes(self.width, self.half_floats)
 
+    def written_with(self, size: int) -> str:
+        """ " (rows written with values_at_rest X?)" where a stored value of `size` bytes, of neither of
+        sizes_at_rest, is a trained row of this layout under the other values_at_rest; else "". For the messages
+        naming such rows."""
+        other = FULL_AT_REST if self.half_floats else HALF_AT_REST
+        if size != stored_sizes(self.width, half_floats_of(self.dim, other)).trained:
+            return ""
+        return f" (rows written with values_at_rest {other!r}?)"
+
     @property
     def value_bytes(self) -> int:
         """RocksDB value of an admitted id."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from rocksdict import AccessType, Options, Rdict
 
 from ps.errors import CheckpointDamagedError, PsError, StorageError
-from ps.rows.layout import StoredSizes
+from ps.rows.layout import RowLayout
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +154,13 @@ def reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
 
 
 class OddRows:
-    """The stored values of a checkpoint's table that are of neither size the config read with gives (sizes:
-    stored_sizes of its width; None: unknown, no value is odd), as a restore or an export meets them: how many, and
-    the first."""
+    """The stored values of a checkpoint's table that are of neither size the config read with gives (layout: its
+    RowLayout, whose sizes_at_rest are those sizes; None: unknown, no value is odd), as a restore or an export
+    meets them: how many, and the first."""
 
-    def __init__(self, sizes: StoredSizes | None) -> None:
-        self.sizes = sizes
+    def __init__(self, layout: RowLayout | None) -> None:
+        self.layout = layout
+        self.sizes = layout.sizes_at_rest if layout is not None else None
         self.count, self.first, self.first_size = 0, b"", 0
 
     def saw(self, key: bytes, value: bytes) -> bool:
@@ -180,7 +181,7 @@ class OddRows:
                 f"table {table!r} holds {self.count:,} stored rows{among} of neither a trained row's size by the config read "
                 f"with (its manifest's: {sizes.trained} bytes) nor a pending id's ({sizes.pending}), the first of id "
                 f"{int.from_bytes(self.first[6:], 'big')} (key {self.first.hex()}, {self.first_size:,} bytes): its "
-                "rows are damaged, or its manifest does not match them"
+                f"rows are damaged, or its manifest does not match them{self.layout.written_with(self.first_size)}"
             )
 
 

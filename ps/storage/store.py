@@ -710,10 +710,11 @@ class Store:
         found = sizes >= 0
         bad = found & (sizes != allowed.trained) & (sizes != allowed.pending)
         if bad.any():
+            size = int(sizes[bad][0])
             raise self._damaged(
-                f"table {table} holds a row of {int(sizes[bad][0])} bytes, expected {allowed.trained} (a trained row) "
+                f"table {table} holds a row of {size} bytes, expected {allowed.trained} (a trained row) "
                 f"or {allowed.pending} (statistics only): its rows are damaged, or were written by another build's "
-                "row layout"
+                f"row layout{self._layout(table).written_with(size)}"
             )
         complete = sizes == allowed.trained
         for batch in pending:  # oldest first: a later batch of the same id wins, as in RocksDB
@@ -887,7 +888,7 @@ class Store:
                     handle = self._db.get_column_family_handle(ROWS_CF)
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self.table_number(table).to_bytes(4, "big")
                     batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
-                    odd = OddRows(layouts[table].sizes_at_rest if layouts and table in layouts else None)
+                    odd = OddRows(layouts[table] if layouts and table in layouts else None)
                     for key, value in iter_items(cf, src_prefix + int(lo).to_bytes(2, "big")):
                         if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
                             break
@@ -929,7 +930,7 @@ class Store:
             if ROWS_CF not in names or table not in numbers:
                 return
             prefix = numbers[table].to_bytes(4, "big")
-            keys, values, odd = [], [], OddRows(layout.sizes_at_rest)
+            keys, values, odd = [], [], OddRows(layout)
             for key, value in iter_prefixed(src.get_column_family(ROWS_CF), prefix):
                 if len(value) == odd.sizes.trained:
                     keys.append(key)
