@@ -934,3 +934,25 @@ def test_a_file_of_values_0_and_1_scored_on_tables_trained_with_weights_is_refus
     _, out = read_out(tmp_path / "out.csv")
     _, oracle = read_out(tmp_path / "mixed.csv")
     assert out["probability"].tolist() == oracle["probability"][:2].tolist()
+
+
+def test_predict_warns_of_the_first_value_its_auto_one_hot_read_left_out(servers, files, tmp_path, monkeypatch, caplog):
+    """A file scored one-hot because the training file's first lines of data carry only 0 and 1 (--libsvm-values
+    auto) warns once, as train and eval do, naming the first scored line whose value other than 0 and 1 was left
+    out (of the second file, the first holding none)."""
+    from worker.data import LEFT_VALUES
+    from worker.readers import libsvm_reader
+
+    monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 20)
+    addresses, _ = servers(1)
+    train_path = str(tmp_path / "train.svm")
+    to_libsvm(files[0], train_path)
+    train(small_run(addresses, train_path, model="lr", format="libsvm"))
+    scored = tmp_path / "scored"
+    scored.mkdir()
+    (scored / "a.svm").write_text("1 1:1 2:1\n0 3:1\n")
+    (scored / "b.svm").write_text("1 1:1\n0 2:1 3:0.5\n1 4:2\n")
+    flags = ["--data", train_path, "--format", "libsvm", "--model", "lr", "--predict-data", str(scored)]
+    assert predict(addresses[0], tmp_path / "out.csv", *flags) == 0
+    said = [r.getMessage() for r in caplog.records if "other than 0 and 1" in r.getMessage()]
+    assert said == [LEFT_VALUES.format(first=f"{scored / 'b.svm'} line 2: value 0.5", data=train_path)]

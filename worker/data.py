@@ -469,6 +469,13 @@ class DataSource:
                 out.append(f"{path}: skipped {s.bad_lines:,} {lines} of {s.lines_read:,} (first: {s.first_bad})")
             if getattr(s, "truncated_bags", 0):
                 out.append(f"{path}: {s.truncated_bags:,} bags were longer than their column's max_length and cut")
-            if getattr(s, "first_left_value", None):
-                out.append(LEFT_VALUES.format(first=s.first_left_value, data=self.cfg.data))
+            if note := self.left_values_note(s):
+                out.append(note)
         return out
+
+    def left_values_note(self, stats: ReadStats) -> str | None:
+        """LEFT_VALUES for a read (its stats) that left out a value other than 0 and 1 of a file read one-hot by
+        --libsvm-values auto (ReadStats.first_left_value), naming --data, whose first lines chose one-hot; else
+        None."""
+        first = getattr(stats, "first_left_value", None)
+        return LEFT_VALUES.format(first=first, data=self.cfg.data) if first else None

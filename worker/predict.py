@@ -212,6 +212,8 @@ def predict_servers(cfg: PredictConfig) -> dict:
                          f"lines{why}); nothing was written")  # fmt: skip
     for line in m.data.bad_lines_report():
         log.warning(line)
+    if left := m.data.left_values_note(stats):  # (the files' stream, which read_stats does not hold)
+        log.warning("%s", left)
     if stats.unread_labels:
         log.warning("%s", unread_labels_note(stats))
     return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "files": len(files), "out": cfg.out,
