@@ -173,14 +173,39 @@ def test_files_that_leave_a_worker_no_line_are_refused_however_many_lines_they_h
             prepare(cfg)
     prepare(TrainConfig(servers=("h:1",), data=files, format="libsvm", job_id=1, num_workers=2, worker_id=1))
     rng = np.random.default_rng(0)
-    for case in range(40):  # idle_workers against the shares read_batches reads of random small files
-        lines, n = rng.integers(0, 6, rng.integers(1, 5)).tolist(), int(rng.integers(1, 7))
+    no_data = ["\n", "# c: 1\n", " \t\n", "  # x\n"]
+    for case in range(60):  # idle_workers against the shares read_batches reads of random small files
+        lines, n = rng.integers(0, 7, rng.integers(1, 5)).tolist(), int(rng.integers(1, 7))
         paths = [tmp_path / f"r{case}_{k}.svm" for k in range(len(lines))]
-        for path, c in zip(paths, lines):
-            path.write_text("".join(f"1 {j}:1\n" for j in range(c)))
+        for path, c in zip(paths, lines):  # lines of data among lines of none (a comment or blank), the last unended
+            text = "".join(f"1 {j}:1\n" if rng.random() < 0.6 else str(rng.choice(no_data)) for j in range(c))
+            path.write_text(text[:-1] if rng.random() < 0.3 else text)
         spec = ",".join(map(str, paths))
         read = [sum(map(len, read_batches(spec, data.schema, 10, worker_id=i, num_workers=n))) for i in range(n)]
-        assert idle_workers(lines, n) == [i for i in range(n) if not read[i]]
+        counted = count_data_upto(list(map(str, paths)), None, "libsvm", modulus=n)
+        assert idle_workers(counted.per_file_residues, n) == [i for i in range(n) if not read[i]]
+
+
+def test_the_idle_worker_check_goes_by_where_the_lines_of_data_stand_among_comments_and_blanks(tmp_path):
+    """The shares take every n-th line, comments and blank lines among them: a comment that opens one file of 1
+    line of data, then a file of 2, leave each of 3 workers a line of data (accepted); 3 lines of data with a blank
+    line third leave worker 2 none (refused, naming it; fewer workers may serve, not 'at most 3')."""
+    from worker.formats import read_batches
+
+    (tmp_path / "a.svm").write_text("# c\n1 1:1 2:1\n")
+    (tmp_path / "b.svm").write_text("0 1:1\n1 2:1\n")
+    files = f"{tmp_path / 'a.svm'},{tmp_path / 'b.svm'}"
+    for worker in range(3):
+        _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=files, format="libsvm", job_id=1, num_workers=3,
+                                            worker_id=worker))  # fmt: skip
+        assert sum(map(len, read_batches(files, data.schema, 10, worker_id=worker, num_workers=3))) == 1
+    gap = tmp_path / "gap.svm"
+    gap.write_text("1 1:1\n0 2:1\n\n1 3:1\n")
+    cfg = TrainConfig(servers=("h:1",), data=str(gap), format="libsvm", job_id=1, num_workers=3, worker_id=0)
+    with pytest.raises(ValueError, match=r"gap.svm holds 3 lines of data, shared by the job's 3 workers \(worker i "
+                                         r"reads the lines whose number % 3 == i\): worker 2 would read none of them: "
+                                         r"it trains no example; start fewer workers$"):  # fmt: skip
+        prepare(cfg)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -152,7 +152,7 @@ class DataSource:
             # eval and predict, which read --data only for its schema; no further than the recipe's threshold
             if count:
                 files, fmt = data_files(cfg.data), self.schema.format
-                self.line_count = count_data_upto(files, recipe.SMALL_DATA_EXAMPLES, fmt)
+                self.line_count = count_data_upto(files, recipe.SMALL_DATA_EXAMPLES, fmt, modulus=cfg.num_workers)
                 self.examples = self.line_count.estimate // cfg.num_workers
                 self._check_every_worker_reads(cfg)
             if self.schema.needs_stats():
@@ -177,11 +177,12 @@ class DataSource:
 
     def _check_every_worker_reads(self, cfg: Any) -> None:
         """ValueError when the files are counted whole (fewer lines than the recipe's threshold) and some worker's
-        share of them holds no line: it would train nothing. No lines at all: first_batch's error."""
+        share of them holds no line of data (the shares take lines of no data too: LineCount.per_file_residues): it
+        would train nothing. No lines at all: first_batch's error."""
         counted, n = self.line_count, cfg.num_workers
         if counted is None or counted.more or not counted.lines:
             return
-        idle = idle_workers(counted.per_file, n)
+        idle = idle_workers(counted.per_file_residues, n)
         if not idle:
             return
         files = len(counted.per_file)
@@ -189,7 +190,8 @@ class DataSource:
             f"file k's lines whose number % {n} == (i + k) % {n}" if files > 1 else f"the lines whose number % {n} == i"
         )
         names = ", ".join(map(str, idle[:5])) + ", ..." * (len(idle) > 5)
-        fewer = f"start at most {counted.lines:,}" if files == 1 else "start fewer workers"
+        gapless = files == 1 and count_lines(cfg.data, self.schema.format == "csv") == counted.lines  # all data
+        fewer = f"start at most {counted.lines:,}" if gapless else "start fewer workers"
         raise ValueError(f"{cfg.data} holds {counted.lines:,} line{'s' * (counted.lines != 1)} of data"
                          f"{f' in {files:,} files' if files > 1 else ''}, shared by the job's {n} workers (worker i "
                          f"reads {rule}): worker{'s' * (len(idle) > 1)} {names} would read none of them: "

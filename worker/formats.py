@@ -6,7 +6,7 @@
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     check_same_format(path, schema)             # ValueError naming the first file unlike the first one
     detect_format(path) -> (format, delimiter, what was seen)   # --format auto: told by the data's first line
-    idle_workers(file_lines, num_workers) -> [worker id, ...]   # those whose share of such files holds no line
+    idle_workers(file_residues, num_workers) -> [worker id, ...]   # those whose share of such files holds no line
     first_with_content(path) -> str             # the first file that is not empty (its first, if all are)
     csv_records(path, delimiter, rows) -> (header, records)   # a sample of the first file holding records
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
@@ -75,7 +75,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -160,14 +160,14 @@ def read_batches(
     return rebatch(stream(), batch_size)
 
 
-def idle_workers(file_lines: Sequence[int], num_workers: int) -> list[int]:
-    """The workers of num_workers whose shares (read_batches) of files of these many data lines, in reading order,
-    hold no line: worker i reads line j of the k-th file when j % num_workers == (i + k) % num_workers."""
+def idle_workers(file_residues: Sequence[Collection[int]], num_workers: int) -> list[int]:
+    """The workers of num_workers whose shares (read_batches) of files, in reading order, hold no line of data:
+    file_residues, of each file, the residues mod num_workers of its data lines' 0-based indices among its lines
+    (linecount.LineCount.per_file_residues); worker i reads line j of the k-th file when j % num_workers == (i + k)
+    % num_workers."""
     reads = np.zeros(num_workers, dtype=bool)
-    for k, lines in enumerate(file_lines):
-        if lines >= num_workers:
-            return []
-        reads[(np.arange(lines) - k) % num_workers] = True
+    for k, residues in enumerate(file_residues):
+        reads[(np.fromiter(residues, dtype=np.int64, count=len(residues)) - k) % num_workers] = True
     return np.flatnonzero(~reads).tolist()
 
 

@@ -6,12 +6,13 @@ takes as long as reading it (about 15 s; a 10^9-line file, minutes), so the coun
 threshold: a file that reaches it is large whatever follows, and its total is estimated from the bytes the
 counted lines took (uncompressed files: the file's size; gzip: the compressed bytes read, since the
 uncompressed size is unknown until the end, and the compressed bytes a line takes are known as it is read). A
-count to the end also gives each file's lines (LineCount.per_file), by which worker/data.py refuses data that
-leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a line; beyond
-the threshold nothing needs them: the validation split is a hash of an example's index (worker/data.py). Lines of
-data are counted (count_data_upto): a csv file's header line is none, nor is a libsvm line of whitespace or of a
-comment only. The shares take every num_workers-th line, such lines included: the check of a share without a
-line goes by lines of data, exact for files without such lines.
+count to the end also gives each file's lines (LineCount.per_file) and, given a modulus (the job's workers), the
+residues of its lines of data's places among its lines (LineCount.per_file_residues), by which worker/data.py
+refuses data that leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a
+line of data; beyond the threshold nothing needs them: the validation split is a hash of an example's index
+(worker/data.py). Lines of data are counted (count_data_upto): a csv file's header line is none, nor is a libsvm
+line of whitespace or of a comment only. The shares take every num_workers-th line, such libsvm lines included,
+so their residues are those of the data lines' indices among all the file's lines.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
+
+import numpy as np
 
 SCORING_COUNT_LINES = 1_000_000  # eval and predict: lines counted for a progress total, an estimate past them
 CHUNK_BYTES = 1 << 16  # read at a time: past the limit's line, at most this many bytes more are read
@@ -39,18 +42,25 @@ class LineCount:
     estimate: int
     bytes_read: int
     per_file: tuple[int, ...] = ()  # count_files_upto: the lines of each file it counted to the end, in order
+    # given a modulus and counted to the end: the residues mod modulus of the 0-based indices of the file's lines of
+    # data among all its lines (skip_empty: its lines of no data keep their places; csv: the lines after its header)
+    residues: frozenset[int] | None = None
+    per_file_residues: tuple[frozenset[int], ...] = ()  # count_files_upto: `residues` of each file of per_file
 
 
-def count_lines_upto(path: str, limit: int | None, header: bool = False, skip_empty: bool = False) -> LineCount:
+def count_lines_upto(path: str, limit: int | None, header: bool = False, skip_empty: bool = False,
+                     modulus: int | None = None) -> LineCount:  # fmt: skip
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
     the end). A line ends in LF; in a file with a header (CSV, whose reader takes every kind of line end) in LF,
     CRLF or a lone CR; a last line without a line end counts too, as the readers read it. skip_empty (a libsvm
     file, headerless): a line of whitespace, or of a comment only (# ...), is no data line and not counted.
-    ValueError names a .gz file that does not read as gzip."""
+    modulus (>= 1): a count to the end gives LineCount.residues. ValueError names a .gz file that does not read
+    as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
     after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
     last = b""  # the file's last byte; skip_empty: its last line, when it has no line end
+    residues = _Residues(modulus if skip_empty else None)
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
         chunks = _whole_lines(_chunks(raw, path)) if skip_empty else _chunks(raw, path)
@@ -58,7 +68,10 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, skip_em
             last = (chunk if skip_empty and not chunk.endswith(b"\n") else chunk[-1:]) or last
             skip = int(after_cr and chunk.startswith(b"\n"))
             n = chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") - skip if header else 0)
-            n -= len(_NO_DATA.findall(b"\n" + chunk)) if skip_empty else 0
+            if skip_empty:
+                no_data = [m.start() for m in _NO_DATA.finditer(b"\n" + chunk)]  # where those lines start
+                n -= len(no_data)
+                residues.add(chunk, no_data)
             after_cr = header and chunk.endswith(b"\r")
             if header and not head and n:
                 head = (_nth_end(chunk, 1, header, skip) + 1) * chunk_bytes / len(chunk)  # the header's share
@@ -76,21 +89,23 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, skip_em
         lines = max(0, newlines + unended - header)
         if limit is not None and lines >= limit:  # that last line is the limit's
             return LineCount(limit, True, limit, raw.tell())
-        return LineCount(lines, False, lines, raw.tell())
+        found = residues.found if skip_empty else frozenset(range(min(lines, modulus or 0)))
+        return LineCount(lines, False, lines, raw.tell(), residues=None if modulus is None else found)
 
 
-def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, skip_empty: bool = False
-                     ) -> LineCount:  # fmt: skip
+def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, skip_empty: bool = False,
+                     modulus: int | None = None) -> LineCount:  # fmt: skip
     """count_lines_upto over files read one after another (worker/datafiles.py: a data input of several files,
-    each with its own header line when header; skip_empty: lines of no data not counted): the count stops once
-    `limit` lines are counted in all. The files
+    each with its own header line when header; skip_empty: lines of no data not counted; modulus: each file
+    counted to the end gives its residues): the count stops once `limit` lines are counted in all. The files
     not reached then are estimated from their sizes at the lines per byte of the files of their kind (gzip'ed or
     not) counted so far, the file where the count stopped included."""
     lines = read = 0
     per_file: list[int] = []
+    per_file_residues: list[frozenset[int]] = []
     per_kind: dict[bool, list[float]] = {True: [0.0, 0.0], False: [0.0, 0.0]}  # gzip'ed? -> [lines, bytes]
     for i, path in enumerate(paths):
-        count = count_lines_upto(path, None if limit is None else limit - lines, header, skip_empty)
+        count = count_lines_upto(path, None if limit is None else limit - lines, header, skip_empty, modulus)
         read += count.bytes_read
         kind = per_kind[path.endswith(".gz")]
         kind[0] += count.estimate
@@ -102,16 +117,44 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
                 if not seen_bytes:  # no file of its kind counted: the one where the count stopped tells
                     seen_lines, seen_bytes = kind
                 rest += os.path.getsize(other) * seen_lines / max(seen_bytes, 1.0)
-            return LineCount(lines + count.lines, True, lines + count.estimate + round(rest), read, tuple(per_file))
+            more = lines + count.estimate + round(rest)
+            return LineCount(lines + count.lines, True, more, read, tuple(per_file), None, tuple(per_file_residues))
         lines += count.lines
         per_file.append(count.lines)
-    return LineCount(lines, False, lines, read, tuple(per_file))
+        if count.residues is not None:
+            per_file_residues.append(count.residues)
+    return LineCount(lines, False, lines, read, tuple(per_file), None, tuple(per_file_residues))
 
 
-def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str) -> LineCount:
+def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: int | None = None) -> LineCount:
     """count_files_upto of the data lines of files in format fmt (schema.format): a csv file's header line left
-    out, and a libsvm file's lines of whitespace or of a comment only (skip_empty)."""
-    return count_files_upto(paths, limit, header=fmt == "csv", skip_empty=fmt == "libsvm")
+    out, and a libsvm file's lines of whitespace or of a comment only (skip_empty); modulus: with each file's
+    residues (LineCount.per_file_residues)."""
+    return count_files_upto(paths, limit, header=fmt == "csv", skip_empty=fmt == "libsvm", modulus=modulus)
+
+
+class _Residues:
+    """The residues mod `modulus` of the 0-based indices of a file's lines of data among all its lines (found),
+    fed its chunks of whole lines in order (_whole_lines'); modulus None: none are looked for. Once every residue is
+    found, the chunks are not looked at."""
+
+    def __init__(self, modulus: int | None):
+        self.modulus, self.lines, self.found = modulus, 0, frozenset()
+
+    def add(self, chunk: bytes, no_data: list[int]) -> None:
+        """chunk: the next whole lines (the file's last without its LF, if it has none); no_data: the offsets in
+        b"\n" + chunk of the LF before each of its lines of no data (_NO_DATA's matches), as in chunk where each
+        such line starts."""
+        if self.modulus is None or len(self.found) == self.modulus:
+            return
+        ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x0A)
+        count = len(ends) + (not chunk.endswith(b"\n"))  # a last line without its LF is a line
+        data = np.ones(count, dtype=bool)
+        data[np.searchsorted(ends, no_data)] = False  # a line's index: the LFs before its start
+        if not chunk.endswith(b"\n") and _NO_DATA_LINE.fullmatch(chunk, int(ends[-1]) + 1 if len(ends) else 0):
+            data[-1] = False
+        self.found |= frozenset(((self.lines + np.flatnonzero(data)) % self.modulus).tolist())
+        self.lines += count
 
 
 def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
