@@ -161,3 +161,18 @@ def test_a_run_reports_once_the_first_value_its_auto_one_hot_read_left_out(tmp_p
     cfg = train_config_from_argv(["--data", str(path), "--libsvm-values", "weights", "--local-shards", "1"])
     _, data, _, _ = prepare(dataclasses.replace(cfg, progress=False))
     assert {c.kind for c in data.schema.columns} == {"weighted"} and data.schema.libsvm_values == "weights"
+
+
+def test_the_auto_one_hot_look_parses_no_line_for_query_ids_and_comments(monkeypatch):
+    """A chunk of 0/1 values whose lines all carry a qid (qid:0 and qid:1 among them) and a comment holding ':'
+    is passed by the search of its bytes, no line parsed; a value other than 0 and 1 beside them is found (the
+    oracle: each line's tokens read by hand), one in a comment or a qid is none."""
+    parsed = []
+    real = libsvm_reader._libsvm_line
+    monkeypatch.setattr(libsvm_reader, "_libsvm_line", lambda *a, **k: parsed.append(a[0]) or real(*a, **k))
+    lines = [f"{k % 2} qid:{k % 3} {k}:1 {k + 1}:0 # a:0.5 qid:7 b:2\n".encode() for k in range(50)]
+    good = np.arange(1, 51)
+    assert libsvm_reader._left_value(lines, good, 1, 1, True, False) is None and parsed == []
+    lines[31] = b"1 qid:0 3:1 4:0.25 # c:1\n"
+    assert libsvm_reader._left_value(lines, good, 1, 1, True, False) == (32, 0.25)
+    assert parsed == [lines[31]]

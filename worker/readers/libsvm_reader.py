@@ -98,9 +98,12 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
             yield Cells(labels_f32, cells, line_nos_i64, problems, parsed, unread, left)
 
 
-# ":" and a token's value other than 0 or 1 as libsvm files write them (0, 1, 1.0, ...): a chunk of one-hot lines
-# holds none, so a search of its bytes passes it; a match (in a comment, a qid, 1e0) is then parsed to be sure
-_NOT_BINARY = re.compile(rb":(?![01](?:\.0*)?(?:[ \t\r\n\x0b\x0c#]|$))")
+# ":" and a token's value other than 0 or 1 as libsvm files write them (0, 1, 1.0, ...), in lines without their
+# comments and query ids (criteo.libsvm_tokens leaves them out: _COMMENT, _QID_TOKEN): a chunk of one-hot lines holds
+# none, so a search of its bytes passes it; a match (1e0, +1, a bad line's) is then parsed to be sure
+_NOT_BINARY = re.compile(rb":(?![01](?:\.0*)?(?:[ \t\r\n\x0b\x0c]|$))")
+_COMMENT = re.compile(rb"#[^\n]*")
+_QID_TOKEN = re.compile(rb"qid:[0-9]+")  # (one apart from a line's second token makes the line bad: not looked at)
 
 
 def _left_value(lines: list[bytes], good: np.ndarray, first: int, step: int, labeled: bool, blank_labels: bool
@@ -108,18 +111,24 @@ def _left_value(lines: list[bytes], good: np.ndarray, first: int, step: int, lab
     """(line number, value) of the first of the chunk's good lines (their numbers: good) holding a feature value
     other than 0 and 1, or None: found by one search of the chunk's bytes where it has none (lines: the chunk's,
     the k-th at line first + k * step, read as libsvm_cells reads them)."""
-    joined = b"".join(lines)
+    joined = _features(b"".join(lines))
     binary = sum(joined.count(b":" + v + end) for v in (b"0", b"1") for end in (b" ", b"\n"))
     if binary == joined.count(b":") or _NOT_BINARY.search(joined) is None:  # (the counts: the common case, faster)
         return None
     kept = set(good.tolist())
     for k, line in enumerate(lines):
-        if first + k * step in kept and _NOT_BINARY.search(line):
+        if first + k * step in kept and _NOT_BINARY.search(_features(line)):
             parsed = _libsvm_line(line, labeled, blank_labels, with_values=True)
             value = next((v for v in parsed[2] if v not in (0.0, 1.0)), None)
             if value is not None:
                 return first + k * step, value
     return None
+
+
+def _features(text: bytes) -> bytes:
+    """Lines without their comments and query ids (their ":"s are no feature's)."""
+    text = _COMMENT.sub(b"", text) if b"#" in text else text
+    return _QID_TOKEN.sub(b"", text) if b"qid:" in text else text
 
 
 def _decimal_strings(ids: np.ndarray) -> np.ndarray:
