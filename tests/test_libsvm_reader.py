@@ -176,3 +176,23 @@ def test_the_auto_one_hot_look_parses_no_line_for_query_ids_and_comments(monkeyp
     lines[31] = b"1 qid:0 3:1 4:0.25 # c:1\n"
     assert libsvm_reader._left_value(lines, good, 1, 1, True, False) == (32, 0.25)
     assert parsed == [lines[31]]
+
+
+def test_a_value_left_out_once_found_is_not_looked_for_on_later_passes(tmp_path, monkeypatch):
+    """Once the first pass over a file found a value its auto one-hot read leaves out, later passes (each epoch's
+    fresh ReadStats) look at no chunk for another; the report names the first pass's, once."""
+    monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 20)
+    path = tmp_path / "d.svm"
+    one_hot_file(path, 60, {37: "6:0.5"})
+    _, data, _, _ = prepare(TrainConfig(data=str(path), format="libsvm", local_shards=1, progress=False))
+    looked = []
+    real = libsvm_reader._left_value
+    monkeypatch.setattr(libsvm_reader, "_left_value", lambda *a: looked.append(a[2]) or real(*a))
+    list(data.read_whole(str(path)))
+    assert looked  # the first pass looked, up to the chunk that holds line 37
+    looked.clear()
+    for _ in range(2):
+        assert sum(map(len, data.read_whole(str(path)))) == 60
+    assert looked == []
+    said = [line for line in data.bad_lines_report() if "other than 0 and 1" in line]
+    assert said == [LEFT_VALUES.format(first=f"{path} line 37: value 0.5", data=path)]

@@ -232,8 +232,11 @@ class DataSource:
         stats: ReadStats | None = None,
     ) -> Iterator[Batch]:
         stats = stats if stats is not None else ReadStats()
-        if track and path not in {p for p, _ in self.read_stats}:  # the first pass over a file is reported
+        reported = next((s for p, s in self.read_stats if p == path), None)
+        if track and reported is None:  # the first pass over a file is reported
             self.read_stats.append((path, stats))
+        elif reported is not None and reported.first_left_value and stats.first_left_value is None:
+            stats.first_left_value = reported.first_left_value  # found for the run: the reader looks no more
         c = self.cfg
         size = batch_size or self.batch_size
         labeled = not self.labels_optional or file_has_labels(path, self.schema)
