@@ -108,6 +108,45 @@ def test_a_libsvm_files_comment_and_blank_lines_are_no_lines_of_data(tmp_path, m
     assert count_data_upto([str(path)], None, "libsvm").lines == 61
 
 
+def test_the_libsvm_count_and_the_reader_agree_on_which_lines_hold_data(tmp_path):
+    """count_data_upto's lines of a libsvm file are the lines the reader reads other than empty (the oracle:
+    ReadStats' lines read less its empty ones), whatever whitespace, CRs, query ids and comments a line holds:
+    a line of a query id only is empty, one with a CR before its end is a bad line (CR_ALONE), comment or not."""
+    from worker.formats import ReadStats, read_batches
+    from worker.schema_builtin import builtin_schema
+
+    pieces = [
+        "",
+        " ",
+        "\t",
+        "\r",
+        "\x0b",
+        "qid:3",
+        "qid:3 qid:4",
+        "#x",
+        "# a:b\r",
+        "1 1:1",
+        "1",
+        "x",
+        "\r # x",
+        "qid:x",
+    ]
+    schema = builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=2)
+    rng = np.random.default_rng(5)
+    for case in range(30):
+        lines = ["".join(rng.choice(pieces, size=int(rng.integers(1, 4)))) for _ in range(int(rng.integers(1, 30)))]
+        path = tmp_path / f"m{case}.svm"
+        text = "\n".join(lines) + ("\n" if rng.random() < 0.5 else "")
+        path.write_bytes(text.encode())
+        stats = ReadStats()
+        for _ in read_batches(str(path), schema, 8, max_bad_lines=10**6, stats=stats):
+            pass
+        counted = count_data_upto([str(path)], None, "libsvm")
+        assert counted.lines == stats.lines_read - stats.empty_lines, (lines, counted, stats)
+        if counted.lines:  # a count to a limit of them all stops at the last line of data
+            assert count_data_upto([str(path)], counted.lines, "libsvm").more
+
+
 def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, monkeypatch):
     monkeypatch.setattr(recipe, "SMALL_DATA_EXAMPLES", 100)
     path = tmp_path / "small.svm"

@@ -11,7 +11,7 @@ residues of its lines of data's places among its lines (LineCount.per_file_resid
 refuses data that leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a
 line of data; beyond the threshold nothing needs them: the validation split is a hash of an example's index
 (worker/data.py). Lines of data are counted (count_data_upto): a csv file's header line is none, nor is a libsvm
-line of whitespace or of a comment only. The shares take every num_workers-th line, such libsvm lines included,
+line of whitespace, a query id or a comment only. The shares take every num_workers-th line, such libsvm lines included,
 so their residues are those of the data lines' indices among all the file's lines.
 """
 
@@ -53,7 +53,8 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, skip_em
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
     the end). A line ends in LF; in a file with a header (CSV, whose reader takes every kind of line end) in LF,
     CRLF or a lone CR; a last line without a line end counts too, as the readers read it. skip_empty (a libsvm
-    file, headerless): a line of whitespace, or of a comment only (# ...), is no data line and not counted.
+    file, headerless): a line the libsvm reader reads empty (whitespace, a query id qid:N, a comment # ...) is no
+    data line and not counted.
     modulus (>= 1): a count to the end gives LineCount.residues. ValueError names a .gz file that does not read
     as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
@@ -128,7 +129,7 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
 
 def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: int | None = None) -> LineCount:
     """count_files_upto of the data lines of files in format fmt (schema.format): a csv file's header line left
-    out, and a libsvm file's lines of whitespace or of a comment only (skip_empty); modulus: with each file's
+    out, and a libsvm file's lines the reader reads empty (skip_empty); modulus: with each file's
     residues (LineCount.per_file_residues)."""
     return count_files_upto(paths, limit, header=fmt == "csv", skip_empty=fmt == "libsvm", modulus=modulus)
 
@@ -187,10 +188,13 @@ def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
 
 
 _ANY_LINE_END = re.compile(rb"\r\n|\r|\n")
-# a line of no data (skip_empty): whitespace, or a comment only (libsvm_reader's "# ..."), matched with the line end
-# before it, so that findall over LF + whole lines finds each once (a match takes no LF of the line after)
-_NO_DATA = re.compile(rb"\n[ \t\r\x0b\x0c]*(?:#[^\n]*)?(?=\n)")
-_NO_DATA_LINE = re.compile(rb"[ \t\r\x0b\x0c]*(?:#[^\n]*)?\n?")  # one such line, its line end or none
+# a line of no data (skip_empty), as libsvm_reader reads one empty: whitespace, a query id (qid:<digits>) and a
+# comment (# ...), each or all left out, and no CR before the line's end (the reader's CR_ALONE, a bad line)
+_NO_DATA_BODY = rb"[ \t\x0b\x0c]*(?:qid:[0-9]+[ \t\x0b\x0c]*)?(?:#[^\r\n]*)?\r*"
+# matched with the line end before it, so that finditer over LF + whole lines finds each once (a match takes no LF
+# of the line after)
+_NO_DATA = re.compile(rb"\n" + _NO_DATA_BODY + rb"(?=\n)")
+_NO_DATA_LINE = re.compile(_NO_DATA_BODY + rb"\n?")  # one such line, its line end or none
 
 
 def _whole_lines(chunks: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, int]]:

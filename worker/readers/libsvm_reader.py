@@ -2,8 +2,8 @@
 
 libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or -1 (-> 0) or +1 (-> 1).
         SVMlight's additions are read too (criteo.libsvm_tokens): a comment from "#" to the line's end is left
-        out (a line of a comment only is an empty line), and so is a query id, qid:<digits>, after the label
-        (first on a line without one). An empty line is no line of data: the line counts
+        out, and so is a query id, qid:<digits>, after the label (first on a line without one): a line of a
+        comment or a query id only is an empty line. An empty line is no line of data: the line counts
         (linecount.count_data_upto) and libsvm_sample pass it.
         Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing):
         a chunk's Parsed holds every column's ids as a hashed categorical column reads them (the id itself), its
@@ -216,8 +216,8 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
 
 
 def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
-    """(K, weighted) of a libsvm file, from its first FIELD_COUNT_LINES data lines (lines of whitespace or of a
-    comment only are none; read without a label when the file has none, as has_labels tells; bad lines skipped),
+    """(K, weighted) of a libsvm file, from its first FIELD_COUNT_LINES data lines (lines it reads empty are
+    none; read without a label when the file has none, as has_labels tells; bad lines skipped),
     in one pass. K: the most features of a line. Lines of more
     than schema.MAX_LIBSVM_FIELDS features count only where no line has fewer (the schema then refuses the file,
     saying why): among shorter lines such a line is a bad line, not a reason to refuse the whole file. weighted:
