@@ -940,6 +940,9 @@ def test_a_header_alone_is_refused_as_no_examples_with_no_warning_of_its_label_f
 
 
 def test_no_examples_is_an_error_not_a_run_of_zero(tmp_path):
+    (tmp_path / "c.svm").write_text("# made by a tool: v1\n\n# no lines of data\n")
+    with pytest.raises(ValueError, match=r"c.svm: no examples in it \(it is empty, or holds only comments\)$"):
+        prepare(TrainConfig(local_shards=1, data=str(tmp_path / "c.svm"), format="libsvm"))
     with pytest.raises(ValueError, match=r"no examples in it \(it is empty, or holds only a header\)"):
         prepare(TrainConfig(local_shards=1, data=_csv(tmp_path, 0), format="csv"))
     with pytest.raises(ValueError, match=r"no examples in it: all 3 of its lines are malformed \(first: .*"

@@ -393,7 +393,7 @@ class DataSource:
                 break
         if not out and self.cfg.validation_data:
             raise ValueError(f"{self.cfg.validation_data}: no examples to validate on (--validation-data is empty, "
-                             "or holds only a header or malformed lines)")  # fmt: skip
+                             f"or holds only {self.no_data_lines()} or malformed lines)")  # fmt: skip
         return out
 
     def eval(self) -> Iterator[Batch]:
@@ -418,7 +418,7 @@ class DataSource:
         if next(batches, None) is None:
             why = f"; the first malformed one: {stats.first_bad}" if stats.bad_lines else ""
             raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on (--eval-data is empty, or holds "
-                             f"only a header or malformed lines){why}")  # fmt: skip
+                             f"only {self.no_data_lines()} or malformed lines){why}")  # fmt: skip
         files = data_files(self.cfg.eval_data)
         if not getattr(self.cfg, "final_eval", True) or sum(os.path.getsize(f) for f in files) > WHOLE_EVAL_CHECK_BYTES:
             return
@@ -453,10 +453,15 @@ class DataSource:
             why = (
                 f": all {stats.lines_read:,} of its lines are malformed (first: {stats.first_bad})"
                 if stats.bad_lines
-                else " (it is empty, or holds only a header)"
+                else f" (it is empty, or holds only {self.no_data_lines()})"
             )
             raise ValueError(f"{self.cfg.data}: no examples in it{why}")
         return first
+
+    def no_data_lines(self) -> str:
+        """What a file of the schema's format holds that is no example, in a refusal of a file without any: a libsvm
+        file's comments (and blank lines), another's header."""
+        return "comments" if self.schema.format == "libsvm" else "a header"
 
     def skipped_lines(self) -> int:
         """Malformed lines of the training data skipped in the first pass over this worker's share (0 for synthetic

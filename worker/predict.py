@@ -208,8 +208,8 @@ def predict_servers(cfg: PredictConfig) -> dict:
     if rows == 0:  # _write removed its file
         why = f"; the first malformed one: {first_bad}" if bad_lines else ""
         what = "the file is" if len(files) == 1 else f"its {len(files)} files are"
-        raise ValueError(f"{cfg.data}: no examples to score ({what} empty, or hold only a header or malformed "
-                         f"lines{why}); nothing was written")  # fmt: skip
+        raise ValueError(f"{cfg.data}: no examples to score ({what} empty, or hold only {m.data.no_data_lines()} "
+                         f"or malformed lines{why}); nothing was written")  # fmt: skip
     for line in m.data.bad_lines_report():
         log.warning(line)
     if left := m.data.left_values_note(stats):  # (the files' stream, which read_stats does not hold)
