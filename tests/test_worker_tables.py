@@ -487,3 +487,27 @@ def test_a_run_reads_the_shards_stats_once_before_it_makes_its_tables(tmp_path, 
             assert rounds.index("create") == 1 and rounds[0] == "stats", rounds
             said = f"the servers hold this model's tables with {trained:,} trained rows already"
             assert (said in out) == held, out
+
+
+def test_tables_trained_one_hot_are_refused_naming_libsvm_values_weights_as_a_reason_the_run_reads_weights():
+    """Tables held under the fingerprint of the built-in libsvm schema read one-hot, and a run that reads the values
+    as weights (--libsvm-values weights on a file of 0 and 1, or a file with other values): the refusal says either
+    may be why, and names the table; under the run's own fingerprint they are read."""
+    from types import SimpleNamespace
+
+    from worker.model_tables import held_features
+    from worker.schema_builtin import builtin_schema
+
+    def held(fingerprint: str) -> SimpleNamespace:
+        table = SimpleNamespace(name="lr")
+        return SimpleNamespace(stats=lambda: [SimpleNamespace(shard_id=0, tables=[table])],
+                               describe_table=lambda name, shards: [SimpleNamespace(spec=SimpleNamespace(
+                                   features=fingerprint))])  # fmt: skip
+
+    one_hot = builtin_schema("libsvm", default_table="lr", default_dim=1, libsvm_fields=3)
+    weighted = builtin_schema("libsvm", default_table="lr", default_dim=1, libsvm_fields=3, libsvm_weighted=True)
+    with pytest.raises(ValueError, match=r"^the servers hold table lr trained on libsvm data read one-hot .* reads "
+                                         r"the data's values as weights \(its values are not all 0 and 1, or "
+                                         r"--libsvm-values weights says to\): "):  # fmt: skip
+        held_features(held(one_hot.fingerprint()), weighted, ["lr"])
+    assert held_features(held(weighted.fingerprint()), weighted, ["lr"]) == weighted.fingerprint()

@@ -229,7 +229,8 @@ def held_features(client: Client, schema: Any, tables: list[str], shard_stats: l
 
 ONE_HOT_HELD = (
     "the servers hold table {table} trained on libsvm data read one-hot (each feature's value left out), and this "
-    "run reads the data's values as weights (its values are not all 0 and 1): the rows stand for other features. "
+    "run reads the data's values as weights (its values are not all 0 and 1, or --libsvm-values weights says to): "
+    "the rows stand for other features. "
     "Train the model anew (on servers without these tables), or read the data as it was trained: --libsvm-values "
     'one-hot, or `ps-worker schema --data FILE > schema.toml`, each column\'s kind = "weighted" changed to '
     '"categorical", then --schema schema.toml; nothing was done'
