@@ -720,3 +720,19 @@ def test_a_sync_position_names_the_new_job_from_its_first_acknowledged_step(tmp_
             writer.update(moved)
         assert json.loads(path.read_text())["job_id"] == (7 if (moved, trained) == (300, False) else 8)
         PositionWriter(cfg).write(300)
+
+
+def test_a_position_records_libsvm_values_and_one_written_without_it_reads_as_auto(tmp_path):
+    """--libsvm-values changes the model the position was trained into: another is refused; a file written
+    before the setting was recorded (no such key) is a run of auto, its default then."""
+    path = tmp_path / "p.json"
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(path))
+    PositionWriter(cfg).write(100)
+    record = json.loads(path.read_text())
+    assert record["run"]["libsvm_values"] == "auto"
+    with pytest.raises(ValueError, match=r"libsvm_values: 'auto' in the file != 'weights' now"):
+        read_position(dataclasses.replace(cfg, libsvm_values="weights"))
+    path.write_text(json.dumps({**record, "run": {k: v for k, v in record["run"].items() if k != "libsvm_values"}}))
+    assert read_position(cfg).examples == 100
+    with pytest.raises(ValueError, match=r"libsvm_values: 'auto' in the file != 'one-hot' now"):
+        read_position(dataclasses.replace(cfg, libsvm_values="one-hot"))

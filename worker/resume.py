@@ -11,7 +11,7 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
   is the one it detects, a CSV's delimiter other than a comma with it; null where no --format is read, with
   --schema or on synthetic data). A start whose settings differ is refused: the position would be another
-  stream's.
+  stream's. A setting a file lacks (written before it was recorded: RECORDED_LATER) reads as its value then.
 - started_from: the --skip-examples the first start of the run was given (0: none); a start given that same
   value again (the same command) resumes from the file, another value is refused.
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
@@ -89,9 +89,10 @@ from worker.train_config import RESUME_WORKER, TrainConfig
 FORMAT = 1
 WRITE_EVERY_S = 10.0
 RUN_SETTINGS = ("data", "format", "schema", "label_column", "drop_columns", "numeric_columns", "libsvm_fields",
-                "validation_data", "validation_fraction", "worker_id", "num_workers", "recipe", "epochs",
-                "max_examples", "shuffle", "synthetic_rows", "synthetic_seed", "synthetic_interactions",
+                "libsvm_values", "validation_data", "validation_fraction", "worker_id", "num_workers", "recipe",
+                "epochs", "max_examples", "shuffle", "synthetic_rows", "synthetic_seed", "synthetic_interactions",
                 "synthetic_history", "model", "mode")  # fmt: skip
+RECORDED_LATER = {"libsvm_values": "auto"}  # settings a file written before they were recorded lacks: their value then
 
 log = logging.getLogger("worker.resume")
 
@@ -224,7 +225,7 @@ def read_position(cfg: TrainConfig) -> Position | None:
         raise ValueError(f"--resume-file {path} is no position this program wrote ({e}): remove it to train from "
                          "the start, or give --skip-examples N yourself") from None  # fmt: skip
     ours = run_settings(cfg)
-    run = {**run, "format": data_format(run.get("format"), cfg)}
+    run = {**RECORDED_LATER, **run, "format": data_format(run.get("format"), cfg)}
     differ = [f"{name}: {_setting(run.get(name))} in the file != {_setting(ours[name])} now" for name in RUN_SETTINGS
               if run.get(name) != ours[name]]  # fmt: skip
     if position.job_id and cfg.job_id and position.job_id != cfg.job_id and not resumes_whole(cfg):
