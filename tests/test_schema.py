@@ -264,6 +264,40 @@ def test_resolve_schema(tmp_path):
         resolve_schema(str(data), schema_path=None, **{**common, "label_column": "z"})
 
 
+@pytest.mark.parametrize(
+    "header, flags, label, columns",
+    [
+        (" clicked ,country , n", {"numeric_columns": ("n",)}, " clicked ",
+         [("country ", "country ", "country ", "categorical"), (" n", " n", None, "numeric")]),
+        ("y,a , b", {}, "y", [("a ", "a ", "a ", "categorical"), (" b", " b", " b", "categorical")]),
+        ("x, y ,z", {"label_column": "y", "drop_columns": ("z",)}, " y ", [("x", "x", "x", "categorical")]),
+    ],
+)  # fmt: skip
+def test_as_written_names_the_label_columns_sources_and_id_spaces_as_the_header_writes_them(
+    tmp_path, header, flags, label, columns
+):
+    """The built-in csv schema of a header with spaces around names: as_written is that schema with the label and
+    each column's name, source and id space the cell as written (the oracle: each written out here), the rest
+    the same; the schema file it writes reads back under its fingerprint (or, for a spaced label, the legacy
+    one), as model_tables' refusal says. A header without such spaces has none."""
+    data = tmp_path / "d.csv"
+    data.write_text(header + "\n1,us,3\n")
+    common = dict(fmt="csv", label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None,
+                  default_table="t", default_dim=4)  # fmt: skip
+    schema = resolve_schema(str(data), schema_path=None, **{**common, **flags})
+    written = schema.as_written
+    assert written.label == label and schema.label == label.strip()
+    assert [(c.name, c.source, c.id_space, c.kind) for c in written.columns] == columns
+    assert [c.name for c in schema.columns] == [name.strip() for name, *_ in columns]
+    same = ("format", "delimiter", "tables", "bias_table")
+    assert [getattr(written, k) for k in same] == [getattr(schema, k) for k in same]
+    assert written.fingerprint() != schema.fingerprint()
+    back = schema_from_text(written.to_toml(), "written", default_table="t", default_dim=4)
+    assert written.fingerprint() in (back.fingerprint(), back.legacy_fingerprint())
+    data.write_text(header.replace(" ", "") + "\n1,us,3\n")
+    assert resolve_schema(str(data), schema_path=None, **{**common, **flags}).as_written is None
+
+
 # --- stats and the TOML round trip --------------------------------------------------------------------------
 
 
