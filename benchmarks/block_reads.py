@@ -5,7 +5,7 @@ variants of the SST format and of how files are read, the same keys in the same 
                                      [--memory-bytes 512M] [--variants pread,2K blocks,hash index,mmap]
 
 Each variant is its own RocksDB dir (in a temporary directory) holding --rows keys of a table
-(ps.storage.store.encode_keys, ids 0..rows-1) with random values of a dim-16 Adagrad row's size, written in key
+(ps.storage.rowformat.encode_keys, ids 0..rows-1) with random values of a dim-16 Adagrad row's size, written in key
 order (slot, id) to SST files of 500,000 rows and ingested (one sorted run in the last level, as a long-running
 server's rows mostly are). Files are written and read with ps.storage.options.rocksdb_options as a server given
 --memory-bytes opens its data dir (its block cache size from ps.storage.memory.plan_memory, index partitioned into
@@ -41,7 +41,7 @@ from ps.__main__ import parse_bytes
 from ps.rows.layout import layout_of
 from ps.storage.memory import plan_memory
 from ps.storage.options import multi_get, rocksdb_options, table_options
-from ps.storage.store import encode_keys, value_dtype
+from ps.storage.rowformat import encode_keys, value_dtype
 
 TABLE_NUMBER = 1
 FILE_ROWS = 500_000

@@ -14,7 +14,7 @@ request, and each request pulls --ids random ids of its own range, so no earlier
 needs (a range's blocks are its own) or put its rows in the RAM tier.
 The reference opens the same files read-only beside the restarted server (once it is idle), with
 ps.storage.options.rocksdb_options (the server's block cache size, bloom filters, table format, direct reads; a
-block cache of its own, as empty), and reads the same keys (ps.storage.store.encode_keys) with
+block cache of its own, as empty), and reads the same keys (ps.storage.rowformat.encode_keys) with
 ps.storage.options.multi_get, the server's own read: MultiGet calls of at most 1,024 keys split over as many threads
 as the server's --read-threads (ps.config.ServerConfig's default, 2; --read-threads sets both). Each request goes
 to both, the server first for even requests and the reference first for odd ones, so a change in the machine's
@@ -45,7 +45,7 @@ from ps.rows.layout import layout_of
 from ps.sharding import slot_of
 from ps.storage.meta import table_ids
 from ps.storage.options import multi_get, rocksdb_options
-from ps.storage.store import ROWS_CF, encode_keys
+from ps.storage.rowformat import ROWS_CF, encode_keys
 from worker.client import Client
 from worker.cluster import LocalCluster
 

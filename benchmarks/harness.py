@@ -33,7 +33,7 @@ from rocksdict import IngestExternalFileOptions, Options, Rdict, SstFileWriter  
 from protos import ps_pb2  # noqa: E402
 from ps.server import grpc_options  # noqa: E402
 from ps.sharding import slot_of  # noqa: E402
-from ps.storage.store import encode_keys  # noqa: E402
+from ps.storage.rowformat import encode_keys  # noqa: E402
 
 MAX_MSG = 512 << 20
 SERVICE = "/sparseps.ParameterServer/"
@@ -209,7 +209,7 @@ def direct_io_dir(candidates: list[str]) -> tuple[str, str]:
 def ingest_in_key_order(cf: Rdict, opts: Options, number: int, ids: np.ndarray,
                         values: Callable[[int, np.ndarray], list[bytes]], scratch: str, file_rows: int,
                         done: Callable[[int], None] = lambda rows: None) -> None:  # fmt: skip
-    """Ingests rows of ids into cf (a RocksDB or one of its column families), keyed ps.storage.store.encode_keys(
+    """Ingests rows of ids into cf (a RocksDB or one of its column families), keyed ps.storage.rowformat.encode_keys(
     number, id): written in RocksDB's key order (slot, id) with opts to SST files of file_rows rows under scratch,
     then moved into cf. values(k, part): the stored values (one bytes per id) of part, the ids of the k-th file in
     key order. done(rows written so far) after each file."""

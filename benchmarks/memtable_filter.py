@@ -2,7 +2,7 @@
 
     python benchmarks/memtable_filter.py [--rows 1000000] [--memtable-rows 60000] [--ids 100000] [--reps 10]
 
-Two RocksDB dirs (in a temporary directory) are filled alike: --rows keys of a table (ps.storage.store.encode_keys,
+Two RocksDB dirs (in a temporary directory) are filled alike: --rows keys of a table (ps.storage.rowformat.encode_keys,
 ids 0, 2, 4, ...) with values of the size of a dim-16 Adagrad row, flushed and compacted into SST files; then
 --memtable-rows other keys (odd ids) written and left in the memtable, as a server's write-behind leaves the rows
 it wrote last. One dir is opened with ps.storage.options.rocksdb_options as a server opens it (a Bloom filter of each
@@ -27,7 +27,7 @@ from rocksdict import Rdict, WriteBatch
 
 from ps.rows.layout import RowLayout
 from ps.storage.options import multi_get, rocksdb_options
-from ps.storage.store import encode_keys
+from ps.storage.rowformat import encode_keys
 
 TABLE_NUMBER = 1
 WRITE_BUFFER_BYTES = 64 << 20  # large enough that --memtable-rows stay in the memtable

@@ -60,7 +60,7 @@ Then, for each distribution (--distributions; zipf, uniform), after a restart of
   the machine's speed during a run moves both sides alike. --no-live leaves it out.
 - reference after the stop: with the server stopped, its data dir is opened read-only with the same options and
   a block cache of its own, empty at first; all the ids of the timed pulls, drawn again from their seeds, are
-  encoded (ps.storage.store.encode_keys, not timed) and read the same way. The first --reference-warmup calls
+  encoded (ps.storage.rowformat.encode_keys, not timed) and read the same way. The first --reference-warmup calls
   are untimed; then calls until --reference-s.
 Rates are unique ids per second of a call, medians over the timed calls; ratios divide them by the rate of the
 same distribution at the first size of the same run. The server's cost per missed id is
@@ -106,7 +106,8 @@ from ps.rows.layout import ADMITTED, SHOW, layout_of
 from ps.storage.memory import MemoryPlan, plan_memory
 from ps.storage.meta import META_CF, table_ids
 from ps.storage.options import multi_get, rocksdb_options, table_options
-from ps.storage.store import ROWS_CF, Store, encode_keys, value_dtype
+from ps.storage.rowformat import ROWS_CF, encode_keys, value_dtype
+from ps.storage.store import Store
 from worker.client import Client
 from worker.cluster import LocalCluster
 

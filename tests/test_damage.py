@@ -26,7 +26,8 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.errors import PsError, StorageError
 from ps.server import Server
-from ps.storage.store import LOST_TABLE_ROWS, Store, encode_keys
+from ps.storage.rowformat import encode_keys
+from ps.storage.store import LOST_TABLE_ROWS, Store
 from ps.storage.verify import verify_checkpoint, verify_data_dir
 from tests.server_process import ServerProcess
 from tests.waiting import wait_until

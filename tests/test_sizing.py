@@ -7,7 +7,7 @@ import numpy as np
 from ps.rows.layout import layout_of
 from ps.sizing import size_report
 from ps.storage.arena import Arena, MemoryBudget
-from ps.storage.store import encode_keys
+from ps.storage.rowformat import encode_keys
 
 
 def test_size_report_uses_the_layout_the_server_uses():

@@ -13,7 +13,8 @@ from ps.sharding import slot_of
 from ps.storage import options as options_module
 from ps.storage import store as store_module
 from ps.storage.options import multi_get
-from ps.storage.store import Store, encode_keys
+from ps.storage.rowformat import encode_keys
+from ps.storage.store import Store
 
 
 def test_keys_are_table_slot_then_id_big_endian_and_sort_numerically():

@@ -1,4 +1,4 @@
-"""A table of values_at_rest "float16": RocksDB holds its embeddings as float16 (ps.storage.store's grammar), so a
+"""A table of values_at_rest "float16": RocksDB holds its embeddings as float16 (ps.storage.rowformat's grammar), so a
 row read back from RocksDB has its embedding rounded to float16, clipped to +-65504, and its optimizer state and
 statistics exact; checkpoints, restores onto another shard count and exports keep the stored values, and verify reads their sizes as the layout's; a table keeps
 the setting it was created with. Oracle: numpy's astype(float16) of the float32 values."""
@@ -19,7 +19,8 @@ from ps.errors import CheckpointDamagedError, DataLossError, InvalidArgumentErro
 from ps.rows.layout import layout_of
 from ps.sharding import SlotMap, slot_of
 from ps.storage.readonly import OddRows
-from ps.storage.store import Store, encode_keys
+from ps.storage.rowformat import encode_keys
+from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint
 from tests.conftest import exported, one_shard_checkpoint
 

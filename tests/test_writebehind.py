@@ -17,7 +17,8 @@ from ps.engine.shard import Shard
 from ps.errors import StorageError
 from ps.storage.foreground import Foreground
 from ps.storage.options import multi_get
-from ps.storage.store import Store, encode_keys
+from ps.storage.rowformat import encode_keys
+from ps.storage.store import Store
 from ps.storage.writebehind import PendingBatch, WriteBehind
 
 WIDTH = 8

@@ -6,7 +6,7 @@ A row is `width` float32: the embedding, the optimizer state, then STATS_FLOATS 
 last_step is exact up to 2**24 clock steps. On disk, RocksDB holds an admitted id's row, or a not yet admitted
 id's stats, each with its lsn (the journal sequence number of the last push applied to it), under a KEY_BYTES key;
 a table of values_at_rest "float16" (ps.config.TableConfig) holds its embedding there as float16, its `half_floats`
-(ps.storage.store, the module that writes them, has the grammar of keys and values).
+(ps.storage.rowformat has the grammar of keys and values).
 
 In RAM a row is one arena line: the row's float32 (padded to an even count), then META_FLOATS of bookkeeping
     meta := lsn:u64  pin:i64  uses:u8  dirty:u8  stored:u8  pad:u8[5]
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-KEY_BYTES = 14  # table:u32be slot:u16be id:u64be: ps.storage.store.KEY_DTYPE, which refuses to import otherwise
+KEY_BYTES = 14  # table:u32be slot:u16be id:u64be: ps.storage.rowformat.KEY_DTYPE, which refuses to import otherwise
 LSN_BYTES = 8
 STATS_FLOATS = 4
 SHOW, CLICK, LAST_STEP, ADMITTED = range(STATS_FLOATS)  # offsets inside the stats block

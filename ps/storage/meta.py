@@ -69,7 +69,7 @@ APPLIED_PREFIX = b"applied/"
 APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 NAMED_PREFIXES = (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX)  # the prefixes a table's name follows
-TABLE_NUMBER_BITS = 32  # a table number is below 2^32: its rows' keys hold it in a u32 (ps.storage.store.KEY_DTYPE)
+TABLE_NUMBER_BITS = 32  # a table number is below 2^32: its rows' keys hold it in a u32 (ps.storage.rowformat.KEY_DTYPE)
 MAX_TABLE_NUMBER = (1 << TABLE_NUMBER_BITS) - 1
 
 

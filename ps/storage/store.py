@@ -4,21 +4,11 @@ Layout, one RocksDB per server data dir. Keys are bytes.
     column family "meta": the shard record, the cluster name, each table's config, number and row counts, the
     clock, the journal's flushed position and its exactly-once table, the restore marks, the state id and the done
     workers of a job, each under its key (ps.storage.meta has their grammar, and reads each value by it)
-    column family "rows":
-        key   := table:u32be slot:u16be id:u64be   (14 bytes, KEY_DTYPE; table: the table's number)
-        value := row lsn:u64le                     an admitted id (it has a trained row)
-               | stats lsn:u64le                   an id not admitted yet: its embedding and state are the
-                                                   initial ones
-        row   := f32le[width]                      a table of values_at_rest "float32" (the default)
-               | f16le[dim] f32le[width - dim]     a table of values_at_rest "float16": its embedding as float16
-    row and stats are the floats of ps.rows.layout's row (`width` of them, stats its last STATS_FLOATS), little-
-    endian. A float16 embedding is the float32 one rounded to nearest, clipped to +-HALF_MAX first, and never past
-    the table's weight_bound (to_half); it reads back as float32. lsn is the journal sequence number of the last push applied to the row, so replaying the journal
-    after a crash applies each push to each row exactly once; a restore's copy sets it to 0.
-Big-endian keys make byte order numeric order, so a table's rows are one contiguous key range, and each of its
-slots a range inside it, to scan or move. Every table's rows share the one "rows" column family: RocksDB
-rewrites and re-reads its OPTIONS file, which lists every column family, each time one is created, so a column
-family per table would make each CreateTable slower than the one before.
+    column family "rows": every table's rows, each under key table:u32be slot:u16be id:u64be, its value the row's
+    floats and the lsn of the last push applied to it (ps.storage.rowformat has their grammar)
+Every table's rows share the one "rows" column family: RocksDB rewrites and re-reads its OPTIONS file, which lists
+every column family, each time one is created, so a column family per table would make each CreateTable slower than
+the one before.
 Beside RocksDB's files: shard.json, a second copy of the shard record, and the journal's mark
 (ps.storage.sidefiles), and the journal/ directory (ps.storage.journal).
 
@@ -44,7 +34,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from rocksdict import (
@@ -110,6 +100,17 @@ from ps.storage.readonly import (
     open_failure,
     reading_checkpoint,
 )
+from ps.storage.rowformat import (
+    PENDING_BYTES,
+    ROWS_CF,
+    AtRest,
+    as_stored,
+    decode_ids,
+    encode_keys,
+    pack_rows,
+    unpacked_rows,
+    value_dtype,
+)
 from ps.storage.sidefiles import (
     IDENTITY_FIELDS,
     IDENTITY_FILE,
@@ -123,13 +124,6 @@ from ps.storage.writebehind import PendingBatch, WriteBehind
 
 log = logging.getLogger(__name__)
 
-KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # packed
-if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
-    raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
-if np.iinfo(KEY_DTYPE["table"]).max != MAX_TABLE_NUMBER:  # ps.storage.meta reads a "tid/" value up to it
-    raise ImportError(f"a row key's table field takes up to {np.iinfo(KEY_DTYPE['table']).max}, but "
-                      f"ps.storage.meta.MAX_TABLE_NUMBER is {MAX_TABLE_NUMBER}")  # fmt: skip
-ROWS_CF = "rows"
 # what Store.rows_of_no_table's rows are where every table's number reads: said by verify, a start and number_for
 LOST_TABLE_ROWS = ("the rows of a table whose meta keys table/<name> and tid/<name> were lost. No request reads them "
                    "and no new table takes their numbers")  # fmt: skip
@@ -139,16 +133,6 @@ JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remed
     "nothing to restore: a worker that finished before the shard's start is waited for, and the record is written "
     "anew at the job's next done stamp"
 )
-
-
-def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
-    """RocksDB keys (table:u32be slot:u16be id:u64be) of ids of table number table_id. `.view("V14")`, not
-    "S14": S strips trailing NUL bytes."""
-    keys = np.empty(len(ids), dtype=KEY_DTYPE)
-    keys["table"] = table_id
-    keys["slot"] = slot_of(ids)
-    keys["id"] = ids
-    return keys.view(f"V{KEY_DTYPE.itemsize}").tolist()
 
 
 def _drawn_state_id() -> bytes:
@@ -263,71 +247,9 @@ def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome
 
 
 def _decode_chunk(keys: list[bytes], values: list[bytes], layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
+    ids = decode_ids(keys)
     packed = np.frombuffer(b"".join(values), dtype=value_dtype(layout.width, layout.half_floats))
     return ids, np.ascontiguousarray(unpacked_rows(packed))
-
-
-HALF_MAX = float(np.finfo(np.float16).max)  # 65504: a float16 embedding at rest is clipped to +-HALF_MAX
-
-
-def value_dtype(width: int, half_floats: int = 0) -> np.dtype:
-    """A stored row value of `width` floats, the first half_floats of them float16: row lsn:u64le (the module's
-    grammar; "half" the float16 part of row, "row" its float32 part), of stored_sizes(width, half_floats).trained
-    bytes."""
-    half = [("half", "<f2", (half_floats,))] if half_floats else []
-    return np.dtype([*half, ("row", "<f4", (width - half_floats,)), ("lsn", "<u8")])
-
-
-def unpacked_rows(packed: np.ndarray) -> np.ndarray:
-    """The float32 rows (n, width) of values parsed as value_dtype: "row" itself, or "half" widened beside it."""
-    if "half" not in packed.dtype.names:
-        return packed["row"]
-    return np.concatenate((packed["half"].astype(np.float32), packed["row"]), axis=1)
-
-
-def _pack_rows(packed: np.ndarray, rows: np.ndarray, bound: float) -> None:
-    """Fills the row of each value of `packed` (value_dtype's, lsn left as is) from float32 rows (n, width); bound:
-    the table's weight_bound (to_half)."""
-    if "half" not in packed.dtype.names:
-        packed["row"] = rows
-        return
-    half_floats = packed.dtype["half"].shape[0]
-    packed["half"] = to_half(rows[:, :half_floats], bound)
-    packed["row"] = rows[:, half_floats:]
-
-
-class AtRest(NamedTuple):
-    """How a table's trained rows are at rest: the leading floats stored as float16 (RowLayout.half_floats), and
-    the weight_bound those stay within (to_half)."""
-
-    half_floats: int
-    weight_bound: float
-
-
-def to_half(values: np.ndarray, bound: float) -> np.ndarray:
-    """float32 values as a float16 embedding at rest: clipped to +-HALF_MAX, rounded to nearest (ties to even);
-    where bound > 0 (the table's weight_bound) and rounding took a value within +-bound past it, the float16 next
-    to it toward zero instead, which lies between the value and zero: a row the servers clipped stays within its
-    bound at rest."""
-    half = np.clip(values, -HALF_MAX, HALF_MAX).astype(np.float16)
-    if bound > 0:
-        bound = np.float32(bound)  # as the servers clip to it (ps.rows.update)
-        over = (np.abs(half) > bound) & (np.abs(values) <= bound)
-        if over.any():
-            half[over] = np.nextafter(half[over], np.float16(0))
-    return half
-
-
-def as_stored(values: np.ndarray, bound: float) -> np.ndarray:
-    """float32 values as a float16 embedding at rest reads back (to_half's, widened)."""
-    return to_half(values, bound).astype(np.float32)
-
-
-PENDING_BYTES = value_dtype(STATS_FLOATS).itemsize  # a pending id's value
-if (value_dtype(1).itemsize, PENDING_BYTES) != stored_sizes(1):  # the grammar and ps.rows.layout's sizes agree
-    raise ImportError(f"a stored row value of 1 float is {value_dtype(1).itemsize} bytes by the grammar and "
-                      f"{stored_sizes(1).trained} by ps.rows.layout.stored_sizes")  # fmt: skip
 
 
 PROC_LOCKS = "/proc/locks"
@@ -793,7 +715,7 @@ class Store:
             where = np.flatnonzero(mask)
             if len(where):
                 packed = np.empty(len(where), dtype=dtype)
-                _pack_rows(packed, part[order[where]], bound)
+                pack_rows(packed, part[order[where]], bound)
                 packed["lsn"] = lsn[where]
                 values[where] = packed.view(f"V{packed.dtype.itemsize}").tolist()
         number = self.table_number(table)
@@ -830,7 +752,7 @@ class Store:
                     break
         if not keys:
             return None
-        ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
+        ids = decode_ids(keys)
         _, rows, lsn, complete = self.get_rows(table, ids, width)
         return ids, rows, lsn, complete, keys[-1]
 

@@ -21,7 +21,7 @@ from ps.storage.meta import (
 )
 from ps.storage.options import ColumnFamily, iter_items, rocksdb_options, scan_read_options
 from ps.storage.readonly import open_failure, opened_read_only
-from ps.storage.store import KEY_DTYPE, ROWS_CF
+from ps.storage.rowformat import KEY_DTYPE, ROWS_CF
 
 VERIFY_CHUNK_ROWS = 1 << 16  # "rows" values whose sizes verify_rocksdb counts with numpy at once
 
