@@ -73,7 +73,7 @@ def test_a_file_or_a_foreign_directory_is_refused(tmp_path):
         Shard(ServerConfig(data_dir=str(a_file / "shard")))
     read_only = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "ro"))
     with (
-        mock.patch("ps.storage.store.os.makedirs", side_effect=read_only),
+        mock.patch("ps.storage.atomicfile.os.makedirs", side_effect=read_only),
         pytest.raises(StorageError, match=r"data dir .*/ro/shard cannot be created: Read-only file system .*writable"),
     ):
         Shard(ServerConfig(data_dir=str(tmp_path / "ro" / "shard")))
@@ -195,7 +195,7 @@ def test_a_data_dir_this_process_has_open_already_is_refused_naming_this_process
 
 
 def test_a_lock_holder_is_read_from_the_kernels_list_of_file_locks(tmp_path):
-    from ps.storage.store import _lock_holder
+    from ps.storage.datadir import lock_holder
 
     path = tmp_path / "LOCK"
     path.write_bytes(b"")
@@ -205,16 +205,16 @@ def test_a_lock_holder_is_read_from_the_kernels_list_of_file_locks(tmp_path):
     locks.write_text(f"1: POSIX  ADVISORY  WRITE 4242 {file_id}1 0 EOF\n"  # another file (a longer inode number)
                      f"2: -> POSIX  ADVISORY  WRITE 99 {file_id} 0 EOF\n"  # a waiter, not the holder
                      f"3: POSIX  ADVISORY  WRITE 777 {file_id} 0 EOF\n")  # fmt: skip
-    assert _lock_holder(str(path), str(locks)) == 777
+    assert lock_holder(str(path), str(locks)) == 777
     locks.write_text(f"1: POSIX  ADVISORY  WRITE 4242 {file_id}1 0 EOF\n")
-    assert _lock_holder(str(path), str(locks)) is None
+    assert lock_holder(str(path), str(locks)) is None
     # an flock, a lease and a delegation do not stop RocksDB's fcntl lock; an open file description's lock does
     locks.write_text(f"1: FLOCK  ADVISORY  WRITE 11 {file_id} 0 EOF\n2: LEASE  ACTIVE    READ 12 {file_id} 0 EOF\n"
                      f"3: DELEG  ACTIVE    READ 13 {file_id} 0 EOF\n")  # fmt: skip
-    assert _lock_holder(str(path), str(locks)) is None
+    assert lock_holder(str(path), str(locks)) is None
     locks.write_text(f"1: OFDLCK ADVISORY  WRITE -1 {file_id} 0 EOF\n")
-    assert _lock_holder(str(path), str(locks)) == -1
-    assert _lock_holder(str(path), str(tmp_path / "no-such-list")) is None
+    assert lock_holder(str(path), str(locks)) == -1
+    assert lock_holder(str(path), str(tmp_path / "no-such-list")) is None
 
 
 def test_a_data_dir_whose_lock_file_another_process_flocks_opens(good_dir):

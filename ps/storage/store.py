@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
 import json
 import logging
 import math
@@ -38,9 +37,7 @@ from typing import Any
 
 import numpy as np
 from rocksdict import (
-    AccessType,
     Checkpoint,
-    Options,
     Rdict,
     WriteBatch,
     WriteOptions,
@@ -50,18 +47,23 @@ from ps.accel.threadnames import name_os_thread
 from ps.config import TableConfig
 from ps.errors import (
     CheckpointDamagedError,
-    DataDirLostError,
     DataLossError,
-    DiskFullError,
     PsError,
     StorageError,
     TableNumbersExhaustedError,
-    disk_full_reason,
 )
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of, stored_sizes
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
-from ps.storage.atomicfile import make_dirs
+from ps.storage.datadir import (
+    belongs_elsewhere,
+    checked_entries,
+    copies_disagree,
+    identity,
+    lost_shard_record,
+    open_rocksdb,
+    rocksdb_error,
+)
 from ps.storage.foreground import Foreground
 from ps.storage.memory import (
     DEFAULT_WRITE_BEHIND_BYTES,
@@ -82,7 +84,6 @@ from ps.storage.meta import (
     meta_value,
     missing_number,
     read_table_numbers,
-    shard_record,
     table_ids,
     trained,
 )
@@ -96,8 +97,6 @@ from ps.storage.options import (
 from ps.storage.readonly import (
     OddRows,
     checkpoint_damaged,
-    is_damage,
-    open_failure,
     reading_checkpoint,
 )
 from ps.storage.rowformat import (
@@ -114,10 +113,8 @@ from ps.storage.rowformat import (
 from ps.storage.sidefiles import (
     IDENTITY_FIELDS,
     IDENTITY_FILE,
-    MARK_FILE,
     read_json,
     remove_temporary_files,
-    shard_name,
     write_json,
 )
 from ps.storage.writebehind import PendingBatch, WriteBehind
@@ -140,142 +137,10 @@ def _drawn_state_id() -> bytes:
     return str(secrets.randbits(63) or 1).encode()
 
 
-def _identity(shard: tuple[int, int]) -> dict:
-    return {"shard_id": shard[0], "num_shards": shard[1], "num_slots": NUM_SLOTS}
-
-
-def _belongs_elsewhere(path: str, have: dict, want: dict) -> StorageError:
-    start = f"--shard-id {have['shard_id']} --num-shards {have['num_shards']}"
-    if have.get("num_slots") != NUM_SLOTS:  # a dir of another build's slot count: no flag serves it
-        start = "a build of the same num_slots"
-    return StorageError(
-        f"data dir {path} belongs to {shard_name(have)}, but this server was started as shard {want['shard_id']} "
-        f"of {want['num_shards']}: start it with {start}, or give this shard its own data dir (to serve these rows "
-        "on another number of shards, save a checkpoint and --restore it into new data dirs); nothing was changed"
-    )
-
-
-def _lost_shard_record(in_file: dict) -> DataLossError:
-    return DataLossError(
-        f"{IDENTITY_FILE} says it is {shard_name(in_file)}, but RocksDB holds no shard record: RocksDB lost its "
-        "latest writes (its write-ahead log, *.log, or its MANIFEST deleted, cut short or damaged) or its files were "
-        "replaced, and its tables and rows may be gone with them. Refusing to start; restore the dir from a backup "
-        "or checkpoint"
-    )
-
-
-def _copies_disagree(in_file: dict, in_db: dict) -> DataLossError:
-    """The refusal of a shard record whose two copies differ, naming the fields that differ."""
-
-    def shown(record: dict, key: str) -> str:
-        return repr(record[key]) if key in record else "absent"
-
-    differ = "; ".join(
-        f"{key}: {shown(in_file, key)} in {IDENTITY_FILE}, {shown(in_db, key)} in RocksDB"
-        for key in sorted(set(in_file) | set(in_db))
-        if shown(in_file, key) != shown(in_db, key)
-    )
-    return DataLossError(
-        f"{IDENTITY_FILE} says {shard_name(in_file)} and RocksDB says {shard_name(in_db)} ({differ}); one copy "
-        "is damaged. Refusing to start; restore the dir from a backup or checkpoint"
-    )
-
-
-def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int] | None) -> None:
-    """The refusals of Store.check_identity that a read-only open can find: the dir belongs to another shard
-    than `shard` (by shard.json), or RocksDB lost its shard record. A read-write open of a RocksDB whose MANIFEST
-    lost its latest edits deletes every SST file the MANIFEST no longer lists, so the refusal must come before
-    it. Copies that disagree with each other are said to before either is compared with `shard`. A RocksDB that
-    does not open read-only is left to the read-write open to report."""
-    in_file = read_json(os.path.join(path, IDENTITY_FILE), IDENTITY_FIELDS)
-    if in_file is None:
-        return
-    elsewhere = shard is not None and in_file != _identity(shard)
-    raw: bytes | None = b"unreadable: left to the read-write open"
-    try:  # rocksdict raises plain Exception
-        if META_CF not in Rdict.list_cf(path, opts):
-            raw = None
-            db = None
-        else:  # the meta column family alone: its write-ahead log records are replayed into memory, not every row's
-            db = Rdict(path, opts, column_families={META_CF: opts}, access_type=AccessType.read_only())
-    except Exception:
-        db = None
-    if db is not None:
-        try:
-            raw = db.get_column_family(META_CF).get(b"shard")
-        except Exception:
-            pass
-        finally:
-            db.close()
-    if raw is None:  # shard.json alone still says whose dir it is
-        raise _belongs_elsewhere(path, in_file, _identity(shard)) if elsewhere else _lost_shard_record(in_file)
-    try:
-        in_db = shard_record(raw)
-    except ValueError:
-        in_db = None  # unreadable: the read-write open reports it
-    if in_db is not None and in_db != in_file:  # before the flags: the copies disagree with each other
-        raise _copies_disagree(in_file, in_db)
-    if elsewhere:
-        raise _belongs_elsewhere(path, in_file, _identity(shard))
-
-
-def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome: str = "nothing was applied",
-           target: str | None = None) -> StorageError | DiskFullError:  # fmt: skip
-    """rocksdict's error (a plain Exception) as a StorageError saying what failed; a full disk ("IO error: No space
-    left on device: <file>") as a DiskFullError ending with outcome (what of the request stands); damage that
-    RocksDB detected ("Corruption: ...", a file gone) as a DataLossError, unless the error names target (a
-    directory outside path that was being written, a checkpoint's); a file gone because the data dir itself is gone
-    as a DataDirLostError. text: what to say of e (default: str(e))."""
-    text = str(e) if text is None else text
-    elsewhere = target is not None and target in text
-    reason = disk_full_reason(e)
-    if reason is not None:
-        what = f"RocksDB in the data dir {path} failed while {doing} ({text})"
-        return DiskFullError.of(reason, what, outcome, os.path.dirname(target) if elsewhere else path)
-    damage = is_damage(text)
-    if "No such file" in text and not elsewhere and not os.path.isdir(path):  # not damage: the dir is gone
-        return DataDirLostError(
-            f"RocksDB in {path} failed while {doing}: the data dir was deleted under the running server ({text}); "
-            "nothing written there can be kept: restart the server on an intact data dir"
-        )
-    if not damage or elsewhere:
-        return StorageError(f"RocksDB in {path} failed while {doing}: {text}")
-    return DataLossError(
-        f"RocksDB found damage in {path} while {doing}: {text}. `ps-server verify {path}` lists what is damaged; "
-        "restore the dir from a backup or checkpoint"
-    )
-
-
 def _decode_chunk(keys: list[bytes], values: list[bytes], layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
     ids = decode_ids(keys)
     packed = np.frombuffer(b"".join(values), dtype=value_dtype(layout.width, layout.half_floats))
     return ids, np.ascontiguousarray(unpacked_rows(packed))
-
-
-PROC_LOCKS = "/proc/locks"
-RECORD_LOCKS = ("POSIX", "OFDLCK")  # /proc/locks' kinds of lock that conflict with RocksDB's fcntl lock
-
-
-def _lock_holder(path: str, proc_locks: str = PROC_LOCKS) -> int | None:
-    """The process holding a lock on the file at path (RocksDB's LOCK file), as the kernel's list of file locks
-    shows it: its pid, 0 or less where the kernel shows none (a process of another container); None if no process
-    holds one, or where that cannot be told (no such list: not Linux; the file gone). Only the locks that would refuse
-    RocksDB's (an fcntl record lock: POSIX, or an open file description's, OFDLCK) count: an flock (a script's `flock
-    LOCK ...`), a lease or an NFS delegation does not stop RocksDB. Reads the list only: opening the file and closing
-    it would drop this process's own locks on it (POSIX record locks)."""
-    try:
-        st = os.stat(path)
-        with open(proc_locks) as f:
-            text = f.read()
-    except OSError:
-        return None
-    file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    for line in text.splitlines():
-        fields = line.split()  # "1: POSIX  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF"; a waiter's has "->"
-        if len(fields) >= 6 and "->" not in fields and fields[1] in RECORD_LOCKS and fields[5] == file_id:
-            with contextlib.suppress(ValueError):
-                return int(fields[4])
-    return None
 
 
 class Store:
@@ -292,65 +157,11 @@ class Store:
         written in the background (put_rows(background=)). direct_reads, write_buffer_bytes, index_in_cache,
         mmap_reads: see rocksdb_options. A dir this user may not write is a PermissionError (RocksDB's refusal to
         open it), which ps.engine.opening.start_error says as such."""
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise StorageError(f"data dir {path} is a file, not a directory")
-        parent = os.path.dirname(os.path.abspath(path))
-        if os.path.basename(os.path.abspath(path)) == "journal" and any(
-            os.path.exists(os.path.join(parent, name)) for name in ("CURRENT", IDENTITY_FILE, MARK_FILE)
-        ):
-            raise StorageError(f"data dir {path} is the journal folder of the shard whose data dir is {parent}: give "
-                               f"--data-dir {parent} (nothing was changed)")  # fmt: skip
-        try:
-            make_dirs(path, "data dir")
-        except ValueError as e:
-            raise StorageError(str(e)) from None
-        entries = sorted(set(os.listdir(path)) - {"journal", "lost+found"})  # lost+found: a volume's root (ext4)
-        ours = [e for e in entries if e in (IDENTITY_FILE, MARK_FILE)]
-        journal = os.path.join(path, "journal")
-        if os.path.isdir(journal) and os.listdir(journal):
-            ours.append("a journal")
-        if ours and "CURRENT" not in entries:
-            raise DataLossError(
-                f"data dir {path} holds {' and '.join(ours)} but no RocksDB (its CURRENT file is missing): "
-                "RocksDB's files were deleted or lost. Refusing to start on it; restore the dir from a backup or "
-                "checkpoint"
-            )
-        if entries and "CURRENT" not in entries:
-            raise StorageError(
-                f"data dir {path} is not empty and holds no sparseps data (it has {', '.join(entries[:5])}"
-                f"{', ...' if len(entries) > 5 else ''}); give a new or empty directory, or this shard's own"
-            )
-        holder = _lock_holder(os.path.join(path, "LOCK")) if "LOCK" in entries else None
-        if holder is not None:  # refused before RocksDB's open, which would rotate the running server's LOG first
-            who = f"process {holder}" if holder > 0 else "a process"
-            by = ("this process itself (a store it opened on the dir is still open: it holds RocksDB's LOCK file)"
-                  if holder == os.getpid() else f"another process ({who} holds RocksDB's LOCK file)")  # fmt: skip
-            raise StorageError(f"data dir {path} is in use by {by}: is a server already running on it? Nothing was "
-                               "changed")  # fmt: skip
+        entries = checked_entries(path)
         self.path = path
         self.created = "CURRENT" not in entries  # a new data dir: no RocksDB was there
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
-        if "CURRENT" in entries and IDENTITY_FILE in entries:
-            _check_shard_record_survived(path, self._opts, shard)
-        try:  # rocksdict raises plain Exception
-            existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
-            # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
-            cfs = dict.fromkeys(set(existing) | {META_CF}, self._opts)
-            self._db = Rdict(path, self._opts, column_families=cfs)
-        except Exception as e:
-            if "While lock file" in str(e):
-                raise StorageError(
-                    f"data dir {path} is in use by another process (RocksDB's LOCK file is held): is a server already "
-                    f"running on it? ({e})"
-                ) from e
-            if str(e).startswith("Corruption"):
-                raise _error(path, "opening it", e, open_failure(path, e)) from e
-            if "No such file" in str(e) and "MANIFEST" in str(e):  # the one CURRENT names is not there
-                raise _error(path, "opening it", e, f"{e} (its CURRENT file names a MANIFEST that is not there: "
-                                                    "CURRENT damaged, or the MANIFEST deleted)") from e  # fmt: skip
-            if "Permission denied" in str(e):  # the dir, or a file of it, this user may not write: no damage
-                raise PermissionError(errno.EACCES, f"RocksDB: {e}", path) from e
-            raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
+        self._db = open_rocksdb(path, self._opts, entries, shard)
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
         self._meta = self._db.get_column_family(META_CF)
         self._lsn_lock = threading.Lock()  # _write_rows's, of every writer: lsn_high only grows
@@ -375,17 +186,17 @@ class Store:
         StorageError if the data dir belongs to another shard, if the two copies disagree, or if shard.json is
         there and RocksDB's copy is not (RocksDB lost its latest writes). A missing shard.json is written again
         from RocksDB's copy."""
-        want = _identity((shard_id, num_shards))
+        want = identity((shard_id, num_shards))
         file_path = os.path.join(self.path, IDENTITY_FILE)
         in_file = read_json(file_path, IDENTITY_FIELDS)
         in_db = self._meta_get(b"shard", "reading the shard record")
         if in_file is not None and in_db is not None and in_file != in_db:
-            raise _copies_disagree(in_file, in_db)
+            raise copies_disagree(in_file, in_db)
         have = in_db or in_file
         if have is not None and have != want:
-            raise _belongs_elsewhere(self.path, have, want)
+            raise belongs_elsewhere(self.path, have, want)
         if in_db is None and in_file is not None:
-            raise _lost_shard_record(in_file)
+            raise lost_shard_record(in_file)
         if in_db is None:
             with self._rocksdb("recording the shard record", "nothing was recorded"):
                 self._meta.put(b"shard", json.dumps(want).encode(), self._synced)
@@ -1095,13 +906,13 @@ class Store:
     @contextlib.contextmanager
     def _rocksdb(self, doing: str, outcome: str = "nothing was applied", target: str | None = None):
         """Turns RocksDB's errors inside the block into a StorageError, DiskFullError or DataLossError saying what
-        failed (see _error for outcome and target)."""
+        failed (see rocksdb_error for outcome and target)."""
         try:
             yield
         except PsError:
             raise
         except Exception as e:
-            raise _error(self.path, doing, e, outcome=outcome, target=target) from e
+            raise rocksdb_error(self.path, doing, e, outcome=outcome, target=target) from e
 
     def close(self) -> None:
         """Writes the rows pending in the background (a failed write leaves them to the journal's replay), stops
