@@ -225,15 +225,14 @@ def test_a_checkpoint_dir_another_shard_made_and_removed_meanwhile_is_made_again
 def test_a_save_that_fails_once_rocksdb_wrote_the_checkpoint_leaves_nothing_behind(tmp_path, monkeypatch, failing):
     """Reading the checkpoint back (its files' sha256s, its rows per table) fails after RocksDB wrote it: the save
     fails, and neither shard-<i> nor the directories it created are left; the next save goes ahead."""
-    from ps.storage.store import Store
 
     def fails(path: str):
         raise OSError(5, "Input/output error", path)
 
     if failing == "file_checksums":
         monkeypatch.setattr("ps.engine.shard.file_checksums", fails)
-    else:
-        monkeypatch.setattr(Store, "admitted_counts", staticmethod(fails))
+    else:  # Store.saved_counts reads the checkpoint back with it
+        monkeypatch.setattr("ps.storage.store.admitted_counts", fails)
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
     try:
         shard.create_table(TableConfig("emb", 2))

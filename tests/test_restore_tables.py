@@ -20,6 +20,7 @@ from ps.errors import CheckpointDamagedError, RamTierTooSmallError, StorageError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage import atomicfile
+from ps.storage.checkpointread import read_table
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint
 from tests.conftest import exported, one_shard_checkpoint, one_table_checkpoint
@@ -102,6 +103,7 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
     writes here), not the whole rows (4.1x) nor a sorted copy of the embeddings (2x)."""
     import tracemalloc
 
+    from ps.engine import restore as restore_module
     from ps.engine.restore import export
 
     n, spec = 1_000_000, TableConfig("emb", 8, optimizer=OptimizerConfig("adam", 0.01))
@@ -115,11 +117,11 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
         one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
     finally:
         shard.close()
-    read_table = Store.read_table
-    monkeypatch.setattr(Store, "read_table", staticmethod(functools.partial(read_table, chunk=4096)))
+    in_chunks = functools.partial(read_table, chunk=4096)
+    monkeypatch.setattr(restore_module, "read_table", in_chunks)
     tracemalloc.start()
     try:
-        for _ in Store.read_table(str(tmp_path / "ckpt" / "shard-0"), "emb", layout_of(8, "adam")):
+        for _ in in_chunks(str(tmp_path / "ckpt" / "shard-0"), "emb", layout_of(8, "adam")):
             pass
         one_chunk = tracemalloc.get_traced_memory()[1]  # a chunk of rows being read: a fixed cost, not per row
         tracemalloc.reset_peak()

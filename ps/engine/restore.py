@@ -24,6 +24,7 @@ from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage import leftovers
 from ps.storage.atomicfile import make_dirs, sync_directory, sync_file
+from ps.storage.checkpointread import read_table
 from ps.storage.readonly import checkpoint_damaged
 from ps.storage.store import Store
 
@@ -383,7 +384,7 @@ def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, si
     ids_out, rows_out, kept = np.zeros(total, np.uint64), np.zeros((total, cfg.dim), np.float32), 0
     for shard in manifest["shards"]:
         held, expected = 0, int(shard["rows"].get(cfg.name, 0))
-        for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout):
+        for ids, rows in read_table(os.path.join(directory, shard["dir"]), cfg.name, layout):
             held += len(ids)
             if held > expected:
                 break  # more rows than the manifest says: refused below, before any is placed past the arrays

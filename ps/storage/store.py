@@ -17,8 +17,8 @@ record (what a crash leaves). Damage it meets later (a data block whose checksum
 DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end. A meta
 value that does not read as ps.storage.meta's grammar says is a DataLossError naming the key (meta_value), and in
 a checkpoint a CheckpointDamagedError naming it, as is a row of neither size that a restore or an export reads
-(import_slots, read_table: OddRows). ps.storage.verifyscan reads every block of every column family, and every meta
-value as meta_value does.
+(import_slots, ps.storage.checkpointread.read_table: OddRows). ps.storage.verifyscan reads every block of every
+column family, and every meta value as meta_value does.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from ps.errors import (
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of, stored_sizes
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
+from ps.storage.checkpointread import admitted_counts
 from ps.storage.datadir import (
     belongs_elsewhere,
     checked_entries,
@@ -135,12 +136,6 @@ JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remed
 def _drawn_state_id() -> bytes:
     """A new "state_id" value as stored: a random int in [1, 2^63), in decimal."""
     return str(secrets.randbits(63) or 1).encode()
-
-
-def _decode_chunk(keys: list[bytes], values: list[bytes], layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
-    ids = decode_ids(keys)
-    packed = np.frombuffer(b"".join(values), dtype=value_dtype(layout.width, layout.half_floats))
-    return ids, np.ascontiguousarray(unpacked_rows(packed))
 
 
 class Store:
@@ -648,56 +643,12 @@ class Store:
         if on_written is not None:
             on_written(admitted)
 
-    @staticmethod
-    def read_table(
-        source: str, table: str, layout: RowLayout, chunk: int = 1 << 16
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yields (ids, rows (n, layout.width) float32) of the admitted rows of a table of the RocksDB at `source`
-        (a checkpoint, opened read-only), in key order, chunk rows at a time; pending ids (values of STATS_FLOATS
-        floats) are skipped. CheckpointDamagedError where RocksDB finds damage in it, and, once every row is
-        read, for stored values of neither size (naming how many, and the first one's id and key): damaged rows,
-        or a layout (the manifest's config) that does not match them."""
-        damaged = checkpoint_damaged(source)
-        with reading_checkpoint(source) as (src, names, _):
-            numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}
-            if ROWS_CF not in names or table not in numbers:
-                return
-            prefix = numbers[table].to_bytes(4, "big")
-            keys, values, odd = [], [], OddRows(layout)
-            for key, value in iter_prefixed(src.get_column_family(ROWS_CF), prefix):
-                if len(value) == odd.sizes.trained:
-                    keys.append(key)
-                    values.append(value)
-                else:
-                    odd.saw(key, value)
-                if len(keys) == chunk:
-                    yield _decode_chunk(keys, values, layout)
-                    keys, values = [], []
-            odd.check(damaged, table)
-            if keys:
-                yield _decode_chunk(keys, values, layout)
-
-    @staticmethod
-    def admitted_counts(source: str) -> dict[str, int]:
-        """{table name: admitted rows} as the RocksDB at `source` (a checkpoint, opened read-only) records them: its
-        count/ keys, written in the batch of every write of the rows they count. CheckpointDamagedError where RocksDB
-        finds damage in it, or a value that does not read as its grammar says (meta_value)."""
-        damaged = checkpoint_damaged(source)
-        with reading_checkpoint(source) as (src, names, _):
-            if META_CF not in names:
-                return {}
-            meta = src.get_column_family(META_CF)
-            out = dict.fromkeys(table_ids(meta, damaged), 0)  # a table with no row written has no count yet
-            for key, raw in iter_prefixed(meta, COUNT_PREFIX):
-                out[key_name(key)] = meta_value(key, raw, damaged)["admitted"]
-            return out
-
     def saved_counts(self, path: str) -> dict[str, int]:
         """admitted_counts of the checkpoint of this store just written at path (checkpoint), read back. Its files
         are this dir's (hard links to its SST files, or copies of them): damage met there is the dir's, a
         DataLossError naming it."""
         try:
-            return self.admitted_counts(path)
+            return admitted_counts(path)
         except CheckpointDamagedError as e:
             raise self._damaged(f"its checkpoint just written to {path}, a copy of its files, does not read back: "
                                 f"{e.what}") from None  # fmt: skip

@@ -22,11 +22,12 @@ import os
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
 from ps.errors import StorageError
 from ps.rows.layout import KEY_BYTES, layout_of
+from ps.storage.checkpointread import admitted_counts
 from ps.storage.journal import Journal
 from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
 from ps.storage.readonly import damage_at
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import JOB_DONE_REMEDY, LOST_TABLE_ROWS, RESTORE_DIR, Store
+from ps.storage.store import JOB_DONE_REMEDY, LOST_TABLE_ROWS, RESTORE_DIR
 from ps.storage.verifyscan import verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
@@ -183,9 +184,9 @@ def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, rep
     if "rows" not in shard or "" in read:
         return
     if meta is not None and any(key.startswith((TABLE_ID_PREFIX, COUNT_PREFIX)) for key in meta["unreadable"]):
-        return  # named above: the counts are read with them (Store.admitted_counts)
+        return  # named above: the counts are read with them (admitted_counts)
     try:
-        held = Store.admitted_counts(path)
+        held = admitted_counts(path)
     except Exception as e:  # rocksdict raises plain Exception; the read above named the damage
         found(False, f"{name}: rows per table cannot be counted: {e}")
         return
