@@ -214,8 +214,8 @@ class TableConfig:
     # none. Part of the spec like the rest, except that "" on either side of a comparison matches any value (a
     # table made before fingerprints, or by a client that sends none).
     features: str = ""
-    # How RocksDB holds the embedding of each row at rest (ps.storage.rowformat): "float16" halves its bytes there, and a
-    # row read back from RocksDB has its embedding rounded to float16 (clipped to +-65504); the RAM tier, the
+    # How RocksDB holds the embedding of each row at rest (ps.storage.rowformat): "float16" halves its bytes there, and
+    # a row read back from RocksDB has its embedding rounded to float16 (clipped to +-65504); the RAM tier, the
     # optimizer state and the statistics stay float32. A table keeps the setting it was created with. "" is
     # unspecified (a client that sends none): it matches an existing table's either setting, as features does, and
     # a table made of it is "float32" (as_new).
