@@ -70,7 +70,7 @@ def test_an_add_delta_push_adds_exactly_the_deltas_leaves_the_state_and_counts(t
         clicks = np.minimum(counts(rng, 60, 2), shows)  # at most the shows
         shard.push(cfg.name, ids, delta, shows, clicks, add_delta=True)
         after, dim, sc = table.peek(ids), cfg.dim, table.stats_col
-        assert np.abs(delta).min() > 0 and (before[:, dim:sc] != table._initial(ids)[:, dim:sc]).any()
+        assert np.abs(delta).min() > 0 and (before[:, dim:sc] != table.loader.initial(ids)[:, dim:sc]).any()
         np.testing.assert_array_equal(bits(after[:, :dim]), bits(before[:, :dim] + delta))
         np.testing.assert_array_equal(bits(after[:, dim:sc]), bits(before[:, dim:sc]))  # optimizer state
         np.testing.assert_array_equal(after[:, sc + SHOW], before[:, sc + SHOW] + shows)

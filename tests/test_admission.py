@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.readahead import ReadAhead
 from ps.engine.shard import Shard
-from ps.engine.table import ReadAhead
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage import budget as budget_module
@@ -240,11 +240,11 @@ def test_a_shrink_writes_only_the_rows_it_changes(tmp_path):
 
     shard.store.put_rows = counted
     ahead = ReadAhead(ids)  # a pull's read of every id, out meanwhile: it reads again only the ids deleted
-    shard.table("ttl")._watchers.add(ahead)
+    shard.table("ttl").reads_ahead.add(ahead)
     assert shard.shrink()["dropped"] == 90
     assert writes == [("ttl", 0, 90)], writes
     assert sorted(np.concatenate(ahead.written).tolist()) == ids[10:].tolist()
-    shard.table("ttl")._watchers.remove(ahead)
+    shard.table("ttl").reads_ahead.end(ahead)
     writes.clear()
     assert shard.shrink()["dropped"] == 0  # the ids left were pushed within ttl_steps: nothing to write
     assert writes == [], writes

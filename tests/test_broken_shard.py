@@ -99,7 +99,7 @@ def test_a_retry_of_a_push_whose_chunk_failed_once_is_refused_and_a_restart_appl
     reference.close()
 
     shard = filled(str(tmp_path / "small"), TIER_ROWS)
-    table, append, resolve = shard.table("t"), shard.journal.append, shard.table("t")._resolve
+    table, append, resolve = shard.table("t"), shard.journal.append, shard.table("t").loader.resolve
     journaled = []
 
     def noting(name, ids, *args, **kwargs):
@@ -114,7 +114,7 @@ def test_a_retry_of_a_push_whose_chunk_failed_once_is_refused_and_a_restart_appl
         return resolve(*args, **kwargs)
 
     failing_once_after_the_journal.done = False
-    shard.journal.append, table._resolve = noting, failing_once_after_the_journal
+    shard.journal.append, table.loader.resolve = noting, failing_once_after_the_journal
     request = [("t", BIG, np.full((len(BIG), DIM), 0.5, np.float32), np.ones(len(BIG), np.float32),
                 np.zeros(len(BIG), np.float32))]  # fmt: skip
     for _ in range(2):  # the request, then its retry
@@ -139,7 +139,8 @@ def test_a_flush_that_marked_the_journal_before_the_push_broke_trims_nothing(tmp
     reference.close()
 
     shard = filled(str(tmp_path / "small"), TIER_ROWS)
-    table, append, mark, resolve = shard.table("t"), shard.journal.append, shard.journal.mark, shard.table("t")._resolve
+    table = shard.table("t")
+    append, mark, resolve = shard.journal.append, shard.journal.mark, table.loader.resolve
     journaled, marked, flushed = [], threading.Event(), {}
 
     def noting(name, ids, *args, **kwargs):
@@ -167,7 +168,7 @@ def test_a_flush_that_marked_the_journal_before_the_push_broke_trims_nothing(tmp
             raise StorageError("simulated: a RocksDB read failed")
         return resolve(*args, **kwargs)
 
-    shard.journal.append, shard.journal.mark, table._resolve = noting, marking, failing_once_the_flush_marked
+    shard.journal.append, shard.journal.mark, table.loader.resolve = noting, marking, failing_once_the_flush_marked
     with pytest.raises(ShardNeedsRestartError):
         push(shard, BIG, 0.5)
     flusher.join(20)

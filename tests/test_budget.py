@@ -513,7 +513,7 @@ def test_a_push_cut_for_a_larger_share_is_unavailable_changes_nothing_and_is_ser
                 "request again .*nothing was applied",
             ) as e,
         ):
-            starved._make_room(len(ids), starved.arena.new_stamp())
+            starved.loader.make_room(len(ids), starved.arena.new_stamp())
         assert e.value.status == "UNAVAILABLE"
         assert starved.num_rows == 0 and shard.journal.next_seq == seq
         assert starved.arena.used == len(starved.arena.free) == 8 and shard.table("full").arena.used == 8

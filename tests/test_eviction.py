@@ -31,7 +31,7 @@ def arena_of(rows: int, plain_clock: bool = False) -> Arena:
 
 
 def admit(a: Arena, ids: np.ndarray, stamp: int) -> np.ndarray:
-    """Rows for missing ids (new ones first, then victims), installed as Table._admit installs them."""
+    """Rows for missing ids (new ones first, then victims), installed as RowLoader._admit installs them (ps.engine.rowloader)."""
     rows = a.grow(len(ids), stamp)
     if len(rows) < len(ids):
         victims = a.victims(len(ids) - len(rows), stamp)

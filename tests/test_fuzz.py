@@ -136,7 +136,7 @@ def snapshot(shard: Shard) -> tuple[tuple, dict[str, TableState]]:
         with t.lock:
             live = np.flatnonzero(a.pin[: a.used] >= 0)  # rows in use; free-listed rows have pin -1
             order = live[np.argsort(a.ids[live], kind="stable")]
-            counters = (t.num_rows, t.num_pending, sorted(t.stored_counts.items()), t.counters["admitted"],
+            counters = (t.num_rows, t.num_pending, sorted(t.writer.stored_counts.items()), t.counters["admitted"],
                         t.counters["dropped"], a.evictions)  # fmt: skip
             tables[name] = TableState(t.cfg, counters, a.ids[order].copy(), a.data[order, : t.width].view(np.uint32),
                                       a.lsn[order].copy(), a.dirty[order].copy())  # fmt: skip

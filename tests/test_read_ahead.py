@@ -1,4 +1,4 @@
-"""A pull's misses are read from RocksDB without the table lock (ps.engine.table.ReadAhead): a push goes on
+"""A pull's misses are read from RocksDB without the table lock (ps.engine.readahead.ReadAhead): a push goes on
 meanwhile, and a row written to RocksDB while the read was out is read again, never served stale."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 import numpy as np
 
 from ps.config import ServerConfig, TableConfig
+from ps.engine.readahead import ReadAhead
 from ps.engine.shard import Shard
-from ps.engine.table import ReadAhead
 
 DIM = 4
 
@@ -69,7 +69,7 @@ def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
         go_on.set()
         reader.join(20)
         assert not reader.is_alive()
-        assert not table._watchers  # every read ahead unregistered
+        assert not table.reads_ahead  # every read ahead unregistered
     finally:
         go_on.set()  # a failure above must not leave the reader blocked
         shard.close()
@@ -107,7 +107,7 @@ def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
         go_on.set()
         reader.join(20)
         assert not reader.is_alive() and not errors, errors
-        assert not table._watchers
+        assert not table.reads_ahead
     finally:
         go_on.set()  # a failure above must not leave the reader blocked
         shard.close()

@@ -143,7 +143,7 @@ def test_adagrad_state_survives_flush_and_restart(tmp_path):
     shard = Shard(ServerConfig(data_dir=str(tmp_path)))
     np.testing.assert_array_equal(shard.table("a").peek(ids), before)
     assert (
-        shard.table("a").stored_counts == {"admitted": 2, "pending": 0, "trained": True}
+        shard.table("a").writer.stored_counts == {"admitted": 2, "pending": 0, "trained": True}
         and shard.journal.size_bytes() == 0
     )
     shard.close()

@@ -1,52 +1,45 @@
 """Table: one sparse table of one shard: a bounded RAM Arena in front of the Store, with journaled pushes.
 
-- pull: look the ids up in the arena; misses are read from RocksDB with one multi_get over the store's reader
-  threads (or initialized from a hash of the id when RocksDB has no row) and admitted to RAM, evicting cold rows
-  (dirty ones handed to the store's write-behind thread, which writes them in one WriteBatch while the request
-  goes on; reads see them meanwhile); then one compiled gather.
+- pull: look the ids up in the arena; misses are admitted to RAM by the table's RowLoader (ps.engine.rowloader:
+  read from RocksDB, or initial rows, evicting cold rows), then one compiled gather.
 - push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, update the rows in
   place (ps.rows.update: the push's rule, then statistics and admission, weight clipping) keeping an undo copy,
   then append the push to the journal (durable from here on); a float32 overflow or a failed journal write puts
   the undo copy back. The rows become dirty and carry the push's seq as their lsn. The Shard's flusher writes
-  dirty rows to RocksDB.
+  dirty rows to RocksDB (flush, through the table's RowWriter: ps.engine.rowwriter).
 - admission: an id's statistics (show, click, last step) count from its first push; it gets a trained row once
   its show count reaches admission.min_count (and then with admission.probability per push). Until then its
   pushes only count, its pulls return the initial value, and RocksDB keeps only its statistics.
-- shrink: decay show and click, drop ids past their TTL or under the score threshold, in RAM and RocksDB.
+- shrink: decay show and click, drop ids past their TTL or under the score threshold (ps.engine.shrinkrule), in
+  RAM and RocksDB.
 - rules: a push applies its grads by one of ps.rows.update's rules: OPTIMIZE (the table's optimizer step) or
   ADD_DELTA (grads added to the embeddings as they are, the optimizer state untouched but for FTRL's z, set to
-  give the new embedding); statistics, admission
-  and clipping apply either way. ADD_DELTA applies no lazy L2, yet stamps the rows' last step: the decay a row
-  owed since its previous push is dropped. The journal record keeps the rule.
+  give the new embedding); statistics, admission and clipping apply either way. ADD_DELTA applies no lazy L2, yet
+  stamps the rows' last step: the decay a row owed since its previous push is dropped. The journal record keeps
+  the rule.
 - replay (start-up): journal records after the last flush are applied again, each by its rule, to the rows whose
   lsn is older.
 A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows; a
 push in chunks computes every chunk into a buffer first and puts them into the arena once it is journaled.
 Thread-safety: one lock per table serializes pull, push, flush, shrink; a pull of one chunk releases it while it
-reads its misses from RocksDB (ReadAhead), and rows written to RocksDB meanwhile are read again under it.
+reads its misses from RocksDB (ps.engine.readahead), and rows written to RocksDB meanwhile are read again under it.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 
 import numpy as np
 
 from ps.config import TableConfig
-from ps.errors import (
-    DataLossError,
-    InvalidArgumentError,
-    PsError,
-    ShardClosingError,
-    ShardNeedsRestartError,
-    StorageError,
-    TableBusyError,
-)
+from ps.engine.readahead import ReadAheads
+from ps.engine.rowloader import RowLoader, raise_duplicate
+from ps.engine.rowwriter import RowWriter
+from ps.engine.shrinkrule import rule_is_off, shrink_chunk
+from ps.errors import DataLossError, InvalidArgumentError, ShardClosingError, ShardNeedsRestartError
 from ps.rows import update
-from ps.rows.initializers import init_rows
-from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout, half_floats_of
+from ps.rows.layout import ADMITTED, RowLayout, half_floats_of
 from ps.rows.optim import get_optimizer
 from ps.rows.rowcopy import gather
 from ps.rows.update import Push, RowState
@@ -87,24 +80,27 @@ class Table:
             rule: update.hyper_params(self.optimizer, cfg.admission, cfg.weight_bound, l2=cfg.l2, rule=rule)
             for rule in update.RULES.values()
         }
-        self.stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n}
-        self.arena = Arena(self.width, budget, self._persist, cfg.name)  # the last step that can fail: joins the budget
-        self.num_rows = self.stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
-        self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
+        stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n, "trained": b}
+        self.reads_ahead = ReadAheads()  # the reads of missing rows in progress without the lock (pull)
+        # the last step that can fail: joins the budget; the dirty rows it gives back are written by the writer
+        self.arena = Arena(self.width, budget, lambda rows: self.writer.persist(rows), cfg.name)
+        self.writer = RowWriter(self.arena, store, self.stats_col, self.reads_ahead, stored_counts)
+        self.num_rows = stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
+        self.num_pending = stored_counts["pending"]  # ids pushed but not admitted yet
         self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
         self.closed = False
         self.broken = ""  # why the table refuses every request: a journaled push only partly applied in RAM
         self.replaced = False  # closed because a table of its name and another spec took its place (untrained)
-        self._watchers: set[ReadAhead] = set()  # the reads ahead in progress (each collects the ids written since)
         self.counters = {
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
         }  # fmt: skip
+        self.loader = RowLoader(cfg, self.optimizer, self.arena, self.writer, self.counters)  # the miss path
 
     def count_on(self, old: Table) -> None:
         """Takes over the counts of `old`, the table this one replaces under its name (an untrained table of
         another spec): the counts, which Stats and the metrics' counters report per table name, count from the
         server's start and never go down."""
-        self.counters = dict(old.counters)
+        self.counters.update(old.counters)  # in place: the loader counts into this dict too
         self.arena.evictions = old.arena.evictions
 
     @property
@@ -117,7 +113,7 @@ class Table:
     def pull(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """(n, dim) embeddings of ids (duplicates allowed), in order; into out (n, dim) float32 if given.
         A request of one chunk copies its hits first, then reads its misses from RocksDB without the table lock
-        (_read_ahead), so a pull that comes while a push is applied (a worker's prefetch) loads its misses
+        (ps.engine.readahead), so a pull that comes while a push is applied (a worker's prefetch) loads its misses
         meanwhile; back under the lock it admits only the ids that missed, and pins its hits (Arena.pin_held) as a
         lookup would. ids of another integer type are taken as uint64, as a push takes them (the compiled index
         compares uint64 keys)."""
@@ -133,11 +129,11 @@ class Table:
             if len(chunks) == 1:
                 found = np.empty(len(ids), dtype=np.int64)
                 if self.arena.gather_hits(ids, self.dim, out, found):  # some missed: read them without the lock
-                    ahead = self._read_ahead_start(ids, found)
+                    ahead = self.reads_ahead.start(ids, found)
             else:
                 for lo, hi in chunks:
                     if self.arena.gather_hits(ids[lo:hi], self.dim, out[lo:hi]):  # some missed: admit them
-                        rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                        rows = self.loader.resolve(ids[lo:hi], self.arena.new_stamp())
                         gather(self.arena.data, rows, self.dim, out[lo:hi])
             if ahead is None:
                 self._count_pull(len(ids))
@@ -146,7 +142,7 @@ class Table:
             ahead.read(self.store, self.name, self.width)
         except BaseException:
             with self.lock:
-                self._watchers.remove(ahead)
+                self.reads_ahead.end(ahead)
                 self._check_open()  # a read cut short by the shard closing is its error, not the store's
             raise
         with self.lock:
@@ -157,16 +153,16 @@ class Table:
                 if len(chunks) == 1:  # the hits are in `out` already: only the ids that missed are resolved
                     stamp, missed = self.arena.new_stamp(), np.flatnonzero(found < 0)
                     self.arena.pin_held(found, ids, stamp)
-                    rows = self._resolve(ids[missed], stamp, ahead=ahead)
+                    rows = self.loader.resolve(ids[missed], stamp, ahead=ahead)
                     part = np.empty((len(missed), self.dim), dtype=np.float32)
                     gather(self.arena.data, rows, self.dim, part)
                     out[missed] = part
                 else:
                     for lo, hi in chunks:
-                        rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), ahead=ahead)
+                        rows = self.loader.resolve(ids[lo:hi], self.arena.new_stamp(), ahead=ahead)
                         gather(self.arena.data, rows, self.dim, out[lo:hi])
             finally:
-                self._watchers.remove(ahead)
+                self.reads_ahead.end(ahead)
             self._count_pull(len(ids))
         return out
 
@@ -203,11 +199,11 @@ class Table:
             # chunks are resolved one by one: find duplicates across all of them first
             _, first, counts = np.unique(ids, return_index=True, return_counts=True)
             if (counts > 1).any():
-                self._raise_duplicate(ids, int(np.setdiff1d(np.arange(len(ids)), first)[0]))
+                raise_duplicate(self.name, ids, int(np.setdiff1d(np.arange(len(ids)), first)[0]))
             hp = update.at_step(hyper, step)
             updates = []  # (lo, hi, new rows, admitted): computed first, committed once journaled
             for lo, hi in chunks:
-                rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
+                rows = self.loader.resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
                 push = Push(ids[lo:hi], rows, grads[lo:hi], shows[lo:hi], clicks[lo:hi])
                 target = update.buffered(hi - lo, self.width)
                 out = update.update(hp, push, self.row_state, target)
@@ -218,7 +214,7 @@ class Table:
             done = 0
             try:
                 for lo, hi, buf, admitted in updates:  # an earlier chunk's rows may have been evicted (unchanged)
-                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp())  # since: read, evicting others
+                    rows = self.loader.resolve(ids[lo:hi], self.arena.new_stamp())  # since: read, evicting others
                     self._commit(rows, buf, seq)
                     self.arena.pushed(rows)
                     self.counters["admitted"] += admitted
@@ -279,7 +275,7 @@ class Table:
         hp = update.at_step(self.hyper[record.rule], record.step)
         with self.lock:
             for lo, hi in self._chunks(len(record.ids)):
-                rows = self._resolve(record.ids[lo:hi], self.arena.new_stamp())
+                rows = self.loader.resolve(record.ids[lo:hi], self.arena.new_stamp())
                 todo = np.flatnonzero(self.arena.lsn[rows] < np.uint64(record.seq))
                 push = Push(
                     record.ids[lo:hi][todo], rows[todo], np.ascontiguousarray(record.grads[lo:hi][todo]),
@@ -312,7 +308,7 @@ class Table:
                     start = min(start, int(rows[0]))  # give_up, which this call took the arena's note of)
                 else:
                     if len(rows):
-                        self._persist(rows)
+                        self.writer.persist(rows)
                         written += len(rows)
                     if end >= self.arena.used:
                         return written
@@ -331,8 +327,7 @@ class Table:
         journaled, so after a crash the journal's replay of that push would bring the row back (with the push
         under any later one). Only what changes is written: with decay 1 the kept rows stay as they are, and a
         table with no rule on is not scanned at all."""
-        ev, sc = self.cfg.eviction, self.stats_col
-        if ev.ttl_steps == 0 and ev.score_threshold == 0 and ev.decay == 1:
+        if rule_is_off(self.cfg.eviction):
             return 0
         after, dropped = None, 0
         while True:
@@ -347,19 +342,14 @@ class Table:
                 if ram.any():  # RAM is as new as RocksDB or newer
                     rows[ram] = self.arena.data[in_ram[ram], : self.width]
                     lsn[ram] = self.arena.lsn[in_ram[ram]]
-                    complete[ram] = rows[ram, sc + ADMITTED] > 0
-                rows[:, sc + SHOW] *= ev.decay
-                rows[:, sc + CLICK] *= ev.decay
-                show, click = rows[:, sc + SHOW], rows[:, sc + CLICK]
-                drop = np.zeros(len(ids), dtype=bool)
-                if ev.ttl_steps > 0:
-                    drop |= rows[:, sc + LAST_STEP] < clock - ev.ttl_steps
-                if ev.score_threshold > 0:
-                    drop |= (show - click) * ev.nonclk_coeff + click * ev.click_coeff < ev.score_threshold
-                drop &= lsn <= np.uint64(self.store.flushed_seq())  # pushed since the last flush: kept (docstring)
-                written = ~drop if ev.decay < 1 else np.zeros(len(ids), dtype=bool)  # decay 1: kept rows as they were
+                    complete[ram] = rows[ram, self.stats_col + ADMITTED] > 0
+                flushed = self.store.flushed_seq()
+                drop, written = shrink_chunk(self.cfg.eviction, self.stats_col, rows, lsn, clock, flushed)
                 if drop.any() or written.any():  # else the chunk is as it was: not even its counts are written
-                    self._apply_shrink(ids, rows, lsn, complete, in_ram, drop, written)
+                    self.num_rows -= int(np.count_nonzero(drop & complete))
+                    self.num_pending -= int(np.count_nonzero(drop & ~complete))
+                    self.writer.write_shrink(ids, rows, lsn, complete, in_ram, drop, written)
+                    self.counters["dropped"] += int(drop.sum())
                 dropped += int(drop.sum())
 
     def peek(self, ids: np.ndarray) -> np.ndarray:
@@ -368,7 +358,7 @@ class Table:
         out = np.empty((len(ids), self.width), dtype=np.float32)
         with self.lock:
             for lo, hi in self._chunks(len(ids)):
-                rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                rows = self.loader.resolve(ids[lo:hi], self.arena.new_stamp())
                 gather(self.arena.data, rows, self.width, out[lo:hi])
         return out
 
@@ -380,7 +370,7 @@ class Table:
             "num_rows": self.num_rows,
             "pending_ids": self.num_pending,
             "rows_in_ram": a.used - len(a.free),
-            "rows_on_disk": self.stored_counts["admitted"],
+            "rows_on_disk": self.writer.stored_counts["admitted"],
             "disk_bytes": self.store.disk_bytes(self.name),
             "dirty_rows": int(np.count_nonzero(a.dirty[: a.used])),
             "evictions": a.evictions,
@@ -411,13 +401,6 @@ class Table:
         for lo in range(0, max(n, 1), step):
             yield lo, min(n, lo + step)
 
-    def _raise_duplicate(self, ids: np.ndarray, dup: int):
-        first = int(np.flatnonzero(ids == ids[dup])[0])
-        raise InvalidArgumentError(
-            f"push to table {self.name!r} repeats id {int(ids[dup])} (positions {first} and {dup}); "
-            "ids must be unique: sum the gradients of duplicate ids before pushing"
-        )
-
     def _raise_non_finite(self, ids: np.ndarray, grads: np.ndarray, bad: int):
         raise InvalidArgumentError(
             f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
@@ -430,240 +413,19 @@ class Table:
         touched until the update, which counts a use of it; nothing is admitted, so nothing needs pinning."""
         rows, misses = self.arena.find_rows(ids)
         if misses:
-            return self._resolve(ids, self.arena.new_stamp(), reject_duplicates=True)
+            return self.loader.resolve(ids, self.arena.new_stamp(), reject_duplicates=True)
         dup = self.arena.first_repeat(rows)
         if dup >= 0:
-            self._raise_duplicate(ids, dup)
+            raise_duplicate(self.name, ids, dup)
         return rows
-
-    def _read_ahead_start(self, ids: np.ndarray, rows: np.ndarray) -> ReadAhead:
-        """The ids of a request missing from RAM now (rows: each id's arena row, -1 where missing), to read without
-        the lock; from here until the read is done, those of them written to RocksDB are collected in its
-        `written` (their read may be stale)."""
-        missing = ids[rows < 0]
-        if len(missing) > 1 and not (missing[1:] > missing[:-1]).all():  # a client sends them sorted and unique
-            missing = np.unique(missing)
-        ahead = ReadAhead(missing)
-        self._watchers.add(ahead)
-        return ahead
-
-    def _resolve(self, ids: np.ndarray, stamp: int, reject_duplicates: bool = False,
-                 ahead: ReadAhead | None = None) -> np.ndarray:  # fmt: skip
-        """Arena row of each id; admits missing ids to RAM (with the rows `ahead` read, where still current). With
-        reject_duplicates, a repeated id raises InvalidArgumentError before anything is admitted."""
-        rows, dup = self.arena.lookup(ids, stamp)
-        miss = np.flatnonzero(rows < 0)
-        missing = first = inverse = None
-        if len(miss):
-            missing, first, inverse = np.unique(ids[miss], return_index=True, return_inverse=True)
-            if len(missing) < len(miss):
-                repeated = int(miss[np.setdiff1d(np.arange(len(miss)), first)[0]])
-                dup = repeated if dup < 0 else min(dup, repeated)
-        if reject_duplicates and dup >= 0:
-            self._raise_duplicate(ids, dup)
-        if missing is not None:
-            rows[miss] = self._admit(missing, stamp, ahead)[inverse.ravel()]
-            self.counters["cache_misses"] += len(missing)
-        return rows
-
-    def _initial(self, ids: np.ndarray) -> np.ndarray:
-        """Rows of ids never pushed: initial embedding, initial optimizer state, zero statistics."""
-        block = np.zeros((len(ids), self.width), dtype=np.float32)
-        init_rows(self.cfg.initializer, ids, block, self.dim)
-        self.optimizer.init_state(block[:, : self.stats_col], self.dim)
-        return block
-
-    def _admit(self, ids: np.ndarray, stamp: int, ahead: ReadAhead | None = None) -> np.ndarray:
-        """Rows for ids (unique, none in RAM): what RocksDB holds (or `ahead` read of it), else initial rows."""
-        found, stored_rows, lsn, complete = ReadAhead.expand(self.store, self.name, ids, self.width, ahead)
-        full, partial = found & complete, found & ~complete
-        if full.all():  # every row trained before and read whole: install them as read
-            block = stored_rows
-        else:
-            block = np.empty((len(ids), self.width), dtype=np.float32)
-            block[full] = stored_rows[full]
-        fresh = np.flatnonzero(~full)  # initial rows only where RocksDB holds none (or only statistics)
-        if len(fresh):
-            block[fresh] = self._initial(ids[fresh])
-        block[partial, self.stats_col :] = stored_rows[partial, self.stats_col :]
-        stored = np.zeros(len(ids), dtype=np.uint8)
-        stored[partial], stored[full] = 1, 2
-        rows = self._make_room(len(ids), stamp)
-        self.arena.install(rows, ids, block, lsn, stored, stamp)
-        return rows
-
-    def _make_room(self, n: int, stamp: int) -> np.ndarray:
-        rows = self.arena.grow(n, stamp)
-        if len(rows) < n:
-            victims = self.arena.victims(n - len(rows), stamp)
-            if len(victims) < n - len(rows):  # e.g. another table took the budget since this request was chunked
-                self.arena.give_back(rows)  # the victims stay as they are: live rows, still indexed
-                if self.arena.failed:  # the rows exist, but could not be written to be given back
-                    raise self._not_given_back(n, *self.arena.failed[0])
-                if self.arena.busy:  # the rows exist: the tables that hold them were taking rows back themselves
-                    raise TableBusyError(
-                        f"table {self.name!r} needs rows for {n} ids, and the tables above their share of the RAM "
-                        f"tier that hold them ({', '.join(map(repr, self.arena.busy))}) were busy taking rows back "
-                        "themselves: send the request again; nothing was applied"
-                    )
-                share = self.arena.budget.share_bytes() // self.arena.row_charge
-                raise TableBusyError(
-                    f"table {self.name!r} needs rows for {n} ids and found none to evict: its share of the RAM tier "
-                    f"is {share} rows, and the other tables took the rest while the request ran: send the request "
-                    "again (it is cut to the share it finds); nothing was applied"
-                )
-            dirty = victims[self.arena.dirty[victims] == 1]
-            if len(dirty):
-                self._persist(dirty, background=True)
-            self.arena.forget(victims)
-            rows = np.concatenate([rows, victims])
-        return rows
-
-    def _not_given_back(self, n: int, holder: str, e: Exception) -> Exception:
-        """The refusal of a request that needs rows for n ids, which table `holder`, above its share of the RAM
-        tier, could not give back: its give_up failed with e (most often writing its dirty rows). Of e's class (a
-        StorageError, DiskFullError, ...), a StorageError where e is no PsError; nothing was applied."""
-        what = str(e).removesuffix("; nothing was applied") if isinstance(e, PsError) else f"{type(e).__name__}: {e}"
-        error = copy.copy(e) if isinstance(e, PsError) else StorageError("")
-        error.args = (
-            f"table {self.name!r} needs rows for {n} ids, and table {holder!r}, which holds them above its share of "
-            f"the RAM tier, could not give them back: {what}; nothing was applied",
-        )
-        return error
 
     def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:
         d_admitted, d_pending = update.commit(self.row_state, rows, buf, seq)
         self.num_rows += d_admitted
         self.num_pending += d_pending
 
-    def _counts_after(self, before: np.ndarray, after: np.ndarray) -> dict:
-        """Stored counts once rows whose stored flags are `before` are stored as `after` (0/1/2); trained once any
-        write stored a row or a pending id, and so after a Shrink that drops them all."""
-        c = dict(self.stored_counts)
-        c["admitted"] += int(np.count_nonzero(after == 2)) - int(np.count_nonzero(before == 2))
-        c["pending"] += int(np.count_nonzero(after == 1)) - int(np.count_nonzero(before == 1))
-        c["trained"] = c["trained"] or bool((after > 0).any())
-        return c
-
     @property
     def trained(self) -> bool:
         """Whether ids were ever pushed to this table on this shard: it holds a row or a pending id (in RAM or
         RocksDB), or RocksDB's counts say it did before a Shrink dropped them."""
-        return bool(self.num_rows or self.num_pending or self.stored_counts["trained"])
-
-    def _persist(self, rows: np.ndarray, background: bool = False) -> None:
-        """Writes rows (data + lsn) to RocksDB with the new counts, then marks them clean and stored.
-        background: by the store's write-behind thread (reads see them at once), in parts of at most
-        Store.background_rows, each copied out of the arena as it is handed over (which waits while the pending
-        parts leave it no room): of one request's victims (up to half the RAM tier), at most one part waits in
-        memory beyond the write-behind's bound."""
-        if not background:
-            self._persist_part(rows, False)
-            return
-        step = self.store.background_rows(self.width)
-        for lo in range(0, len(rows), step):
-            self._persist_part(rows[lo : lo + step], True)
-
-    def _persist_part(self, rows: np.ndarray, background: bool) -> None:
-        a = self.arena
-        buf = np.empty((len(rows), self.width), dtype=np.float32)
-        gather(a.data, rows, self.width, buf)
-        complete = buf[:, self.stats_col + ADMITTED] > 0
-        after = np.where(complete, 2, 1).astype(np.uint8)
-        counts = self._counts_after(a.stored[rows], after)
-        ids = a.ids[rows]
-        self.store.put_rows(self.name, ids, buf, a.lsn[rows], complete, counts, background=background)
-        self._note_written(ids)
-        self.stored_counts = counts
-        a.stored[rows] = after
-        a.dirty[rows] = 0
-
-    def _note_written(self, ids: np.ndarray) -> None:
-        """ids were written to RocksDB: a read ahead in progress reads those of them it read again (ReadAhead)."""
-        for ahead in self._watchers:
-            ahead.note_written(ids)
-
-    def _apply_shrink(self, ids, rows, lsn, complete, in_ram, drop, keep) -> None:
-        """Writes a shrink chunk: the rows of `keep` (kept, decayed) written, dropped rows deleted, in RocksDB and
-        RAM; the rest stay as they are."""
-        a = self.arena
-        ram_rows = in_ram[in_ram >= 0]
-        before = np.full(len(ids), 0, dtype=np.uint8)
-        before[in_ram >= 0] = a.stored[ram_rows]
-        before[in_ram < 0] = np.where(complete[in_ram < 0], 2, 1)
-        after = np.where(drop, 0, np.where(keep, np.where(complete, 2, 1), before)).astype(np.uint8)
-        counts = self._counts_after(before, after)
-        self.num_rows -= int(np.count_nonzero(drop & complete))
-        self.num_pending -= int(np.count_nonzero(drop & ~complete))
-        self.store.put_rows(self.name, ids[keep], rows[keep], lsn[keep], complete[keep], counts, delete=ids[drop])
-        self._note_written(ids[keep | drop])  # the rest of RocksDB's rows are as a read ahead found them
-        self.stored_counts = counts
-        kept_ram, dropped_ram = in_ram[keep & (in_ram >= 0)], in_ram[drop & (in_ram >= 0)]
-        a.data[kept_ram, : self.width] = rows[keep & (in_ram >= 0)]
-        a.stored[kept_ram] = after[keep & (in_ram >= 0)]
-        a.dirty[kept_ram] = 0
-        if len(dropped_ram):
-            a.release(dropped_ram)
-        self.counters["dropped"] += int(drop.sum())
-
-
-class ReadAhead:
-    """A read of rows from RocksDB done without the table lock: the ids missing from RAM when it began
-    (`missing`, sorted and unique), what the store returned for them (expanded to one entry per id), and `written`:
-    the arrays of those of them the table wrote to RocksDB since it began (note_written keeps no other ids: a write
-    of another row cannot make this read stale). Where the read is used, an id that was written meanwhile, or was
-    not missing when it began, is read again (under the lock)."""
-
-    def __init__(self, missing: np.ndarray):
-        self.missing = missing
-        self.written: list[np.ndarray] = []
-        self.stored: tuple[np.ndarray, ...] | None = None
-
-    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(mine bool (len(ids),): the ids this read is for, the index in `missing` of each id where mine).
-        missing must not be empty."""
-        ids = ids.astype(self.missing.dtype, copy=False)  # one dtype: mixed int64/uint64 would compare as floats
-        at = np.minimum(np.searchsorted(self.missing, ids), len(self.missing) - 1)
-        return self.missing[at] == ids, at
-
-    def note_written(self, ids: np.ndarray) -> None:
-        """ids were written to RocksDB: keeps those this read is for."""
-        if len(self.missing) == 0 or len(ids) == 0:
-            return
-        mine = ids[self.find(ids)[0]]
-        if len(mine):
-            self.written.append(mine)
-
-    def read(self, store: Store, table: str, width: int) -> None:
-        self.stored = ReadAhead.expand(store, table, self.missing, width, None)
-
-    @staticmethod
-    def expand(store: Store, table: str, ids: np.ndarray, width: int, ahead: ReadAhead | None) -> tuple:
-        """(found (n,), rows (n, width), lsn (n,), complete (n,)) of ids: from `ahead` where it is current, else
-        read by store.get_rows, whose answer holds only the found ids."""
-        n = len(ids)
-        if ahead is not None and ahead.stored is not None and not ahead.written and np.array_equal(ids, ahead.missing):
-            return ahead.stored  # the read ahead is of exactly these ids, and nothing was written meanwhile
-        found, rows = np.zeros(n, dtype=bool), np.zeros((n, width), dtype=np.float32)
-        lsn, complete = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
-        fresh = np.zeros(n, dtype=bool)
-        if ahead is not None and ahead.stored is not None and len(ahead.missing):
-            fresh, at = ahead.find(ids)
-            if ahead.written:
-                fresh &= ~np.isin(ids, np.concatenate(ahead.written))
-            src = at[fresh]
-            a_found, a_rows, a_lsn, a_complete = ahead.stored
-            found[fresh], rows[fresh], lsn[fresh], complete[fresh] = (
-                a_found[src],
-                a_rows[src],
-                a_lsn[src],
-                a_complete[src],
-            )
-        rest = np.flatnonzero(~fresh)
-        if len(rest):
-            r_found, r_rows, r_lsn, r_complete = store.get_rows(table, ids[rest], width)
-            if len(rest) == n and r_found.all():  # all read now, all found: the answer is already one per id
-                return r_found, r_rows, r_lsn, r_complete
-            where = rest[r_found]
-            found[where], rows[where], lsn[where], complete[where] = True, r_rows, r_lsn, r_complete
-        return found, rows, lsn, complete
+        return bool(self.num_rows or self.num_pending or self.writer.stored_counts["trained"])
