@@ -100,7 +100,8 @@ def test_a_save_meeting_another_checkpoints_hold_fails_at_once_and_releases_what
             with pytest.raises(CheckpointHoldError, match="FAILED_PRECONDITION: shard 1 is held by another checkpoint"):
                 save(client, str(tmp_path / "c1"))  # the server's own class, which it names (ps.errors.error_class)
             assert time.monotonic() - started < 5  # not the 30 s server timeout
-            assert servers[0].shard._hold.held_until == 0 and pushed(servers[0].shard, np.arange(3, dtype=np.uint64))
+            gate = servers[0].shard.checkpoints.gate
+            assert gate.held_until == 0 and pushed(servers[0].shard, np.arange(3, dtype=np.uint64))
             assert not (tmp_path / "c1").exists()
             servers[1].shard.release(other)
             assert save(client, str(tmp_path / "c2"))["num_shards"] == 2
@@ -115,7 +116,7 @@ def test_a_save_into_a_dir_the_server_cannot_write_is_refused_as_the_operators_f
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
     try:
         _, token = shard.hold(60)
-        monkeypatch.setattr("ps.engine.shard.os.access", lambda path, mode, **kw: False)  # as a read-only dir is
+        monkeypatch.setattr("ps.engine.checkpointing.os.access", lambda path, mode, **kw: False)  # a read-only dir
         with pytest.raises(CheckpointDirError, match=r"checkpoint dir .*/c/new is not writable by this server"):
             shard.save_checkpoint(str(tmp_path / "c" / "new"), token)
         assert CheckpointDirError.status == "FAILED_PRECONDITION" and not (tmp_path / "c").exists()
@@ -158,7 +159,7 @@ def test_a_save_whose_dir_another_shards_failed_save_removed_writes_again(tmp_pa
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
     directory = tmp_path / "c"
     directory.mkdir()  # shard 1's
-    real_write, writes = shard._write_checkpoint, []
+    real_write, writes = shard.checkpoints.write, []
 
     def write_after_the_other_shard_gave_up(path: str) -> dict:
         writes.append(path)
@@ -166,7 +167,7 @@ def test_a_save_whose_dir_another_shards_failed_save_removed_writes_again(tmp_pa
             directory.rmdir()  # shard 1's failed save cleans up
         return real_write(path)
 
-    shard._write_checkpoint = write_after_the_other_shard_gave_up
+    shard.checkpoints.write = write_after_the_other_shard_gave_up
     try:
         _, token = shard.hold(60)
         saved = shard.save_checkpoint(str(directory), token)
@@ -189,7 +190,7 @@ def test_a_save_whose_dir_keeps_going_away_gives_up_after_its_tries(tmp_path):
         directory.rmdir()
         raise OSError(2, "No such file or directory", path)
 
-    shard._write_checkpoint = write_into_a_dir_removed_each_time
+    shard.checkpoints.write = write_into_a_dir_removed_each_time
     try:
         _, token = shard.hold(60)
         with pytest.raises(OSError, match="No such file"):
@@ -230,7 +231,7 @@ def test_a_save_that_fails_once_rocksdb_wrote_the_checkpoint_leaves_nothing_behi
         raise OSError(5, "Input/output error", path)
 
     if failing == "file_checksums":
-        monkeypatch.setattr("ps.engine.shard.file_checksums", fails)
+        monkeypatch.setattr("ps.engine.checkpointing.file_checksums", fails)
     else:  # Store.saved_counts reads the checkpoint back with it
         monkeypatch.setattr("ps.storage.store.admitted_counts", fails)
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))

@@ -140,7 +140,7 @@ def snapshot(shard: Shard) -> tuple[tuple, dict[str, TableState]]:
                         t.counters["dropped"], a.evictions)  # fmt: skip
             tables[name] = TableState(t.cfg, counters, a.ids[order].copy(), a.data[order, : t.width].view(np.uint32),
                                       a.lsn[order].copy(), a.dirty[order].copy())  # fmt: skip
-    own = (shard.clock, shard.journal.next_seq, sorted(shard.journal.applied.items()), shard._hold.token)
+    own = (shard.clock, shard.journal.next_seq, sorted(shard.journal.applied.items()), shard.checkpoints.gate.token)
     return own, tables
 
 

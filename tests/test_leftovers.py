@@ -867,7 +867,7 @@ def test_an_export_whose_save_fails_on_one_shard_does_not_say_to_delete_the_chec
         with Client(addresses) as client:
             client.create_table(TableConfig("emb", 2))
             client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
-        servers[1].shard._write_checkpoint = refused
+        servers[1].shard.checkpoints.write = refused
         code = main(["export", str(out), "--servers", ",".join(addresses), "--no-progress"])
     finally:
         for server in servers:

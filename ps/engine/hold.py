@@ -2,7 +2,8 @@
 
 A checkpoint of a running cluster holds every shard (hold: the shard stops taking pushes once the ones in flight
 are done), saves each (a flush, then a RocksDB checkpoint into <dir>/shard-<id>: save_into) under its hold's token,
-then releases them. A hold stops pushes and nothing else. The Shard owns one PushHold and delegates to it.
+then releases them. A hold stops pushes and nothing else. A shard owns one PushHold, through its ShardCheckpoints
+(ps.engine.checkpointing).
 """
 
 from __future__ import annotations

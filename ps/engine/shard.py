@@ -13,8 +13,9 @@ request of a client at a time) are ps.engine.pushpath's, one PushPath per shard 
 
 Training jobs (stamped requests: the job a shard follows, its worker clocks, sync steps) are ps.engine.jobs's,
 one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch, create_table with a stamp a stamped
-CreateTable. Checkpoints (hold, save, release) are
-ps.engine.hold's, one PushHold per shard, which every push passes through.
+CreateTable. Checkpoints (hold, save, release) are ps.engine.checkpointing's, one ShardCheckpoints per shard, whose
+push gate every push passes through. What the shard reports of itself besides its tables is ps.engine.shardstats's;
+the last steps of its close are ps.engine.closing's.
 
 Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread
 (ps.engine.flusher) writes dirty rows to RocksDB every flush_interval_s (or once the journal has grown by
@@ -37,7 +38,6 @@ the journal), close() included; the next start replays it.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,10 +45,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from ps.checkpoint import file_checksums
 from ps.config import ServerConfig, TableConfig
+from ps.engine.checkpointing import ShardCheckpoints
+from ps.engine.closing import close_lost, close_part, close_tables
 from ps.engine.flusher import Flusher
-from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks
 from ps.engine.opening import (
     check_data_dir,
@@ -65,10 +65,11 @@ from ps.engine.opening import (
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.pushpath import PushPath
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
-from ps.engine.stampcheck import check_stamp
+from ps.engine.shardstats import describe_start, health_stats, memory_stats, restore_stats
+from ps.engine.stampcheck import check_batch_stamp, check_ending_batch, check_stamp
 from ps.engine.startup import StartProgress
 from ps.engine.syncsum import contribution
-from ps.engine.table import Table, rows_text
+from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker
 from ps.errors import (
     MODEL_STATE_REPLACED,
@@ -84,8 +85,7 @@ from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
-from ps.storage import leftovers
-from ps.storage.diskspace import low_bytes, measure
+from ps.storage.diskspace import measure
 from ps.storage.memory import plan_memory
 
 T = TypeVar("T")
@@ -125,7 +125,7 @@ class Shard:
                 raise error from e
             finally:  # error's traceback holds this frame: bound to a local here, it would make the cycle above
                 del error
-        self._hold = PushHold(self.shard_id)  # checkpoints hold pushes (hold / save_checkpoint / release)
+        self.checkpoints = ShardCheckpoints(config, self.store, lambda: self.flush(), lambda: self.clock)  # hold, save
         self._journal_mark = self.journal.bytes_written
         self.lost_listeners: list[Callable[[], None]] = []  # told once the data dir is found lost (_on_lost)
         self.journal.on_lost = self._on_lost
@@ -159,18 +159,12 @@ class Shard:
     @property
     def saving_checkpoint(self) -> bool:
         """Whether a checkpoint save runs now (no lock taken: safe in a signal handler)."""
-        return self._hold.save_running
+        return self.checkpoints.gate.save_running
 
     def describe_start(self) -> str:
         """What the data dir held at start, for the server's first line: "new, no tables", or the tables with their
-        rows and the clock (an operator who mistyped --data-dir sees "new" where a model was expected)."""
-        origin = "new" if self.store.created else "existing"
-        if self.restored_now:
-            origin = f"restored from {self.config.restore_dir}"
-        if not self.tables:
-            return f"{origin}, no tables"
-        tables = ", ".join(f"{name} {rows_text(t.num_rows)}" for name, t in sorted(self.tables.items()))
-        return f"{origin}, tables {tables}, clock {self.clock:,}"
+        rows and the clock (ps.engine.shardstats.describe_start)."""
+        return describe_start(self.store, self.config.restore_dir if self.restored_now else "", self.tables, self.clock)
 
     def _load_requests(self) -> None:
         """Reads the clock and the clients' applied requests (the push path's, with its advance notes), then replays
@@ -407,7 +401,7 @@ class Shard:
         caller_gone: as pull's."""
         push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
         self.refuse_if_lost()
-        with self._hold.push_gate():
+        with self.checkpoints.gate.push_gate():
             checked = self.check_push(push)
             cost = push_cost(len(checked.ids), checked.table.width)
             self.room.refuse_larger(cost, len(checked.ids), f"a Push of {len(checked.ids):,} ids to table {name!r}")
@@ -426,7 +420,7 @@ class Shard:
         the clock advanced, applied exactly once per (client, client_seq) under the checkpoint hold's gate;
         returns (clock, pushes applied now): ps.engine.pushpath's PushPath.push_batch says how."""
         self.refuse_if_lost()
-        with self._hold.push_gate():
+        with self.checkpoints.gate.push_gate():
             return self.pushes.push_batch(as_pushes(pushes), advance_clock, client, client_seq, caller_gone)
 
     # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
@@ -451,27 +445,15 @@ class Shard:
         stopped."""
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
-        if shared and (stamp.done or stamp.stopped or not (stamp.apart or stamp.unclocked)):
-            said = "done" if stamp.done else "stopped" if stamp.stopped else "neither apart nor unclocked"
-            raise InvalidArgumentError("bad worker stamp: a shared PushBatch (applied once under a key any caller may "
-                                       "send) is none of its worker's steps nor its end, so its stamp says apart (a "
-                                       "sync or ssp worker's) or unclocked (an async or geo worker's), not done or "
-                                       f"stopped; this one says {said}; nothing was applied")  # fmt: skip
-        if stamp.apart and advance_clock:
-            raise InvalidArgumentError(f"a PushBatch stamped apart ends none of its worker's steps, so it advances no "
-                                       f"clock; this one advances it by {advance_clock:,}; nothing was applied")  # fmt: skip
+        check_batch_stamp(stamp, shared, advance_clock)
         if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             check_stamp(stamp, pull=False)
-            if pushes or advance_clock:
-                raise InvalidArgumentError("a stop stamp comes in a PushBatch without pushes and without a clock "
-                                           "advance; nothing was applied")  # fmt: skip
+            check_ending_batch(stamp, bool(pushes or advance_clock))
             return self.clock, 0, self.jobs.abandon(stamp)
         owner = 0 if shared else client  # a shared push's key names no worker's process
         claimed = self.jobs.check(stamp, pull=False, client=owner)
         if stamp.done:
-            if pushes or advance_clock:
-                raise InvalidArgumentError("a done stamp comes in a PushBatch without pushes and without a clock "
-                                           "advance; nothing was applied")  # fmt: skip
+            check_ending_batch(stamp, bool(pushes or advance_clock))
             return self.clock, 0, self.jobs.finish(stamp)
         if stamp.sync:
             applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
@@ -497,10 +479,10 @@ class Shard:
 
     def _apply_sum(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> None:
         """Applies a sync step's sum as one PushBatch of (client, client_seq)."""
-        with self._hold.push_gate():
+        with self.checkpoints.gate.push_gate():
             self.pushes.push_batch(pushes, advance_clock, client, client_seq, step_sum=True)
 
-    # ---- checkpoints (ps.engine.hold) ------------------------------------------------------------------
+    # ---- checkpoints (ps.engine.checkpointing) ------------------------------------------------------
     def hold(self, timeout_s: float) -> tuple[int, str]:
         """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most ps.config MAX_HOLD_S), once
         the pushes in flight are done; returns (clock, token): save and release need the token. Every push
@@ -511,44 +493,17 @@ class Shard:
         an AdvanceClock during the hold still runs and changes what the save records of this shard (rows dropped,
         a later clock than the one returned here)."""
         self.refuse_if_lost()
-        return self._hold.hold(timeout_s, lambda: self.clock)
+        return self.checkpoints.hold(timeout_s)
 
     def release(self, token: str) -> None:
         """Ends the hold that returned token (a stale token releases nothing)."""
-        self._hold.release(token)
+        self.checkpoints.gate.release(token)
 
     def save_checkpoint(self, directory: str, token: str) -> dict:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
-        returned token (which cannot expire while this runs); returns what the manifest records of it. Refusals
-        and failures leave nothing behind (PushHold.saving, save_into)."""
+        returned token; returns what the manifest records of it (ShardCheckpoints.save)."""
         self.refuse_if_lost()
-        data_dir = os.path.realpath(self.config.data_dir)
-        if os.path.commonpath([os.path.realpath(directory), data_dir]) == data_dir:
-            raise InvalidArgumentError(f"checkpoint dir {directory} lies inside shard {self.shard_id}'s data dir "
-                                       f"{self.config.data_dir}; give a directory outside it")  # fmt: skip
-        with self._hold.saving(token):
-            started = time.monotonic()
-            name = f"shard-{self.shard_id}"
-            written = save_into(directory, name, self.config.checkpoint_root, self._write_checkpoint)
-            saved = {"shard_id": self.shard_id, "dir": name, "clock": self.clock, **written}
-            log.info("checkpoint saved to %s in %.1f s: %s, clock %s", os.path.join(directory, name),
-                     time.monotonic() - started, rows_text(sum(saved["rows"].values())), f"{self.clock:,}")  # fmt: skip
-            return saved
-
-    def _write_checkpoint(self, path: str) -> dict:
-        """Flushes, writes a RocksDB checkpoint of this shard to path and returns what the manifest records of its
-        files and rows. A failure once RocksDB wrote it (reading it back) removes it: a failed save leaves
-        nothing behind."""
-        self.flush()
-        self.store.checkpoint(path)
-        try:
-            return {
-                "files": file_checksums(path),
-                "rows": self.store.saved_counts(path),  # as saved: a Shrink may run during the save
-            }
-        except BaseException:
-            leftovers.remove([path], f"shard {self.shard_id}'s checkpoint save, which failed once RocksDB wrote it")
-            raise
+        return self.checkpoints.save(directory, token)
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
@@ -616,11 +571,11 @@ class Shard:
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
             "flushing": int(self.flusher.flushing),
-            **self.disk_stats(),
-            **self.memory_stats(),
+            **measure(self.config.data_dir)._asdict(),  # measured now: a stat per file of the data dir
+            **memory_stats(self.memory, self.store, self.journal, self.room, self.jobs),
             "clock": self.clock,
             **self.jobs.stats(),
-            **self.restore_stats(),
+            **restore_stats(self.store),
             "state_id": self.state_id,
             "flush_failures": self.flusher.failures,
         }
@@ -640,45 +595,9 @@ class Shard:
             "on what the shards hold now (from the checkpoint's position, with --skip-examples)"
         )  # fmt: skip
 
-    def restore_stats(self) -> dict[str, str]:
-        """The checkpoint the data dir was restored from (path and manifest sha256; empty: never restored)."""
-        done = self.store.restored() or {}
-        return {"restored_from": done.get("checkpoint", ""), "restored_sha256": done.get("sha256", "")}
-
-    def disk_stats(self) -> dict[str, int]:
-        """The data dir's bytes (every file under it: RocksDB, its write-ahead logs, the journal) and the free and
-        total bytes of its file system, measured now (ps.storage.diskspace.measure: a stat per file, cheap for the
-        few thousand files of a data dir)."""
-        return measure(self.config.data_dir)._asdict()
-
     def health_stats(self) -> dict[str, int]:
-        """For the metrics: the clients in the exactly-once table
-        (ps.storage.applied), whether the disk was low at the flusher's last look (ps.storage.diskspace) and the
-        free bytes under which it is low, from that look (0 before the first)."""
-        last = self.flusher.disk_watch.last
-        return {
-            "clients": len(self.journal.applied),
-            "disk_low": int(self.flusher.disk_watch.low),
-            "disk_low_bytes": low_bytes(last.disk_total_bytes, last.data_dir_bytes) if last else 0,
-        }
-
-    def memory_stats(self) -> dict[str, int]:
-        """The memory plan's bound and each part's use now (bytes; memory_budget_bytes 0: no overall bound)."""
-        rocksdb = self.store.memory_usage()
-        return {
-            "memory_budget_bytes": self.memory.memory_bytes or 0,
-            "block_cache_budget_bytes": self.memory.block_cache_bytes,
-            "block_cache_used_bytes": rocksdb["block_cache"],
-            "memtable_bytes": rocksdb["memtables"],
-            "table_reader_bytes": rocksdb["table_readers"],
-            "write_behind_bytes": self.store.write_behind_bytes,
-            "journal_map_bytes": self.journal.mapped_bytes,
-            "request_room_bytes": self.memory.request_bytes,
-            "request_room_used_bytes": self.room.in_use,
-            "request_room_waits": self.room.waits,
-            "sync_steps_bytes": self.memory.sync_step_bytes,
-            "sync_steps_held_bytes": self.jobs.sync_held_bytes,
-        }
+        """For the metrics: ps.engine.shardstats.health_stats of the journal and the flusher's disk watch."""
+        return health_stats(self.journal, self.flusher.disk_watch)
 
     def close(self) -> None:
         """Stops the flusher, flushes every dirty row, closes the journal and RocksDB. Requests that arrive
@@ -687,7 +606,7 @@ class Shard:
         self.flusher.stop()
         self.journal.check_intact()  # a deletion since the thread's last look is known before anything is written
         if self.journal.dir_gone:
-            self._close_lost()
+            close_lost(self._lock, self.tables.values(), self.journal, self.store)
         flushed, failed = False, None
         try:
             if self.broken:
@@ -704,43 +623,14 @@ class Shard:
             raise
         finally:  # a failed flush too: the journal keeps what it did not write, and the data dir is let go
             with self._lock:
-                for t in list(self.tables.values()):
-                    with t.lock:
-                        t.closed = True
+                close_tables(self.tables.values())
 
                 def journal_then_flush() -> None:
                     self.journal.close()
                     if flushed:  # after a failed flush, its error is the one raised
                         self.store.flush()
 
-                error = self._close_part("closing the journal", journal_then_flush, failed)
-                error = self._close_part("closing RocksDB", self.store.close, error)
+                error = close_part(self.shard_id, "closing the journal", journal_then_flush, failed)
+                error = close_part(self.shard_id, "closing RocksDB", self.store.close, error)
                 if error is not failed:
                     raise error
-
-    def _close_part(self, what: str, close: Callable[[], None], failed: BaseException | None) -> BaseException | None:
-        """Runs a part of close(); returns the error close() raises: failed (a failed flush, or an earlier part),
-        else this part's. A failure after an earlier error is logged, not raised in its place (on a full disk the
-        flush and RocksDB's close both fail, and the flush's error says what the stop left)."""
-        try:
-            close()
-        except BaseException as e:  # an interrupt too: the parts after it still close
-            if failed is None:
-                return e
-            log.warning("shard %d: %s failed too (after the error the stop reports): %s", self.shard_id, what, e)
-        return failed
-
-    def _close_lost(self) -> None:
-        """close() of a shard whose data dir is gone: nothing is flushed (it could not be kept), the journal and
-        RocksDB are closed as far as they can be; raises DataDirLostError saying what was lost."""
-        with self._lock:
-            for t in list(self.tables.values()):
-                with t.lock:
-                    t.closed = True
-            for what, close in (("the journal", self.journal.close), ("RocksDB", self.store.close)):
-                try:
-                    close()
-                except Exception as e:  # the files are gone: nothing to save, the refusal below says why
-                    log.info("closing %s of the lost data dir: %s", what, e)
-        lost = self.journal.lost.removesuffix("; nothing was applied")
-        raise DataDirLostError(f"stopped without writing its last rows to RocksDB: {lost}")

@@ -1,6 +1,7 @@
 """The checks of a worker's stamp that need no job: check_stamp (what no job's stamp may say), and the words the
 refusals of ps.engine.tenancy use for a job's setup (its key=value pairs, what differs between two, its mode) and for
-stopping a job (job_stops).
+stopping a job (job_stops); what a PushBatch's stamp may say of the batch it stamps (check_batch_stamp,
+check_ending_batch).
 """
 
 from __future__ import annotations
@@ -103,3 +104,26 @@ def setup_difference(setup: str, job_setup: str) -> str:
     named = ", ".join(f"{echo(k)} {echo(mine.get(k, '(unset)'), 40)} (the job's: {echo(job.get(k, '(unset)'), 40)})"
                       for k in keys[:NAMED_KEYS])  # fmt: skip
     return named + (f" and {len(keys) - NAMED_KEYS} more" if len(keys) > NAMED_KEYS else "")
+
+
+def check_batch_stamp(stamp: WorkerStamp, shared: bool, advance_clock: int) -> None:
+    """InvalidArgumentError for what a PushBatch's stamp may not say of the batch, whatever the job: a shared batch
+    (applied once under a key any worker may send) stamped as one of its worker's steps or its end, or a batch
+    stamped apart that advances the clock."""
+    if shared and (stamp.done or stamp.stopped or not (stamp.apart or stamp.unclocked)):
+        said = "done" if stamp.done else "stopped" if stamp.stopped else "neither apart nor unclocked"
+        raise InvalidArgumentError("bad worker stamp: a shared PushBatch (applied once under a key any caller may "
+                                   "send) is none of its worker's steps nor its end, so its stamp says apart (a "
+                                   "sync or ssp worker's) or unclocked (an async or geo worker's), not done or "
+                                   f"stopped; this one says {said}; nothing was applied")  # fmt: skip
+    if stamp.apart and advance_clock:
+        raise InvalidArgumentError(f"a PushBatch stamped apart ends none of its worker's steps, so it advances no "
+                                   f"clock; this one advances it by {advance_clock:,}; nothing was applied")  # fmt: skip
+
+
+def check_ending_batch(stamp: WorkerStamp, carries: bool) -> None:
+    """InvalidArgumentError where a done or stop stamp's PushBatch carries pushes or a clock advance."""
+    if carries:
+        word = "stop" if stamp.stopped else "done"
+        raise InvalidArgumentError(f"a {word} stamp comes in a PushBatch without pushes and without a clock "
+                                   "advance; nothing was applied")  # fmt: skip

@@ -1,0 +1,74 @@
+"""ShardCheckpoints: a shard's checkpoints: the push gate every push passes through and the hold that closes it
+(ps.engine.hold.PushHold), and saving the shard's RocksDB checkpoint under that hold.
+
+A save flushes the shard, then writes a RocksDB checkpoint of it into <directory>/shard-<id> (ps.engine.hold's
+save_into creates and, on failure, removes what it made) and returns what the checkpoint's manifest records of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from ps.checkpoint import file_checksums
+from ps.config import ServerConfig
+from ps.engine.hold import PushHold, save_into
+from ps.engine.table import rows_text
+from ps.errors import InvalidArgumentError
+from ps.storage import leftovers
+from ps.storage.store import Store
+
+log = logging.getLogger("ps.engine.shard")  # the shard's: its checkpoints are a part of it
+
+
+class ShardCheckpoints:
+    """One shard's checkpoint hold and saves. flush: the shard's (every dirty row written to RocksDB); clock: the
+    shard's clock now."""
+
+    def __init__(self, config: ServerConfig, store: Store, flush: Callable[[], int], clock: Callable[[], int]):
+        self.config = config
+        self.shard_id = config.shard_id
+        self.store = store
+        self._flush = flush
+        self._clock = clock
+        self.gate = PushHold(self.shard_id)  # every push passes its push_gate; a hold closes it
+
+    def hold(self, timeout_s: float) -> tuple[int, str]:
+        """PushHold.hold at the shard's clock: (clock, token)."""
+        return self.gate.hold(timeout_s, self._clock)
+
+    def save(self, directory: str, token: str) -> dict:
+        """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
+        returned token (which cannot expire while this runs); returns what the manifest records of it. A directory
+        inside the data dir is refused (InvalidArgumentError). Refusals and failures leave nothing behind
+        (PushHold.saving, save_into)."""
+        data_dir = os.path.realpath(self.config.data_dir)
+        if os.path.commonpath([os.path.realpath(directory), data_dir]) == data_dir:
+            raise InvalidArgumentError(f"checkpoint dir {directory} lies inside shard {self.shard_id}'s data dir "
+                                       f"{self.config.data_dir}; give a directory outside it")  # fmt: skip
+        with self.gate.saving(token):
+            started = time.monotonic()
+            name = f"shard-{self.shard_id}"
+            written = save_into(directory, name, self.config.checkpoint_root, self.write)
+            clock = self._clock()
+            saved = {"shard_id": self.shard_id, "dir": name, "clock": clock, **written}
+            log.info("checkpoint saved to %s in %.1f s: %s, clock %s", os.path.join(directory, name),
+                     time.monotonic() - started, rows_text(sum(saved["rows"].values())), f"{clock:,}")  # fmt: skip
+            return saved
+
+    def write(self, path: str) -> dict:
+        """Flushes, writes a RocksDB checkpoint of this shard to path and returns what the manifest records of its
+        files and rows. A failure once RocksDB wrote it (reading it back) removes it: a failed save leaves
+        nothing behind."""
+        self._flush()
+        self.store.checkpoint(path)
+        try:
+            return {
+                "files": file_checksums(path),
+                "rows": self.store.saved_counts(path),  # as saved: a Shrink may run during the save
+            }
+        except BaseException:
+            leftovers.remove([path], f"shard {self.shard_id}'s checkpoint save, which failed once RocksDB wrote it")
+            raise
