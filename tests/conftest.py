@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,12 @@ from ps.server import Server
 from ps.sharding import NUM_SLOTS
 from tests.waiting import join_thread
 from worker.synthetic import SyntheticConfig, write_synthetic
+
+# A shell starts a command it runs in the background (`cmd &`) with SIGINT ignored, and Python started so installs
+# no KeyboardInterrupt handler, nor do the processes it starts: the tests of Ctrl-C would fail for how the suite
+# was started. The suite runs as from a terminal either way.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
