@@ -1239,6 +1239,23 @@ def test_early_stoppings_restore_on_a_float16_table_names_no_id_whose_row_came_b
     assert loop_settings(run, data, [cfg, TableConfig("fm", 4)]).half_at_rest == {"lr"}  # the loop's
 
 
+@pytest.mark.parametrize("bound", [0.0, 0.3, 1.0])
+def test_early_stoppings_check_allows_the_float16_at_rest_of_rows_clipped_to_their_bound(bound):
+    """A restore's push may find a row of a float16 table as RocksDB holds it (ps.storage.rowformat.as_stored: a
+    value clipped to the weight_bound, 0.3, goes to the float16 below it, a whole step away): the row so put back
+    is not named as not admitted; a row that kept another value is."""
+    from ps.storage.rowformat import as_stored
+    from worker.best import _not_put_back
+
+    rng = np.random.default_rng(1)
+    cur = np.clip(rng.standard_normal((500, 4)).astype(np.float32), -0.3, 0.3)
+    cur[:10] = np.float32(0.3)  # clipped to the bound
+    want = np.clip(rng.standard_normal((500, 4)).astype(np.float32), -0.3, 0.3)
+    got = as_stored(cur, bound) + (want - cur)
+    assert not _not_put_back(got, want, cur, bound, half=True).any()
+    assert _not_put_back(cur, want, cur, bound, half=True)[np.abs(want - cur).max(axis=1) > 0.01].all()
+
+
 def test_early_stopping_stops_keeping_ids_once_a_restore_could_not_copy_their_rows(monkeypatch):
     """Past MAX_BEST_FLOATS floats of trained rows a restore is refused: the ids seen are no longer kept (they
     grew with every step of a long run), and the sorted ids kept until then are the union of the steps' ids."""

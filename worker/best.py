@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 
 MAX_BEST_FLOATS = 64 << 20  # BestModel copies at most this many floats (256 MiB); past it, no restore
 SEEN_MERGE_STEPS = 64  # the ids of this many steps are merged into the sorted ids trained before
-HALF_STEP = 2.0**-11  # float16's rounding to nearest moves a normal value by at most this fraction of it
-HALF_SUBNORMAL_STEP = 2.0**-25  # and a subnormal one by at most this (half the smallest subnormal, 2**-24)
+# ps.storage.rowformat.to_half moves a normal value by at most a whole float16 step, this fraction of it (rounding
+# to nearest moves it half that, and a value rounding took past the weight_bound goes to the next float16 toward
+# zero), and a subnormal one by at most the smallest subnormal
+HALF_STEP = 2.0**-10
+HALF_SUBNORMAL_STEP = 2.0**-24
 HALF_MAX = float(np.finfo(np.float16).max)  # float16 at rest clips an embedding to +-this
 
 
@@ -161,7 +164,7 @@ def _not_put_back(got: np.ndarray, want: np.ndarray, cur: np.ndarray, bound: flo
     included); an admitted one is the clipped want but for the rounding of the delta and of its sum, each under
     half an ulp of |want| + |cur| (clipping both moves them no further apart). half: a table of values_at_rest
     "float16", where the push may find cur as RocksDB holds it (evicted after the pull, read back): clipped to
-    +-HALF_MAX and rounded to float16, at most HALF_STEP * |cur| (or half the smallest subnormal) from it."""
+    +-HALF_MAX and rounded to float16 within the bound, at most HALF_STEP * |cur| + HALF_SUBNORMAL_STEP from it."""
     tol = np.finfo(np.float32).eps * (np.abs(want) + np.abs(cur))
     if half:
         tol += HALF_STEP * np.abs(cur) + HALF_SUBNORMAL_STEP + np.maximum(np.abs(cur) - HALF_MAX, 0.0)
