@@ -3,12 +3,12 @@ adagrad_rowwise (one accumulator per row), on the same planted-model data with t
 
     python benchmarks/compact_rows.py [--rows 300000] [--eval-rows 100000] [--shards 2] [--repeats 2]
 
-Each run starts --shards fresh server processes (worker.cluster.LocalCluster) and trains one epoch of an FM
-(numpy backend, recipe "large": batch 2048, learning rate 0.02, embedding dim 8, so table `fm` has dim 9) on
---rows synthetic rows; the optimizer is chosen with a table config file (`ps-worker train --table-config`), as a
-user would. The runs alternate, --repeats times each; the AUC and bytes are the first run's (one worker trains
-the same rows in every run), examples/s is the median over the runs (a shared machine's speed varies). Per
-optimizer:
+Each run (table_variant.py) starts --shards fresh server processes (worker.cluster.LocalCluster) and trains one
+epoch of an FM (numpy backend, recipe "large": batch 2048, learning rate 0.02, embedding dim 8, so table `fm` has
+dim 9) on --rows synthetic rows; the optimizer is chosen with a table config file
+(`ps-worker train --table-config`), as a user would. The runs alternate, --repeats times each; the AUC and bytes
+are the first run's (one worker trains the same rows in every run), examples/s is the median over the runs (a
+shared machine's speed varies). Per optimizer:
 
     eval AUC       on --eval-rows held-out rows, next to the planted model's (the oracle)
     RAM B/row      the arena's bytes per row: Stats ram_bytes / rows_in_ram, summed over shards, with the
@@ -23,71 +23,40 @@ The last line is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import glob
-import os
 import statistics
 import sys
 import tempfile
 
 import harness  # before numpy: see its docstring
+from table_variant import TABLE, train_variant
 
 from ps.accel.malloc import tune_malloc
 from ps.rows.layout import layout_of
-from worker.client import Client
-from worker.cluster import LocalCluster
-from worker.dense import DenseSync
-from worker.job import loop_settings, make_backend, prepare
-from worker.loop import run_epochs
-from worker.model_tables import table_configs
-from worker.scoring import evaluate
 from worker.train_config import TrainConfig
 
 OPTIMIZERS = ("adagrad", "adagrad_rowwise")
-TABLE = "fm"
-
-
-def sst_bytes(root: str) -> int:
-    """Bytes of the RocksDB table files under root."""
-    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(root, "**", "*.sst"), recursive=True))
 
 
 def one_run(cfg: TrainConfig, optimizer: str, shards: int, tmp: str) -> dict:
     """Trains and evaluates cfg with `optimizer` for the sparse table on fresh servers; its figures."""
-    table_config = os.path.join(tmp, f"{optimizer}.toml")
-    with open(table_config, "w") as f:
-        f.write(f'[{TABLE}]\noptimizer = {{ name = "{optimizer}", learning_rate = {cfg.learning_rate} }}\n')
-    cfg = dataclasses.replace(cfg, table_config=table_config)
-    with LocalCluster(shards) as cluster:
-        with Client(cluster.addresses) as client:
-            client.wait_ready()
-            cfg = dataclasses.replace(cfg, servers=tuple(cluster.addresses))
-            cfg, data, spec, _ = prepare(cfg, needs_servers=False)
-            backend = make_backend(spec, cfg)
-            configs = table_configs(cfg, spec, data.schema.table_overrides())
-            for t in configs:
-                client.create_table(t)
-            dim = next(t.dim for t in configs if t.name == TABLE)
-            assert next(t.optimizer.name for t in configs if t.name == TABLE) == optimizer
-            dense = DenseSync(client, spec.dense_params(), cfg.dense_sync_every)
-            dense.pull()
-            loop = run_epochs(client, spec, backend, dense, data.train, loop_settings(cfg, data))
-            r = {"optimizer": optimizer, "dim": dim, "batch_size": cfg.batch_size,
-                 "examples_per_s": loop.examples / loop.seconds}  # fmt: skip
-            r.update(evaluate(client, spec, backend, dense.pull(), data.eval()))
-            stats = [t for s in client.stats() for t in s.tables if t.name == TABLE]
-        cluster.stop()  # the servers flush their rows to RocksDB as they stop
-        rows = sum(t.num_rows for t in stats)
-        lay = layout_of(dim, optimizer)
-        r.update(
-            rows=rows,
-            ram_bytes_per_row=sum(t.ram_bytes for t in stats) / max(1, sum(t.rows_in_ram for t in stats)),
-            layout_ram_bytes_per_row=lay.ram_bytes,
-            disk_bytes_per_row=sst_bytes(cluster.root) / max(1, rows),
-            layout_disk_bytes_per_row=lay.disk_bytes,
-            floats_per_row=lay.width,
-        )
-    return r
+    keys = f'optimizer = {{ name = "{optimizer}", learning_rate = {cfg.learning_rate} }}\n'
+    run = train_variant(cfg, optimizer, keys, shards, tmp, check=lambda t: t.optimizer.name == optimizer)
+    stats = run.evaluated_stats
+    rows = sum(t.num_rows for t in stats)
+    lay = layout_of(run.table.dim, optimizer)
+    return {
+        "optimizer": optimizer,
+        "dim": run.table.dim,
+        "batch_size": run.batch_size,
+        "examples_per_s": run.examples_per_s,
+        **run.scores,
+        "rows": rows,
+        "ram_bytes_per_row": sum(t.ram_bytes for t in stats) / max(1, sum(t.rows_in_ram for t in stats)),
+        "layout_ram_bytes_per_row": lay.ram_bytes,
+        "disk_bytes_per_row": run.sst_bytes / max(1, rows),
+        "layout_disk_bytes_per_row": lay.disk_bytes,
+        "floats_per_row": lay.width,
+    }
 
 
 def summary(runs: list[dict]) -> dict:

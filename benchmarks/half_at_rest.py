@@ -3,10 +3,10 @@ bytes per row in RocksDB, on the planted-model data with a RAM tier that holds a
 
     python benchmarks/half_at_rest.py [--rows 300000] [--eval-rows 100000] [--shards 2] [--cache-bytes 4M]
 
-Each run starts --shards fresh server processes (worker.cluster.LocalCluster) with --cache-bytes each, and
-trains one epoch of an FM (numpy backend, recipe "large": batch 2048, learning rate 0.02, adagrad, embedding dim
-8, so table `fm` has dim 9) on --rows synthetic rows; values_at_rest is chosen with a table config file
-(`ps-worker train --table-config`), as a user would. The RAM tier holds a fraction of the table, so most rows
+Each run (table_variant.py) starts --shards fresh server processes (worker.cluster.LocalCluster) with --cache-bytes
+each, and trains one epoch of an FM (numpy backend, recipe "large": batch 2048, learning rate 0.02, adagrad,
+embedding dim 8, so table `fm` has dim 9) on --rows synthetic rows; values_at_rest is chosen with a table config
+file (`ps-worker train --table-config`), as a user would. The RAM tier holds a fraction of the table, so most rows
 are evicted to RocksDB and read back while training, each time through float16 in the float16 run: the AUC
 difference is what the rounding costs. One run per setting, float32 first (training is deterministic: one worker,
 seeded data). Per setting:
@@ -25,23 +25,14 @@ The last line is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
 import sys
 import tempfile
 
 import harness  # before numpy: see its docstring
-from compact_rows import TABLE, sst_bytes
+from table_variant import TABLE, train_variant
 
 from ps.accel.malloc import tune_malloc
 from ps.rows.layout import layout_of
-from worker.client import Client
-from worker.cluster import LocalCluster
-from worker.dense import DenseSync
-from worker.job import loop_settings, make_backend, prepare
-from worker.loop import run_epochs
-from worker.model_tables import table_configs
-from worker.scoring import evaluate
 from worker.train_config import TrainConfig
 
 SETTINGS = ("float32", "float16")
@@ -50,36 +41,27 @@ OPTIMIZER = "adagrad"
 
 def one_run(cfg: TrainConfig, values_at_rest: str, shards: int, cache_bytes: str, tmp: str) -> dict:
     """Trains and evaluates cfg with the sparse table's values_at_rest on fresh servers; its figures."""
-    table_config = os.path.join(tmp, f"{values_at_rest}.toml")
-    with open(table_config, "w") as f:
-        f.write(f'[{TABLE}]\nvalues_at_rest = "{values_at_rest}"\n'
-                f'optimizer = {{ name = "{OPTIMIZER}", learning_rate = {cfg.learning_rate} }}\n')  # fmt: skip
-    cfg = dataclasses.replace(cfg, table_config=table_config)
-    with LocalCluster(shards, extra_args=["--cache-bytes", cache_bytes]) as cluster:
-        with Client(cluster.addresses) as client:
-            client.wait_ready()
-            cfg = dataclasses.replace(cfg, servers=tuple(cluster.addresses))
-            cfg, data, spec, _ = prepare(cfg, needs_servers=False)
-            backend = make_backend(spec, cfg)
-            configs = table_configs(cfg, spec, data.schema.table_overrides())
-            for t in configs:
-                client.create_table(t)
-            dim = next(t.dim for t in configs if t.name == TABLE)
-            assert next(t.values_at_rest for t in configs if t.name == TABLE) == values_at_rest
-            dense = DenseSync(client, spec.dense_params(), cfg.dense_sync_every)
-            dense.pull()
-            loop = run_epochs(client, spec, backend, dense, data.train, loop_settings(cfg, data))
-            stats = [t for s in client.stats() for t in s.tables if t.name == TABLE]  # before the evaluation's reads
-            r = {"values_at_rest": values_at_rest, "dim": dim, "examples_per_s": loop.examples / loop.seconds,
-                 "misses": sum(t.cache_misses for t in stats), "evictions": sum(t.evictions for t in stats)}  # fmt: skip
-            r["read_back"] = r["misses"] - sum(t.num_rows for t in stats)
-            r.update(evaluate(client, spec, backend, dense.pull(), data.eval()))
-        cluster.stop()  # the servers flush their rows to RocksDB as they stop
-        rows = sum(t.num_rows for t in stats)
-        lay = layout_of(dim, OPTIMIZER, values_at_rest)
-        r.update(rows=rows, value_bytes=lay.value_bytes, disk_bytes_per_row=sst_bytes(cluster.root) / max(1, rows),
-                 layout_disk_bytes_per_row=lay.disk_bytes)  # fmt: skip
-    return r
+    keys = (f'values_at_rest = "{values_at_rest}"\n'
+            f'optimizer = {{ name = "{OPTIMIZER}", learning_rate = {cfg.learning_rate} }}\n')  # fmt: skip
+    run = train_variant(cfg, values_at_rest, keys, shards, tmp, server_args=["--cache-bytes", cache_bytes],
+                        check=lambda t: t.values_at_rest == values_at_rest)  # fmt: skip
+    stats = run.trained_stats  # before the evaluation's reads
+    rows = sum(t.num_rows for t in stats)
+    lay = layout_of(run.table.dim, OPTIMIZER, values_at_rest)
+    misses = sum(t.cache_misses for t in stats)
+    return {
+        "values_at_rest": values_at_rest,
+        "dim": run.table.dim,
+        "examples_per_s": run.examples_per_s,
+        "misses": misses,
+        "evictions": sum(t.evictions for t in stats),
+        "read_back": misses - rows,
+        **run.scores,
+        "rows": rows,
+        "value_bytes": lay.value_bytes,
+        "disk_bytes_per_row": run.sst_bytes / max(1, rows),
+        "layout_disk_bytes_per_row": lay.disk_bytes,
+    }
 
 
 def main() -> int:
