@@ -360,6 +360,49 @@ def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp
         plan_launch(args, rest)
 
 
+def test_an_ssp_job_resumed_in_part_launches_again_and_files_of_two_jobs_are_still_refused(tmp_path):
+    """An ssp job j1 of 2 workers resumed by launch as j2: worker 0 trained a step under j2 (its file names j2),
+    worker 1 was killed before its first step (its file still names j1, resuming as j2). The same launch again
+    resumes them (under a new id), as it does after that launch (as j3) was refused before a step; a file of j1 with
+    one of j2, unless the j1 file resumes as j2, is refused."""
+    from worker.resume import PositionWriter
+
+    j1, j2, j3 = job_hash("j1"), job_hash("j2"), job_hash("j3")
+
+    def writer(worker: int, job: int) -> PositionWriter:
+        return PositionWriter(TrainConfig(servers=(SERVERS,), resume_file=str(tmp_path / f"p-{worker}.json"),
+                                          mode="ssp", num_workers=2, worker_id=worker, job_id=job), every_s=3600)  # fmt: skip
+
+    def resumed(worker: int, job: int, steps: int) -> None:  # as train() leaves the file of a worker resumed as job
+        position = writer(worker, job)
+        position.keep_job_until_past(300)
+        position.update(300)  # the start
+        for step in range(steps):
+            position.update(400 + 100 * step)  # a step acknowledged
+
+    for worker in range(2):
+        writer(worker, j1).write(300)
+    resumed(0, j2, steps=1)
+    resumed(1, j2, steps=0)
+    files = [json.loads((tmp_path / f"p-{worker}.json").read_text()) for worker in range(2)]
+    assert [(f["job_id"], f["resuming_as"]) for f in files] == [(j2, None), (j1, j2)], files
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
+                             "--mode", "ssp")  # fmt: skip
+    plan = plan_launch(args, rest)
+    assert plan.job_id.startswith("launch-") and plan.train_config.job_id not in (j1, j2)
+    for worker in range(2):  # that launch, as j3, refused before a step: j2 and j1 files, each resuming as j3
+        resumed(worker, j3, steps=0)
+    assert plan_launch(args, rest).train_config.job_id not in (j1, j2, j3)
+    other = job_hash("other")
+    writer(0, other).write(400)  # a file of another job altogether
+    with pytest.raises(ValueError, match=rf"p-0.json job {other}, .*p-1.json job {j1} resuming as job {j3}\)"):
+        plan_launch(args, rest)
+    writer(0, j2).write(400)
+    writer(1, j1).write(300)  # an older file of j1: none resumed as j2
+    with pytest.raises(ValueError, match=rf"different jobs \(.*p-0.json job {j2}, .*p-1.json job {j1}\): remove"):
+        plan_launch(args, rest)
+
+
 def test_launch_metrics_out_naming_a_workers_resume_file_is_refused_before_any_worker_starts(tmp_path):
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
                              "--metrics-out", str(tmp_path / "p-1.json"))  # fmt: skip

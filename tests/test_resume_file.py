@@ -400,6 +400,7 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
             "job_id": None,
             "job_name": None,  # (a job id made up: no name)
             "token": None,
+            "resuming_as": None,
             "started_from": 0,
             "examples": 3000,
             "trained": True,
@@ -705,20 +706,26 @@ def test_a_sync_start_refused_before_it_trains_keeps_the_files_job_and_runs_agai
 
 def test_a_sync_position_names_the_new_job_from_its_first_acknowledged_step(tmp_path):
     """Written under a new job id, the position keeps the file's job while it has not moved (a start, a stop before
-    a step), and names the new job at once from the first step acknowledged, or as training ends."""
+    a step), the new job as resuming_as, and names the new job at once (resuming as none) from the first step
+    acknowledged, or as training ends."""
     path = tmp_path / "p.json"
+
+    def jobs() -> tuple[int, int | None]:  # the file's job_id and resuming_as
+        record = json.loads(path.read_text())
+        return record["job_id"], record["resuming_as"]
+
     cfg = TrainConfig(servers=("h:1",), resume_file=str(path), mode="sync", num_workers=2, job_id=7)
     PositionWriter(cfg).write(300)
     for moved, trained in ((300, False), (400, False), (300, True)):
         writer = PositionWriter(dataclasses.replace(cfg, job_id=8), every_s=3600)
         writer.keep_job_until_past(300)
         writer.update(300)
-        assert json.loads(path.read_text())["job_id"] == 7
+        assert jobs() == (7, 8)
         if trained:
             writer.write(moved, trained=True)
         else:
             writer.update(moved)
-        assert json.loads(path.read_text())["job_id"] == (7 if (moved, trained) == (300, False) else 8)
+        assert jobs() == ((7, 8) if (moved, trained) == (300, False) else (8, None))
         PositionWriter(cfg).write(300)
 
 

@@ -221,17 +221,22 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
     the shards let push while they hold the job for workers killed without a word (a job's own workers would
     otherwise be refused for its barrier timeout), and which each worker's file would refuse another of. None
     where no file keeps one, and for sync and ssp, whose job resumes under a new id (worker.resume.resumes_whole);
-    ValueError where two do differ (files of two jobs: in every mode, a job resumed from them would pair the
-    positions of two runs)."""
-    from worker.resume import recorded_job, resumes_whole, unused_because
+    ValueError where no one job is every file's (files of two jobs: in every mode, a job resumed from them would
+    pair the positions of two runs). For sync and ssp a file that names job J resuming as R (its worker stopped
+    before the new job R trained from it: worker.resume.recorded_resuming_as) is of both J and R, so the files of
+    a job resumed in part as R (some name R, others J resuming as R) are one job's."""
+    from worker.resume import recorded_job, recorded_resuming_as, resumes_whole, unused_because
 
     resume_file = getattr(cfg, "resume_file", None)
     if not resume_file or unused_because(cfg) is not None:
         return None
     files = [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
     kept = {path: job for path in files if (job := recorded_job(path)) is not None}
-    if len({job_id for job_id, _ in kept.values()}) > 1:
-        named = ", ".join(f"{path} job {job_named(*job)}" for path, job in kept.items())
+    resuming_as = {path: recorded_resuming_as(path) if resumes_whole(cfg) else None for path in kept}
+    jobs_of = [{job_id, resuming_as[path]} - {None} for path, (job_id, _) in kept.items()]
+    if kept and not set.intersection(*jobs_of):
+        also = {path: f" resuming as job {job_id}" for path, job_id in resuming_as.items() if job_id is not None}
+        named = ", ".join(f"{path} job {job_named(*job)}{also.get(path, '')}" for path, job in kept.items())
         raise ValueError(f"the workers' --resume-files keep the positions of different jobs ({named}): remove "
                          "the files of the job not to resume")  # fmt: skip
     if resumes_whole(cfg):

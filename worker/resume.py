@@ -5,7 +5,7 @@ instead of from the stream's start.
 The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
-     "finished": false, "state_ids": [ID, ...], "job_id": J, "job_name": NAME, "token": T}
+     "finished": false, "state_ids": [ID, ...], "job_id": J, "job_name": NAME, "token": T, "resuming_as": R}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
@@ -37,6 +37,10 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   not known. A start takes it: for the shards it is the same process, and pushes on at once, where another process
   given the same --worker-id (or this worker started again without the file) is refused while the first one's
   requests are heard (within the job's barrier timeout, not done or stopped).
+- resuming_as: the new job id R a sync or ssp worker resumes under while the file still names the job J it resumes
+  from (below: until the new job trained from the position); absent or null: none (the file names the job it trains
+  under). `ps-worker launch` takes a file of job J resuming as R to be of job R too, so that the workers' files of
+  one job resumed in part (some trained under R, others stopped before their first step) are taken as one job's.
 
 It is written as the run starts (before its first CreateTable, which holds the shards for its job: the job id and
 token are kept from then on; a first start that fails before it trains, refused by the shards say, or given
@@ -60,7 +64,7 @@ other examples than the first run's did); and a worker whose training was over (
 ended) tells the new job it is done before it evaluates (a finished one evaluates again), so that its resumed
 peers wait for nobody. The file names the new job only once that job trained from the position (its first step
 acknowledged, or its done stamp sent): a start refused before then (the old job still holds the shards, say)
-leaves the file's job, and the same command runs again.
+leaves the file's job (with the new one as resuming_as), and the same command runs again.
 
 FILE may hold "{worker}", replaced by the worker's id: workers that share a machine (torchrun's
 LOCAL_WORLD_SIZE > 1) need it, each keeping its own file. The file is not used (a warning says so) with --dense
@@ -265,6 +269,13 @@ def recorded_job(path: str) -> tuple[int, str] | None:
     return job_id, name if isinstance(name, str) and names_job(name, job_id) else ""
 
 
+def recorded_resuming_as(path: str) -> int | None:
+    """The new job id the file at path keeps as resuming_as (the module docstring: a sync or ssp worker's file that
+    still names the job it resumes from), else None (no such file, one that cannot be read, or none kept)."""
+    resuming_as = _file_record(path).get("resuming_as")
+    return resuming_as if _is_id(resuming_as) else None
+
+
 def _file_record(path: str) -> dict:
     """The JSON object the file at path holds, for a launcher's look at it; {} where there is none (no such file,
     one that cannot be read, or no object)."""
@@ -330,7 +341,8 @@ class PositionWriter:
         """A sync or ssp run resumed under a new job id (resumes_whole) from the file's position `examples`: the
         file keeps the job id (and name) it holds until the position moves past `examples` (a step of the new job
         acknowledged) or training is over (its done stamp sent), so that a start refused before it trains (the old
-        job still holds the shards, say) leaves the file's job as it was, and the same command runs again."""
+        job still holds the shards, say) leaves the file's job as it was, and the same command runs again. Until
+        then the file names job_id as resuming_as, which tells a launcher that the file belongs to the new job too."""
         kept = recorded_job(self.path)
         if kept is not None and kept[0] != self.job_id:
             self.kept_job, self.kept_until = kept, examples
@@ -339,9 +351,11 @@ class PositionWriter:
         if self.kept_job is not None and (examples != self.kept_until or trained or finished):
             self.kept_job = None  # the new job trained from the position: its id from now on
         job_id, job_name = self.kept_job or (self.job_id, self.job_name)
+        resuming_as = self.job_id if self.kept_job is not None else None
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids),
-                  "job_id": job_id, "job_name": job_name or None, "token": self.token}  # fmt: skip
+                  "job_id": job_id, "job_name": job_name or None, "token": self.token,
+                  "resuming_as": resuming_as}  # fmt: skip
         try:
             write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         except OSError as e:  # (a full disk): named, not as the temporary file
