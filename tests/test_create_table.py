@@ -320,3 +320,34 @@ def test_a_new_tables_create_deletes_a_stray_count_of_its_name_so_a_restart_coun
         assert shard.create_table(TableConfig("t", 8), replace_untrained=True).dim == 8
     finally:
         shard.close()
+
+
+def test_a_failed_replace_publishes_the_restored_table_only_once_it_counts_on_from_the_old_one(tmp_path, monkeypatch):
+    """A replace whose config write fails puts a table of the old config back. Stats reads a table's counts without
+    the shard lock, so that table must take the old one's counts (Table.count_on) before it is published under the
+    name: the counts never go down."""
+    from ps.engine.table import Table
+    from ps.errors import StorageError
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=SMALL_TIER, flush_interval_s=3600))
+    try:
+        shard.create_table(TableConfig("t", 4))
+        shard.pull("t", np.arange(3, dtype=np.uint64))
+        published_while_counting = []
+        real_count_on = Table.count_on
+
+        def count_on(self: Table, old: Table) -> None:
+            published_while_counting.append(shard.tables.get("t") is self)
+            real_count_on(self, old)
+
+        def disk_full(*args: object) -> None:
+            raise StorageError("disk full")
+
+        monkeypatch.setattr(Table, "count_on", count_on)
+        monkeypatch.setattr(shard.store, "create_table", disk_full)
+        with pytest.raises(StorageError, match="disk full"):
+            shard.create_table(TableConfig("t", 8), replace_untrained=True)
+        assert published_while_counting == [False]
+        assert shard.table("t").dim == 4 and shard.table("t").counters["pulls"] == 1
+    finally:
+        shard.close()

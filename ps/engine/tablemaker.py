@@ -145,8 +145,9 @@ class TableMaker:
         try:
             new = self._stored(cfg)  # the config under the same table number
         except BaseException:
-            self.tables[cfg.name] = Table(old.cfg, self.store, self.journal, self.budget)
-            self.tables[cfg.name].count_on(old)
+            restored = Table(old.cfg, self.store, self.journal, self.budget)
+            restored.count_on(old)  # before it is published: a Stats call never sees its counts go down
+            self.tables[cfg.name] = restored
             raise
         new.count_on(old)
         self.tables[cfg.name] = new
