@@ -259,3 +259,33 @@ def test_a_shrink_writes_only_the_rows_it_changes(tmp_path):
         assert (shard.table("ttl").num_rows, shard.table("plain").num_rows) == (10, 100)
     finally:
         shard.close()
+
+
+def test_a_shrink_whose_write_fails_keeps_the_tables_counts(tmp_path):
+    """A Shrink chunk whose RocksDB write fails drops nothing: the table's counts stay those of the rows it holds,
+    and a Shrink sent again drops the ids and counts them off once."""
+    from ps.errors import StorageError
+
+    ttl = TableConfig("ttl", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
+                      eviction=EvictionConfig(ttl_steps=5))  # fmt: skip
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
+    try:
+        shard.create_table(ttl)
+        shard.push("ttl", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+        shard.advance_clock(10)
+        shard.push("ttl", np.arange(10, dtype=np.uint64), np.ones((10, 2), np.float32))
+        shard.flush()
+        put_rows = shard.store.put_rows
+
+        def disk_full(*args: object, **kwargs: object) -> None:
+            raise StorageError("disk full")
+
+        shard.store.put_rows = disk_full
+        with pytest.raises(StorageError, match="disk full"):
+            shard.shrink()
+        assert (shard.table("ttl").num_rows, shard.table("ttl").num_pending) == (100, 0)
+        shard.store.put_rows = put_rows
+        assert shard.shrink()["dropped"] == 90
+        assert (shard.table("ttl").num_rows, shard.table("ttl").num_pending) == (10, 0)
+    finally:
+        shard.close()

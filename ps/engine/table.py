@@ -346,9 +346,9 @@ class Table:
                 flushed = self.store.flushed_seq()
                 drop, written = shrink_chunk(self.cfg.eviction, self.stats_col, rows, lsn, clock, flushed)
                 if drop.any() or written.any():  # else the chunk is as it was: not even its counts are written
-                    self.num_rows -= int(np.count_nonzero(drop & complete))
-                    self.num_pending -= int(np.count_nonzero(drop & ~complete))
                     self.writer.write_shrink(ids, rows, lsn, complete, in_ram, drop, written)
+                    self.num_rows -= int(np.count_nonzero(drop & complete))  # once written: a failed write drops none
+                    self.num_pending -= int(np.count_nonzero(drop & ~complete))
                     self.counters["dropped"] += int(drop.sum())
                 dropped += int(drop.sum())
 
