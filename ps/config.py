@@ -16,7 +16,9 @@ import numpy as np
 from ps.errors import InvalidArgumentError, echo
 
 INITIALIZERS = ("zeros", "uniform", "normal")
-VALUES_AT_REST = ("float32", "float16")  # a TableConfig.values_at_rest: how RocksDB holds a row's embedding
+FULL_AT_REST = "float32"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float32 (the default)
+HALF_AT_REST = "float16"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float16
+VALUES_AT_REST = (FULL_AT_REST, HALF_AT_REST)  # every TableConfig.values_at_rest: how RocksDB holds an embedding
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 FEATURES_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}")  # a TableConfig.features value
 MAX_DIM = 4096
@@ -219,7 +221,7 @@ class TableConfig:
     # optimizer state and the statistics stay float32. A table keeps the setting it was created with. "" is
     # unspecified (a client that sends none): it matches an existing table's either setting, as features does, and
     # a table made of it is "float32" (as_new).
-    values_at_rest: str = "float32"
+    values_at_rest: str = FULL_AT_REST
 
     def validate(self) -> None:
         if not TABLE_NAME_RE.fullmatch(self.name):
@@ -263,8 +265,8 @@ class TableConfig:
             )
 
     def as_new(self) -> TableConfig:
-        """The config of a table made of self: an unspecified values_at_rest ("") is VALUES_AT_REST[0], "float32"."""
-        return self if self.values_at_rest else dataclasses.replace(self, values_at_rest=VALUES_AT_REST[0])
+        """The config of a table made of self: an unspecified values_at_rest ("") is FULL_AT_REST, "float32"."""
+        return self if self.values_at_rest else dataclasses.replace(self, values_at_rest=FULL_AT_REST)
 
     def normalized(self) -> TableConfig:
         """Validated, with optimizer defaults spelled out: two specs that mean the same compare equal."""
@@ -286,7 +288,7 @@ class TableConfig:
             eviction=EvictionConfig(**d.get("eviction", {})),
             l2=float(d.get("l2", 0.0)),
             features=str(d.get("features", "")),
-            values_at_rest=str(d.get("values_at_rest", "float32")),
+            values_at_rest=str(d.get("values_at_rest", FULL_AT_REST)),
         )
 
     def differences(self, other: TableConfig) -> list[str]:

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-from ps.config import OptimizerConfig, TableConfig
+from ps.config import HALF_AT_REST, OptimizerConfig, TableConfig
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource, held_out
@@ -254,7 +254,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
         max_examples=cfg.worker_max_examples(),
         total_estimated=data.line_count is not None and data.line_count.more,
         weight_bounds={t.name: t.weight_bound for t in tables if t.weight_bound > 0},
-        half_at_rest=frozenset(t.name for t in tables if t.values_at_rest == "float16"),
+        half_at_rest=frozenset(t.name for t in tables if t.values_at_rest == HALF_AT_REST),
     )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+from ps.config import FULL_AT_REST, InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
@@ -21,7 +21,6 @@ from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
 
-DENSE_VALUES_AT_REST = "float32"  # the only values_at_rest of an MLP table (a dense parameter's)
 DENSE_AT_REST = ("the servers would hold its values rounded to float16 once they go through RocksDB, another MLP "
                  "than the one the job trained and scored, which training on, eval, predict and export read")  # fmt: skip
 
@@ -88,10 +87,10 @@ def table_configs(
             tables.append(dataclasses.replace(t, **fields).normalized() if cfg.table_config else t)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{cfg.table_config}: table {t.name}: {e}") from None
-        if tables[-1].as_new().values_at_rest != DENSE_VALUES_AT_REST:
+        if tables[-1].as_new().values_at_rest != FULL_AT_REST:  # the only one of an MLP table
             raise ValueError(f"{cfg.table_config}: table {t.name}: values_at_rest {tables[-1].values_at_rest!r} is "
                              f"not for an MLP table: {DENSE_AT_REST}; leave it out (the MLP's tables are "
-                             f"{DENSE_VALUES_AT_REST!r})")  # fmt: skip
+                             f"{FULL_AT_REST!r})")  # fmt: skip
     return [dataclasses.replace(t, features=features) for t in tables]
 
 

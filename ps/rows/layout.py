@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ps.config import FULL_AT_REST, HALF_AT_REST
+
 KEY_BYTES = 14  # table:u32be slot:u16be id:u64be: ps.storage.rowformat.KEY_DTYPE, which refuses to import otherwise
 LSN_BYTES = 8
 STATS_FLOATS = 4
@@ -47,10 +49,6 @@ def line_floats(width: int) -> int:
 # RocksDB's own cost per key (index and filter blocks, block headers), rounded up from the bytes per row on disk
 # that benchmarks/scale.py reports, less the key and the value (random float rows barely compress).
 ROCKSDB_OVERHEAD_BYTES = 8
-
-
-FULL_AT_REST = "float32"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float32 (the default)
-HALF_AT_REST = "float16"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float16
 
 
 def half_floats_of(dim: int, values_at_rest: str) -> int:
