@@ -1,7 +1,7 @@
 """The `requests` part of --memory-bytes, enforced (ps.engine.room): requests take room for their copies in the
 order they ask and wait while it is taken; a client's request larger than the whole room is refused, a sync step's
 sum that large runs alone; Shard's pulls and pushes take it; clients size their messages by the room the shards
-report (worker.client.message_bytes_for)."""
+report (ps.config.message_bytes_for)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,22 @@ import time
 import numpy as np
 import pytest
 
-from ps.config import ROOM_SHARE, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import (
+    CLIENT_MESSAGE_BYTES,
+    MIN_CLIENT_MESSAGE_BYTES,
+    ROOM_SHARE,
+    OptimizerConfig,
+    ServerConfig,
+    TableConfig,
+    message_bytes_for,
+)
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shard import Shard
 from ps.server import Server
 from ps.storage.memory import MiB, plan_memory
 from tests.waiting import wait_until
 from worker.__main__ import main as worker_main
-from worker.client import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, Client, message_bytes_for
+from worker.client import Client
 
 
 def _taker(room: RequestRoom, nbytes: int, log: list, name: str, go_on: threading.Event | None = None):
@@ -145,10 +153,10 @@ def test_costs_count_every_row_read_and_its_copies():
 
 
 def test_message_size_fits_the_smallest_room():
-    assert message_bytes_for(MAX_MESSAGE_BYTES, [0, 0]) == MAX_MESSAGE_BYTES  # no bound: as given
-    assert message_bytes_for(MAX_MESSAGE_BYTES, [64 * MiB, 32 * MiB, 0]) == 32 * MiB // ROOM_SHARE
+    assert message_bytes_for(CLIENT_MESSAGE_BYTES, [0, 0]) == CLIENT_MESSAGE_BYTES  # no bound: as given
+    assert message_bytes_for(CLIENT_MESSAGE_BYTES, [64 * MiB, 32 * MiB, 0]) == 32 * MiB // ROOM_SHARE
     assert message_bytes_for(1000, [32 * MiB]) == 1000  # never above what the caller asked
-    assert message_bytes_for(MAX_MESSAGE_BYTES, [1]) == MIN_MESSAGE_BYTES
+    assert message_bytes_for(CLIENT_MESSAGE_BYTES, [1]) == MIN_CLIENT_MESSAGE_BYTES
 
 
 def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path, capsys):
@@ -156,10 +164,10 @@ def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path, capsys):
     server.start()
     try:
         with Client([f"127.0.0.1:{server.port}"]) as client:
-            assert client.max_request_bytes == MAX_MESSAGE_BYTES
+            assert client.max_request_bytes == CLIENT_MESSAGE_BYTES
             client.wait_ready()
             room = plan_memory(256 * MiB, None).request_bytes
-            assert client.max_request_bytes == room // ROOM_SHARE < MAX_MESSAGE_BYTES
+            assert client.max_request_bytes == room // ROOM_SHARE < CLIENT_MESSAGE_BYTES
             client.create_table(TableConfig(name="t", dim=16))
             ids = np.arange(200_000, dtype=np.uint64)  # 14 MB of ids and rows: several messages
             client.push("t", ids, np.full((len(ids), 16), 0.5, np.float32))

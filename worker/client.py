@@ -61,7 +61,7 @@ import numpy as np
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import CLIENT_MESSAGE_BYTES, MAX_STAMP_TEXT, MIN_CLIENT_MESSAGE_BYTES, TableConfig, message_bytes_for
+from ps.config import CLIENT_MESSAGE_BYTES, MAX_STAMP_TEXT, TableConfig, message_bytes_for
 from ps.errors import PsError, RequestTooLargeError
 from ps.sharding import SlotMap
 from ps.stamp import WorkerStamp
@@ -81,17 +81,13 @@ STOP_TIMEOUT_S = 2.0  # stop_job's deadline per shard: a stopping worker does no
 MAX_STOP_REASON = MAX_STAMP_TEXT  # characters of a stop stamp's reason, as the shards take it
 
 
-MAX_MESSAGE_BYTES = CLIENT_MESSAGE_BYTES  # the default largest message a Client sends (ps.config.message_bytes_for)
-MIN_MESSAGE_BYTES = MIN_CLIENT_MESSAGE_BYTES
-
-
 class Client:
     def __init__(
         self,
         servers: list[str],
         timeout_s: float = 60.0,
         server_timeout_s: float = 300.0,
-        max_request_bytes: int = MAX_MESSAGE_BYTES,
+        max_request_bytes: int = CLIENT_MESSAGE_BYTES,
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
