@@ -298,6 +298,18 @@ def test_a_users_folder_named_like_one_of_export_files_is_no_kept_folder_and_its
     assert json.loads(noted.read_text()) == {"from": str(dated)}  # the kept folder's, not that folder
 
 
+def test_a_kept_folder_beside_a_worker_exports_fresh_checkpoint_is_one_of_export_files(tmp_path):
+    """OUT holding a kept folder of export files (its checkpoint noted as moved from the user's) and a ps-worker
+    export's fresh checkpoint left by a kill, and no export.json, is an export's folder, as ps-worker export sees it:
+    the kept checkpoint's origin is what its folder's note names, not the kept folder."""
+    out, users = tmp_path / "out", str(tmp_path / "users" / "checkpoint")
+    kept = out / "export-0123abcd"
+    os.makedirs(kept / "checkpoint")
+    (kept / leftovers.MOVED_CHECKPOINT).write_text(json.dumps({"from": users}))
+    os.makedirs(out / f"{leftovers.EXPORT_CHECKPOINT}123-{_host()}-89abcdef")
+    assert leftovers.checkpoint_origin(str(kept / "checkpoint")) == users
+
+
 def an_earlier_layouts_export(tmp_path, with_dir: bool) -> Path:
     """tmp_path/out as an export of an earlier version with --keep-checkpoint left it: export.json naming
     OUT/checkpoint, and the .npy files of table "a" in a folder it names (with_dir) or in OUT itself."""

@@ -184,14 +184,17 @@ def checkpoint_origin(checkpoint: str, out: str | None = None) -> str | None:
     folder of export files kept as a killed export left it (<folder>/checkpoint, where moved_checkpoint_origin is not
     None and no export.json beside the folder names it), which is a place to move it back from, not its origin: then
     what that folder's note names (None where it has none that reads: unknown). A folder is one of export files
-    only where its parent is an export's folder (holds_an_export) or out (the OUT an export writes into): a user's
+    only where its parent is an export's folder (holds_an_export, ps-worker export's fresh checkpoints counted as
+    its: EXPORT_CHECKPOINT_NAME, as worker/export.py counts them) or out (the OUT an export writes into): a user's
     folder named alike (/ckpts/export-20241231) is not."""
     path = os.path.abspath(checkpoint)
     folder = os.path.dirname(path)
     if os.path.basename(path) != "checkpoint" or not EXPORT_FILES.fullmatch(os.path.basename(folder)):
         return path
     parent = os.path.dirname(folder)
-    if not holds_an_export(parent) and (out is None or os.path.realpath(parent) != os.path.realpath(out)):
+    if not holds_an_export(parent, EXPORT_CHECKPOINT_NAME) and (
+        out is None or os.path.realpath(parent) != os.path.realpath(out)
+    ):
         return path
     origin = moved_checkpoint_origin(folder)
     if origin is None or export_in_place(os.path.dirname(folder)) == os.path.basename(folder):
