@@ -354,7 +354,8 @@ def build_export_parser() -> argparse.ArgumentParser:
                        "export's, so that no other export takes --out between its checkpoint and this export)")  # fmt: skip
     claim.add_argument("--unclaimed", action="store_true", help="the caller found that no lock on --out can be had "
                        "(a file system that refuses flock) and said so, reporting what killed exports left there "
-                       "(ps-worker export's): the export goes ahead holding none, saying nothing of it again")  # fmt: skip
+                       "(ps-worker export's): the flock is still tried, and where it fails the export goes ahead holding none, "
+                       "saying nothing of it again")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out: the new one takes its "
                    "place whole once written, and the earlier one's .npy files are removed then (a failure leaves it "
                    "as it was); without it such a directory is an error")  # fmt: skip

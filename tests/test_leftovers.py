@@ -404,6 +404,25 @@ def test_an_export_into_an_out_whose_file_system_refuses_flock_says_it_goes_ahea
     assert len(warned) == 2 and warned[1].startswith(f"left {out / 'export-0123abcd'} "), warned
 
 
+def test_an_unclaimed_export_still_takes_the_flock_where_it_is_had(ckpt, tmp_path, caplog):
+    """--unclaimed (the caller found no lock to be had) on a file system that keeps flocks: the export is refused
+    while another export holds one, and else claims OUT, so it removes a killed export's folder, saying nothing
+    of going ahead without a claim."""
+    out = tmp_path / "out"
+    write(out / "export-0123abcd" / "gone.rows.npy", 1000)  # a killed export's
+    fd = held(out, fcntl.LOCK_EX)  # another export's claim on OUT
+    try:
+        with pytest.raises(leftovers.ClaimedError, match=f"another export into {out} runs now"):
+            restore.export(ckpt, str(out), unclaimed=True)
+    finally:
+        os.close(fd)
+    assert os.listdir(out) == ["export-0123abcd"]
+    caplog.set_level("INFO", LOGGER)
+    summary = restore.export(ckpt, str(out), unclaimed=True)
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"])
+    assert len(removed_lines(caplog)) == 1 and not [r for r in caplog.records if "no lock on" in r.getMessage()]
+
+
 FLOCK_REFUSED = """
 import errno, fcntl, os, sys
 def refused(fd, how):

@@ -177,8 +177,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     export's for the next export to remove); a failure to remove it is logged. claim_fd: a descriptor of out by
     which the caller holds the claim on it and passes it on (ps-worker export's: no other export takes out between
     its checkpoint and this export), ValueError where it is no descriptor of out. unclaimed: the caller found that no
-    lock on out can be had, and said so (ps-worker export's, where out's file system refuses flock): this export
-    goes ahead holding none, saying nothing of it again (leftovers.claimed).
+    lock on out can be had, and said so (ps-worker export's, where out's file system refuses flock): the flock is
+    still tried, and where it fails this export goes ahead holding none, saying nothing of it again
+    (leftovers.claimed).
     """
     if move_checkpoint and remove_checkpoint:
         raise ValueError("the checkpoint exported is either moved into the export's folder or removed, not both")

@@ -332,15 +332,11 @@ def claimed(
     descriptor the flock is held by (None where none is): a child process given it (pass_fds) holds the claim
     too, and claims the folder through it (fd: such a descriptor, of directory, which this leaves open; a
     ValueError where it is none). unclaimed: the writer that runs this one found that no lock on directory can be
-    had, and said so and reported leftovers() itself (ps-worker export's `ps-server export`): none is tried, check()
-    runs, and nothing is said again."""
-    if unclaimed:
-        if fd is not None:
-            raise ValueError(f"descriptor {fd} is given as the claim on {directory}, which is also said to have none")
-        if check is not None:
-            check()
-        yield None
-        return
+    had, and said so and reported leftovers() itself (ps-worker export's `ps-server export`): the flock is tried all
+    the same (a claim, or ClaimedError, as above, where one is had after all: a user's --unclaimed on a file system
+    that keeps flocks), and only where none is had is nothing said again."""
+    if unclaimed and fd is not None:
+        raise ValueError(f"descriptor {fd} is given as the claim on {directory}, which is also said to have none")
     own, why = fd is None, "no flock on this system"  # why: where none is had
     if not own:
         _check_descriptor_of(fd, directory)
@@ -364,7 +360,7 @@ def claimed(
             check()
         if alone:
             remove(leftovers(), whose)
-        else:
+        elif not unclaimed:
             log.warning("no lock on %s can be had (%s): this writer goes ahead holding no claim on it, so another "
                         "writing there at the same time is not refused, and what killed writers left is only "
                         "reported; run one writer into it at a time", directory, why)  # fmt: skip
