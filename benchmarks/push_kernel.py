@@ -40,7 +40,8 @@ def child(args: argparse.Namespace) -> None:
     tree = os.path.dirname(os.path.abspath(ps.__path__[0]))
     if os.path.isdir(os.path.join(tree, "ps", "engine")):  # the layered tree (asked by path: an editable install
         from ps.engine.shard import Shard  # of another tree could answer an import that this tree lacks)
-        from ps.storage.journal import Record
+        from ps.storage.journal import Record  # defined in journalformat.py, imported into journal.py: this name
+        # reads in the layered trees from before journalformat.py was split out too
     else:  # a tree from before ps/ was split into layers
         from ps.journal import Record
         from ps.shard import Shard

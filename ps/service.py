@@ -409,7 +409,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
-        """Returns the PushBatchResponse already serialized (see handler)."""
+        """Returns the PushBatchResponse already serialized (see handler). A push that asks rows back (return_rows)
+        is applied before its reply waits for reply room (ReplyRoom.hold), so a caller that leaves during that wait
+        gets an error (CallerGoneError) for a push that was applied: sent again with its client_id and seq it is
+        deduplicated, while one sent without a client_id (0) is applied twice."""
         _check_count("PushBatch", "pushes", len(request.pushes))
         self.shard.check_state_id(request.state_id)
         pushes = [self._decode_push(p) for p in request.pushes]

@@ -82,7 +82,8 @@ class Table:
         }
         stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n, "trained": b}
         self.reads_ahead = ReadAheads()  # the reads of missing rows in progress without the lock (pull)
-        # the last step that can fail: joins the budget; the dirty rows it gives back are written by the writer
+        # joins the budget after the counts' read, which can fail (a table whose counts do not read never joins it);
+        # the dirty rows the arena gives back are written by the writer, made next
         self.arena = Arena(self.width, budget, lambda rows: self.writer.persist(rows), cfg.name)
         self.writer = RowWriter(self.arena, store, self.stats_col, self.reads_ahead, stored_counts)
         self.num_rows = stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM

@@ -138,10 +138,9 @@ class Journal:
         mark does not cover yet); a new push must get a seq above it, or a later replay would skip it on that row.
 
         A bad record that the replay rule (ps.storage.journalreplay) takes for the torn end of a crash is cut off,
-        with the zeros
-        after it. Any other bad record raises JournalCorruptError, and a record missing up to the mark or
-        rows_seq raises JournalLossError, before anything is cut; with accept_loss, each is a warning (kept in
-        `losses`)."""
+        with the zeros after it. Any other bad record raises JournalCorruptError, and a record missing up to the
+        mark or rows_seq raises JournalLossError, before anything is cut; with accept_loss, each is a warning (kept
+        in `losses`)."""
         end = yield from self._reader.read(after_seq, accept_loss, rows_seq)
         self._reader.cut_tail(end)
         self.next_seq = max(end.last, end.written) + 1
@@ -235,7 +234,7 @@ class Journal:
                step: int, origin: tuple[int, int, int] = (0, 0, 0), rule: int = 0) -> int:  # fmt: skip
         """Appends one push (ids <u8 (n,), grads <f4 (n, dim), shows and clicks <f4 (n,), all C-contiguous),
         the clock step it was applied at, the (client, client_seq, part) it came from and its rule (0..255, see
-        the grammar); returns its seq once durable (and `applied` records the origin)."""
+        the grammar in ps.storage.journalformat); returns its seq once durable (and `applied` records the origin)."""
         n, dim = grads.shape
         head = payload_head(table, n, dim, step, origin, rule)
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy

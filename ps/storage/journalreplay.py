@@ -57,11 +57,11 @@ class ReadEnd(NamedTuple):
 
 
 class JournalReader:
-    """One read of the journal in `directory` (ps.storage.journal.Journal.replay and check make one each), checked
-    against the mark in mark_path (None: no mark kept); sync: whether the journal runs with --sync (its messages
-    say what a loss can come from). note_applied is told the origin of every record read (AppliedTable's notes).
-    `losses` holds what a read with accept_loss went on without; `progress` is (bytes read, bytes to read) of the
-    segments as the read goes."""
+    """Reads of the journal in `directory` (ps.storage.journal.Journal builds one, which its replay and check
+    share), checked against the mark in mark_path (None: no mark kept); sync: whether the journal runs with --sync
+    (its messages say what a loss can come from). note_applied is told the origin of every record read
+    (AppliedTable's notes). `losses` holds what a read with accept_loss went on without; `progress` is (bytes read,
+    bytes to read) of the segments as the read goes."""
 
     def __init__(self, directory: str, mark_path: str | None, sync: bool,
                  note_applied: Callable[[tuple[int, int, int]], None]):  # fmt: skip
