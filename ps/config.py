@@ -19,6 +19,7 @@ INITIALIZERS = ("zeros", "uniform", "normal")
 FULL_AT_REST = "float32"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float32 (the default)
 HALF_AT_REST = "float16"  # the TableConfig.values_at_rest whose embeddings RocksDB holds as float16
 VALUES_AT_REST = (FULL_AT_REST, HALF_AT_REST)  # every TableConfig.values_at_rest: how RocksDB holds an embedding
+HALF_MAX = float(np.finfo(np.float16).max)  # 65504: a float16 embedding at rest is clipped to +-HALF_MAX
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 FEATURES_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}")  # a TableConfig.features value
 MAX_DIM = 4096

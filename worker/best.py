@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ps.config import HALF_MAX
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.dense import DenseSync
@@ -34,7 +35,6 @@ SEEN_MERGE_STEPS = 64  # the ids of this many steps are merged into the sorted i
 # zero), and a subnormal one by at most the smallest subnormal
 HALF_STEP = 2.0**-10
 HALF_SUBNORMAL_STEP = 2.0**-24
-HALF_MAX = float(np.finfo(np.float16).max)  # float16 at rest clips an embedding to +-this
 
 
 class BestModel:

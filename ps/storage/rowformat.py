@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ps.config import HALF_MAX
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, stored_sizes
 from ps.sharding import slot_of
 from ps.storage.meta import MAX_TABLE_NUMBER
@@ -45,9 +46,6 @@ def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
 def decode_ids(keys: list[bytes]) -> np.ndarray:
     """The ids (uint64) of row keys as encode_keys makes them."""
     return np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
-
-
-HALF_MAX = float(np.finfo(np.float16).max)  # 65504: a float16 embedding at rest is clipped to +-HALF_MAX
 
 
 def value_dtype(width: int, half_floats: int = 0) -> np.dtype:
