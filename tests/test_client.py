@@ -1,9 +1,11 @@
 """Client routing, dedup, reassembly and error reporting against in-process shards."""
 
+import contextlib
 import dataclasses
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
 
@@ -270,6 +272,19 @@ def _fake_clock() -> tuple[list[float], mock.Mock]:
     return now, mock.Mock(monotonic=lambda: now[0], time=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
 
 
+@contextlib.contextmanager
+def _client_on(clock: mock.Mock, attempt, **kwargs) -> Iterator[Client]:
+    """A Client of one shard at 127.0.0.1:1 (kwargs: its timeouts) whose attempts are `attempt`, and whose waits
+    and retries run on `clock` (_fake_clock's)."""
+    with (
+        Client(["127.0.0.1:1"], **kwargs) as client,
+        mock.patch("worker.client.time", clock),
+        mock.patch("worker.retry.time", clock),
+    ):
+        client._attempt = attempt
+        yield client
+
+
 class _ConnectionRefused(grpc.RpcError):
     """An attempt's failure where nothing listens at the shard's address."""
 
@@ -300,12 +315,7 @@ def test_a_shard_that_stays_down_is_waited_for_the_server_timeout_in_all_not_per
             call()
         return now[0] - started, len(attempts) - tried, str(raised.value)
 
-    with (
-        Client(["127.0.0.1:1"], timeout_s=1, server_timeout_s=10) as client,
-        mock.patch("worker.client.time", clock),
-        mock.patch("worker.retry.time", clock),
-    ):
-        client._attempt = attempt
+    with _client_on(clock, attempt, timeout_s=1, server_timeout_s=10) as client:
         first, tried, said = waited(client.stats)
         assert 10 <= first < 12 and tried > 5 and f"it has been failing for {first:.0f} s (server timeout 10 s)" in said
         took, tried, said = waited(client.stats)  # the shard still fails: what is left of its wait is nothing
@@ -332,14 +342,12 @@ def test_a_server_timeout_shorter_than_the_backoff_between_attempts_still_ends_t
             raise AssertionError(f"{len(attempts) - 1} attempts in {now[0] - 1000:.2f} s, and still waiting")
         return _ConnectionRefused()
 
+    failing = r"it has been failing for 0 s \(server timeout 0.2 s\)"
     with (
-        Client(["127.0.0.1:1"], timeout_s=1, server_timeout_s=0.2) as client,
-        mock.patch("worker.client.time", clock),
-        mock.patch("worker.retry.time", clock),
+        _client_on(clock, attempt, timeout_s=1, server_timeout_s=0.2) as client,
+        pytest.raises(ServerUnavailableError, match=failing),
     ):
-        client._attempt = attempt
-        with pytest.raises(ServerUnavailableError, match=r"it has been failing for 0 s \(server timeout 0.2 s\)"):
-            client.stats()
+        client.stats()
     assert 0.2 <= now[0] - 1000 < 0.5 and len(attempts) == 4, attempts
 
 
@@ -367,12 +375,7 @@ def test_a_shard_that_answers_no_attempt_within_a_deadline_longer_than_the_serve
         now[0] += timeout_s
         return Late()
 
-    with (
-        Client(["127.0.0.1:1"], timeout_s=600, server_timeout_s=30) as client,
-        mock.patch("worker.client.time", clock),
-        mock.patch("worker.retry.time", clock),
-    ):
-        client._attempt = attempt
+    with _client_on(clock, attempt, timeout_s=600, server_timeout_s=30) as client:
         with pytest.raises(ServerUnavailableError, match=r"it has been failing for 600 s \(server timeout 30 s\)"):
             client.stats()
         assert len(attempts) == 2 and 1200 <= now[0] - 1000 < 1201
