@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import logging
 import socket
 import threading
 import time
@@ -558,13 +559,27 @@ def test_a_server_list_that_mixes_two_clusters_shards_is_refused(tmp_path):
 
 
 def test_a_push_held_by_a_checkpoint_waits_and_says_so_at_info_not_as_an_outage(servers, sgd1_table, caplog):
-    """A checkpoint holds pushes for seconds, routinely: the client waits it out, logging at INFO only."""
+    """A checkpoint holds pushes for seconds, routinely: the client waits it out, logging at INFO only. The hold
+    ends once the client has said it waits (not after a fixed time, which a slow start could outlast)."""
     addresses, (server,) = servers(1)
     _, token = server.shard.hold(60)
-    threading.Timer(0.5, server.shard.release, args=(token,)).start()
-    with Client(addresses, timeout_s=5.0, server_timeout_s=30.0) as client, caplog.at_level("INFO", "worker.client"):
-        client.create_table(sgd1_table)
-        client.push(sgd1_table.name, np.arange(4, dtype=np.uint64), np.ones((4, sgd1_table.dim), np.float32))
+
+    class ReleaseOnceTold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "is taking a checkpoint" in record.getMessage():  # a second release of token releases nothing
+                server.shard.release(token)
+
+    told = ReleaseOnceTold()
+    logging.getLogger("worker.client").addHandler(told)
+    try:
+        with (
+            Client(addresses, timeout_s=5.0, server_timeout_s=30.0) as client,
+            caplog.at_level("INFO", "worker.client"),
+        ):
+            client.create_table(sgd1_table)
+            client.push(sgd1_table.name, np.arange(4, dtype=np.uint64), np.ones((4, sgd1_table.dim), np.float32))
+    finally:
+        logging.getLogger("worker.client").removeHandler(told)
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
     assert [level for level, _ in said] == ["INFO", "INFO"], said
     assert "shard 0 is taking a checkpoint" in said[0][1] and "is back after" in said[1][1]
