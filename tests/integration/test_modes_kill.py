@@ -19,9 +19,13 @@ LAUNCH_BARRIER_S = 60  # above launch's bound on stopping a job, so that a job e
 
 
 def _children(pid: int) -> list[int]:
-    """The pids of pid's children (Linux /proc)."""
+    """The pids of pid's children (Linux /proc); none once pid has exited, which a child may do while we walk."""
     out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 out += [int(c) for c in f.read().split()]
