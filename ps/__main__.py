@@ -13,7 +13,7 @@ with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start
     import sys
 
     from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-    from ps.config import MAX_DIM, MAX_INTERVAL_S, ServerConfig
+    from ps.config import FULL_AT_REST, MAX_DIM, MAX_INTERVAL_S, VALUES_AT_REST, ServerConfig
     from ps.errors import PsError, StorageError
     from ps.replies import check_reply_bytes, reply_room_bytes
     from ps.settings import (
@@ -232,6 +232,9 @@ def build_size_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adagrad_rowwise, adam or ftrl")
     p.add_argument("--servers", type=integer(1), default=1, help="servers the table is sharded over")
     p.add_argument("--hot-fraction", type=number(0, 1), default=0.1, help="share of rows to keep in the RAM tier")
+    p.add_argument("--values-at-rest", default=FULL_AT_REST, choices=VALUES_AT_REST,
+                   help="how RocksDB holds the table's embeddings (its config's values_at_rest): float16 takes half "
+                   "their bytes on disk; RAM is float32 either way")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
 
@@ -243,7 +246,7 @@ def size_main(argv: list[str]) -> int:
 
     args = _parse(build_size_parser(), argv)
     try:
-        r = size_report(int(args.ids), args.dim, args.optimizer, args.servers, args.hot_fraction)
+        r = size_report(int(args.ids), args.dim, args.optimizer, args.servers, args.hot_fraction, args.values_at_rest)
     except ValueError as e:
         print(f"ps-server size: error: {e}", file=sys.stderr)
         return 2

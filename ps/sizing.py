@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ps.config import ServerConfig
+from ps.config import FULL_AT_REST, ServerConfig
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, layout_of
 from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, INFO_LOG_BYTES, KEEP_INFO_LOGS, MAX_WAL_BYTES
 
@@ -12,14 +12,19 @@ LOG_BYTES = (ServerConfig.journal_flush_bytes + DEFAULT_JOURNAL_SEGMENT_BYTES + 
 it grew by journal_flush_bytes) plus the segment in use, RocksDB's write-ahead logs and its text logs."""
 
 
-def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float) -> dict:
-    """Figures for a table of `ids` rows spread over `servers`, with `hot_fraction` of its rows in RAM."""
-    lay = layout_of(dim, optimizer)
+def size_report(
+    ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float, values_at_rest: str = FULL_AT_REST
+) -> dict:
+    """Figures for a table of `ids` rows spread over `servers`, with `hot_fraction` of its rows in RAM, whose
+    embeddings RocksDB holds as values_at_rest (its rows on disk of the sizes ps.storage.rowformat's grammar writes:
+    RowLayout.sizes_at_rest; in RAM float32 either way). ValueError for an unknown optimizer or values_at_rest."""
+    lay = layout_of(dim, optimizer, values_at_rest)
     per_server = -(-ids // servers)
     return {
         "ids": ids,
         "dim": dim,
         "optimizer": optimizer,
+        "values_at_rest": values_at_rest,
         "servers": servers,
         "parameters": ids * dim,
         "floats_per_row": lay.width,
@@ -48,7 +53,8 @@ def format_report(r: dict) -> str:
         [
             f"table: {r['ids']:,} ids x dim {r['dim']} ({r['parameters']:,} parameters), optimizer {r['optimizer']}, "
             f"{r['servers']} server{'s' * (r['servers'] != 1)}",
-            f"row: {r['floats_per_row']} float32 (embedding + optimizer state + 4 statistics) + 8-byte lsn",
+            f"row: {r['floats_per_row']} float32 (embedding + optimizer state + 4 statistics) + 8-byte lsn; "
+            f"values_at_rest {r['values_at_rest']!r}: the embedding on disk as {r['values_at_rest']}",
             f"per id:      RAM {r['ram_bytes_per_row']} B    disk {r['disk_bytes_per_row']} B "
             f"(raw key+value {r['raw_row_bytes']} B)",
             f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "

@@ -7,7 +7,7 @@ import numpy as np
 from ps.rows.layout import layout_of
 from ps.sizing import size_report
 from ps.storage.arena import Arena, MemoryBudget
-from ps.storage.rowformat import encode_keys
+from ps.storage.rowformat import encode_keys, value_dtype
 
 
 def test_size_report_uses_the_layout_the_server_uses():
@@ -28,3 +28,22 @@ def test_size_command_prints_json_and_rejects_unknown_optimizers():
     bad = subprocess.run([sys.executable, "-m", "ps", "size", "--ids", "10", "--dim", "8", "--optimizer", "lamb"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "optimizer 'lamb' is unknown" in bad.stderr
+
+
+def test_a_float16_tables_rows_are_sized_as_the_grammar_writes_them_and_only_the_known_settings_are_taken():
+    """--values-at-rest float16 sizes a row on disk with its embedding as float16 (rowformat's value_dtype, the
+    dtype the store writes with), RAM as float32; a setting a table config refuses is refused, "" included."""
+    full, half = size_report(10**6, 16, "adagrad", 2, 0.1), size_report(10**6, 16, "adagrad", 2, 0.1, "float16")
+    assert full["raw_row_bytes"] == 14 + value_dtype(36).itemsize == 14 + 36 * 4 + 8
+    assert half["raw_row_bytes"] == 14 + value_dtype(36, 16).itemsize == 14 + 16 * 2 + 20 * 4 + 8
+    assert full["disk_bytes_per_row"] - half["disk_bytes_per_row"] == 16 * 2
+    assert half["disk_bytes_per_server"] == 500_000 * half["disk_bytes_per_row"]
+    assert half["ram_bytes_per_row"] == full["ram_bytes_per_row"]
+    assert (full["values_at_rest"], half["values_at_rest"]) == ("float32", "float16")
+    command = [sys.executable, "-m", "ps", "size", "--ids", "10", "--dim", "16", "--values-at-rest"]
+    out = subprocess.run([*command, "float16"], capture_output=True, text=True)
+    assert out.returncode == 0 and "values_at_rest 'float16': the embedding on disk as float16" in out.stdout
+    assert f"disk {half['disk_bytes_per_row']} B" in out.stdout
+    for bad in ("", "bfloat16"):
+        refused = subprocess.run([*command, bad], capture_output=True, text=True)
+        assert refused.returncode == 2 and f"--values-at-rest: invalid choice: '{bad}'" in refused.stderr
