@@ -21,7 +21,7 @@ from ps.sharding import SlotMap, slot_of
 from ps.storage.readonly import OddRows
 from ps.storage.rowformat import encode_keys
 from ps.storage.store import Store
-from ps.storage.verify import verify_checkpoint
+from ps.storage.verify import verify_checkpoint, verify_data_dir
 from tests.conftest import exported, one_shard_checkpoint
 
 HALF = "float16"
@@ -250,3 +250,22 @@ def test_rows_of_the_other_settings_size_are_named_as_maybe_written_with_it(tmp_
             assert str(failed.value).endswith(f"its manifest does not match them{said}")
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("values_at_rest, other", [(HALF, "float32"), ("float32", HALF)])
+def test_verify_names_rows_of_the_other_settings_size_as_maybe_written_with_it(tmp_path, values_at_rest, other):
+    """`ps-server verify` reports a stored row of the size the table's layout has under the other values_at_rest
+    as damage that may be rows written with it, as a pull and a restore do; a row of any other odd size not."""
+    other_bytes = layout_of(4, "adagrad", other).value_bytes
+    store = Store(str(tmp_path))
+    try:
+        store.create_table(table_config(values_at_rest))
+        keys = encode_keys(store.table_number("emb"), np.array([7, 8], np.uint64))
+        store._rows().put(keys[0], b"\x00" * other_bytes)
+        store._rows().put(keys[1], b"\x00" * (other_bytes + 4))
+    finally:
+        store.close()
+    lines, damaged = verify_data_dir(str(tmp_path))
+    (said,) = [line for line in lines if line.startswith("DAMAGED")]
+    assert damaged and f"stored rows of a size its layout does not make (1 of {other_bytes} bytes (rows written with " \
+        f"values_at_rest {other!r}?), 1 of {other_bytes + 4} bytes; a trained row is " in said, said  # fmt: skip

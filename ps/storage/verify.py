@@ -235,7 +235,8 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
 
 def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[str, int | None]:
     """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
-    or a pending id's (ps.rows.layout.RowLayout.sizes_at_rest; Store.get_rows refuses a row of another size with DATA_LOSS);
+    or a pending id's (ps.rows.layout.RowLayout.sizes_at_rest; Store.get_rows refuses a row of another size with DATA_LOSS;
+    a size the other values_at_rest makes is said to be one, RowLayout.written_with, as a pull's and a restore's are);
     the rows of a table number no table config has (a lost table's, which no server reads: damage in a data dir, a
     note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
     number is absent or does not read, if there is one (with several such tables, said to be most likely theirs).
@@ -257,14 +258,16 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
         numbers.add(number)
         if cfg is None:  # named by _meta_values
             continue
-        sizes = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest).sizes_at_rest
+        layout = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest)
+        sizes = layout.sizes_at_rest
         mine = {size: seen for (t, size), seen in rows.sizes.items() if t == number}
         checked[table] = sum(n for n, _ in mine.values())
         bad = {size: seen for size, seen in sorted(mine.items()) if size not in sizes}
         if bad:
             bad_tables += 1
             first = min(key for _, key in bad.values())
-            shown = ", ".join(f"{n:,} of {size:,} bytes" for size, (n, _) in list(bad.items())[:5])
+            shown = ", ".join(f"{n:,} of {size:,} bytes{layout.written_with(size)}"
+                              for size, (n, _) in list(bad.items())[:5])  # fmt: skip
             refused = _READ_REFUSED if checkpoint else "a pull of them is refused with DATA_LOSS"
             found(False, f"{at}table {table!r}: {sum(n for n, _ in bad.values()):,} stored rows of a size its layout "
                          f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes.trained} bytes, "
