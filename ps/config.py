@@ -471,7 +471,9 @@ def table_configs_from_toml(text: str, source: str = "table config") -> dict[str
 def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
     """{name: fields for TableConfig} of parsed TOML tables, one per table name (the form of
     table_configs_from_toml's file; a feature schema's [tables.<name>] sections parse the same way).
-    InvalidArgumentError names `source`, the table and the key that is wrong."""
+    InvalidArgumentError names `source`, the table and the key that is wrong; a values_at_rest other than
+    VALUES_AT_REST's is wrong, "" included (which a TableSpec, unlike a file, may carry: TableConfig.values_at_rest).
+    """
     out = {}
     for name, spec in doc.items():
         if not isinstance(spec, dict):
@@ -501,6 +503,9 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
                 fields[key] = cls(**value)
             elif key in _SCALARS:
                 _check_toml_type(f"{source}: [{name}] {key}", value, typing.get_type_hints(TableConfig)[key])
+                if key == "values_at_rest" and value not in VALUES_AT_REST:  # "" too: unspecified is the wire's only
+                    raise InvalidArgumentError(f"{source}: [{name}] values_at_rest {echo(value)} is unknown; expected "
+                                               f"one of {VALUES_AT_REST} (without the key: {FULL_AT_REST!r})")  # fmt: skip
                 fields[key] = value
             else:
                 if isinstance(value, dict) and value and set(value) <= set(_SETTINGS):  # a table's settings in it

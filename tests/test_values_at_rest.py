@@ -23,6 +23,7 @@ from ps.storage.rowformat import encode_keys
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint, verify_data_dir
 from tests.conftest import exported, one_shard_checkpoint
+from worker.schema import schema_from_text
 
 HALF = "float16"
 
@@ -269,3 +270,16 @@ def test_verify_names_rows_of_the_other_settings_size_as_maybe_written_with_it(t
     (said,) = [line for line in lines if line.startswith("DAMAGED")]
     assert damaged and f"stored rows of a size its layout does not make (1 of {other_bytes} bytes (rows written with " \
         f"values_at_rest {other!r}?), 1 of {other_bytes + 4} bytes; a trained row is " in said, said  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["", "bfloat16", "Float16"])
+def test_a_table_config_file_or_schema_with_a_values_at_rest_other_than_the_two_is_refused(value):
+    """A file says float32 or float16, or leaves the key out; "" is unspecified only on the wire (a TableSpec of a
+    client older than the option), which the spec test above keeps, and a file's "" is refused as any other value."""
+    said = rf"\[emb\] values_at_rest '{value}' is unknown; expected one of \('float32', 'float16'\)"
+    with pytest.raises(InvalidArgumentError, match=rf"^tables.toml: {said}"):
+        table_configs_from_toml(f'[emb]\nvalues_at_rest = "{value}"\n', "tables.toml")
+    schema = f'[tables.emb]\nvalues_at_rest = "{value}"\n[[columns]]\nname = "a"\nkind = "categorical"\ntable = "emb"\n'
+    with pytest.raises(ValueError, match=rf"^s.toml \[tables\]: {said}"):
+        schema_from_text(schema, "s.toml", default_table="emb", default_dim=4)
+    assert table_configs_from_toml("[emb]\ndim = 4\n")["emb"].get("values_at_rest") is None  # left out: the default
