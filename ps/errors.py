@@ -314,7 +314,8 @@ class DiskFullError(PsError):
     """A write this server needed found its disk full (ENOSPC) or its disk quota spent (EDQUOT):
     RESOURCE_EXHAUSTED, gRPC's code for "the entire file system is out of space". The message says so, names the
     path (the data dir, its journal, or the checkpoint dir) and says what of the request was applied: nothing,
-    unless it says otherwise (a PushBatch's pushes before the one that failed). Not retried by the client: it
+    unless it says otherwise (a PushBatch's pushes applied before a later push, or its clock advance,
+    failed). Not retried by the client: it
     fails the same way until space is freed on the server."""
 
     status = "RESOURCE_EXHAUSTED"

@@ -234,6 +234,31 @@ def test_a_batch_whose_second_push_finds_the_disk_full_says_the_first_stays(serv
     assert np.array_equal(after[: len(IDS)], after_first[: len(IDS)])  # the first push is applied once
 
 
+def test_a_batch_whose_clock_advance_finds_the_disk_full_says_its_pushes_stay(serve, monkeypatch):
+    """The pushes are journaled and applied, then RocksDB's write of the clock fails: the refusal says they stay
+    applied (PARTLY_APPLIED), so that a client without a client_id knows a retry applies them again."""
+    from worker.retry import may_have_run
+
+    server, stub = serve()
+    create(stub)
+    before = pull(stub, np.concatenate([IDS, NEW_IDS]))
+    store = server.shard.store
+    monkeypatch.setattr(store, "_db", FullRocksDB(store._db, store.path))
+    request = ps_pb2.PushBatchRequest(pushes=[push_request(IDS, 1.0), push_request(NEW_IDS, 1.0)], advance_clock=1)
+    e = refused(lambda: stub.PushBatch(request, timeout=TIMEOUT_S))
+    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert e.details().startswith(
+        "storing the clock advance of the batch failed: the server's disk is full (No space left on device): "
+        f"RocksDB in the data dir {store.path} failed while storing the clock at step 1 "
+    )
+    assert e.details().endswith(
+        "and retry. The pushes 0 to 1 of the batch were applied and stay applied, and the clock was not advanced; "
+        "a retry without a client_id applies them all again"
+    )
+    assert may_have_run(e)
+    assert (pull(stub, np.concatenate([IDS, NEW_IDS])) != before).all() and server.shard.clock == 0
+
+
 def test_the_client_does_not_retry_a_full_disk(serve, full_journal):
     from ps.config import TableConfig
     from worker.client import Client

@@ -210,7 +210,13 @@ class PushPath:
         if not advance_clock:
             return self.clock, len(checked) - skip
         with self._lock:
-            return self._set_clock(self.clock + advance_clock, request if request[0] else None), len(checked) - skip
+            try:
+                return self._set_clock(self.clock + advance_clock, request if request[0] else None), len(checked) - skip
+            except PsError as e:
+                if skip == len(checked):  # no push of this attempt applied: the refusal's own words stand
+                    raise
+                failed = "storing the clock advance of the batch failed"
+                raise _partly_applied(e, failed, range(skip, len(checked)), "of the batch", request, None) from e
 
     def _apply_pushes(self, checked: list[CheckedPush], pushes: list[TablePush], request: tuple[int, int], skip: int):
         """Applies checked[skip:] in order; a refusal after the first says which pushes before it stay applied."""
@@ -220,15 +226,8 @@ class PushPath:
             except PsError as e:
                 if i == skip or isinstance(e, ShardNeedsRestartError):  # journaled: not refused; its message
                     raise  # says what a restart does
-                what = str(e).removesuffix("; nothing was applied")  # of this push; those before it stay
-                before = (f"push {skip} before it was applied and stays" if i - skip == 1
-                          else f"pushes {skip} to {i - 1} before it were applied and stay")  # fmt: skip
-                retry = (f"a retry of this request (same client_id and seq) applies pushes {i} on" if request[0]
-                         else "a retry without a client_id applies them all again")  # fmt: skip
-                raise type(e)(
-                    f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused: {what}. The "
-                    f"{before} {PARTLY_APPLIED}; {retry}"
-                ) from e
+                refused = f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused"
+                raise _partly_applied(e, refused, range(skip, i), "before it", request, i) from e
 
     # ---- the clock ----------------------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
@@ -273,3 +272,23 @@ class PushPath:
                 self._store.forget_advanced(gone)
                 for c in gone:
                     del self.advanced[c]
+
+
+def _partly_applied(e: PsError, failed: str, applied: range, where: str, request: tuple[int, int],
+                    rest: int | None) -> PsError:  # fmt: skip
+    """e, a failure after the pushes `applied` of a batch were applied, as the same class with a message that says
+    so: "<failed>: <e's message less its '; nothing was applied'>. The pushes <applied> <where> were applied and stay
+    applied, and the clock was not advanced (PARTLY_APPLIED); <what a retry does>". rest: the first push that a
+    retry with the request's client id applies (None: none of them, only the clock advance)."""
+    what = str(e).removesuffix("; nothing was applied")
+    if len(applied) == 1:
+        named = f"The push {applied[0]} {where} was applied and stays"
+    else:
+        named = f"The pushes {applied[0]} to {applied[-1]} {where} were applied and stay"
+    if not request[0]:
+        retry = "a retry without a client_id applies them all again"
+    elif rest is None:
+        retry = "a retry of this request (same client_id and seq) applies none of them again, only the clock advance"
+    else:
+        retry = f"a retry of this request (same client_id and seq) applies pushes {rest} on"
+    return type(e)(f"{failed}: {what}. {named} {PARTLY_APPLIED}; {retry}")
