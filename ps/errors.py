@@ -222,8 +222,9 @@ class ShardStartingError(PsError):
 SHARD_STARTING = "is starting"
 
 PARTLY_APPLIED = "applied, and the clock was not advanced"
-"""The words of a batch push's refusal whose pushes before the refused one were applied and stay
-(ps.engine.shard): that attempt ran, in part, however its status reads (worker.retry.may_have_run)."""
+"""The words of a refusal of a request part of which was applied and stays: a batch push's pushes before the refused
+one, or before its clock advance failed (ps.engine.pushpath), or a Shrink's chunks written before it stopped
+(ps.engine.shrinkprogress): that attempt ran, in part, however its status reads (worker.retry.may_have_run)."""
 
 OVERLOADED = "Concurrent RPC limit exceeded"
 """gRPC's text of a call a server refused, RESOURCE_EXHAUSTED, before running it: its threads were busy and as many

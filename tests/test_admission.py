@@ -157,9 +157,9 @@ def test_a_row_pushed_while_a_shrink_runs_is_kept_so_a_crash_replays_to_the_same
     shard.flush()  # both in RocksDB
     scan, flush, flushes = table.shrink, shard.flush, []
 
-    def a_push_comes_first(clock: int) -> int:
+    def a_push_comes_first(clock: int, **kwargs: object) -> int:
         shard.push("t", x, one)  # x dirty in RAM, its lsn past the flushed seq (score 0.2: under the threshold)
-        return scan(clock)
+        return scan(clock, **kwargs)
 
     def dies_at_the_second_flush() -> int:
         flushes.append(1)
@@ -288,4 +288,85 @@ def test_a_shrink_whose_write_fails_keeps_the_tables_counts(tmp_path):
         assert shard.shrink()["dropped"] == 90
         assert (shard.table("ttl").num_rows, shard.table("ttl").num_pending) == (10, 0)
     finally:
+        shard.close()
+
+
+def _decaying_shard(path, tables: str) -> Shard:
+    """A shard whose tables (one per letter) decay show and click by half at each Shrink, each holding ids 0-29 with
+    one show each, flushed."""
+    shard = Shard(ServerConfig(data_dir=str(path), flush_interval_s=3600))
+    for name in tables:
+        shard.create_table(TableConfig(name, 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
+                                       eviction=EvictionConfig(decay=0.5)))  # fmt: skip
+        shard.push(name, np.arange(30, dtype=np.uint64), np.ones((30, 2), np.float32))
+    shard.flush()
+    return shard
+
+
+def _shows(shard: Shard, name: str) -> np.ndarray:
+    from ps.rows.layout import SHOW
+
+    table = shard.table(name)
+    return table.peek(np.arange(30, dtype=np.uint64))[:, table.stats_col + SHOW]
+
+
+def test_a_shrink_that_stops_part_way_says_what_it_shrunk(tmp_path, monkeypatch):
+    """Tables a, b, c; b is shrunk in chunks of 10 rows, and the write of its second chunk fails: a's rows and b's
+    first 10 are decayed and stay so, and the refusal says so (PARTLY_APPLIED: the client does not send it again),
+    not that nothing was applied."""
+    import functools
+
+    from ps.engine.table import Table
+    from ps.errors import PARTLY_APPLIED, StorageError
+
+    shard = _decaying_shard(tmp_path, "abc")
+    try:
+        b = shard.table("b")
+        monkeypatch.setattr(b, "shrink", functools.partial(Table.shrink, b, chunk_rows=10))
+        put_rows, writes = shard.store.put_rows, []
+
+        def second_of_b_fails(table, *args, **kwargs):
+            writes.append(table)
+            if writes.count("b") == 2:
+                raise StorageError("RocksDB failed while writing rows of table 'b': disk gone; nothing was applied")
+            return put_rows(table, *args, **kwargs)
+
+        monkeypatch.setattr(shard.store, "put_rows", second_of_b_fails)
+        with pytest.raises(StorageError) as refused:
+            shard.shrink()
+        assert str(refused.value) == (
+            "shrink stopped: RocksDB failed while writing rows of table 'b': disk gone. Of the Shrink, table 'a' was "
+            "shrunk whole ('a': 30 rows decayed and 0 ids dropped); table 'b' was shrunk in part (10 rows decayed and "
+            "0 ids dropped so far); table 'c' was not shrunk: those changes were applied, and the clock was not "
+            "advanced; a Shrink sent again decays the rows shrunk already once more"
+        )
+        assert PARTLY_APPLIED in str(refused.value)
+        assert (_shows(shard, "a") == 0.5).all() and (_shows(shard, "c") == 1).all()
+        assert sorted(_shows(shard, "b").tolist()) == [0.5] * 10 + [1.0] * 20
+    finally:
+        monkeypatch.undo()
+        shard.close()
+
+
+def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, monkeypatch):
+    from ps.errors import PARTLY_APPLIED, StorageError
+
+    shard = _decaying_shard(tmp_path, "ab")
+    try:
+        flushes, set_flushed_seq = [], shard.store.set_flushed_seq
+
+        def second_fails(*args, **kwargs):
+            flushes.append(args)
+            if len(flushes) == 2:  # the flush after the tables were shrunk
+                raise StorageError("RocksDB failed while recording the flushed journal position: disk gone")
+            return set_flushed_seq(*args, **kwargs)
+
+        monkeypatch.setattr(shard.store, "set_flushed_seq", second_fails)
+        with pytest.raises(StorageError) as refused:
+            shard.shrink()
+        assert "Of the Shrink, tables 'a', 'b' were shrunk whole ('a': 30 rows decayed" in str(refused.value)
+        assert PARTLY_APPLIED in str(refused.value)
+        assert (_shows(shard, "a") == 0.5).all() and (_shows(shard, "b") == 0.5).all()
+    finally:
+        monkeypatch.undo()
         shard.close()

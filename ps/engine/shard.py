@@ -66,6 +66,7 @@ from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.pushpath import PushPath
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shardstats import describe_start, health_stats, memory_stats, restore_stats
+from ps.engine.shrinkprogress import ShrinkProgress
 from ps.engine.stampcheck import check_batch_stamp, check_ending_batch, check_stamp
 from ps.engine.startup import StartProgress
 from ps.engine.syncsum import contribution
@@ -76,6 +77,7 @@ from ps.errors import (
     DataDirLostError,
     InvalidArgumentError,
     ModelStateReplacedError,
+    PsError,
     ShardNeedsRestartError,
     TableNotFoundError,
     WrongShardError,
@@ -515,14 +517,25 @@ class Shard:
         """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids.
         DataLossError, naming the key, before any table is changed, where one of them has a number that does not
         read (Store.table_number): a shrink stopped there would leave the tables before it shrunk, and its retry
-        would decay their rows again."""
+        would decay their rows again. A failure part way (a chunk's write, the flush after) is raised as
+        ShrinkProgress.refusal says: what was shrunk before it stays, and the message says what."""
         self.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
             self.store.table_number(table.name)
         self.flush()  # shrink scans RocksDB: it must hold every row
-        dropped = sum(t.shrink(self.clock) for t in tables)
-        self.flush()
+        progress = ShrinkProgress([t.name for t in tables])
+        try:
+            for table in tables:
+                table.shrink(self.clock, progress=progress)
+                progress.done += 1
+            self.flush()
+        except PsError as e:  # the chunks written before it stay shrunk: the refusal says which
+            partly = progress.refusal(e)
+            if partly is None:
+                raise
+            raise partly from e
+        dropped = sum(progress.dropped.values())
         log.info("shrink at step %s dropped %s ids from %s", f"{self.clock:,}", f"{dropped:,}",
                  ", ".join(t.name for t in tables) or "no table")  # fmt: skip
         return {

@@ -36,6 +36,7 @@ from ps.config import TableConfig
 from ps.engine.readahead import ReadAheads
 from ps.engine.rowloader import RowLoader, raise_duplicate
 from ps.engine.rowwriter import RowWriter
+from ps.engine.shrinkprogress import ShrinkProgress
 from ps.engine.shrinkrule import rule_is_off, shrink_chunk
 from ps.errors import DataLossError, InvalidArgumentError, ShardClosingError, ShardNeedsRestartError
 from ps.rows import update
@@ -320,14 +321,14 @@ class Table:
                 time.sleep(FLUSH_PAUSE_S)
             ready = wait or yield_to is None
 
-    def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS) -> int:
+    def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS, progress: ShrinkProgress | None = None) -> int:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
         `clock` or scoring under eviction.score_threshold, in RocksDB and in RAM. Scans RocksDB in chunks of
         chunk_rows (bounded memory), so call flush() first. Returns the number of ids dropped. A row pushed since
         the last flush (its lsn past the store's flushed seq) is kept, decayed, until a later shrink: a drop is not
         journaled, so after a crash the journal's replay of that push would bring the row back (with the push
         under any later one). Only what changes is written: with decay 1 the kept rows stay as they are, and a
-        table with no rule on is not scanned at all."""
+        table with no rule on is not scanned at all. progress: told of each chunk written (ShrinkProgress.wrote)."""
         if rule_is_off(self.cfg.eviction):
             return 0
         after, dropped = None, 0
@@ -351,6 +352,8 @@ class Table:
                     self.num_rows -= int(np.count_nonzero(drop & complete))  # once written: a failed write drops none
                     self.num_pending -= int(np.count_nonzero(drop & ~complete))
                     self.counters["dropped"] += int(drop.sum())
+                    if progress is not None:
+                        progress.wrote(self.name, int(np.count_nonzero(written)), int(drop.sum()))
                 dropped += int(drop.sum())
 
     def peek(self, ids: np.ndarray) -> np.ndarray:

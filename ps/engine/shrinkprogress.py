@@ -1,0 +1,60 @@
+"""What a Shrink changed so far, table by table, and the refusal of one that stopped part way.
+
+A Shrink writes its tables one after the other, each in chunks (Table.shrink), each chunk in one atomic write; it
+keeps no record of how far it got. A failure part way leaves the chunks written before it shrunk, so its refusal
+says which (ps.errors PARTLY_APPLIED's wording: worker.retry.may_have_run then knows the call ran, and the client
+does not send it again), and a Shrink sent again decays those rows once more.
+"""
+
+from __future__ import annotations
+
+from ps.errors import PARTLY_APPLIED, PsError
+
+
+class ShrinkProgress:
+    """The tables of one Shrink, in the order it shrinks them, and what each chunk written changed of them."""
+
+    def __init__(self, tables: list[str]):
+        self.tables = tables
+        self.done = 0  # tables shrunk whole (Shard.shrink counts them)
+        self.written = dict.fromkeys(tables, 0)  # kept rows rewritten (decayed), per table
+        self.dropped = dict.fromkeys(tables, 0)  # ids dropped, per table
+
+    def wrote(self, table: str, written: int, dropped: int) -> None:
+        """Notes a chunk of table's written: `written` kept rows rewritten, `dropped` ids deleted."""
+        self.written[table] += written
+        self.dropped[table] += dropped
+
+    def changed(self, table: str) -> str:
+        """What the chunks written changed of table: "1,024 rows decayed and 7 ids dropped"."""
+        return f"{self.written[table]:,} rows decayed and {self.dropped[table]:,} ids dropped"
+
+    def refusal(self, e: PsError) -> PsError | None:
+        """e, the failure that stopped the Shrink, as the same class with a message that says what of the Shrink
+        stays: None where no chunk was written (e's own outcome stands); else "shrink stopped: <e's message,
+        less its '; nothing was applied'>. <the tables shrunk whole, the one in part, those not at all>; those
+        changes were applied, and the clock was not advanced; <what a retry does>"."""
+        if not any(self.written.values()) and not any(self.dropped.values()):
+            return None
+        what = str(e).removesuffix("; nothing was applied")
+        done, current, rest = (
+            self.tables[: self.done],
+            self.tables[self.done : self.done + 1],
+            self.tables[self.done + 1 :],
+        )
+        parts = (
+            [f"{_named(done)} shrunk whole ({'; '.join(f'{t!r}: {self.changed(t)}' for t in done)})"] if done else []
+        )
+        parts += [f"table {t!r} was shrunk in part ({self.changed(t)} so far)" for t in current]
+        parts += [f"{_named(rest)} not shrunk"] if rest else []
+        return type(e)(
+            f"shrink stopped: {what}. Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; a "
+            "Shrink sent again decays the rows shrunk already once more"
+        )
+
+
+def _named(tables: list[str]) -> str:
+    """ "table 'a' was" or "tables 'a', 'b' were"."""
+    if len(tables) == 1:
+        return f"table {tables[0]!r} was"
+    return f"tables {', '.join(map(repr, tables))} were"
