@@ -459,3 +459,18 @@ def test_a_checkpoint_is_never_written_into_a_shards_own_data_dir(serve, tmp_pat
         code, details = refused(stub.Checkpoint, ps_pb2.CheckpointRequest(phase="save", dir=inside, token=token))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "lies inside shard 0's data dir" in details, details
     assert stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir="ck", token=token), timeout=TIMEOUT_S).clock == 0
+
+
+def test_a_checkpoint_dir_that_holds_a_shards_data_dir_is_refused(serve, tmp_path):
+    """A save into a directory above the data dir (deleting that checkpoint would delete the live data) is refused,
+    changing nothing; a directory beside the data dir is taken."""
+    root = tmp_path / "root"
+    _, stub = serve(data_dir=root / "run1" / "data0", checkpoint_root=str(root))
+    token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
+    for above in ("run1", str(root / "run1")):
+        code, details = refused(stub.Checkpoint, ps_pb2.CheckpointRequest(phase="save", dir=above, token=token))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+        assert f"holds shard 0's data dir {root / 'run1' / 'data0'}" in details, details
+    assert sorted(os.listdir(root)) == ["run1"] and sorted(os.listdir(root / "run1")) == ["data0"]
+    reply = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir="run1/ck", token=token), timeout=TIMEOUT_S)
+    assert reply.clock == 0 and os.listdir(root / "run1" / "ck") == ["shard-0"]

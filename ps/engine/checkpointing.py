@@ -42,12 +42,18 @@ class ShardCheckpoints:
     def save(self, directory: str, token: str) -> dict:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
         returned token (which cannot expire while this runs); returns what the manifest records of it. A directory
-        inside the data dir is refused (InvalidArgumentError). Refusals and failures leave nothing behind
+        inside the data dir, or one that holds it (deleting the checkpoint would delete the data dir), is refused
+        (InvalidArgumentError). Refusals and failures leave nothing behind
         (PushHold.saving, save_into)."""
-        data_dir = os.path.realpath(self.config.data_dir)
-        if os.path.commonpath([os.path.realpath(directory), data_dir]) == data_dir:
+        data_dir, target = os.path.realpath(self.config.data_dir), os.path.realpath(directory)
+        common = os.path.commonpath([target, data_dir])
+        if common == data_dir:
             raise InvalidArgumentError(f"checkpoint dir {directory} lies inside shard {self.shard_id}'s data dir "
-                                       f"{self.config.data_dir}; give a directory outside it")  # fmt: skip
+                                       f"{self.config.data_dir}; give a directory outside it; nothing saved")  # fmt: skip
+        if common == target:  # deleting the checkpoint would delete the live data dir with it
+            raise InvalidArgumentError(f"checkpoint dir {directory} holds shard {self.shard_id}'s data dir "
+                                       f"{self.config.data_dir}; give a directory beside it, not above it; nothing "
+                                       "saved")  # fmt: skip
         with self.gate.saving(token):
             started = time.monotonic()
             name = f"shard-{self.shard_id}"
