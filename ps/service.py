@@ -446,7 +446,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:
         if request.phase == "hold":
-            clock, token = self.shard.hold(request.hold_timeout_s or DEFAULT_HOLD_S)
+            clock, token = self.shard.hold(request.hold_timeout_s or DEFAULT_HOLD_S, CallerGone(context))
             return ps_pb2.CheckpointResponse(clock=clock, token=token)
         if request.phase == "save":
             directory = checkpoint_dir(self.shard.config.checkpoint_root, request.dir)

@@ -4,14 +4,17 @@ hold that has not expired, only the holder releases it, and it cannot be held tw
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine import hold as hold_module
+from ps.engine.hold import PushHold
 from ps.engine.shard import Shard
-from ps.errors import CheckpointHoldError, CheckpointInProgressError
+from ps.errors import CallerGoneError, CheckpointHoldError, CheckpointInProgressError
 from tests.waiting import wait_until
 
 
@@ -247,3 +250,85 @@ def test_a_save_that_fails_once_rocksdb_wrote_the_checkpoint_leaves_nothing_behi
         assert saved["rows"] == {"emb": 10} and (tmp_path / "c" / "new" / "shard-0" / "CURRENT").exists()
     finally:
         shard.close()
+
+
+def _push_in_flight(gate) -> tuple[threading.Event, threading.Thread]:
+    """A push inside gate's push_gate until the returned event is set."""
+    entered, done = threading.Event(), threading.Event()
+
+    def push() -> None:
+        with gate.push_gate():
+            entered.set()
+            done.wait(60)
+
+    thread = threading.Thread(target=push)
+    thread.start()
+    assert entered.wait(60)
+    return done, thread
+
+
+def _waits_told(gate) -> threading.Event:
+    """An event set when a wait on gate's condition begins (a hold waiting for the pushes in flight)."""
+    waiting, wait = threading.Event(), gate._gate.wait
+
+    def told(timeout=None):
+        waiting.set()
+        return wait(timeout)
+
+    gate._gate.wait = told
+    return waiting
+
+
+def test_a_holds_expiry_counts_from_the_end_of_its_wait_for_the_pushes_in_flight(monkeypatch):
+    """The hold waits for a push in flight past what would be its whole timeout: it is handed back whole (pushes are
+    refused after it, for timeout_s from then), not expired."""
+    now = [1000.0]
+    monkeypatch.setattr(hold_module.time, "monotonic", lambda: now[0])
+    gate = PushHold(0)
+    done, pushing = _push_in_flight(gate)
+    waiting, got = _waits_told(gate), []
+    holder = threading.Thread(target=lambda: got.append(gate.hold(10, lambda: 7)))
+    holder.start()
+    assert waiting.wait(60)
+    now[0] += 100  # the push runs on, past the hold's 10 s
+    with pytest.raises(CheckpointInProgressError):  # refused while the hold waits
+        gate.push_gate().__enter__()
+    done.set()
+    pushing.join(60)
+    holder.join(60)
+    assert got and got[0][0] == 7 and gate.held_until == now[0] + 10
+    with pytest.raises(CheckpointInProgressError):
+        gate.push_gate().__enter__()
+
+
+def test_a_hold_whose_caller_left_while_it_waited_is_dropped():
+    gate = PushHold(0)
+    done, pushing = _push_in_flight(gate)
+    waiting, gone, failed = _waits_told(gate), threading.Event(), []
+
+    def take() -> None:
+        try:
+            gate.hold(60, lambda: 0, caller_gone=gone.is_set)
+        except CallerGoneError as e:
+            failed.append(e)
+
+    holder = threading.Thread(target=take)
+    holder.start()
+    assert waiting.wait(60)
+    gone.set()
+    holder.join(60)
+    assert failed and "its caller left" in str(failed[0]) and gate.token is None and not gate.held_until
+    done.set()
+    pushing.join(60)
+    with gate.push_gate():  # taken: nothing holds the shard
+        pass
+    assert gate.hold(60, lambda: 0)[1]  # nor keeps another hold out
+
+
+def test_a_hold_whose_caller_left_before_it_was_handed_back_is_dropped():
+    gate = PushHold(0)
+    with pytest.raises(CallerGoneError):
+        gate.hold(60, lambda: 0, caller_gone=lambda: True)
+    assert gate.token is None and not gate.held_until
+    with gate.push_gate():
+        pass

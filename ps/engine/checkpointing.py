@@ -35,9 +35,9 @@ class ShardCheckpoints:
         self._clock = clock
         self.gate = PushHold(self.shard_id)  # every push passes its push_gate; a hold closes it
 
-    def hold(self, timeout_s: float) -> tuple[int, str]:
+    def hold(self, timeout_s: float, caller_gone: Callable[[], bool] | None = None) -> tuple[int, str]:
         """PushHold.hold at the shard's clock: (clock, token)."""
-        return self.gate.hold(timeout_s, self._clock)
+        return self.gate.hold(timeout_s, self._clock, caller_gone)
 
     def save(self, directory: str, token: str) -> dict:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that

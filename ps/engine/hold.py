@@ -21,8 +21,10 @@ from typing import TypeVar
 
 from ps.checkpoint import inside_a_checkpoint
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
+from ps.engine.room import CALLER_CHECK_S
 from ps.errors import (
     CHECKPOINT_PAUSE,
+    CallerGoneError,
     CheckpointDirError,
     CheckpointHoldError,
     CheckpointInProgressError,
@@ -44,12 +46,14 @@ class PushHold:
         self.shard_id = shard_id
         self._gate = threading.Condition()  # guards the fields below; notified when a push ends or a hold does
         self._saving = threading.Lock()  # one checkpoint save at a time (a second one to the same dir is refused)
-        self.held_until = 0.0  # monotonic time the hold expires; 0: not held; inf: a save runs under it
+        self.held_until = 0.0  # monotonic time the hold expires; 0: not held; inf: a save runs under it, or the hold
+        # waits for the pushes in flight
         self.token: str | None = None  # the hold's, which save and release need
         self._hold_s = 0.0  # the hold's timeout, counted again from the end of a save
         self._pushes_in_flight = 0
         self._held_at = 0.0  # monotonic time the hold was taken
         self._refused = 0  # pushes the hold refused (told once, at its end, not per push)
+        self._waiting = False  # a hold waits for the pushes in flight (held_until inf meanwhile)
 
     @contextlib.contextmanager
     def push_gate(self) -> Iterator[None]:
@@ -74,11 +78,15 @@ class PushHold:
                 self._pushes_in_flight -= 1
                 self._gate.notify_all()
 
-    def hold(self, timeout_s: float, clock: Callable[[], int]) -> tuple[int, str]:
-        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
-        the pushes in flight are done; returns (clock(), read then, token): save and release need the token. Every
-        push acknowledged before this returns is in the checkpoint, none after. One hold at a time:
-        CheckpointHoldError while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S."""
+    def hold(
+        self, timeout_s: float, clock: Callable[[], int], caller_gone: Callable[[], bool] | None = None
+    ) -> tuple[int, str]:
+        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S) counted
+        from when the pushes in flight are done (it waits for them first); returns (clock(), read then, token): save
+        and release need the token. Every push acknowledged before this returns is in the checkpoint, none after.
+        One hold at a time: CheckpointHoldError while another lasts. InvalidArgumentError unless 0 < timeout_s <=
+        MAX_HOLD_S. caller_gone: looked at every CALLER_CHECK_S of the wait and once it ends; once true, the hold is
+        dropped (pushes taken again) and CallerGoneError raised: nobody would have its token to save or release."""
         if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_HOLD_S):
             raise InvalidArgumentError(
                 f"hold_timeout_s must be finite, > 0 and <= {MAX_HOLD_S:g} seconds (0 in a request: "
@@ -87,19 +95,34 @@ class PushHold:
         with self._gate:
             now = time.monotonic()
             if self.held_until and now < self.held_until:
-                left = "while it saves" if math.isinf(self.held_until) else f"for {self.held_until - now:.0f} s more"
+                left = ("while it waits for the pushes in flight" if self._waiting else "while it saves"
+                        if math.isinf(self.held_until) else f"for {self.held_until - now:.0f} s more")  # fmt: skip
                 raise CheckpointHoldError(
                     f"shard {self.shard_id} is held by another checkpoint ({left} at most); one checkpoint at a "
                     "time: take this one once that one has ended; nothing is held"
                 )
-            self.token = secrets.token_hex(8)
+            token = self.token = secrets.token_hex(8)
             self._held_at = time.monotonic()
-            self.held_until = self._held_at + timeout_s
-            self._hold_s, self._refused = timeout_s, 0
-            while self._pushes_in_flight:
-                self._gate.wait()
+            self.held_until = float("inf")  # pushes refused; the expiry counts once the pushes in flight are done
+            self._hold_s, self._refused, self._waiting = timeout_s, 0, True
+            try:
+                while self._pushes_in_flight and not (caller_gone is not None and caller_gone()):
+                    self._gate.wait(None if caller_gone is None else CALLER_CHECK_S)
+                gone = caller_gone is not None and caller_gone()
+            except BaseException:  # no expiry is set yet: a hold left behind would never end
+                gone = True
+                raise
+            finally:
+                self._waiting = False
+                if gone:
+                    self.held_until, self.token = 0.0, None
+                    self._gate.notify_all()
+            if gone:
+                raise CallerGoneError(f"shard {self.shard_id}: a checkpoint hold was dropped as it was taken: its "
+                                      "caller left (its deadline passed, or it was cancelled); nothing is held")  # fmt: skip
+            self.held_until = time.monotonic() + timeout_s
             log.info("checkpoint hold taken: pushes paused for at most %g s", timeout_s)
-            return clock(), self.token
+            return clock(), token
 
     def release(self, token: str) -> None:
         """Ends the hold that returned token (a stale token releases nothing)."""

@@ -485,17 +485,18 @@ class Shard:
             self.pushes.push_batch(pushes, advance_clock, client, client_seq, step_sum=True)
 
     # ---- checkpoints (ps.engine.checkpointing) ------------------------------------------------------
-    def hold(self, timeout_s: float) -> tuple[int, str]:
-        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most ps.config MAX_HOLD_S), once
-        the pushes in flight are done; returns (clock, token): save and release need the token. Every push
+    def hold(self, timeout_s: float, caller_gone: Callable[[], bool] | None = None) -> tuple[int, str]:
+        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most ps.config MAX_HOLD_S),
+        counted once the pushes in flight are done; returns (clock, token): save and release need the token. Every push
         acknowledged before this returns is in the checkpoint, none after. One hold at a time: CheckpointHoldError
-        while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S.
+        while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S. caller_gone: a hold whose caller
+        left before it was had is dropped (CallerGoneError; ps.engine.hold.PushHold.hold).
 
         A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and nothing else: a Shrink or
         an AdvanceClock during the hold still runs and changes what the save records of this shard (rows dropped,
         a later clock than the one returned here)."""
         self.refuse_if_lost()
-        return self.checkpoints.hold(timeout_s)
+        return self.checkpoints.hold(timeout_s, caller_gone)
 
     def release(self, token: str) -> None:
         """Ends the hold that returned token (a stale token releases nothing)."""
