@@ -97,6 +97,33 @@ def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_hold
     Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one"))).close()
 
 
+def test_a_restart_with_the_same_restore_of_a_checkpoint_of_no_tables_does_not_restore_again(tmp_path):
+    """A checkpoint of a shard with no tables (clock 5) restores once: a restart with --restore still given keeps the
+    clock moved since and the model state's id (a restore again would set the clock back and draw a new id, and
+    every client would get ModelStateReplacedError)."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.advance_clock(5)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [])
+    finally:
+        shard.close()
+    config = ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "ckpt"))
+    restored = Shard(config)
+    try:
+        assert restored.tables == {} and restored.clock == 5
+        assert restored.describe_start().startswith(f"restored from {tmp_path / 'ckpt'}")
+        restored.advance_clock(3)
+        state_id = restored.state_id
+    finally:
+        restored.close()
+    again = Shard(config)
+    try:
+        assert (again.clock, again.state_id) == (8, state_id)
+        assert again.describe_start().startswith("existing")
+    finally:
+        again.close()
+
+
 def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole_rows(tmp_path, monkeypatch):
     """ps-server export reads a table's rows (embedding, optimizer state, statistics: 28 floats for adam at dim 8)
     and writes the embeddings sorted by id: it holds the embeddings, the ids and their sort order (1.4x what it

@@ -161,8 +161,8 @@ def check_store(
         store.forget_unfinished_restore()
     check_restored(store)
     stored = store.load_tables()
-    if not config.restore_dir or stored and _restored_already(store, config, config.restore_dir):
-        return False, stored
+    if not config.restore_dir or _restored_already(store, config, config.restore_dir):  # tables or none: a
+        return False, stored  # checkpoint of no tables restores a clock and a new state id, once
     if stored:
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "
                            "restored from that checkpoint): leave --restore (PS_RESTORE) out to start on what it "
@@ -204,8 +204,8 @@ def _restore_share(config: ServerConfig, manifest: dict, written: list[int]) -> 
 
 
 def _restored_already(store: Store, config: ServerConfig, checkpoint: str) -> bool:
-    """True (logged) when this dir, which holds tables, was restored from that checkpoint (the same manifest)
-    before: a restart with --restore still given (PS_RESTORE kept in a container's environment) starts on what the
+    """True (logged) when this dir was restored from that checkpoint (the same manifest) before, whether or not it
+    holds tables: a restart with --restore still given (PS_RESTORE kept in a container's environment) starts on what the
     dir holds."""
     done = store.restored()
     if done is None:
