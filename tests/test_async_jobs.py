@@ -363,3 +363,15 @@ def test_a_token_comes_on_unclocked_stamps_only(shard):
     with pytest.raises(InvalidArgumentError, match=r"token .* is said by an unclocked stamp, not a sync or ssp one"):
         push(shard, WorkerStamp(JOB, 0, 1, 0, staleness=1, setup="mode=ssp", token=0xA))
     assert rows(shard) == 0.0 and shard.stats()["job"] == 0
+
+
+def test_a_done_stamp_that_carries_pushes_is_refused_before_its_worker_is_heard_from(shard):
+    """Worker 1's done stamp comes, wrongly, with a push and another process's token: refused, changing nothing: the
+    token is not taken as worker 1's, so worker 1's own process pushes on."""
+    push(shard, unclocked(0, token=5))
+    pushes = [TablePush(name="emb", ids=IDS, grads=np.ones((len(IDS), 4), np.float32), shows=None, clicks=None)]
+    with pytest.raises(InvalidArgumentError, match="a done stamp comes in a PushBatch without pushes"):
+        shard.push_stamped(pushes, 0, 12, next(SEQ), unclocked(1, token=7, done=True))
+    assert rows(shard) == -1.0
+    push(shard, unclocked(1, token=9), client=13)  # worker 1's own process: not held by the refused stamp's token
+    assert rows(shard) == -2.0

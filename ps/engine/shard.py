@@ -448,14 +448,14 @@ class Shard:
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
         check_batch_stamp(stamp, shared, advance_clock)
-        if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
+        if stamp.stopped or stamp.done:  # refused before the job hears from it (JobClocks.check)
             check_stamp(stamp, pull=False)
             check_ending_batch(stamp, bool(pushes or advance_clock))
+        if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             return self.clock, 0, self.jobs.abandon(stamp)
         owner = 0 if shared else client  # a shared push's key names no worker's process
         claimed = self.jobs.check(stamp, pull=False, client=owner)
         if stamp.done:
-            check_ending_batch(stamp, bool(pushes or advance_clock))
             return self.clock, 0, self.jobs.finish(stamp)
         if stamp.sync:
             applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
