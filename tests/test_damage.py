@@ -1048,6 +1048,33 @@ def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(sto
         assert done.returncode == 1 and f"DAMAGED {what}: {follows}\n" in done.stdout, done.stdout + done.stderr
 
 
+CLIENT_KEYS_OF_ANOTHER_LENGTH = {  # a client's key whose id is not 8 bytes, with a value that reads
+    b"applied/" + (7).to_bytes(7, "big"): struct.pack("<QIQ", 3, 1, 100),
+    b"applied/" + (7).to_bytes(9, "big"): struct.pack("<QIQ", 3, 1, 100),
+    b"advanced/" + (7).to_bytes(4, "big"): b"3",
+}
+
+
+@pytest.mark.parametrize("key", CLIENT_KEYS_OF_ANOTHER_LENGTH, ids=lambda k: f"{k.split(b'/')[0].decode()}-{len(k)}")
+def test_a_client_key_whose_id_is_not_8_bytes_is_damage_to_a_start_and_to_verify(stopped_cleanly, tmp_path, key):
+    """An "applied/" or "advanced/" key whose client id is not 8 bytes long (read as a u64 it would name another
+    client's entry) refuses the start with DATA_LOSS naming the key, and verify names it."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    value = CLIENT_KEYS_OF_ANOTHER_LENGTH[key]
+    with opened(data_dir) as store:
+        store._meta.put(key, value)
+    with pytest.raises(DataLossError) as refused:
+        Server(ServerConfig(data_dir=str(data_dir)))
+    what = (f"meta key {ascii(key)} holds {ascii(value)}, but its client id is {len(key.split(b'/', 1)[1])} bytes, "
+            "not 8 (the key is damaged)")  # fmt: skip
+    assert f"RocksDB in data dir {data_dir} is damaged: {what}" in str(refused.value), str(refused.value)
+    lines, damaged = verify_data_dir(str(data_dir))
+    said = [line for line in lines if line.startswith("DAMAGED")]
+    assert damaged and said == [f"DAMAGED {what}: a server refuses to start on it"], lines
+
+
 @pytest.mark.parametrize("record", [b'{"7": [3]}', b'{"7": []}', b'{"7": "12"}', b'{"7": [3, 4, 5]}',
                                     b'{"7": [1.5, 2]}', b'{"7": [3, 4294967296]}', b'{"x7": [3, 4]}'])  # fmt: skip
 def test_a_legacy_applied_entry_short_of_its_fields_is_damage_to_a_start_and_to_verify(stopped_cleanly, tmp_path,

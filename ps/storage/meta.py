@@ -45,7 +45,8 @@ named).
                                     the job the shard follows that said they are done (set_job_done, synced, as
                                     each says so: ps.engine.jobs reads it when it follows the job after a restart,
                                     and logs one that does not read and reads it as none: it only spares waits)
-    The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX.
+    The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX. A
+    client's key (CLIENT_PREFIXES) is its prefix and 8 bytes: one of another length is damaged (meta_value).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ APPLIED_PREFIX = b"applied/"
 APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 NAMED_PREFIXES = (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX)  # the prefixes a table's name follows
+CLIENT_PREFIXES = (ADVANCED_PREFIX, APPLIED_PREFIX)  # the prefixes a client id follows, a u64 big-endian
+CLIENT_ID_BYTES = 8
 TABLE_NUMBER_BITS = 32  # a table number is below 2^32: its rows' keys hold it in a u32 (ps.storage.rowformat.KEY_DTYPE)
 MAX_TABLE_NUMBER = (1 << TABLE_NUMBER_BITS) - 1
 
@@ -200,13 +203,26 @@ def key_name(key: bytes) -> str:
     return key.partition(b"/")[2].decode("utf-8", "surrogateescape")
 
 
+def damaged_client(key: bytes) -> int | None:
+    """The length of the client id of a client's key (CLIENT_PREFIXES) that is not CLIENT_ID_BYTES long: damage,
+    which meta_value refuses (read as a u64, it would name some other client); None for any other key."""
+    prefix = grammar_key(key)
+    size = len(key) - len(prefix)
+    return size if prefix in CLIENT_PREFIXES and size != CLIENT_ID_BYTES else None
+
+
 def meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError]) -> Any:
     """raw, the stored value of meta key `key`, read as the module's grammar says (META_GRAMMAR); where it does not
     read so (its reader raises ValueError, LookupError, TypeError or struct.error), or where the key's table name is
-    not UTF-8, damaged(a text naming the key and the value) is raised: damage, never a bug's traceback."""
+    not UTF-8, or its client id not CLIENT_ID_BYTES long (damaged_client), damaged(a text naming the key and the
+    value) is raised: damage, never a bug's traceback."""
     parse = META_GRAMMAR[grammar_key(key)]
     if damaged_name(key):
         raise damaged(f"meta key {echo(key)} holds {echo(raw)}, but its table name is not UTF-8 (the key is damaged)")
+    size = damaged_client(key)
+    if size is not None:
+        raise damaged(f"meta key {echo(key)} holds {echo(raw)}, but its client id is {size} bytes, not "
+                      f"{CLIENT_ID_BYTES} (the key is damaged)")  # fmt: skip
     try:
         return parse(raw)
     except (ValueError, LookupError, TypeError, struct.error) as e:  # LookupError: a key or an index missing
