@@ -380,6 +380,14 @@ def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, cap
     assert main(["eval", "--servers", addresses[0], *flags, "--eval-data", str(tmp_path / "damaged-labeled.tsv"),
                  "--no-progress"]) == 0  # fmt: skip
     assert f"({TEST_ROWS:,} examples; 3 malformed lines skipped (--max-bad-lines))" in capsys.readouterr().out
+    none = tmp_path / "none.tsv"  # no example: what the file holds instead is said
+    none.write_text("1\t1.2.3" + "\t1" * 12 + "\ta" * 26 + "\n\n")  # I1 no number
+    held = f"holds only blank lines and 1 malformed line; the first malformed one: {none} line 1: "
+    assert predict(addresses[0], tmp_path / "n.csv", *flags, "--predict-data", str(none), "--max-bad-lines", "1") == 2
+    assert f"{none}: no examples to score (it {held}" in capsys.readouterr().err
+    assert main(["eval", "--servers", addresses[0], *flags, "--eval-data", str(none), "--no-progress",
+                 "--max-bad-lines", "1"]) == 2  # fmt: skip
+    assert f"{none}: no examples to evaluate on (it {held}" in capsys.readouterr().err
 
 
 def test_eval_and_predict_read_only_the_start_of_the_training_file(servers, files, tmp_path, capsys):

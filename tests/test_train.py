@@ -931,7 +931,7 @@ def test_a_header_alone_is_refused_as_no_examples_with_no_warning_of_its_label_f
     says, not a warning that the first column is taken as the label before it."""
     path = tmp_path / "h.csv"
     path.write_text("id,country,clicked\n")
-    with pytest.raises(ValueError, match=r"h.csv: no examples in it \(it is empty, or holds only a header\)"):
+    with pytest.raises(ValueError, match=r"h.csv: no examples in it \(it holds only a header\)$"):
         prepare(TrainConfig(local_shards=1, data=str(path)))
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     path.write_text("id,country,clicked\n1,us,maybe\n")  # with a row (the first column of labels), the warning stands
@@ -941,12 +941,12 @@ def test_a_header_alone_is_refused_as_no_examples_with_no_warning_of_its_label_f
 
 def test_no_examples_is_an_error_not_a_run_of_zero(tmp_path):
     (tmp_path / "c.svm").write_text("# made by a tool: v1\n\n# no lines of data\n")
-    with pytest.raises(ValueError, match=r"c.svm: no examples in it \(it is empty, or holds only comments\)$"):
+    with pytest.raises(ValueError, match=r"c.svm: no examples in it \(it holds only comments and blank lines\)$"):
         prepare(TrainConfig(local_shards=1, data=str(tmp_path / "c.svm"), format="libsvm"))
-    with pytest.raises(ValueError, match=r"no examples in it \(it is empty, or holds only a header\)"):
+    with pytest.raises(ValueError, match=r"d.csv: no examples in it \(it holds only a header\)$"):
         prepare(TrainConfig(local_shards=1, data=_csv(tmp_path, 0), format="csv"))
-    with pytest.raises(ValueError, match=r"no examples in it: all 3 of its lines are malformed \(first: .*"
-                                         r"d.csv line 2: "):  # fmt: skip
+    with pytest.raises(ValueError, match=r"d.csv: no examples in it \(it holds only a header and 3 "
+                                         r"malformed lines; the first malformed one: .*d.csv line 2: "):  # fmt: skip
         prepare(
             TrainConfig(
                 local_shards=1, data=_csv(tmp_path, 0, bad=3), format="csv", max_bad_lines=5, numeric_columns=("price",)
@@ -1373,3 +1373,24 @@ def test_early_stopping_by_auc_on_a_validation_set_of_one_label_is_refused_befor
         train(cfg)
     result = train(dataclasses.replace(cfg, early_stop_metric="logloss"))
     assert result["early_stop_metric"] == "logloss" and math.isnan(result["best_validation_auc"])
+
+
+@pytest.mark.parametrize(
+    "fmt, files, held",
+    [
+        ("criteo", [""], "it is empty"),  # a Criteo or libsvm file has no header to hold
+        ("criteo", ["\n \n"], "it holds only blank lines"),
+        ("libsvm", [""], "it is empty"),
+        ("libsvm", ["# c\n", "", "qid:3 # q\n"], "its 3 files hold only comments"),
+        ("csv", ["label,a\n", "label,a\n\n"], "its 2 files hold only headers and blank lines"),
+        ("csv", ["label,a\n,\n"], "it holds only a header and rows of blank cells"),
+    ],
+)
+def test_a_file_without_examples_is_said_to_hold_what_it_holds_in_its_format(tmp_path, fmt, files, held):
+    paths = []
+    for k, text in enumerate(files):
+        paths.append(tmp_path / f"d{k}.{fmt}")
+        paths[-1].write_text(text)
+    data = ",".join(map(str, paths))
+    with pytest.raises(ValueError, match=re.escape(f"{data}: no examples in it ({held})") + "$"):
+        prepare(TrainConfig(local_shards=1, data=data, format=fmt, max_bad_lines=5))

@@ -857,9 +857,16 @@ def test_synth_small_writes_its_regimes_rows_and_its_note_counts_them(tmp_path, 
 
 
 @pytest.mark.parametrize("flag, what", [("--eval-data", "evaluate"), ("--validation-data", "validate")])
-@pytest.mark.parametrize("content", ["", "label,user\n", "label,user\n7,u1\n"])
+@pytest.mark.parametrize(
+    "content, held",
+    [
+        ("", "is empty"),
+        ("label,user\n", "holds only a header"),
+        ("label,user\n7,u1\n", "holds only a header and 1 malformed line; the first malformed one: "),
+    ],
+)
 def test_an_eval_or_validation_file_without_examples_fails_before_any_server_is_touched(
-    tmp_path, capsys, flag, what, content
+    tmp_path, capsys, flag, what, content, held
 ):
     train_path = tmp_path / "train.csv"
     train_path.write_text("label,user\n" + "".join(f"{i % 2},u{i % 9}\n" for i in range(200)))
@@ -867,7 +874,7 @@ def test_an_eval_or_validation_file_without_examples_fails_before_any_server_is_
     flags = ["--data", str(train_path), "--format", "csv", flag, str(tmp_path / "held.csv"), "--max-bad-lines", "5"]
     assert main(["train", "--servers", "127.0.0.1:1", "--server-timeout", "0", *flags]) == 2
     err = capsys.readouterr().err
-    assert f"held.csv: no examples to {what} on ({flag} is empty, or holds only a header or malformed lines)" in err
+    assert f"held.csv: no examples to {what} on ({flag} {held}" in err
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

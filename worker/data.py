@@ -43,6 +43,7 @@ from worker.formats import (
     read_batches,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto, count_files_upto
+from worker.readers.no_examples import no_examples_held
 from worker.results import UNTRAINED
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
@@ -378,8 +379,9 @@ class DataSource:
         return self._validation
 
     def _load_validation(self) -> list[Batch]:
+        stats = ReadStats()
         if self.cfg.validation_data:
-            source: Iterable[Batch] = self._read(self.cfg.validation_data, 0, 1)
+            source: Iterable[Batch] = self._read(self.cfg.validation_data, 0, 1, stats=stats)
         elif self.cfg.validation_fraction:
             source = self._split(want_validation=True)
         else:
@@ -392,8 +394,8 @@ class DataSource:
             if kept >= self.max_validation:
                 break
         if not out and self.cfg.validation_data:
-            raise ValueError(f"{self.cfg.validation_data}: no examples to validate on (--validation-data is empty, "
-                             f"or holds only {self.no_data_lines()} or malformed lines)")  # fmt: skip
+            held = self.no_examples_held(self.cfg.validation_data, stats, "--validation-data")
+            raise ValueError(f"{self.cfg.validation_data}: no examples to validate on ({held})")
         return out
 
     def eval(self) -> Iterator[Batch]:
@@ -416,9 +418,8 @@ class DataSource:
         stats = ReadStats()
         batches = iter(self._read(self.cfg.eval_data, 0, 1, track=False, batch_size=1, stats=stats))
         if next(batches, None) is None:
-            why = f"; the first malformed one: {stats.first_bad}" if stats.bad_lines else ""
-            raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on (--eval-data is empty, or holds "
-                             f"only {self.no_data_lines()} or malformed lines){why}")  # fmt: skip
+            held = self.no_examples_held(self.cfg.eval_data, stats, "--eval-data")
+            raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on ({held})")
         files = data_files(self.cfg.eval_data)
         if not getattr(self.cfg, "final_eval", True) or sum(os.path.getsize(f) for f in files) > WHOLE_EVAL_CHECK_BYTES:
             return
@@ -450,18 +451,13 @@ class DataSource:
         )
         first = next(iter(source), None)
         if first is None:
-            why = (
-                f": all {stats.lines_read:,} of its lines are malformed (first: {stats.first_bad})"
-                if stats.bad_lines
-                else f" (it is empty, or holds only {self.no_data_lines()})"
-            )
-            raise ValueError(f"{self.cfg.data}: no examples in it{why}")
+            raise ValueError(f"{self.cfg.data}: no examples in it ({self.no_examples_held(self.cfg.data, stats)})")
         return first
 
-    def no_data_lines(self) -> str:
-        """What a file of the schema's format holds that is no example, in a refusal of a file without any: a libsvm
-        file's comments (and blank lines), another's header."""
-        return "comments" if self.schema.format == "libsvm" else "a header"
+    def no_examples_held(self, path: str, stats: ReadStats, subject: str = "it") -> str:
+        """What the files of path, read whole without an example (stats: that read's), hold instead, as a refusal
+        says it of subject (readers.no_examples.no_examples_held, in the schema's format)."""
+        return no_examples_held(data_files(path), self.schema.format, stats, subject)
 
     def skipped_lines(self) -> int:
         """Malformed lines of the training data skipped in the first pass over this worker's share (0 for synthetic

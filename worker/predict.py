@@ -206,10 +206,8 @@ def predict_servers(cfg: PredictConfig) -> dict:
         shards = m.shards
     bad_lines, first_bad = stats.bad_lines, stats.first_bad
     if rows == 0:  # _write removed its file
-        why = f"; the first malformed one: {first_bad}" if bad_lines else ""
-        what = "the file is" if len(files) == 1 else f"its {len(files)} files are"
-        raise ValueError(f"{cfg.data}: no examples to score ({what} empty, or hold only {m.data.no_data_lines()} "
-                         f"or malformed lines{why}); nothing was written")  # fmt: skip
+        held = m.data.no_examples_held(cfg.data, stats)
+        raise ValueError(f"{cfg.data}: no examples to score ({held}); nothing was written")
     for line in m.data.bad_lines_report():
         log.warning(line)
     if left := m.data.left_values_note(stats):  # (the files' stream, which read_stats does not hold)

@@ -22,6 +22,7 @@ from worker.job import job_client, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_data_upto
 from worker.model_tables import held_features, sparse_table_stats, table_configs
 from worker.models.spec import LOGIT_BIAS, ModelSpec
+from worker.readers.share import ReadStats
 from worker.scoring import ScoringProgress, evaluate
 from worker.tables import NEVER_TRAINED, check_tables
 from worker.train_config import TrainConfig
@@ -126,9 +127,9 @@ def evaluate_servers(cfg: TrainConfig, trained_on_data: bool = False, warn: bool
     results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
     if results["bad_lines"]:  # said on the eval line too (worker/results.py)
         results["eval_bad_lines"] = results["bad_lines"]
-    if "eval_examples" not in results and (cfg.eval_data or cfg.data):
-        raise ValueError(f"{cfg.eval_data or cfg.data}: no examples to evaluate on (the file is empty, or holds only "
-                         "a header or malformed lines)")  # fmt: skip
+    if "eval_examples" not in results and scored is not None:
+        read = next((s for path, s in data.read_stats if path == scored), ReadStats())
+        raise ValueError(f"{scored}: no examples to evaluate on ({data.no_examples_held(scored, read)})")
     if data.synthetic is not None and cfg.synthetic_eval_rows:  # they follow the training rows of --synthetic-rows
         results["synthetic_eval_rows"] = [cfg.synthetic_rows, cfg.synthetic_rows + cfg.synthetic_eval_rows]
         results["synthetic_seed"] = cfg.synthetic_seed
