@@ -174,7 +174,7 @@ def test_a_file_of_fewer_lines_than_workers_is_refused_by_every_worker_naming_th
     for worker in (0, 4):
         cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", job_id=1, num_workers=5, worker_id=worker)
         with pytest.raises(ValueError, match=r"three.svm holds 3 lines of data, shared by the job's 5 workers "
-                                             r"\(worker i reads the lines whose number % 5 == i\): workers 3, 4 "
+                                             r"\(worker i reads lines i \+ 1, i \+ 6, i \+ 11, \.\.\.\): workers 3, 4 "
                                              r"would read none of them: each trains no example; start at most 3$"):  # fmt: skip
             prepare(cfg)
     _, data, _, _ = prepare(
@@ -206,7 +206,8 @@ def test_files_that_leave_a_worker_no_line_are_refused_however_many_lines_they_h
     for worker in range(3):
         cfg = TrainConfig(servers=("h:1",), data=files, format="libsvm", job_id=1, num_workers=3, worker_id=worker)
         with pytest.raises(ValueError, match=r"holds 3 lines of data in 2 files, shared by the job's 3 workers "
-                                             r"\(worker i reads file k's lines whose number % 3 == \(i \+ k\) % 3\): "
+                                             r"\(worker i reads file k's lines whose number % 3 == \(i \+ k\) % 3, files and "
+                                             r"lines counted from 1\): "
                                              r"worker 1 would read none of them: it trains no example; start fewer "
                                              r"workers$"):  # fmt: skip
             prepare(cfg)
@@ -242,7 +243,7 @@ def test_the_idle_worker_check_goes_by_where_the_lines_of_data_stand_among_comme
     gap.write_text("1 1:1\n0 2:1\n\n1 3:1\n")
     cfg = TrainConfig(servers=("h:1",), data=str(gap), format="libsvm", job_id=1, num_workers=3, worker_id=0)
     with pytest.raises(ValueError, match=r"gap.svm holds 3 lines of data, shared by the job's 3 workers \(worker i "
-                                         r"reads the lines whose number % 3 == i\): worker 2 would read none of them: "
+                                         r"reads lines i \+ 1, i \+ 4, i \+ 7, \.\.\.\): worker 2 would read none of them: "
                                          r"it trains no example; start fewer workers$"):  # fmt: skip
         prepare(cfg)
 
@@ -1394,3 +1395,32 @@ def test_a_file_without_examples_is_said_to_hold_what_it_holds_in_its_format(tmp
     data = ",".join(map(str, paths))
     with pytest.raises(ValueError, match=re.escape(f"{data}: no examples in it ({held})") + "$"):
         prepare(TrainConfig(local_shards=1, data=data, format=fmt, max_bad_lines=5))
+
+
+@pytest.mark.parametrize("fmt", ["libsvm", "csv"])
+@pytest.mark.parametrize("files", [1, 2])
+def test_the_share_rule_a_refusal_states_numbers_the_lines_each_worker_reads_as_the_readers_do(tmp_path, fmt, files):
+    """share_rule, in files and lines counted from 1 (a CSV's header its line 1), against the line numbers
+    read_batches gives each worker's examples."""
+    from worker.data import share_rule
+    from worker.formats import read_batches
+
+    n, lines = 3, 7
+    paths = [tmp_path / f"d{k}.{fmt}" for k in range(files)]
+    for path in paths:
+        rows = [f"{j % 2},{j}" if fmt == "csv" else f"{j % 2} {j}:1" for j in range(lines)]
+        path.write_text("label,a\n" * (fmt == "csv") + "\n".join(rows) + "\n")
+    spec = ",".join(map(str, paths))
+    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=spec, format=fmt))
+    rule = share_rule(n, files, fmt == "csv")
+    for i in range(n):
+        read = [b.line_nos.tolist() for b in read_batches(spec, data.schema, lines * files, worker_id=i, num_workers=n)]
+        got = sum(read, [])
+        if files == 1:  # "lines i + a, i + b, ...": an arithmetic run from the first
+            first, second = (int(x) for x in re.findall(r"i \+ (\d+)", rule)[:2])
+            expected = list(range(i + first, lines + 1 + (fmt == "csv"), second - first))
+        else:  # "file k's lines whose number % n == (i + k[ + 1]) % n", k from 1
+            shift = int("+ 1)" in rule)
+            expected = [j for k in range(1, files + 1) for j in range(1 + shift, lines + 1 + shift)
+                        if j % n == (i + k + shift) % n]  # fmt: skip
+        assert got == expected, (rule, i)

@@ -69,6 +69,19 @@ def count_lines(path: str, header: bool = False) -> int:
     return count_files_upto(data_files(path), None, header=header).lines
 
 
+def share_rule(num_workers: int, files: int, header: bool) -> str:
+    """Which lines of `files` files worker i of num_workers reads (worker/formats.py: of the k-th file from 0, its
+    data lines whose 0-based index % n == (i + k) % n), with files and lines numbered from 1 as editors and the
+    bad-line messages number them (header: a CSV, whose header is each file's line 1 and no data line)."""
+    n, past = num_workers, 1 + header  # a file's first data line's number
+    if files == 1:
+        header_note = " (line 1 its header)" if header else ""
+        return f"lines i + {past}, i + {n + past}, i + {2 * n + past}, ...{header_note}"
+    shift = "i + k + 1" if header else "i + k"
+    return (f"file k's lines whose number % {n} == ({shift}) % {n}{' past its header' * header}, files and lines "
+            "counted from 1")  # fmt: skip
+
+
 def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
     """Which of the examples first..first+n-1 of a share the split selects (see the module docstring)."""
     if fraction <= 0:
@@ -187,9 +200,7 @@ class DataSource:
         if not idle:
             return
         files = len(counted.per_file)
-        rule = (
-            f"file k's lines whose number % {n} == (i + k) % {n}" if files > 1 else f"the lines whose number % {n} == i"
-        )
+        rule = share_rule(n, files, self.schema.format == "csv")
         names = ", ".join(map(str, idle[:5])) + ", ..." * (len(idle) > 5)
         gapless = files == 1 and count_lines(cfg.data, self.schema.format == "csv") == counted.lines  # all data
         fewer = f"start at most {counted.lines:,}" if gapless else "start fewer workers"
