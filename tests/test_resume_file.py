@@ -361,7 +361,8 @@ def test_a_position_holds_the_format_its_data_is_read_in_and_one_written_as_give
     csv = dataclasses.replace(cfg, data=str(tmp_path / "csv"))
     record["run"].update(format="criteo", data=csv.data)
     (tmp_path / "p.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match=r"other settings \(format: 'criteo' in the file != 'csv' now\)"):
+    with pytest.raises(ValueError, match=r"other settings \(format: 'criteo' in the file != 'auto' \(read as 'csv'\) "
+                                         r"now\)"):  # fmt: skip
         read_position(csv)
     semicolons = dataclasses.replace(cfg, data=str(tmp_path / "semicolons"), resume_file=str(tmp_path / "c.json"))
     (tmp_path / "semicolons").write_text(TEXTS["csv"].replace(",", ";"))  # (its quoted ", " too)
@@ -369,8 +370,8 @@ def test_a_position_holds_the_format_its_data_is_read_in_and_one_written_as_give
     assert json.loads((tmp_path / "c.json").read_text())["run"]["format"] == "csv (delimiter ';')"
     assert read_position(semicolons).examples == 100
     (tmp_path / "semicolons").write_text(TEXTS["csv"])
-    with pytest.raises(ValueError, match=r"other settings \(format: \"csv \(delimiter ';'\)\" in the file != 'csv' "
-                                         r"now\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"other settings \(format: \"csv \(delimiter ';'\)\" in the file != 'auto' "
+                                         r"\(read as 'csv'\) now\)"):  # fmt: skip
         read_position(semicolons)
     synthetic = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "s.json"), format="criteo")
     PositionWriter(synthetic).write(100)
@@ -743,3 +744,28 @@ def test_a_position_records_libsvm_values_and_one_written_without_it_reads_as_au
     assert read_position(cfg).examples == 100
     with pytest.raises(ValueError, match=r"libsvm_values: 'auto' in the file != 'one-hot' now"):
         read_position(dataclasses.replace(cfg, libsvm_values="one-hot"))
+
+
+def test_libsvm_values_are_compared_as_the_data_is_read_under_them(tmp_path):
+    """--libsvm-values auto is recorded as what it reads the data as: a start that spells that out resumes, one
+    whose auto now reads the data otherwise is refused; a file of auto (written before it was resolved) is auto
+    resolved by the data now. The refusal says both values and what an auto reads as."""
+    data, path = tmp_path / "d.svm", tmp_path / "p.json"
+    data.write_text("".join(f"{i % 2} 1:{i + 2} 2:1\n" for i in range(20)))  # values other than 0 and 1: weights
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(path), data=str(data), format="libsvm")
+    PositionWriter(cfg).write(100)
+    record = json.loads(path.read_text())
+    assert record["run"]["libsvm_values"] == "weights"
+    assert read_position(dataclasses.replace(cfg, libsvm_values="weights")).examples == 100
+    with pytest.raises(ValueError, match=re.escape("libsvm_values: 'weights' in the file != 'one-hot' now")):
+        read_position(dataclasses.replace(cfg, libsvm_values="one-hot"))
+    path.write_text(json.dumps({**record, "run": {**record["run"], "libsvm_values": "auto"}}))  # an older run's
+    assert read_position(dataclasses.replace(cfg, libsvm_values="weights")).examples == 100
+    with pytest.raises(ValueError, match=re.escape("libsvm_values: 'auto' (read as 'weights') in the file != "
+                                                   "'one-hot' now")):  # fmt: skip
+        read_position(dataclasses.replace(cfg, libsvm_values="one-hot"))
+    PositionWriter(cfg).write(100)
+    data.write_text("".join(f"{i % 2} 1:1 2:1\n" for i in range(20)))  # now of 0 and 1 only: auto reads one-hot
+    with pytest.raises(ValueError, match=re.escape("libsvm_values: 'weights' in the file != 'auto' (read as "
+                                                   "'one-hot') now")):  # fmt: skip
+        read_position(cfg)

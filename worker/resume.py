@@ -10,8 +10,11 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
   is the one it detects, a CSV's delimiter other than a comma with it; null where no --format is read, with
-  --schema or on synthetic data). A start whose settings differ is refused: the position would be another
-  stream's. A setting a file lacks (written before it was recorded: RECORDED_LATER) reads as its value then.
+  --schema or on synthetic data), and libsvm_values: how the data is read under it (libsvm_reading: --libsvm-values
+  auto's is what the built-in schema chooses for libsvm data, one-hot or weights). A start whose settings differ
+  is refused: the position would be another stream's; format and libsvm_values are compared as the data is read
+  under each (a file's auto, as a file written before they were resolved holds, resolved by the data now). A
+  setting a file lacks (written before it was recorded: RECORDED_LATER) reads as its value then.
 - started_from: the --skip-examples the first start of the run was given (0: none); a start given that same
   value again (the same command) resumes from the file, another value is refused.
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
@@ -104,8 +107,25 @@ log = logging.getLogger("worker.resume")
 def run_settings(cfg: TrainConfig) -> dict:
     """The settings a position belongs to (RUN_SETTINGS), as JSON reads them back (tuples as lists); format as
     data_format reads it."""
-    settings = {name: getattr(cfg, name) for name in RUN_SETTINGS}
-    return json.loads(json.dumps({**settings, "format": data_format(cfg.format, cfg)}))
+    read_as = {"format": data_format(cfg.format, cfg), "libsvm_values": libsvm_reading(cfg.libsvm_values, cfg)}
+    return {**_given_settings(cfg), **read_as}
+
+
+def _given_settings(cfg: TrainConfig) -> dict:
+    """cfg's RUN_SETTINGS as given, as JSON reads them back (tuples as lists)."""
+    return json.loads(json.dumps({name: getattr(cfg, name) for name in RUN_SETTINGS}))
+
+
+def libsvm_reading(values: object, cfg: TrainConfig) -> object:
+    """How cfg's data is read under the --libsvm-values value `values`: for auto on data read as libsvm
+    (data_format), what the built-in schema chooses for it (schema_builtin.resolve_schema): "weights" where
+    libsvm_sample finds a value other than 0 and 1, else "one-hot"; else values as given."""
+    if values != "auto" or data_format(cfg.format, cfg) != "libsvm":
+        return values
+    from worker.formats import first_with_content
+    from worker.readers.libsvm_reader import libsvm_sample
+
+    return "weights" if libsvm_sample(first_with_content(cfg.data))[1] else "one-hot"
 
 
 def data_format(fmt: object, cfg: TrainConfig) -> object:
@@ -228,10 +248,12 @@ def read_position(cfg: TrainConfig) -> Position | None:
     except (ValueError, KeyError, AttributeError, TypeError) as e:
         raise ValueError(f"--resume-file {path} is no position this program wrote ({e}): remove it to train from "
                          "the start, or give --skip-examples N yourself") from None  # fmt: skip
-    ours = run_settings(cfg)
-    run = {**RECORDED_LATER, **run, "format": data_format(run.get("format"), cfg)}
-    differ = [f"{name}: {_setting(run.get(name))} in the file != {_setting(ours[name])} now" for name in RUN_SETTINGS
-              if run.get(name) != ours[name]]  # fmt: skip
+    ours, given = run_settings(cfg), {**RECORDED_LATER, **run}
+    run = {**given, "format": data_format(run.get("format"), cfg),
+           "libsvm_values": libsvm_reading(given["libsvm_values"], cfg)}  # fmt: skip
+    now = _given_settings(cfg)
+    differ = [f"{name}: {_setting(given.get(name), run.get(name))} in the file != {_setting(now[name], ours[name])} "
+              "now" for name in RUN_SETTINGS if run.get(name) != ours[name]]  # fmt: skip
     if position.job_id and cfg.job_id and position.job_id != cfg.job_id and not resumes_whole(cfg):
         differ.append(f"job_id: {position.job_id} in the file != {cfg.job_id} now")  # (not given: the file's is taken)
     if differ:
@@ -292,9 +314,13 @@ def _is_id(value: object) -> bool:
     return type(value) is int and 0 < value < 2**64
 
 
-def _setting(value: object) -> str:
-    """A run setting as a mismatch names it: None (a flag not given, its default or the recipe's) as 'not given'."""
-    return "not given" if value is None else repr(value)
+def _setting(value: object, read_as: object) -> str:
+    """A run setting as a mismatch names it, given as value and read as read_as: None (a flag not given, its
+    default or the recipe's; a format no --format gives) as 'not given'; a value the data resolves (--format auto,
+    --libsvm-values auto) with what it is read as."""
+    if read_as is None:
+        return "not given"
+    return repr(read_as) if value == read_as else f"{value!r} (read as {read_as!r})"
 
 
 class PositionWriter:
