@@ -11,7 +11,9 @@ Each creates ./.venv on first use and installs the package there: `pip install -
 runtime) for `demo`, which an install with extras serves as well. pip is the venv's own, as Python gives it (an
 editable install of a pyproject.toml package, PEP 660, needs pip 21.3 or newer; Python 3.11's is newer), never
 upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LINKS) serves the rest. Later runs
-reuse the venv and reinstall only when pyproject.toml or the venv's Python version changes. `test` and `bench`
+reuse the venv and reinstall only when pyproject.toml or the venv's Python version changes; a venv whose python
+no longer runs (its symlink names a Python since removed) or is another major.minor version than the Python
+running dev.py is made again, saying why. `test` and `bench`
 also install PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's
 machines; PyPI's Linux wheel is the CUDA build, so elsewhere set
 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
@@ -31,6 +33,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(ROOT, ".venv")
 TORCH_PIN = "torch==2.13.0"  # pinned: the version the torch backend is tested with
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
+PROBE_TIMEOUT_S = 10.0  # the venv's python has this long to say its version (venv_python_unusable)
 STAMP = ".installed-"  # the venv's stamps of what is installed there (installed_with)
 
 
@@ -42,7 +45,11 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
     if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 the user has)
         sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
-    if not os.path.exists(python):
+    unusable = venv_python_unusable(python) if os.path.lexists(python) else None
+    if unusable:  # made again from scratch: what it holds was installed for a Python it no longer runs
+        print(f"{VENV}: its python {unusable}: making the virtual environment again ...", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    elif not os.path.exists(python):
         print(f"creating virtual environment in {VENV} ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
         for name in os.listdir(VENV):
@@ -61,6 +68,23 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
                 sys.exit(f"pip install {' '.join(args)} failed (exit {done.returncode}); see the output above")
         open(os.path.join(VENV, "+".join([STAMP + digest, *parts])), "w").close()
     return python
+
+
+def venv_python_unusable(python: str) -> str | None:
+    """Why the venv's python cannot serve this Python (the one running dev.py), or None: it does not run within
+    PROBE_TIMEOUT_S (its symlink names a Python since removed, say), or it is another major.minor version (its
+    symlink names a python3 upgraded since: the venv's packages are another version's)."""
+    probe = [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except OSError as e:
+        return f"does not run ({e.strerror})"
+    except subprocess.TimeoutExpired:
+        return f"did not answer within {PROBE_TIMEOUT_S:g} s"
+    if done.returncode != 0:
+        return f"does not run (exit {done.returncode})"
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return None if done.stdout.strip() == ours else f"is Python {done.stdout.strip()}, not this {ours}"
 
 
 def install_digest() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -13,17 +14,21 @@ import dev
 
 @pytest.fixture
 def venv(tmp_path, monkeypatch) -> list[list[str]]:
-    """dev.py's venv at tmp_path/.venv, made already (its python a stub); returns the pip commands it runs there,
-    each run offline: a pip upgrade fails, what a local wheelhouse (PIP_FIND_LINKS) serves is installed."""
+    """dev.py's venv at tmp_path/.venv, made already (its python a symlink to this Python, which answers dev.py's
+    probe of its version); returns the pip commands it runs there, each run offline: a pip upgrade fails, what a
+    local wheelhouse (PIP_FIND_LINKS) serves is installed."""
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    (bin_dir / "python").write_text("")
+    (bin_dir / "python").symlink_to(sys.executable)
     (tmp_path / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
     monkeypatch.setattr(dev, "VENV", str(tmp_path / ".venv"))
     monkeypatch.setattr(dev, "BIN", str(bin_dir))
     ran: list[list[str]] = []
+    real_run = subprocess.run
 
     def run(args, **kwargs):
+        if args[1] == "-c":  # the probe of the venv's python: run
+            return real_run(args, **kwargs)
         ran.append(args)
         offline = "--upgrade" in args  # a pip upgrade reaches for an index; the rest comes from a wheelhouse
         return subprocess.CompletedProcess(args, 1 if offline else 0, "", "no index can be reached" if offline else "")
@@ -65,7 +70,7 @@ def test_a_venv_of_another_python_or_made_again_is_installed_into_again(venv, mo
             pass
 
         def create(self, directory):
-            open(os.path.join(dev.BIN, "python"), "w").close()
+            os.symlink(sys.executable, os.path.join(dev.BIN, "python"))
             with open(cfg, "w") as f:
                 f.write("home = /usr/bin\nversion = 3.12.1\n")
 
@@ -91,3 +96,48 @@ def test_an_extra_whose_name_holds_a_dash_is_told_apart_from_others(venv):
     assert venv == []  # served by that install
     dev.ensure_env(extras="kernels")  # no extra of that install
     assert [args[-1] for args in venv] == [f"{dev.ROOT}[kernels]"]
+
+
+@pytest.mark.parametrize(
+    "python, why",
+    [
+        (None, "its python does not run (No such file or directory)"),  # its symlink names a removed Python
+        ("#!/bin/sh\necho 3.9\n", f"its python is Python 3.9, not this {sys.version_info[0]}.{sys.version_info[1]}"),
+        ("#!/bin/sh\nexit 3\n", "its python does not run (exit 3)"),
+    ],
+)
+def test_a_venv_whose_python_does_not_run_or_is_another_version_is_made_again_saying_why(
+    venv, tmp_path, monkeypatch, capsys, python, why
+):
+    made = []
+
+    class Builder:  # venv.EnvBuilder, as dev.py makes the venv again: cleared, its python this one
+        def __init__(self, **options):
+            made.append(options)
+
+        def create(self, directory):
+            for name in os.listdir(directory):  # clear=True: what the venv held goes
+                if name.startswith(dev.STAMP):
+                    os.remove(os.path.join(directory, name))
+            os.remove(os.path.join(dev.BIN, "python"))
+            os.symlink(sys.executable, os.path.join(dev.BIN, "python"))
+
+    dev.ensure_env()
+    venv.clear()
+    link = os.path.join(dev.BIN, "python")
+    os.remove(link)
+    if python is None:
+        os.symlink(tmp_path / "python3.10-removed", link)
+    else:
+        with open(link, "w") as f:
+            f.write(python)
+        os.chmod(link, 0o755)
+    monkeypatch.setattr(dev.venv, "EnvBuilder", Builder)
+    capsys.readouterr()
+    dev.ensure_env()
+    assert made == [{"with_pip": True, "clear": True}]
+    assert f"{dev.VENV}: {why}: making the virtual environment again" in capsys.readouterr().out
+    assert [args[-1] for args in venv] == [f"{dev.ROOT}[dev]"]  # its stamp gone with it: installed again
+    venv.clear()
+    dev.ensure_env()
+    assert venv == [] and len(made) == 1  # its python answers now: reused
