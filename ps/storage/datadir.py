@@ -8,13 +8,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Iterator
+from typing import Any
 
 from rocksdict import AccessType, Options, Rdict
 
-from ps.errors import DataDirLostError, DataLossError, DiskFullError, StorageError, disk_full_reason
+from ps.errors import DataDirLostError, DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.sharding import NUM_SLOTS
 from ps.storage.atomicfile import make_dirs
-from ps.storage.meta import META_CF, shard_record
+from ps.storage.meta import META_CF, meta_value, shard_record
+from ps.storage.options import ColumnFamily
 from ps.storage.readonly import is_damage, open_failure
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
 
@@ -196,6 +199,39 @@ def rocksdb_error(path: str, doing: str, e: Exception, text: str | None = None,
         f"RocksDB found damage in {path} while {doing}: {text}. `ps-server verify {path}` lists what is damaged; "
         "restore the dir from a backup or checkpoint"
     )
+
+
+RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, where no remedy is given
+
+
+@contextlib.contextmanager
+def rocksdb_errors(path: str, doing: str, outcome: str = "nothing was applied",
+                   target: str | None = None) -> Iterator[None]:  # fmt: skip
+    """RocksDB's errors inside the block raised as the StorageError, DiskFullError or DataLossError of rocksdb_error
+    (which says what outcome and target are); our own errors pass as they are."""
+    try:
+        yield
+    except PsError:
+        raise
+    except Exception as e:
+        raise rocksdb_error(path, doing, e, outcome=outcome, target=target) from e
+
+
+def damaged_dir(path: str, what: str, remedy: str = RESTORE_DIR) -> DataLossError:
+    """The error for a stored value of data dir `path` that does not read as its grammar says (meta_value), or that
+    is missing; remedy: what to do about it."""
+    return DataLossError(f"RocksDB in data dir {path} is damaged: {what}. `ps-server verify {path}` lists what is "
+                         f"damaged; {remedy}")  # fmt: skip
+
+
+def stored_meta(meta: ColumnFamily, path: str, key: bytes, doing: str, default: Any = None,
+                remedy: str = RESTORE_DIR) -> Any:  # fmt: skip
+    """The value of key `key` in the meta column family of data dir `path`, read as its grammar says (meta_value;
+    damaged_dir's DataLossError, with remedy, where it does not read), or default where it is absent; doing: what a
+    RocksDB error says was being done."""
+    with rocksdb_errors(path, doing, "nothing was read"):
+        raw = meta.get(key)
+    return default if raw is None else meta_value(key, raw, lambda what: damaged_dir(path, what, remedy))
 
 
 PROC_LOCKS = "/proc/locks"

@@ -24,7 +24,7 @@ column family, and every meta value as meta_value does.
 from __future__ import annotations
 
 import bisect
-import contextlib
+import functools
 import json
 import logging
 import math
@@ -47,8 +47,6 @@ from ps.accel.threadnames import name_os_thread
 from ps.config import TableConfig
 from ps.errors import (
     CheckpointDamagedError,
-    DataLossError,
-    PsError,
     StorageError,
     TableNumbersExhaustedError,
 )
@@ -57,13 +55,16 @@ from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
 from ps.storage.checkpointread import admitted_counts
 from ps.storage.datadir import (
+    RESTORE_DIR,
     belongs_elsewhere,
     checked_entries,
     copies_disagree,
+    damaged_dir,
     identity,
     lost_shard_record,
     open_rocksdb,
-    rocksdb_error,
+    rocksdb_errors,
+    stored_meta,
 )
 from ps.storage.foreground import Foreground
 from ps.storage.memory import (
@@ -125,7 +126,6 @@ log = logging.getLogger(__name__)
 # what Store.rows_of_no_table's rows are where every table's number reads: said by verify, a start and number_for
 LOST_TABLE_ROWS = ("the rows of a table whose meta keys table/<name> and tid/<name> were lost. No request reads them "
                    "and no new table takes their numbers")  # fmt: skip
-RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, but for:
 JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remedy, and verify's note
     "the record only spares a restarted shard its waits for the finished workers of the job it follows, so there is "
     "nothing to restore: a worker that finished before the shard's start is waited for, and the record is written "
@@ -166,6 +166,8 @@ class Store:
         self._write_opts.sync = sync
         self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says: identity, marks
         self._synced.sync = True
+        self._rocksdb = functools.partial(rocksdb_errors, path)  # RocksDB's errors said as ours, naming the dir
+        self._damaged = functools.partial(damaged_dir, path)  # a value of the dir that does not read
         self._cfs: dict[str, Rdict] = {}
         self._at_rest: dict[str, AtRest] = {}  # {table: how its rows are at rest}, read from its config once
         self.read_threads = max(1, read_threads)
@@ -230,17 +232,7 @@ class Store:
         return out
 
     def _meta_get(self, key: bytes, doing: str, default: Any = None, remedy: str = RESTORE_DIR) -> Any:
-        """The value of meta key `key` read as its grammar says (meta_value), or default where it is
-        absent; doing: what a RocksDB error says was being done; remedy: what the damage's error tells to do."""
-        with self._rocksdb(doing, "nothing was read"):
-            raw = self._meta.get(key)
-        return default if raw is None else meta_value(key, raw, lambda what: self._damaged(what, remedy))
-
-    def _damaged(self, what: str, remedy: str = RESTORE_DIR) -> DataLossError:
-        """The error for a stored value of this dir that does not read as its grammar says (meta_value),
-        or that is missing; remedy: what to do about it."""
-        return DataLossError(f"RocksDB in data dir {self.path} is damaged: {what}. `ps-server verify {self.path}` "
-                             f"lists what is damaged; {remedy}")  # fmt: skip
+        return stored_meta(self._meta, self.path, key, doing, default, remedy)
 
     def create_table(self, cfg: TableConfig) -> None:
         """Records the table's config and its number (the prefix of its row keys) in one write; for a new name, the
@@ -853,17 +845,6 @@ class Store:
             self._meta.flush()
             for cf in self._cfs.values():
                 cf.flush()
-
-    @contextlib.contextmanager
-    def _rocksdb(self, doing: str, outcome: str = "nothing was applied", target: str | None = None):
-        """Turns RocksDB's errors inside the block into a StorageError, DiskFullError or DataLossError saying what
-        failed (see rocksdb_error for outcome and target)."""
-        try:
-            yield
-        except PsError:
-            raise
-        except Exception as e:
-            raise rocksdb_error(self.path, doing, e, outcome=outcome, target=target) from e
 
     def close(self) -> None:
         """Writes the rows pending in the background (a failed write leaves them to the journal's replay), stops
