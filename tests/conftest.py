@@ -210,7 +210,7 @@ def _flush_until(shard, point: str, meanwhile: Callable[[], object] | None) -> N
         assert len(tables) >= 2, "a crash between two tables' writes needs two tables"
     owner, step = {
         "some_tables_written": (tables[-1], "flush"),
-        "rows_written": (shard.store, "set_flushed_seq"),
+        "rows_written": (shard.store.meta, "set_flushed_seq"),
         "position_recorded": (shard.journal, "trim"),
     }[point]
 

@@ -185,7 +185,7 @@ def test_replay_after_a_crash_applies_each_record_by_its_rule_bit_for_bit(tmp_pa
     shard = open_shard(tmp_path / "crashed", cache_bytes=cache)
     apply_batches(shard, batches)
     dirty_in_ram = int(shard.table("mixed").arena.dirty.sum())
-    assert shard.store.flushed_seq() == 0 and dirty_in_ram > 0
+    assert shard.store.meta.flushed_seq() == 0 and dirty_in_ram > 0
     crash(shard)
     rules = [r.rule for r in Journal(str(tmp_path / "crashed" / "journal")).replay(0)]
     assert rules == [update.ADD_DELTA if p[-1] else update.OPTIMIZE for pushes in batches for p in pushes]

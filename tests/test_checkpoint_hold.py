@@ -74,8 +74,8 @@ def test_a_restore_that_did_not_finish_is_refused_at_start(tmp_path):
     from ps.storage.store import Store
 
     store = Store(str(tmp_path / "d"))
-    store.check_identity(0, 1)
-    store.set_restore_pending("/backups/ckpt")  # as a crash in the middle of restore_into leaves it
+    store.meta.check_identity(0, 1)
+    store.meta.set_restore_pending("/backups/ckpt")  # as a crash in the middle of restore_into leaves it
     store.close()
     for restore in (None, str(tmp_path / "ckpt")):
         with pytest.raises(StorageError, match="holds a restore from /backups/ckpt that did not finish"):

@@ -370,7 +370,7 @@ def test_verify_names_a_restore_that_did_not_finish_as_the_start_does(good_dir, 
     lines, damaged = verify_data_dir(good_dir)
     assert not damaged and not any("DAMAGED restore" in line for line in lines), lines
     store = Store(good_dir)
-    store.set_restore_pending(str(tmp_path / "ckpt"))
+    store.meta.set_restore_pending(str(tmp_path / "ckpt"))
     store.close()
     with pytest.raises(StorageError, match="holds a restore from .*ckpt that did not finish"):
         Shard(ServerConfig(data_dir=good_dir))
@@ -393,7 +393,7 @@ def test_a_restore_started_over_passes_verify_on_start(tmp_path):
     data = str(tmp_path / "restored")
     Shard(ServerConfig(data_dir=data, restore_dir=ckpt)).close()
     store = Store(data)
-    store.set_restore_pending(ckpt)  # what a stop in the middle of the restore leaves
+    store.meta.set_restore_pending(ckpt)  # what a stop in the middle of the restore leaves
     store.close()
     server = Server(ServerConfig(data_dir=data, restore_dir=ckpt, verify_on_start=True, port=0))  # builds the shard
     try:

@@ -601,7 +601,7 @@ def test_a_close_that_finds_the_disk_full_says_what_recovers_the_unwritten_part(
     of the checkpoint's rows."""
     store = store_module.Store(str(tmp_path / "d"))
     if restoring:
-        store.set_restore_pending("/checkpoints/c1")
+        store.meta.set_restore_pending("/checkpoints/c1")
     store._db = _CloseFindsTheDiskFull(store._db)
     with pytest.raises(DiskFullError) as caught:
         store.close()

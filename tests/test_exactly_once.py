@@ -121,7 +121,7 @@ def test_a_clock_advance_that_failed_after_its_pushes_is_applied_by_the_retry(tm
     def disk_gone(step, advanced_by=None):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(shard.store, "set_clock", disk_gone)
+    monkeypatch.setattr(shard.store.meta, "set_clock", disk_gone)
     with pytest.raises(OSError):
         shard.push_batch([push(A, 1.0)], 3, client=5, client_seq=1)
     monkeypatch.undo()
@@ -204,13 +204,13 @@ def test_a_crash_inside_a_flush_loses_no_acknowledged_push_and_applies_none_twic
     for seq in (1, 2, 3):
         request(seq)
     shard.flush()  # RocksDB holds these rows, the journal is trimmed
-    flushed = shard.store.flushed_seq()
+    flushed = shard.store.meta.flushed_seq()
     for seq in (4, 5, 6):  # dirty rows for the flush that dies
         request(seq)
     crash(shard, during_flush=point, meanwhile=lambda: [request(seq) for seq in (7, 8)])
     store = Store(str(tmp_path))
     try:  # where the crash landed: the journal position the flush covered is recorded only at the last point
-        assert (store.flushed_seq() > flushed) == (point == "position_recorded")
+        assert (store.meta.flushed_seq() > flushed) == (point == "position_recorded")
     finally:
         store.close()
     assert os.listdir(tmp_path / "journal"), "the journal was trimmed"

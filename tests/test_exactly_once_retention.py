@@ -46,7 +46,7 @@ def stored(path) -> tuple[dict, dict, bytes | None]:
     """(applied(), advanced(), the legacy single value) of the data dir's RocksDB (no shard open on it)."""
     store = Store(str(path))
     try:
-        return store.applied(), store.advanced(), store._meta.get(LEGACY_APPLIED)
+        return store.meta.applied(), store.meta.advanced(), store._meta_cf.get(LEGACY_APPLIED)
     finally:
         store.close()
 
@@ -168,13 +168,13 @@ def test_new_clients_refused_by_a_full_table_give_one_warning(servers, caplog):
 def test_a_flush_writes_only_the_entries_changed_since_the_last_one(tmp_path, wall, monkeypatch):
     shard = open_shard(tmp_path)
     written = []
-    set_flushed_seq = shard.store.set_flushed_seq
+    set_flushed_seq = shard.store.meta.set_flushed_seq
 
     def record(seq, changes=None):
         written.append(changes)
         set_flushed_seq(seq, changes)
 
-    monkeypatch.setattr(shard.store, "set_flushed_seq", record)
+    monkeypatch.setattr(shard.store.meta, "set_flushed_seq", record)
     for client in range(1, 201):
         shard.push_batch([push(A[:1], 1.0)], 0, client=client, client_seq=1)
     shard.flush()
@@ -198,9 +198,9 @@ def write_the_old_way(path, table: dict[int, tuple[int, int]]) -> None:
     """Rewrites the data dir's exactly-once table as versions before "applied/" stored it: one JSON value."""
     store = Store(str(path))
     try:
-        for client in list(store.applied()):
-            store._meta.delete(APPLIED_PREFIX + client.to_bytes(8, "big"))
-        store._meta.put(LEGACY_APPLIED, json.dumps({str(c): list(v) for c, v in table.items()}).encode())
+        for client in list(store.meta.applied()):
+            store._meta_cf.delete(APPLIED_PREFIX + client.to_bytes(8, "big"))
+        store._meta_cf.put(LEGACY_APPLIED, json.dumps({str(c): list(v) for c, v in table.items()}).encode())
     finally:
         store.close()
 
@@ -253,12 +253,12 @@ def test_the_table_and_the_store_match_a_dict_model_under_random_notes_flushes_a
                 if rng.random() < 0.2:
                     table.put_back(changes)  # the write failed
                     continue
-                store.set_flushed_seq(op, changes)
+                store.meta.set_flushed_seq(op, changes)
                 held = dict(model)
-                assert store.applied() == held
+                assert store.meta.applied() == held
             else:  # a restart that lost what no flush wrote (a journal's replay would bring it back)
                 table = AppliedTable(retention_s=100.0)
-                table.load(store.applied())
+                table.load(store.meta.applied())
                 model = dict(held)
             assert dict(table) == {c: e[:2] for c, e in model.items()}
             assert all(table.entry(c).used_s == e[2] for c, e in model.items())
@@ -300,9 +300,9 @@ def test_a_client_in_both_the_old_value_and_a_key_keeps_the_newer_request(tmp_pa
     upgrade again): per client the newer (client_seq, parts) of the two holds, whichever place has it."""
     store = Store(str(tmp_path))
     try:
-        store._meta.put(APPLIED_PREFIX + (7).to_bytes(8, "big"), APPLIED_VALUE.pack(3, 1, 100))
-        store._meta.put(APPLIED_PREFIX + (8).to_bytes(8, "big"), APPLIED_VALUE.pack(9, 2, 100))
-        store._meta.put(LEGACY_APPLIED, json.dumps({"7": [9, 2], "8": [3, 1], "5": [1, 1]}).encode())
-        assert store.applied() == {7: (9, 2, None), 8: (9, 2, 100.0), 5: (1, 1, None)}
+        store._meta_cf.put(APPLIED_PREFIX + (7).to_bytes(8, "big"), APPLIED_VALUE.pack(3, 1, 100))
+        store._meta_cf.put(APPLIED_PREFIX + (8).to_bytes(8, "big"), APPLIED_VALUE.pack(9, 2, 100))
+        store._meta_cf.put(LEGACY_APPLIED, json.dumps({"7": [9, 2], "8": [3, 1], "5": [1, 1]}).encode())
+        assert store.meta.applied() == {7: (9, 2, None), 8: (9, 2, 100.0), 5: (1, 1, None)}
     finally:
         store.close()

@@ -99,7 +99,7 @@ def test_a_clock_advance_out_of_range_is_refused_and_the_shard_works_on_across_a
 def test_a_saved_clock_out_of_range_is_refused_at_start_with_a_clear_error(tmp_path, serve):
     server, stub = serve()
     stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=7), timeout=TIMEOUT_S)
-    server.shard.store.set_clock(2**64 + 5)  # as a server that took any advance left its data dir
+    server.shard.store.meta.set_clock(2**64 + 5)  # as a server that took any advance left its data dir
     server.stop(grace_s=1)
     # no --stop-with-stdin with stdin closed: that would stop the start before its refusal (a server that did
     # start would run into the timeout, failing the test)
@@ -143,12 +143,12 @@ def test_a_clock_that_cannot_be_stored_is_not_kept(serve, monkeypatch):
     def disk_gone(step: int, advanced_by=None) -> None:
         raise OSError("disk gone")
 
-    monkeypatch.setattr(store, "set_clock", disk_gone)
+    monkeypatch.setattr(store.meta, "set_clock", disk_gone)
     code, _ = refused(stub.AdvanceClock, ps_pb2.AdvanceClockRequest(steps=5))
     assert code == grpc.StatusCode.INTERNAL and clock(stub) == 0
     monkeypatch.undo()
     assert stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=1), timeout=TIMEOUT_S).step == 1
-    assert store.clock() == 1
+    assert store.meta.clock() == 1
 
 
 def test_shows_and_clicks_past_2_24_per_id_are_refused(serve):

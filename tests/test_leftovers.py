@@ -60,7 +60,7 @@ def held(path, how: int = fcntl.LOCK_SH) -> int:
 def test_a_servers_start_removes_the_temporary_side_files_a_killed_server_left_and_nothing_else(tmp_path, caplog):
     data = tmp_path / "data"
     store = Store(str(data), shard=(0, 1))
-    store.check_identity(0, 1)
+    store.meta.check_identity(0, 1)
     store.close()
     write(data / "shard.json.ab_c1234.tmp", 40)  # tempfile.mkstemp's names, as write_json makes them
     write(data / "journal-mark.json.zz9y8x7w.tmp", 25)
@@ -69,7 +69,7 @@ def test_a_servers_start_removes_the_temporary_side_files_a_killed_server_left_a
     write(data / "shard.json.tmp", 5)  # not write_json's pattern
     caplog.set_level("INFO", LOGGER)
     store = Store(str(data), shard=(0, 1))
-    store.check_identity(0, 1)
+    store.meta.check_identity(0, 1)
     store.close()
     names = set(os.listdir(data))
     assert "shard.json.ab_c1234.tmp" not in names and "journal-mark.json.zz9y8x7w.tmp" not in names

@@ -30,19 +30,19 @@ def test_keys_are_table_slot_then_id_big_endian_and_sort_numerically():
 def test_rows_tables_and_counts_survive_reopen(tmp_path):
     cfg = TableConfig("emb", 3, optimizer=OptimizerConfig("sgd", 1.0))
     s = Store(str(tmp_path))
-    s.check_identity(1, 4)
+    s.meta.check_identity(1, 4)
     s.create_table(cfg)
     ids = np.array([5, 0, 2**64 - 1], dtype=np.uint64)
     rows = np.arange(3 * 6, dtype=np.float32).reshape(3, 6)  # width 6: 2 floats + 4 statistics
     complete = np.array([True, True, False])  # the last id is not admitted: statistics only
     counts = {"admitted": 2, "pending": 1}
     s.put_rows("emb", ids, rows, np.array([7, 8, 2**64 - 1], dtype=np.uint64), complete, counts)
-    s.set_flushed_seq(42)
+    s.meta.set_flushed_seq(42)
     s.close()
     s = Store(str(tmp_path))
-    s.check_identity(1, 4)
+    s.meta.check_identity(1, 4)
     assert s.load_tables() == [cfg]
-    assert s.counts("emb") == {**counts, "trained": True} and s.flushed_seq() == 42  # a value without the flag
+    assert s.counts("emb") == {**counts, "trained": True} and s.meta.flushed_seq() == 42  # a value without the flag
     found, got, lsn, full = s.get_rows("emb", np.array([0, 7, 5, 2**64 - 1], dtype=np.uint64), 6)
     assert found.tolist() == [True, False, True, True] and full.tolist() == [True, True, False]
     assert np.array_equal(got[:2], rows[[1, 0]]) and lsn.tolist() == [8, 7, 2**64 - 1]
@@ -52,7 +52,7 @@ def test_rows_tables_and_counts_survive_reopen(tmp_path):
         StorageError,
         match="belongs to shard 1 of 4.*started as shard 0 of 2: start it with --shard-id 1 --num-shards 4, or",
     ):
-        s.check_identity(0, 2)
+        s.meta.check_identity(0, 2)
     s.put_rows("emb", ids[:0], rows[:0], lsn[:0], complete[:0], {"admitted": 1, "pending": 1}, delete=ids[:1])
     assert s.get_rows("emb", ids[:1], 6)[0].tolist() == [False] and s.counts("emb")["admitted"] == 1
     s.close()
@@ -121,7 +121,7 @@ def test_multi_get_reads_in_order_across_calls_and_threads(tmp_path, monkeypatch
     monkeypatch.setattr(options_module, "MAX_KEYS_PER_GET", 7)
     monkeypatch.setattr(options_module, "MIN_KEYS_PER_READER", 10)
     s = Store(str(tmp_path), read_threads=read_threads, index_in_cache=True)
-    s.check_identity(0, 1)
+    s.meta.check_identity(0, 1)
     s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
     stored = np.arange(0, 200, 3, dtype=np.uint64)  # every third id
     rows = np.repeat(stored.astype(np.float32)[:, None], 6, axis=1)
@@ -163,7 +163,7 @@ def test_every_memtable_keeps_a_bloom_filter_of_its_keys(tmp_path, bounded):
     """Each column family's memtables keep a whole-key Bloom filter (reads skip a memtable that lacks the key),
     and a row still in the memtable is read back: the filter answers no false "absent"."""
     s = Store(str(tmp_path), index_in_cache=bounded)
-    s.check_identity(0, 1)
+    s.meta.check_identity(0, 1)
     s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))  # rows of 6 floats
     ids = np.arange(0, 3000, 3, dtype=np.uint64)
     rows = np.repeat(ids.astype(np.float32)[:, None], 6, axis=1)
@@ -193,7 +193,7 @@ def test_rocksdbs_text_log_rolls_over_by_size_while_the_store_stays_open(tmp_pat
     limit = 64 << 10
     monkeypatch.setattr(options_module, "INFO_LOG_BYTES", limit)
     s = Store(str(tmp_path))
-    s.check_identity(0, 1)
+    s.meta.check_identity(0, 1)
     s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
     ids = np.arange(100, dtype=np.uint64)
     try:
@@ -210,18 +210,18 @@ def test_rocksdbs_text_log_rolls_over_by_size_while_the_store_stays_open(tmp_pat
 
 def test_a_data_dir_keeps_the_first_cluster_name_it_runs_with(tmp_path):
     s = Store(str(tmp_path))
-    assert not s.check_cluster("")  # unnamed: nothing to record, so a name may come later
-    assert s.check_cluster("prod") and s.check_cluster("staging")  # any name, not recorded until record_cluster
-    s.record_cluster("prod")
-    assert not s.check_cluster("prod")
+    assert not s.meta.check_cluster("")  # unnamed: nothing to record, so a name may come later
+    assert s.meta.check_cluster("prod") and s.meta.check_cluster("staging")  # any name, unrecorded till record_cluster
+    s.meta.record_cluster("prod")
+    assert not s.meta.check_cluster("prod")
     for other, said in (("staging", "--cluster 'staging'"), ("", "no --cluster")):
         with pytest.raises(StorageError, match=f"belongs to cluster 'prod', but this server was started with {said}"):
-            s.check_cluster(other)
+            s.meta.check_cluster(other)
     s.close()
     s = Store(str(tmp_path))
     with pytest.raises(StorageError, match="start it with --cluster prod"):
-        s.check_cluster("staging")
-    assert not s.check_cluster("prod")
+        s.meta.check_cluster("staging")
+    assert not s.meta.check_cluster("prod")
     s.close()
 
 
@@ -229,7 +229,7 @@ def test_copies_of_the_shard_record_that_disagree_are_said_to_before_the_flags_a
     """shard.json edited to another shard: whichever shard the server is started as, the refusal says that the
     two copies disagree (one is damaged), not that the dir belongs to the shard its damaged copy names."""
     s = Store(str(tmp_path), shard=(0, 1))
-    s.check_identity(0, 1)
+    s.meta.check_identity(0, 1)
     s.close()
     identity = tmp_path / "shard.json"
     record = json.loads(identity.read_text())
@@ -237,19 +237,19 @@ def test_copies_of_the_shard_record_that_disagree_are_said_to_before_the_flags_a
     for shard in ((0, 1), (1, 2), (0, 2)):
         with pytest.raises(DataLossError, match=r"shard.json says shard 1 of 2 \(num_slots \d+\) and RocksDB says shard 0 of 1 .*; one copy "
                            "is damaged"):  # fmt: skip
-            Store(str(tmp_path), shard=shard).check_identity(*shard)
+            Store(str(tmp_path), shard=shard).meta.check_identity(*shard)
 
 
 def test_copies_of_the_shard_record_that_differ_only_in_a_field_it_does_not_print_name_it(tmp_path):
     """shard.json with an extra key reads as the same shard as RocksDB's copy: the refusal names the field that
     differs, so that the operator sees what is wrong."""
     s = Store(str(tmp_path), shard=(0, 1))
-    s.check_identity(0, 1)
+    s.meta.check_identity(0, 1)
     s.close()
     identity = tmp_path / "shard.json"
     identity.write_text(json.dumps({**json.loads(identity.read_text()), "x": 1}))
     with pytest.raises(DataLossError, match=r"\(x: 1 in shard.json, absent in RocksDB\); one copy is damaged"):
-        Store(str(tmp_path), shard=(0, 1)).check_identity(0, 1)
+        Store(str(tmp_path), shard=(0, 1)).meta.check_identity(0, 1)
 
 
 class Killed(BaseException):
@@ -260,7 +260,7 @@ def test_a_restores_record_and_its_new_state_id_are_written_together_or_not_at_a
     """set_restored: the process killed after its first RocksDB write finds, reopened, either the old state id
     and no "restored" record or the new id with the record; never a new id without its record."""
     s = Store(str(tmp_path))
-    before = s.state_id()
+    before = s.meta.state_id()
     writes = []
 
     class KilledAfterOneWrite:
@@ -280,18 +280,18 @@ def test_a_restores_record_and_its_new_state_id_are_written_together_or_not_at_a
 
             return write
 
-    db, meta = s._db, s._meta
-    s._db, s._meta = KilledAfterOneWrite(db), KilledAfterOneWrite(meta)
+    db, meta = s.meta._db, s.meta._cf
+    s.meta._db, s.meta._cf = KilledAfterOneWrite(db), KilledAfterOneWrite(meta)
     try:
-        s.set_restored("/checkpoints/c1", "ab" * 32)
+        s.meta.set_restored("/checkpoints/c1", "ab" * 32)
     except Killed:
         pass
-    s._db, s._meta = db, meta
+    s.meta._db, s.meta._cf = db, meta
     del db, meta  # a column family held open keeps RocksDB's LOCK past close
     assert writes  # set_restored wrote something
     s.close()
     s = Store(str(tmp_path))
-    restored, now = s.restored(), s.state_id()
+    restored, now = s.meta.restored(), s.meta.state_id()
     s.close()
     assert (restored, now == before) in ((None, True), ({"checkpoint": "/checkpoints/c1", "sha256": "ab" * 32}, False))
     assert restored is not None  # a single write: it went through whole
@@ -301,7 +301,7 @@ def test_a_table_whose_config_is_gone_is_data_loss(tmp_path):
     s = Store(str(tmp_path))
     try:
         s.create_table(TableConfig("emb", 2))
-        s._meta.delete(b"table/emb")  # as damage would lose it under a running server
+        s._meta_cf.delete(b"table/emb")  # as damage would lose it under a running server
         with pytest.raises(DataLossError) as failed:
             s.disk_bytes("emb")
         assert str(failed.value) == (
@@ -338,7 +338,7 @@ def test_a_read_of_the_table_numbers_that_races_a_create_keeps_the_new_tables_nu
         go.set()
         reader.join(30)
         creator.join(30)
-        assert s._meta.get(b"tid/b") == b"1"
+        assert s._meta_cf.get(b"tid/b") == b"1"
         assert s.table_number("b") == 1
         s.create_table(TableConfig("c", 4))
         assert s.table_number("c") == 2

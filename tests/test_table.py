@@ -180,8 +180,8 @@ def test_rows_written_back_before_a_flush_say_which_journal_records_were_written
     for k in range(20):  # evict hot (written back with the seq of its last push) and the rows after it
         shard.push("t", np.arange(1000 + 10 * k, 1010 + 10 * k, dtype=np.uint64), np.ones((10, 3), np.float32))
     shard.store.drain()  # every row handed to the write-behind is in RocksDB: the crash loses none of them
-    written = shard.store.written_seq()
-    assert written >= 5 and shard.store.flushed_seq() == 0
+    written = shard.store.meta.written_seq()
+    assert written >= 5 and shard.store.meta.flushed_seq() == 0
     crash(shard)
     if loss == "journal and mark deleted":
         shutil.rmtree(tmp_path / "journal")

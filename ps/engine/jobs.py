@@ -159,7 +159,7 @@ class JobClocks:
         applied (0: none), in part or whole; for sync_key(job), the newest sync step (+ 1) it holds. threads: the
         server's RPC threads (0: no limit on waits); max_count: a push's shows (and clicks) per id at most.
         done_store: (done(job, num_workers) -> the workers stored as done, store(job, num_workers, done workers)),
-        the durable record of done workers (ps.storage.store's job_done); None: done flags in memory only.
+        the durable record of done workers (ps.storage.shardmeta's job_done); None: done flags in memory only.
         sync_step_bytes: the `sync_steps` part of --memory-bytes (ps.storage.memory; 0: no bound), which the sync
         steps' contributions and their sums' copies may take (syncsum.step_cost)."""
         self.shard_id = shard_id

@@ -152,7 +152,7 @@ def check_store(
     of rows it writes: a stop leaves the dir marked as an unfinished restore, which the next start with the same
     --restore starts over. Returns (whether this start restored the dir, the table configs it holds now). The
     store's shard and cluster are checked before (Shard._start)."""
-    pending = store.restore_pending()
+    pending = store.meta.restore_pending()
     if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
         manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
         check_room_for(memory, manifest, config.restore_dir)
@@ -207,7 +207,7 @@ def _restored_already(store: Store, config: ServerConfig, checkpoint: str) -> bo
     """True (logged) when this dir was restored from that checkpoint (the same manifest) before, whether or not it
     holds tables: a restart with --restore still given (PS_RESTORE kept in a container's environment) starts on what the
     dir holds."""
-    done = store.restored()
+    done = store.meta.restored()
     if done is None:
         return False
     try:
@@ -261,13 +261,13 @@ def replay(
     The journal refuses records missing or damaged below its mark unless accept_loss; a loss so accepted
     (journal.losses) must be flushed at once by the caller, as must the records applied, so that RocksDB's flushed
     position passes them and the next start does not find them again."""
-    after = store.flushed_seq()
+    after = store.meta.flushed_seq()
     records = rows = step = 0
     t0 = time.monotonic()
     said = t0
     read = lambda: journal.replay_bytes[0] / max(1, journal.replay_bytes[1])
     progress.enter("replaying", read)
-    written = store.written_seq()  # rows written back before a flush hold pushes up to it
+    written = store.meta.written_seq()  # rows written back before a flush hold pushes up to it
     for rec in journal.replay(after, accept_loss=accept_loss, rows_seq=written):
         progress.check()  # between records: a stop leaves them all to the next start's replay
         if not records:

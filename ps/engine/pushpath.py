@@ -4,7 +4,7 @@ A PushBatch (push_batch) is validated whole, its clock advance reserved, its pus
 the shard's apply_push, journaled with (client, client_seq, its index)), then the clock advanced. Exactly once: the
 journal's `applied` table (ps.storage.applied) holds each client's newest request and how many of its pushes are
 applied; the advance notes (`advanced`: client -> its newest request whose clock advance is applied, stored with
-the clock by Store.set_clock) say which requests are applied whole. One request of a client runs at a time (its
+the clock by ShardMeta.set_clock) say which requests are applied whole. One request of a client runs at a time (its
 client lock). Every change of the clock, the reservations, the notes and the client locks' table happens under
 the shard's lock (`lock`, the one Shard holds for its tables too), held only around those changes.
 """
@@ -63,7 +63,7 @@ class PushPath:
         # client -> its newest request whose clock advance is applied; such a request is applied whole (the
         # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
         # entries go with the clients' `applied` entries (forget_advances)
-        self.advanced: dict[int, int] = store.advanced()
+        self.advanced: dict[int, int] = store.meta.advanced()
 
     def replayed_to(self, step: int) -> None:
         """The clock after the journal's replay at start: at least the newest replayed record's step."""
@@ -95,7 +95,7 @@ class PushPath:
         older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
         client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still runs
         waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of
-        a request is stored together with the note that this request made it (Store.set_clock), so a retry
+        a request is stored together with the note that this request made it (ShardMeta.set_clock), so a retry
         advances the clock if and only if no attempt before did, across restarts too, and a request whose advance is
         applied is applied whole (its pushes came before it): a retry of it applies nothing and says so, even after
         a restart that found no journal record of its pushes without ids. A request whose pushes carry no ids (or a
@@ -240,7 +240,7 @@ class PushPath:
     def _set_clock(self, clock: int, advanced_by: tuple[int, int] | None = None) -> int:
         """Stores the clock (and, given advanced_by = (client, client_seq), that this request advanced it), then
         sets it (so a failed write leaves it as it was); lock held."""
-        self._store.set_clock(clock, advanced_by)
+        self._store.meta.set_clock(clock, advanced_by)
         self.clock = clock
         if advanced_by is not None:
             self.advanced[advanced_by[0]] = advanced_by[1]
@@ -269,7 +269,7 @@ class PushPath:
         with self._lock:  # as set_clock, which writes these notes
             gone = [c for c, seq in dropped.items() if c in self.advanced and self.advanced[c] <= seq]
             if gone:
-                self._store.forget_advanced(gone)
+                self._store.meta.forget_advanced(gone)
                 for c in gone:
                     del self.advanced[c]
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def check_restored(store: Store) -> None:
     """StorageError if a restore into this store started and did not finish (a crash or a stop in the middle)."""
-    pending = store.restore_pending()
+    pending = store.meta.restore_pending()
     if pending:
         raise StorageError(f"data dir {store.path} holds a restore from {pending} that did not finish; start with "
                            f"--restore {pending} to start it over (what it copied is deleted first), or delete the "
@@ -66,7 +66,7 @@ def restore_into(
     fails too does the mark stay (the error says so, and check_restored what to do)."""
     check_restored(store)
     manifest = manifest if manifest is not None else read_manifest(directory)
-    store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
+    store.meta.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
     tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
     for cfg in tables:
         store.create_table(cfg)
@@ -83,10 +83,10 @@ def restore_into(
         for name, counts in copied.items():
             for k, v in counts.items():
                 rows[name][k] += v
-    store.set_clock(int(manifest["clock"]))
+    store.meta.set_clock(int(manifest["clock"]))
     store.flush()
-    store.set_restored(os.path.abspath(directory), manifest["sha256"])
-    store.set_restore_pending(None)
+    store.meta.set_restored(os.path.abspath(directory), manifest["sha256"])
+    store.meta.set_restore_pending(None)
     store.flush()
     return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}
 

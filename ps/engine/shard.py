@@ -139,8 +139,8 @@ class Shard:
         requests and the journal replay, the job clocks; the cluster's name recorded last (a start refused before
         leaves it unnamed)."""
         config = self.config
-        self.store.check_identity(config.shard_id, config.num_shards)
-        unnamed = self.store.check_cluster(config.cluster)  # recorded last: a start refused leaves the dir unnamed
+        self.store.meta.check_identity(config.shard_id, config.num_shards)
+        unnamed = self.store.meta.check_cluster(config.cluster)  # recorded last: a start refused leaves the dir unnamed
         self.restored_now, stored = check_store(self.store, config, self.memory, manifest, self._progress)
         self.budget = new_budget(self.memory)
         self.journal = open_journal(config, self.memory)
@@ -152,11 +152,11 @@ class Shard:
         self._load_requests()
         self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                               config.threads, MAX_COUNT_PER_ID,
-                              done_store=(self.store.job_done, self.store.set_job_done),
+                              done_store=(self.store.meta.job_done, self.store.meta.set_job_done),
                               sync_step_bytes=self.memory.sync_step_bytes)  # fmt: skip
         if unnamed:
-            self.store.record_cluster(config.cluster)
-        self.state_id = self.store.state_id()  # drawn for a new dir, and again by a restore
+            self.store.meta.record_cluster(config.cluster)
+        self.state_id = self.store.meta.state_id()  # drawn for a new dir, and again by a restore
 
     @property
     def saving_checkpoint(self) -> bool:
@@ -171,8 +171,8 @@ class Shard:
     def _load_requests(self) -> None:
         """Reads the clock and the clients' applied requests (the push path's, with its advance notes), then replays
         the journal past what RocksDB holds."""
-        clock = self.store.clock()
-        self.journal.applied.load(self.store.applied())  # client requests applied before the last flush
+        clock = self.store.meta.clock()
+        self.journal.applied.load(self.store.meta.applied())  # client requests applied before the last flush
         self.pushes = PushPath(self.shard_id, self._lock, self.store, self.journal, self.room,
                                lambda push: self.check_push(push),
                                lambda checked, origin: self.apply_push(checked, origin), clock)  # fmt: skip
@@ -563,7 +563,7 @@ class Shard:
                 broken = self.broken or next((t.broken for t in tables if t.broken), "")
                 if broken:  # a push journaled before the mark broke its table since: the journal must keep it
                     raise ShardNeedsRestartError(broken)
-                self.store.set_flushed_seq(covered, changes)
+                self.store.meta.set_flushed_seq(covered, changes)
             except BaseException:
                 self.journal.applied.put_back(changes)  # written by the next flush
                 raise
@@ -600,7 +600,7 @@ class Shard:
         read it, so the model state the client trains on is not here. Nothing is applied."""
         if not seen or seen == self.state_id:
             return
-        restored = self.store.restored()
+        restored = self.store.meta.restored()
         how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
         raise ModelStateReplacedError(
             f"shard {self.shard_id} {MODEL_STATE_REPLACED} (state id "

@@ -32,7 +32,7 @@ def describe_start(store: Store, restored_from: str, tables: Mapping[str, Table]
 
 def restore_stats(store: Store) -> dict[str, str]:
     """The checkpoint the data dir was restored from (path and manifest sha256; empty: never restored)."""
-    done = store.restored() or {}
+    done = store.meta.restored() or {}
     return {"restored_from": done.get("checkpoint", ""), "restored_sha256": done.get("sha256", "")}
 
 

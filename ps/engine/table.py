@@ -345,7 +345,7 @@ class Table:
                     rows[ram] = self.arena.data[in_ram[ram], : self.width]
                     lsn[ram] = self.arena.lsn[in_ram[ram]]
                     complete[ram] = rows[ram, self.stats_col + ADMITTED] > 0
-                flushed = self.store.flushed_seq()
+                flushed = self.store.meta.flushed_seq()
                 drop, written = shrink_chunk(self.cfg.eviction, self.stats_col, rows, lsn, clock, flushed)
                 if drop.any() or written.any():  # else the chunk is as it was: not even its counts are written
                     self.writer.write_shrink(ids, rows, lsn, complete, in_ram, drop, written)

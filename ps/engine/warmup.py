@@ -59,7 +59,7 @@ def warm_up(stop: StopFlag | None = None) -> bool:
             store = Store(os.path.join(tmp, "rows"), block_cache_bytes=SCRATCH_BYTES, write_buffer_bytes=SCRATCH_BYTES)
             journal = Journal(os.path.join(tmp, "journal"), segment_bytes=SCRATCH_BYTES)
             try:
-                store.check_identity(0, 1)
+                store.meta.check_identity(0, 1)
                 for _ in journal.replay(0):  # a new journal: nothing to replay; appends may follow
                     pass
                 cfg = TableConfig("warm-up", DIM).normalized()

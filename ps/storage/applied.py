@@ -25,7 +25,7 @@ cause that for every other client. The risk of refusing: such a caller (or a bug
 request) keeps new clients out, loudly, until the entries it made are REQUEST_RETENTION_S old.
 
 Persistence. The journal rebuilds the table from its records at replay, and RocksDB keeps it as of each flush:
-take_changes() returns the entries changed and dropped since the last call (ps.storage.store.Store
+take_changes() returns the entries changed and dropped since the last call (ps.storage.shardmeta.ShardMeta
 set_flushed_seq writes just those, one key per client), and put_back() hands them back after a write that
 failed. So a flush costs what changed, not the table's size.
 

@@ -137,7 +137,7 @@ def copies_disagree(in_file: dict, in_db: dict) -> DataLossError:
 
 
 def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int] | None) -> None:
-    """The refusals of Store.check_identity that a read-only open can find: the dir belongs to another shard
+    """The refusals of ShardMeta.check_identity that a read-only open can find: the dir belongs to another shard
     than `shard` (by shard.json), or RocksDB lost its shard record. A read-write open of a RocksDB whose MANIFEST
     lost its latest edits deletes every SST file the MANIFEST no longer lists, so the refusal must come before
     it. Copies that disagree with each other are said to before either is compared with `shard`. A RocksDB that

@@ -133,9 +133,10 @@ class Journal:
     def replay(self, after_seq: int, accept_loss: bool = False, rows_seq: int = 0) -> Iterator[Record]:
         """Yields the intact records with seq > after_seq (the last one RocksDB holds), in order; afterwards
         appends continue past them, past the mark and past rows_seq, and the mark is kept from now on. rows_seq:
-        the largest lsn of a row RocksDB holds (ps.storage.store.Store.written_seq): that record was written, as
-        every one before it, like those up to the mark (a row written back before a flush can hold a push the
-        mark does not cover yet); a new push must get a seq above it, or a later replay would skip it on that row.
+        the largest lsn of a row RocksDB holds (ps.storage.shardmeta.ShardMeta.written_seq): that record was
+        written, as every one before it, like those up to the mark (a row written back before a flush can hold a
+        push the mark does not cover yet); a new push must get a seq above it, or a later replay would skip it on
+        that row.
 
         A bad record that the replay rule (ps.storage.journalreplay) takes for the torn end of a crash is cut off,
         with the zeros after it. Any other bad record raises JournalCorruptError, and a record missing up to the

@@ -2,8 +2,8 @@
 per key or key prefix), and meta_value, which reads a stored value by it, raising damage where it does not read.
 
 Keys are bytes; a name is UTF-8 (a key of a table whose name is not is damaged), "decimal" an ASCII decimal
-integer < 2^64. In parentheses, what writes each value (a method of ps.storage.store.Store unless another module is
-named).
+integer < 2^64. In parentheses, what writes each value: a method of ps.storage.store.Store for the keys of a table
+("table/", "tid/", "count/"), of ps.storage.shardmeta.ShardMeta for the others, unless another module is named.
     column family "meta", key -> value:
         "shard"                  -> JSON {"shard_id": i, "num_shards": n, "num_slots": s}   (check_identity, synced,
                                     at the first start; shard.json beside RocksDB holds a copy)
@@ -22,10 +22,10 @@ named).
                                     is applied   (set_clock: with the clock it set, in one batch; deleted once
                                     the client's "applied/" entry is dropped: forget_advanced)
         "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
-        "lsn_high"               -> decimal: the largest lsn of a row written so far   (in the batch of the write of
-                                    rows that raised it: written_seq): every journal record <= it was written, so
-                                    replay requires the records after flushed_seq up to it, and appends go on
-                                    past it (ps.storage.journal)
+        "lsn_high"               -> decimal: the largest lsn of a row written so far   (lsn_high_raised, in the
+                                    batch of the write of rows that raised it; read by written_seq): every journal
+                                    record <= it was written, so replay requires the records after flushed_seq up
+                                    to it, and appends go on past it (ps.storage.journal)
         "applied/" client:u64be  -> client_seq:u64le parts:u32le used_s:u64le   (20 bytes, APPLIED_VALUE): that
                                     client's entry of the journal's `applied` table (ps.storage.applied) as of
                                     flushed_seq: its newest request, how many of its pushes are applied, and when

@@ -3,7 +3,7 @@
 Two small JSON files beside RocksDB's files, each replaced whole (written to a temporary file, fsynced, renamed
 over the old one), so a reader finds the old content or the new, never a mix:
     shard.json          {"shard_id": i, "num_shards": n, "num_slots": s}  the shard's identity; RocksDB's meta
-                        column family holds the same record (ps.storage.store.Store.check_identity)
+                        column family holds the same record (ps.storage.shardmeta.ShardMeta.check_identity)
     journal-mark.json   {"written_seq": k}  every journal record <= k was written whole to the journal, so its
                         push may have been acknowledged: none of them may be missing at start-up
                         (ps.storage.journal.Journal.replay); written at the first start on a data dir (0), then

@@ -1,9 +1,11 @@
-"""Store: one shard's RocksDB (via rocksdict), the system of record.
+"""Store: one shard's RocksDB (via rocksdict), the system of record: its open and close, and every table's config,
+number, counts and rows; the shard's own records in it are its ShardMeta's (Store.meta, ps.storage.shardmeta).
 
 Layout, one RocksDB per server data dir. Keys are bytes.
-    column family "meta": the shard record, the cluster name, each table's config, number and row counts, the
-    clock, the journal's flushed position and its exactly-once table, the restore marks, the state id and the done
-    workers of a job, each under its key (ps.storage.meta has their grammar, and reads each value by it)
+    column family "meta": each table's config, number and row counts (the Store's), and the shard record, the
+    cluster name, the clock, the journal's flushed position and its exactly-once table, the restore marks, the state
+    id and the done workers of a job (ShardMeta's), each under its key (ps.storage.meta has their grammar, and reads
+    each value by it)
     column family "rows": every table's rows, each under key table:u32be slot:u16be id:u64be, its value the row's
     floats and the lsn of the last push applied to it (ps.storage.rowformat has their grammar)
 Every table's rows share the one "rows" column family: RocksDB rewrites and re-reads its OPTIONS file, which lists
@@ -26,10 +28,6 @@ from __future__ import annotations
 import bisect
 import functools
 import json
-import logging
-import math
-import os
-import secrets
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -52,16 +50,10 @@ from ps.errors import (
 )
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of, stored_sizes
 from ps.sharding import NUM_SLOTS, slot_of
-from ps.storage.applied import AppliedChanges
 from ps.storage.checkpointread import admitted_counts
 from ps.storage.datadir import (
-    RESTORE_DIR,
-    belongs_elsewhere,
     checked_entries,
-    copies_disagree,
     damaged_dir,
-    identity,
-    lost_shard_record,
     open_rocksdb,
     rocksdb_errors,
     stored_meta,
@@ -72,11 +64,7 @@ from ps.storage.memory import (
     DEFAULT_WRITE_BUFFER_BYTES,
 )
 from ps.storage.meta import (
-    ADVANCED_PREFIX,
-    APPLIED_PREFIX,
-    APPLIED_VALUE,
     COUNT_PREFIX,
-    LEGACY_APPLIED,
     MAX_TABLE_NUMBER,
     META_CF,
     TABLE_CONFIG_PREFIX,
@@ -112,30 +100,13 @@ from ps.storage.rowformat import (
     unpacked_rows,
     value_dtype,
 )
-from ps.storage.sidefiles import (
-    IDENTITY_FIELDS,
-    IDENTITY_FILE,
-    read_json,
-    remove_temporary_files,
-    write_json,
-)
+from ps.storage.shardmeta import ShardMeta
+from ps.storage.sidefiles import remove_temporary_files
 from ps.storage.writebehind import PendingBatch, WriteBehind
-
-log = logging.getLogger(__name__)
 
 # what Store.rows_of_no_table's rows are where every table's number reads: said by verify, a start and number_for
 LOST_TABLE_ROWS = ("the rows of a table whose meta keys table/<name> and tid/<name> were lost. No request reads them "
                    "and no new table takes their numbers")  # fmt: skip
-JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remedy, and verify's note
-    "the record only spares a restarted shard its waits for the finished workers of the job it follows, so there is "
-    "nothing to restore: a worker that finished before the shard's start is waited for, and the record is written "
-    "anew at the job's next done stamp"
-)
-
-
-def _drawn_state_id() -> bytes:
-    """A new "state_id" value as stored: a random int in [1, 2^63), in decimal."""
-    return str(secrets.randbits(63) or 1).encode()
 
 
 class Store:
@@ -147,24 +118,23 @@ class Store:
                  write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES, index_in_cache: bool = False,
                  mmap_reads: bool = False, shard: tuple[int, int] | None = None):  # fmt: skip
         """shard: (shard_id, num_shards) this store is opened as, checked against the dir's shard.json before
-        RocksDB is opened read-write (check_identity checks the rest). read_threads: a multi_get of many keys is
-        split over this many threads (RocksDB reads without Python's lock). write_behind_bytes: the bound of rows
+        RocksDB is opened read-write (meta.check_identity checks the rest). read_threads: a multi_get of many keys
+        is split over this many threads (RocksDB reads without Python's lock). write_behind_bytes: the bound of rows
         written in the background (put_rows(background=)). direct_reads, write_buffer_bytes, index_in_cache,
-        mmap_reads: see rocksdb_options. A dir this user may not write is a PermissionError (RocksDB's refusal to
-        open it), which ps.engine.opening.start_error says as such."""
+        mmap_reads: see rocksdb_options. sync: whether writes are synced (--sync; the ones a restart must find
+        whatever it says always are). A dir this user may not write is a PermissionError (RocksDB's refusal to open
+        it), which ps.engine.opening.start_error says as such."""
         entries = checked_entries(path)
         self.path = path
         self.created = "CURRENT" not in entries  # a new data dir: no RocksDB was there
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
         self._db = open_rocksdb(path, self._opts, entries, shard)
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
-        self._meta = self._db.get_column_family(META_CF)
-        self._lsn_lock = threading.Lock()  # _write_rows's, of every writer: lsn_high only grows
+        self._meta_cf = self._db.get_column_family(META_CF)  # the tables' keys in it; the rest are self.meta's
         self._numbers_lock = threading.RLock()  # _table_numbers' and create_table's (see _numbers)
-        self._lsn_high: int | None = None  # "lsn_high", read by the first written_seq()
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
-        self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says: identity, marks
+        self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says
         self._synced.sync = True
         self._rocksdb = functools.partial(rocksdb_errors, path)  # RocksDB's errors said as ours, naming the dir
         self._damaged = functools.partial(damaged_dir, path)  # a value of the dir that does not read
@@ -176,63 +146,19 @@ class Store:
         )
         self.foreground = Foreground()  # the shard's requests in progress: background writes wait for a pause
         self._behind = WriteBehind(self._write_pending, write_behind_bytes, self.foreground)
+        self.meta = ShardMeta(self._db, path, sync, self.drain)  # the shard's records that are no table's
 
-    # ---- shard identity and table configs -------------------------------------------------------------
-    def check_identity(self, shard_id: int, num_shards: int) -> None:
-        """Records (shard_id, num_shards) on first use, in RocksDB (synced) and then in shard.json beside it.
-        StorageError if the data dir belongs to another shard, if the two copies disagree, or if shard.json is
-        there and RocksDB's copy is not (RocksDB lost its latest writes). A missing shard.json is written again
-        from RocksDB's copy."""
-        want = identity((shard_id, num_shards))
-        file_path = os.path.join(self.path, IDENTITY_FILE)
-        in_file = read_json(file_path, IDENTITY_FIELDS)
-        in_db = self._meta_get(b"shard", "reading the shard record")
-        if in_file is not None and in_db is not None and in_file != in_db:
-            raise copies_disagree(in_file, in_db)
-        have = in_db or in_file
-        if have is not None and have != want:
-            raise belongs_elsewhere(self.path, have, want)
-        if in_db is None and in_file is not None:
-            raise lost_shard_record(in_file)
-        if in_db is None:
-            with self._rocksdb("recording the shard record", "nothing was recorded"):
-                self._meta.put(b"shard", json.dumps(want).encode(), self._synced)
-        if in_file is None:
-            if in_db is not None:
-                log.warning("%s was missing; written again from RocksDB's copy of the shard record", file_path)
-            write_json(file_path, want, sync_dir=True)
+    def _meta_get(self, key: bytes, doing: str, default: Any = None) -> Any:
+        return stored_meta(self._meta_cf, self.path, key, doing, default)
 
-    def check_cluster(self, cluster: str) -> bool:
-        """StorageError if the dir recorded another --cluster name than `cluster`, an empty one included; a dir that
-        never ran with a name takes any. Returns whether `cluster` is still to be recorded (record_cluster): a name
-        given to a dir that has none."""
-        have = self._meta_get(b"cluster", "reading the cluster name", "")
-        if have and have != cluster:
-            given = f"--cluster {cluster!r}" if cluster else "no --cluster"
-            raise StorageError(
-                f"data dir {self.path} belongs to cluster {have!r}, but this server was started with {given}; start "
-                f"it with --cluster {have} (a dir keeps the first name it ran with; to move its rows to another "
-                "cluster, restore a checkpoint into a new data dir)"
-            )
-        return bool(cluster) and not have
-
-    def record_cluster(self, cluster: str) -> None:
-        """Records the --cluster name of a dir that has none (check_cluster said so; synced, in RocksDB), which a
-        start does once nothing else can refuse it: the dir keeps it from then on."""
-        with self._rocksdb("recording the cluster name", "nothing was recorded"):
-            self._meta.put(b"cluster", cluster.encode(), self._synced)
-        log.info("data dir %s now belongs to cluster %r", self.path, cluster)
-
+    # ---- table configs, numbers and counts ------------------------------------------------------------
     def load_tables(self) -> list[TableConfig]:
         """Every table's stored config; DataLossError for one that does not read as a config."""
         out = []
         with self._rocksdb("reading the table configs"):
-            for key, raw in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
+            for key, raw in iter_prefixed(self._meta_cf, TABLE_CONFIG_PREFIX):
                 out.append(meta_value(key, raw, self._damaged))
         return out
-
-    def _meta_get(self, key: bytes, doing: str, default: Any = None, remedy: str = RESTORE_DIR) -> Any:
-        return stored_meta(self._meta, self.path, key, doing, default, remedy)
 
     def create_table(self, cfg: TableConfig) -> None:
         """Records the table's config and its number (the prefix of its row keys) in one write; for a new name, the
@@ -330,8 +256,8 @@ class Store:
         with self._numbers_lock:
             if self._numbers is None:
                 with self._rocksdb("reading the table numbers"):
-                    numbers, unread = read_table_numbers(self._meta)
-                    for key, _ in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
+                    numbers, unread = read_table_numbers(self._meta_cf)
+                    for key, _ in iter_prefixed(self._meta_cf, TABLE_CONFIG_PREFIX):
                         name = key_name(key)
                         if name not in numbers and name not in unread:
                             unread[name] = missing_number(name)
@@ -350,6 +276,18 @@ class Store:
         if table not in numbers:
             raise self._damaged(unread.get(table, missing_number(table)))
         return numbers[table]
+
+    def counts(self, table: str) -> dict:
+        """{"admitted": rows, "pending": ids, "trained": bool} stored for table (kept in meta, updated atomically
+        with rows). A name no table has (no config, no number) has no rows: a count/ value of it is stray (damage,
+        or another program's write; create_table deletes it) and counts none, but one that does not read is
+        refused as damage all the same (DataLossError), as a table's is."""
+        counts = self._meta_get(COUNT_PREFIX + table.encode(), f"reading the row counts of table {table!r}",
+                                {"admitted": 0, "pending": 0})  # fmt: skip
+        numbers, unread = self._table_numbers()
+        if table not in numbers and table not in unread:
+            counts = {"admitted": 0, "pending": 0}
+        return {**counts, "trained": trained(counts)}
 
     def _rows(self, create: bool = False) -> Rdict:
         """The "rows" column family (the first create_table creates it)."""
@@ -482,7 +420,7 @@ class Store:
     def memory_usage(self) -> dict[str, int]:
         """RocksDB's memory now: {"block_cache", "memtables", "table_readers"} bytes (its own estimates; index and
         filter blocks count in the block cache when cached there, else in table_readers)."""
-        cfs = [self._db, self._meta, *self._cfs.values()]
+        cfs = [self._db, self._meta_cf, *self._cfs.values()]
 
         def total(name: str, where: list) -> int:
             return sum(int(cf.property_int_value(name) or 0) for cf in where)
@@ -526,13 +464,8 @@ class Store:
                 batch.delete(key, handle)
         meta = self._db.get_column_family_handle(META_CF)
         batch.put(COUNT_PREFIX + table.encode(), json.dumps(counts).encode(), meta)
-        with self._lsn_lock, self._rocksdb(f"writing rows of table {table!r}"):
-            before = self.written_seq()
-            high = max(before, int(lsn.max()) if len(lsn) else 0)
-            if high > before:
-                batch.put(b"lsn_high", str(high).encode(), meta)
+        with self.meta.lsn_high_raised(batch, lsn), self._rocksdb(f"writing rows of table {table!r}"):
             self._db.write(batch, self._write_opts)
-            self._lsn_high = high
 
     def scan(self, table: str, width: int, after: bytes | None, limit: int) -> tuple | None:
         """Up to `limit` stored rows after key `after` (None: from the start), in key order:
@@ -625,7 +558,7 @@ class Store:
                 total = {k: old[k] + counts[k] for k in counts}
                 total["trained"] = old["trained"] or was_trained or trained(total)
                 with self._rocksdb(f"writing the restored row counts of table {table!r}", "the restore stopped"):
-                    self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(total).encode(), self._write_opts)
+                    self._meta_cf.put(COUNT_PREFIX + table.encode(), json.dumps(total).encode(), self._write_opts)
                 copied[table] = counts
         return copied
 
@@ -645,52 +578,6 @@ class Store:
             raise self._damaged(f"its checkpoint just written to {path}, a copy of its files, does not read back: "
                                 f"{e.what}") from None  # fmt: skip
 
-    def restore_pending(self) -> str | None:
-        """The checkpoint a restore into this store started from and did not finish (None: none)."""
-        return self._meta_get(b"restore_pending", "reading the mark of an unfinished restore")
-
-    def restored(self) -> dict | None:
-        """The checkpoint this dir was restored from ({"checkpoint", "sha256"}), or None."""
-        return self._meta_get(b"restored", "reading the restore the dir began from")
-
-    def set_restored(self, checkpoint: str, sha256: str) -> None:
-        """Records the restore the dir began from, and a new state id (see state_id), in one synced write."""
-        meta = self._db.get_column_family_handle(META_CF)
-        batch = WriteBatch(raw_mode=True)
-        batch.put(b"state_id", _drawn_state_id(), meta)
-        batch.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), meta)
-        with self._rocksdb(f"recording the restore from {checkpoint}", "nothing was recorded"):
-            self._db.write(batch, self._synced)
-
-    def state_id(self) -> int:
-        """The random id of the model state this dir holds ("state_id"): drawn (and stored, synced) the first time
-        it is asked for, and again by set_restored; a restart keeps it, so a client that finds another one knows
-        the dir was restored or replaced since it looked."""
-        stored = self._meta_get(b"state_id", "reading the model state's id")
-        return self._new_state_id() if stored is None else stored
-
-    def _new_state_id(self) -> int:
-        value = _drawn_state_id()
-        with self._rocksdb("recording a new model state id", "nothing was recorded"):
-            self._meta.put(b"state_id", value, self._synced)
-        return int(value)
-
-    def set_job_done(self, job: int, num_workers: int, done: list[int]) -> None:
-        """Stores, synced, that these workers of the job (of num_workers) are done (the "job_done" record)."""
-        record = json.dumps({"job": job, "num_workers": num_workers, "done": sorted(done)}).encode()
-        # (the caller's message names the job, as its workers named it: ps.engine.jobs)
-        with self._rocksdb(f"storing that workers {sorted(done)} of the job are done", "the done stamp is refused"):
-            self._meta.put(b"job_done", record, self._synced)
-
-    def job_done(self, job: int, num_workers: int) -> list[int]:
-        """The workers of the job (of num_workers) the "job_done" record says are done; [] where it names another
-        job or worker count, or there is none. DataLossError for a record that does not read as set_job_done
-        writes it: ps.engine.jobs logs it and reads it as none (the record only spares waits)."""
-        record = self._meta_get(b"job_done", "reading the done workers of a job", remedy=JOB_DONE_REMEDY)
-        if record is None or record["job"] != job or record["num_workers"] != num_workers:
-            return []
-        return record["done"]
-
     def forget_unfinished_restore(self) -> None:
         """Deletes, in one synced write, what a restore writes (every row, the tables' configs, numbers and counts,
         the clock, the note of a finished restore) and the mark of the unfinished one. RocksDB deletes the keys;
@@ -705,123 +592,13 @@ class Store:
             if rows is not None:
                 batch.delete_range(b"", b"\xff" * 16, rows)  # every row key (14 bytes)
             for prefix in (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX):
-                for key, _ in iter_prefixed(self._meta, prefix):
+                for key, _ in iter_prefixed(self._meta_cf, prefix):
                     batch.delete(key, meta)
-            for key in (b"clock", b"restored", b"restore_pending"):
-                batch.delete(key, meta)
+            self.meta.delete_restored(batch)
             self._db.write(batch, self._synced)
         with self._numbers_lock:  # after a read of the numbers from before the write has kept them
             self._numbers = None
         self._at_rest.clear()
-
-    def set_restore_pending(self, directory: str | None) -> None:
-        with self._rocksdb("clearing the mark of an unfinished restore" if directory is None else
-                           f"marking the dir as holding a restore from {directory}", "nothing was recorded"):  # fmt: skip
-            if directory is None:
-                self._meta.delete(b"restore_pending", self._synced)
-            else:
-                self._meta.put(b"restore_pending", directory.encode(), self._synced)
-
-    def written_seq(self) -> int:
-        """The largest lsn of a row RocksDB holds (its "lsn_high"; 0: none recorded): the journal record of that
-        push was written, and so was every one before it."""
-        if self._lsn_high is None:
-            self._lsn_high = self._meta_get(b"lsn_high", "reading the highest lsn written", 0)
-        return self._lsn_high
-
-    def flushed_seq(self) -> int:
-        return self._meta_get(b"flushed_seq", "reading the flushed journal position", 0)
-
-    def set_flushed_seq(self, seq: int, changes: AppliedChanges | None = None) -> None:
-        """Records that every journal record <= seq is in RocksDB and (if given) the changes of the journal's
-        `applied` table (AppliedTable.take_changes: entries written, dropped ones deleted) as of seq, in one write
-        (durably, if the store syncs), once the rows written in the background are in RocksDB. The first one given
-        changes deletes the legacy single value that applied() read: its entries must be among changes.written
-        (AppliedTable.load counts them as changed)."""
-        self.drain()
-        batch = WriteBatch(raw_mode=True)
-        meta = self._db.get_column_family_handle(META_CF)
-        batch.put(b"flushed_seq", str(seq).encode(), meta)
-        if changes is not None:
-            for client, e in changes.written.items():
-                value = APPLIED_VALUE.pack(e.client_seq, e.parts, math.ceil(e.used_s))
-                batch.put(APPLIED_PREFIX + client.to_bytes(8, "big"), value, meta)
-            for client in changes.dropped:
-                batch.delete(APPLIED_PREFIX + client.to_bytes(8, "big"), meta)
-            if self._legacy_applied:
-                batch.delete(LEGACY_APPLIED, meta)
-        with self._rocksdb("recording the flushed journal position"):
-            self._db.write(batch, self._write_opts)
-            if self._write_opts.sync:
-                self._db.flush_wal(True)
-        if changes is not None:
-            self._legacy_applied = False
-
-    _legacy_applied = False  # whether the legacy single `applied` value is stored (applied() found it)
-
-    def applied(self) -> dict[int, tuple[int, int, float | None]]:
-        """The journal's `applied` table as the set_flushed_seq calls stored it: {client: (client_seq, parts,
-        used_s)}; used_s None for an entry of the legacy single value (it kept no times). A client in both the
-        legacy value and an `applied/` key (an older version wrote the value after this one wrote the key) gets
-        the newer (client_seq, parts) of the two, with used_s None when that is the legacy one."""
-        doing = "reading the exactly-once table of client requests"
-        legacy = self._meta_get(LEGACY_APPLIED, doing)
-        if legacy is not None:
-            self._legacy_applied = True
-        out: dict[int, tuple[int, int, float | None]] = legacy or {}
-        with self._rocksdb(doing):
-            for key, raw in iter_prefixed(self._meta, APPLIED_PREFIX):
-                seq, parts, used = meta_value(key, raw, self._damaged)
-                client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
-                if client not in out or out[client][:2] <= (seq, parts):
-                    out[client] = (seq, parts, float(used))
-        return out
-
-    def counts(self, table: str) -> dict:
-        """{"admitted": rows, "pending": ids, "trained": bool} stored for table (kept in meta, updated atomically
-        with rows). A name no table has (no config, no number) has no rows: a count/ value of it is stray (damage,
-        or another program's write; create_table deletes it) and counts none, but one that does not read is
-        refused as damage all the same (DataLossError), as a table's is."""
-        counts = self._meta_get(COUNT_PREFIX + table.encode(), f"reading the row counts of table {table!r}",
-                                {"admitted": 0, "pending": 0})  # fmt: skip
-        numbers, unread = self._table_numbers()
-        if table not in numbers and table not in unread:
-            counts = {"admitted": 0, "pending": 0}
-        return {**counts, "trained": trained(counts)}
-
-    def clock(self) -> int:
-        return self._meta_get(b"clock", "reading the clock", 0)
-
-    def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
-        """Stores the clock; with advanced_by = (client, client_seq), in the same write, that this request of that
-        client advanced it (advanced())."""
-        meta = self._db.get_column_family_handle(META_CF)
-        batch = WriteBatch(raw_mode=True)
-        batch.put(b"clock", str(step).encode(), meta)
-        if advanced_by is not None:
-            client, client_seq = advanced_by
-            batch.put(ADVANCED_PREFIX + client.to_bytes(8, "big"), str(client_seq).encode(), meta)
-        with self._rocksdb(f"storing the clock at step {step:,}"):
-            self._db.write(batch, self._write_opts)
-
-    def forget_advanced(self, clients: list[int]) -> None:
-        """Deletes the notes of set_clock's advanced_by of these clients (whose `applied` entries were dropped)."""
-        if not clients:
-            return
-        meta = self._db.get_column_family_handle(META_CF)
-        batch = WriteBatch(raw_mode=True)
-        for client in clients:
-            batch.delete(ADVANCED_PREFIX + client.to_bytes(8, "big"), meta)
-        with self._rocksdb("deleting the clock advance notes of clients dropped from the exactly-once table"):
-            self._db.write(batch, self._write_opts)
-
-    def advanced(self) -> dict[int, int]:
-        """client -> the client_seq of its newest request whose clock advance is stored (set_clock)."""
-        out = {}
-        with self._rocksdb("reading the clock advances of client requests"):
-            for key, raw in iter_prefixed(self._meta, ADVANCED_PREFIX):
-                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = meta_value(key, raw, self._damaged)
-        return out
 
     def disk_bytes(self, table: str) -> int:
         """Bytes of the table's rows in RocksDB, keys and values, from its counts (before RocksDB's compression and
@@ -842,7 +619,7 @@ class Store:
         self.drain()
         with self._rocksdb("flushing its memtables", "what was written stays in its write-ahead log"):
             self._db.flush()
-            self._meta.flush()
+            self._meta_cf.flush()
             for cf in self._cfs.values():
                 cf.flush()
 
@@ -855,13 +632,14 @@ class Store:
             self._readers.shutdown()
         if self._db is not None:
             try:  # a restore that failed: its mark, not the journal, recovers it
-                pending = self.restore_pending()
+                pending = self.meta.restore_pending()
             except Exception:  # RocksDB failing already: the close says how
                 pending = None
             outcome = (f"the restore from {pending} did not finish: a start with the same --restore starts it over"
                        if pending else "the rows it did not write are in the journal, replayed at the next start")  # fmt: skip
             self._cfs.clear()
-            self._meta = None
+            self.meta.release()
+            self._meta_cf = None
             db, self._db = self._db, None
             with self._rocksdb("closing RocksDB", outcome):
                 db.close()

@@ -73,7 +73,7 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
     verifying every block's checksum and caching none, and every meta value read as its grammar says
     (meta_value, as a Store reads it). Returns ({column family: (keys read, the damage that stopped the read or
-    "")}, {"shard": the shard record or None, "flushed_seq": int, "lsn_high": int (Store.written_seq), "tables":
+    "")}, {"shard": the shard record or None, "flushed_seq": int, "lsn_high": int (ShardMeta.written_seq), "tables":
     {name: its stored config}, "numbers": {name: its stored number}, "rows": the RowSizes of the "rows" column
     family (as far as it was read), "restore_pending": the checkpoint of a restore that did not finish, or None,
     "unreadable": {key: what is wrong, for each value that does not read (meta_value's text); a table's config or
