@@ -353,7 +353,7 @@ def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, m
 
     shard = _decaying_shard(tmp_path, "ab")
     try:
-        flushes, set_flushed_seq = [], shard.store.set_flushed_seq
+        flushes, set_flushed_seq = [], shard.store.meta.set_flushed_seq
 
         def second_fails(*args, **kwargs):
             flushes.append(args)
@@ -361,7 +361,7 @@ def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, m
                 raise StorageError("RocksDB failed while recording the flushed journal position: disk gone")
             return set_flushed_seq(*args, **kwargs)
 
-        monkeypatch.setattr(shard.store, "set_flushed_seq", second_fails)
+        monkeypatch.setattr(shard.store.meta, "set_flushed_seq", second_fails)
         with pytest.raises(StorageError) as refused:
             shard.shrink()
         assert "Of the Shrink, tables 'a', 'b' were shrunk whole ('a': 30 rows decayed" in str(refused.value)

@@ -1066,7 +1066,7 @@ def test_a_client_key_whose_id_is_not_8_bytes_is_damage_to_a_start_and_to_verify
     data_dir = copied(stopped_cleanly, tmp_path)
     value = CLIENT_KEYS_OF_ANOTHER_LENGTH[key]
     with opened(data_dir) as store:
-        store._meta.put(key, value)
+        store._meta_cf.put(key, value)
     with pytest.raises(DataLossError) as refused:
         Server(ServerConfig(data_dir=str(data_dir)))
     what = (f"meta key {ascii(key)} holds {ascii(value)}, but its client id is {len(key.split(b'/', 1)[1])} bytes, "

@@ -244,6 +244,7 @@ def test_a_batch_whose_clock_advance_finds_the_disk_full_says_its_pushes_stay(se
     before = pull(stub, np.concatenate([IDS, NEW_IDS]))
     store = server.shard.store
     monkeypatch.setattr(store, "_db", FullRocksDB(store._db, store.path))
+    monkeypatch.setattr(store.meta, "_db", FullRocksDB(store.meta._db, store.path))  # the clock's write
     request = ps_pb2.PushBatchRequest(pushes=[push_request(IDS, 1.0), push_request(NEW_IDS, 1.0)], advance_clock=1)
     e = refused(lambda: stub.PushBatch(request, timeout=TIMEOUT_S))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
