@@ -23,6 +23,7 @@ from ps.errors import (
     InvalidArgumentError,
     PsError,
     ServerUnavailableError,
+    StorageError,
     TableBusyError,
     TableNotFoundError,
 )
@@ -439,6 +440,30 @@ def test_a_call_its_shard_cancelled_is_sent_again_unless_it_could_apply_twice(se
                                                          "running there, or be done; it was not sent again"):  # fmt: skip
             client.shrink()
     assert calls == {"push_batch": 2, "shrink": 1}
+
+
+@pytest.mark.parametrize("refusal", [StorageError, TableBusyError])
+def test_a_shrink_its_shard_says_stopped_part_way_raises_the_shards_refusal_not_a_lost_connection(servers, refusal):
+    """A Shrink whose shard answers that it stopped part way (INTERNAL, or UNAVAILABLE: a status the client retries;
+    its words PARTLY_APPLIED) is not sent again, and raises the class the shard named with the shard's own words:
+    the shard answered, so it did not die, and its answer says what of the Shrink stands."""
+    from ps.engine.shrinkprogress import ShrinkProgress
+
+    addresses, (server,) = servers(1)
+    progress = ShrinkProgress(["a", "b"])
+    progress.wrote("a", 30, 2)
+    said = str(progress.refusal(refusal("table 'a' failed: disk gone; nothing was applied")))
+    calls = []
+
+    def stops_part_way(*args, **kwargs) -> dict:
+        calls.append(args)
+        raise refusal(said)
+
+    server.shard.shrink = stops_part_way
+    with Client(addresses, timeout_s=10, server_timeout_s=30) as client, pytest.raises(PsError) as refused:
+        client.shrink()
+    assert type(refused.value) is refusal and len(calls) == 1
+    assert str(refused.value) == f"shard 0 at {addresses[0]}: Shrink failed with {refusal.status}: {said}"
 
 
 def test_a_call_is_sent_again_while_another_of_its_batch_still_waits(servers):

@@ -24,10 +24,11 @@ restored from a checkpoint, or on a new data dir, refuses it, applying nothing (
 retried), so a run does not train on over a model that lost its pushes.
 advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
 that its stopping shard cancelled, or whose connection was lost after it was sent (the shard died) may be running
-or done on its shard (worker.retry.may_have_run), so it is not sent again (a repeat would decay the scores once
+or done on its shard (worker.retry.unanswered), so it is not sent again (a repeat would decay the scores once
 more; a hold would meet its own hold, a save its own files; a release is sent again) and raises
-ServerUnavailableError saying so; an UNAVAILABLE that found no connection, or that the shard named (starting, or
-closing: nothing was applied), is retried as for the others.
+ServerUnavailableError saying so; one its shard refused after part of it was applied (a Shrink stopped part way:
+ps.errors.PARTLY_APPLIED) is not sent again either, and raises that refusal; an UNAVAILABLE that found no
+connection, or that the shard named (starting, or closing: nothing was applied), is retried as for the others.
 
 Training jobs: push_many with an unclocked WorkerStamp (an async or geo job's worker) sends it on every batch, so
 that a shard training another job refuses them (ps/engine/jobs.py); finish() and stop_job() say the worker sends

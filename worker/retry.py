@@ -120,17 +120,23 @@ def retry_window_left(method: str, request: object, started: tuple[float, float]
     return RETRY_WINDOW_S - max(time.monotonic() - started[0], time.time() - started[1])
 
 
-def may_have_run(e: grpc.RpcError) -> bool:
-    """Whether the call that failed with e may have run on its shard: past its deadline, or cancelled (MAY_HAVE_RUN),
-    or UNAVAILABLE with its connection lost after it was sent (the shard's process died: "Socket closed", "Connection
-    reset by peer"), or a batch push refused after pushes of it were applied (PARTLY_APPLIED); not another refusal
-    its shard made and named (a shard starting, or stopping: error_name) nor a call that found no connection to make
-    (NOT_CONNECTED)."""
-    if e.code() in MAY_HAVE_RUN or PARTLY_APPLIED in (e.details() or ""):
+def unanswered(e: grpc.RpcError) -> bool:
+    """Whether the call that failed with e may have run on its shard without its answer reaching the client: past
+    its deadline, or cancelled (MAY_HAVE_RUN), or UNAVAILABLE with its connection lost after it was sent (the shard's
+    process died: "Socket closed", "Connection reset by peer"); not a refusal its shard made and named (error_name)
+    nor a call that found no connection to make (NOT_CONNECTED)."""
+    if e.code() in MAY_HAVE_RUN:
         return True
     if e.code() != grpc.StatusCode.UNAVAILABLE or error_name(e) is not None:
         return False
     return not any(text in (e.details() or "") for text in NOT_CONNECTED)
+
+
+def may_have_run(e: grpc.RpcError) -> bool:
+    """Whether the call that failed with e may have run on its shard: unanswered, or refused by its shard after part
+    of it was applied (PARTLY_APPLIED: a batch push's pushes before the refused one, a Shrink's chunks before it
+    stopped); not another refusal its shard made and named (a shard starting, or stopping)."""
+    return unanswered(e) or PARTLY_APPLIED in (e.details() or "")
 
 
 def sent_once(method: str, request: object) -> bool:
@@ -233,16 +239,18 @@ class Outages:
         ran: bool = True,
     ) -> PsError:
         """The error a call that failed with e ends with: for a shard gone (see __init__), why; for one not sent again
-        after it may have run, that it may still run; for one whose shard stayed down, how long it was waited for
-        (ran: whether any attempt of it may have run, may_have_run, which the error's `ran` says); else the PsError
-        of e's status, the shard's refusal, whose `refused_by` names the shard."""
+        after it may have run unanswered, that it may still run; for one whose shard stayed down, how long it was
+        waited for (ran: whether any attempt of it may have run, may_have_run, which the error's `ran` says); else
+        the PsError of e's status, the shard's refusal, whose `refused_by` names the shard (a call not sent again
+        after its shard said part of it was applied, PARTLY_APPLIED, included: the shard's words say what stands)."""
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
         gone = self.gone(shard) if self.gone is not None and retryable(e) else None
         if gone:  # before "it may still be running there": it is not running anywhere
             with self.lock:
                 self._end(shard)
             return ServerUnavailableError(f"{where}: {method} failed ({why_failed(e)}): {gone}")
-        if sent_once(method, request) and may_have_run(e):
+        once = sent_once(method, request) and may_have_run(e)
+        if once and unanswered(e):  # the shard's answer, where one came, says what of it stands: raised as it is
             ended = (f"did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED
                      else f"cancelled {method} (is it stopping?)" if code == grpc.StatusCode.CANCELLED
                      else f"lost the connection during {method} ({why_failed(e)}; did it die?)")  # fmt: skip
@@ -251,7 +259,7 @@ class Outages:
                 "it was not sent again, since a repeat would apply it once more "
                 f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
-        if retryable(e):
+        if retryable(e) and not once:
             with self.lock:  # the outage goes on: a later call waits only for what is left of it
                 since = self.down.get(shard)
             waited = 0.0 if since is None else time.monotonic() - since
