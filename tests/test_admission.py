@@ -348,6 +348,30 @@ def test_a_shrink_that_stops_part_way_says_what_it_shrunk(tmp_path, monkeypatch)
         shard.close()
 
 
+def test_a_shrink_that_stops_at_the_first_chunk_of_a_table_says_that_table_was_not_shrunk(tmp_path, monkeypatch):
+    """Tables a, b; a is shrunk, the write of b's first chunk fails: b is untouched, and the refusal says so."""
+    from ps.errors import StorageError
+
+    shard = _decaying_shard(tmp_path, "ab")
+    try:
+        put_rows = shard.store.put_rows
+
+        def b_fails(table, *args, **kwargs):
+            if table == "b":
+                raise StorageError("RocksDB failed while writing rows of table 'b': disk gone; nothing was applied")
+            return put_rows(table, *args, **kwargs)
+
+        monkeypatch.setattr(shard.store, "put_rows", b_fails)
+        with pytest.raises(StorageError) as refused:
+            shard.shrink()
+        assert "Of the Shrink, table 'a' was shrunk whole ('a': 30 rows decayed and 0 ids dropped); table 'b' was " \
+            "not shrunk: those changes were applied" in str(refused.value)  # fmt: skip
+        assert (_shows(shard, "a") == 0.5).all() and (_shows(shard, "b") == 1).all()
+    finally:
+        monkeypatch.undo()
+        shard.close()
+
+
 def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, monkeypatch):
     from ps.errors import PARTLY_APPLIED, StorageError
 

@@ -32,16 +32,15 @@ class ShrinkProgress:
     def refusal(self, e: PsError) -> PsError | None:
         """e, the failure that stopped the Shrink, as the same class with a message that says what of the Shrink
         stays: None where no chunk was written (e's own outcome stands); else "shrink stopped: <e's message,
-        less its '; nothing was applied'>. <the tables shrunk whole, the one in part, those not at all>; those
-        changes were applied, and the clock was not advanced; <what a retry does>"."""
+        less its '; nothing was applied'>. <the tables shrunk whole, the one in part (where a chunk of it was
+        written), those not at all>; those changes were applied, and the clock was not advanced; <what a retry
+        does>"."""
         if not any(self.written.values()) and not any(self.dropped.values()):
             return None
         what = str(e).removesuffix("; nothing was applied")
-        done, current, rest = (
-            self.tables[: self.done],
-            self.tables[self.done : self.done + 1],
-            self.tables[self.done + 1 :],
-        )
+        done, rest = self.tables[: self.done], self.tables[self.done :]
+        current = rest[:1] if rest and (self.written[rest[0]] or self.dropped[rest[0]]) else []
+        rest = rest[len(current) :]  # the table it stopped in is not shrunk where no chunk of it was written
         parts = (
             [f"{_named(done)} shrunk whole ({'; '.join(f'{t!r}: {self.changed(t)}' for t in done)})"] if done else []
         )
