@@ -10,6 +10,7 @@ such a failure into a DiskFullError naming the path, and the service maps any ot
 RESOURCE_EXHAUSTED as well.
 """
 
+import copy
 import errno
 
 MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
@@ -315,9 +316,9 @@ class DiskFullError(PsError):
     """A write this server needed found its disk full (ENOSPC) or its disk quota spent (EDQUOT):
     RESOURCE_EXHAUSTED, gRPC's code for "the entire file system is out of space". The message says so, names the
     path (the data dir, its journal, or the checkpoint dir) and says what of the request was applied: nothing,
-    unless it says otherwise (a PushBatch's pushes applied before a later push, or its clock advance,
-    failed). Not retried by the client: it
-    fails the same way until space is freed on the server."""
+    unless it says otherwise (partly_applied: a PushBatch's pushes applied before a later push, or its clock
+    advance, failed; a Shrink's chunks written before it stopped). Not retried by the client: it fails the same
+    way until space is freed on the server."""
 
     status = "RESOURCE_EXHAUSTED"
 
@@ -332,8 +333,8 @@ class DiskFullError(PsError):
         cls, reason: str, what: str, outcome: str = "nothing was applied", disk: str = "", remedy: str = "retry"
     ) -> "DiskFullError":
         """The error for `what` (what failed, naming the path) failing for `reason` (disk_full_reason's);
-        outcome: what of the request stands, the message's end ("": none; PushPath.push_batch rewrites a trailing
-        "; nothing was applied" when earlier pushes of the batch were applied); disk: a path on the full disk,
+        outcome: what of the request stands, the message's end ("": none; partly_applied rewrites it when part
+        of the request was applied); disk: a path on the full disk,
         named when `what` names more than one; remedy: what to do once space is freed."""
         where = f"the disk of {disk}" if disk else "that disk"
         return cls(
@@ -348,6 +349,19 @@ class DiskFullError(PsError):
         """The same error with another outcome (and disk, and remedy, if given)."""
         disk = self.disk if disk is None else disk
         return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
+
+
+def partly_applied(e: PsError, stopped: str, outcome: str) -> PsError:
+    """e, the failure that stopped a request part of which was applied and stays, reworded to say so: a copy of e,
+    its class and attributes kept, whose message is "<stopped>: <e's message less its '; nothing was applied'>.
+    <outcome>"; a DiskFullError's keeps its start (DISK_FULL_PREFIX) and ends "; <stopped>. <outcome>" instead
+    (DiskFullError.instead). outcome: what of the request stays, in PARTLY_APPLIED's words (ps.engine.pushpath,
+    ps.engine.shrinkprogress), and what sending it again does."""
+    if isinstance(e, DiskFullError):
+        return e.instead(f"{stopped}. {outcome}")
+    reworded = copy.copy(e)  # the class and the attributes (a refusal's own fields) as they are
+    reworded.args = (f"{stopped}: {str(e).removesuffix('; nothing was applied')}. {outcome}", *e.args[1:])
+    return reworded
 
 
 class StorageError(PsError):

@@ -372,6 +372,35 @@ def test_a_shrink_that_stops_at_the_first_chunk_of_a_table_says_that_table_was_n
         shard.close()
 
 
+def test_a_shrink_that_stops_part_way_on_a_full_disk_stays_a_disk_full_error(tmp_path, monkeypatch):
+    """A DiskFullError that stops a Shrink part way is raised as one still: its reason, what and disk kept, its
+    message starting as every DiskFullError's does, and saying what of the Shrink stays."""
+    from ps.errors import DISK_FULL_PREFIX, PARTLY_APPLIED, DiskFullError
+
+    shard = _decaying_shard(tmp_path, "ab")
+    try:
+        put_rows, what = shard.store.put_rows, "RocksDB in the data dir failed while writing rows of table 'b'"
+
+        def b_finds_the_disk_full(table, *args, **kwargs):
+            if table == "b":
+                raise DiskFullError.of("Disk quota exceeded", what, disk=str(tmp_path))
+            return put_rows(table, *args, **kwargs)
+
+        monkeypatch.setattr(shard.store, "put_rows", b_finds_the_disk_full)
+        with pytest.raises(DiskFullError) as refused:
+            shard.shrink()
+        e = refused.value
+        assert (e.reason, e.what, e.disk) == ("Disk quota exceeded", what, str(tmp_path))
+        assert str(e).startswith(f"{DISK_FULL_PREFIX} (Disk quota exceeded): {what}; free space on the disk of ")
+        assert str(e).endswith(f"and retry; shrink stopped. Of the Shrink, table 'a' was shrunk whole ('a': 30 rows "
+                               f"decayed and 0 ids dropped); table 'b' was not shrunk: those changes were "
+                               f"{PARTLY_APPLIED}; a Shrink sent again decays the rows shrunk already once more")  # fmt: skip
+        assert "nothing was applied" not in str(e)
+    finally:
+        monkeypatch.undo()
+        shard.close()
+
+
 def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, monkeypatch):
     from ps.errors import PARTLY_APPLIED, StorageError
 

@@ -217,12 +217,13 @@ def test_a_batch_whose_second_push_finds_the_disk_full_says_the_first_stays(serv
     e = refused(lambda: stub.PushBatch(request, timeout=TIMEOUT_S))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert e.details().startswith(
-        "push 1 of 2 in the batch (table 't') was refused: the server's disk is full (No space left on device): "
+        "the server's disk is full (No space left on device): "
         f"the journal in {server.shard.journal.dir} cannot take a push of "
     )
     assert e.details().endswith(
-        "free space on that disk (or raise the quota) and retry. The push 0 before it was applied and stays applied, "
-        "and the clock was not advanced; a retry of this request (same client_id and seq) applies pushes 1 on"
+        "free space on that disk (or raise the quota) and retry; push 1 of 2 in the batch (table 't') was refused. The "
+        "push 0 before it was applied and stays applied, and the clock was not advanced; a retry of this request "
+        "(same client_id and seq) applies pushes 1 on"
     )
     after_first = pull(stub, np.concatenate([IDS, NEW_IDS]))
     assert not np.array_equal(after_first[: len(IDS)], before[: len(IDS)])
@@ -249,12 +250,12 @@ def test_a_batch_whose_clock_advance_finds_the_disk_full_says_its_pushes_stay(se
     e = refused(lambda: stub.PushBatch(request, timeout=TIMEOUT_S))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert e.details().startswith(
-        "storing the clock advance of the batch failed: the server's disk is full (No space left on device): "
+        "the server's disk is full (No space left on device): "
         f"RocksDB in the data dir {store.path} failed while storing the clock at step 1 "
     )
     assert e.details().endswith(
-        "and retry. The pushes 0 to 1 of the batch were applied and stay applied, and the clock was not advanced; "
-        "a retry without a client_id applies them all again"
+        "and retry; storing the clock advance of the batch failed. The pushes 0 to 1 of the batch were applied and "
+        "stay applied, and the clock was not advanced; a retry without a client_id applies them all again"
     )
     assert may_have_run(e)
     assert (pull(stub, np.concatenate([IDS, NEW_IDS])) != before).all() and server.shard.clock == 0

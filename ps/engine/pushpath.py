@@ -25,6 +25,7 @@ from ps.errors import (
     InvalidArgumentError,
     PsError,
     ShardNeedsRestartError,
+    partly_applied,
 )
 from ps.storage.journal import Journal
 from ps.storage.store import Store
@@ -276,11 +277,10 @@ class PushPath:
 
 def _partly_applied(e: PsError, failed: str, applied: range, where: str, request: tuple[int, int],
                     rest: int | None) -> PsError:  # fmt: skip
-    """e, a failure after the pushes `applied` of a batch were applied, as the same class with a message that says
-    so: "<failed>: <e's message less its '; nothing was applied'>. The pushes <applied> <where> were applied and stay
-    applied, and the clock was not advanced (PARTLY_APPLIED); <what a retry does>". rest: the first push that a
-    retry with the request's client id applies (None: none of them, only the clock advance)."""
-    what = str(e).removesuffix("; nothing was applied")
+    """e, a failure after the pushes `applied` of a batch were applied, reworded by ps.errors.partly_applied with
+    `failed` and "The pushes <applied> <where> were applied and stay applied, and the clock was not advanced
+    (PARTLY_APPLIED); <what a retry does>". rest: the first push that a retry with the request's client id applies
+    (None: none of them, only the clock advance)."""
     if len(applied) == 1:
         named = f"The push {applied[0]} {where} was applied and stays"
     else:
@@ -291,4 +291,4 @@ def _partly_applied(e: PsError, failed: str, applied: range, where: str, request
         retry = "a retry of this request (same client_id and seq) applies none of them again, only the clock advance"
     else:
         retry = f"a retry of this request (same client_id and seq) applies pushes {rest} on"
-    return type(e)(f"{failed}: {what}. {named} {PARTLY_APPLIED}; {retry}")
+    return partly_applied(e, failed, f"{named} {PARTLY_APPLIED}; {retry}")

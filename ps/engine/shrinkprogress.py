@@ -8,7 +8,7 @@ does not send it again), and a Shrink sent again decays those rows once more.
 
 from __future__ import annotations
 
-from ps.errors import PARTLY_APPLIED, PsError
+from ps.errors import PARTLY_APPLIED, PsError, partly_applied
 
 
 class ShrinkProgress:
@@ -30,14 +30,12 @@ class ShrinkProgress:
         return f"{self.written[table]:,} rows decayed and {self.dropped[table]:,} ids dropped"
 
     def refusal(self, e: PsError) -> PsError | None:
-        """e, the failure that stopped the Shrink, as the same class with a message that says what of the Shrink
-        stays: None where no chunk was written (e's own outcome stands); else "shrink stopped: <e's message,
-        less its '; nothing was applied'>. <the tables shrunk whole, the one in part (where a chunk of it was
-        written), those not at all>; those changes were applied, and the clock was not advanced; <what a retry
-        does>"."""
+        """e, the failure that stopped the Shrink, reworded to say what of the Shrink stays (ps.errors.partly_applied:
+        its class and attributes kept): None where no chunk was written (e's own outcome stands); else with "shrink
+        stopped" and "Of the Shrink, <the tables shrunk whole, the one in part (where a chunk of it was written),
+        those not at all>: those changes were applied, and the clock was not advanced; <what a retry does>"."""
         if not any(self.written.values()) and not any(self.dropped.values()):
             return None
-        what = str(e).removesuffix("; nothing was applied")
         done, rest = self.tables[: self.done], self.tables[self.done :]
         current = rest[:1] if rest and (self.written[rest[0]] or self.dropped[rest[0]]) else []
         rest = rest[len(current) :]  # the table it stopped in is not shrunk where no chunk of it was written
@@ -46,9 +44,11 @@ class ShrinkProgress:
         )
         parts += [f"table {t!r} was shrunk in part ({self.changed(t)} so far)" for t in current]
         parts += [f"{_named(rest)} not shrunk"] if rest else []
-        return type(e)(
-            f"shrink stopped: {what}. Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; a "
-            "Shrink sent again decays the rows shrunk already once more"
+        return partly_applied(
+            e,
+            "shrink stopped",
+            f"Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; a Shrink sent again decays the "
+            "rows shrunk already once more",
         )
 
 
