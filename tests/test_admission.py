@@ -423,3 +423,28 @@ def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, m
     finally:
         monkeypatch.undo()
         shard.close()
+
+
+def test_a_shrink_whose_last_flush_finds_the_shard_broken_raises_that_error_as_it_is(tmp_path, monkeypatch):
+    """The flush after the tables were shrunk finds the shard broken: its ShardNeedsRestartError, whose message says
+    what a restart does, is raised unchanged (as a push's is), not reworded as a Shrink stopped part way."""
+    from ps.errors import ShardNeedsRestartError
+
+    shard = _decaying_shard(tmp_path, "ab")
+    try:
+        flush, flushes = shard.flush, []
+        broken = ShardNeedsRestartError("push 3 of table 'a' failed part way; restart the server to replay it")
+
+        def second_finds_it_broken(*args, **kwargs) -> int:
+            flushes.append(args)
+            if len(flushes) == 2:  # the flush after the tables were shrunk
+                raise broken
+            return flush(*args, **kwargs)
+
+        monkeypatch.setattr(shard, "flush", second_finds_it_broken)
+        with pytest.raises(ShardNeedsRestartError) as refused:
+            shard.shrink()
+        assert refused.value is broken and str(refused.value) == str(broken)
+    finally:
+        monkeypatch.undo()
+        shard.close()
