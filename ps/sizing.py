@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ps.config import FULL_AT_REST, ServerConfig
-from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, layout_of
+from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, half_floats_of, layout_of
 from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, INFO_LOG_BYTES, KEEP_INFO_LOGS, MAX_WAL_BYTES
 
 LOG_BYTES = (ServerConfig.journal_flush_bytes + DEFAULT_JOURNAL_SEGMENT_BYTES + MAX_WAL_BYTES
@@ -49,12 +49,19 @@ def human(n: float) -> str:
 
 
 def format_report(r: dict) -> str:
+    """size_report's figures as `ps-server size` prints them: the row's makeup in RAM, and on disk where the table's
+    values_at_rest makes it another (half_floats_of), then the bytes per id and per server."""
+    half = half_floats_of(r["dim"], r["values_at_rest"])
+    at_rest, on_disk = "", "the same"
+    if half:
+        at_rest = f" (values_at_rest {r['values_at_rest']!r})"
+        on_disk = f"{half} float16 (embedding) + {r['floats_per_row'] - half} float32 (optimizer state + 4 statistics)"
     return "\n".join(
         [
             f"table: {r['ids']:,} ids x dim {r['dim']} ({r['parameters']:,} parameters), optimizer {r['optimizer']}, "
             f"{r['servers']} server{'s' * (r['servers'] != 1)}",
-            f"row: {r['floats_per_row']} float32 (embedding + optimizer state + 4 statistics) + 8-byte lsn; "
-            f"values_at_rest {r['values_at_rest']!r}: the embedding on disk as {r['values_at_rest']}",
+            f"row in RAM: {r['floats_per_row']} float32 (embedding + optimizer state + 4 statistics); "
+            f"on disk{at_rest}: {on_disk} + 8-byte lsn",
             f"per id:      RAM {r['ram_bytes_per_row']} B    disk {r['disk_bytes_per_row']} B "
             f"(raw key+value {r['raw_row_bytes']} B)",
             f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 from ps.rows.layout import layout_of
-from ps.sizing import size_report
+from ps.sizing import format_report, size_report
 from ps.storage.arena import Arena, MemoryBudget
 from ps.storage.rowformat import encode_keys, value_dtype
 
@@ -42,7 +42,17 @@ def test_a_float16_tables_rows_are_sized_as_the_grammar_writes_them_and_only_the
     assert (full["values_at_rest"], half["values_at_rest"]) == ("float32", "float16")
     command = [sys.executable, "-m", "ps", "size", "--ids", "10", "--dim", "16", "--values-at-rest"]
     out = subprocess.run([*command, "float16"], capture_output=True, text=True)
-    assert out.returncode == 0 and "values_at_rest 'float16': the embedding on disk as float16" in out.stdout
+    assert (
+        out.returncode == 0
+        and (
+            "row in RAM: 36 float32 (embedding + optimizer state + 4 statistics); on disk (values_at_rest 'float16'): "
+            "16 float16 (embedding) + 20 float32 (optimizer state + 4 statistics) + 8-byte lsn\n"
+        )
+        in out.stdout
+    )
+    assert "row in RAM: 36 float32 (embedding + optimizer state + 4 statistics); on disk: the same + 8-byte lsn\n" in (
+        format_report(full)
+    )
     assert f"disk {half['disk_bytes_per_row']} B" in out.stdout
     for bad in ("", "bfloat16"):
         refused = subprocess.run([*command, bad], capture_output=True, text=True)
