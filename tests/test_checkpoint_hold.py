@@ -301,22 +301,46 @@ def test_a_holds_expiry_counts_from_the_end_of_its_wait_for_the_pushes_in_flight
         gate.push_gate().__enter__()
 
 
+class _Caller:
+    """A hold's caller_gone as ps.service.CallerGone is: called, whether the caller left; watch(wake) has wake()
+    called as it leaves (leave())."""
+
+    def __init__(self):
+        self.gone, self.wakes = threading.Event(), []
+
+    def __call__(self) -> bool:
+        return self.gone.is_set()
+
+    def watch(self, wake) -> bool:
+        self.wakes.append(wake)
+        return True
+
+    def leave(self) -> None:
+        self.gone.set()
+        for wake in self.wakes:
+            wake()
+
+
 def test_a_hold_whose_caller_left_while_it_waited_is_dropped():
+    """The hold waits for a push in flight, untimed: its caller's leaving wakes it (no poll), and it is dropped."""
     gate = PushHold(0)
     done, pushing = _push_in_flight(gate)
-    waiting, gone, failed = _waits_told(gate), threading.Event(), []
+    caller, failed, timeouts = _Caller(), [], []
+    waiting, wait = _waits_told(gate), gate._gate.wait
+    gate._gate.wait = lambda timeout=None: timeouts.append(timeout) or wait(timeout)
 
     def take() -> None:
         try:
-            gate.hold(60, lambda: 0, caller_gone=gone.is_set)
+            gate.hold(60, lambda: 0, caller_gone=caller)
         except CallerGoneError as e:
             failed.append(e)
 
     holder = threading.Thread(target=take)
     holder.start()
     assert waiting.wait(60)
-    gone.set()
+    caller.leave()
     holder.join(60)
+    assert timeouts and set(timeouts) == {None} and len(caller.wakes) == 1  # woken by the watch, not a poll
     assert failed and "its caller left" in str(failed[0]) and gate.token is None and not gate.held_until
     done.set()
     pushing.join(60)

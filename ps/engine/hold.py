@@ -85,8 +85,10 @@ class PushHold:
         from when the pushes in flight are done (it waits for them first); returns (clock(), read then, token): save
         and release need the token. Every push acknowledged before this returns is in the checkpoint, none after.
         One hold at a time: CheckpointHoldError while another lasts. InvalidArgumentError unless 0 < timeout_s <=
-        MAX_HOLD_S. caller_gone: looked at every CALLER_CHECK_S of the wait and once it ends; once true, the hold is
-        dropped (pushes taken again) and CallerGoneError raised: nobody would have its token to save or release."""
+        MAX_HOLD_S. caller_gone: looked at as the wait wakes and once it ends (where it has watch(wake),
+        ps.service.CallerGone, the wait is woken as the caller leaves; else it looks every CALLER_CHECK_S); once true,
+        the hold is dropped (pushes taken again) and CallerGoneError raised: nobody would have its token to save or
+        release."""
         if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_HOLD_S):
             raise InvalidArgumentError(
                 f"hold_timeout_s must be finite, > 0 and <= {MAX_HOLD_S:g} seconds (0 in a request: "
@@ -106,8 +108,12 @@ class PushHold:
             self.held_until = float("inf")  # pushes refused; the expiry counts once the pushes in flight are done
             self._hold_s, self._refused, self._waiting = timeout_s, 0, True
             try:
+                poll_s = None if caller_gone is None else CALLER_CHECK_S
+                watch = getattr(caller_gone, "watch", None)
+                if self._pushes_in_flight and watch is not None and watch(self._wake):
+                    poll_s = None  # woken as the caller leaves (an RPC ended already is gone: looked at below)
                 while self._pushes_in_flight and not (caller_gone is not None and caller_gone()):
-                    self._gate.wait(None if caller_gone is None else CALLER_CHECK_S)
+                    self._gate.wait(poll_s)
                 gone = caller_gone is not None and caller_gone()
             except BaseException:  # no expiry is set yet: a hold left behind would never end
                 gone = True
@@ -123,6 +129,11 @@ class PushHold:
             self.held_until = time.monotonic() + timeout_s
             log.info("checkpoint hold taken: pushes paused for at most %g s", timeout_s)
             return clock(), token
+
+    def _wake(self) -> None:
+        """Wakes a hold waiting for the pushes in flight to look again (its caller_gone may have turned true)."""
+        with self._gate:
+            self._gate.notify_all()
 
     def release(self, token: str) -> None:
         """Ends the hold that returned token (a stale token releases nothing)."""
