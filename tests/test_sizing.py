@@ -57,3 +57,18 @@ def test_a_float16_tables_rows_are_sized_as_the_grammar_writes_them_and_only_the
     for bad in ("", "bfloat16"):
         refused = subprocess.run([*command, bad], capture_output=True, text=True)
         assert refused.returncode == 2 and f"--values-at-rest: invalid choice: '{bad}'" in refused.stderr
+
+
+def test_the_size_outputs_docs_capacity_quotes_are_what_the_command_prints():
+    """Each `$ ps-server size ...` block of docs/capacity.md shows the command's output as it is now."""
+    import os
+    import re
+    import shlex
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "capacity.md")) as f:
+        blocks = re.findall(r"```\n\$ ps-server size (.*?)\n(.*?)```", f.read(), re.S)
+    assert len(blocks) == 2  # the float32 and the float16 examples
+    for args, shown in blocks:
+        out = subprocess.run([sys.executable, "-m", "ps", "size", *shlex.split(args)],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert out == shown, args
