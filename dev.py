@@ -12,8 +12,8 @@ runtime) for `demo`, which an install with extras serves as well. pip is the ven
 editable install of a pyproject.toml package, PEP 660, needs pip 21.3 or newer; Python 3.11's is newer), never
 upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LINKS) serves the rest. Later runs
 reuse the venv and reinstall only when pyproject.toml or the venv's Python version changes; a venv whose python
-no longer runs (its symlink names a Python since removed) or is another major.minor version than the Python
-running dev.py is made again, saying why. `test` and `bench`
+no longer runs (its symlink names a Python since removed) or runs another major.minor version than the one the
+venv was made for (its pyvenv.cfg's) is made again, saying why. `test` and `bench`
 also install PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's
 machines; PyPI's Linux wheel is the CUDA build, so elsewhere set
 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
@@ -45,7 +45,7 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
     if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 the user has)
         sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
-    unusable = venv_python_unusable(python) if os.path.lexists(python) else None
+    unusable = venv_python_unusable(python, venv_version()) if os.path.lexists(python) else None
     if unusable:  # made again from scratch: what it holds was installed for a Python it no longer runs
         print(f"{VENV}: its python {unusable}: making the virtual environment again ...", flush=True)
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
@@ -70,10 +70,11 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
     return python
 
 
-def venv_python_unusable(python: str) -> str | None:
-    """Why the venv's python cannot serve this Python (the one running dev.py), or None: it does not run within
-    PROBE_TIMEOUT_S (its symlink names a Python since removed, say), or it is another major.minor version (its
-    symlink names a python3 upgraded since: the venv's packages are another version's)."""
+def venv_python_unusable(python: str, made_for: str) -> str | None:
+    """Why the venv's python cannot serve the venv, made for Python made_for (major.minor, venv_version; "" where
+    pyvenv.cfg does not say), or None: it does not run within PROBE_TIMEOUT_S (its symlink names a Python since
+    removed, say), or runs another major.minor version (its symlink names a python3 upgraded since: the venv's
+    packages are another version's)."""
     probe = [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
@@ -83,14 +84,12 @@ def venv_python_unusable(python: str) -> str | None:
         return f"did not answer within {PROBE_TIMEOUT_S:g} s"
     if done.returncode != 0:
         return f"does not run (exit {done.returncode})"
-    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    return None if done.stdout.strip() == ours else f"is Python {done.stdout.strip()}, not this {ours}"
+    runs = done.stdout.strip()
+    return None if not made_for or runs == made_for else f"is Python {runs}, but the venv was made for {made_for}"
 
 
-def install_digest() -> str:
-    """What an install into the venv depends on, as 16 hex digits: the sha256 of pyproject.toml and of the venv's
-    Python version (major.minor, as its pyvenv.cfg says: a venv made again by another Python has none of its
-    packages)."""
+def venv_version() -> str:
+    """The Python version (major.minor) the venv was made for, as its pyvenv.cfg says; "" where it does not."""
     version = ""
     try:
         with open(os.path.join(VENV, "pyvenv.cfg"), encoding="utf-8") as f:
@@ -100,8 +99,14 @@ def install_digest() -> str:
                     version = ".".join(value.strip().split(".")[:2])
     except OSError:
         pass
+    return version
+
+
+def install_digest() -> str:
+    """What an install into the venv depends on, as 16 hex digits: the sha256 of pyproject.toml and of the venv's
+    Python version (venv_version: a venv made again by another Python has none of its packages)."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        return hashlib.sha256(f.read() + f"\npython {version}".encode()).hexdigest()[:16]
+        return hashlib.sha256(f.read() + f"\npython {venv_version()}".encode()).hexdigest()[:16]
 
 
 def installed_with(digest: str, parts: list[str]) -> bool:

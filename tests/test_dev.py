@@ -11,6 +11,9 @@ import pytest
 
 import dev
 
+THIS = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the Python running the tests, and the venv's python
+NEXT = f"{sys.version_info[0]}.{sys.version_info[1] + 1}"  # a Python of another major.minor version
+
 
 @pytest.fixture
 def venv(tmp_path, monkeypatch) -> list[list[str]]:
@@ -20,14 +23,14 @@ def venv(tmp_path, monkeypatch) -> list[list[str]]:
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").symlink_to(sys.executable)
-    (tmp_path / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
+    (tmp_path / ".venv" / "pyvenv.cfg").write_text(f"home = /usr/bin\nversion = {THIS}.7\n")
     monkeypatch.setattr(dev, "VENV", str(tmp_path / ".venv"))
     monkeypatch.setattr(dev, "BIN", str(bin_dir))
     ran: list[list[str]] = []
     real_run = subprocess.run
 
     def run(args, **kwargs):
-        if args[1] == "-c":  # the probe of the venv's python: run
+        if "-c" in args:  # the probe of the venv's python: run
             return real_run(args, **kwargs)
         ran.append(args)
         offline = "--upgrade" in args  # a pip upgrade reaches for an index; the rest comes from a wheelhouse
@@ -60,24 +63,38 @@ def test_demo_installs_the_runtime_alone_and_an_install_with_extras_serves_it(ve
     assert venv == []  # each of them served by that install
 
 
+def make_python(version: str | None = None, script: str | None = None) -> None:
+    """The venv's python made a script: one that answers dev.py's probe with version, or runs `script`."""
+    link = os.path.join(dev.BIN, "python")
+    if os.path.lexists(link):
+        os.remove(link)
+    with open(link, "w") as f:
+        f.write(f"#!/bin/sh\n{script or f'echo {version}'}\n")
+    os.chmod(link, 0o755)
+
+
+def make_cfg(version: str) -> None:
+    """The venv's pyvenv.cfg, saying it was made for Python `version`."""
+    with open(os.path.join(dev.VENV, "pyvenv.cfg"), "w") as f:
+        f.write(f"home = /usr/bin\nversion = {version}\n")
+
+
 def test_a_venv_of_another_python_or_made_again_is_installed_into_again(venv, monkeypatch):
     """The stamp of an install names the venv's Python version (pyvenv.cfg's): a venv made again by another Python
     has none of the packages; one made again by dev.py (its python gone) holds no stamp of the one before."""
-    cfg = os.path.join(dev.VENV, "pyvenv.cfg")
 
-    class Builder:  # venv.EnvBuilder's create, as the Python 3.12 now running dev.py makes the venv
+    class Builder:  # venv.EnvBuilder's create, as the Python NEXT now running dev.py makes the venv
         def __init__(self, **options):
             pass
 
         def create(self, directory):
-            os.symlink(sys.executable, os.path.join(dev.BIN, "python"))
-            with open(cfg, "w") as f:
-                f.write("home = /usr/bin\nversion = 3.12.1\n")
+            make_python(NEXT)
+            make_cfg(f"{NEXT}.1")
 
     dev.ensure_env()
     venv.clear()
-    with open(cfg, "w") as f:
-        f.write("home = /usr/bin\nversion = 3.12.1\n")  # made again over it by python3.12 -m venv
+    make_python(NEXT)  # made again over it by python NEXT -m venv
+    make_cfg(f"{NEXT}.1")
     dev.ensure_env()
     assert [args[-1] for args in venv] == [f"{dev.ROOT}[dev]"]
     venv.clear()
@@ -102,7 +119,7 @@ def test_an_extra_whose_name_holds_a_dash_is_told_apart_from_others(venv):
     "python, why",
     [
         (None, "its python does not run (No such file or directory)"),  # its symlink names a removed Python
-        ("#!/bin/sh\necho 3.9\n", f"its python is Python 3.9, not this {sys.version_info[0]}.{sys.version_info[1]}"),
+        ("#!/bin/sh\necho 3.9\n", f"its python is Python 3.9, but the venv was made for {THIS}"),
         ("#!/bin/sh\nexit 3\n", "its python does not run (exit 3)"),
     ],
 )
@@ -141,3 +158,29 @@ def test_a_venv_whose_python_does_not_run_or_is_another_version_is_made_again_sa
     venv.clear()
     dev.ensure_env()
     assert venv == [] and len(made) == 1  # its python answers now: reused
+
+
+class NoOpBuilder:  # venv.EnvBuilder's object, making nothing
+    def create(self, directory):
+        pass
+
+
+class NoBuilder:  # venv.EnvBuilder, where the venv must not be made again
+    def __init__(self, **options):
+        raise AssertionError(f"the venv was made again ({options})")
+
+
+def test_a_venv_whose_python_runs_another_version_than_it_was_made_for_is_made_again(venv, monkeypatch, capsys):
+    made = []
+    monkeypatch.setattr(dev.venv, "EnvBuilder", lambda **options: made.append(options) or NoOpBuilder())
+    make_cfg("3.1.4")  # made by a Python 3.1 whose python3 symlink now runs this Python
+    dev.ensure_env()
+    assert made == [{"with_pip": True, "clear": True}]
+    assert f"{dev.VENV}: its python is Python {THIS}, but the venv was made for 3.1: making" in capsys.readouterr().out
+
+
+def test_a_venv_made_for_another_python_than_the_one_running_dev_py_is_reused(venv, monkeypatch):
+    monkeypatch.setattr(dev.venv, "EnvBuilder", NoBuilder)
+    make_python(NEXT)  # a healthy venv of Python NEXT, dev.py run by this one
+    make_cfg(f"{NEXT}.1")
+    assert dev.ensure_env() == os.path.join(dev.BIN, "python")
