@@ -13,7 +13,8 @@ editable install of a pyproject.toml package, PEP 660, needs pip 21.3 or newer; 
 upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LINKS) serves the rest. Later runs
 reuse the venv and reinstall only when pyproject.toml or the venv's Python version changes; a venv whose python
 no longer runs (its symlink names a Python since removed) or runs another major.minor version than the one the
-venv was made for (its pyvenv.cfg's) is made again, saying why. `test` and `bench`
+venv was made for (its pyvenv.cfg's) is made again, saying why; one whose python does not answer in time is
+reused, with a warning. `test` and `bench`
 also install PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's
 machines; PyPI's Linux wheel is the CUDA build, so elsewhere set
 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
@@ -72,16 +73,20 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
 
 def venv_python_unusable(python: str, made_for: str) -> str | None:
     """Why the venv's python cannot serve the venv, made for Python made_for (major.minor, venv_version; "" where
-    pyvenv.cfg does not say), or None: it does not run within PROBE_TIMEOUT_S (its symlink names a Python since
-    removed, say), or runs another major.minor version (its symlink names a python3 upgraded since: the venv's
-    packages are another version's)."""
-    probe = [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
+    pyvenv.cfg does not say), or None: it does not run (its symlink names a Python since removed, say), or runs
+    another major.minor version (its symlink names a python3 upgraded since: the venv's packages are another
+    version's). It is asked isolated (-I) from this process's environment (PYTHONHOME, PYTHONPATH), as the venv's
+    own commands are not. One that does not answer within PROBE_TIMEOUT_S (a machine under load) is not taken as
+    unusable: a warning says so, and None (making the venv again would remove what it holds)."""
+    probe = [python, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except OSError as e:
         return f"does not run ({e.strerror})"
     except subprocess.TimeoutExpired:
-        return f"did not answer within {PROBE_TIMEOUT_S:g} s"
+        print(f"{VENV}: its python did not say its version within {PROBE_TIMEOUT_S:g} s; using the virtual "
+              "environment as it is", file=sys.stderr, flush=True)  # fmt: skip
+        return None
     if done.returncode != 0:
         return f"does not run (exit {done.returncode})"
     runs = done.stdout.strip()

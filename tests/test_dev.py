@@ -184,3 +184,22 @@ def test_a_venv_made_for_another_python_than_the_one_running_dev_py_is_reused(ve
     make_python(NEXT)  # a healthy venv of Python NEXT, dev.py run by this one
     make_cfg(f"{NEXT}.1")
     assert dev.ensure_env() == os.path.join(dev.BIN, "python")
+
+
+def test_a_venv_whose_python_does_not_answer_in_time_is_reused_saying_so(venv, monkeypatch, capsys):
+    monkeypatch.setattr(dev.venv, "EnvBuilder", NoBuilder)
+    monkeypatch.setattr(dev, "PROBE_TIMEOUT_S", 0.2)
+    make_python(script="exec sleep 60")  # a machine too busy to start it in time
+    dev.ensure_env()
+    assert "its python did not say its version within 0.2 s; using the virtual environment" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variable", ["PYTHONHOME", "PYTHONPATH"])
+def test_the_callers_python_variables_do_not_make_a_healthy_venv_unusable(venv, monkeypatch, tmp_path, variable):
+    """PYTHONHOME elsewhere leaves the venv's python without its standard library; PYTHONPATH can name a
+    sitecustomize that exits: the probe is run isolated from both."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "sitecustomize.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.setenv(variable, str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(dev.venv, "EnvBuilder", NoBuilder)
+    assert dev.ensure_env() == os.path.join(dev.BIN, "python")
