@@ -15,7 +15,8 @@ import worker.loop
 from ps.stamp import job_hash
 from worker.__main__ import main as worker_main
 from worker.cluster import LocalCluster
-from worker.resume import PositionWriter, read_position
+from worker.resume import PositionWriter, libsvm_reading, read_position
+from worker.schema_builtin import resolve_schema
 from worker.train_config import TrainConfig
 
 ROWS, BATCH = 6000, 500  # 12 steps of the large recipe's single epoch
@@ -769,3 +770,16 @@ def test_libsvm_values_are_compared_as_the_data_is_read_under_them(tmp_path):
     with pytest.raises(ValueError, match=re.escape("libsvm_values: 'weights' in the file != 'auto' (read as "
                                                    "'one-hot') now")):  # fmt: skip
         read_position(cfg)
+
+
+@pytest.mark.parametrize("values", ["auto", "one-hot", "weights"])
+@pytest.mark.parametrize("lines", ["1 1:1 2:1\n0 3:1\n", "1 1:0.5 2:1\n0 3:2\n"], ids=["zero-one", "valued"])
+def test_the_recorded_libsvm_values_name_how_the_built_in_schema_reads_the_data(tmp_path, values, lines):
+    data = tmp_path / "d.svm"
+    data.write_text(lines)
+    cfg = TrainConfig(servers=("h:1",), data=str(data), format="auto", libsvm_values=values)
+    schema = resolve_schema(str(data), schema_path=None, fmt="auto", label_column=None, drop_columns=(),
+                            numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4,
+                            libsvm_values=values)  # fmt: skip
+    read_as = "weights" if any(c.kind == "weighted" for c in schema.columns) else "one-hot"
+    assert libsvm_reading(values, cfg) == read_as

@@ -118,14 +118,15 @@ def _given_settings(cfg: TrainConfig) -> dict:
 
 def libsvm_reading(values: object, cfg: TrainConfig) -> object:
     """How cfg's data is read under the --libsvm-values value `values`: for auto on data read as libsvm
-    (data_format), what the built-in schema chooses for it (schema_builtin.resolve_schema): "weights" where
-    libsvm_sample finds a value other than 0 and 1, else "one-hot"; else values as given."""
+    (data_format), what the built-in schema reads it as (libsvm_reader.libsvm_values_read_as, of the sample
+    libsvm_sample takes of its first file with content, as schema_builtin.resolve_schema does); else values as
+    given."""
     if values != "auto" or data_format(cfg.format, cfg) != "libsvm":
         return values
     from worker.formats import first_with_content
-    from worker.readers.libsvm_reader import libsvm_sample
+    from worker.readers.libsvm_reader import libsvm_sample, libsvm_values_read_as
 
-    return "weights" if libsvm_sample(first_with_content(cfg.data))[1] else "one-hot"
+    return libsvm_values_read_as(values, libsvm_sample(first_with_content(cfg.data))[1])
 
 
 def data_format(fmt: object, cfg: TrainConfig) -> object:

@@ -190,7 +190,7 @@ def resolve_schema(
                 schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
     from worker.formats import csv_records, detect_format
-    from worker.readers.libsvm_reader import libsvm_sample
+    from worker.readers.libsvm_reader import libsvm_sample, libsvm_values_read_as
 
     format_from, delimiter = "", ","
     if fmt == AUTO_FORMAT:
@@ -219,11 +219,11 @@ def resolve_schema(
             picked = csv_label(header, rows)
             if picked is None:
                 _check_a_label_is_named(data, header, rows)
-    weighted = libsvm_values == "weights"
+    sampled = False  # whether the libsvm sample holds a value other than 0 and 1 (none taken without data)
     if fmt == "libsvm" and (libsvm_fields is None or data is not None):
         counted, sampled = libsvm_sample(data)
         libsvm_fields = counted if libsvm_fields is None else libsvm_fields
-        weighted = sampled if libsvm_values == "auto" else weighted
+    weighted = libsvm_values_read_as(libsvm_values, sampled) == "weights"
     if fmt != "libsvm" and libsvm_values != "auto":
         raise ValueError(f"--libsvm-values is for libsvm data, not {fmt}; leave it out")
     named = picked is not None and picked[1] != "first column"  # a column taken for its name

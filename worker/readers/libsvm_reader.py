@@ -237,6 +237,15 @@ def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
     return most_within or most, weighted
 
 
+def libsvm_values_read_as(libsvm_values: str, sampled_weights: bool) -> str:
+    """What libsvm data is read as under --libsvm-values libsvm_values (schema.LIBSVM_VALUES): "weights" or
+    "one-hot" as given; auto: "weights" where the data's sample holds a value other than 0 and 1 (sampled_weights,
+    libsvm_sample's weighted), else "one-hot"."""
+    if libsvm_values == "auto":
+        return "weights" if sampled_weights else "one-hot"
+    return libsvm_values
+
+
 def has_labels(name: str) -> bool:
     """Whether a libsvm file's lines start with a label (see the module docstring); True for an empty file."""
 
