@@ -1399,28 +1399,51 @@ def test_a_file_without_examples_is_said_to_hold_what_it_holds_in_its_format(tmp
 
 @pytest.mark.parametrize("fmt", ["libsvm", "csv"])
 @pytest.mark.parametrize("files", [1, 2])
-def test_the_share_rule_a_refusal_states_numbers_the_lines_each_worker_reads_as_the_readers_do(tmp_path, fmt, files):
-    """share_rule, in files and lines counted from 1 (a CSV's header its line 1), against the line numbers
-    read_batches gives each worker's examples."""
+def test_the_share_rule_a_refusal_states_numbers_the_data_each_worker_reads_as_the_readers_do(tmp_path, fmt, files):
+    """share_rule, in files and lines (a CSV's records after its header) counted from 1, against the line numbers
+    read_batches gives each worker's examples: a CSV's first record spans two lines, so its record r starts on
+    line r + 2 (the header line 1), and a rule in lines would name the wrong ones."""
     from worker.data import share_rule
     from worker.formats import read_batches
 
-    n, lines = 3, 7
+    n, count = 3, 7
     paths = [tmp_path / f"d{k}.{fmt}" for k in range(files)]
     for path in paths:
-        rows = [f"{j % 2},{j}" if fmt == "csv" else f"{j % 2} {j}:1" for j in range(lines)]
+        rows = [f"{j % 2},{j}" if fmt == "csv" else f"{j % 2} {j}:1" for j in range(count)]
+        rows[0] = '1,"x\ny"' if fmt == "csv" else rows[0]
         path.write_text("label,a\n" * (fmt == "csv") + "\n".join(rows) + "\n")
+    first_line = {r: r + (fmt == "csv") * (1 + (r > 1)) for r in range(1, count + 1)}  # of record (line) r
     spec = ",".join(map(str, paths))
     _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=spec, format=fmt))
     rule = share_rule(n, files, fmt == "csv")
     for i in range(n):
-        read = [b.line_nos.tolist() for b in read_batches(spec, data.schema, lines * files, worker_id=i, num_workers=n)]
-        got = sum(read, [])
+        read = [b.line_nos.tolist() for b in read_batches(spec, data.schema, count * files, worker_id=i, num_workers=n)]
         if files == 1:  # "lines i + a, i + b, ...": an arithmetic run from the first
             first, second = (int(x) for x in re.findall(r"i \+ (\d+)", rule)[:2])
-            expected = list(range(i + first, lines + 1 + (fmt == "csv"), second - first))
-        else:  # "file k's lines whose number % n == (i + k[ + 1]) % n", k from 1
-            shift = int("+ 1)" in rule)
-            expected = [j for k in range(1, files + 1) for j in range(1 + shift, lines + 1 + shift)
-                        if j % n == (i + k + shift) % n]  # fmt: skip
-        assert got == expected, (rule, i)
+            numbers = list(range(i + first, count + 1, second - first))
+        else:  # "file k's lines whose number % n == (i + k) % n", k from 1
+            assert f"whose number % {n} == (i + k) % {n}" in rule
+            numbers = [r for k in range(1, files + 1) for r in range(1, count + 1) if r % n == (i + k) % n]
+        assert sum(read, []) == [first_line[r] for r in numbers], (rule, i)
+
+
+def test_the_idle_worker_check_counts_a_csv_by_records_not_lines(tmp_path):
+    """A record whose quoted field spans two lines is one record: 3 lines of data, 2 records, leave worker 2 of 3
+    none (the oracle: each worker's share read), which the check refuses in records."""
+    from worker.formats import read_batches
+
+    path = tmp_path / "quoted.csv"
+    path.write_text('label,a\n1,"x\ny"\n0,z\n')
+    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv"))
+    assert [sum(map(len, read_batches(str(path), data.schema, 10, worker_id=i, num_workers=3))) for i in range(3)] == [
+        1, 1, 0]  # fmt: skip
+    cfg = TrainConfig(servers=("h:1",), data=str(path), format="csv", job_id=1, num_workers=3, worker_id=0)
+    with pytest.raises(ValueError, match=r"quoted.csv holds 2 records of data, shared by the job's 3 workers \(worker "
+                                         r"i reads records i \+ 1, i \+ 4, i \+ 7, \.\.\. after the header\): worker 2 "
+                                         r"would read none of them: it trains no example; start at most 2$"):  # fmt: skip
+        prepare(cfg)
+    prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", job_id=1, num_workers=2, worker_id=1))
+    path.write_text('"la\nbel",a\n')  # two lines, a header and no record: refused as no examples, not idle workers
+    with pytest.raises(ValueError, match=r"quoted.csv: no examples in it"):
+        prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", num_workers=2, job_id=1))
+

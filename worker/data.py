@@ -43,6 +43,7 @@ from worker.formats import (
     read_batches,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto, count_files_upto
+from worker.readers.csv_reader import csv_records_upto
 from worker.readers.no_examples import no_examples_held
 from worker.results import UNTRAINED
 from worker.schema import Schema, schema_from_text
@@ -69,16 +70,15 @@ def count_lines(path: str, header: bool = False) -> int:
     return count_files_upto(data_files(path), None, header=header).lines
 
 
-def share_rule(num_workers: int, files: int, header: bool) -> str:
-    """Which lines of `files` files worker i of num_workers reads (worker/formats.py: of the k-th file from 0, its
+def share_rule(num_workers: int, files: int, csv: bool) -> str:
+    """Which data of `files` files worker i of num_workers reads (worker/formats.py: of the k-th file from 0, its
     data lines whose 0-based index % n == (i + k) % n), with files and lines numbered from 1 as editors and the
-    bad-line messages number them (header: a CSV, whose header is each file's line 1 and no data line)."""
-    n, past = num_workers, 1 + header  # a file's first data line's number
+    bad-line messages number them. csv: a CSV's data are records (a quoted field may spread one over several
+    lines), numbered from 1 after its header."""
+    n, unit = num_workers, "records" if csv else "lines"
     if files == 1:
-        header_note = " (line 1 its header)" if header else ""
-        return f"lines i + {past}, i + {n + past}, i + {2 * n + past}, ...{header_note}"
-    shift = "i + k + 1" if header else "i + k"
-    return (f"file k's lines whose number % {n} == ({shift}) % {n}{' past its header' * header}, files and lines "
+        return f"{unit} i + 1, i + {n + 1}, i + {2 * n + 1}, ...{' after the header' * csv}"
+    return (f"file k's {unit}{' past its header' * csv} whose number % {n} == (i + k) % {n}, files and {unit} "
             "counted from 1")  # fmt: skip
 
 
@@ -191,20 +191,28 @@ class DataSource:
 
     def _check_every_worker_reads(self, cfg: Any) -> None:
         """ValueError when the files are counted whole (fewer lines than the recipe's threshold) and some worker's
-        share of them holds no line of data (the shares take lines of no data too: LineCount.per_file_residues): it
-        would train nothing. No lines at all: first_batch's error."""
+        share of them holds no line of data (the shares take lines of no data too: LineCount.per_file_residues; of a
+        CSV, no record: csv_records_upto, whose first `n` records of each file are read): it would train nothing. No
+        lines at all: first_batch's error."""
         counted, n = self.line_count, cfg.num_workers
         if counted is None or counted.more or not counted.lines:
             return
-        idle = idle_workers(counted.per_file_residues, n)
+        csv, paths, delimiter = self.schema.format == "csv", data_files(cfg.data), self.schema.delimiter
+        residues = counted.per_file_residues  # of lines; a CSV's shares are of records, fewer where one spans lines
+        if csv:
+            residues = tuple(frozenset(range(csv_records_upto(path, delimiter, n))) for path in paths)
+            if not any(residues):  # lines past a header, but no record: a quoted line end inside the header
+                return
+        idle = idle_workers(residues, n)
         if not idle:
             return
         files = len(counted.per_file)
-        rule = share_rule(n, files, self.schema.format == "csv")
+        rule = share_rule(n, files, csv)
         names = ", ".join(map(str, idle[:5])) + ", ..." * (len(idle) > 5)
-        gapless = files == 1 and count_lines(cfg.data, self.schema.format == "csv") == counted.lines  # all data
-        fewer = f"start at most {counted.lines:,}" if gapless else "start fewer workers"
-        raise ValueError(f"{cfg.data} holds {counted.lines:,} line{'s' * (counted.lines != 1)} of data"
+        held = sum(csv_records_upto(path, delimiter, None) for path in paths) if csv else counted.lines
+        gapless = files == 1 and (csv or count_lines(cfg.data) == counted.lines)  # every line (record) is data
+        fewer = f"start at most {held:,}" if gapless else "start fewer workers"
+        raise ValueError(f"{cfg.data} holds {held:,} {'record' if csv else 'line'}{'s' * (held != 1)} of data"
                          f"{f' in {files:,} files' if files > 1 else ''}, shared by the job's {n} workers (worker i "
                          f"reads {rule}): worker{'s' * (len(idle) > 1)} {names} would read none of them: "
                          f"{'each' if len(idle) > 1 else 'it'} {UNTRAINED}; {fewer}")  # fmt: skip

@@ -162,6 +162,27 @@ def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tupl
                 yield start, [row[i] for i in at]
 
 
+def csv_records_upto(name: str, delimiter: str, limit: int | None) -> int:
+    """The records of a csv file past its header, split as csv_cells splits them (BoundedReader: a quoted field
+    may span lines; a record the csv module cannot read is one record, as are blank ones), counted until `limit`
+    of them (None: to the end); 0 for a file of no content. The places of a worker's share are these records."""
+    with open_data(name) as raw:
+        reader = BoundedReader(CsvLines(raw).texts(), delimiter)
+        header = next(reader, None)
+        if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
+            return 0
+        records = 0
+        while limit is None or records < limit:
+            try:
+                next(reader)
+            except StopIteration:
+                break
+            except csv.Error:
+                pass
+            records += 1
+    return records
+
+
 def has_labels(name: str, schema: Schema) -> bool:
     """Whether a CSV file holds labels (see the module docstring); True for an empty file."""
     header = read_csv_header(name, schema.delimiter)
