@@ -1447,3 +1447,31 @@ def test_the_idle_worker_check_counts_a_csv_by_records_not_lines(tmp_path):
     with pytest.raises(ValueError, match=r"quoted.csv: no examples in it"):
         prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", num_workers=2, job_id=1))
 
+
+@pytest.mark.parametrize(
+    "fmt, text, held",
+    [
+        ("csv", '"la\nbel",a\n', "it holds only a header)"),  # a quoted line end inside the header
+        ("csv", "label,a\r,\r\r", "it holds only a header, rows of blank cells and blank lines)"),  # CR line ends
+        (
+            "csv",
+            'label,a\n,\n1,"x\ny",z\n',
+            "it holds only a header, rows of blank cells and 2 malformed lines; "
+            "the first malformed one: {path} line 3: 3 columns",
+        ),  # a record of 2 lines
+        (
+            "libsvm",
+            "# a\r# b\n",
+            "it holds only 1 malformed line; the first malformed one: {path} line 1: it holds carriage returns",
+        ),  # fmt: skip
+    ],
+)
+def test_what_a_file_without_examples_holds_is_what_its_reader_read(tmp_path, fmt, text, held):
+    """The words come from the read's counts, not from a scan of physical lines of its own: records that span
+    lines, CR line ends and a libsvm line the reader refuses are said as the reader read them (held: all of the
+    words where it ends in ")", else their start)."""
+    path = tmp_path / f"d.{fmt}"
+    path.write_bytes(text.encode())
+    whole = "$" if held.endswith(")") else ""
+    with pytest.raises(ValueError, match=re.escape(f"{path}: no examples in it ({held.format(path=path)}") + whole):
+        prepare(TrainConfig(local_shards=1, data=str(path), format=fmt, max_bad_lines=5))

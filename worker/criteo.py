@@ -35,6 +35,9 @@ _WRITE_ROWS = 65536  # rows formatted at a time by write_criteo
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 EMPTY_LINE = "empty line"  # a line of nothing but whitespace: skipped, not a bad line (worker/formats.py)
+COMMENT_LINE = "comment line"  # a libsvm line of a comment or query id only: skipped as empty
+BLANK_CELLS = "row of blank cells"  # a CSV record of blank cells (",,,", a spreadsheet's empty row): skipped as empty
+EMPTY_PROBLEMS = (EMPTY_LINE, COMMENT_LINE, BLANK_CELLS)  # a reader's problems of a line skipped as empty
 CR_ALONE = "it holds carriage returns: are its lines ended by CR alone? (`tr '\\r' '\\n'` converts them)"
 # said of a bad line of a line file (Criteo, libsvm) with a CR inside: lines ended by CR alone read as one line
 

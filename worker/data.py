@@ -475,8 +475,8 @@ class DataSource:
 
     def no_examples_held(self, path: str, stats: ReadStats, subject: str = "it") -> str:
         """What the files of path, read whole without an example (stats: that read's), hold instead, as a refusal
-        says it of subject (readers.no_examples.no_examples_held, in the schema's format)."""
-        return no_examples_held(data_files(path), self.schema.format, stats, subject)
+        says it of subject (readers.no_examples.no_examples_held)."""
+        return no_examples_held(data_files(path), stats, subject)
 
     def skipped_lines(self) -> int:
         """Malformed lines of the training data skipped in the first pass over this worker's share (0 for synthetic

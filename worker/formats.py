@@ -39,7 +39,8 @@ Common to all formats:
     file, wherever one file speaks for all (the header, labels or not), is the first one with content.
   - An empty data line (nothing but whitespace; in a CSV, blank cells only: the rows spreadsheet exports often
     end with) is skipped and counted
-    in stats.empty_lines, not as a bad line.
+    in stats.empty_lines, not as a bad line (of them, libsvm lines of a comment or query id only in
+    stats.comment_lines, CSV records of blank cells in stats.blank_cell_rows; CSV headers read in stats.headers).
   - A malformed data line is skipped and counted in `stats` (ReadStats): one the
     format cannot split (the problems its reader lists), or one with a cell the schema cannot read (encode.py: a
     numeric cell that is not a number, an integer column that is not an int64 integer, a bag token that is
@@ -81,7 +82,15 @@ import numpy as np
 
 from worker.batch import Batch, rebatch
 from worker.cells import float_values
-from worker.criteo import EMPTY_LINE, NUM_COLUMNS, libsvm_like, libsvm_tokens, other_format_hint
+from worker.criteo import (
+    BLANK_CELLS,
+    COMMENT_LINE,
+    EMPTY_PROBLEMS,
+    NUM_COLUMNS,
+    libsvm_like,
+    libsvm_tokens,
+    other_format_hint,
+)
 from worker.datafiles import data_files
 from worker.encode import encode_examples
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
@@ -387,8 +396,10 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: 
         out.batch.line_nos = np.delete(chunk.line_nos, out.bad)  # of the good examples, as out.batch holds them
         problems = chunk.problems + [(int(chunk.line_nos[i]), p) for i, p in zip(out.bad.tolist(), out.problems)]
         for line_no, problem, *lines in sorted(problems):  # in file order: first_bad is the first in the file
-            if problem == EMPTY_LINE:
+            if problem in EMPTY_PROBLEMS:
                 share.bad.stats.empty_lines += 1
+                share.bad.stats.comment_lines += problem == COMMENT_LINE
+                share.bad.stats.blank_cell_rows += problem == BLANK_CELLS
             else:
                 share.bad.add(line_no, problem, *lines)
         share.bad.stats.truncated_bags += out.truncated_bags

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from worker.cells import is_missing_text
-from worker.criteo import EMPTY_LINE
+from worker.criteo import BLANK_CELLS, EMPTY_LINE
 from worker.csv_fast import BOOL_LABELS, CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
@@ -301,6 +301,7 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
         if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
             return
         header = header_names(name, header)
+        share.bad.stats.headers += 1
         label, sources = _csv_columns(name, header, schema, labeled, blank_labels)
         parsed = parsed_sources(schema)
         scan = CSV_SCAN and ord(schema.delimiter) < 128
@@ -401,8 +402,8 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _
         for i in np.flatnonzero(bad | ((scanned.labels != 0) & (scanned.labels != 1))).tolist():
             blank[i] = columns[i] == 0 or _blank(scanned.line(i), delimiter)
     for i in np.flatnonzero(bad | blank).tolist():
-        if blank[i] or columns[i] == 0:
-            problems.append((int(line_nos[i]), EMPTY_LINE))
+        if blank[i] or columns[i] == 0:  # of one cell at most: a blank line; of more, blank cells
+            problems.append((int(line_nos[i]), EMPTY_LINE if columns[i] <= 1 else BLANK_CELLS))
         else:
             problems.append((int(line_nos[i]), f"{columns[i]} columns, expected {width} as in the header"))
     bad |= blank
@@ -485,8 +486,8 @@ def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str |
     """What is wrong with a record (label.at None: it has no label), or None."""
     if isinstance(row, csv.Error):
         return f"unreadable CSV: {row}"
-    if not any(cell.strip() for cell in row):  # no cell, or every cell blank (a spreadsheet's empty row)
-        return EMPTY_LINE
+    if not any(cell.strip() for cell in row):  # no cell or one blank (a blank line), or blank cells
+        return EMPTY_LINE if len(row) <= 1 else BLANK_CELLS
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
     if label.at is None or label.good(row[label.at]) or label.unread(row):

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from worker.cells import FLOAT32_MAX
-from worker.criteo import CR_ALONE, EMPTY_LINE, libsvm_tokens
+from worker.criteo import COMMENT_LINE, CR_ALONE, EMPTY_LINE, EMPTY_PROBLEMS, libsvm_tokens
 from worker.encode import Parsed
 from worker.features import MISSING_CAT
 from worker.readers.share import Cells, Share, bounded_lines, first_line, open_data
@@ -164,7 +164,7 @@ def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False,
         return CR_ALONE
     tokens = libsvm_tokens(line)
     if not tokens:
-        return EMPTY_LINE
+        return COMMENT_LINE if line.strip() else EMPTY_LINE
     label = _LIBSVM_LABELS.get(tokens[0]) if labeled else math.nan
     if label is None:
         try:
@@ -228,7 +228,7 @@ def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
     weighted = False
     with open_data(os.fspath(path)) as f:
         parsed_lines = (_libsvm_line(line, labeled, with_values=True) for line in bounded_lines(f, os.fspath(path)))
-        for parsed in itertools.islice((p for p in parsed_lines if p != EMPTY_LINE), FIELD_COUNT_LINES):
+        for parsed in itertools.islice((p for p in parsed_lines if p not in EMPTY_PROBLEMS), FIELD_COUNT_LINES):
             if not isinstance(parsed, str):
                 most = max(most, len(parsed[1]))
                 if len(parsed[1]) <= MAX_LIBSVM_FIELDS:

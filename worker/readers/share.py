@@ -33,7 +33,10 @@ class ReadStats:
     lines_read: int = 0  # data lines of this worker's share read so far, bad ones included
     bad_lines: int = 0  # of which malformed (skipped)
     bad_records: int = 0  # the malformed records they make up (a CSV record over several lines counts once)
-    empty_lines: int = 0  # of which empty (skipped, not bad)
+    empty_lines: int = 0  # of which empty (skipped, not bad) ...
+    comment_lines: int = 0  # ... of them libsvm lines of a comment or query id only (criteo.COMMENT_LINE)
+    blank_cell_rows: int = 0  # ... of them CSV records of blank cells, ",,," (criteo.BLANK_CELLS)
+    headers: int = 0  # CSV header lines read (one a file of content)
     first_bad: str | None = None  # the first problem: "<file> line <L>: <what was wrong>"
     truncated_bags: int = 0  # bags of the good lines cut to their column's max_length
     stopped: bool = False  # a bad line past --max-bad-lines ended the reading (its ValueError says so)
