@@ -1044,11 +1044,53 @@ def test_a_resumed_runs_best_line_says_it_judges_its_own_part_and_gives_no_epoch
 
     r = {"best_validation_auc": 0.79, "best_validation_logloss": 0.45, "best_epoch": 2, "best_step": 64,
          "model_is_best": True, "curve": [{"best": True}]}  # fmt: skip
-    assert "a larger --epochs, or a weaker sparse l2 (an ftrl `l2` in --table-config), may give a better model" in (
-        format_results(r)
-    )
+    assert "a larger --epochs may give a better model" in format_results(r)  # no table of an l2
     resumed = format_results({**r, "skipped_examples": 475_136})
     assert "of this resumed run's evaluations only" in resumed and "a larger --epochs" not in resumed
+
+
+def test_the_still_improving_hint_gives_the_table_config_of_a_weaker_l2_for_the_runs_tables_which_trains(tmp_path):
+    """A small-data run (ftrl, l2 300) whose last epoch was its best says the --table-config file of a tenth of its
+    l2 for its own table and optimizer, indented to copy; that file, copied, parses and trains with that l2."""
+    from worker.model_tables import table_configs, weaker_l2_toml
+    from worker.results import format_results
+
+    cfg = TrainConfig(local_shards=1, synthetic_rows=600, batch_size=100, epochs=2, early_stop=0, progress=False)
+    cfg, data, spec, _ = prepare(cfg)
+    snippet = '[fm]\noptimizer = { name = "ftrl", learning_rate = 0.05, params = { l2 = 30 } }'
+    assert weaker_l2_toml(table_configs(cfg, spec, data.schema.table_overrides()), spec) == snippet
+    said = format_results({"best_validation_auc": 0.7, "best_validation_logloss": 0.5, "best_epoch": 2,
+                           "curve": [{"best": True}], "weaker_l2_toml": snippet})  # fmt: skip
+    assert ("or a weaker sparse l2, may give a better model: e.g. a tenth of this run's, a file for --table-config "
+            "of\n         [fm]\n         optimizer = { name = \"ftrl\", learning_rate = 0.05, params = { l2 = 30 } }"
+            ) in said  # fmt: skip
+    copied = "\n".join(line.strip() for line in said.split("--table-config of\n")[1].splitlines())
+    (tmp_path / "weaker.toml").write_text(copied + "\n")
+    weaker = dataclasses.replace(cfg, table_config=str(tmp_path / "weaker.toml"))
+    fm = {t.name: t for t in table_configs(weaker, spec, data.schema.table_overrides())}["fm"]
+    assert (fm.optimizer.name, fm.optimizer.learning_rate, fm.optimizer.params["l2"]) == ("ftrl", 0.05, 30.0)
+    result, after, before = _run(weaker, train_ids=True)
+    assert result.examples == 2 * len(np.concatenate([b.labels for b in data.train()])) and (after != before).any()
+
+
+def test_the_weaker_l2_file_keeps_a_tables_other_settings_and_leaves_out_tables_without_l2():
+    """ftrl keeps its parameters that differ from the defaults; a lazy l2 is divided likewise; a table with no l2,
+    and the dense tables, get no section."""
+    from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+    from worker.model_tables import weaker_l2_toml
+
+    cfg, _, spec, _ = prepare(TrainConfig(local_shards=1, synthetic_rows=600, progress=False))
+    init = InitializerConfig("uniform", 0.01)
+    ftrl = TableConfig("fm", 9, init, OptimizerConfig("ftrl", 0.1, {"beta": 0.5, "l1": 0.0, "l2": 1e-6}))
+    lazy = TableConfig("fm", 9, init, OptimizerConfig("adagrad", 0.02), l2=0.5)
+    plain = TableConfig("fm", 9, init, OptimizerConfig("adagrad", 0.02))
+    dense = TableConfig("dense.fm.logit.bias", 1, init, OptimizerConfig("ftrl", 0.1, {"l2": 5.0}))
+    assert weaker_l2_toml([ftrl, dense], spec) == (
+        '[fm]\noptimizer = { name = "ftrl", learning_rate = 0.1, params = { beta = 0.5, l2 = 1e-07 } }'
+    )
+    assert table_configs_from_toml(weaker_l2_toml([ftrl], spec))["fm"]["optimizer"].params == {"beta": 0.5, "l2": 1e-7}
+    assert weaker_l2_toml([lazy], spec) == "[fm]\nl2 = 0.05"
+    assert weaker_l2_toml([plain, dense], spec) == ""
 
 
 def test_a_first_step_that_took_much_of_the_training_time_is_pointed_out():
@@ -1374,6 +1416,9 @@ def test_early_stopping_by_auc_on_a_validation_set_of_one_label_is_refused_befor
         train(cfg)
     result = train(dataclasses.replace(cfg, early_stop_metric="logloss"))
     assert result["early_stop_metric"] == "logloss" and math.isnan(result["best_validation_auc"])
+    assert result["weaker_l2_toml"] == (  # the small-data recipe's table, said if the last epoch is the best
+        '[fm]\noptimizer = { name = "ftrl", learning_rate = 0.05, params = { l2 = 30 } }'
+    )
 
 
 @pytest.mark.parametrize(

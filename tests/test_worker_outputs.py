@@ -426,6 +426,7 @@ def test_a_workers_figures_say_what_its_evaluations_are_of():
     text = format_results(one)
     assert "(5 examples)\n" in text and "the model kept is this best one" in text
     assert "the last epoch was the best: validation logloss was still improving, so a larger --epochs" in text
+    assert "weaker" not in text  # the run's tables have no l2 to weaken
     assert "still improving" not in format_results({**one, "curve": [{"best": True}, {"best": False}]})
     job = format_results({**one, "worker": "1/2", "model_is_best": False})
     assert "(5 examples; the model as this worker finished, which others may have trained since: ps-worker eval" in job

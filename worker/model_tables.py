@@ -4,6 +4,7 @@ table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one 
 table_config_note                what --table-config changed of the recipe's and the flags' choice
 check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
 check_allreduce_tables           --dense allreduce refuses MLP tables' settings only the servers would apply
+weaker_l2_toml                   a --table-config file giving the sparse tables a tenth of their l2
 sparse_table_stats, missing_shares    what the shards hold of the model's tables, and a shard that lacks its part
 """
 
@@ -13,7 +14,14 @@ import dataclasses
 import logging
 from typing import Any
 
-from ps.config import FULL_AT_REST, InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+from ps.config import (
+    FULL_AT_REST,
+    OPTIMIZER_PARAMS,
+    InitializerConfig,
+    OptimizerConfig,
+    TableConfig,
+    table_configs_from_toml,
+)
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
@@ -114,6 +122,34 @@ def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[
         if parts:
             changed.append(f"{t.name}: {', '.join(parts)}")
     return f"; --table-config sets table {'; '.join(changed)} instead" if changed else ""
+
+
+def weaker_l2_toml(tables: list[TableConfig], spec: ModelSpec, divisor: float = 10.0) -> str:
+    """The text of a --table-config file that gives each sparse table of tables (a model's, as trained) its l2
+    divided by divisor and keeps the rest of its optimizer: an ftrl table's own `params.l2`, another table's lazy `l2`;
+    "" where no sparse table has an l2. Its params list only those that differ from the optimizer's defaults."""
+    sections = []
+    for t in tables:
+        if t.name not in spec.table_dims():
+            continue
+        opt = t.optimizer
+        if opt.name == "ftrl" and opt.params.get("l2"):
+            defaults = OPTIMIZER_PARAMS["ftrl"]
+            kept = {k: v for k, v in sorted(opt.params.items()) if k != "l2" and v != defaults.get(k)}
+            params = ", ".join(
+                f"{k} = {_toml_number(v)}" for k, v in {**kept, "l2": opt.params["l2"] / divisor}.items()
+            )
+            sections.append(f'[{t.name}]\noptimizer = {{ name = "ftrl", learning_rate = '
+                            f"{_toml_number(opt.learning_rate)}, params = {{ {params} }} }}")  # fmt: skip
+        elif t.l2:
+            sections.append(f"[{t.name}]\nl2 = {_toml_number(t.l2 / divisor)}")
+    return "\n".join(sections)
+
+
+def _toml_number(value: float) -> str:
+    """value as a TOML number that reads back as value: 30 for 30.0, 0.05, 1e-07."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
 
 
 def check_geo_tables(tables: list[TableConfig], spec: ModelSpec) -> None:

@@ -108,11 +108,21 @@ def format_results(r: dict, launched: bool = False) -> str:
         last = (r.get("curve") or [{}])[-1]
         cut_short = r.get("stopped_early") or r.get("stopped_at_max_examples")  # more epochs would not run
         if not cut_short and not r.get("skipped_examples") and last.get("best") and r["best_epoch"] > 1:
-            lines.append(f"       the last epoch was the best: validation {metric or 'logloss'} was still improving, so a larger "
-                         "--epochs, or a weaker sparse l2 (an ftrl `l2` in --table-config), may give a better "
-                         "model")  # fmt: skip
+            lines.append(still_improving(metric or "logloss", r.get("weaker_l2_toml", "")))
     lines += oracle_lines(r)
     return "\n".join(lines)
+
+
+def still_improving(metric: str, weaker_l2: str) -> str:
+    """The line under the best one of a run whose last epoch was its best: more epochs may help, and so may a
+    weaker sparse l2 where the run's tables have one (weaker_l2: the --table-config file that gives it,
+    model_tables.weaker_l2_toml; "": none has), its lines indented to be copied."""
+    line = f"       the last epoch was the best: validation {metric} was still improving, so a larger --epochs"
+    if not weaker_l2:
+        return line + " may give a better model"
+    toml = "\n".join(f"         {s}" for s in weaker_l2.splitlines())
+    return (f"{line}, or a weaker sparse l2, may give a better model: e.g. a tenth of this run's, a file for "
+            f"--table-config of\n{toml}")  # fmt: skip
 
 
 def skipped_note(r: dict) -> str:

@@ -42,7 +42,7 @@ from worker.data import DataSource
 from worker.dense import dense_norm, start_logit_bias
 from worker.job import check_training, dense_path, job_client, job_lines, loop_settings, make_backend
 from worker.loop import LoopResult, TrainingDataError, run_epochs
-from worker.model_tables import held_features, missing_shares, sparse_table_stats
+from worker.model_tables import held_features, missing_shares, sparse_table_stats, weaker_l2_toml
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, resumes_whole, state_changed
@@ -236,6 +236,7 @@ def train(cfg: TrainConfig) -> dict:
             **({"best_ids_not_restored": loop.best_not_restored} if loop.best_not_restored else {}),
             "model_is_best": loop.restored_best or bool(cfg.num_workers == 1 and loop.curve and loop.curve[-1]["best"]),
             "curve": loop.curve,
+            "weaker_l2_toml": weaker_l2_toml(tables_cfg, spec),  # the hint of a run whose last epoch was its best
         }
         if loop.best is not None:
             results.update(best_validation_auc=loop.best["validation_auc"],
