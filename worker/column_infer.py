@@ -51,7 +51,7 @@ from worker.cells import FLOAT32_MAX, is_missing_text
 from worker.schema import Column, _entry
 from worker.timestamps import time_format, untold_time
 
-_BAG_SEPARATORS = "|;,"
+BAG_SEPARATORS = "|;,"  # of a list in a cell: multi_hot (weighted) where its tokens repeat
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
 _HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
 _BAG_SHARE = 0.1  # a column is a list when at least this share of its non-empty cells holds the separator
@@ -313,7 +313,7 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
         return Column(name, source, "categorical"), (
             f"{what} ({seen}): categorical, as text; {fix} and infer the schema again{aside}"
         )
-    for sep in _BAG_SEPARATORS:
+    for sep in BAG_SEPARATORS:
         holding = [c for c in present if sep in c]
         if sep == "," and holding and sum(", " in c for c in holding) >= 0.5 * len(holding):
             continue  # prose ("Big sale, 50% off"), not a list

@@ -1,7 +1,7 @@
 """What the built-in schema (worker/schema_builtin.py) may read wrong in a file, warned of as a run starts: a first
 line that reads like an example (a CSV without a header line: also formats.detect_format's refusal and `ps-worker
-schema`'s check), a label the header names elsewhere, columns of numbers read as ids (plain, or written as 1,234
-or 0,5), --numeric-columns' logs of numbers below 0."""
+schema`'s check), a label the header names elsewhere, columns of lists read as one id per cell, columns of numbers
+read as ids (plain, or written as 1,234 or 0,5), --numeric-columns' logs of numbers below 0."""
 
 from __future__ import annotations
 
@@ -45,11 +45,12 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
             log.warning("%s: the label is the first column, %r (the built-in csv schema's default), but the header "
                         "also has %r, named like a label: give --label-column %s if that is the label", data, label,
                         named[0], named[0])  # fmt: skip
+    categorical = {c.source for c in schema.columns if c.kind == "categorical"}
+    told = _warn_of_lists(data, header, rows, categorical, schema.delimiter)
     if not no_numeric:
         _warn_of_negative_logs(data, header, schema, rows)
         return
-    categorical = {c.source for c in schema.columns if c.kind == "categorical"}
-    cells = {name: [row[i] for row in rows] for i, name in enumerate(header) if name in categorical}
+    cells = {name: [row[i] for row in rows] for i, name in enumerate(header) if name in categorical - told}
     times = [name for name, column in cells.items() if time_format(name, column)]
     if times:
         log.warning("%s: %s %s %s times (a sample of %s): the built-in csv schema reads each value as an id of its "
@@ -72,6 +73,33 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
         log.warning("%s: " + them + " numbers of many values (a sample of %s): the built-in csv schema reads "
                     "each value as an id of its own. `ps-worker schema --data %s > schema.toml`, then --schema "
                     "schema.toml, reads them as numbers and their buckets", data, shown, _rows(rows), data)  # fmt: skip
+
+
+def _warn_of_lists(data: str, header: list[str], rows: list[list[str]], categorical: set[str],
+                   delimiter: str) -> set[str]:  # fmt: skip
+    """A warning for each column of the built-in csv schema's categorical ones whose cells `ps-worker schema` reads
+    as lists (multi_hot, or weighted: worker/column_infer.py infer_column), which the built-in schema reads as one id
+    per whole cell; the columns warned of. Where a cell of rows (a sample) holds a list separator, the columns are
+    judged on the sample `ps-worker schema` takes (SAMPLE_ROWS): in fewer rows, a list's items may not repeat yet."""
+    from worker.column_infer import BAG_SEPARATORS, infer_column
+    from worker.formats import csv_records
+    from worker.schema_infer import SAMPLE_ROWS
+
+    at = {name: i for i, name in enumerate(header) if name in categorical}
+    if not any(sep in row[i] for row in rows for i in at.values() for sep in BAG_SEPARATORS):
+        return set()
+    _, rows = csv_records(data, delimiter, SAMPLE_ROWS)
+    told = set()
+    for name, i in at.items():
+        column = infer_column(name, name, [row[i] for row in rows], sampled=True)[0]
+        if column.kind in ("multi_hot", "weighted"):
+            example = next(row[i] for row in rows if column.separator in row[i])
+            log.warning("%s: column %r holds lists split by %r (as %r; a sample of %s): the built-in csv schema reads "
+                        "each whole cell as one id, so the model never sees a list's items. `ps-worker schema --data "
+                        "%s > schema.toml`, then --schema schema.toml, reads each item as an id of its own (kind "
+                        "%s)", data, name, column.separator, example, _rows(rows), data, column.kind)  # fmt: skip
+            told.add(name)
+    return told
 
 
 def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None,

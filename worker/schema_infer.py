@@ -22,6 +22,7 @@ from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, _entry, _toml, is_label_n
 from worker.schema_builtin import builtin_schema, separator_of_one_column
 from worker.schema_hints import header_reads_like_an_example
 
+SAMPLE_ROWS = 10_000  # rows of a csv sample a schema is inferred from, where not told (`ps-worker schema --rows`)
 SAMPLED_FILES = 8  # files of many a csv sample is taken from, at most (spread evenly over their list)
 
 
@@ -70,7 +71,7 @@ def _first_record_width(path: str, delimiter: str) -> int | None:
         return None
 
 
-def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
+def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = SAMPLE_ROWS) -> str:
     """A starting schema for a data file, as TOML with comments saying what was inferred from how many rows.
     csv: from the header and sample_rows records (read_csv_sample: half the file's first, half spread over the rest
     of an uncompressed file; see worker/column_infer.py for the rules); criteo and
@@ -79,7 +80,7 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
 
 
 def infer_schema(
-    path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000
+    path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = SAMPLE_ROWS
 ) -> tuple[str, list[str]]:
     """(infer_schema_text's TOML, what a person must check before training: a label that is a guess). fmt "auto":
     the format formats.detect_format tells (csv: and the delimiter), said in a comment."""
