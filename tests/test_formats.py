@@ -1140,6 +1140,32 @@ def test_the_builtin_csv_schema_warns_of_a_column_of_lists_that_ps_worker_schema
     assert 'name = "once"\nkind = "categorical"' in infer_schema_text(str(data))
 
 
+def test_the_builtin_csv_schema_warns_of_a_column_of_another_value_in_each_row_as_ps_worker_schema_marks(
+    tmp_path, caplog
+):
+    """A first column `id` of another value in every row is trained by the built-in schema as a feature: warned of,
+    with the fixes, as `ps-worker schema` marks it; measurements (numbers with a fraction) and times, each distinct
+    too, are not row ids, and neither is a column of fewer than ROW_ID_MIN_CELLS sampled cells."""
+    from worker.schema_hints import ROW_ID_MIN_CELLS
+
+    rng = np.random.default_rng(6)
+    n = ROW_ID_MIN_CELLS + 50
+    rows = [f"r{1000 + i},{i % 2},ad{rng.integers(20)},{rng.random() * 100:.6f},{1_700_000_000 + 3607 * i}"
+            for i in range(n)]  # fmt: skip
+    data = tmp_path / "d.csv"
+    data.write_text("id,click,ad,price,ts\n" + "\n".join(rows) + "\n")
+    ids = [h for h in _hints(caplog, data, "csv") if "a row's own id" in h]
+    assert ids == [f"{data}: column 'id' holds another value in each of its {n} non-empty cells (a sample of {n} "
+                   "rows): a row's own id? The built-in csv schema trains it as a feature, each value an id seen once "
+                   "that a later row never has. If it is, leave it out: --drop-columns id, or `ps-worker schema --data "
+                   f"{data} > schema.toml` (which marks it: delete its entry), then --schema schema.toml"]  # fmt: skip
+    assert "every value distinct: an identifier? then delete this entry" in infer_schema_text(str(data))
+    assert not [h for h in _hints(caplog, data, "csv", drop_columns=("id",)) if "a row's own id" in h]
+    few = tmp_path / "few.csv"
+    few.write_text("id,click,ad,price,ts\n" + "\n".join(rows[: ROW_ID_MIN_CELLS - 1]) + "\n")
+    assert not [h for h in _hints(caplog, few, "csv") if "a row's own id" in h]
+
+
 @pytest.mark.parametrize("first, warned", [("1,u40,i14,1.1140", True), ("0,u3,i7,0.5", True),
                                             ("click,user,item,price", False), ("label,2020,2021,site", False),
                                             ("0,1,2,label", False), ("user,2019,2020,2021", False),

@@ -3,6 +3,7 @@ which picks the label and writes the TOML).
 
     column_entries(name, source, cells, taken, sampled) -> (TOML lines, checks)   # a comment and an entry each
     infer_column(name, source, cells, sampled=False) -> (Column, comment)          # the column alone
+    every_value_distinct(source, cells) -> bool              # ids of a row's own, or seen once in the sample
     written_numbers(cells) -> (what, fix, aside) | None     # numbers with separators the readers take as text
 
 The rules, per CSV column of the sample other than the label (a cell that is empty or one of
@@ -249,6 +250,28 @@ def _leading_zeros(cells: list[str]) -> bool:
     return any(len(c) > 1 and c[0] == "0" and c.isdigit() for c in (c.strip() for c in cells))
 
 
+def _dates(present: list[str]) -> bool:
+    """Whether the first of the non-empty cells and nine in ten of them are dates (2023-12-02, 12/02/2023)."""
+    return (
+        bool(present)
+        and bool(_DATE.match(present[0]))
+        and sum(bool(_DATE.match(c)) for c in present) >= 0.9 * len(present)
+    )
+
+
+def every_value_distinct(source: str, cells: list[str]) -> bool:
+    """Whether the non-empty cells of column source (two or more) are each another value, and are neither
+    measurements (numbers with a fraction) nor dates or times (a time's values are new on each row anyway): a row's
+    own id, or, in a sample, ids seen once in it that come back over the whole file. infer_column says so in its
+    comment; the built-in csv schema's run warns of it (worker/schema_hints.py)."""
+    present = [c for c in cells if c.strip()]
+    if len(present) < 2 or len(set(present)) < len(present) or _dates(present) or untold_time(source, cells):
+        return False
+    numbers = [c for c in present if not is_missing_text(c)]
+    values = _floats(numbers) if numbers else None
+    return values is None or all(v.is_integer() for v in values)
+
+
 def infer_column(name: str, source: str, cells: list[str], sampled: bool = False) -> tuple[Column, str]:
     """The column and a comment, by the rules of the module docstring. sampled: the cells are a sample of a larger
     file, where values seen once here may come back (a user id seen a few times in all is distinct in a sample)."""
@@ -264,20 +287,20 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
         seen += "; no value at all: it carries nothing, delete this entry"
     elif distinct == 1:
         seen += "; one value only: it carries nothing, delete this entry"
-    elif _DATE.match(present[0] if present else "") and sum(bool(_DATE.match(c)) for c in present) >= 0.9 * len(
-        present
-    ):
+    elif _dates(present):
         seen += ("; dates or times: as ids, nearly every value is new; derive columns such as the hour or the weekday "
                  "from it, and delete this entry")  # fmt: skip
     elif (untold := untold_time(source, cells)) is not None:
         seen += _UNTOLD_TIMES[untold]
     elif values is not None and not all(v.is_integer() for v in values):
         pass  # measurements: distinct values say nothing of an identifier
-    elif sampled and len(present) > 1 and distinct >= (1.0 if values is not None else 0.9) * len(present):
+    elif sampled and (
+        every_value_distinct(source, cells) or values is None and len(present) > 1 and distinct >= 0.9 * len(present)
+    ):
         seen += (f"; {'every' if distinct == len(present) else 'nearly every'} value distinct in the sample: ids "
                  "that come back a few times over the whole file (a user, an item) look like this in a sample too; "
                  "delete this entry only if its values are new on nearly every row (a row's own id, a time)")  # fmt: skip
-    elif len(present) > 1 and distinct == len(present):
+    elif every_value_distinct(source, cells):
         seen += "; every value distinct: an identifier? then delete this entry"
     elif values is None and len(present) >= 100 and distinct >= 0.9 * len(present):
         seen += "; nearly every value distinct: an identifier or a time? such ids rarely come back"

@@ -1,7 +1,8 @@
 """What the built-in schema (worker/schema_builtin.py) may read wrong in a file, warned of as a run starts: a first
 line that reads like an example (a CSV without a header line: also formats.detect_format's refusal and `ps-worker
-schema`'s check), a label the header names elsewhere, columns of lists read as one id per cell, columns of numbers
-read as ids (plain, or written as 1,234 or 0,5), --numeric-columns' logs of numbers below 0."""
+schema`'s check), a label the header names elsewhere, columns of lists read as one id per cell, a row's own id read
+as a feature, columns of numbers read as ids (plain, or written as 1,234 or 0,5), --numeric-columns' logs of numbers
+below 0."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
                         "also has %r, named like a label: give --label-column %s if that is the label", data, label,
                         named[0], named[0])  # fmt: skip
     categorical = {c.source for c in schema.columns if c.kind == "categorical"}
-    told = _warn_of_lists(data, header, rows, categorical, schema.delimiter)
+    told = _warn_of_lists_and_row_ids(data, header, rows, categorical, schema.delimiter)
     if not no_numeric:
         _warn_of_negative_logs(data, header, schema, rows)
         return
@@ -75,23 +76,30 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
                     "schema.toml, reads them as numbers and their buckets", data, shown, _rows(rows), data)  # fmt: skip
 
 
-def _warn_of_lists(data: str, header: list[str], rows: list[list[str]], categorical: set[str],
-                   delimiter: str) -> set[str]:  # fmt: skip
-    """A warning for each column of the built-in csv schema's categorical ones whose cells `ps-worker schema` reads
-    as lists (multi_hot, or weighted: worker/column_infer.py infer_column), which the built-in schema reads as one id
-    per whole cell; the columns warned of. Where a cell of rows (a sample) holds a list separator, the columns are
-    judged on the sample `ps-worker schema` takes (SAMPLE_ROWS): in fewer rows, a list's items may not repeat yet."""
-    from worker.column_infer import BAG_SEPARATORS, infer_column
+ROW_ID_MIN_CELLS = 100  # a column of another value in each of fewer sampled cells is not warned of: too few to tell
+
+
+def _warn_of_lists_and_row_ids(data: str, header: list[str], rows: list[list[str]], categorical: set[str],
+                               delimiter: str) -> set[str]:  # fmt: skip
+    """A warning for each column of the built-in csv schema's categorical ones that `ps-worker schema` reads or
+    marks otherwise, by its rules (worker/column_infer.py). Lists in its cells (multi_hot, or weighted:
+    infer_column), which the built-in schema reads as one id per whole cell (returned: the columns of lists); or,
+    in a column it infers categorical, of no times or numbers written with separators (which other warnings tell),
+    another value in each of its ROW_ID_MIN_CELLS or more non-empty cells (every_value_distinct): a row's own id,
+    which the built-in schema trains as a feature of ids that never come back. Where a cell of rows (a sample)
+    holds a list separator, the columns are judged on the sample `ps-worker schema` takes (SAMPLE_ROWS): in fewer
+    rows, a list's items may not repeat yet."""
+    from worker.column_infer import BAG_SEPARATORS, every_value_distinct, infer_column, written_numbers
     from worker.formats import csv_records
     from worker.schema_infer import SAMPLE_ROWS
 
     at = {name: i for i, name in enumerate(header) if name in categorical}
-    if not any(sep in row[i] for row in rows for i in at.values() for sep in BAG_SEPARATORS):
-        return set()
-    _, rows = csv_records(data, delimiter, SAMPLE_ROWS)
+    if any(sep in row[i] for row in rows for i in at.values() for sep in BAG_SEPARATORS):
+        _, rows = csv_records(data, delimiter, SAMPLE_ROWS)
     told = set()
     for name, i in at.items():
-        column = infer_column(name, name, [row[i] for row in rows], sampled=True)[0]
+        cells = [row[i] for row in rows]
+        column = infer_column(name, name, cells, sampled=True)[0]
         if column.kind in ("multi_hot", "weighted"):
             example = next(row[i] for row in rows if column.separator in row[i])
             log.warning("%s: column %r holds lists split by %r (as %r; a sample of %s): the built-in csv schema reads "
@@ -99,6 +107,15 @@ def _warn_of_lists(data: str, header: list[str], rows: list[list[str]], categori
                         "%s > schema.toml`, then --schema schema.toml, reads each item as an id of its own (kind "
                         "%s)", data, name, column.separator, example, _rows(rows), data, column.kind)  # fmt: skip
             told.add(name)
+            continue
+        filled = sum(bool(c.strip()) for c in cells)
+        row_ids = column.kind == "categorical" and not time_format(name, cells) and not written_numbers(cells)
+        if row_ids and filled >= ROW_ID_MIN_CELLS and every_value_distinct(name, cells):
+            log.warning("%s: column %r holds another value in each of its %s non-empty cells (a sample of %s): a "
+                        "row's own id? The built-in csv schema trains it as a feature, each value an id seen once "
+                        "that a later row never has. If it is, leave it out: --drop-columns %s, or `ps-worker schema "
+                        "--data %s > schema.toml` (which marks it: delete its entry), then --schema schema.toml",
+                        data, name, f"{filled:,}", _rows(rows), name, data)  # fmt: skip
     return told
 
 
