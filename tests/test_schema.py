@@ -804,3 +804,32 @@ def test_the_statistics_of_tiny_numbers_are_those_of_numpy():
     assert column.transform == "standardize" and "skewness 0.4" in comment, comment
     assert math.isclose(column.mean, values.mean(), rel_tol=1e-12) and math.isclose(column.std, values.std(),
                                                                                      rel_tol=1e-12)  # fmt: skip
+
+
+def test_ps_worker_schema_says_which_line_of_the_sample_has_another_column_count_and_how_many(tmp_path):
+    """A record of another column count than the header's is left out of the sample and said: its file, its line
+    (the header's is 1; a quoted cell over two lines counts both) and its count against the header's; of several,
+    how many and the first, line numbered as `ps-worker train` names it. Blank lines and a spreadsheet's empty row
+    are no such record, and a file without misfits says nothing of them."""
+    rows = [f"{i % 2},u{i % 7},{i % 3}" for i in range(40)]
+    rows[3] = '1,"u\n1",2'  # lines 5 and 6
+    rows[6:6] = ["", ",,"]  # lines 9 and 10: an empty line and an empty row
+    one = tmp_path / "one.csv"
+    one.write_text("click,user,site\n" + "\n".join(rows[:12] + ["1,u3"] + rows[12:]) + "\n")
+    text, checks = infer_schema(str(one))
+    assert checks == [f"{one}: line 15 has 2 columns, where the header has 3: the schema is inferred without it, but "
+                      "`ps-worker train` stops at such a line (--max-bad-lines N skips up to N of them): fix or remove "
+                      "it"]  # fmt: skip
+    assert "sample of 40 rows" in text
+    schema = schema_from_text(text, "inferred", default_table="t", default_dim=4)
+    with pytest.raises(ValueError, match=f"{one} line 15: 2 columns, expected 3 as in the header"):
+        list(read_batches(str(one), schema, 1000))  # the line training names
+    many = tmp_path / "many.csv"
+    many.write_text("click,user,site\n" + "\n".join(rows[:5] + ["0,u1,2,9", "1"] + rows[5:]) + "\n")
+    assert infer_schema(str(many))[1] == [f"{many}: 2 of the lines sampled from its start have another column count "
+                                          "than the header's 3 (the first, line 8, has 4): the schema is inferred "
+                                          "without them, but `ps-worker train` stops at such a line (--max-bad-lines "
+                                          "N skips up to N of them): fix or remove them"]  # fmt: skip
+    clean = tmp_path / "clean.csv"
+    clean.write_text("click,user,site\n" + "\n".join(rows) + "\n")
+    assert infer_schema(str(clean))[1] == []

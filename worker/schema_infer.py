@@ -18,6 +18,7 @@ from worker.column_infer import column_entries
 from worker.criteo import other_format_hint
 from worker.csv_fast import BOOL_LABELS, label_value
 from worker.datafiles import data_files
+from worker.readers.csv_sample import Misfits
 from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, _entry, _toml, is_label_name, labels_by_name
 from worker.schema_builtin import builtin_schema, separator_of_one_column
 from worker.schema_hints import header_reads_like_an_example
@@ -26,23 +27,40 @@ SAMPLE_ROWS = 10_000  # rows of a csv sample a schema is inferred from, where no
 SAMPLED_FILES = 8  # files of many a csv sample is taken from, at most (spread evenly over their list)
 
 
-def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list[list[str]], bool]:
+def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list[list[str]], bool, list[str]]:
     """read_csv_sample's (header, records) of one file; of many (worker/datafiles.py), rows / m records from each
     of m = SAMPLED_FILES of them at most, spread over the list, refusing one whose header differs from the first's;
-    and whether the records are every record of every file (fewer than asked of each, every file sampled)."""
+    whether the records are every record of every file (fewer than asked of each, every file sampled); and a
+    warning for each file whose records read in order hold some of another column count (_misfit_warning)."""
     from worker.formats import read_csv_header, read_csv_sample
 
     files = data_files(path)
     files = [f for f in files if read_csv_header(f, delimiter) is not None] or files  # less part files of no content
     m = min(len(files), SAMPLED_FILES)
     picked = [files[j * len(files) // m] for j in range(m)]
-    header, sample, whole = None, [], m == len(files)
+    header, sample, whole, warnings = None, [], m == len(files), []
     for name in picked:
-        h, records = read_csv_sample(name, delimiter, -(-rows // m))
+        misfits = Misfits()
+        h, records = read_csv_sample(name, delimiter, -(-rows // m), misfits)
         if header is not None and h != header:
             raise ValueError(f"{name}: its CSV header {h} differs from that of {picked[0]}, {header}")
         header, sample, whole = h, sample + records, whole and len(records) < -(-rows // m)
-    return header, sample[:rows], whole and len(sample) <= rows
+        if misfits.count:
+            warnings.append(_misfit_warning(name, len(h), misfits))
+    return header, sample[:rows], whole and len(sample) <= rows, warnings
+
+
+def _misfit_warning(name: str, width: int, misfits: Misfits) -> str:
+    """What `ps-worker schema` says of a file whose records read from its start hold misfits: records of another
+    column count than the header's width, which the sample leaves out and training stops at."""
+    fix = ("the schema is inferred without {0}, but `ps-worker train` stops at such a line (--max-bad-lines N skips "
+           "up to N of them): fix or remove {0}")  # fmt: skip
+    if misfits.count == 1:
+        return (f"{name}: line {misfits.first_line:,} has {misfits.first_width} columns, where the header has "
+                f"{width}: {fix.format('it')}")  # fmt: skip
+    return (f"{name}: {misfits.count:,} of the lines sampled from its start have another column count than the "
+            f"header's {width} (the first, line {misfits.first_line:,}, has {misfits.first_width}): "
+            f"{fix.format('them')}")  # fmt: skip
 
 
 def _check_utf8_header(path: str, header: list[str]) -> None:
@@ -104,7 +122,7 @@ def infer_schema(
         for c in schema.columns:
             lines += ["", "[[columns]]", *_entry(c, with_table=False)]
         return "\n".join(lines) + "\n", []
-    header, rows, whole = _sample_files(path, delimiter, sample_rows)
+    header, rows, whole, misfit_warnings = _sample_files(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
     _check_utf8_header(path, header)
     if not rows:
@@ -167,7 +185,7 @@ def infer_schema(
     if len(kept) == 1:
         guess = (f"{label!r} is {next(iter(kept)):g} in every row of the sample: a model learns nothing but that "
                  "rate unless the file holds the other label further on (train refuses a file of one label)")  # fmt: skip
-    checks = [guess] if guess else []
+    checks = [*misfit_warnings, *([guess] if guess else [])]
     no_header = header_reads_like_an_example(path, header, delimiter=delimiter)
     if no_header:
         checks.insert(0, no_header)

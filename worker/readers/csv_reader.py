@@ -74,6 +74,11 @@ class BoundedReader:
     def __iter__(self) -> BoundedReader:
         return self
 
+    @property
+    def record_line(self) -> int:
+        """The line, from 1, of the lines given, that the record read last starts on."""
+        return self._start + 1
+
     def __next__(self) -> list[str]:
         self._start = self._taken
         try:

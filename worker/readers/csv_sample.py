@@ -6,6 +6,7 @@ import csv
 import io
 import itertools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from worker.readers.csv_reader import BoundedReader, header_names, open_csv
@@ -17,13 +18,32 @@ SAMPLE_EXAMINED = 10  # records read at most per record sampled (see _good_recor
 MAX_SPOT_BYTES = 4 << 20  # read of one spot's span, at most
 
 
-def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
-    """(header, up to `rows` records that have the header's column count; header_names). ValueError for a file of no content
-    (share.is_blank: empty, or whitespace only). The first
+@dataclass
+class Misfits:
+    """The records of a file, read in order from its start, that have another column count than its header and a
+    cell that is not blank (the readers' bad lines: `ps-worker train` stops at one, or skips it under
+    --max-bad-lines): how many, and the first one's line (from 1: the header's is 1) and column count."""
+
+    count: int = 0
+    first_line: int = 0
+    first_width: int = 0
+
+    def add(self, line: int, width: int) -> None:
+        if not self.count:
+            self.first_line, self.first_width = line, width
+        self.count += 1
+
+
+def read_csv_sample(
+    path: str | os.PathLike, delimiter: str, rows: int, misfits: Misfits | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """(header, up to `rows` records that have the header's column count; header_names). ValueError for a file of no
+    content (share.is_blank: empty, or whitespace only). The first
     half are the file's first records; the other half follow them, or, in an uncompressed file with at least
     SPREAD_MIN_BYTES more, come from SAMPLE_SPOTS places spread evenly over the rest (each from the line after a
     byte offset), so that a file sorted by time or by label is seen whole. A record cut by a spot's start (a quoted
-    field over lines) is dropped with the others of the wrong column count."""
+    field over lines) is dropped with the others of the wrong column count. misfits, where given, counts the
+    records of the wrong column count read in order from the file's start (not a spot's, which may be cut)."""
     name = os.fspath(path)
     if is_blank(name):
         raise ValueError(f"{name}: the file is empty; expected a header line")
@@ -33,21 +53,22 @@ def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple
         if header is None:
             raise ValueError(f"{name}: the file is empty; expected a header line")
         header = header_names(name, header)
-        sample = _good_records(reader, len(header), rows - rows // 2)
+        sample = _good_records(reader, len(header), rows - rows // 2, misfits)
         start = opened.raw.tell()  # past the half-sample (by at most the text layer's read-ahead)
         spread = len(sample) == rows - rows // 2 and not name.endswith(".gz")
         spread = spread and os.path.getsize(name) - start >= SPREAD_MIN_BYTES
         if not spread:
-            sample += _good_records(reader, len(header), rows - len(sample))
+            sample += _good_records(reader, len(header), rows - len(sample), misfits)
     if spread:
         sample += _spread_records(name, delimiter, len(header), rows - len(sample), start)
     return header, sample
 
 
-def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
+def _good_records(reader: Any, width: int, limit: int, misfits: Misfits | None = None) -> list[list[str]]:
     """Up to `limit` records of the reader with `width` columns and a cell that is not blank (the csv module's
-    errors, and the empty rows the readers skip, left out), from at most SAMPLE_EXAMINED x limit + 1,000 records:
-    a file with no record of the header's width is not read to its end for a sample."""
+    errors, and the empty rows the readers skip, left out; misfits, where given, counts those of another width
+    with a cell that is not blank), from at most SAMPLE_EXAMINED x limit + 1,000 records: a file with no record
+    of the header's width is not read to its end for a sample."""
     out: list[list[str]] = []
     for _ in range(SAMPLE_EXAMINED * limit + 1000):
         if len(out) >= limit:
@@ -58,8 +79,12 @@ def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
             break
         except csv.Error:
             continue
-        if len(row) == width and any(cell.strip() for cell in row):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) == width:
             out.append(row)
+        elif misfits is not None:
+            misfits.add(reader.record_line, len(row))
     return out
 
 
