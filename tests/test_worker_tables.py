@@ -511,3 +511,32 @@ def test_tables_trained_one_hot_are_refused_naming_libsvm_values_weights_as_a_re
                                          r"--libsvm-values weights says to\): "):  # fmt: skip
         held_features(held(one_hot.fingerprint()), weighted, ["lr"])
     assert held_features(held(weighted.fingerprint()), weighted, ["lr"]) == weighted.fingerprint()
+
+
+def test_a_model_of_another_schema_is_refused_in_one_line_naming_its_tables_compactly(monkeypatch):
+    """A model trained with another schema (every table's fingerprint differs, an MLP's input width with it) is
+    refused with one line saying so, the reason and the fix once, then the tables: the sparse ones by name, the
+    MLP's counted, the other differences of each named after; a difference of a table of the same schema is listed
+    as before."""
+    from worker import tables
+
+    schema = "features: 'schema:76abf9fd6cad4644' != 'schema:d8c0d5342451de39'"
+    differ = {"deepfm": [schema], "dense.deepfm.mlp.0.weight": [schema, "rows: 66 != 58"],
+              **{f"dense.deepfm.mlp.{k}.{p}": [schema] for k in range(1, 4) for p in ("weight", "bias")}}  # fmt: skip
+    monkeypatch.setattr(tables, "held_tables", lambda *args, **kwargs: (differ, [], set()))
+    with pytest.raises(ValueError) as refused:
+        tables.check_tables(None, [], "nothing was written", for_eval=True)
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 2 and lines[1].startswith("nothing was written: give the settings"), lines
+    assert lines[0].startswith(f"the servers hold this model's tables trained with another schema ({schema[10:]}, "
+                               f"on the servers != this run): {tables.FEATURES_HINT}; read the data with the schema "
+                               "the model was trained with (--schema as trained")  # fmt: skip
+    assert lines[0].endswith("(tables deepfm and 7 MLP parameter tables; shapes differ too, as the schemas do: "
+                             "dense.deepfm.mlp.0.weight: rows: 66 != 58)")  # fmt: skip
+    assert lines[0].count(tables.FEATURES_HINT) == 1 and "an MLP parameter of another shape" not in lines[0]
+    differ["dense.deepfm.logit.bias"] = ["initializer.scale: 0.1 != 0.2"]  # of the same schema
+    with pytest.raises(ValueError) as refused:
+        tables.check_tables(None, [], "nothing was written", for_eval=True)
+    assert "\n  dense.deepfm.logit.bias: initializer.scale: 0.1 != 0.2 (an MLP parameter of another shape" in str(
+        refused.value
+    )

@@ -161,13 +161,11 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     if replace_untrained and differ and set(differ) <= untrained:
         return dict(sorted(differ.items()))
     parts = []
-    if differ and all(d[0].startswith("features:") and len(d) == 1 for d in differ.values()):
-        held = next(iter(differ.values()))[0].split(": ", 1)[1]
-        parts.append(f"the servers hold this model's tables trained with another schema ({held}, on the servers != "
-                     f"this run): {FEATURES_HINT}")  # fmt: skip
-        differ = {}
+    schema, differ = _other_schema(differ)
+    if schema:
+        parts.append(schema)
     if differ:
-        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name) or _dim_hint(diff) or _features_hint(diff)}"
+        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name) or _dim_hint(diff)}"
                  for name, diff in differ.items()]  # fmt: skip
         parts.append("the servers hold tables of this model with other settings than this run's (on the servers "
                      "!= this run):\n" + "\n".join(lines))  # fmt: skip
@@ -186,6 +184,29 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
         raise ValueError("; ".join(parts) + recipe_note + f"\n{doing}: give the settings of the run that made the tables "
                          f"({settings}), or other servers")  # fmt: skip
     return {}
+
+
+def _other_schema(differ: dict[str, list[str]]) -> tuple[str, dict[str, list[str]]]:
+    """Where tables of differ ({name: its differences}) hold another schema's fingerprint: (one line saying so, with
+    FEATURES_HINT and the fix once, naming those tables compactly and each one's other differences, which the
+    schema most likely causes: an MLP's input width follows from its fields; the differences of the other tables,
+    left to list one a line). Else ("", differ)."""
+    other = {name: diff for name, diff in differ.items() if any(d.startswith("features:") for d in diff)}
+    if not other:
+        return "", differ
+    held = next(d for d in next(iter(other.values())) if d.startswith("features:")).split(": ", 1)[1]
+    sparse = [name for name in other if not name.startswith(TABLE_PREFIX)]
+    dense = len(other) - len(sparse)
+    tables = ", ".join(sparse) + (" and " if sparse and dense else "")
+    tables += f"{dense} MLP parameter table{'s' * (dense != 1)}" if dense else ""
+    more = {name: [d for d in diff if not d.startswith("features:")] for name, diff in other.items()}
+    more = {name: diff for name, diff in more.items() if diff}
+    also = "; ".join(f"{name}: {'; '.join(diff)}" for name, diff in more.items())
+    also = f"; shapes differ too, as the schemas do: {also}" if also else ""
+    line = (f"the servers hold this model's tables trained with another schema ({held}, on the servers != this run): "
+            f"{FEATURES_HINT}; read the data with the schema the model was trained with (--schema as trained, or the "
+            f"data and flags that built it) (tables {tables}{also})")  # fmt: skip
+    return line, {name: diff for name, diff in differ.items() if name not in other}
 
 
 def replaced_warning(replaced: dict[str, list[str]]) -> str:
@@ -216,10 +237,6 @@ FEATURES_HINT = (
     "that file's first 10,000 lines of data carry one other than 0 and 1, unless --libsvm-values gives the training "
     "run's)"
 )
-
-
-def _features_hint(diff: list[str]) -> str:
-    return f" ({FEATURES_HINT})" if any(d.startswith("features:") for d in diff) else ""
 
 
 def _dim_hint(diff: list[str]) -> str:
