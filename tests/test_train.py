@@ -99,7 +99,7 @@ def test_a_libsvm_files_comment_and_blank_lines_are_no_lines_of_data(tmp_path, m
     assert (data.line_count.lines, data.line_count.more) == (60, False)
     assert line.startswith("small-data recipe for 60 lines of training data (under 100): ")
     assert loop_settings(cfg, data).total_examples == int(60 * 0.9)
-    assert count_lines_upto(str(path), None).lines == len(lines) + 1  # every line, without skip_empty
+    assert count_lines_upto(str(path), None).lines == len(lines) + 1  # every line, without empty
     assert count_data_upto([str(path)], 60, "libsvm").more and count_data_upto([str(path)], 61, "libsvm").lines == 60
     half = count_data_upto([str(path)], 30, "libsvm")
     assert (half.lines, half.more) == (30, True) and 45 <= half.estimate <= 80  # 60, from the bytes of the first 30
@@ -145,6 +145,49 @@ def test_the_libsvm_count_and_the_reader_agree_on_which_lines_hold_data(tmp_path
         assert counted.lines == stats.lines_read - stats.empty_lines, (lines, counted, stats)
         if counted.lines:  # a count to a limit of them all stops at the last line of data
             assert count_data_upto([str(path)], counted.lines, "libsvm").more
+
+
+CRITEO_LINE = "1" + "\t5" * 13 + "\t68fd1e64" * 26
+
+
+@pytest.mark.parametrize("fmt", ["csv", "criteo"])
+def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tmp_path, fmt):
+    """Blank lines are no data in every format, as in libsvm's: count_data_upto's lines are the lines the reader
+    reads other than empty (the oracle: ReadStats' lines read less its empty ones), whatever blank lines, CRs
+    (a csv line end of its own) and bad lines a file holds; so a file with trailing blank lines counts its data
+    lines alike in every format. The shares' residues are the data lines' (idle_workers against the shares read)."""
+    from worker.formats import ReadStats, idle_workers, read_batches
+    from worker.schema_builtin import builtin_schema
+
+    good = {"csv": ["1,x", "0,y"], "criteo": [CRITEO_LINE, "0" + CRITEO_LINE[1:]]}[fmt]
+    pieces = [*good, "", " ", "\t", "  \r", "x"]
+    header = "click,a\n" if fmt == "csv" else ""
+    schema = builtin_schema(fmt, default_table="t", default_dim=4, header=["click", "a"] if fmt == "csv" else None)
+    rng = np.random.default_rng(7)
+    for case in range(30):
+        lines = [str(rng.choice(pieces)) for _ in range(int(rng.integers(1, 20)))]
+        path = tmp_path / f"m{case}.{fmt}"
+        path.write_bytes((header + "\n".join(lines) + ("\n" if rng.random() < 0.5 else "")).encode())
+        stats = ReadStats()
+        for _ in read_batches(str(path), schema, 8, max_bad_lines=10**6, stats=stats):
+            pass
+        n = int(rng.integers(1, 5))
+        counted = count_data_upto([str(path)], None, fmt, modulus=n)
+        assert counted.lines == stats.lines_read - stats.empty_lines, (lines, counted, stats)
+        read = [sum(map(len, read_batches(str(path), schema, 10, worker_id=i, num_workers=n, max_bad_lines=10**6)))
+                for i in range(n)]  # fmt: skip
+        if not stats.bad_lines:  # (a bad line is a line of data, of a worker that reads no example of it)
+            assert idle_workers(counted.per_file_residues, n) == [i for i in range(n) if not read[i]], (lines, n)
+        if counted.lines:  # a count to a limit of them all stops at the last line of data
+            assert count_data_upto([str(path)], counted.lines, fmt).more
+    trailing = {f: tmp_path / f"t.{f}" for f in ("csv", "criteo", "libsvm")}
+    trailing["csv"].write_text("click,a\n" + "1,x\n" * 5 + "\n\n")
+    trailing["criteo"].write_text(f"{CRITEO_LINE}\n" * 5 + "\n\n")
+    trailing["libsvm"].write_text("1 1:1\n" * 5 + "\n\n")
+    assert {f: count_data_upto([str(p)], None, f).lines for f, p in trailing.items()} == dict.fromkeys(trailing, 5)
+    old_mac = tmp_path / "cr.csv"  # lines ended by CR alone, which the csv reader reads
+    old_mac.write_bytes(b"click,a\r" + b"1,x\r" * 5 + b"\r \r")
+    assert count_data_upto([str(old_mac)], None, "csv").lines == 5
 
 
 def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, monkeypatch):

@@ -10,9 +10,11 @@ count to the end also gives each file's lines (LineCount.per_file) and, given a 
 residues of its lines of data's places among its lines (LineCount.per_file_residues), by which worker/data.py
 refuses data that leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a
 line of data; beyond the threshold nothing needs them: the validation split is a hash of an example's index
-(worker/data.py). Lines of data are counted (count_data_upto): a csv file's header line is none, nor is a libsvm
-line of whitespace, a query id or a comment only. The shares take every num_workers-th line, such libsvm lines included,
-so their residues are those of the data lines' indices among all the file's lines.
+(worker/data.py). Lines of data are counted (count_data_upto), in every format a line its reader skips as empty
+left out (NO_DATA): a line of whitespace (criteo: of spaces; a csv row of empty cells, `,,,`, which its reader skips
+too, counts), and a libsvm line of a query id or a comment only; a csv file's header line is none either. The shares
+take every num_workers-th line, such lines included, so their residues are those of the data lines' indices among
+all the file's lines (a csv file's after its header).
 """
 
 from __future__ import annotations
@@ -43,61 +45,69 @@ class LineCount:
     bytes_read: int
     per_file: tuple[int, ...] = ()  # count_files_upto: the lines of each file it counted to the end, in order
     # given a modulus and counted to the end: the residues mod modulus of the 0-based indices of the file's lines of
-    # data among all its lines (skip_empty: its lines of no data keep their places; csv: the lines after its header)
+    # data among all its lines (empty: its lines of no data keep their places; csv: the lines after its header)
     residues: frozenset[int] | None = None
     per_file_residues: tuple[frozenset[int], ...] = ()  # count_files_upto: `residues` of each file of per_file
 
 
-def count_lines_upto(path: str, limit: int | None, header: bool = False, skip_empty: bool = False,
+def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: str | None = None,
                      modulus: int | None = None) -> LineCount:  # fmt: skip
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
     the end). A line ends in LF; in a file with a header (CSV, whose reader takes every kind of line end) in LF,
-    CRLF or a lone CR; a last line without a line end counts too, as the readers read it. skip_empty (a libsvm
-    file, headerless): a line the libsvm reader reads empty (whitespace, a query id qid:N, a comment # ...) is no
-    data line and not counted.
+    CRLF or a lone CR; a last line without a line end counts too, as the readers read it. empty (a format of
+    NO_DATA): a line its reader reads empty (whitespace; libsvm: a query id qid:N, a comment # ...) is no data
+    line and not counted.
     modulus (>= 1): a count to the end gives LineCount.residues. ValueError names a .gz file that does not read
     as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
     after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
-    last = b""  # the file's last byte; skip_empty: its last line, when it has no line end
-    residues = _Residues(modulus if skip_empty else None)
+    last = b""  # the file's last byte; empty: its last line, when it has no line end
+    no_data_lines = None if empty is None else NO_DATA[empty]
+    residues = _Residues(modulus if empty else None, -header)
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
-        chunks = _whole_lines(_chunks(raw, path)) if skip_empty else _chunks(raw, path)
+        chunks = _chunks(raw, path)
+        if empty and header:  # CR and CRLF made LF, as the csv reader ends lines: lines are then cut at LF
+            chunks = _lf_line_ends(chunks)
+        chunks = _whole_lines(chunks) if empty else chunks
+        lf_only = bool(empty) or not header  # the chunks' lines end in LF alone
         for chunk, chunk_bytes in chunks:
-            last = (chunk if skip_empty and not chunk.endswith(b"\n") else chunk[-1:]) or last
+            last = (chunk if empty and not chunk.endswith(b"\n") else chunk[-1:]) or last
             skip = int(after_cr and chunk.startswith(b"\n"))
-            n = chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") - skip if header else 0)
-            if skip_empty:
-                no_data = [m.start() for m in _NO_DATA.finditer(b"\n" + chunk)]  # where those lines start
+            n = chunk.count(b"\n") + (0 if lf_only else chunk.count(b"\r") - chunk.count(b"\r\n") - skip)
+            if no_data_lines is not None:
+                no_data = [m.start() for m in no_data_lines.within.finditer(b"\n" + chunk)]  # where they start
                 n -= len(no_data)
-                residues.add(chunk, no_data)
-            after_cr = header and chunk.endswith(b"\r")
-            if header and not head and n:
-                head = (_nth_end(chunk, 1, header, skip) + 1) * chunk_bytes / len(chunk)  # the header's share
+                residues.add(chunk, no_data, no_data_lines.line)
+            after_cr = not lf_only and chunk.endswith(b"\r")
+            if header and not head and n:  # (the header: the first line of data, to these counts)
+                head = (_nth_end(chunk, 1, not lf_only, skip) + 1) * chunk_bytes / len(chunk)  # the header's share
             if target is not None and newlines + n >= target:  # the limit's line is in this chunk
                 k = target - newlines
-                end = _nth_data_end(chunk, k) if skip_empty else _nth_end(chunk, k, header, skip)
+                if no_data_lines is not None:
+                    end = _nth_data_end(chunk, k, no_data_lines.line)
+                else:
+                    end = _nth_end(chunk, k, not lf_only, skip)
                 read += (end + 1) * chunk_bytes / len(chunk)
                 estimate = round(limit * (size - head) / max(read - head, 1))
                 return LineCount(limit, True, max(limit, estimate), raw.tell())
             newlines += n
             read += chunk_bytes
-        unended = int(last != b"" and last not in (b"\r\n" if header else b"\n"))  # a last line without its end
-        if skip_empty and unended:  # ... of data
-            unended = int(_NO_DATA_LINE.fullmatch(last) is None)
+        unended = int(last != b"" and last not in (b"\n" if lf_only else b"\r\n"))  # a last line without its end
+        if no_data_lines is not None and unended:  # ... of data
+            unended = int(no_data_lines.line.fullmatch(last) is None)
         lines = max(0, newlines + unended - header)
         if limit is not None and lines >= limit:  # that last line is the limit's
             return LineCount(limit, True, limit, raw.tell())
-        found = residues.found if skip_empty else frozenset(range(min(lines, modulus or 0)))
+        found = residues.found if empty else frozenset(range(min(lines, modulus or 0)))
         return LineCount(lines, False, lines, raw.tell(), residues=None if modulus is None else found)
 
 
-def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, skip_empty: bool = False,
+def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, empty: str | None = None,
                      modulus: int | None = None) -> LineCount:  # fmt: skip
     """count_lines_upto over files read one after another (worker/datafiles.py: a data input of several files,
-    each with its own header line when header; skip_empty: lines of no data not counted; modulus: each file
+    each with its own header line when header; empty: their format's lines of no data not counted; modulus: each file
     counted to the end gives its residues): the count stops once `limit` lines are counted in all. The files
     not reached then are estimated from their sizes at the lines per byte of the files of their kind (gzip'ed or
     not) counted so far, the file where the count stopped included."""
@@ -106,7 +116,7 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
     per_file_residues: list[frozenset[int]] = []
     per_kind: dict[bool, list[float]] = {True: [0.0, 0.0], False: [0.0, 0.0]}  # gzip'ed? -> [lines, bytes]
     for i, path in enumerate(paths):
-        count = count_lines_upto(path, None if limit is None else limit - lines, header, skip_empty, modulus)
+        count = count_lines_upto(path, None if limit is None else limit - lines, header, empty, modulus)
         read += count.bytes_read
         kind = per_kind[path.endswith(".gz")]
         kind[0] += count.estimate
@@ -129,32 +139,34 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
 
 def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: int | None = None) -> LineCount:
     """count_files_upto of the data lines of files in format fmt (schema.format): a csv file's header line left
-    out, and a libsvm file's lines the reader reads empty (skip_empty); modulus: with each file's
-    residues (LineCount.per_file_residues)."""
-    return count_files_upto(paths, limit, header=fmt == "csv", skip_empty=fmt == "libsvm", modulus=modulus)
+    out, and the lines its reader reads empty (NO_DATA); modulus: with each file's residues
+    (LineCount.per_file_residues)."""
+    return count_files_upto(paths, limit, header=fmt == "csv", empty=fmt, modulus=modulus)
 
 
 class _Residues:
     """The residues mod `modulus` of the 0-based indices of a file's lines of data among all its lines (found),
-    fed its chunks of whole lines in order (_whole_lines'); modulus None: none are looked for. Once every residue is
-    found, the chunks are not looked at."""
+    fed its chunks of whole lines in order (_whole_lines'); modulus None: none are looked for. first: the index of
+    the file's first line (-1: a header line before the lines counted, none of them). Once every residue is found,
+    the chunks are not looked at."""
 
-    def __init__(self, modulus: int | None):
-        self.modulus, self.lines, self.found = modulus, 0, frozenset()
+    def __init__(self, modulus: int | None, first: int = 0):
+        self.modulus, self.lines, self.found = modulus, first, frozenset()
 
-    def add(self, chunk: bytes, no_data: list[int]) -> None:
+    def add(self, chunk: bytes, no_data: list[int], no_data_line: re.Pattern) -> None:
         """chunk: the next whole lines (the file's last without its LF, if it has none); no_data: the offsets in
-        b"\n" + chunk of the LF before each of its lines of no data (_NO_DATA's matches), as in chunk where each
-        such line starts."""
+        b"\n" + chunk of the LF before each of its lines of no data (NoData.within's matches), as in chunk where
+        each such line starts; no_data_line: NoData.line."""
         if self.modulus is None or len(self.found) == self.modulus:
             return
         ends = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x0A)
         count = len(ends) + (not chunk.endswith(b"\n"))  # a last line without its LF is a line
         data = np.ones(count, dtype=bool)
         data[np.searchsorted(ends, no_data)] = False  # a line's index: the LFs before its start
-        if not chunk.endswith(b"\n") and _NO_DATA_LINE.fullmatch(chunk, int(ends[-1]) + 1 if len(ends) else 0):
+        if not chunk.endswith(b"\n") and no_data_line.fullmatch(chunk, int(ends[-1]) + 1 if len(ends) else 0):
             data[-1] = False
-        self.found |= frozenset(((self.lines + np.flatnonzero(data)) % self.modulus).tolist())
+        at = self.lines + np.flatnonzero(data)
+        self.found |= frozenset((at[at >= 0] % self.modulus).tolist())
         self.lines += count
 
 
@@ -188,13 +200,28 @@ def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
 
 
 _ANY_LINE_END = re.compile(rb"\r\n|\r|\n")
-# a line of no data (skip_empty), as libsvm_reader reads one empty: whitespace, a query id (qid:<digits>) and a
-# comment (# ...), each or all left out, and no CR before the line's end (the reader's CR_ALONE, a bad line)
-_NO_DATA_BODY = rb"[ \t\x0b\x0c]*(?:qid:[0-9]+[ \t\x0b\x0c]*)?(?:#[^\r\n]*)?\r*"
-# matched with the line end before it, so that finditer over LF + whole lines finds each once (a match takes no LF
-# of the line after)
-_NO_DATA = re.compile(rb"\n" + _NO_DATA_BODY + rb"(?=\n)")
-_NO_DATA_LINE = re.compile(_NO_DATA_BODY + rb"\n?")  # one such line, its line end or none
+
+
+@dataclass(frozen=True)
+class NoData:
+    """A format's lines of no data, which its reader skips as empty, from a regex of one such line's body (before
+    its LF): within, matched with the line end before it, so that finditer over LF + whole lines finds each once (a
+    match takes no LF of the line after); line: one such line, its LF or none."""
+
+    within: re.Pattern
+    line: re.Pattern
+
+    @classmethod
+    def of(cls, body: bytes) -> NoData:
+        return cls(re.compile(rb"\n" + body + rb"(?=\n)"), re.compile(body + rb"\n?"))
+
+
+NO_DATA = {
+    # libsvm_reader: whitespace, a query id (qid:<digits>) and a comment (# ...), each or all left out
+    "libsvm": NoData.of(rb"[ \t\x0b\x0c]*(?:qid:[0-9]+[ \t\x0b\x0c]*)?(?:#[^\r\n]*)?\r*"),
+    "criteo": NoData.of(rb" *\r?"),  # criteo.shape_problem's EMPTY_LINE: spaces (a line of tabs is a bad line)
+    "csv": NoData.of(rb"[ \t\x0b\x0c]*"),  # one blank cell (its line ends made LF): a row of blank cells
+}
 
 
 def _whole_lines(chunks: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, int]]:
@@ -211,12 +238,23 @@ def _whole_lines(chunks: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, i
         yield carry, 0
 
 
-def _nth_data_end(chunk: bytes, k: int) -> int:
-    """The offset of the LF that ends the k-th line of data (not _NO_DATA_LINE's) of a chunk of whole lines (k >= 1,
+def _lf_line_ends(chunks: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, int]]:
+    """The chunks with each CRLF and lone CR made LF (a CRLF cut by a chunk's end included), each with its file
+    bytes as _chunks gives them."""
+    after_cr = False
+    for chunk, chunk_bytes in chunks:
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        after_cr = chunk.endswith(b"\r")
+        yield chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n"), chunk_bytes
+
+
+def _nth_data_end(chunk: bytes, k: int, no_data_line: re.Pattern) -> int:
+    """The offset of the LF that ends the k-th line of data (not no_data_line's) of a chunk of whole lines (k >= 1,
     and the chunk holds at least k); -1 for k = 0."""
     start = 0
     while k and (end := chunk.find(b"\n", start)) >= 0:
-        k -= _NO_DATA_LINE.fullmatch(chunk, start, end + 1) is None
+        k -= no_data_line.fullmatch(chunk, start, end + 1) is None
         if not k:
             return end
         start = end + 1
