@@ -992,6 +992,8 @@ def test_a_local_shard_that_dies_stops_the_job_at_once_saying_which(fakes, monke
     monkeypatch.setattr(FakeCluster, "made", [])
     monkeypatch.setattr(FakeCluster, "dies", {1: "local shard 1 (pid 9) was killed by SIGKILL, and ..."})
     command, pids = fakes([{"action": "sleep"}, {"action": "sleep"}])
+    died = FakeCluster.died  # the shard dies once both workers run (recorded their pids), however slow their start
+    monkeypatch.setattr(FakeCluster, "died", lambda self: died(self) if len(recorded_pids(pids)) == 2 else None)
     args, rest = launch_args("--workers", "2", "--local-shards", "2", "--no-progress")
     started = time.monotonic()
     rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
