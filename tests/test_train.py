@@ -155,8 +155,10 @@ def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tm
     """Blank lines are no data in every format, as in libsvm's: count_data_upto's lines are the lines the reader
     reads other than empty (the oracle: ReadStats' lines read less its empty ones), whatever blank lines, CRs
     (a csv line end of its own) and bad lines a file holds; so a file with trailing blank lines counts its data
-    lines alike in every format. The shares' residues are the data lines' (idle_workers against the shares read)."""
+    lines alike in every format. The shares' residues are the data lines' (idle_workers against the shares read);
+    a CSV's, of its records, csv_data_residues' alone."""
     from worker.formats import ReadStats, idle_workers, read_batches
+    from worker.readers.csv_reader import csv_data_residues
     from worker.schema_builtin import builtin_schema
 
     good = {"csv": ["1,x", "0,y"], "criteo": [CRITEO_LINE, "0" + CRITEO_LINE[1:]]}[fmt]
@@ -176,8 +178,10 @@ def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tm
         assert counted.lines == stats.lines_read - stats.empty_lines, (lines, counted, stats)
         read = [sum(map(len, read_batches(str(path), schema, 10, worker_id=i, num_workers=n, max_bad_lines=10**6)))
                 for i in range(n)]  # fmt: skip
+        residues = (csv_data_residues(str(path), ",", n),) if fmt == "csv" else counted.per_file_residues
+        assert counted.per_file_residues == (() if fmt == "csv" else residues)
         if not stats.bad_lines:  # (a bad line is a line of data, of a worker that reads no example of it)
-            assert idle_workers(counted.per_file_residues, n) == [i for i in range(n) if not read[i]], (lines, n)
+            assert idle_workers(residues, n) == [i for i in range(n) if not read[i]], (lines, n)
         if counted.lines:  # a count to a limit of them all stops at the last line of data
             assert count_data_upto([str(path)], counted.lines, fmt).more
     trailing = {f: tmp_path / f"t.{f}" for f in ("csv", "criteo", "libsvm")}
@@ -1536,6 +1540,48 @@ def test_the_idle_worker_check_counts_a_csv_by_records_not_lines(tmp_path):
     path.write_text('"la\nbel",a\n')  # two lines, a header and no record: refused as no examples, not idle workers
     with pytest.raises(ValueError, match=r"quoted.csv: no examples in it"):
         prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", num_workers=2, job_id=1))
+
+
+def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blank_ones(tmp_path):
+    """A blank record (an empty line, a row of blank cells) holds no data though it takes its place in a share: a
+    blank line second of 3 records leaves worker 1 of 2 none (the oracle: each worker's share read), refused with
+    the records of data held, not the records; fewer workers may serve, not 'at most'. A record the csv module
+    cannot read holds no data either. Random files of data and blank records: the refused workers are those whose
+    share reads no example."""
+    from worker.formats import read_batches
+    from worker.readers.csv_reader import csv_data_records, csv_data_residues
+
+    path = tmp_path / "gap.csv"
+    path.write_text("label,a\n1,x\n\n0,y\n")
+    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv"))
+    assert [sum(map(len, read_batches(str(path), data.schema, 10, worker_id=i, num_workers=2))) for i in range(2)] == [
+        2, 0]  # fmt: skip
+    with pytest.raises(ValueError, match=r"gap.csv holds 2 records of data, shared by the job's 2 workers \(worker "
+                                         r"i reads records i \+ 1, i \+ 3, i \+ 5, \.\.\. after the header\): worker 1 "
+                                         r"would read none of them: it trains no example; start fewer workers$"):  # fmt: skip
+        prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", job_id=1, num_workers=2, worker_id=0))
+    stray = tmp_path / "stray.csv"  # a quote left open: a record of 100 lines the csv module cannot read
+    stray.write_text('label,a\n1,x\n,\n1,"x\n' + "z\n" * 99 + "0,y\n")
+    assert (csv_data_records(str(stray), ","), csv_data_residues(str(stray), ",", 4)) == ((4, 2), {0, 3})
+    pieces = ["1,x", "0,y", "", ",", " , ", '1,"x\ny"']
+    rng = np.random.default_rng(3)
+    for case in range(25):
+        path = tmp_path / f"r{case}.csv"
+        path.write_text("label,a\n" + "\n".join(rng.choice(pieces, int(rng.integers(1, 7))).tolist()) + "\n")
+        n = int(rng.integers(2, 5))
+        read = [sum(map(len, read_batches(str(path), data.schema, 10, worker_id=i, num_workers=n,
+                                          max_bad_lines=100))) for i in range(n)]  # fmt: skip
+        cfg = TrainConfig(servers=("h:1",), data=str(path), format="csv", job_id=1, num_workers=n, max_bad_lines=100)
+        try:
+            prepare(cfg)
+            refused = []
+        except ValueError as e:
+            if "no examples in it" in str(e):
+                assert not any(read)
+                continue
+            refused = [int(w) for w in re.search(r"workers? ([\d, ]+) would read", str(e)).group(1).split(", ")]
+            assert f"holds {sum(read)} record" in str(e), (path.read_text(), str(e))
+        assert refused == [i for i in range(n) if not read[i]], (path.read_text(), n)
 
 
 @pytest.mark.parametrize(

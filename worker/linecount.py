@@ -9,12 +9,13 @@ uncompressed size is unknown until the end, and the compressed bytes a line take
 count to the end also gives each file's lines (LineCount.per_file) and, given a modulus (the job's workers), the
 residues of its lines of data's places among its lines (LineCount.per_file_residues), by which worker/data.py
 refuses data that leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a
-line of data; beyond the threshold nothing needs them: the validation split is a hash of an example's index
+line of data (a CSV's shares are of records, not lines: its residues are csv_reader.csv_data_residues', and none
+are given here); beyond the threshold nothing needs them: the validation split is a hash of an example's index
 (worker/data.py). Lines of data are counted (count_data_upto), in every format a line its reader skips as empty
 left out (NO_DATA): a line of whitespace (criteo: of spaces; a csv row of empty cells, `,,,`, which its reader skips
 too, counts), and a libsvm line of a query id or a comment only; a csv file's header line is none either. The shares
 take every num_workers-th line, such lines included, so their residues are those of the data lines' indices among
-all the file's lines (a csv file's after its header).
+all the file's lines.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class LineCount:
     bytes_read: int
     per_file: tuple[int, ...] = ()  # count_files_upto: the lines of each file it counted to the end, in order
     # given a modulus and counted to the end: the residues mod modulus of the 0-based indices of the file's lines of
-    # data among all its lines (empty: its lines of no data keep their places; csv: the lines after its header)
+    # data among all its lines (empty: its lines of no data keep their places); none for a file with a header
     residues: frozenset[int] | None = None
     per_file_residues: tuple[frozenset[int], ...] = ()  # count_files_upto: `residues` of each file of per_file
 
@@ -57,14 +58,15 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: 
     CRLF or a lone CR; a last line without a line end counts too, as the readers read it. empty (a format of
     NO_DATA): a line its reader reads empty (whitespace; libsvm: a query id qid:N, a comment # ...) is no data
     line and not counted.
-    modulus (>= 1): a count to the end gives LineCount.residues. ValueError names a .gz file that does not read
+    modulus (>= 1): a count to the end of a file without a header gives LineCount.residues (a CSV's shares are of
+    records: csv_reader.csv_data_residues). ValueError names a .gz file that does not read
     as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
     after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
     last = b""  # the file's last byte; empty: its last line, when it has no line end
     no_data_lines = None if empty is None else NO_DATA[empty]
-    residues = _Residues(modulus if empty else None, -header)
+    residues = _Residues(None if header or not empty else modulus)
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
         chunks = _chunks(raw, path)
@@ -101,7 +103,7 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: 
         if limit is not None and lines >= limit:  # that last line is the limit's
             return LineCount(limit, True, limit, raw.tell())
         found = residues.found if empty else frozenset(range(min(lines, modulus or 0)))
-        return LineCount(lines, False, lines, raw.tell(), residues=None if modulus is None else found)
+        return LineCount(lines, False, lines, raw.tell(), residues=None if modulus is None or header else found)
 
 
 def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, empty: str | None = None,
@@ -140,18 +142,17 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
 def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: int | None = None) -> LineCount:
     """count_files_upto of the data lines of files in format fmt (schema.format): a csv file's header line left
     out, and the lines its reader reads empty (NO_DATA); modulus: with each file's residues
-    (LineCount.per_file_residues)."""
+    (LineCount.per_file_residues), but a csv file's (csv_reader.csv_data_residues)."""
     return count_files_upto(paths, limit, header=fmt == "csv", empty=fmt, modulus=modulus)
 
 
 class _Residues:
     """The residues mod `modulus` of the 0-based indices of a file's lines of data among all its lines (found),
-    fed its chunks of whole lines in order (_whole_lines'); modulus None: none are looked for. first: the index of
-    the file's first line (-1: a header line before the lines counted, none of them). Once every residue is found,
-    the chunks are not looked at."""
+    fed its chunks of whole lines in order (_whole_lines'); modulus None: none are looked for. Once every residue is
+    found, the chunks are not looked at."""
 
-    def __init__(self, modulus: int | None, first: int = 0):
-        self.modulus, self.lines, self.found = modulus, first, frozenset()
+    def __init__(self, modulus: int | None):
+        self.modulus, self.lines, self.found = modulus, 0, frozenset()
 
     def add(self, chunk: bytes, no_data: list[int], no_data_line: re.Pattern) -> None:
         """chunk: the next whole lines (the file's last without its LF, if it has none); no_data: the offsets in
@@ -165,8 +166,7 @@ class _Residues:
         data[np.searchsorted(ends, no_data)] = False  # a line's index: the LFs before its start
         if not chunk.endswith(b"\n") and no_data_line.fullmatch(chunk, int(ends[-1]) + 1 if len(ends) else 0):
             data[-1] = False
-        at = self.lines + np.flatnonzero(data)
-        self.found |= frozenset((at[at >= 0] % self.modulus).tolist())
+        self.found |= frozenset(((self.lines + np.flatnonzero(data)) % self.modulus).tolist())
         self.lines += count
 
 

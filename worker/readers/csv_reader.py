@@ -167,25 +167,49 @@ def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tupl
                 yield start, [row[i] for i in at]
 
 
-def csv_records_upto(name: str, delimiter: str, limit: int | None) -> int:
-    """The records of a csv file past its header, split as csv_cells splits them (BoundedReader: a quoted field
-    may span lines; a record the csv module cannot read is one record, as are blank ones), counted until `limit`
-    of them (None: to the end); 0 for a file of no content. The places of a worker's share are these records."""
+def csv_data_residues(name: str, delimiter: str, modulus: int) -> frozenset[int]:
+    """The residues mod `modulus` of the 0-based indices of a csv file's records of data (_records_hold_data) among
+    its records past the header: where a worker's share (every modulus-th record, records of no data included)
+    finds data. Reads until every residue is found; empty for a file of no content."""
+    found: set[int] = set()
+    for index, data in enumerate(_records_hold_data(name, delimiter)):
+        if data:
+            found.add(index % modulus)
+            if len(found) == modulus:
+                break
+    return frozenset(found)
+
+
+def csv_data_records(name: str, delimiter: str) -> tuple[int, int]:
+    """(records, records of data) of a csv file past its header (_records_hold_data): (0, 0) for a file of no
+    content."""
+    records = data = 0
+    for holds_data in _records_hold_data(name, delimiter):
+        records += 1
+        data += holds_data
+    return records, data
+
+
+def _records_hold_data(name: str, delimiter: str) -> Iterator[bool]:
+    """Whether each record of a csv file past its header holds data, in file order: the records split as csv_cells
+    splits them (BoundedReader: a quoted field may span lines), one of data when the csv module reads it and some
+    cell of it is not blank (not a blank line or a row of blank cells, ",,,", which the reader skips as empty;
+    nor a record it cannot read). Nothing for a file of no content. The places of a worker's share are these records,
+    those of no data included."""
     with open_data(name) as raw:
         reader = BoundedReader(CsvLines(raw).texts(), delimiter)
         header = next(reader, None)
         if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
-            return 0
-        records = 0
-        while limit is None or records < limit:
+            return
+        while True:
             try:
-                next(reader)
+                row = next(reader)
             except StopIteration:
-                break
+                return
             except csv.Error:
-                pass
-            records += 1
-    return records
+                yield False
+                continue
+            yield not _blank_record(row)
 
 
 def has_labels(name: str, schema: Schema) -> bool:
@@ -487,11 +511,16 @@ def _blank(line: str, delimiter: str) -> bool:
     return not line.replace(delimiter, "").strip()
 
 
+def _blank_record(row: list[str]) -> bool:
+    """Whether a record is empty to the reader: no cell, or only blank ones (a blank line, ",,,")."""
+    return not any(cell.strip() for cell in row)
+
+
 def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str | None:
     """What is wrong with a record (label.at None: it has no label), or None."""
     if isinstance(row, csv.Error):
         return f"unreadable CSV: {row}"
-    if not any(cell.strip() for cell in row):  # no cell or one blank (a blank line), or blank cells
+    if _blank_record(row):  # no cell or one blank (a blank line), or blank cells
         return EMPTY_LINE if len(row) <= 1 else BLANK_CELLS
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
