@@ -312,6 +312,9 @@ class FileTooLargeError(PsError):
     status = "RESOURCE_EXHAUSTED"
 
 
+NOTHING_APPLIED = "nothing was applied"  # a refusal's outcome where none of the request was applied
+
+
 class DiskFullError(PsError):
     """A write this server needed found its disk full (ENOSPC) or its disk quota spent (EDQUOT):
     RESOURCE_EXHAUSTED, gRPC's code for "the entire file system is out of space". The message says so, names the
@@ -322,20 +325,23 @@ class DiskFullError(PsError):
 
     status = "RESOURCE_EXHAUSTED"
 
-    def __init__(self, message: str, reason: str = "", what: str = "", disk: str = ""):
+    def __init__(self, message: str, reason: str = "", what: str = "", disk: str = "", outcome: str = "",
+                 remedy: str = "retry"):  # fmt: skip
         super().__init__(message)
         self.reason = reason  # DISK_FULL_TEXTS' entry, where known
         self.what = what  # what failed, and where
         self.disk = disk  # a path on the disk that is full, where `what` names more than one
+        self.outcome = outcome  # what of the request stands, as the message ends ("": not said)
+        self.remedy = remedy  # what to do once space is freed
 
     @classmethod
     def of(
-        cls, reason: str, what: str, outcome: str = "nothing was applied", disk: str = "", remedy: str = "retry"
+        cls, reason: str, what: str, outcome: str = NOTHING_APPLIED, disk: str = "", remedy: str = "retry"
     ) -> "DiskFullError":
         """The error for `what` (what failed, naming the path) failing for `reason` (disk_full_reason's);
-        outcome: what of the request stands, the message's end ("": none; partly_applied rewrites it when part
-        of the request was applied); disk: a path on the full disk,
-        named when `what` names more than one; remedy: what to do once space is freed."""
+        outcome: what of the request stands, the message's end ("": none; partly_applied adds what stays when
+        part of the request was applied); disk: a path on the full disk, named when `what` names more than one;
+        remedy: what to do once space is freed."""
         where = f"the disk of {disk}" if disk else "that disk"
         return cls(
             f"{DISK_FULL_PREFIX} ({reason}): {what}; free space on {where} (or raise the quota) and {remedy}"
@@ -343,24 +349,29 @@ class DiskFullError(PsError):
             reason,
             what,
             disk,
+            outcome,
+            remedy,
         )
 
-    def instead(self, outcome: str, disk: str | None = None, remedy: str = "retry") -> "DiskFullError":
-        """The same error with another outcome (and disk, and remedy, if given)."""
+    def instead(self, outcome: str, disk: str | None = None, remedy: str | None = None) -> "DiskFullError":
+        """The same error with another outcome (and disk, and remedy, if given: else its own)."""
         disk = self.disk if disk is None else disk
+        remedy = self.remedy if remedy is None else remedy
         return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
 
 
 def partly_applied(e: PsError, stopped: str, outcome: str) -> PsError:
     """e, the failure that stopped a request part of which was applied and stays, reworded to say so: a copy of e,
     its class and attributes kept, whose message is "<stopped>: <e's message less its '; nothing was applied'>.
-    <outcome>"; a DiskFullError's keeps its start (DISK_FULL_PREFIX) and ends "; <stopped>. <outcome>" instead
-    (DiskFullError.instead). outcome: what of the request stays, in PARTLY_APPLIED's words (ps.engine.pushpath,
-    ps.engine.shrinkprogress), and what sending it again does."""
+    <outcome>"; a DiskFullError's keeps its start (DISK_FULL_PREFIX), its remedy and its own outcome, unless that
+    is "nothing was applied", and ends "; <stopped>. <outcome>" (DiskFullError.instead). outcome: what of the
+    request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
+    again does."""
     if isinstance(e, DiskFullError):
-        return e.instead(f"{stopped}. {outcome}")
+        own = "" if e.outcome in ("", NOTHING_APPLIED) else f"{e.outcome}; "
+        return e.instead(f"{own}{stopped}. {outcome}")
     reworded = copy.copy(e)  # the class and the attributes (a refusal's own fields) as they are
-    reworded.args = (f"{stopped}: {str(e).removesuffix('; nothing was applied')}. {outcome}", *e.args[1:])
+    reworded.args = (f"{stopped}: {str(e).removesuffix(f'; {NOTHING_APPLIED}')}. {outcome}", *e.args[1:])
     return reworded
 
 

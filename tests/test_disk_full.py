@@ -512,6 +512,31 @@ def test_disk_full_reason():
     assert DiskFullError.of("No space left on device", "x").status == "RESOURCE_EXHAUSTED"
 
 
+def test_a_request_stopped_part_way_by_a_stopped_background_writer_keeps_its_remedy_and_outcome():
+    """The write-behind's full disk stops its writer until a restart: reworded by partly_applied (a push batch or
+    a Shrink stopped part way), the error still says to restart the server, not to retry, and that the writer
+    stopped, then what of the request stays."""
+    from ps.errors import partly_applied
+    from ps.storage.writebehind import PendingBatch, WriteBehind
+
+    def write(batch):
+        raise DiskFullError.of("No space left on device", "RocksDB in /d failed while writing 1 row")
+
+    one = np.zeros(1, dtype=np.uint64)
+    wb = WriteBehind(write, max_pending_bytes=1 << 20)
+    wb.submit(PendingBatch("t", one, np.zeros((1, 2), np.float32), one, np.ones(1, bool), {}))
+    with pytest.raises(DiskFullError) as stopped:
+        wb.drain()
+    wb.close()
+    e = partly_applied(stopped.value, "shrink stopped", "Of the Shrink, table 't' was shrunk whole: those stay")
+    assert isinstance(e, DiskFullError) and str(e).endswith(
+        "(or raise the quota) and restart the server (its journal replays every acknowledged push); the background "
+        "writer of evicted rows stopped there; shrink stopped. Of the Shrink, table 't' was shrunk whole: those stay"
+    ), str(e)
+    plain = partly_applied(DiskFullError.of("No space left on device", "x"), "shrink stopped", "some stays")
+    assert str(plain).endswith("(or raise the quota) and retry; shrink stopped. some stays"), str(plain)
+
+
 def test_a_server_whose_disk_is_full_at_its_stop_says_so_in_a_line(capsys):
     from ps.server import stop_server
 
