@@ -364,14 +364,18 @@ def partly_applied(e: PsError, stopped: str, outcome: str) -> PsError:
     """e, the failure that stopped a request part of which was applied and stays, reworded to say so: a copy of e,
     its class and attributes kept, whose message is "<stopped>: <e's message less its '; nothing was applied'>.
     <outcome>"; a DiskFullError's keeps its start (DISK_FULL_PREFIX), its remedy and its own outcome, unless that
-    is "nothing was applied", and ends "; <stopped>. <outcome>" (DiskFullError.instead). outcome: what of the
+    is "nothing was applied", and ends "; <stopped>. <outcome>" (DiskFullError.instead); so does a
+    ShardNeedsRestartError's, whose message, kept whole and first, says what a restart does. outcome: what of the
     request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
     again does."""
     if isinstance(e, DiskFullError):
         own = "" if e.outcome in ("", NOTHING_APPLIED) else f"{e.outcome}; "
         return e.instead(f"{own}{stopped}. {outcome}")
     reworded = copy.copy(e)  # the class and the attributes (a refusal's own fields) as they are
-    reworded.args = (f"{stopped}: {str(e).removesuffix(f'; {NOTHING_APPLIED}')}. {outcome}", *e.args[1:])
+    if isinstance(e, ShardNeedsRestartError):
+        reworded.args = (f"{e}; {stopped}. {outcome}", *e.args[1:])
+    else:
+        reworded.args = (f"{stopped}: {str(e).removesuffix(f'; {NOTHING_APPLIED}')}. {outcome}", *e.args[1:])
     return reworded
 
 

@@ -425,10 +425,11 @@ def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, m
         shard.close()
 
 
-def test_a_shrink_whose_last_flush_finds_the_shard_broken_raises_that_error_as_it_is(tmp_path, monkeypatch):
+def test_a_shrink_whose_last_flush_finds_the_shard_broken_says_so_then_what_it_shrunk(tmp_path, monkeypatch):
     """The flush after the tables were shrunk finds the shard broken: its ShardNeedsRestartError, whose message says
-    what a restart does, is raised unchanged (as a push's is), not reworded as a Shrink stopped part way."""
-    from ps.errors import ShardNeedsRestartError
+    what a restart does, is raised with that message first, then what of the Shrink stays (a restart keeps the rows
+    decayed, and a Shrink sent again decays them once more). Where nothing was shrunk, it is raised as it is."""
+    from ps.errors import PARTLY_APPLIED, ShardNeedsRestartError
 
     shard = _decaying_shard(tmp_path, "ab")
     try:
@@ -444,7 +445,21 @@ def test_a_shrink_whose_last_flush_finds_the_shard_broken_raises_that_error_as_i
         monkeypatch.setattr(shard, "flush", second_finds_it_broken)
         with pytest.raises(ShardNeedsRestartError) as refused:
             shard.shrink()
-        assert refused.value is broken and str(refused.value) == str(broken)
+        assert str(refused.value) == (
+            f"{broken}; shrink stopped. Of the Shrink, tables 'a', 'b' were shrunk whole ('a': 30 rows decayed and 0 "
+            f"ids dropped; 'b': 30 rows decayed and 0 ids dropped): those changes were {PARTLY_APPLIED}; a Shrink "
+            "sent again decays the rows shrunk already once more"
+        )
+        assert (_shows(shard, "a") == 0.5).all() and (_shows(shard, "b") == 0.5).all()
+        flushes.clear()  # the first flush of the next Shrink passes
+
+        def finds_it_broken(*args, **kwargs):
+            raise broken
+
+        monkeypatch.setattr(shard.tables["a"], "shrink", finds_it_broken)
+        with pytest.raises(ShardNeedsRestartError) as refused:
+            shard.shrink()
+        assert refused.value is broken
     finally:
         monkeypatch.undo()
         shard.close()

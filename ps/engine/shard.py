@@ -519,8 +519,9 @@ class Shard:
         DataLossError, naming the key, before any table is changed, where one of them has a number that does not
         read (Store.table_number): a shrink stopped there would leave the tables before it shrunk, and its retry
         would decay their rows again. A failure part way (a chunk's write, the flush after) is raised as
-        ShrinkProgress.refusal says: what was shrunk before it stays, and the message says what; but a
-        ShardNeedsRestartError, whose message says what a restart does, is raised as it is."""
+        ShrinkProgress.refusal says: what was shrunk before it stays, and the message says what (a
+        ShardNeedsRestartError's after its own words, which say what a restart does: a restart keeps those rows
+        decayed)."""
         self.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
@@ -533,8 +534,8 @@ class Shard:
                 progress.done += 1
             self.flush()
         except PsError as e:  # the chunks written before it stay shrunk: the refusal says which
-            partly = None if isinstance(e, ShardNeedsRestartError) else progress.refusal(e)
-            if partly is None:  # a broken shard's error says what a restart does: it stands as it is
+            partly = progress.refusal(e)
+            if partly is None:
                 raise
             raise partly from e
         dropped = sum(progress.dropped.values())
