@@ -13,7 +13,7 @@ editable install of a pyproject.toml package, PEP 660, needs pip 21.3 or newer; 
 upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LINKS) serves the rest. Later runs
 reuse the venv and reinstall only when pyproject.toml or the venv's Python version changes; a venv whose python
 no longer runs (its symlink names a Python since removed) or runs another major.minor version than the one the
-venv was made for (its pyvenv.cfg's) is made again, saying why; one whose python does not answer in time is
+venv was made for (its pyvenv.cfg's), or one older than 3.11, is made again, saying why; one whose python does not answer in time is
 reused, with a warning. `test` and `bench`
 also install PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's
 machines; PyPI's Linux wheel is the CUDA build, so elsewhere set
@@ -35,6 +35,7 @@ VENV = os.path.join(ROOT, ".venv")
 TORCH_PIN = "torch==2.13.0"  # pinned: the version the torch backend is tested with
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 PROBE_TIMEOUT_S = 10.0  # the venv's python has this long to say its version (venv_python_unusable)
+MIN_PYTHON = (3, 11)  # sparseps's oldest Python, for dev.py and for the venv's python
 STAMP = ".installed-"  # the venv's stamps of what is installed there (installed_with)
 
 
@@ -43,8 +44,8 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
     for the runtime alone) and TORCH_PIN (with_torch) unless an install of this pyproject.toml with them all, or
     more, is stamped there (installed_with). A venv it creates holds no stamp (one of a venv made there before is
     removed: its packages are gone)."""
-    if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 the user has)
-        sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    if sys.version_info < MIN_PYTHON:  # dev.py runs on whatever python3 the user has
+        sys.exit(f"sparseps needs Python {'.'.join(map(str, MIN_PYTHON))} or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
     unusable = venv_python_unusable(python, venv_version()) if os.path.lexists(python) else None
     if unusable:  # made again from scratch: what it holds was installed for a Python it no longer runs
@@ -75,7 +76,8 @@ def venv_python_unusable(python: str, made_for: str) -> str | None:
     """Why the venv's python cannot serve the venv, made for Python made_for (major.minor, venv_version; "" where
     pyvenv.cfg does not say), or None: it does not run (its symlink names a Python since removed, say), or runs
     another major.minor version (its symlink names a python3 upgraded since: the venv's packages are another
-    version's). It is asked isolated (-I) from this process's environment (PYTHONHOME, PYTHONPATH), as the venv's
+    version's), or one older than MIN_PYTHON (a venv made by an older Python), or answers no version it can read.
+    It is asked isolated (-I) from this process's environment (PYTHONHOME, PYTHONPATH), as the venv's
     own commands are not. One that does not answer within PROBE_TIMEOUT_S (a machine under load) is not taken as
     unusable: a warning says so, and None (making the venv again would remove what it holds)."""
     probe = [python, "-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
@@ -90,17 +92,25 @@ def venv_python_unusable(python: str, made_for: str) -> str | None:
     if done.returncode != 0:
         return f"does not run (exit {done.returncode})"
     runs = done.stdout.strip()
-    return None if not made_for or runs == made_for else f"is Python {runs}, but the venv was made for {made_for}"
+    major, _, minor = runs.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return f"says its version is {runs!r}, not a Python major.minor"
+    if made_for and runs != made_for:
+        return f"is Python {runs}, but the venv was made for {made_for}"
+    if (int(major), int(minor)) < MIN_PYTHON:
+        return f"is Python {runs}, older than {'.'.join(map(str, MIN_PYTHON))}, which sparseps needs"
+    return None
 
 
 def venv_version() -> str:
-    """The Python version (major.minor) the venv was made for, as its pyvenv.cfg says; "" where it does not."""
+    """The Python version (major.minor) the venv was made for, as its pyvenv.cfg says (`version`, as venv writes it,
+    or virtualenv's `version_info`); "" where it does not."""
     version = ""
     try:
         with open(os.path.join(VENV, "pyvenv.cfg"), encoding="utf-8") as f:
             for line in f:
                 key, _, value = line.partition("=")
-                if key.strip() == "version":
+                if key.strip() in ("version", "version_info"):
                     version = ".".join(value.strip().split(".")[:2])
     except OSError:
         pass

@@ -179,6 +179,28 @@ def test_a_venv_whose_python_runs_another_version_than_it_was_made_for_is_made_a
     assert f"{dev.VENV}: its python is Python {THIS}, but the venv was made for 3.1: making" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "cfg, runs, why",
+    [
+        ("version = 3.10.12", "3.10", "is Python 3.10, older than 3.11, which sparseps needs"),  # made by 3.10
+        ("", "3.10", "is Python 3.10, older than 3.11, which sparseps needs"),  # a pyvenv.cfg of no version
+        ("version_info = 3.10.12.final.0", THIS, f"is Python {THIS}, but the venv was made for 3.10"),  # virtualenv
+        (f"version = {THIS}.1", "python3", "says its version is 'python3', not a Python major.minor"),
+    ],
+)
+def test_a_venv_whose_python_is_too_old_or_unreadable_is_made_again(venv, monkeypatch, capsys, cfg, runs, why):
+    """dev.py refuses to run under Python < 3.11, and a venv whose python runs one is no better, whatever its
+    pyvenv.cfg says (virtualenv writes version_info, not version); nor is one whose version does not read."""
+    made = []
+    monkeypatch.setattr(dev.venv, "EnvBuilder", lambda **options: made.append(options) or NoOpBuilder())
+    make_python(runs)
+    with open(os.path.join(dev.VENV, "pyvenv.cfg"), "w") as f:
+        f.write(f"home = /usr/bin\n{cfg}\n")
+    dev.ensure_env()
+    assert made == [{"with_pip": True, "clear": True}]
+    assert f"{dev.VENV}: its python {why}: making the virtual environment again" in capsys.readouterr().out
+
+
 def test_a_venv_made_for_another_python_than_the_one_running_dev_py_is_reused(venv, monkeypatch):
     monkeypatch.setattr(dev.venv, "EnvBuilder", NoBuilder)
     make_python(NEXT)  # a healthy venv of Python NEXT, dev.py run by this one
