@@ -466,6 +466,29 @@ def test_a_shrink_its_shard_says_stopped_part_way_raises_the_shards_refusal_not_
     assert str(refused.value) == f"shard 0 at {addresses[0]}: Shrink failed with {refusal.status}: {said}"
 
 
+def test_a_shrink_stopped_part_way_by_a_shard_now_gone_keeps_the_shards_words(servers):
+    """A Shrink whose shard answers UNAVAILABLE that it stopped part way (PARTLY_APPLIED), the shard's process gone
+    since (a local shard that exited): the shard's refusal, its class and its words of what stays, and that the
+    shard is gone, not the gone shard alone."""
+    from ps.engine.shrinkprogress import ShrinkProgress
+
+    addresses, (server,) = servers(1)
+    progress = ShrinkProgress(["a", "b"])
+    progress.wrote("a", 30, 2)
+    said = str(progress.refusal(TableBusyError("table 'a' failed: disk gone; nothing was applied")))
+    gone = "local shard 0 (pid 7) exited with code 1, and a local shard is not restarted"
+
+    def stops_part_way(*args, **kwargs) -> dict:
+        raise TableBusyError(said)
+
+    server.shard.shrink = stops_part_way
+    client = Client(addresses, timeout_s=10, server_timeout_s=30, shard_gone=lambda shard: gone)
+    with client, pytest.raises(PsError) as refused:
+        client.shrink()
+    assert type(refused.value) is TableBusyError
+    assert str(refused.value) == f"shard 0 at {addresses[0]}: Shrink failed with UNAVAILABLE: {said}; since then {gone}"
+
+
 def test_a_call_is_sent_again_while_another_of_its_batch_still_waits(servers):
     """A stamped call can wait on one shard (at a barrier) for what the retry of another, on a restarted shard,
     brings: each call of a batch is sent again on its own, not once the whole batch has answered."""

@@ -242,9 +242,14 @@ class Outages:
         after it may have run unanswered, that it may still run; for one whose shard stayed down, how long it was
         waited for (ran: whether any attempt of it may have run, may_have_run, which the error's `ran` says); else
         the PsError of e's status, the shard's refusal, whose `refused_by` names the shard (a call not sent again
-        after its shard said part of it was applied, PARTLY_APPLIED, included: the shard's words say what stands)."""
+        after its shard said part of it was applied, PARTLY_APPLIED, included: the shard's words say what stands,
+        and where the shard is gone since, that too)."""
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
         gone = self.gone(shard) if self.gone is not None and retryable(e) else None
+        if gone and PARTLY_APPLIED in (e.details() or ""):  # what stays of it is the shard's to say
+            with self.lock:
+                self._end(shard)
+            return self._refusal(method, shard, e, f"; since then {gone}")
         if gone:  # before "it may still be running there": it is not running anywhere
             with self.lock:
                 self._end(shard)
@@ -279,8 +284,12 @@ class Outages:
             return ServerUnavailableError(f"{where} does not serve {method} ({e.details()}): it is a gRPC server "
                                           "but not a sparseps shard; is --servers the right address (ps-server "
                                           "prints its address as it starts)?")  # fmt: skip
-        cls = error_class(code.name, error_name(e))
-        error = cls(f"{where}: {method} failed with {code.name}: {e.details()}")
+        return self._refusal(method, shard, e)
+
+    def _refusal(self, method: str, shard: int, e: grpc.RpcError, after: str = "") -> PsError:
+        """The PsError of e's status, the class its shard named, in the shard's words (and `after` them)."""
+        code, where = e.code().name, f"shard {shard} at {self.servers[shard]}"
+        error = error_class(code, error_name(e))(f"{where}: {method} failed with {code}: {e.details()}{after}")
         error.refused_by = shard  # a shard's refusal, not the worker's own error (worker.steprows.stopped_by)
         return error
 
