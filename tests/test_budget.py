@@ -542,7 +542,7 @@ def test_a_push_whose_rows_another_table_cannot_write_to_give_back_fails_with_th
         ids = np.arange(100, 104, dtype=np.uint64)
         full, store = shard.table("full").arena, shard.store
         if failure == "disk full":
-            monkeypatch.setattr(store, "_db", FullRocksDB(store._db, store.path))
+            monkeypatch.setattr(store._dir, "db", FullRocksDB(store._dir.db, store.path))
             expected, status = DiskFullError, "RESOURCE_EXHAUSTED"
             path = re.escape(store.path)
             cause = (rf"the server's disk is full \(No space left on device\): RocksDB in the data dir {path} "

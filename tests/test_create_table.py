@@ -85,7 +85,7 @@ def prepared(path, setup, damage=None) -> Shard:
         shard.close()
         store = Store(str(path))
         for key, value in damage.items():
-            store._meta_cf.put(key, value)
+            store._dir.meta_cf.put(key, value)
         store.close()
         shard = Shard(ServerConfig(data_dir=str(path), cache_bytes=SMALL_TIER, flush_interval_s=3600))
     return shard
@@ -251,14 +251,14 @@ def test_a_create_the_ram_tier_refuses_writes_nothing_and_takes_no_number(tmp_pa
         with pytest.raises(RamTierTooSmallError, match="cannot take table number 5"):
             shard.create_table(TableConfig("t", WIDE))
         assert "t" not in shard.tables and shard.budget.used_bytes == used
-        assert shard.store._meta_cf.get(b"table/t") is None and shard.store._meta_cf.get(b"tid/t") is None
+        assert shard.store._dir.meta_cf.get(b"table/t") is None and shard.store._dir.meta_cf.get(b"tid/t") is None
         assert shard.store.number_for("n") == 4
     finally:
         shard.close()
     store = Store(str(tmp_path))
     try:
         assert sorted(cfg.name for cfg in store.load_tables()) == ["w0", "w1", "w2", "w3"]
-        assert store._meta_cf.get(b"table/t") is None and store._meta_cf.get(b"tid/t") is None
+        assert store._dir.meta_cf.get(b"table/t") is None and store._dir.meta_cf.get(b"tid/t") is None
     finally:
         store.close()
 

@@ -547,7 +547,7 @@ def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_
                         r"trained row is \d+ bytes, a pending id 24\), the first of id 5 \(key 00000000\w{4}"
                         r"0000000000000005\): a pull of them is refused with DATA_LOSS", bad[0]), bad  # fmt: skip
     with opened(data_dir) as store:  # the table's number (its rows' key prefix) goes
-        store._meta_cf.delete(b"tid/emb")
+        store._dir.meta_cf.delete(b"tid/emb")
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
         client.pull("emb", ids)
     assert "failed with DATA_LOSS" in str(failed.value) and "'emb' has no number" in str(failed.value)
@@ -602,15 +602,14 @@ class Damaged:
 @contextlib.contextmanager
 def damaged(store: Store, full: bool = False):
     """The store's RocksDB, its meta and rows column families Damaged inside the block, as the Store and its
-    ShardMeta hold them."""
-    real = store._db, store._meta_cf, dict(store._cfs), store.meta._db, store.meta._cf
-    store._db, store._meta_cf = Damaged(store._db, store.path, full), Damaged(store._meta_cf, store.path, full)
+    ShardMeta hold them (the meta's in the OpenDataDir they share)."""
+    real = store._dir.db, store._dir.meta_cf, dict(store._cfs)
+    store._dir.db, store._dir.meta_cf = Damaged(real[0], store.path, full), Damaged(real[1], store.path, full)
     store._cfs = {name: Damaged(cf, store.path, full) for name, cf in real[2].items()}
-    store.meta._db, store.meta._cf = Damaged(real[3], store.path, full), Damaged(real[4], store.path, full)
     try:
         yield
     finally:
-        store._db, store._meta_cf, store._cfs, store.meta._db, store.meta._cf = real
+        store._dir.db, store._dir.meta_cf, store._cfs = real
 
 
 STORE_CALLS = {
@@ -819,7 +818,7 @@ def test_a_meta_value_that_does_not_read_refuses_the_start_as_damage_naming_it(s
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(key, DAMAGED_META[key])
+        store._dir.meta_cf.put(key, DAMAGED_META[key])
     with pytest.raises(DataLossError) as refused:
         Server(ServerConfig(data_dir=str(data_dir)))
     name = key.decode() if key.isascii() and key.decode().isprintable() else ascii(key)
@@ -837,8 +836,8 @@ def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_r
     began from (read by Stats)."""
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"tid/t", b"zero")
-        store._meta_cf.put(b"restored", b'{"checkpoint": 5}')
+        store._dir.meta_cf.put(b"tid/t", b"zero")
+        store._dir.meta_cf.put(b"restored", b'{"checkpoint": 5}')
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client:
         with pytest.raises(PsError) as failed:
             client.pull("t", COMMON)
@@ -862,7 +861,7 @@ def crashed_with_a_replay_to_a_damaged_table(data_dir) -> None:
     shard.push("t", COMMON, np.ones((len(COMMON), DIM), np.float32))
     crash(shard)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"tid/t", b"zero")
+        store._dir.meta_cf.put(b"tid/t", b"zero")
 
 
 def test_a_start_refused_on_damage_met_in_a_scan_keeps_no_rocksdb_handle_in_its_error(tmp_path):
@@ -926,7 +925,7 @@ def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verif
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(key, str(value).encode())
+        store._dir.meta_cf.put(key, str(value).encode())
     what = f"meta key {key.decode()} holds b'{value}', which does not read as its value (ValueError: {why})"
     if key.startswith(b"tid/"):
         with (
@@ -996,7 +995,7 @@ def test_verify_says_a_stray_count_of_no_table_fails_only_the_creation_of_that_t
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"count/stray", b"{bad")
+        store._dir.meta_cf.put(b"count/stray", b"{bad")
     server = Server(ServerConfig(data_dir=str(data_dir)))  # starts
     try:
         with pytest.raises(DataLossError, match="meta key count/stray holds"):
@@ -1028,7 +1027,7 @@ def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(sto
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(key, VERIFIED_META[key])
+        store._dir.meta_cf.put(key, VERIFIED_META[key])
     name = key.decode() if key.isascii() and key.decode().isprintable() else ascii(key)
     if key == b"restored":  # read by Stats, and by a start given --restore
         follows = "Stats, and a start given --restore, fail with DATA_LOSS"
@@ -1066,7 +1065,7 @@ def test_a_client_key_whose_id_is_not_8_bytes_is_damage_to_a_start_and_to_verify
     data_dir = copied(stopped_cleanly, tmp_path)
     value = CLIENT_KEYS_OF_ANOTHER_LENGTH[key]
     with opened(data_dir) as store:
-        store._meta_cf.put(key, value)
+        store._dir.meta_cf.put(key, value)
     with pytest.raises(DataLossError) as refused:
         Server(ServerConfig(data_dir=str(data_dir)))
     what = (f"meta key {ascii(key)} holds {ascii(value)}, but its client id is {len(key.split(b'/', 1)[1])} bytes, "
@@ -1089,7 +1088,7 @@ def test_a_legacy_applied_entry_short_of_its_fields_is_damage_to_a_start_and_to_
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"applied", record)
+        store._dir.meta_cf.put(b"applied", record)
     with pytest.raises(DataLossError) as refused:
         Server(ServerConfig(data_dir=str(data_dir)))
     what = f"meta key applied holds {ascii(record)}, which does not read as its value (ValueError: "
@@ -1109,7 +1108,7 @@ def test_verify_notes_a_job_done_record_that_does_not_read_which_a_start_passes(
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"job_done", record)
+        store._dir.meta_cf.put(b"job_done", record)
     with InProcess(data_dir):
         pass
     lines, damaged = verify_data_dir(str(data_dir))
@@ -1131,7 +1130,7 @@ def test_a_shard_record_without_its_fields_is_damage_to_a_start_and_to_verify(st
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"shard", record)
+        store._dir.meta_cf.put(b"shard", record)
     if shard_json == "missing":
         os.remove(data_dir / "shard.json")
     with pytest.raises(DataLossError) as refused:
@@ -1154,8 +1153,8 @@ def test_verify_names_a_checkpoints_meta_value_that_does_not_read_by_what_reads_
     shutil.copytree(root / "good", copy)
     store = Store(str(copy / "shard-0"))
     try:
-        store._meta_cf.put(b"count/emb", b"{}")
-        store._meta_cf.put(b"clock", b"x")
+        store._dir.meta_cf.put(b"count/emb", b"{}")
+        store._dir.meta_cf.put(b"clock", b"x")
         store.flush()
     finally:
         store.close()
@@ -1181,9 +1180,9 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
         ids = np.array([i for i, _ in store.iter_rows("t")], dtype=np.uint64)
         rows, first = len(ids), bytes(min(encode_keys(store.table_number("t"), ids))).hex()
         if number == "deleted":
-            store._meta_cf.delete(b"tid/t")
+            store._dir.meta_cf.delete(b"tid/t")
         else:
-            store._meta_cf.put(b"tid/t", b"zero")
+            store._dir.meta_cf.put(b"tid/t", b"zero")
     lines, damaged = verify_data_dir(str(data_dir))
     why = {
         "deleted": "its config is stored without its number (meta key tid/t)",
@@ -1195,7 +1194,7 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
         f"among the {rows:,} stored rows of table number(s) 0 ({rows:,} rows), which no other table has; the first key {first}"
     ], lines
     with opened(data_dir) as store:  # a second table without its number: which rows are whose is not known
-        store._meta_cf.put(b"table/u", json.dumps(TableConfig("u", DIM).to_dict()).encode())
+        store._dir.meta_cf.put(b"table/u", json.dumps(TableConfig("u", DIM).to_dict()).encode())
     lines, damaged = verify_data_dir(str(data_dir))
     said = [line for line in lines if line.startswith("DAMAGED rows of no table")]
     assert len(said) == 1 and said[0].endswith(
@@ -1244,7 +1243,7 @@ def test_a_damaged_table_number_fails_that_tables_requests_and_a_save_while_the_
 
     data_dir = copied(three_tables, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"tid/b", b"zero")
+        store._dir.meta_cf.put(b"tid/b", b"zero")
     said = "meta key tid/b holds b'zero', which does not read as its value"
     root = tmp_path / "root"
     with InProcess(data_dir, checkpoint_root=str(root)) as address, Client([address], timeout_s=30) as client:
@@ -1263,7 +1262,7 @@ def test_a_damaged_table_number_fails_that_tables_requests_and_a_save_while_the_
         assert not (root / "ckpt").exists() or not list((root / "ckpt").iterdir())
         assert sorted(t.name for t in client.stats()[0].tables) == ["a", "b", "c"]
     with opened(data_dir) as store:
-        assert store._meta_cf.get(b"table/d") is None and store._meta_cf.get(b"tid/b") == b"zero"
+        assert store._dir.meta_cf.get(b"table/d") is None and store._dir.meta_cf.get(b"tid/b") == b"zero"
     shard = shard_of(data_dir)
     try:
         assert rows_of(shard.pull("a", COMMON), -2) and rows_of(shard.pull("c", COMMON), -1)
@@ -1286,14 +1285,14 @@ def test_a_start_replays_pushes_to_other_tables_and_refuses_one_to_the_table_who
     push_ones(shard, replayed)
     crash(shard)
     with opened(data_dir) as store:
-        number = store._meta_cf.get(b"tid/b")
-        store._meta_cf.put(b"tid/b", b"zero")
+        number = store._dir.meta_cf.get(b"tid/b")
+        store._dir.meta_cf.put(b"tid/b", b"zero")
     if replayed == "b":
         with pytest.raises(DataLossError) as refused:
             shard_of(data_dir)
         assert "meta key tid/b holds b'zero'" in str(refused.value), str(refused.value)
         with opened(data_dir) as store:
-            store._meta_cf.put(b"tid/b", number)
+            store._dir.meta_cf.put(b"tid/b", number)
     shard = shard_of(data_dir)
     try:
         for table in "abc":
@@ -1312,9 +1311,9 @@ def with_table_number(three_tables, tmp_path, table: str, number: str, unreadabl
     data_dir = copied(three_tables, tmp_path)
     with opened(data_dir) as store:
         if number == "deleted":
-            store._meta_cf.delete(f"tid/{table}".encode())
+            store._dir.meta_cf.delete(f"tid/{table}".encode())
         else:
-            store._meta_cf.put(f"tid/{table}".encode(), unreadable)
+            store._dir.meta_cf.put(f"tid/{table}".encode(), unreadable)
     return data_dir
 
 
@@ -1341,7 +1340,7 @@ def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_ta
     finally:
         shard.close()
     with opened(data_dir) as store:
-        assert store._meta_cf.get(b"table/d") is None and store._meta_cf.get(b"tid/d") is None
+        assert store._dir.meta_cf.get(b"table/d") is None and store._dir.meta_cf.get(b"tid/d") is None
 
 
 @pytest.mark.parametrize("number", ["deleted", "unreadable"])
@@ -1375,7 +1374,7 @@ def test_a_new_table_takes_the_last_table_number_and_none_past_it(three_tables, 
     assert MAX_TABLE_NUMBER == 2**32 - 1
     data_dir = copied(three_tables, tmp_path)
     with opened(data_dir) as store:
-        store._meta_cf.put(b"tid/c", str(highest).encode())
+        store._dir.meta_cf.put(b"tid/c", str(highest).encode())
     d = TableConfig("d", DIM, **SGD)
     shard = shard_of(data_dir)
     try:
@@ -1394,7 +1393,7 @@ def test_a_new_table_takes_the_last_table_number_and_none_past_it(three_tables, 
     finally:
         shard.close()
     with opened(data_dir) as store:
-        assert store._meta_cf.get(b"table/d") is None and store._meta_cf.get(b"tid/d") is None
+        assert store._dir.meta_cf.get(b"table/d") is None and store._dir.meta_cf.get(b"tid/d") is None
 
 
 @pytest.mark.parametrize("lost", ["c", "abc"])
@@ -1405,8 +1404,8 @@ def test_a_new_table_takes_no_number_that_rows_of_a_lost_table_are_under(three_t
     data_dir = copied(three_tables, tmp_path)
     with opened(data_dir) as store:
         for table in lost:
-            store._meta_cf.delete(b"table/" + table.encode())
-            store._meta_cf.delete(b"tid/" + table.encode())
+            store._dir.meta_cf.delete(b"table/" + table.encode())
+            store._dir.meta_cf.delete(b"tid/" + table.encode())
     shard = shard_of(data_dir)
     try:
         assert shard.store.rows_of_no_table() == ([2] if lost == "c" else [0, 1, 2])
@@ -1449,9 +1448,9 @@ def test_a_table_number_key_whose_name_is_not_utf8_is_damage_that_fails_only_its
 
     data_dir = copied(three_tables, tmp_path)
     with opened(data_dir) as store:
-        number = store._meta_cf.get(b"tid/b")
-        store._meta_cf.delete(b"tid/b")
-        store._meta_cf.put(b"tid/\xe2b", number)
+        number = store._dir.meta_cf.get(b"tid/b")
+        store._dir.meta_cf.delete(b"tid/b")
+        store._dir.meta_cf.put(b"tid/\xe2b", number)
     shard = shard_of(data_dir)
     try:
         assert rows_of(shard.pull("a", COMMON), -1) and rows_of(shard.pull("c", COMMON), -1)
@@ -1485,7 +1484,7 @@ def test_a_shrink_of_every_table_is_refused_before_any_is_shrunk_while_a_tables_
         push_ones(shard, table)  # one show per id
     shard.close()
     with opened(data_dir) as store:
-        store._meta_cf.put(b"tid/b", b"zero")
+        store._dir.meta_cf.put(b"tid/b", b"zero")
     shard = shard_of(data_dir)
     try:
         shows = lambda table: shard.tables[table].peek(COMMON)[:, shard.tables[table].stats_col + SHOW]

@@ -244,8 +244,7 @@ def test_a_batch_whose_clock_advance_finds_the_disk_full_says_its_pushes_stay(se
     create(stub)
     before = pull(stub, np.concatenate([IDS, NEW_IDS]))
     store = server.shard.store
-    monkeypatch.setattr(store, "_db", FullRocksDB(store._db, store.path))
-    monkeypatch.setattr(store.meta, "_db", FullRocksDB(store.meta._db, store.path))  # the clock's write
+    monkeypatch.setattr(store._dir, "db", FullRocksDB(store._dir.db, store.path))  # the rows' and the clock's writes
     request = ps_pb2.PushBatchRequest(pushes=[push_request(IDS, 1.0), push_request(NEW_IDS, 1.0)], advance_clock=1)
     e = refused(lambda: stub.PushBatch(request, timeout=TIMEOUT_S))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -362,7 +361,7 @@ def test_create_table_on_a_full_disk(serve, monkeypatch):
     server, stub = serve()
     create(stub, "t")
     store = server.shard.store
-    monkeypatch.setattr(store, "_db", FullRocksDB(store._db, store.path))
+    monkeypatch.setattr(store._dir, "db", FullRocksDB(store._dir.db, store.path))
     e = refused(lambda: create(stub, "u"))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert e.details() == (
@@ -436,7 +435,7 @@ def test_a_checkpoint_whose_flush_finds_the_data_disk_full(serve, tmp_path, monk
     stub.Push(push_request(IDS, 1.0), timeout=TIMEOUT_S)
     rows = pull(stub, IDS)
     store = server.shard.store
-    monkeypatch.setattr(store, "_db", FullRocksDB(store._db, store.path))
+    monkeypatch.setattr(store._dir, "db", FullRocksDB(store._dir.db, store.path))
     token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
     e = refused(lambda: stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir="c1", token=token),
                                         timeout=TIMEOUT_S))  # fmt: skip
@@ -604,7 +603,7 @@ def test_a_stop_whose_flush_and_close_both_find_the_disk_full_reports_the_flush(
         raise DiskFullError.of("No space left on device", "the final flush of 10 rows", outcome="")
 
     shard.flush = flush
-    shard.store._db = _CloseFindsTheDiskFull(shard.store._db)
+    shard.store._dir.db = _CloseFindsTheDiskFull(shard.store._dir.db)
     with caplog.at_level("WARNING", "ps.engine.shard"), pytest.raises(DiskFullError, match="the final flush of 10"):
         shard.close()
     assert "closing RocksDB failed too" in caplog.text and "No space left on device" in caplog.text
@@ -615,7 +614,7 @@ def test_a_store_whose_close_finds_the_disk_full_says_so(tmp_path):
     from ps.storage.store import Store
 
     store = Store(str(tmp_path / "rows"))
-    store._db = _CloseFindsTheDiskFull(store._db)
+    store._dir.db = _CloseFindsTheDiskFull(store._dir.db)
     with pytest.raises(DiskFullError, match=r"closing RocksDB.*the rows it did not write are in the journal"):
         store.close()
     store.close()  # closed all the same: a second close does nothing
@@ -629,7 +628,7 @@ def test_a_close_that_finds_the_disk_full_says_what_recovers_the_unwritten_part(
     store = store_module.Store(str(tmp_path / "d"))
     if restoring:
         store.meta.set_restore_pending("/checkpoints/c1")
-    store._db = _CloseFindsTheDiskFull(store._db)
+    store._dir.db = _CloseFindsTheDiskFull(store._dir.db)
     with pytest.raises(DiskFullError) as caught:
         store.close()
     said = str(caught.value)

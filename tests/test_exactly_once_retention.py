@@ -46,7 +46,7 @@ def stored(path) -> tuple[dict, dict, bytes | None]:
     """(applied(), advanced(), the legacy single value) of the data dir's RocksDB (no shard open on it)."""
     store = Store(str(path))
     try:
-        return store.meta.applied(), store.meta.advanced(), store._meta_cf.get(LEGACY_APPLIED)
+        return store.meta.applied(), store.meta.advanced(), store._dir.meta_cf.get(LEGACY_APPLIED)
     finally:
         store.close()
 
@@ -199,8 +199,8 @@ def write_the_old_way(path, table: dict[int, tuple[int, int]]) -> None:
     store = Store(str(path))
     try:
         for client in list(store.meta.applied()):
-            store._meta_cf.delete(APPLIED_PREFIX + client.to_bytes(8, "big"))
-        store._meta_cf.put(LEGACY_APPLIED, json.dumps({str(c): list(v) for c, v in table.items()}).encode())
+            store._dir.meta_cf.delete(APPLIED_PREFIX + client.to_bytes(8, "big"))
+        store._dir.meta_cf.put(LEGACY_APPLIED, json.dumps({str(c): list(v) for c, v in table.items()}).encode())
     finally:
         store.close()
 
@@ -300,9 +300,9 @@ def test_a_client_in_both_the_old_value_and_a_key_keeps_the_newer_request(tmp_pa
     upgrade again): per client the newer (client_seq, parts) of the two holds, whichever place has it."""
     store = Store(str(tmp_path))
     try:
-        store._meta_cf.put(APPLIED_PREFIX + (7).to_bytes(8, "big"), APPLIED_VALUE.pack(3, 1, 100))
-        store._meta_cf.put(APPLIED_PREFIX + (8).to_bytes(8, "big"), APPLIED_VALUE.pack(9, 2, 100))
-        store._meta_cf.put(LEGACY_APPLIED, json.dumps({"7": [9, 2], "8": [3, 1], "5": [1, 1]}).encode())
+        store._dir.meta_cf.put(APPLIED_PREFIX + (7).to_bytes(8, "big"), APPLIED_VALUE.pack(3, 1, 100))
+        store._dir.meta_cf.put(APPLIED_PREFIX + (8).to_bytes(8, "big"), APPLIED_VALUE.pack(9, 2, 100))
+        store._dir.meta_cf.put(LEGACY_APPLIED, json.dumps({"7": [9, 2], "8": [3, 1], "5": [1, 1]}).encode())
         assert store.meta.applied() == {7: (9, 2, None), 8: (9, 2, 100.0), 5: (1, 1, None)}
     finally:
         store.close()

@@ -657,7 +657,7 @@ def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path, caplog)
         with pytest.raises(WorkerDoneError):  # still done: a push of it is refused, as before the restart
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 3, sync=True, acked=2))
         for record in (b'{"job": 1, "done": "x"}', b'{"job": 1, "num_workers": 2, "done": [1, 2]}', b"[1]"):
-            shard.store._meta_cf.put(b"job_done", record)
+            shard.store._dir.meta_cf.put(b"job_done", record)
             with pytest.raises(DataLossError, match=f"meta key job_done holds {re.escape(ascii(record))}, which does "
                                                     "not read as its value") as refused:  # fmt: skip
                 shard.store.meta.job_done(JOB, 2)
@@ -678,7 +678,7 @@ def test_without_the_done_record_a_restarted_shard_waits_for_the_finished_worker
     sync_steps(shard, range(2))
     shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2))
     shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 2, sync=True, acked=2))  # alone
-    shard.store._meta_cf.delete(b"job_done")
+    shard.store._dir.meta_cf.delete(b"job_done")
     crash(shard)
     shard = open_shard(tmp_path)
     try:
@@ -727,10 +727,10 @@ def test_the_done_stores_failures_name_the_job_as_its_workers_named_it(tmp_path,
 
     shard = open_shard(tmp_path)
     try:
-        shard.store._meta_cf.put(b"job_done", b"[1]")
+        shard.store._dir.meta_cf.put(b"job_done", b"[1]")
         with caplog.at_level("INFO", "ps"):
             shard.jobs.check(stamp(0, 0, job=J3, job_name="j3"), pull=True)
-            shard.store.meta._cf = Refusing(shard.store.meta._cf)
+            shard.store._dir.meta_cf = Refusing(shard.store._dir.meta_cf)
             assert shard.push_stamped([], 0, 0, 0, stamp(1, 0, done=True, job=J3, job_name="j3"))[2] == 0
         said = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage() or "failed" in
                 r.getMessage()]  # fmt: skip
@@ -740,7 +740,7 @@ def test_the_done_stores_failures_name_the_job_as_its_workers_named_it(tmp_path,
         assert "failed while storing that workers [1] of the job are done: IO error: disk gone" in said[1], said
         assert not any(str(J3) in line for line in said), said
     finally:
-        shard.store.meta._cf = getattr(shard.store.meta._cf, "meta", shard.store.meta._cf)
+        shard.store._dir.meta_cf = getattr(shard.store._dir.meta_cf, "meta", shard.store._dir.meta_cf)
         shard.close()
 
 

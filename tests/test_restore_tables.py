@@ -21,7 +21,7 @@ from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage import atomicfile
 from ps.storage.checkpointread import read_table
-from ps.storage.shardmeta import ShardMeta
+from ps.storage.datadir import OpenDataDir
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint
 from tests.conftest import exported, one_shard_checkpoint, one_table_checkpoint
@@ -78,10 +78,10 @@ def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_hold
     assert restored.describe_start().startswith(f"restored from {tmp_path / 'one'}, tables kept 5 rows")
     restored.push("kept", ids, np.ones((5, 2), np.float32))  # trained after the restore
     restored.close()
-    reads, load_tables, meta_get = [], Store.load_tables, ShardMeta._meta_get
+    reads, load_tables, meta_get = [], Store.load_tables, OpenDataDir.meta_get
     monkeypatch.setattr(Store, "load_tables", lambda s: reads.append("tables") or load_tables(s))
     monkeypatch.setattr(
-        ShardMeta, "_meta_get", lambda s, key, *a, **kw: reads.append(key) or meta_get(s, key, *a, **kw)
+        OpenDataDir, "meta_get", lambda s, key, *a, **kw: reads.append(key) or meta_get(s, key, *a, **kw)
     )
     with caplog.at_level("INFO", "ps.engine.shard"):
         again = Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one")))

@@ -280,13 +280,13 @@ def test_a_restores_record_and_its_new_state_id_are_written_together_or_not_at_a
 
             return write
 
-    db, meta = s.meta._db, s.meta._cf
-    s.meta._db, s.meta._cf = KilledAfterOneWrite(db), KilledAfterOneWrite(meta)
+    db, meta = s._dir.db, s._dir.meta_cf
+    s._dir.db, s._dir.meta_cf = KilledAfterOneWrite(db), KilledAfterOneWrite(meta)
     try:
         s.meta.set_restored("/checkpoints/c1", "ab" * 32)
     except Killed:
         pass
-    s.meta._db, s.meta._cf = db, meta
+    s._dir.db, s._dir.meta_cf = db, meta
     del db, meta  # a column family held open keeps RocksDB's LOCK past close
     assert writes  # set_restored wrote something
     s.close()
@@ -301,7 +301,7 @@ def test_a_table_whose_config_is_gone_is_data_loss(tmp_path):
     s = Store(str(tmp_path))
     try:
         s.create_table(TableConfig("emb", 2))
-        s._meta_cf.delete(b"table/emb")  # as damage would lose it under a running server
+        s._dir.meta_cf.delete(b"table/emb")  # as damage would lose it under a running server
         with pytest.raises(DataLossError) as failed:
             s.disk_bytes("emb")
         assert str(failed.value) == (
@@ -338,7 +338,7 @@ def test_a_read_of_the_table_numbers_that_races_a_create_keeps_the_new_tables_nu
         go.set()
         reader.join(30)
         creator.join(30)
-        assert s._meta_cf.get(b"tid/b") == b"1"
+        assert s._dir.meta_cf.get(b"tid/b") == b"1"
         assert s.table_number("b") == 1
         s.create_table(TableConfig("c", 4))
         assert s.table_number("c") == 2

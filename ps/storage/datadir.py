@@ -1,17 +1,19 @@
 """A shard's data dir as RocksDB opens it read-write: the refusals before the open (not a directory, the journal
 folder, RocksDB's files lost, another program's files, its LOCK held, another shard's, its shard record lost), the
-open itself, and RocksDB's errors there said as ours (rocksdb_error).
+open itself, RocksDB's errors there said as ours (rocksdb_error), and the open dir as its Store and ShardMeta both
+use it (OpenDataDir).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from rocksdict import AccessType, Options, Rdict
+from rocksdict import AccessType, Options, Rdict, WriteOptions
 
 from ps.errors import DataDirLostError, DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.sharding import NUM_SLOTS
@@ -232,6 +234,42 @@ def stored_meta(meta: ColumnFamily, path: str, key: bytes, doing: str, default: 
     with rocksdb_errors(path, doing, "nothing was read"):
         raw = meta.get(key)
     return default if raw is None else meta_value(key, raw, lambda what: damaged_dir(path, what, remedy))
+
+
+class OpenDataDir:
+    """The open RocksDB of data dir `path`, as the Store of its rows and the ShardMeta of its own records share it:
+    db; meta_cf, its "meta" column family (meta_handle() names it in a WriteBatch); write_opts, synced where the
+    store syncs (--sync), and synced, always synced (the writes a restart must find whatever --sync says);
+    rocksdb(doing, outcome, target), a block whose RocksDB errors are said as ours (rocksdb_errors); damaged(what,
+    remedy), the error for a value that does not read (damaged_dir); meta_get, a meta value read by its grammar
+    (stored_meta). close() closes RocksDB; nothing may use it after."""
+
+    def __init__(self, db: Rdict, path: str, sync: bool):
+        self.db: Rdict | None = db
+        self.path = path
+        self.meta_cf: Rdict | None = db.get_column_family(META_CF)
+        self.write_opts = WriteOptions()
+        self.write_opts.sync = sync
+        self.synced = WriteOptions()
+        self.synced.sync = True
+        self.rocksdb = functools.partial(rocksdb_errors, path)
+        self.damaged = functools.partial(damaged_dir, path)
+
+    def meta_get(self, key: bytes, doing: str, default: Any = None, remedy: str = RESTORE_DIR) -> Any:
+        """stored_meta of key in this dir's meta column family."""
+        return stored_meta(self.meta_cf, self.path, key, doing, default, remedy)
+
+    def meta_handle(self) -> Any:
+        """The meta column family's handle, for a WriteBatch."""
+        return self.db.get_column_family_handle(META_CF)
+
+    def close(self, outcome: str) -> None:
+        """Lets go of the meta column family (one held open keeps RocksDB's LOCK past the close), then closes
+        RocksDB: its failure raised as rocksdb_errors says, with outcome, the dir closed all the same."""
+        self.meta_cf = None
+        db, self.db = self.db, None
+        with self.rocksdb("closing RocksDB", outcome):
+            db.close()
 
 
 PROC_LOCKS = "/proc/locks"

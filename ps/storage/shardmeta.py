@@ -12,7 +12,6 @@ of Store.forget_unfinished_restore (delete_restored).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -20,29 +19,24 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
-from rocksdict import Rdict, WriteBatch, WriteOptions
+from rocksdict import WriteBatch
 
 from ps.errors import StorageError
 from ps.storage.applied import AppliedChanges
 from ps.storage.datadir import (
-    RESTORE_DIR,
+    OpenDataDir,
     belongs_elsewhere,
     copies_disagree,
-    damaged_dir,
     identity,
     lost_shard_record,
-    rocksdb_errors,
-    stored_meta,
 )
 from ps.storage.meta import (
     ADVANCED_PREFIX,
     APPLIED_PREFIX,
     APPLIED_VALUE,
     LEGACY_APPLIED,
-    META_CF,
     meta_value,
 )
 from ps.storage.options import iter_prefixed
@@ -65,32 +59,17 @@ def _drawn_state_id() -> bytes:
 class ShardMeta:
     """The records of one shard's RocksDB that are no table's, read and written by their grammar."""
 
-    def __init__(self, db: Rdict, path: str, sync: bool, drain_rows: Callable[[], None]):
-        """db: the open RocksDB of data dir `path` (a Store's, which closes it after release()). sync: whether the
-        writes that --sync covers are synced; the ones a restart must find whatever it says (identity, marks, the
-        state id, the done workers) always are. drain_rows: returns once the rows written in the background are in
-        RocksDB (set_flushed_seq waits for it)."""
-        self.path = path
-        self._db = db
-        self._cf = db.get_column_family(META_CF)
+    def __init__(self, data_dir: OpenDataDir, drain_rows: Callable[[], None]):
+        """data_dir: the open RocksDB of the dir, its Store's, which closes it. Its write_opts serve the writes that
+        --sync covers; the ones a restart must find whatever it says (identity, marks, the state id, the done
+        workers) are always synced. drain_rows: returns once the rows written in the background are in RocksDB
+        (set_flushed_seq waits for it)."""
+        self.path = data_dir.path
+        self._dir = data_dir
         self._drain_rows = drain_rows
-        self._write_opts = WriteOptions()
-        self._write_opts.sync = sync
-        self._synced = WriteOptions()
-        self._synced.sync = True
         self._lsn_lock = threading.Lock()  # lsn_high_raised's, of every writer of rows: lsn_high only grows
         self._lsn_high: int | None = None  # "lsn_high", read by the first written_seq()
         self._legacy_applied = False  # whether the legacy single `applied` value is stored (applied() found it)
-        self._rocksdb = functools.partial(rocksdb_errors, path)  # RocksDB's errors said as ours, naming the dir
-        self._damaged = functools.partial(damaged_dir, path)  # a value of the dir that does not read
-
-    def release(self) -> None:
-        """Lets go of RocksDB before the Store closes it (a column family held open keeps RocksDB's LOCK past the
-        close); no call may follow."""
-        self._cf = self._db = None
-
-    def _meta_get(self, key: bytes, doing: str, default: Any = None, remedy: str = RESTORE_DIR) -> Any:
-        return stored_meta(self._cf, self.path, key, doing, default, remedy)
 
     # ---- identity and cluster --------------------------------------------------------------------------
     def check_identity(self, shard_id: int, num_shards: int) -> None:
@@ -101,7 +80,7 @@ class ShardMeta:
         want = identity((shard_id, num_shards))
         file_path = os.path.join(self.path, IDENTITY_FILE)
         in_file = read_json(file_path, IDENTITY_FIELDS)
-        in_db = self._meta_get(b"shard", "reading the shard record")
+        in_db = self._dir.meta_get(b"shard", "reading the shard record")
         if in_file is not None and in_db is not None and in_file != in_db:
             raise copies_disagree(in_file, in_db)
         have = in_db or in_file
@@ -110,8 +89,8 @@ class ShardMeta:
         if in_db is None and in_file is not None:
             raise lost_shard_record(in_file)
         if in_db is None:
-            with self._rocksdb("recording the shard record", "nothing was recorded"):
-                self._cf.put(b"shard", json.dumps(want).encode(), self._synced)
+            with self._dir.rocksdb("recording the shard record", "nothing was recorded"):
+                self._dir.meta_cf.put(b"shard", json.dumps(want).encode(), self._dir.synced)
         if in_file is None:
             if in_db is not None:
                 log.warning("%s was missing; written again from RocksDB's copy of the shard record", file_path)
@@ -121,7 +100,7 @@ class ShardMeta:
         """StorageError if the dir recorded another --cluster name than `cluster`, an empty one included; a dir that
         never ran with a name takes any. Returns whether `cluster` is still to be recorded (record_cluster): a name
         given to a dir that has none."""
-        have = self._meta_get(b"cluster", "reading the cluster name", "")
+        have = self._dir.meta_get(b"cluster", "reading the cluster name", "")
         if have and have != cluster:
             given = f"--cluster {cluster!r}" if cluster else "no --cluster"
             raise StorageError(
@@ -134,41 +113,41 @@ class ShardMeta:
     def record_cluster(self, cluster: str) -> None:
         """Records the --cluster name of a dir that has none (check_cluster said so; synced, in RocksDB), which a
         start does once nothing else can refuse it: the dir keeps it from then on."""
-        with self._rocksdb("recording the cluster name", "nothing was recorded"):
-            self._cf.put(b"cluster", cluster.encode(), self._synced)
+        with self._dir.rocksdb("recording the cluster name", "nothing was recorded"):
+            self._dir.meta_cf.put(b"cluster", cluster.encode(), self._dir.synced)
         log.info("data dir %s now belongs to cluster %r", self.path, cluster)
 
     # ---- restore marks and the model state's id --------------------------------------------------------
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
-        return self._meta_get(b"restore_pending", "reading the mark of an unfinished restore")
+        return self._dir.meta_get(b"restore_pending", "reading the mark of an unfinished restore")
 
     def set_restore_pending(self, directory: str | None) -> None:
         """Marks the dir as holding a restore from directory, not finished; None clears the mark. Synced."""
-        with self._rocksdb("clearing the mark of an unfinished restore" if directory is None else
+        with self._dir.rocksdb("clearing the mark of an unfinished restore" if directory is None else
                            f"marking the dir as holding a restore from {directory}", "nothing was recorded"):  # fmt: skip
             if directory is None:
-                self._cf.delete(b"restore_pending", self._synced)
+                self._dir.meta_cf.delete(b"restore_pending", self._dir.synced)
             else:
-                self._cf.put(b"restore_pending", directory.encode(), self._synced)
+                self._dir.meta_cf.put(b"restore_pending", directory.encode(), self._dir.synced)
 
     def restored(self) -> dict | None:
         """The checkpoint this dir was restored from ({"checkpoint", "sha256"}), or None."""
-        return self._meta_get(b"restored", "reading the restore the dir began from")
+        return self._dir.meta_get(b"restored", "reading the restore the dir began from")
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
         """Records the restore the dir began from, and a new state id (see state_id), in one synced write."""
-        meta = self._db.get_column_family_handle(META_CF)
+        meta = self._dir.meta_handle()
         batch = WriteBatch(raw_mode=True)
         batch.put(b"state_id", _drawn_state_id(), meta)
         batch.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), meta)
-        with self._rocksdb(f"recording the restore from {checkpoint}", "nothing was recorded"):
-            self._db.write(batch, self._synced)
+        with self._dir.rocksdb(f"recording the restore from {checkpoint}", "nothing was recorded"):
+            self._dir.db.write(batch, self._dir.synced)
 
     def delete_restored(self, batch: WriteBatch) -> None:
         """Adds to batch the deletes of what a restore writes here (the clock, the note of a finished restore) and
         of the mark of an unfinished one; the identity, the cluster name and the journal's positions stay."""
-        meta = self._db.get_column_family_handle(META_CF)
+        meta = self._dir.meta_handle()
         for key in (b"clock", b"restored", b"restore_pending"):
             batch.delete(key, meta)
 
@@ -176,13 +155,13 @@ class ShardMeta:
         """The random id of the model state this dir holds ("state_id"): drawn (and stored, synced) the first time
         it is asked for, and again by set_restored; a restart keeps it, so a client that finds another one knows
         the dir was restored or replaced since it looked."""
-        stored = self._meta_get(b"state_id", "reading the model state's id")
+        stored = self._dir.meta_get(b"state_id", "reading the model state's id")
         return self._new_state_id() if stored is None else stored
 
     def _new_state_id(self) -> int:
         value = _drawn_state_id()
-        with self._rocksdb("recording a new model state id", "nothing was recorded"):
-            self._cf.put(b"state_id", value, self._synced)
+        with self._dir.rocksdb("recording a new model state id", "nothing was recorded"):
+            self._dir.meta_cf.put(b"state_id", value, self._dir.synced)
         return int(value)
 
     # ---- the job's done workers ------------------------------------------------------------------------
@@ -190,14 +169,14 @@ class ShardMeta:
         """Stores, synced, that these workers of the job (of num_workers) are done (the "job_done" record)."""
         record = json.dumps({"job": job, "num_workers": num_workers, "done": sorted(done)}).encode()
         # (the caller's message names the job, as its workers named it: ps.engine.jobs)
-        with self._rocksdb(f"storing that workers {sorted(done)} of the job are done", "the done stamp is refused"):
-            self._cf.put(b"job_done", record, self._synced)
+        with self._dir.rocksdb(f"storing that workers {sorted(done)} of the job are done", "the done stamp is refused"):
+            self._dir.meta_cf.put(b"job_done", record, self._dir.synced)
 
     def job_done(self, job: int, num_workers: int) -> list[int]:
         """The workers of the job (of num_workers) the "job_done" record says are done; [] where it names another
         job or worker count, or there is none. DataLossError for a record that does not read as set_job_done
         writes it: ps.engine.jobs logs it and reads it as none (the record only spares waits)."""
-        record = self._meta_get(b"job_done", "reading the done workers of a job", remedy=JOB_DONE_REMEDY)
+        record = self._dir.meta_get(b"job_done", "reading the done workers of a job", remedy=JOB_DONE_REMEDY)
         if record is None or record["job"] != job or record["num_workers"] != num_workers:
             return []
         return record["done"]
@@ -207,7 +186,7 @@ class ShardMeta:
         """The largest lsn of a row RocksDB holds (its "lsn_high"; 0: none recorded): the journal record of that
         push was written, and so was every one before it."""
         if self._lsn_high is None:
-            self._lsn_high = self._meta_get(b"lsn_high", "reading the highest lsn written", 0)
+            self._lsn_high = self._dir.meta_get(b"lsn_high", "reading the highest lsn written", 0)
         return self._lsn_high
 
     @contextlib.contextmanager
@@ -219,13 +198,13 @@ class ShardMeta:
             before = self.written_seq()
             high = max(before, int(lsn.max()) if len(lsn) else 0)
             if high > before:
-                batch.put(b"lsn_high", str(high).encode(), self._db.get_column_family_handle(META_CF))
+                batch.put(b"lsn_high", str(high).encode(), self._dir.meta_handle())
             yield
             self._lsn_high = high
 
     def flushed_seq(self) -> int:
         """The journal position every record up to which is in RocksDB (0: none recorded)."""
-        return self._meta_get(b"flushed_seq", "reading the flushed journal position", 0)
+        return self._dir.meta_get(b"flushed_seq", "reading the flushed journal position", 0)
 
     def set_flushed_seq(self, seq: int, changes: AppliedChanges | None = None) -> None:
         """Records that every journal record <= seq is in RocksDB and (if given) the changes of the journal's
@@ -235,7 +214,7 @@ class ShardMeta:
         (AppliedTable.load counts them as changed)."""
         self._drain_rows()
         batch = WriteBatch(raw_mode=True)
-        meta = self._db.get_column_family_handle(META_CF)
+        meta = self._dir.meta_handle()
         batch.put(b"flushed_seq", str(seq).encode(), meta)
         if changes is not None:
             for client, e in changes.written.items():
@@ -245,10 +224,10 @@ class ShardMeta:
                 batch.delete(APPLIED_PREFIX + client.to_bytes(8, "big"), meta)
             if self._legacy_applied:
                 batch.delete(LEGACY_APPLIED, meta)
-        with self._rocksdb("recording the flushed journal position"):
-            self._db.write(batch, self._write_opts)
-            if self._write_opts.sync:
-                self._db.flush_wal(True)
+        with self._dir.rocksdb("recording the flushed journal position"):
+            self._dir.db.write(batch, self._dir.write_opts)
+            if self._dir.write_opts.sync:
+                self._dir.db.flush_wal(True)
         if changes is not None:
             self._legacy_applied = False
 
@@ -258,13 +237,13 @@ class ShardMeta:
         legacy value and an `applied/` key (an older version wrote the value after this one wrote the key) gets
         the newer (client_seq, parts) of the two, with used_s None when that is the legacy one."""
         doing = "reading the exactly-once table of client requests"
-        legacy = self._meta_get(LEGACY_APPLIED, doing)
+        legacy = self._dir.meta_get(LEGACY_APPLIED, doing)
         if legacy is not None:
             self._legacy_applied = True
         out: dict[int, tuple[int, int, float | None]] = legacy or {}
-        with self._rocksdb(doing):
-            for key, raw in iter_prefixed(self._cf, APPLIED_PREFIX):
-                seq, parts, used = meta_value(key, raw, self._damaged)
+        with self._dir.rocksdb(doing):
+            for key, raw in iter_prefixed(self._dir.meta_cf, APPLIED_PREFIX):
+                seq, parts, used = meta_value(key, raw, self._dir.damaged)
                 client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
                 if client not in out or out[client][:2] <= (seq, parts):
                     out[client] = (seq, parts, float(used))
@@ -273,35 +252,35 @@ class ShardMeta:
     # ---- the clock -------------------------------------------------------------------------------------
     def clock(self) -> int:
         """The shard's clock (0: none stored)."""
-        return self._meta_get(b"clock", "reading the clock", 0)
+        return self._dir.meta_get(b"clock", "reading the clock", 0)
 
     def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
         """Stores the clock; with advanced_by = (client, client_seq), in the same write, that this request of that
         client advanced it (advanced())."""
-        meta = self._db.get_column_family_handle(META_CF)
+        meta = self._dir.meta_handle()
         batch = WriteBatch(raw_mode=True)
         batch.put(b"clock", str(step).encode(), meta)
         if advanced_by is not None:
             client, client_seq = advanced_by
             batch.put(ADVANCED_PREFIX + client.to_bytes(8, "big"), str(client_seq).encode(), meta)
-        with self._rocksdb(f"storing the clock at step {step:,}"):
-            self._db.write(batch, self._write_opts)
+        with self._dir.rocksdb(f"storing the clock at step {step:,}"):
+            self._dir.db.write(batch, self._dir.write_opts)
 
     def forget_advanced(self, clients: list[int]) -> None:
         """Deletes the notes of set_clock's advanced_by of these clients (whose `applied` entries were dropped)."""
         if not clients:
             return
-        meta = self._db.get_column_family_handle(META_CF)
+        meta = self._dir.meta_handle()
         batch = WriteBatch(raw_mode=True)
         for client in clients:
             batch.delete(ADVANCED_PREFIX + client.to_bytes(8, "big"), meta)
-        with self._rocksdb("deleting the clock advance notes of clients dropped from the exactly-once table"):
-            self._db.write(batch, self._write_opts)
+        with self._dir.rocksdb("deleting the clock advance notes of clients dropped from the exactly-once table"):
+            self._dir.db.write(batch, self._dir.write_opts)
 
     def advanced(self) -> dict[int, int]:
         """client -> the client_seq of its newest request whose clock advance is stored (set_clock)."""
         out = {}
-        with self._rocksdb("reading the clock advances of client requests"):
-            for key, raw in iter_prefixed(self._cf, ADVANCED_PREFIX):
-                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = meta_value(key, raw, self._damaged)
+        with self._dir.rocksdb("reading the clock advances of client requests"):
+            for key, raw in iter_prefixed(self._dir.meta_cf, ADVANCED_PREFIX):
+                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = meta_value(key, raw, self._dir.damaged)
         return out

@@ -26,20 +26,13 @@ column family, and every meta value as meta_value does.
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
-from rocksdict import (
-    Checkpoint,
-    Rdict,
-    WriteBatch,
-    WriteOptions,
-)
+from rocksdict import Checkpoint, Rdict, WriteBatch
 
 from ps.accel.threadnames import name_os_thread
 from ps.config import TableConfig
@@ -52,11 +45,9 @@ from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of, stored
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.checkpointread import admitted_counts
 from ps.storage.datadir import (
+    OpenDataDir,
     checked_entries,
-    damaged_dir,
     open_rocksdb,
-    rocksdb_errors,
-    stored_meta,
 )
 from ps.storage.foreground import Foreground
 from ps.storage.memory import (
@@ -128,16 +119,9 @@ class Store:
         self.path = path
         self.created = "CURRENT" not in entries  # a new data dir: no RocksDB was there
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
-        self._db = open_rocksdb(path, self._opts, entries, shard)
+        self._dir = OpenDataDir(open_rocksdb(path, self._opts, entries, shard), path, sync)  # shared with self.meta
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
-        self._meta_cf = self._db.get_column_family(META_CF)  # the tables' keys in it; the rest are self.meta's
         self._numbers_lock = threading.RLock()  # _table_numbers' and create_table's (see _numbers)
-        self._write_opts = WriteOptions()
-        self._write_opts.sync = sync
-        self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says
-        self._synced.sync = True
-        self._rocksdb = functools.partial(rocksdb_errors, path)  # RocksDB's errors said as ours, naming the dir
-        self._damaged = functools.partial(damaged_dir, path)  # a value of the dir that does not read
         self._cfs: dict[str, Rdict] = {}
         self._at_rest: dict[str, AtRest] = {}  # {table: how its rows are at rest}, read from its config once
         self.read_threads = max(1, read_threads)
@@ -146,18 +130,16 @@ class Store:
         )
         self.foreground = Foreground()  # the shard's requests in progress: background writes wait for a pause
         self._behind = WriteBehind(self._write_pending, write_behind_bytes, self.foreground)
-        self.meta = ShardMeta(self._db, path, sync, self.drain)  # the shard's records that are no table's
-
-    def _meta_get(self, key: bytes, doing: str, default: Any = None) -> Any:
-        return stored_meta(self._meta_cf, self.path, key, doing, default)
+        self.meta = ShardMeta(self._dir, self.drain)  # the shard's records that are no table's (the tables' keys of
+        # the meta column family are this store's)
 
     # ---- table configs, numbers and counts ------------------------------------------------------------
     def load_tables(self) -> list[TableConfig]:
         """Every table's stored config; DataLossError for one that does not read as a config."""
         out = []
-        with self._rocksdb("reading the table configs"):
-            for key, raw in iter_prefixed(self._meta_cf, TABLE_CONFIG_PREFIX):
-                out.append(meta_value(key, raw, self._damaged))
+        with self._dir.rocksdb("reading the table configs"):
+            for key, raw in iter_prefixed(self._dir.meta_cf, TABLE_CONFIG_PREFIX):
+                out.append(meta_value(key, raw, self._dir.damaged))
         return out
 
     def create_table(self, cfg: TableConfig) -> None:
@@ -167,15 +149,15 @@ class Store:
         with self._numbers_lock:  # a read of the numbers from meta comes before this write and its note, or after
             new = cfg.name not in self._table_numbers()[0]
             number = self.number_for(cfg.name)
-            with self._rocksdb(f"creating table {cfg.name!r}", "the table was not created"):
+            with self._dir.rocksdb(f"creating table {cfg.name!r}", "the table was not created"):
                 self._rows(create=True)
-                meta = self._db.get_column_family_handle(META_CF)
+                meta = self._dir.meta_handle()
                 batch = WriteBatch(raw_mode=True)
                 batch.put(TABLE_CONFIG_PREFIX + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
                 batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
                 if new:
                     batch.delete(COUNT_PREFIX + cfg.name.encode(), meta)
-                self._db.write(batch, self._write_opts)
+                self._dir.db.write(batch, self._dir.write_opts)
             self._table_numbers()[0][cfg.name] = number
             self._at_rest.pop(cfg.name, None)  # a replaced table's config is another's
 
@@ -190,9 +172,9 @@ class Store:
         if table in numbers:
             return numbers[table]
         if table in unread:
-            raise self._damaged(f"{unread[table]}; the table is not created again under another number (its rows "
+            raise self._dir.damaged(f"{unread[table]}; the table is not created again under another number (its rows "
                                 "are under the one it held)")  # fmt: skip
-        first_unread(unread, self._damaged, "; no new table is given a number while a table's is not known (the new "
+        first_unread(unread, self._dir.damaged, "; no new table is given a number while a table's is not known (the new "
                      "table could get it, and share that table's rows)")  # fmt: skip
         highest = max(numbers, key=numbers.__getitem__, default=None)
         top = -1 if highest is None else numbers[highest]
@@ -224,7 +206,7 @@ class Store:
             return []
         held = sorted(set(self._table_numbers()[0].values()))
         out, number = [], 0
-        with self._rocksdb("looking for stored rows of no table", "nothing was read"):
+        with self._dir.rocksdb("looking for stored rows of no table", "nothing was read"):
             it = rows.iter()
             while True:
                 at = bisect.bisect_left(held, number)
@@ -255,9 +237,9 @@ class Store:
             return read
         with self._numbers_lock:
             if self._numbers is None:
-                with self._rocksdb("reading the table numbers"):
-                    numbers, unread = read_table_numbers(self._meta_cf)
-                    for key, _ in iter_prefixed(self._meta_cf, TABLE_CONFIG_PREFIX):
+                with self._dir.rocksdb("reading the table numbers"):
+                    numbers, unread = read_table_numbers(self._dir.meta_cf)
+                    for key, _ in iter_prefixed(self._dir.meta_cf, TABLE_CONFIG_PREFIX):
                         name = key_name(key)
                         if name not in numbers and name not in unread:
                             unread[name] = missing_number(name)
@@ -274,7 +256,7 @@ class Store:
         numbers serve all the same)."""
         numbers, unread = self._table_numbers()
         if table not in numbers:
-            raise self._damaged(unread.get(table, missing_number(table)))
+            raise self._dir.damaged(unread.get(table, missing_number(table)))
         return numbers[table]
 
     def counts(self, table: str) -> dict:
@@ -282,7 +264,7 @@ class Store:
         with rows). A name no table has (no config, no number) has no rows: a count/ value of it is stray (damage,
         or another program's write; create_table deletes it) and counts none, but one that does not read is
         refused as damage all the same (DataLossError), as a table's is."""
-        counts = self._meta_get(COUNT_PREFIX + table.encode(), f"reading the row counts of table {table!r}",
+        counts = self._dir.meta_get(COUNT_PREFIX + table.encode(), f"reading the row counts of table {table!r}",
                                 {"admitted": 0, "pending": 0})  # fmt: skip
         numbers, unread = self._table_numbers()
         if table not in numbers and table not in unread:
@@ -294,18 +276,18 @@ class Store:
         cf = self._cfs.get(ROWS_CF)
         if cf is None:
             try:
-                cf = self._db.get_column_family(ROWS_CF)
+                cf = self._dir.db.get_column_family(ROWS_CF)
             except Exception:
                 if not create:
                     raise StorageError(f"{self.path}: column family {ROWS_CF} is missing") from None
-                cf = self._db.create_column_family(ROWS_CF, self._opts)
+                cf = self._dir.db.create_column_family(ROWS_CF, self._opts)
             self._cfs[ROWS_CF] = cf
         return cf
 
     def _config(self, table: str) -> TableConfig:
-        cfg = self._meta_get(TABLE_CONFIG_PREFIX + table.encode(), f"reading the config of table {table!r}")
+        cfg = self._dir.meta_get(TABLE_CONFIG_PREFIX + table.encode(), f"reading the config of table {table!r}")
         if cfg is None:
-            raise self._damaged(f"table {table!r} has no config (meta key table/{table})")
+            raise self._dir.damaged(f"table {table!r} has no config (meta key table/{table})")
         return cfg
 
     def _layout(self, table: str) -> RowLayout:
@@ -362,14 +344,14 @@ class Store:
                     lsn[at + where[mine]] = parsed["lsn"]
 
         pending = self._behind.snapshot(table)  # before the read: a batch written since is in RocksDB
-        with self._rocksdb(f"reading rows of table {table!r}"):
+        with self._dir.rocksdb(f"reading rows of table {table!r}"):
             read_in_calls(self._rows(), encode_keys(self.table_number(table), ids), parse, self._readers,
                           self.read_threads)  # fmt: skip
         found = sizes >= 0
         bad = found & (sizes != allowed.trained) & (sizes != allowed.pending)
         if bad.any():
             size = int(sizes[bad][0])
-            raise self._damaged(
+            raise self._dir.damaged(
                 f"table {table} holds a row of {size} bytes, expected {allowed.trained} (a trained row) "
                 f"or {allowed.pending} (statistics only): its rows are damaged, or were written by another build's "
                 f"row layout{self._layout(table).written_with(size)}"
@@ -420,14 +402,14 @@ class Store:
     def memory_usage(self) -> dict[str, int]:
         """RocksDB's memory now: {"block_cache", "memtables", "table_readers"} bytes (its own estimates; index and
         filter blocks count in the block cache when cached there, else in table_readers)."""
-        cfs = [self._db, self._meta_cf, *self._cfs.values()]
+        cfs = [self._dir.db, self._dir.meta_cf, *self._cfs.values()]
 
         def total(name: str, where: list) -> int:
             return sum(int(cf.property_int_value(name) or 0) for cf in where)
 
-        with self._rocksdb("reading RocksDB's memory use"):
+        with self._dir.rocksdb("reading RocksDB's memory use"):
             return {
-                "block_cache": int(self._db.property_int_value("rocksdb.block-cache-usage") or 0),
+                "block_cache": int(self._dir.db.property_int_value("rocksdb.block-cache-usage") or 0),
                 "memtables": total("rocksdb.cur-size-all-mem-tables", cfs),
                 "table_readers": total("rocksdb.estimate-table-readers-mem", cfs),
             }
@@ -455,17 +437,17 @@ class Store:
                 packed["lsn"] = lsn[where]
                 values[where] = packed.view(f"V{packed.dtype.itemsize}").tolist()
         number = self.table_number(table)
-        handle = self._db.get_column_family_handle(ROWS_CF)
+        handle = self._dir.db.get_column_family_handle(ROWS_CF)
         batch = WriteBatch(raw_mode=True)
         for key, value in zip(encode_keys(number, ids), values.tolist()):
             batch.put(key, value, handle)
         if delete is not None:
             for key in encode_keys(number, delete):
                 batch.delete(key, handle)
-        meta = self._db.get_column_family_handle(META_CF)
+        meta = self._dir.meta_handle()
         batch.put(COUNT_PREFIX + table.encode(), json.dumps(counts).encode(), meta)
-        with self.meta.lsn_high_raised(batch, lsn), self._rocksdb(f"writing rows of table {table!r}"):
-            self._db.write(batch, self._write_opts)
+        with self.meta.lsn_high_raised(batch, lsn), self._dir.rocksdb(f"writing rows of table {table!r}"):
+            self._dir.db.write(batch, self._dir.write_opts)
 
     def scan(self, table: str, width: int, after: bytes | None, limit: int) -> tuple | None:
         """Up to `limit` stored rows after key `after` (None: from the start), in key order:
@@ -473,7 +455,7 @@ class Store:
         self.drain()
         prefix = self.table_number(table).to_bytes(4, "big")
         keys = []
-        with self._rocksdb(f"scanning table {table!r}"):
+        with self._dir.rocksdb(f"scanning table {table!r}"):
             for key, _ in iter_items(self._rows(), after or prefix):
                 if not key.startswith(prefix):
                     break
@@ -494,12 +476,12 @@ class Store:
         DiskFullError: of this data dir while its memtables are flushed first, of path's while the checkpoint
         is written. DataLossError, before anything is written, while a table's number does not read or is missing:
         the checkpoint would copy the damage, and a restore of it would be refused."""
-        first_unread(self._table_numbers()[1], self._damaged, "; a checkpoint would copy it: nothing was saved")
-        with self._rocksdb(f"flushing its memtables for checkpoint {path}", "nothing was saved"):
+        first_unread(self._table_numbers()[1], self._dir.damaged, "; a checkpoint would copy it: nothing was saved")
+        with self._dir.rocksdb(f"flushing its memtables for checkpoint {path}", "nothing was saved"):
             self.drain()
-            self._db.flush()
-        with self._rocksdb(f"writing checkpoint {path}", "nothing was saved", target=path):
-            Checkpoint(self._db).create_checkpoint(path)
+            self._dir.db.flush()
+        with self._dir.rocksdb(f"writing checkpoint {path}", "nothing was saved", target=path):
+            Checkpoint(self._dir.db).create_checkpoint(path)
 
     def import_slots(
         self,
@@ -538,7 +520,7 @@ class Store:
                 was_trained = raw is not None and trained(meta_value(key, raw, damaged))
                 if ROWS_CF in names and table in numbers:
                     cf = src.get_column_family(ROWS_CF)
-                    handle = self._db.get_column_family_handle(ROWS_CF)
+                    handle = self._dir.db.get_column_family_handle(ROWS_CF)
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self.table_number(table).to_bytes(4, "big")
                     batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
                     odd = OddRows(layouts[table] if layouts and table in layouts else None)
@@ -557,14 +539,16 @@ class Store:
                 old = self.counts(table)
                 total = {k: old[k] + counts[k] for k in counts}
                 total["trained"] = old["trained"] or was_trained or trained(total)
-                with self._rocksdb(f"writing the restored row counts of table {table!r}", "the restore stopped"):
-                    self._meta_cf.put(COUNT_PREFIX + table.encode(), json.dumps(total).encode(), self._write_opts)
+                with self._dir.rocksdb(f"writing the restored row counts of table {table!r}", "the restore stopped"):
+                    self._dir.meta_cf.put(
+                        COUNT_PREFIX + table.encode(), json.dumps(total).encode(), self._dir.write_opts
+                    )
                 copied[table] = counts
         return copied
 
     def _write_counted(self, batch: WriteBatch, on_written: Callable[[int], None] | None, admitted: int) -> None:
-        with self._rocksdb("writing restored rows", "the restore stopped"):
-            self._db.write(batch, self._write_opts)
+        with self._dir.rocksdb("writing restored rows", "the restore stopped"):
+            self._dir.db.write(batch, self._dir.write_opts)
         if on_written is not None:
             on_written(admitted)
 
@@ -575,27 +559,27 @@ class Store:
         try:
             return admitted_counts(path)
         except CheckpointDamagedError as e:
-            raise self._damaged(f"its checkpoint just written to {path}, a copy of its files, does not read back: "
+            raise self._dir.damaged(f"its checkpoint just written to {path}, a copy of its files, does not read back: "
                                 f"{e.what}") from None  # fmt: skip
 
     def forget_unfinished_restore(self) -> None:
         """Deletes, in one synced write, what a restore writes (every row, the tables' configs, numbers and counts,
         the clock, the note of a finished restore) and the mark of the unfinished one. RocksDB deletes the keys;
         no file is touched, and the shard record, the cluster name and the journal's flushed_seq stay."""
-        with self._rocksdb("deleting an unfinished restore's rows", "nothing was deleted"):
-            meta = self._db.get_column_family_handle(META_CF)
+        with self._dir.rocksdb("deleting an unfinished restore's rows", "nothing was deleted"):
+            meta = self._dir.meta_handle()
             batch = WriteBatch(raw_mode=True)
             try:
-                rows = self._db.get_column_family_handle(ROWS_CF)
+                rows = self._dir.db.get_column_family_handle(ROWS_CF)
             except Exception:  # no table was created: no rows
                 rows = None
             if rows is not None:
                 batch.delete_range(b"", b"\xff" * 16, rows)  # every row key (14 bytes)
             for prefix in (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX):
-                for key, _ in iter_prefixed(self._meta_cf, prefix):
+                for key, _ in iter_prefixed(self._dir.meta_cf, prefix):
                     batch.delete(key, meta)
             self.meta.delete_restored(batch)
-            self._db.write(batch, self._synced)
+            self._dir.db.write(batch, self._dir.synced)
         with self._numbers_lock:  # after a read of the numbers from before the write has kept them
             self._numbers = None
         self._at_rest.clear()
@@ -610,16 +594,16 @@ class Store:
         """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""
         self.drain()
         prefix = self.table_number(table).to_bytes(4, "big")
-        with self._rocksdb(f"reading the rows of table {table!r}", "nothing was read"):
+        with self._dir.rocksdb(f"reading the rows of table {table!r}", "nothing was read"):
             for key, value in iter_prefixed(self._rows(), prefix):
                 yield int.from_bytes(key[6:], "big"), value
 
     def flush(self) -> None:
         """Writes every column family's memtable to SST files (the rows written in the background first)."""
         self.drain()
-        with self._rocksdb("flushing its memtables", "what was written stays in its write-ahead log"):
-            self._db.flush()
-            self._meta_cf.flush()
+        with self._dir.rocksdb("flushing its memtables", "what was written stays in its write-ahead log"):
+            self._dir.db.flush()
+            self._dir.meta_cf.flush()
             for cf in self._cfs.values():
                 cf.flush()
 
@@ -630,16 +614,12 @@ class Store:
         self._behind.close()
         if self._readers is not None:
             self._readers.shutdown()
-        if self._db is not None:
+        if self._dir.db is not None:
             try:  # a restore that failed: its mark, not the journal, recovers it
                 pending = self.meta.restore_pending()
             except Exception:  # RocksDB failing already: the close says how
                 pending = None
             outcome = (f"the restore from {pending} did not finish: a start with the same --restore starts it over"
                        if pending else "the rows it did not write are in the journal, replayed at the next start")  # fmt: skip
-            self._cfs.clear()
-            self.meta.release()
-            self._meta_cf = None
-            db, self._db = self._db, None
-            with self._rocksdb("closing RocksDB", outcome):
-                db.close()
+            self._cfs.clear()  # a column family held open keeps RocksDB's LOCK past the close
+            self._dir.close(outcome)
