@@ -1142,6 +1142,23 @@ def test_the_weaker_l2_file_keeps_a_tables_other_settings_and_leaves_out_tables_
     assert weaker_l2_toml([plain, dense], spec) == ""
 
 
+def test_the_weaker_l2_file_names_a_dotted_table_as_one_key():
+    """A table named with a dot (as TABLE_NAME_RE allows) is one quoted key of the file, which reads back to it."""
+    import dataclasses
+
+    from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+    from worker.model_tables import weaker_l2_toml
+    from worker.models.spec import FieldSpec
+
+    _, _, spec, _ = prepare(TrainConfig(local_shards=1, synthetic_rows=600, progress=False))
+    spec = dataclasses.replace(spec, fields=(FieldSpec("user", "user.emb", 9), *spec.fields))
+    init = InitializerConfig("uniform", 0.01)
+    ftrl = TableConfig("user.emb", 9, init, OptimizerConfig("ftrl", 0.1, {"l2": 1e-6}))
+    lazy = TableConfig("user.emb", 9, init, OptimizerConfig("adagrad", 0.02), l2=0.5)
+    assert table_configs_from_toml(weaker_l2_toml([ftrl], spec))["user.emb"]["optimizer"].params == {"l2": 1e-7}
+    assert table_configs_from_toml(weaker_l2_toml([lazy], spec))["user.emb"]["l2"] == 0.05
+
+
 def test_a_first_step_that_took_much_of_the_training_time_is_pointed_out():
     from worker.results import format_results
 

@@ -25,6 +25,7 @@ from ps.config import (
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
+from worker.schema import toml_key
 from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
@@ -139,10 +140,10 @@ def weaker_l2_toml(tables: list[TableConfig], spec: ModelSpec, divisor: float = 
             params = ", ".join(
                 f"{k} = {_toml_number(v)}" for k, v in {**kept, "l2": opt.params["l2"] / divisor}.items()
             )
-            sections.append(f'[{t.name}]\noptimizer = {{ name = "ftrl", learning_rate = '
+            sections.append(f'[{toml_key(t.name)}]\noptimizer = {{ name = "ftrl", learning_rate = '
                             f"{_toml_number(opt.learning_rate)}, params = {{ {params} }} }}")  # fmt: skip
         elif t.l2:
-            sections.append(f"[{t.name}]\nl2 = {_toml_number(t.l2 / divisor)}")
+            sections.append(f"[{toml_key(t.name)}]\nl2 = {_toml_number(t.l2 / divisor)}")
     return "\n".join(sections)
 
 

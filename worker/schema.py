@@ -304,7 +304,7 @@ class Schema:
             lines.append(f"label = {_toml(self.label)}")
         lines.append(f"bias_table = {_toml(self.bias_table)}")
         for name, t in self.tables.items():
-            lines += ["", f"[tables.{_toml_key(name)}]", f"dim = {t.dim}"]
+            lines += ["", f"[tables.{toml_key(name)}]", f"dim = {t.dim}"]
             for key, value in t.overrides.items():
                 value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
                 lines.append(f"{key} = {_toml(value)}")
@@ -326,11 +326,13 @@ def _toml(value: object) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+        return "{ " + ", ".join(f"{toml_key(k)} = {_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
     raise ValueError(f"cannot write {value!r} as TOML")
 
 
-def _toml_key(key: str) -> str:
+def toml_key(key: str) -> str:
+    """key as a TOML key that names it whole: bare where it may be (letters, digits, _ and -), else quoted (so that
+    a dotted table name such as `user.emb` is one key, not a table inside another)."""
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
 
 
