@@ -1140,6 +1140,24 @@ def test_the_builtin_csv_schema_warns_of_a_column_of_lists_that_ps_worker_schema
     assert 'name = "once"\nkind = "categorical"' in infer_schema_text(str(data))
 
 
+def test_only_the_columns_that_hold_a_list_separator_are_judged_on_the_larger_sample(tmp_path, caplog, monkeypatch):
+    """A '|' in the first 1,000 rows of one column (and a ',' in another, of free text) reads the larger sample for
+    those two columns alone: the others are inferred from the built-in schema's own rows."""
+    import worker.column_infer
+    from worker.schema_hints import HINT_SAMPLE_ROWS
+
+    judged: list[tuple[str, int]] = []
+    infer = worker.column_infer.infer_column
+    monkeypatch.setattr(worker.column_infer, "infer_column",
+                        lambda name, *a, **k: judged.append((name, len(a[1]))) or infer(name, *a, **k))  # fmt: skip
+    data = tmp_path / "d.csv"
+    data.write_text("click,hist,note,ad,site,app\n" + "".join(f'{i % 2},h{i % 9}|h{i % 7},"a, b{i % 3}",ad{i % 50},'
+                                                              f"s{i % 11},p{i % 13}\n" for i in range(2500)))  # fmt: skip
+    assert [h for h in _hints(caplog, data, "csv") if "lists" in h]
+    larger = sorted(name for name, cells in judged if cells > HINT_SAMPLE_ROWS)
+    assert larger == ["hist", "note"] and {"ad", "site", "app"} <= {name for name, _ in judged}
+
+
 def test_the_builtin_csv_schema_warns_of_a_column_of_another_value_in_each_row_as_ps_worker_schema_marks(
     tmp_path, caplog
 ):

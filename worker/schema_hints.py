@@ -86,26 +86,27 @@ def _warn_of_lists_and_row_ids(data: str, header: list[str], rows: list[list[str
     infer_column), which the built-in schema reads as one id per whole cell (returned: the columns of lists); or,
     in a column it infers categorical, of no times or numbers written with separators (which other warnings tell),
     another value in each of its ROW_ID_MIN_CELLS or more non-empty cells (every_value_distinct): a row's own id,
-    which the built-in schema trains as a feature of ids that never come back. Where a cell of rows (a sample)
-    holds a list separator, the columns are judged on the sample `ps-worker schema` takes (SAMPLE_ROWS): in fewer
-    rows, a list's items may not repeat yet."""
+    which the built-in schema trains as a feature of ids that never come back. A column of which a cell of rows (a
+    sample) holds a list separator is judged on the sample `ps-worker schema` takes (SAMPLE_ROWS): in fewer rows, a
+    list's items may not repeat yet; the other columns on rows."""
     from worker.column_infer import BAG_SEPARATORS, every_value_distinct, infer_column, written_numbers
     from worker.formats import csv_records
     from worker.schema_infer import SAMPLE_ROWS
 
     at = {name: i for i, name in enumerate(header) if name in categorical}
-    if any(sep in row[i] for row in rows for i in at.values() for sep in BAG_SEPARATORS):
-        _, rows = csv_records(data, delimiter, SAMPLE_ROWS)
+    separated = {name for name, i in at.items() if any(sep in row[i] for row in rows for sep in BAG_SEPARATORS)}
+    larger = csv_records(data, delimiter, SAMPLE_ROWS)[1] if separated else rows
     told = set()
     for name, i in at.items():
-        cells = [row[i] for row in rows]
+        sample = larger if name in separated else rows
+        cells = [row[i] for row in sample]
         column = infer_column(name, name, cells, sampled=True)[0]
         if column.kind in ("multi_hot", "weighted"):
-            example = next(row[i] for row in rows if column.separator in row[i])
+            example = next(row[i] for row in sample if column.separator in row[i])
             log.warning("%s: column %r holds lists split by %r (as %r; a sample of %s): the built-in csv schema reads "
                         "each whole cell as one id, so the model never sees a list's items. `ps-worker schema --data "
                         "%s > schema.toml`, then --schema schema.toml, reads each item as an id of its own (kind "
-                        "%s)", data, name, column.separator, example, _rows(rows), data, column.kind)  # fmt: skip
+                        "%s)", data, name, column.separator, example, _rows(sample), data, column.kind)  # fmt: skip
             told.add(name)
             continue
         filled = sum(bool(c.strip()) for c in cells)
@@ -115,7 +116,7 @@ def _warn_of_lists_and_row_ids(data: str, header: list[str], rows: list[list[str
                         "row's own id? The built-in csv schema trains it as a feature, each value an id seen once "
                         "that a later row never has. If it is, leave it out: --drop-columns %s, or `ps-worker schema "
                         "--data %s > schema.toml` (which marks it: delete its entry), then --schema schema.toml",
-                        data, name, f"{filled:,}", _rows(rows), name, data)  # fmt: skip
+                        data, name, f"{filled:,}", _rows(sample), name, data)  # fmt: skip
     return told
 
 
