@@ -1184,6 +1184,19 @@ def test_the_builtin_csv_schema_warns_of_a_column_of_another_value_in_each_row_a
     assert not [h for h in _hints(caplog, few, "csv") if "a row's own id" in h]
 
 
+def test_a_column_of_another_value_in_each_sampled_row_of_a_larger_file_is_no_row_id_to_drop(tmp_path, caplog):
+    """Where the rows read are a sample of the file (1,000 of 1,500), distinct ids may be users seen a few times in
+    all: the warning says it as `ps-worker schema` does of a sample, with no advice to drop the column."""
+    from worker.column_infer import SAMPLED_DISTINCT
+
+    data = tmp_path / "d.csv"
+    data.write_text("user,click,ad\n" + "".join(f"u{i},{i % 2},ad{i % 20}\n" for i in range(1500)))
+    (said,) = [h for h in _hints(caplog, data, "csv") if "a row's own id" in h]
+    assert said.startswith(f"{data}: column 'user' holds another value in each of its 1,000 non-empty cells")
+    assert said.endswith(f"says: {SAMPLED_DISTINCT}; then --schema schema.toml") and "--drop-columns" not in said
+    assert SAMPLED_DISTINCT in infer_schema_text(str(data), sample_rows=1000)
+
+
 @pytest.mark.parametrize("first, warned", [("1,u40,i14,1.1140", True), ("0,u3,i7,0.5", True),
                                             ("click,user,item,price", False), ("label,2020,2021,site", False),
                                             ("0,1,2,label", False), ("user,2019,2020,2021", False),

@@ -61,6 +61,11 @@ _MANY_CODES = 1000  # an integer column of at most this many distinct values ...
 _CODE_REPEATS = 10  # ... each seen this many times on average in the sample gets a categorical twin
 _DECIMAL_COMMA = re.compile(r"\s*[-+]?\d+,\d+\s*")  # 0,6792: a number written with a decimal comma
 _THOUSANDS = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?\s*")  # 1,234,567.5: thousands separators
+# said of a column of distinct values in a sample (infer_column, and the built-in schema's hint of a row's own id)
+SAMPLED_DISTINCT = (
+    "ids that come back a few times over the whole file (a user, an item) look like this in a sample "
+    "too; delete this entry only if its values are new on nearly every row (a row's own id, a time)"
+)
 _SPACES = " \u00a0\u202f"  # a space, a no-break space, a narrow no-break space: thousands separators
 _SPACED = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:[ \u00a0\u202f]\d{3})+(?:[.,]\d+)?\s*")  # 1 234 567,5
 _SEPARATED = re.compile(f"[,{_SPACES}]")  # a comma or a space of _SPACES: in every number written_numbers tells
@@ -297,9 +302,8 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
     elif sampled and (
         every_value_distinct(source, cells) or values is None and len(present) > 1 and distinct >= 0.9 * len(present)
     ):
-        seen += (f"; {'every' if distinct == len(present) else 'nearly every'} value distinct in the sample: ids "
-                 "that come back a few times over the whole file (a user, an item) look like this in a sample too; "
-                 "delete this entry only if its values are new on nearly every row (a row's own id, a time)")  # fmt: skip
+        every = "every" if distinct == len(present) else "nearly every"
+        seen += f"; {every} value distinct in the sample: {SAMPLED_DISTINCT}"
     elif every_value_distinct(source, cells):
         seen += "; every value distinct: an identifier? then delete this entry"
     elif values is None and len(present) >= 100 and distinct >= 0.9 * len(present):

@@ -88,7 +88,8 @@ def _warn_of_lists_and_row_ids(data: str, header: list[str], rows: list[list[str
     another value in each of its ROW_ID_MIN_CELLS or more non-empty cells (every_value_distinct): a row's own id,
     which the built-in schema trains as a feature of ids that never come back. A column of which a cell of rows (a
     sample) holds a list separator is judged on the sample `ps-worker schema` takes (SAMPLE_ROWS): in fewer rows, a
-    list's items may not repeat yet; the other columns on rows."""
+    list's items may not repeat yet; the other columns on rows (up to HINT_SAMPLE_ROWS records: fewer only where the
+    file ends)."""
     from worker.column_infer import BAG_SEPARATORS, every_value_distinct, infer_column, written_numbers
     from worker.formats import csv_records
     from worker.schema_infer import SAMPLE_ROWS
@@ -96,7 +97,7 @@ def _warn_of_lists_and_row_ids(data: str, header: list[str], rows: list[list[str
     at = {name: i for i, name in enumerate(header) if name in categorical}
     separated = {name for name, i in at.items() if any(sep in row[i] for row in rows for sep in BAG_SEPARATORS)}
     larger = csv_records(data, delimiter, SAMPLE_ROWS)[1] if separated else rows
-    told = set()
+    single_file, told = len(data_files(data)) == 1, set()
     for name, i in at.items():
         sample = larger if name in separated else rows
         cells = [row[i] for row in sample]
@@ -112,12 +113,29 @@ def _warn_of_lists_and_row_ids(data: str, header: list[str], rows: list[list[str
         filled = sum(bool(c.strip()) for c in cells)
         row_ids = column.kind == "categorical" and not time_format(name, cells) and not written_numbers(cells)
         if row_ids and filled >= ROW_ID_MIN_CELLS and every_value_distinct(name, cells):
-            log.warning("%s: column %r holds another value in each of its %s non-empty cells (a sample of %s): a "
-                        "row's own id? The built-in csv schema trains it as a feature, each value an id seen once "
-                        "that a later row never has. If it is, leave it out: --drop-columns %s, or `ps-worker schema "
-                        "--data %s > schema.toml` (which marks it: delete its entry), then --schema schema.toml",
-                        data, name, f"{filled:,}", _rows(sample), name, data)  # fmt: skip
+            whole = single_file and len(sample) < (SAMPLE_ROWS if name in separated else HINT_SAMPLE_ROWS)
+            _warn_of_row_ids(data, name, filled, _rows(sample), whole)
     return told
+
+
+def _warn_of_row_ids(data: str, name: str, filled: int, sample: str, whole: bool) -> None:
+    """The warning of column name of data, of another value in each of its `filled` non-empty cells in the rows read
+    (sample: how many): a row's own id, to leave out, where those rows are the whole file (whole: one file, read to
+    its end, as `ps-worker schema` tells it); else, as that command says of such a column in a sample
+    (column_infer.SAMPLED_DISTINCT), ids that may come back over the whole file."""
+    from worker.column_infer import SAMPLED_DISTINCT
+
+    if whole:
+        log.warning("%s: column %r holds another value in each of its %s non-empty cells (a sample of %s): a row's "
+                    "own id? The built-in csv schema trains it as a feature, each value an id seen once that a later "
+                    "row never has. If it is, leave it out: --drop-columns %s, or `ps-worker schema --data %s > "
+                    "schema.toml` (which marks it: delete its entry), then --schema schema.toml", data, name,
+                    f"{filled:,}", sample, name, data)  # fmt: skip
+        return
+    log.warning("%s: column %r holds another value in each of its %s non-empty cells (a sample of %s): a row's own "
+                "id, which the built-in csv schema trains as a feature of ids seen once? `ps-worker schema --data %s > "
+                "schema.toml` writes its entry and says: %s; then --schema schema.toml", data, name, f"{filled:,}",
+                sample, data, SAMPLED_DISTINCT)  # fmt: skip
 
 
 def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None,
