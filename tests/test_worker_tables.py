@@ -540,3 +540,23 @@ def test_a_model_of_another_schema_is_refused_in_one_line_naming_its_tables_comp
     assert "\n  dense.deepfm.logit.bias: initializer.scale: 0.1 != 0.2 (an MLP parameter of another shape" in str(
         refused.value
     )
+
+
+def test_a_model_of_another_schema_lists_its_tables_other_settings_one_a_line_with_their_notes(monkeypatch):
+    """Of a table of another schema, only an MLP parameter's shape joins the schema's line: a sparse table's dim and
+    any table's optimizer are listed one a line, with the width note and the recipe note."""
+    from worker import tables
+
+    schema = "features: 'schema:76abf9fd6cad4644' != 'schema:d8c0d5342451de39'"
+    optimizer = "optimizer.name: 'ftrl' != 'adagrad'"
+    differ = {"deepfm": [schema, "dim: 9 != 17", optimizer],
+              "dense.deepfm.mlp.0.weight": [schema, "optimizer.learning_rate: 0.1 != 0.05", "rows: 66 != 58"]}  # fmt: skip
+    monkeypatch.setattr(tables, "held_tables", lambda *args, **kwargs: (differ, [], set()))
+    with pytest.raises(ValueError) as refused:
+        tables.check_tables(None, [], "nothing was created", recipe_line="recipe: small data (ftrl)")
+    said = str(refused.value)
+    assert ("(tables deepfm and 1 MLP parameter table; shapes differ too, as the schemas do: "
+            "dense.deepfm.mlp.0.weight: rows: 66 != 58)") in said  # fmt: skip
+    assert f"\n  deepfm: dim: 9 != 17; {optimizer} (a row's floats: fm and deepfm hold" in said
+    assert "\n  dense.deepfm.mlp.0.weight: optimizer.learning_rate: 0.1 != 0.05\n" in said  # no shape note
+    assert "\nthis run's recipe: small data (ftrl).\nA run that names no optimizer gets its recipe's" in said

@@ -165,7 +165,7 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     if schema:
         parts.append(schema)
     if differ:
-        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name) or _dim_hint(diff)}"
+        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name, diff) or _dim_hint(diff)}"
                  for name, diff in differ.items()]  # fmt: skip
         parts.append("the servers hold tables of this model with other settings than this run's (on the servers "
                      "!= this run):\n" + "\n".join(lines))  # fmt: skip
@@ -186,11 +186,15 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     return {}
 
 
+MLP_SHAPE_FIELDS = ("rows", "dim", "initializer.scale")  # of an MLP parameter table: its shape, and the scale it sets
+
+
 def _other_schema(differ: dict[str, list[str]]) -> tuple[str, dict[str, list[str]]]:
     """Where tables of differ ({name: its differences}) hold another schema's fingerprint: (one line saying so, with
-    FEATURES_HINT and the fix once, naming those tables compactly and each one's other differences, which the
-    schema most likely causes: an MLP's input width follows from its fields; the differences of the other tables,
-    left to list one a line). Else ("", differ)."""
+    FEATURES_HINT and the fix once, naming those tables compactly and the MLP parameter tables' shape differences
+    (MLP_SHAPE_FIELDS), which the schema most likely causes: an MLP's input width follows from its fields; the
+    other differences, each table's others included (an optimizer, a sparse table's dim), left to list one a line).
+    Else ("", differ)."""
     other = {name: diff for name, diff in differ.items() if any(d.startswith("features:") for d in diff)}
     if not other:
         return "", differ
@@ -199,14 +203,21 @@ def _other_schema(differ: dict[str, list[str]]) -> tuple[str, dict[str, list[str
     dense = len(other) - len(sparse)
     tables = ", ".join(sparse) + (" and " if sparse and dense else "")
     tables += f"{dense} MLP parameter table{'s' * (dense != 1)}" if dense else ""
-    more = {name: [d for d in diff if not d.startswith("features:")] for name, diff in other.items()}
-    more = {name: diff for name, diff in more.items() if diff}
-    also = "; ".join(f"{name}: {'; '.join(diff)}" for name, diff in more.items())
+    shapes, rest = {}, {}
+    for name, diff in differ.items():
+        diff = [d for d in diff if not d.startswith("features:")]
+        shaped = [d for d in diff if name.startswith(TABLE_PREFIX) and d.split(":")[0] in MLP_SHAPE_FIELDS]
+        if name in other and shaped:
+            shapes[name] = shaped
+            diff = [d for d in diff if d not in shaped]
+        if diff:
+            rest[name] = diff
+    also = "; ".join(f"{name}: {'; '.join(diff)}" for name, diff in shapes.items())
     also = f"; shapes differ too, as the schemas do: {also}" if also else ""
     line = (f"the servers hold this model's tables trained with another schema ({held}, on the servers != this run): "
             f"{FEATURES_HINT}; read the data with the schema the model was trained with (--schema as trained, or the "
             f"data and flags that built it) (tables {tables}{also})")  # fmt: skip
-    return line, {name: diff for name, diff in differ.items() if name not in other}
+    return line, rest
 
 
 def replaced_warning(replaced: dict[str, list[str]]) -> str:
@@ -247,8 +258,9 @@ def _dim_hint(diff: list[str]) -> str:
             "lr 1)")  # fmt: skip
 
 
-def _dense_hint(name: str) -> str:
-    if not name.startswith(TABLE_PREFIX):
+def _dense_hint(name: str, diff: list[str]) -> str:
+    """A note for an MLP parameter table whose shape differs (MLP_SHAPE_FIELDS in diff): what sets it."""
+    if not name.startswith(TABLE_PREFIX) or not any(d.split(":")[0] in MLP_SHAPE_FIELDS for d in diff):
         return ""
     return (" (an MLP parameter of another shape: --hidden, or the MLP's input, the fields' widths and numeric "
             "columns, differ; its rows are its layer's inputs, and another shape also shows as another initializer "
