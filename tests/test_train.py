@@ -450,13 +450,13 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert (small.optimizer, small.learning_rate, small.optimizer_params, small.dropout) == (
         "ftrl",
         0.05,
-        {"l2": 100.0},
+        {"l2": 300.0},
         0.7,
     )
     mlp_line = TrainConfig(local_shards=1, model="deepfm").with_recipe(10)[1]
-    assert "sparse ftrl 0.05 l2=100, dropout 0.7, dense l2 1, batch 256" in mlp_line
+    assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1, batch 256" in mlp_line
     for no_mlp in ("lr", "fm"):  # no MLP: no dropout, no dense l2
-        assert "sparse ftrl 0.05 l2=100, batch 256" in TrainConfig(local_shards=1, model=no_mlp).with_recipe(10)[1]
+        assert "sparse ftrl 0.05 l2=300, batch 256" in TrainConfig(local_shards=1, model=no_mlp).with_recipe(10)[1]
     chosen, _, _ = TrainConfig(local_shards=1, optimizer="adagrad").with_recipe(10)
     assert (chosen.optimizer, chosen.learning_rate, chosen.optimizer_params) == ("adagrad", 0.02, {})
     assert (large.optimizer, large.learning_rate, large.dropout) == ("adagrad", 0.02, 0.0)
@@ -884,10 +884,8 @@ def test_early_stopping_by_auc_stops_on_and_puts_back_the_best_validation_auc():
     from worker.results import format_results
     from worker.scoring import evaluate
 
-    # an ftrl l2 of its own, under which the two metrics pick different epochs on this data
     cfg = TrainConfig(local_shards=1, model="fm", synthetic_rows=4000, synthetic_eval_rows=500, learning_rate=0.5,
-                      optimizer_params={"l2": 300.0}, epochs=30, early_stop=2, early_stop_metric="auc",
-                      progress=False)  # fmt: skip
+                      epochs=30, early_stop=2, early_stop_metric="auc", progress=False)  # fmt: skip
     with InProcessTables(cache_bytes=64 << 20) as tables:
         cfg, data, spec, backend, dense = open_job(cfg, tables)
         result = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data), data.validation())

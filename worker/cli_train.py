@@ -131,7 +131,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--optimizer",
         default=None,
         choices=sorted(OPTIMIZER_PARAMS),
-        help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 100 for small data, "
+        help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 300 for small data, "
         "adagrad for large)",
     )
     model.add_argument("--learning-rate", type=RATE, default=None,

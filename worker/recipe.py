@@ -1,7 +1,7 @@
 """Training settings that suit the size of the data, for the flags a user leaves unset (`--recipe auto`).
 
     recipe  used when                     batch  epochs (at most)  validation  early stop  sparse optimizer     MLP
-    small   under SMALL_DATA_EXAMPLES      256*   50                10% split   5           ftrl a=0.05, l2=100  dropout 0.7,
+    small   under SMALL_DATA_EXAMPLES      256*   50                10% split   5           ftrl a=0.05, l2=300  dropout 0.7,
             training examples,                                                                                  dense l2 1
             each epoch shuffled
     large   otherwise, in file order      2048   1                 none        none        adagrad 0.02         -
@@ -14,7 +14,7 @@
 Small data overfits: most of its ids are seen once or twice, so several epochs of small steps help at first and
 then hurt, and the weights of rare ids are mostly noise. Evaluating a held-out split after every epoch and
 stopping once its logloss stops improving (the best model is put back) keeps the good epochs (the epoch cap is a
-bound, not the usual end: where ids are seen often, FTRL's small steps keep improving past 20
+bound, not the usual end: where ids are seen often, FTRL's small steps on a strong l2 keep improving past 20
 epochs: benchmarks/small_data.py's frequent-ids regime, lr, 3 seeds: 0.0079 under the tuned LR stopped at 20,
 0.0031 at 50; the rare-ids regime stops early, before 20, either way). A cap of 100 gains too little to pay for
 its time: the same lr, 3 seeds, runs 59-100 epochs for a median test AUC 0.0006 higher at 10,000 rows and 0.0002 at
@@ -28,20 +28,8 @@ regimes' medians moved by at most 0.0006). It goes by logloss, not AUC
 (--early-stop-metric auc): over the benchmark's regimes at 10,000 and 100,000 rows AUC did no better (median
 0.0000), and on a split with few positives it follows chance into overfit epochs (README). FTRL-proximal with
 a strong l2 shrinks rare ids far more than frequent ones (its l2 adds to a denominator that grows with an id's
-accumulated squared gradients); dropout and an L2 penalty keep the MLP from memorizing the rows. Its l2 is 100,
-not 300, which shrank ids seen a handful of times with strong weights too far: on a 10,000-row CSV of ~2,000 ad ids
-seen ~5 times each with weights of std 1 (and a Zipf user column, numbers read as ids), test AUC on 10,000 other
-rows lr 0.6564 with l2 300, 0.6677 with 100, 0.6732 with 30; fm 0.6321, 0.6665, 0.6616 (scikit-learn's L2 LR on
-the same ids, C by 5-fold CV: 0.6782); on 50,000 rows of it lr 0.7192 and 0.7305, fm 0.7330 and 0.7313 (the LR
-0.7327). On benchmarks/small_data.py's regimes, 10,000 rows, seeds 1-3, the medians of l2 100's test AUC minus
-300's: rare ids lr -0.0001, fm -0.0006 (deepfm -0.0007); frequent lr +0.0007, fm -0.0002; imbalanced lr +0.0017,
-fm +0.0036 (deepfm -0.0051, its seeds -0.0051, +0.0084, -0.0172: with 20-30 validation positives its best epoch is
-chance, and seed 3's was the first); 30 is weaker where ids are rare (fm -0.0025; lr -0.0005). Measured with
-`python3 dev.py bench benchmarks/small_data.py --seeds 1 2 3 --models lr fm deepfm --set optimizer_params=l2:100
---against optimizer_params=l2:300`'s files, tuned LR and training calls, run by a script of them. The figures
-here of the epoch cap, the patience, the early-stopping metric, the batch and the order of the file were measured
-with an l2 of 300. On the small-data regime of the synthetic generator, benchmarks/small_data.py measures these
-settings against a tuned L2 logistic regression.
+accumulated squared gradients); dropout and an L2 penalty keep the MLP from memorizing the rows. On the small-data regime of the
+synthetic generator, benchmarks/small_data.py measures these settings against a tuned L2 logistic regression.
 From BIG_BATCH_EXAMPLES on, small data trains in large's batches of 2048: the epochs of batches of 256 that suit
 10,000-50,000 examples (where the recipe was tuned) make a run of 500,000 take many minutes, and a batch's gradient
 is the sum over its examples, so an id seen once in a batch gets the same FTRL step in either, and the models come
@@ -98,7 +86,7 @@ class Recipe:
 
 
 SMALL = Recipe("small", batch_size=256, epochs=50, validation_fraction=0.1, early_stop=5, l2=0.0, dropout=0.7,
-               dense_l2=1.0, optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 100.0},
+               dense_l2=1.0, optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 300.0},
                max_bad_lines=0, shuffle=True)  # fmt: skip
 LARGE = Recipe("large", batch_size=2048, epochs=1, validation_fraction=0.0, early_stop=0, l2=0.0, dropout=0.0,
                dense_l2=0.0, optimizer="adagrad", learning_rate=0.02, optimizer_params={},
