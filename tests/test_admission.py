@@ -348,20 +348,26 @@ def test_a_shrink_that_stops_part_way_says_what_it_shrunk(tmp_path, monkeypatch)
         shard.close()
 
 
+def _writes_of_b_fail(shard, monkeypatch, error: Exception) -> None:
+    """The shard's row writes of table 'b' raise `error`; the other tables' are written."""
+    put_rows = shard.store.put_rows
+
+    def b_fails(table, *args, **kwargs):
+        if table == "b":
+            raise error
+        return put_rows(table, *args, **kwargs)
+
+    monkeypatch.setattr(shard.store, "put_rows", b_fails)
+
+
 def test_a_shrink_that_stops_at_the_first_chunk_of_a_table_says_that_table_was_not_shrunk(tmp_path, monkeypatch):
     """Tables a, b; a is shrunk, the write of b's first chunk fails: b is untouched, and the refusal says so."""
     from ps.errors import StorageError
 
     shard = _decaying_shard(tmp_path, "ab")
     try:
-        put_rows = shard.store.put_rows
-
-        def b_fails(table, *args, **kwargs):
-            if table == "b":
-                raise StorageError("RocksDB failed while writing rows of table 'b': disk gone; nothing was applied")
-            return put_rows(table, *args, **kwargs)
-
-        monkeypatch.setattr(shard.store, "put_rows", b_fails)
+        _writes_of_b_fail(shard, monkeypatch,
+                          StorageError("RocksDB failed while writing rows of table 'b': disk gone; nothing was applied"))  # fmt: skip
         with pytest.raises(StorageError) as refused:
             shard.shrink()
         assert "Of the Shrink, table 'a' was shrunk whole ('a': 30 rows decayed and 0 ids dropped); table 'b' was " \
@@ -379,14 +385,8 @@ def test_a_shrink_that_stops_part_way_on_a_full_disk_stays_a_disk_full_error(tmp
 
     shard = _decaying_shard(tmp_path, "ab")
     try:
-        put_rows, what = shard.store.put_rows, "RocksDB in the data dir failed while writing rows of table 'b'"
-
-        def b_finds_the_disk_full(table, *args, **kwargs):
-            if table == "b":
-                raise DiskFullError.of("Disk quota exceeded", what, disk=str(tmp_path))
-            return put_rows(table, *args, **kwargs)
-
-        monkeypatch.setattr(shard.store, "put_rows", b_finds_the_disk_full)
+        what = "RocksDB in the data dir failed while writing rows of table 'b'"
+        _writes_of_b_fail(shard, monkeypatch, DiskFullError.of("Disk quota exceeded", what, disk=str(tmp_path)))
         with pytest.raises(DiskFullError) as refused:
             shard.shrink()
         e = refused.value
