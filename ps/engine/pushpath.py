@@ -20,6 +20,7 @@ from ps.engine.push import CheckedPush, TablePush
 from ps.engine.room import RequestRoom, push_cost
 from ps.errors import (
     CLIENT_TABLE_FULL,
+    NOTHING_APPLIED,
     PARTLY_APPLIED,
     ClientTableFullError,
     InvalidArgumentError,
@@ -113,7 +114,7 @@ class PushPath:
         if client_seq < 1:  # seq 0 would read as applied before: its clock advance dropped, silently
             raise InvalidArgumentError(
                 "a PushBatch with a client id numbers its requests to a shard from 1 (seq 1, 2, 3, ...); it came with "
-                "seq 0; nothing was applied"
+                f"seq 0; {NOTHING_APPLIED}"
             )
         with self._client_lock(client):
             newest = self._journal.applied.get(client)
@@ -126,7 +127,7 @@ class PushPath:
                 raise InvalidArgumentError(
                     f"request seq {client_seq:,} is more than {MAX_SEQ_JUMP:,} ahead of this client's newest request "
                     f"on shard {self.shard_id} ({done_seq:,}); a client numbers its requests to a shard 1, 2, 3, ...; "
-                    "nothing was applied"
+                    f"{NOTHING_APPLIED}"
                 )
             # a request whose clock advance is applied is applied whole (the clock moves after its pushes), even
             # where the table notes fewer parts: after a restart, pushes without ids have no journal record
@@ -165,7 +166,7 @@ class PushPath:
                 f"({applied.max_clients:,}, ps.config MAX_CLIENTS), and {CLIENT_TABLE_FULL} until some are "
                 f"{applied.retention_s / 86400:.3g} days unused: a process that makes a new Client (a new random "
                 "client id) per request, or a caller making ids up, fills it. Reuse one Client per process; the "
-                "clients it holds go on; nothing was applied")  # fmt: skip
+                f"clients it holds go on; {NOTHING_APPLIED}")  # fmt: skip
         return ClientTableFullError(text)
 
     def _check_batch(self, pushes: list[TablePush], every_push: bool = False) -> list[CheckedPush]:
@@ -177,7 +178,7 @@ class PushPath:
             for i, c in enumerate(checked):
                 if repeats_ids(c.ids):
                     raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i].name!r}) repeats ids; "
-                                               "nothing was applied")  # fmt: skip
+                                               f"{NOTHING_APPLIED}")  # fmt: skip
         return checked
 
     def _apply_batch(
@@ -260,7 +261,7 @@ class PushPath:
             raise InvalidArgumentError(
                 f"a clock advance of {steps:,} steps is out of range: the clock is at {self.clock:,}"
                 f"{reserved if self._advances_reserved else ''} and a shard's clock stays <= {MAX_CLOCK:,}; "
-                "nothing was applied"
+                f"{NOTHING_APPLIED}"
             )
 
     def forget_advances(self, dropped: dict[int, int]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_JOB_NAME_CHARS, MAX_STAMP_TEXT
-from ps.errors import InvalidArgumentError, echo
+from ps.errors import NOTHING_APPLIED, InvalidArgumentError, echo
 from ps.stamp import WorkerStamp, is_job_name, job_hash
 
 MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
@@ -81,7 +81,7 @@ def job_stops(shard_id: int, job: str) -> str:
 def nothing_done(create: bool) -> str:
     """How a refusal ends: what the refused request did not do (a CreateTable's create: its table; a pull's or
     push's: its rows)."""
-    return "nothing was created" if create else "nothing was applied"
+    return "nothing was created" if create else NOTHING_APPLIED
 
 
 def setup_pairs(setup: str) -> dict[str, str]:
@@ -115,10 +115,10 @@ def check_batch_stamp(stamp: WorkerStamp, shared: bool, advance_clock: int) -> N
         raise InvalidArgumentError("bad worker stamp: a shared PushBatch (applied once under a key any caller may "
                                    "send) is none of its worker's steps nor its end, so its stamp says apart (a "
                                    "sync or ssp worker's) or unclocked (an async or geo worker's), not done or "
-                                   f"stopped; this one says {said}; nothing was applied")  # fmt: skip
+                                   f"stopped; this one says {said}; {NOTHING_APPLIED}")  # fmt: skip
     if stamp.apart and advance_clock:
         raise InvalidArgumentError(f"a PushBatch stamped apart ends none of its worker's steps, so it advances no "
-                                   f"clock; this one advances it by {advance_clock:,}; nothing was applied")  # fmt: skip
+                                   f"clock; this one advances it by {advance_clock:,}; {NOTHING_APPLIED}")  # fmt: skip
 
 
 def check_ending_batch(stamp: WorkerStamp, carries: bool) -> None:
@@ -126,4 +126,4 @@ def check_ending_batch(stamp: WorkerStamp, carries: bool) -> None:
     if carries:
         word = "stop" if stamp.stopped else "done"
         raise InvalidArgumentError(f"a {word} stamp comes in a PushBatch without pushes and without a clock "
-                                   "advance; nothing was applied")  # fmt: skip
+                                   f"advance; {NOTHING_APPLIED}")  # fmt: skip

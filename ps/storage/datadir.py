@@ -15,13 +15,23 @@ from typing import Any
 
 from rocksdict import AccessType, Options, Rdict, WriteOptions
 
-from ps.errors import DataDirLostError, DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
+from ps.errors import (
+    NOTHING_APPLIED,
+    DataDirLostError,
+    DataLossError,
+    DiskFullError,
+    PsError,
+    StorageError,
+    disk_full_reason,
+)
 from ps.sharding import NUM_SLOTS
 from ps.storage.atomicfile import make_dirs
 from ps.storage.meta import META_CF, meta_value, shard_record
 from ps.storage.options import ColumnFamily
 from ps.storage.readonly import is_damage, open_failure
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
+
+RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, where no remedy is given
 
 
 def checked_entries(path: str) -> list[str]:
@@ -134,7 +144,7 @@ def copies_disagree(in_file: dict, in_db: dict) -> DataLossError:
     )
     return DataLossError(
         f"{IDENTITY_FILE} says {shard_name(in_file)} and RocksDB says {shard_name(in_db)} ({differ}); one copy "
-        "is damaged. Refusing to start; restore the dir from a backup or checkpoint"
+        f"is damaged. Refusing to start; {RESTORE_DIR}"
     )
 
 
@@ -177,7 +187,7 @@ def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int
 
 
 def rocksdb_error(path: str, doing: str, e: Exception, text: str | None = None,
-                  outcome: str = "nothing was applied", target: str | None = None) -> StorageError | DiskFullError:  # fmt: skip
+                  outcome: str = NOTHING_APPLIED, target: str | None = None) -> StorageError | DiskFullError:  # fmt: skip
     """rocksdict's error (a plain Exception) as a StorageError saying what failed; a full disk ("IO error: No space
     left on device: <file>") as a DiskFullError ending with outcome (what of the request stands); damage that
     RocksDB detected ("Corruption: ...", a file gone) as a DataLossError, unless the error names target (a
@@ -199,15 +209,12 @@ def rocksdb_error(path: str, doing: str, e: Exception, text: str | None = None,
         return StorageError(f"RocksDB in {path} failed while {doing}: {text}")
     return DataLossError(
         f"RocksDB found damage in {path} while {doing}: {text}. `ps-server verify {path}` lists what is damaged; "
-        "restore the dir from a backup or checkpoint"
+        f"{RESTORE_DIR}"
     )
 
 
-RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, where no remedy is given
-
-
 @contextlib.contextmanager
-def rocksdb_errors(path: str, doing: str, outcome: str = "nothing was applied",
+def rocksdb_errors(path: str, doing: str, outcome: str = NOTHING_APPLIED,
                    target: str | None = None) -> Iterator[None]:  # fmt: skip
     """RocksDB's errors inside the block raised as the StorageError, DiskFullError or DataLossError of rocksdb_error
     (which says what outcome and target are); our own errors pass as they are."""
