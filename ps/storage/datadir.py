@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +26,6 @@ from ps.errors import (
 from ps.sharding import NUM_SLOTS
 from ps.storage.atomicfile import make_dirs
 from ps.storage.meta import META_CF, meta_value, shard_record
-from ps.storage.options import ColumnFamily
 from ps.storage.readonly import is_damage, open_failure
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
 
@@ -213,43 +211,13 @@ def rocksdb_error(path: str, doing: str, e: Exception, text: str | None = None,
     )
 
 
-@contextlib.contextmanager
-def rocksdb_errors(path: str, doing: str, outcome: str = NOTHING_APPLIED,
-                   target: str | None = None) -> Iterator[None]:  # fmt: skip
-    """RocksDB's errors inside the block raised as the StorageError, DiskFullError or DataLossError of rocksdb_error
-    (which says what outcome and target are); our own errors pass as they are."""
-    try:
-        yield
-    except PsError:
-        raise
-    except Exception as e:
-        raise rocksdb_error(path, doing, e, outcome=outcome, target=target) from e
-
-
-def damaged_dir(path: str, what: str, remedy: str = RESTORE_DIR) -> DataLossError:
-    """The error for a stored value of data dir `path` that does not read as its grammar says (meta_value), or that
-    is missing; remedy: what to do about it."""
-    return DataLossError(f"RocksDB in data dir {path} is damaged: {what}. `ps-server verify {path}` lists what is "
-                         f"damaged; {remedy}")  # fmt: skip
-
-
-def stored_meta(meta: ColumnFamily, path: str, key: bytes, doing: str, default: Any = None,
-                remedy: str = RESTORE_DIR) -> Any:  # fmt: skip
-    """The value of key `key` in the meta column family of data dir `path`, read as its grammar says (meta_value;
-    damaged_dir's DataLossError, with remedy, where it does not read), or default where it is absent; doing: what a
-    RocksDB error says was being done."""
-    with rocksdb_errors(path, doing, "nothing was read"):
-        raw = meta.get(key)
-    return default if raw is None else meta_value(key, raw, lambda what: damaged_dir(path, what, remedy))
-
-
 class OpenDataDir:
     """The open RocksDB of data dir `path`, as the Store of its rows and the ShardMeta of its own records share it:
     db; meta_cf, its "meta" column family (meta_handle() names it in a WriteBatch); write_opts, synced where the
     store syncs (--sync), and synced, always synced (the writes a restart must find whatever --sync says);
-    rocksdb(doing, outcome, target), a block whose RocksDB errors are said as ours (rocksdb_errors); damaged(what,
-    remedy), the error for a value that does not read (damaged_dir); meta_get, a meta value read by its grammar
-    (stored_meta). close() closes RocksDB; nothing may use it after."""
+    rocksdb(doing, outcome, target), a block whose RocksDB errors are said as ours; damaged(what, remedy), the error
+    for a value that does not read; meta_get, a meta value read by its grammar. close() closes RocksDB; nothing may
+    use it after."""
 
     def __init__(self, db: Rdict, path: str, sync: bool):
         self.db: Rdict | None = db
@@ -259,12 +227,31 @@ class OpenDataDir:
         self.write_opts.sync = sync
         self.synced = WriteOptions()
         self.synced.sync = True
-        self.rocksdb = functools.partial(rocksdb_errors, path)
-        self.damaged = functools.partial(damaged_dir, path)
+
+    @contextlib.contextmanager
+    def rocksdb(self, doing: str, outcome: str = NOTHING_APPLIED, target: str | None = None) -> Iterator[None]:
+        """RocksDB's errors inside the block raised as the StorageError, DiskFullError or DataLossError of
+        rocksdb_error (which says what outcome and target are); our own errors pass as they are."""
+        try:
+            yield
+        except PsError:
+            raise
+        except Exception as e:
+            raise rocksdb_error(self.path, doing, e, outcome=outcome, target=target) from e
+
+    def damaged(self, what: str, remedy: str = RESTORE_DIR) -> DataLossError:
+        """The error for a stored value of this dir that does not read as its grammar says (meta_value), or that is
+        missing; remedy: what to do about it."""
+        return DataLossError(f"RocksDB in data dir {self.path} is damaged: {what}. `ps-server verify {self.path}` "
+                             f"lists what is damaged; {remedy}")  # fmt: skip
 
     def meta_get(self, key: bytes, doing: str, default: Any = None, remedy: str = RESTORE_DIR) -> Any:
-        """stored_meta of key in this dir's meta column family."""
-        return stored_meta(self.meta_cf, self.path, key, doing, default, remedy)
+        """The value of key `key` in this dir's meta column family, read as its grammar says (meta_value; damaged's
+        DataLossError, with remedy, where it does not read), or default where it is absent; doing: what a RocksDB
+        error says was being done."""
+        with self.rocksdb(doing, "nothing was read"):
+            raw = self.meta_cf.get(key)
+        return default if raw is None else meta_value(key, raw, lambda what: self.damaged(what, remedy))
 
     def meta_handle(self) -> Any:
         """The meta column family's handle, for a WriteBatch."""
@@ -272,7 +259,7 @@ class OpenDataDir:
 
     def close(self, outcome: str) -> None:
         """Lets go of the meta column family (one held open keeps RocksDB's LOCK past the close), then closes
-        RocksDB: its failure raised as rocksdb_errors says, with outcome, the dir closed all the same."""
+        RocksDB: its failure raised as rocksdb says, with outcome, the dir closed all the same."""
         self.meta_cf = None
         db, self.db = self.db, None
         with self.rocksdb("closing RocksDB", outcome):
