@@ -46,7 +46,8 @@ integer < 2^64. In parentheses, what writes each value: a method of ps.storage.s
                                     each says so: ps.engine.jobs reads it when it follows the job after a restart,
                                     and logs one that does not read and reads it as none: it only spares waits)
     The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX. A
-    client's key (CLIENT_PREFIXES) is its prefix and 8 bytes: one of another length is damaged (meta_value).
+    client's key (CLIENT_PREFIXES) is its prefix and 8 bytes (client_key, client_of): one of another length is
+    damaged (meta_value).
 """
 
 from __future__ import annotations
@@ -201,6 +202,17 @@ def key_name(key: bytes) -> str:
     refuses the key) are kept as lone surrogates ("surrogateescape"): a name no table has, so that the damaged key
     fails no other table."""
     return key.partition(b"/")[2].decode("utf-8", "surrogateescape")
+
+
+def client_key(prefix: bytes, client: int) -> bytes:
+    """The key of client `client` (a u64) under prefix, one of CLIENT_PREFIXES: the prefix, then the id big-endian."""
+    return prefix + client.to_bytes(CLIENT_ID_BYTES, "big")
+
+
+def client_of(key: bytes, prefix: bytes) -> int:
+    """The client id a key of prefix (one of CLIENT_PREFIXES) holds after it: client_key's inverse (damaged_client
+    says whether its id is CLIENT_ID_BYTES long)."""
+    return int.from_bytes(key[len(prefix) :], "big")
 
 
 def damaged_client(key: bytes) -> int | None:

@@ -37,6 +37,8 @@ from ps.storage.meta import (
     APPLIED_PREFIX,
     APPLIED_VALUE,
     LEGACY_APPLIED,
+    client_key,
+    client_of,
     meta_value,
 )
 from ps.storage.options import iter_prefixed
@@ -219,9 +221,9 @@ class ShardMeta:
         if changes is not None:
             for client, e in changes.written.items():
                 value = APPLIED_VALUE.pack(e.client_seq, e.parts, math.ceil(e.used_s))
-                batch.put(APPLIED_PREFIX + client.to_bytes(8, "big"), value, meta)
+                batch.put(client_key(APPLIED_PREFIX, client), value, meta)
             for client in changes.dropped:
-                batch.delete(APPLIED_PREFIX + client.to_bytes(8, "big"), meta)
+                batch.delete(client_key(APPLIED_PREFIX, client), meta)
             if self._legacy_applied:
                 batch.delete(LEGACY_APPLIED, meta)
         with self._dir.rocksdb("recording the flushed journal position"):
@@ -244,7 +246,7 @@ class ShardMeta:
         with self._dir.rocksdb(doing):
             for key, raw in iter_prefixed(self._dir.meta_cf, APPLIED_PREFIX):
                 seq, parts, used = meta_value(key, raw, self._dir.damaged)
-                client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
+                client = client_of(key, APPLIED_PREFIX)
                 if client not in out or out[client][:2] <= (seq, parts):
                     out[client] = (seq, parts, float(used))
         return out
@@ -262,7 +264,7 @@ class ShardMeta:
         batch.put(b"clock", str(step).encode(), meta)
         if advanced_by is not None:
             client, client_seq = advanced_by
-            batch.put(ADVANCED_PREFIX + client.to_bytes(8, "big"), str(client_seq).encode(), meta)
+            batch.put(client_key(ADVANCED_PREFIX, client), str(client_seq).encode(), meta)
         with self._dir.rocksdb(f"storing the clock at step {step:,}"):
             self._dir.db.write(batch, self._dir.write_opts)
 
@@ -273,7 +275,7 @@ class ShardMeta:
         meta = self._dir.meta_handle()
         batch = WriteBatch(raw_mode=True)
         for client in clients:
-            batch.delete(ADVANCED_PREFIX + client.to_bytes(8, "big"), meta)
+            batch.delete(client_key(ADVANCED_PREFIX, client), meta)
         with self._dir.rocksdb("deleting the clock advance notes of clients dropped from the exactly-once table"):
             self._dir.db.write(batch, self._dir.write_opts)
 
@@ -282,5 +284,5 @@ class ShardMeta:
         out = {}
         with self._dir.rocksdb("reading the clock advances of client requests"):
             for key, raw in iter_prefixed(self._dir.meta_cf, ADVANCED_PREFIX):
-                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = meta_value(key, raw, self._dir.damaged)
+                out[client_of(key, ADVANCED_PREFIX)] = meta_value(key, raw, self._dir.damaged)
         return out
