@@ -321,23 +321,24 @@ class Table:
                 time.sleep(FLUSH_PAUSE_S)
             ready = wait or yield_to is None
 
-    def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS, progress: ShrinkProgress | None = None) -> int:
+    def shrink(self, clock: int, progress: ShrinkProgress, chunk_rows: int = FLUSH_CHUNK_ROWS) -> None:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
         `clock` or scoring under eviction.score_threshold, in RocksDB and in RAM. Scans RocksDB in chunks of
-        chunk_rows (bounded memory), so call flush() first. Returns the number of ids dropped. A row pushed since
-        the last flush (its lsn past the store's flushed seq) is kept, decayed, until a later shrink: a drop is not
-        journaled, so after a crash the journal's replay of that push would bring the row back (with the push
-        under any later one). Only what changes is written: with decay 1 the kept rows stay as they are, and a
-        table with no rule on is not scanned at all. progress: told of each chunk written (ShrinkProgress.wrote)."""
+        chunk_rows (bounded memory), so call flush() first. Each chunk written is told to progress
+        (ShrinkProgress.wrote: rows rewritten and ids dropped). A row pushed since the last flush (its lsn past the
+        store's flushed seq) is kept, decayed, until a later shrink: a drop is not journaled, so after a crash the
+        journal's replay of that push would bring the row back (with the push under any later one). Only what
+        changes is written: with decay 1 the kept rows stay as they are, and a table with no rule on is not
+        scanned at all."""
         if rule_is_off(self.cfg.eviction):
-            return 0
-        after, dropped = None, 0
+            return
+        after = None
         while True:
             with self.lock:
                 self._check_open()
                 got = self.store.scan(self.name, self.width, after, chunk_rows)
                 if got is None:
-                    return dropped
+                    return
                 ids, rows, lsn, complete, after = got
                 in_ram = self.arena.index.lookup(ids)
                 ram = in_ram >= 0
@@ -352,9 +353,7 @@ class Table:
                     self.num_rows -= int(np.count_nonzero(drop & complete))  # once written: a failed write drops none
                     self.num_pending -= int(np.count_nonzero(drop & ~complete))
                     self.counters["dropped"] += int(drop.sum())
-                    if progress is not None:
-                        progress.wrote(self.name, int(np.count_nonzero(written)), int(drop.sum()))
-                dropped += int(drop.sum())
+                    progress.wrote(self.name, int(np.count_nonzero(written)), int(drop.sum()))
 
     def peek(self, ids: np.ndarray) -> np.ndarray:
         """(n, width) full rows (embedding, optimizer state, statistics), for tests and tools."""
