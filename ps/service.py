@@ -207,9 +207,11 @@ def client_key(client_id: int, context: grpc.ServicerContext, shared: bool = Fal
 
 
 class CallerGone:
-    """For a stamped request's wait (ps.engine.jobs): called, whether the request's caller is gone (its RPC
-    cancelled, or past its deadline); watch(wake) has wake() called when the RPC ends, so that a wait whose caller
-    left frees its RPC thread at once. Only a wait watches: an RPC that does not wait wakes no one as it ends."""
+    """For a request's wait: a stamped request's (ps.engine.jobs), one for room for a request or its reply
+    (ps.engine.room, ps.replies) and the checkpoint hold's (ps.engine.hold). Called, whether the request's caller
+    is gone (its RPC cancelled, or past its deadline); watch(wake) has wake() called when the RPC ends, so that a
+    wait whose caller left frees its RPC thread at once (ps.engine.room.watch_caller; a wait for room looks every
+    CALLER_CHECK_S instead). Only a wait watches: an RPC that does not wait wakes no one as it ends."""
 
     def __init__(self, context: grpc.ServicerContext):
         self._context = context

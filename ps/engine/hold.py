@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from ps.checkpoint import inside_a_checkpoint
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
-from ps.engine.room import CALLER_CHECK_S
+from ps.engine.room import CALLER_CHECK_S, watch_caller
 from ps.errors import (
     CHECKPOINT_PAUSE,
     CallerGoneError,
@@ -109,8 +109,7 @@ class PushHold:
             self._hold_s, self._refused, self._waiting = timeout_s, 0, True
             try:
                 poll_s = None if caller_gone is None else CALLER_CHECK_S
-                watch = getattr(caller_gone, "watch", None)
-                if self._pushes_in_flight and watch is not None and watch(self._wake):
+                if self._pushes_in_flight and watch_caller(caller_gone, self._wake):
                     poll_s = None  # woken as the caller leaves (an RPC ended already is gone: looked at below)
                 while self._pushes_in_flight and not (caller_gone is not None and caller_gone()):
                     self._gate.wait(poll_s)

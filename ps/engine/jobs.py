@@ -104,6 +104,7 @@ from collections.abc import Callable
 
 from ps.config import MAX_SEQ_JUMP
 from ps.engine.push import TablePush
+from ps.engine.room import watch_caller
 from ps.engine.stampcheck import check_stamp, job_stops
 from ps.engine.syncsteps import SyncStep, SyncSteps, again
 from ps.engine.syncsum import sync_key
@@ -127,16 +128,6 @@ NAMED_WORKERS = 20  # workers named in a timeout's message, at most
 def _check_caller(caller_gone: Callable[[], bool] | None, stamp: WorkerStamp, what: str) -> None:
     """CallerGoneError if the waiting request's caller left."""
     if caller_gone is not None and caller_gone():
-        raise _caller_left(stamp, what)
-
-
-def _watch_caller(
-    caller_gone: Callable[[], bool] | None, wake: Callable[[], None], stamp: WorkerStamp, what: str
-) -> None:
-    """Before a wait's first sleep: has wake() called when its caller leaves (caller_gone.watch, where it has one);
-    CallerGoneError if the caller left already (no wake would come). Lock held: a wake waits for the sleep."""
-    watch = getattr(caller_gone, "watch", None)
-    if watch is not None and not watch(wake):
         raise _caller_left(stamp, what)
 
 
@@ -381,7 +372,8 @@ class JobClocks:
                         refused = self._threads_refusal(stamp, f"pull of step {stamp.step}")
                         if refused is not None:
                             raise refused
-                        _watch_caller(caller_gone, self.wake, stamp, "pull")
+                        if watch_caller(caller_gone, self.wake) is False:  # left already: no wake would come
+                            raise _caller_left(stamp, "pull")
                         self._waiting, waiting = self._waiting + 1, True
                     self._cond.wait(None if applying else stamp.timeout_s - waited)
                     if applying:  # the workers waited for the sum too: their time counts from its end
@@ -580,7 +572,8 @@ class JobClocks:
                         if refused is not None:
                             self.sync.fail(step, refused)
                             raise again(refused)
-                        _watch_caller(caller_gone, self.wake, stamp, "sync push")
+                        if watch_caller(caller_gone, self.wake) is False:  # left already: no wake would come
+                            raise _caller_left(stamp, "sync push")
                         self._waiting, waiting = self._waiting + 1, True
                     self._cond.wait(None if step.applying else stamp.timeout_s - waited)  # _apply notifies
             finally:

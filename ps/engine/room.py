@@ -34,6 +34,15 @@ ID_BYTES = 8
 CALLER_CHECK_S = 0.25  # how often a wait for room looks whether its caller left
 
 
+def watch_caller(caller_gone: Callable[[], bool] | None, wake: Callable[[], None]) -> bool | None:
+    """Before a wait's first sleep, with its lock held (a wake then waits for the sleep): has wake() called when the
+    caller leaves, where caller_gone has watch(wake) (ps.service.CallerGone). True: wake() will come; False: the
+    caller left already (no wake will come); None: caller_gone cannot be watched (None, or without watch): the wait
+    looks at it itself."""
+    watch = getattr(caller_gone, "watch", None)
+    return None if watch is None else bool(watch(wake))
+
+
 def pull_cost(n: int, width: int, dim: int) -> int:
     """Bytes a pull of n ids copies at most: every row read (width float32) and its reply (dim float32)."""
     return n * 4 * (width + dim)
