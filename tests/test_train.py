@@ -1097,8 +1097,8 @@ def test_a_resumed_runs_best_line_says_it_judges_its_own_part_and_gives_no_epoch
 
 
 def test_the_still_improving_hint_gives_the_table_config_of_a_weaker_l2_for_the_runs_tables_which_trains(tmp_path):
-    """A small-data run (ftrl, l2 300) whose last epoch was its best says the --table-config file of a tenth of its
-    l2 for its own table and optimizer, indented to copy; that file, copied, parses and trains with that l2."""
+    """A small-data run (ftrl, l2 300) whose last epoch was its best says the --table-config file of its l2 divided
+    by 10 for its own table and optimizer, indented to copy; that file, copied, parses and trains with that l2."""
     from worker.model_tables import table_configs, weaker_l2_toml
     from worker.results import format_results
 
@@ -1108,8 +1108,8 @@ def test_the_still_improving_hint_gives_the_table_config_of_a_weaker_l2_for_the_
     assert weaker_l2_toml(table_configs(cfg, spec, data.schema.table_overrides()), spec) == snippet
     said = format_results({"best_validation_auc": 0.7, "best_validation_logloss": 0.5, "best_epoch": 2,
                            "curve": [{"best": True}], "weaker_l2_toml": snippet})  # fmt: skip
-    assert ("or a weaker sparse l2, may give a better model: e.g. a tenth of this run's, a file for --table-config "
-            "of\n         [fm]\n         optimizer = { name = \"ftrl\", learning_rate = 0.05, params = { l2 = 30 } }"
+    assert ("or a weaker sparse l2, may give a better model: e.g. this run's divided by 10, a file for --table-config"
+            " of\n         [fm]\n         optimizer = { name = \"ftrl\", learning_rate = 0.05, params = { l2 = 30 } }"
             ) in said  # fmt: skip
     copied = "\n".join(line.strip() for line in said.split("--table-config of\n")[1].splitlines())
     (tmp_path / "weaker.toml").write_text(copied + "\n")

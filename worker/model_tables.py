@@ -4,7 +4,7 @@ table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one 
 table_config_note                what --table-config changed of the recipe's and the flags' choice
 check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
 check_allreduce_tables           --dense allreduce refuses MLP tables' settings only the servers would apply
-weaker_l2_toml                   a --table-config file giving the sparse tables a tenth of their l2
+weaker_l2_toml                   a --table-config file dividing the sparse tables' l2 by WEAKER_L2_DIVISOR
 sparse_table_stats, missing_shares    what the shards hold of the model's tables, and a shard that lacks its part
 """
 
@@ -25,6 +25,7 @@ from ps.config import (
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
+from worker.recipe import WEAKER_L2_DIVISOR
 from worker.schema import toml_key
 from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
@@ -125,10 +126,11 @@ def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[
     return f"; --table-config sets table {'; '.join(changed)} instead" if changed else ""
 
 
-def weaker_l2_toml(tables: list[TableConfig], spec: ModelSpec, divisor: float = 10.0) -> str:
+def weaker_l2_toml(tables: list[TableConfig], spec: ModelSpec) -> str:
     """The text of a --table-config file that gives each sparse table of tables (a model's, as trained) its l2
-    divided by divisor and keeps the rest of its optimizer: an ftrl table's own `params.l2`, another table's lazy `l2`;
-    "" where no sparse table has an l2. Its params list only those that differ from the optimizer's defaults."""
+    divided by WEAKER_L2_DIVISOR (worker.recipe) and keeps the rest of its optimizer: an ftrl table's own
+    `params.l2`, another table's lazy `l2`; "" where no sparse table has an l2. Its params list only those that
+    differ from the optimizer's defaults."""
     sections = []
     for t in tables:
         if t.name not in spec.table_dims():
@@ -138,12 +140,12 @@ def weaker_l2_toml(tables: list[TableConfig], spec: ModelSpec, divisor: float = 
             defaults = OPTIMIZER_PARAMS["ftrl"]
             kept = {k: v for k, v in sorted(opt.params.items()) if k != "l2" and v != defaults.get(k)}
             params = ", ".join(
-                f"{k} = {_toml_number(v)}" for k, v in {**kept, "l2": opt.params["l2"] / divisor}.items()
+                f"{k} = {_toml_number(v)}" for k, v in {**kept, "l2": opt.params["l2"] / WEAKER_L2_DIVISOR}.items()
             )
             sections.append(f'[{toml_key(t.name)}]\noptimizer = {{ name = "ftrl", learning_rate = '
                             f"{_toml_number(opt.learning_rate)}, params = {{ {params} }} }}")  # fmt: skip
         elif t.l2:
-            sections.append(f"[{toml_key(t.name)}]\nl2 = {_toml_number(t.l2 / divisor)}")
+            sections.append(f"[{toml_key(t.name)}]\nl2 = {_toml_number(t.l2 / WEAKER_L2_DIVISOR)}")
     return "\n".join(sections)
 
 

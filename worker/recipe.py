@@ -61,6 +61,7 @@ from dataclasses import dataclass
 RECIPES = ("auto", "small", "large")
 EARLY_STOP_METRICS = ("logloss", "auc")  # what early stopping and the best model kept go by (--early-stop-metric)
 METRIC_NAMES = {"logloss": "logloss", "auc": "AUC"}  # as the run's output names them
+WEAKER_L2_DIVISOR = 10  # a still-improving run's hint: its sparse l2 divided by this (model_tables.weaker_l2_toml)
 SMALL_DATA_EXAMPLES = 1_000_000
 BIG_BATCH_EXAMPLES = 100_000  # training examples from which the small recipe trains in LARGE's batches
 MAX_BAD_SHARE = 0.01  # of the lines read, malformed, at most (past readers.share.BAD_SHARE_AFTER), where

@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from worker.recipe import METRIC_NAMES
+from worker.recipe import METRIC_NAMES, WEAKER_L2_DIVISOR
 
 NO_AUC = "undefined (its examples hold one label only)"
 UNTRAINED = "trains no example"  # the words of a worker's error when its share left it none (DataSource.untrained)
@@ -121,8 +121,8 @@ def still_improving(metric: str, weaker_l2: str) -> str:
     if not weaker_l2:
         return line + " may give a better model"
     toml = "\n".join(f"         {s}" for s in weaker_l2.splitlines())
-    return (f"{line}, or a weaker sparse l2, may give a better model: e.g. a tenth of this run's, a file for "
-            f"--table-config of\n{toml}")  # fmt: skip
+    return (f"{line}, or a weaker sparse l2, may give a better model: e.g. this run's divided by "
+            f"{WEAKER_L2_DIVISOR}, a file for --table-config of\n{toml}")  # fmt: skip
 
 
 def skipped_note(r: dict) -> str:
