@@ -136,7 +136,12 @@ def may_have_run(e: grpc.RpcError) -> bool:
     """Whether the call that failed with e may have run on its shard: unanswered, or refused by its shard after part
     of it was applied (PARTLY_APPLIED: a batch push's pushes before the refused one, a Shrink's chunks before it
     stopped); not another refusal its shard made and named (a shard starting, or stopping)."""
-    return unanswered(e) or PARTLY_APPLIED in (e.details() or "")
+    return unanswered(e) or partly_applied(e)
+
+
+def partly_applied(e: grpc.RpcError) -> bool:
+    """Whether e is its shard's refusal saying part of the call was applied (PARTLY_APPLIED in its details)."""
+    return PARTLY_APPLIED in (e.details() or "")
 
 
 def sent_once(method: str, request: object) -> bool:
@@ -246,13 +251,11 @@ class Outages:
         and where the shard is gone since, that too)."""
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
         gone = self.gone(shard) if self.gone is not None and retryable(e) else None
-        if gone and PARTLY_APPLIED in (e.details() or ""):  # what stays of it is the shard's to say
-            with self.lock:
-                self._end(shard)
-            return self._refusal(method, shard, e, f"; since then {gone}")
         if gone:  # before "it may still be running there": it is not running anywhere
             with self.lock:
                 self._end(shard)
+            if partly_applied(e):  # what stays of it is the shard's to say
+                return self._refusal(method, shard, e, f"; since then {gone}")
             return ServerUnavailableError(f"{where}: {method} failed ({why_failed(e)}): {gone}")
         once = sent_once(method, request) and may_have_run(e)
         if once and unanswered(e):  # the shard's answer, where one came, says what of it stands: raised as it is
