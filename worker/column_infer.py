@@ -299,12 +299,10 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
         seen += _UNTOLD_TIMES[untold]
     elif values is not None and not all(v.is_integer() for v in values):
         pass  # measurements: distinct values say nothing of an identifier
-    elif sampled and (
-        every_value_distinct(source, cells) or values is None and len(present) > 1 and distinct >= 0.9 * len(present)
-    ):
+    elif sampled and (distinct == len(present) or values is None and distinct >= 0.9 * len(present)):
         every = "every" if distinct == len(present) else "nearly every"
         seen += f"; {every} value distinct in the sample: {SAMPLED_DISTINCT}"
-    elif every_value_distinct(source, cells):
+    elif distinct == len(present):  # every_value_distinct: the branches above ruled out all but this of it
         seen += "; every value distinct: an identifier? then delete this entry"
     elif values is None and len(present) >= 100 and distinct >= 0.9 * len(present):
         seen += "; nearly every value distinct: an identifier or a time? such ids rarely come back"
