@@ -198,8 +198,7 @@ def _records_hold_data(name: str, delimiter: str) -> Iterator[bool]:
     those of no data included."""
     with open_data(name) as raw:
         reader = BoundedReader(CsvLines(raw).texts(), delimiter)
-        header = next(reader, None)
-        if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
+        if _header_record(reader, name) is None:
             return
         while True:
             try:
@@ -210,6 +209,15 @@ def _records_hold_data(name: str, delimiter: str) -> Iterator[bool]:
                 yield False
                 continue
             yield not _blank_record(row)
+
+
+def _header_record(reader: BoundedReader, name: str) -> list[str] | None:
+    """The first record of file `name` read from `reader`, its header; None for a file of no content (no record,
+    or a blank first record of a file that share.is_blank finds empty or whitespace only)."""
+    header = next(reader, None)
+    if header is None or (not "".join(header).strip() and is_blank(name)):
+        return None
+    return header
 
 
 def has_labels(name: str, schema: Schema) -> bool:
@@ -326,8 +334,8 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
     with open_data(name) as raw:
         lines = CsvLines(raw)
         reader = BoundedReader(lines.texts(), schema.delimiter)
-        header = next(reader, None)
-        if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
+        header = _header_record(reader, name)
+        if header is None:
             return
         header = header_names(name, header)
         share.bad.stats.headers += 1
