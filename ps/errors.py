@@ -313,6 +313,7 @@ class FileTooLargeError(PsError):
 
 
 NOTHING_APPLIED = "nothing was applied"  # a refusal's outcome where none of the request was applied
+RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
 
 
 class DiskFullError(PsError):
@@ -326,7 +327,7 @@ class DiskFullError(PsError):
     status = "RESOURCE_EXHAUSTED"
 
     def __init__(self, message: str, reason: str = "", what: str = "", disk: str = "", outcome: str = "",
-                 remedy: str = "retry"):  # fmt: skip
+                 remedy: str = RETRY):  # fmt: skip
         super().__init__(message)
         self.reason = reason  # DISK_FULL_TEXTS' entry, where known
         self.what = what  # what failed, and where
@@ -336,7 +337,7 @@ class DiskFullError(PsError):
 
     @classmethod
     def of(
-        cls, reason: str, what: str, outcome: str = NOTHING_APPLIED, disk: str = "", remedy: str = "retry"
+        cls, reason: str, what: str, outcome: str = NOTHING_APPLIED, disk: str = "", remedy: str = RETRY
     ) -> "DiskFullError":
         """The error for `what` (what failed, naming the path) failing for `reason` (disk_full_reason's);
         outcome: what of the request stands, the message's end ("": none; partly_applied adds what stays when

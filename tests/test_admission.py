@@ -338,7 +338,8 @@ def test_a_shrink_that_stops_part_way_says_what_it_shrunk(tmp_path, monkeypatch)
             "shrink stopped: RocksDB failed while writing rows of table 'b': disk gone. Of the Shrink, table 'a' was "
             "shrunk whole ('a': 30 rows decayed and 0 ids dropped); table 'b' was shrunk in part (10 rows decayed and "
             "0 ids dropped so far); table 'c' was not shrunk: those changes were applied, and the clock was not "
-            "advanced; a Shrink sent again decays the rows shrunk already once more"
+            "advanced; send no Shrink before the next one is due: one sent again would decay the rows shrunk already "
+            "a second time, and the next shrinks what this one left (tables 'b', 'c')"
         )
         assert PARTLY_APPLIED in str(refused.value)
         assert (_shows(shard, "a") == 0.5).all() and (_shows(shard, "c") == 1).all()
@@ -380,7 +381,8 @@ def test_a_shrink_that_stops_at_the_first_chunk_of_a_table_says_that_table_was_n
 
 def test_a_shrink_that_stops_part_way_on_a_full_disk_stays_a_disk_full_error(tmp_path, monkeypatch):
     """A DiskFullError that stops a Shrink part way is raised as one still: its reason, what and disk kept, its
-    message starting as every DiskFullError's does, and saying what of the Shrink stays."""
+    message starting as every DiskFullError's does, and saying what of the Shrink stays. Its one instruction is to
+    wait for the next Shrink (a Shrink sent again would decay table 'a' a second time), not to retry."""
     from ps.errors import DISK_FULL_PREFIX, PARTLY_APPLIED, DiskFullError
 
     shard = _decaying_shard(tmp_path, "ab")
@@ -392,10 +394,13 @@ def test_a_shrink_that_stops_part_way_on_a_full_disk_stays_a_disk_full_error(tmp
         e = refused.value
         assert (e.reason, e.what, e.disk) == ("Disk quota exceeded", what, str(tmp_path))
         assert str(e).startswith(f"{DISK_FULL_PREFIX} (Disk quota exceeded): {what}; free space on the disk of ")
-        assert str(e).endswith(f"and retry; shrink stopped. Of the Shrink, table 'a' was shrunk whole ('a': 30 rows "
-                               f"decayed and 0 ids dropped); table 'b' was not shrunk: those changes were "
-                               f"{PARTLY_APPLIED}; a Shrink sent again decays the rows shrunk already once more")  # fmt: skip
-        assert "nothing was applied" not in str(e)
+        assert str(e).endswith(f"(or raise the quota) and wait for the next Shrink; shrink stopped. Of the Shrink, "
+                               f"table 'a' was shrunk whole ('a': 30 rows decayed and 0 ids dropped); table 'b' was not "
+                               f"shrunk: those changes were {PARTLY_APPLIED}; send no Shrink before the next one is "
+                               f"due: one sent again would decay the rows shrunk already a second time, and the next "
+                               f"shrinks what this one left (table 'b')")  # fmt: skip
+        assert "nothing was applied" not in str(e) and "retry" not in str(e)
+        assert e.remedy == "wait for the next Shrink"
     finally:
         monkeypatch.undo()
         shard.close()
@@ -428,7 +433,8 @@ def test_a_shrink_whose_last_flush_fails_says_every_table_was_shrunk(tmp_path, m
 def test_a_shrink_whose_last_flush_finds_the_shard_broken_says_so_then_what_it_shrunk(tmp_path, monkeypatch):
     """The flush after the tables were shrunk finds the shard broken: its ShardNeedsRestartError, whose message says
     what a restart does, is raised with that message first, then what of the Shrink stays (a restart keeps the rows
-    decayed, and a Shrink sent again decays them once more). Where nothing was shrunk, it is raised as it is."""
+    decayed, and a Shrink sent again would decay them a second time). Where nothing was shrunk, it is raised as it
+    is."""
     from ps.errors import PARTLY_APPLIED, ShardNeedsRestartError
 
     shard = _decaying_shard(tmp_path, "ab")
@@ -447,8 +453,8 @@ def test_a_shrink_whose_last_flush_finds_the_shard_broken_says_so_then_what_it_s
             shard.shrink()
         assert str(refused.value) == (
             f"{broken}; shrink stopped. Of the Shrink, tables 'a', 'b' were shrunk whole ('a': 30 rows decayed and 0 "
-            f"ids dropped; 'b': 30 rows decayed and 0 ids dropped): those changes were {PARTLY_APPLIED}; a Shrink "
-            "sent again decays the rows shrunk already once more"
+            f"ids dropped; 'b': 30 rows decayed and 0 ids dropped): those changes were {PARTLY_APPLIED}; send no "
+            "Shrink before the next one is due: one sent again would decay the rows shrunk already a second time"
         )
         assert (_shows(shard, "a") == 0.5).all() and (_shows(shard, "b") == 0.5).all()
         flushes.clear()  # the first flush of the next Shrink passes

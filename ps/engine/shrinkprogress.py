@@ -3,12 +3,16 @@
 A Shrink writes its tables one after the other, each in chunks (Table.shrink), each chunk in one atomic write; it
 keeps no record of how far it got. A failure part way leaves the chunks written before it shrunk, so its refusal
 says which (ps.errors PARTLY_APPLIED's wording: worker.retry.may_have_run then knows the call ran, and the client
-does not send it again), and a Shrink sent again decays those rows once more.
+does not send it again). A Shrink sent again would decay those rows a second time, so the refusal gives one
+instruction: send no Shrink before the next one is due, which shrinks what this one left (SHRINK_REMEDY, and a
+full disk's remedy instead of its RETRY).
 """
 
 from __future__ import annotations
 
-from ps.errors import PARTLY_APPLIED, PsError, partly_applied
+from ps.errors import PARTLY_APPLIED, RETRY, DiskFullError, PsError, partly_applied
+
+SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
 
 
 class ShrinkProgress:
@@ -31,29 +35,38 @@ class ShrinkProgress:
 
     def refusal(self, e: PsError) -> PsError | None:
         """e, the failure that stopped the Shrink, reworded to say what of the Shrink stays (ps.errors.partly_applied:
-        its class and attributes kept): None where no chunk was written (e's own outcome stands); else with "shrink
-        stopped" and "Of the Shrink, <the tables shrunk whole, the one in part (where a chunk of it was written),
-        those not at all>: those changes were applied, and the clock was not advanced; <what a retry does>"."""
+        its class and attributes kept; a DiskFullError's remedy RETRY becomes SHRINK_REMEDY): None where no chunk was
+        written (e's own outcome stands); else with "shrink stopped" and "Of the Shrink, <the tables shrunk whole,
+        the one in part (where a chunk of it was written), those not at all>: those changes were applied, and the
+        clock was not advanced; send no Shrink before the next one is due: one sent again would decay the rows shrunk
+        already a second time, and the next shrinks what this one left (<the tables not shrunk whole, if any>)"."""
         if not any(self.written.values()) and not any(self.dropped.values()):
             return None
         done, rest = self.tables[: self.done], self.tables[self.done :]
         current = rest[:1] if rest and (self.written[rest[0]] or self.dropped[rest[0]]) else []
+        left = rest  # the tables not shrunk whole
         rest = rest[len(current) :]  # the table it stopped in is not shrunk where no chunk of it was written
         parts = (
             [f"{_named(done)} shrunk whole ({'; '.join(f'{t!r}: {self.changed(t)}' for t in done)})"] if done else []
         )
         parts += [f"table {t!r} was shrunk in part ({self.changed(t)} so far)" for t in current]
         parts += [f"{_named(rest)} not shrunk"] if rest else []
+        what_is_left = f", and the next shrinks what this one left ({_listed(left)})" if left else ""
+        if isinstance(e, DiskFullError) and e.remedy == RETRY:
+            e = e.instead(e.outcome, remedy=SHRINK_REMEDY)
         return partly_applied(
             e,
             "shrink stopped",
-            f"Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; a Shrink sent again decays the "
-            "rows shrunk already once more",
+            f"Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; send no Shrink before the next "
+            f"one is due: one sent again would decay the rows shrunk already a second time{what_is_left}",
         )
 
 
 def _named(tables: list[str]) -> str:
     """ "table 'a' was" or "tables 'a', 'b' were"."""
-    if len(tables) == 1:
-        return f"table {tables[0]!r} was"
-    return f"tables {', '.join(map(repr, tables))} were"
+    return f"{_listed(tables)} {'was' if len(tables) == 1 else 'were'}"
+
+
+def _listed(tables: list[str]) -> str:
+    """ "table 'a'" or "tables 'a', 'b'"."""
+    return f"table {tables[0]!r}" if len(tables) == 1 else f"tables {', '.join(map(repr, tables))}"
