@@ -65,6 +65,7 @@ from ps.engine.shard import Shard
 from ps.engine.syncsum import SYNC_KEY_BIT
 from ps.errors import (
     ERROR_NAME_KEY,
+    NOTHING_APPLIED,
     CheckpointInProgressError,
     CheckpointOutsideRootError,
     ClientTableFullError,
@@ -152,7 +153,7 @@ def _check_count(method: str, what: str, n: int) -> None:
     if n > MAX_BATCH_ITEMS:
         raise InvalidArgumentError(
             f"{method} carries {n:,} {what}, over the {MAX_BATCH_ITEMS:,} one request may carry; send several "
-            "requests; nothing was applied"
+            f"requests; {NOTHING_APPLIED}"
         )
 
 

@@ -46,6 +46,7 @@ import numba
 import numpy as np
 
 from ps.config import OptimizerConfig
+from ps.errors import NOTHING_APPLIED
 from ps.rows.finite import first_non_finite
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
@@ -334,7 +335,7 @@ class AllReduceDense:
                 row, col = divmod(bad - start, p.shape[1])
                 raise ValueError(
                     f"the mean gradient of dense parameter {p.name!r} over the workers holds {float(grads[bad])} at "
-                    f"[{row}, {col}] (step {self.syncs + 1}); nothing was applied, the values are those of the "
+                    f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the "
                     "step before"
                 )
             start += size

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from ps.engine.table import Table
-from ps.errors import DataDirLostError
+from ps.errors import NOTHING_APPLIED, DataDirLostError
 from ps.storage.journal import Journal
 from ps.storage.store import Store
 
@@ -51,5 +51,5 @@ def close_lost(lock: threading.Lock, tables: Iterable[Table], journal: Journal, 
                 close()
             except Exception as e:  # the files are gone: nothing to save, the refusal below says why
                 log.info("closing %s of the lost data dir: %s", what, e)
-    lost = journal.lost.removesuffix("; nothing was applied")
+    lost = journal.lost.removesuffix(f"; {NOTHING_APPLIED}")
     raise DataDirLostError(f"stopped without writing its last rows to RocksDB: {lost}")

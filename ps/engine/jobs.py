@@ -110,6 +110,7 @@ from ps.engine.syncsteps import SyncStep, SyncSteps, again
 from ps.engine.syncsum import sync_key
 from ps.engine.tenancy import JobTenancy, relayed_stop
 from ps.errors import (
+    NOTHING_APPLIED,
     BarrierTimeoutError,
     CallerGoneError,
     InvalidArgumentError,
@@ -230,7 +231,7 @@ class JobClocks:
             raise WorkerDoneError(
                 f"shard {self.shard_id}: worker {stamp.worker} of job {self.tenancy.named(stamp)} said it is done, and "
                 "a done worker pushes nothing more: is a second run using the job id? a job id is for one run; give a "
-                "new --job-id; nothing was applied"
+                f"new --job-id; {NOTHING_APPLIED}"
             )
 
     def _enter(self, stamp: WorkerStamp, applied: bool = False) -> int:
@@ -483,7 +484,7 @@ class JobClocks:
             f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {self.tenancy.named(stamp)} would wait for the "
             f"other workers while waits hold {self._waiting} of this server's {self.threads} RPC threads (--threads), "
             f"leaving none for the requests that end them; a job of {n:,} workers may have 2 x {n:,} "
-            f"waits: start ps-server with --threads >= 2 x workers + 2 ({2 * n + 2:,}); nothing was applied; the "
+            f"waits: start ps-server with --threads >= 2 x workers + 2 ({2 * n + 2:,}); {NOTHING_APPLIED}; the "
             "job stops"
         )
 
@@ -525,7 +526,7 @@ class JobClocks:
             raise InvalidArgumentError(
                 f"bad worker stamp: sync step {stamp.step:,} is more than {MAX_SEQ_JUMP:,} steps past the newest "
                 f"step of job {self.tenancy.named(stamp)} applied on shard {self.shard_id} ({newest - 1:,}); a job's "
-                "workers count their steps 0, 1, 2, ...; nothing was applied"
+                f"workers count their steps 0, 1, 2, ...; {NOTHING_APPLIED}"
             )
         with self._cond:
             self._check_not_done(stamp)

@@ -17,7 +17,7 @@ import numpy as np
 from ps.config import TableConfig
 from ps.engine.readahead import ReadAhead
 from ps.engine.rowwriter import RowWriter
-from ps.errors import InvalidArgumentError, PsError, StorageError, TableBusyError
+from ps.errors import NOTHING_APPLIED, InvalidArgumentError, PsError, StorageError, TableBusyError
 from ps.rows.initializers import init_rows
 from ps.rows.optim import Optimizer
 from ps.storage.arena import Arena
@@ -106,13 +106,13 @@ class RowLoader:
                     raise TableBusyError(
                         f"table {self.name!r} needs rows for {n} ids, and the tables above their share of the RAM "
                         f"tier that hold them ({', '.join(map(repr, self.arena.busy))}) were busy taking rows back "
-                        "themselves: send the request again; nothing was applied"
+                        f"themselves: send the request again; {NOTHING_APPLIED}"
                     )
                 share = self.arena.budget.share_bytes() // self.arena.row_charge
                 raise TableBusyError(
                     f"table {self.name!r} needs rows for {n} ids and found none to evict: its share of the RAM tier "
                     f"is {share} rows, and the other tables took the rest while the request ran: send the request "
-                    "again (it is cut to the share it finds); nothing was applied"
+                    f"again (it is cut to the share it finds); {NOTHING_APPLIED}"
                 )
             dirty = victims[self.arena.dirty[victims] == 1]
             if len(dirty):
@@ -125,10 +125,10 @@ class RowLoader:
         """The refusal of a request that needs rows for n ids, which table `holder`, above its share of the RAM
         tier, could not give back: its give_up failed with e (most often writing its dirty rows). Of e's class (a
         StorageError, DiskFullError, ...), a StorageError where e is no PsError; nothing was applied."""
-        what = str(e).removesuffix("; nothing was applied") if isinstance(e, PsError) else f"{type(e).__name__}: {e}"
+        what = str(e).removesuffix(f"; {NOTHING_APPLIED}") if isinstance(e, PsError) else f"{type(e).__name__}: {e}"
         error = copy.copy(e) if isinstance(e, PsError) else StorageError("")
         error.args = (
             f"table {self.name!r} needs rows for {n} ids, and table {holder!r}, which holds them above its share of "
-            f"the RAM tier, could not give them back: {what}; nothing was applied",
+            f"the RAM tier, could not give them back: {what}; {NOTHING_APPLIED}",
         )
         return error

@@ -20,7 +20,14 @@ from collections.abc import Callable, Iterable
 from ps.engine.push import TablePush
 from ps.engine.stampcheck import job_stops
 from ps.engine.syncsum import held_bytes, step_cost, sum_contributions
-from ps.errors import BarrierTimeoutError, InvalidArgumentError, PsError, StorageError, SyncStepTooLargeError
+from ps.errors import (
+    NOTHING_APPLIED,
+    BarrierTimeoutError,
+    InvalidArgumentError,
+    PsError,
+    StorageError,
+    SyncStepTooLargeError,
+)
 from ps.stamp import WorkerStamp
 
 log = logging.getLogger("ps.engine.jobs")  # the job's: its sync steps are a part of it
@@ -81,7 +88,7 @@ class SyncSteps:
             raise InvalidArgumentError(
                 f"bad worker stamp: sync step {stamp.step:,} of job {stamp.named} while steps "
                 f"{', '.join(f'{s:,}' for s in sorted(self.steps))} are still gathering on shard "
-                f"{self.shard_id}: a job's workers run one step at a time; nothing was applied"
+                f"{self.shard_id}: a job's workers run one step at a time; {NOTHING_APPLIED}"
             )  # fmt: skip
         step = self.steps[stamp.step] = SyncStep(stamp.step)
         return step

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ps.engine.push import CheckedPush, TablePush
-from ps.errors import InvalidArgumentError
+from ps.errors import NOTHING_APPLIED, InvalidArgumentError
 from ps.rows.update import OPTIMIZE
 from ps.wire import repeats_ids
 
@@ -46,9 +46,9 @@ def contribution(pushes: list[TablePush], check_push: Callable[[TablePush], Chec
         c = check_push(p)
         if c.rule != OPTIMIZE:
             raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) is add_delta, which a sync push "
-                                       "cannot carry; nothing was applied")  # fmt: skip
+                                       f"cannot carry; {NOTHING_APPLIED}")  # fmt: skip
         if repeats_ids(c.ids):
-            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) repeats ids; nothing was applied")
+            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) repeats ids; {NOTHING_APPLIED}")
         out.append(TablePush(name=p.name, ids=np.array(c.ids), grads=np.array(c.grads), shows=np.array(c.shows),
                              clicks=np.array(c.clicks)))  # fmt: skip
     return out

@@ -38,7 +38,7 @@ from ps.engine.rowloader import RowLoader, raise_duplicate
 from ps.engine.rowwriter import RowWriter
 from ps.engine.shrinkprogress import ShrinkProgress
 from ps.engine.shrinkrule import rule_is_off, shrink_chunk
-from ps.errors import DataLossError, InvalidArgumentError, ShardClosingError, ShardNeedsRestartError
+from ps.errors import NOTHING_APPLIED, DataLossError, InvalidArgumentError, ShardClosingError, ShardNeedsRestartError
 from ps.rows import update
 from ps.rows.layout import ADMITTED, RowLayout, half_floats_of
 from ps.rows.optim import get_optimizer
@@ -407,7 +407,7 @@ class Table:
     def _raise_non_finite(self, ids: np.ndarray, grads: np.ndarray, bad: int):
         raise InvalidArgumentError(
             f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
-            f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
+            f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); {NOTHING_APPLIED}"
         )
 
     def _rows_for_push(self, ids: np.ndarray) -> np.ndarray:

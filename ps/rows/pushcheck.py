@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ps.errors import InvalidArgumentError
+from ps.errors import NOTHING_APPLIED, InvalidArgumentError
 from ps.rows.finite import first_non_finite
 
 MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a row's show count, and the admission
@@ -27,7 +27,7 @@ def check_push_values(
         bad //= grads.shape[1]
         raise InvalidArgumentError(
             f"grads for table {table!r} hold non-finite values, first at row {bad} (id {int(ids[bad])}): "
-            f"{grads[bad].tolist()[:8]}; nothing was applied"
+            f"{grads[bad].tolist()[:8]}; {NOTHING_APPLIED}"
         )
     for what, a in (("shows", shows), ("clicks", clicks)):
         if a is None:  # the defaults need no check
@@ -40,7 +40,7 @@ def check_push_values(
             if np.isfinite(a[bad]) and a[bad] >= 0:
                 raise InvalidArgumentError(
                     f"{what} for table {table!r} may be at most {MAX_COUNT_PER_ID:,} per id in one push; "
-                    f"position {bad} holds {float(a[bad]):g}; nothing was applied"
+                    f"position {bad} holds {float(a[bad]):g}; {NOTHING_APPLIED}"
                 )
             raise InvalidArgumentError(
                 f"{what} for table {table!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
@@ -52,5 +52,5 @@ def check_push_values(
             show = 1.0 if shows is None else float(shows[bad])
             raise InvalidArgumentError(
                 f"clicks for table {table!r} exceed shows: id {int(ids[bad])} (position {bad}) has "
-                f"{float(clicks[bad]):g} clicks and {show:g} shows, expected clicks <= shows; nothing was applied"
+                f"{float(clicks[bad]):g} clicks and {show:g} shows, expected clicks <= shows; {NOTHING_APPLIED}"
             )

@@ -45,7 +45,14 @@ import numpy as np
 
 from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
-from ps.errors import DataDirLostError, DiskFullError, FileTooLargeError, StorageError, disk_full_reason
+from ps.errors import (
+    NOTHING_APPLIED,
+    DataDirLostError,
+    DiskFullError,
+    FileTooLargeError,
+    StorageError,
+    disk_full_reason,
+)
 from ps.storage.applied import AppliedChanges, AppliedTable
 from ps.storage.atomicfile import sync_directory
 from ps.storage.checksum import checksum64, copy_with_checksum64
@@ -253,7 +260,7 @@ class Journal:
                     raise FileTooLargeError(
                         f"the journal's segment in {self.dir} cannot grow by {HEADER.size + payload_len:,} bytes: "
                         f"{e.strerror} (the server's limit on a file's size, `ulimit -f`, is {shown}; or the file "
-                        "system's largest file): raise it (`prlimit --fsize` for the running server); nothing was applied"
+                        f"system's largest file): raise it (`prlimit --fsize` for the running server); {NOTHING_APPLIED}"
                     ) from e
                 if reason is None:
                     raise

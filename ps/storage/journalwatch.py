@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import time
 
+from ps.errors import NOTHING_APPLIED
+
 
 class DataDirWatch:
     """The data dir a journal started in (data_dir: the mark's directory; "": none), watched from start() on.
@@ -56,8 +58,7 @@ class DataDirWatch:
         when, since = _clock(now), _clock(self.intact_at)
         lost = (f"its data dir {self.data_dir} was deleted or replaced under the running server "
                 f"(between {since} and {when}): pushes since {since} could not be kept. Restart the "
-                "server on an intact data dir (a backup, or --restore of a checkpoint); nothing was "
-                "applied")  # fmt: skip
+                f"server on an intact data dir (a backup, or --restore of a checkpoint); {NOTHING_APPLIED}")  # fmt: skip
         told = (f"the data dir {self.data_dir} was deleted or replaced under the running server (found at "
                 f"{when}; it was in place at {since}): RocksDB's files, the journal and its mark are no "
                 "longer in it, so nothing this server acknowledged since its last flush can be kept, and a "
@@ -76,8 +77,7 @@ class DataDirWatch:
         lost = (f"its journal segment {path} was deleted under the running server (between "
                 f"{since} and {when}): pushes since {_clock(opened_at)} could not be kept in the "
                 "journal. Restart the server (SIGTERM: its stop writes every acknowledged push to "
-                "RocksDB; then start it again) on its data dir, intact otherwise; nothing was "
-                "applied")  # fmt: skip
+                f"RocksDB; then start it again) on its data dir, intact otherwise; {NOTHING_APPLIED}")  # fmt: skip
         told = (f"the journal segment {path} was deleted under the running server (found at {when}; "
                 f"it was there at {since}): the pushes it held ({held}) are in no file, only in this "
                 "server's memory until a flush writes their rows to RocksDB (one is started now). This "
