@@ -211,8 +211,8 @@ class CallerGone:
     """For a request's wait: a stamped request's (ps.engine.jobs), one for room for a request or its reply
     (ps.engine.room, ps.replies) and the checkpoint hold's (ps.engine.hold). Called, whether the request's caller
     is gone (its RPC cancelled, or past its deadline); watch(wake) has wake() called when the RPC ends, so that a
-    wait whose caller left frees its RPC thread at once (ps.engine.room.watch_caller; a wait for room looks every
-    CALLER_CHECK_S instead). Only a wait watches: an RPC that does not wait wakes no one as it ends."""
+    wait whose caller left frees its RPC thread at once (ps.engine.room.watch_caller). Only a wait watches: an RPC
+    that does not wait wakes no one as it ends."""
 
     def __init__(self, context: grpc.ServicerContext):
         self._context = context

@@ -260,6 +260,84 @@ def test_a_wait_whose_caller_left_ends_and_passes_its_turn_on():
     assert log == ["holder", "later"] and room.waiting == 0 and room.in_use == 0
 
 
+class _Caller:
+    """A wait's caller_gone as ps.service.CallerGone is: called, whether the caller left; watch(wake) has wake()
+    called as it leaves (leave()), or returns False where it left already."""
+
+    def __init__(self, gone: bool = False):
+        self.gone, self.wakes = gone, []
+
+    def __call__(self) -> bool:
+        return self.gone
+
+    def watch(self, wake) -> bool:
+        if self.gone:
+            return False
+        self.wakes.append(wake)
+        return True
+
+    def leave(self) -> None:
+        self.gone = True
+        for wake in self.wakes:
+            wake()
+
+
+def _recorded_waits(room: RequestRoom) -> tuple[list, threading.Event]:
+    """The timeouts of every wait on room's condition, and an event set as the first begins."""
+    timeouts, waiting, wait = [], threading.Event(), room._cond.wait
+
+    def recorded(timeout=None):
+        timeouts.append(timeout)
+        waiting.set()
+        return wait(timeout)
+
+    room._cond.wait = recorded
+    return timeouts, waiting
+
+
+def test_a_wait_whose_watched_caller_leaves_is_woken_by_it_not_by_a_poll():
+    """A caller that can be watched (ps.service.CallerGone) wakes the wait for room as it leaves: the wait sleeps
+    untimed, ends with CallerGoneError at the wake, and the take after it goes on."""
+    from ps.errors import CallerGoneError
+
+    room, log, go_on, caller, raised = RequestRoom(100), [], threading.Event(), _Caller(), []
+    holder = _taker(room, 100, log, "holder", go_on)
+    _holding(log, ["holder"])
+    timeouts, waiting = _recorded_waits(room)
+
+    def abandoned_take():
+        try:
+            with room.take(10, caller_gone=caller):
+                log.append("abandoned")
+        except CallerGoneError as e:
+            raised.append(str(e))
+
+    t = threading.Thread(target=abandoned_take, daemon=True)
+    t.start()
+    assert waiting.wait(60)
+    caller.leave()
+    t.join(60)
+    assert raised and "its caller left" in raised[0]
+    assert set(timeouts) == {None} and len(caller.wakes) == 1  # woken by the watch, not a poll
+    later = _taker(room, 10, log, "later")
+    go_on.set()
+    holder.join(60), later.join(60)
+    assert log == ["holder", "later"] and room.waiting == 0 and room.in_use == 0
+
+
+def test_a_wait_whose_caller_left_before_it_began_does_not_sleep():
+    """watch_caller says the caller left already (no wake would come): the take is refused before any sleep."""
+    from ps.errors import CallerGoneError
+
+    room = RequestRoom(100)
+    timeouts, _ = _recorded_waits(room)
+    with room.take(100), pytest.raises(CallerGoneError, match="its caller left"):
+        room.acquire(10, caller_gone=_Caller(gone=True))
+    assert timeouts == [] and room.waiting == 0
+    with room.take(100):  # its turn passed on
+        pass
+
+
 @pytest.fixture
 def bounded_stub(tmp_path):
     """(Shard, stub) of a server under --memory-bytes 256M with tables "t" (dim 16, adagrad; its rows 0..99

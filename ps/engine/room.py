@@ -31,7 +31,7 @@ from ps.errors import CallerGoneError, RequestTooLargeError
 from ps.storage.memory import MAX_REQUEST_BYTES, MIN_REQUEST_BYTES, REQUEST_SHARE
 
 ID_BYTES = 8
-CALLER_CHECK_S = 0.25  # how often a wait for room looks whether its caller left
+CALLER_CHECK_S = 0.25  # how often a wait looks whether its caller left, where the caller cannot be watched
 
 
 def watch_caller(caller_gone: Callable[[], bool] | None, wake: Callable[[], None]) -> bool | None:
@@ -124,22 +124,27 @@ class RequestRoom:
     def acquire(self, nbytes: int, caller_gone: Callable[[], bool] | None = None) -> None:
         """Takes nbytes of room, for release(nbytes) to give back (from any thread): waits for its turn, then
         until nbytes fit (or the room is empty: a take larger than the room, a sync step's sum, runs alone).
-        caller_gone: looked at every CALLER_CHECK_S of the wait; once true, the wait ends with CallerGoneError (its
-        caller cancelled, or past its deadline: nobody would read the reply), and the turn passes on. Nothing to
-        take without a bound, or for 0 bytes."""
+        caller_gone: looked at each time the wait wakes; where it has watch(wake) (ps.service.CallerGone), the
+        caller's leaving wakes the wait (watch_caller), else the wait wakes every CALLER_CHECK_S to look. Once
+        true, the wait ends with CallerGoneError (its caller cancelled, or past its deadline: nobody would read the
+        reply), and the turn passes on. Nothing to take without a bound, or for 0 bytes."""
         if not self.capacity or not nbytes:  # nothing to hold: no turn to wait for
             return
         with self._cond:
             ticket = self._next_ticket
             self._next_ticket += 1
-            waited = False
+            waited, poll_s = False, None  # poll_s: how long a wait sleeps before it looks at caller_gone again
             try:
                 while ticket != self._serving or (self._in_use and self._in_use + nbytes > self.capacity):
+                    if not waited and caller_gone is not None:
+                        watching = watch_caller(caller_gone, self._wake)
+                        if watching is False:  # left already: no wake would come
+                            raise self._caller_left()
+                        poll_s = CALLER_CHECK_S if watching is None else None
                     waited = True
-                    self._cond.wait(None if caller_gone is None else CALLER_CHECK_S)
+                    self._cond.wait(poll_s)
                     if caller_gone is not None and caller_gone():
-                        raise CallerGoneError(f"a request stopped waiting for {self.what}: its caller left (its "
-                                              "deadline passed, or it was cancelled)")  # fmt: skip
+                        raise self._caller_left()
             except BaseException:  # interrupted while waiting: its turn passes to the next ticket
                 self._abandoned.add(ticket)
                 self._next_turn()
@@ -148,6 +153,16 @@ class RequestRoom:
             self._serving += 1
             self._next_turn()
             self._in_use += nbytes
+
+    def _caller_left(self) -> CallerGoneError:
+        return CallerGoneError(
+            f"a request stopped waiting for {self.what}: its caller left (its deadline passed, or it was cancelled)"
+        )
+
+    def _wake(self) -> None:
+        """Wakes the waits for room to look again (a caller of one of them left: watch_caller)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def release(self, nbytes: int) -> None:
         """Gives back what acquire(nbytes) took."""
