@@ -95,7 +95,7 @@ def job_named(job: int, name: str = "") -> str:
 
 
 def job_hash(name: str) -> int:
-    """The job id a --job-id name stands for (worker.cli_train job_id): the 64-bit hash of its text (its CRC-32
+    """The job id a --job-id name stands for (worker.cli_train_config job_id): the 64-bit hash of its text (its CRC-32
     low, its Adler-32 high), which a stamp's job_name must hash to (ps.engine.stampcheck)."""
     data = name.encode()
     return zlib.crc32(data) | (zlib.adler32(data) << 32)

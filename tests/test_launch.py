@@ -28,7 +28,7 @@ from ps.stamp import job_hash
 from ps.terminate import Terminated, how_it_ended
 from tests.waiting import wait_until
 from worker import launch_devices
-from worker.cli_train import job_id
+from worker.cli_train_config import job_id
 from worker.launch import run_launch
 from worker.launch_devices import expand_backends
 from worker.launch_outcome import final_evaluation

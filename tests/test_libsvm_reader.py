@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from worker.cells import FLOAT32_MAX
-from worker.cli_train import train_config_from_argv
+from worker.cli_train_config import train_config_from_argv
 from worker.data import LEFT_VALUES
 from worker.formats import read_batches
 from worker.job import prepare

@@ -266,7 +266,7 @@ def test_a_sync_worker_whose_training_was_over_tells_its_resumed_job_it_is_done(
     """Worker 1's file says its training in job j1 was over; started again with its peer under job j2, it tells j2
     that it is done before it evaluates, so worker 0 trains its share without waiting for it (a wait would end at
     the 2 s barrier timeout, stopping the job)."""
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     position = str(tmp_path / "position-{worker}.json")
     with LocalCluster(1) as cluster:
@@ -481,7 +481,7 @@ def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path):
 
 
 def test_an_empty_resume_file_setting_is_none(monkeypatch):
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     monkeypatch.setenv("PS_RESUME_FILE", "")
     assert train_config_from_argv(["--servers", "h:1"]).resume_file is None
@@ -657,7 +657,7 @@ def test_a_rejoining_worker_whose_done_stamp_is_refused_leaves_its_file_as_it_wa
     """Worker 1's training was over in job j1; started again under j2 while another job holds the shard, its done
     stamp is refused: its file still says that its training was over (and in which job), so that a later start
     evaluates instead of training its share again."""
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     position = str(tmp_path / "position-{worker}.json")
     with LocalCluster(1) as cluster:
@@ -683,7 +683,7 @@ def test_a_sync_start_refused_before_it_trains_keeps_the_files_job_and_runs_agai
     """A sync worker resumed under a new --job-id j2 from a position of job j1 is refused as it creates its tables
     (another job holds the shard): its file still names job j1, so the same command, once that tenancy lapsed,
     resumes (under j2, which the file then names), rather than being refused as a restart of job j2."""
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     path = tmp_path / "position.json"
     with LocalCluster(1) as cluster:

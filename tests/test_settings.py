@@ -214,7 +214,7 @@ def test_a_ps_variable_that_sets_nothing_is_warned_of_with_the_closest_names(tmp
 
 
 def test_an_on_off_choice_takes_true_and_false_too(tmp_path):
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     config = tmp_path / "c.toml"
     config.write_text("[train]\nshuffle = false\n")
@@ -265,7 +265,7 @@ def test_a_size_is_bytes_or_a_number_with_a_binary_unit_and_takes_exponents(text
 
     from ps.__main__ import parse_bytes
     from ps.config import MAX_MEMORY_BYTES
-    from worker.cli_train import _size
+    from worker.cli_train_flags import _size
 
     assert parse_bytes(text) == size  # ps-server's sizes and ps-worker's are spelled alike
     if size <= MAX_MEMORY_BYTES:
@@ -283,7 +283,7 @@ def test_the_servers_and_the_workers_size_bound_is_said_alike_and_parses_back_to
 
     from ps.config import MAX_MEMORY_BYTES, ServerConfig
     from ps.settings import byte_size
-    from worker.cli_train import _size
+    from worker.cli_train_flags import _size
 
     over = str(MAX_MEMORY_BYTES + 1)
     with pytest.raises(ValueError) as server:

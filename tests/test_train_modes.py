@@ -569,7 +569,7 @@ def test_torchruns_unnamed_run_id_is_no_job_id(monkeypatch):
     """torchrun without --rdzv-id sets TORCHELASTIC_RUN_ID=none for every run: taken as a job id, every job after the
     first on the same servers would be refused as a second run of it. A sync job of several workers is refused
     before it starts instead, asking for a job id; a named run id is one."""
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -590,7 +590,7 @@ def test_a_job_id_given_as_a_name_is_the_name_the_stamps_carry():
     """--job-id j3: the job's id is the name's hash, and its stamps carry the name for the shards' messages; an
     integer is the id itself (no name); a name a stamp cannot carry (past 100 characters, not printable ASCII) is
     hashed all the same, and the shards name the job by its id."""
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
     from worker.job import prepare
     from worker.steprows import row_source
 

@@ -905,7 +905,7 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
 
 def test_a_worker_id_out_of_range_from_rank_or_world_size_names_the_variables(monkeypatch):
     """A stale $RANK (a shell torchrun left) is no --worker-id the operator typed: the error says where it came from."""
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     monkeypatch.setenv("RANK", "3")
     with pytest.raises(ValueError, match=r"^worker 3 of 1 is no worker of the job: \$RANK is 3 \(torchrun's"):
@@ -922,7 +922,7 @@ def test_a_worker_id_out_of_range_from_rank_or_world_size_names_the_variables(mo
 
 
 def test_allreduce_refuses_a_worker_id_that_its_rank_contradicts(monkeypatch):
-    from worker.cli_train import train_config_from_argv
+    from worker.cli_train_config import train_config_from_argv
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -12,7 +12,7 @@ import pytest
 from ps.config import InitializerConfig, TableConfig
 from ps.errors import ShardClosingError, TableExistsError, TableNotFoundError
 from worker.__main__ import main as worker_main
-from worker.cli_train import job_id
+from worker.cli_train_config import job_id
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.dense import table_name

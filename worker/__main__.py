@@ -27,16 +27,10 @@ with interrupt_exits("ps-worker"):  # a Ctrl-C while these load (most of a start
         unrecognized,
         warn_unknown_environment,
     )
+    from worker.cli_flags import SECONDS, SECONDS_OR_0, add_security_args
     from worker.cli_predict import add_predict_parser, run_predict
-    from worker.cli_train import (
-        SECONDS,
-        SECONDS_OR_0,
-        add_eval_parser,
-        add_security_args,
-        add_train_parser,
-        run_eval,
-        run_train,
-    )
+    from worker.cli_train import run_eval, run_train
+    from worker.cli_train_flags import add_eval_parser, add_train_parser
     from worker.flags import check_new_file, check_not_an_input, check_output_file, delimiter, server_list
     from worker.launch import run_launch
     from worker.launch_plan import add_launch_parser

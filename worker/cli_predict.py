@@ -8,7 +8,8 @@ import json
 import sys
 
 from ps.settings import HelpFormatter
-from worker.cli_train import add_served_model_args, common_config, names
+from worker.cli_flags import add_served_model_args
+from worker.cli_train_config import common_config, names
 from worker.predict import STDOUT, PredictConfig, predict_servers
 from worker.train_config import TrainConfig
 

@@ -2,7 +2,7 @@
 
     launch --workers N [--backends b0,b1,..] (--servers a,b | --local-shards S) [--metrics-out F] [TRAIN FLAGS]
       1. checks before anything starts: the TRAIN FLAGS through train's own parser, then the TrainConfig they make
-         (worker/cli_train.py train_config_from_argv) validated for every worker's backend and device (an entry
+         (worker/cli_train_config.py train_config_from_argv) validated for every worker's backend and device (an entry
          "backend:device" of --backends, else TRAIN FLAGS' --device); flags launch sets are refused; cuda workers
          need a GPU torch sees, and --dense allreduce one kind of device (and a GPU per cuda worker); then train's
          checks of the job's data and tables, as worker 0 runs them (worker/job.py check_training): their warnings

@@ -104,7 +104,7 @@ def check_train_flags(flags: Sequence[str]) -> None:
     """ValueError when train's parser rejects `flags` (unknown or abbreviated flag, bad value) or when they set
     what launch sets."""
     from ps.settings import add_config_flag, unrecognized
-    from worker.cli_train import add_train_parser
+    from worker.cli_train_flags import add_train_parser
 
     def fail(message: str) -> None:
         raise ValueError(f"{message} (flags launch does not know go to every worker's `ps-worker train`)")
@@ -139,7 +139,7 @@ def check_train_flags(flags: Sequence[str]) -> None:
 def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
                 train_config: Callable[[list[str]], Any] | None = None) -> LaunchPlan:  # fmt: skip
     """The checked plan of `launch` arguments; ValueError naming the flag at fault. train_config(argv): the
-    TrainConfig `ps-worker train ARGV` would run with (default: worker.cli_train.train_config_from_argv)."""
+    TrainConfig `ps-worker train ARGV` would run with (default: worker.cli_train_config.train_config_from_argv)."""
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: expected an integer >= 1")
     backends = expand_backends(args.backends, args.workers)
@@ -162,7 +162,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
     if args.barrier_timeout is not None:
         flags += ["--barrier-timeout", repr(args.barrier_timeout)]
     if train_config is None:
-        from worker.cli_train import train_config_from_argv
+        from worker.cli_train_config import train_config_from_argv
 
         # the workers' environment: against local shards, without a client's TLS and token variables
         environ = without_security_variables(dict(os.environ)) if args.local_shards is not None else None
@@ -211,7 +211,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
 
 def new_job_name() -> str:
     """The --job-id of a job launched anew: launch-<16 random hex digits>, a name (its hash the job's id,
-    worker.cli_train job_id), by which the shards' messages name the job."""
+    worker.cli_train_config job_id), by which the shards' messages name the job."""
     return f"launch-{secrets.token_hex(8)}"
 
 
