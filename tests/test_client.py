@@ -280,7 +280,7 @@ def _client_on(clock: mock.Mock, attempt, **kwargs) -> Iterator[Client]:
     and retries run on `clock` (_fake_clock's)."""
     with (
         Client(["127.0.0.1:1"], **kwargs) as client,
-        mock.patch("worker.client.time", clock),
+        mock.patch("worker.shard_calls.time", clock),
         mock.patch("worker.retry.time", clock),
     ):
         client._attempt = attempt

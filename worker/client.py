@@ -6,29 +6,11 @@ deadline of `timeout_s`, all in flight at once, and reassemble the answers in th
 blocking unary call: the caller's thread makes one, a small pool of the client's threads the others at once (a
 gRPC future would start a polling thread per call whenever none is in flight: ~0.6 ms of a step each time).
 
-Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting, starting or
-stuck), or CANCELLED (a server stopping cancels the calls it has not finished; this client cancels none it goes on
-with), or RESOURCE_EXHAUSTED from a server too busy to take it (its queue of calls full: worker.retry.overloaded;
-such a call was not run) is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
-`server_timeout_s`, counted from the first failure of any of the client's calls to it (worker.retry.Outages); the
-client logs which shard it is waiting for (for a shard that is starting, what its start is
-doing: ps.errors.ShardStartingError) and when it is back, and past the timeout raises ServerUnavailableError
-naming the shard. Pushes are safe to send again: each PushBatch carries this
-client's random id and a per-shard request number, and the shard applies a request once however often it
-arrives (ps.engine.shard.Shard.push_batch), across its restarts too, for as long as it keeps the request
-(ps.storage.applied: REQUEST_RETENTION_S after it was applied). So no attempt of a PushBatch goes out once its
-first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_timeout_s says, and none has a
-deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. A PushBatch
-also carries the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that came back
-restored from a checkpoint, or on a new data dir, refuses it, applying nothing (ModelStateReplacedError, not
-retried), so a run does not train on over a model that lost its pushes.
-advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
-that its stopping shard cancelled, or whose connection was lost after it was sent (the shard died) may be running
-or done on its shard (worker.retry.unanswered), so it is not sent again (a repeat would decay the scores once
-more; a hold would meet its own hold, a save its own files; a release is sent again) and raises
-ServerUnavailableError saying so; one its shard refused after part of it was applied (a Shrink stopped part way:
-ps.errors.PARTLY_APPLIED) is not sent again either, and raises that refusal; an UNAVAILABLE that found no
-connection, or that the shard named (starting, or closing: nothing was applied), is retried as for the others.
+Resilience (worker/shard_calls.py, whose docstring says it whole): a call that fails because its shard is down,
+restarting, starting or too busy is sent again, with backoff, while the shard has been failing for less than
+`server_timeout_s`, then raises ServerUnavailableError naming the shard. Pushes are applied once however often they
+are sent (a PushBatch carries this client's id and a per-shard request number); a Shrink or Checkpoint that may have
+run on its shard is not sent again.
 
 Training jobs: push_many with an unclocked WorkerStamp (an async or geo job's worker) sends it on every batch, so
 that a shard training another job refuses them (ps/engine/jobs.py); finish() and stop_job() say the worker sends
@@ -43,15 +25,13 @@ as applied before (a second run under the job's id) raises JobIdReusedError.
 
 The pieces, each in its own module: worker/dedup.py (unique ids, summed duplicates), worker/routing.py (ids to
 shards, requests to batches), worker/fanout.py (a batch of calls at once), worker/retry.py (what is sent again,
-the waits for a shard, the errors), worker/request_numbers.py (client id and request numbers), worker/channels.py
-(channels, readiness, the server list's check), ps/stamp.py (WorkerStamp). This module is the API over them.
+the waits for a shard, the errors), worker/shard_calls.py (the calls to the shards, sent again as retry.py says),
+worker/request_numbers.py (client id and request numbers), worker/channels.py (channels, readiness, the server
+list's check), ps/stamp.py (WorkerStamp). This module is the API over them.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -60,29 +40,26 @@ from typing import Any
 import grpc
 import numpy as np
 
-from protos import ps_pb2, ps_pb2_grpc
+from protos import ps_pb2
 from ps import codec, wire
 from ps.config import CLIENT_MESSAGE_BYTES, MAX_STAMP_TEXT, TableConfig, message_bytes_for
-from ps.errors import PsError, RequestTooLargeError
+from ps.errors import PsError
 from ps.sharding import SlotMap
 from ps.stamp import WorkerStamp
-from worker.channels import check_cluster, open_channels, wait_connected
+from worker.channels import check_cluster, wait_connected
 from worker.dedup import PushItem, per_item, push_arrays, segment_sum, sum_duplicates
-from worker.fanout import CallThreads, at_once, attempt
-from worker.request_numbers import RequestNumbers, check_applied, check_contributed, new_client_id
-from worker.retry import Outages, may_have_run, push_left, retry_window_left, retryable, sent_once, why_failed
+from worker.request_numbers import RequestNumbers, check_applied, check_contributed
+from worker.retry import push_left, why_failed
 from worker.routing import Router
+from worker.shard_calls import ShardCalls
 
 __all__ = ["Client", "PushItem", "WorkerStamp", "push_arrays", "segment_sum", "sum_duplicates"]
 
-log = logging.getLogger("worker.client")
-
-CLOSE_TIMEOUT_S = 5.0  # Client.close's wait for its channels
 STOP_TIMEOUT_S = 2.0  # stop_job's deadline per shard: a stopping worker does not wait long
 MAX_STOP_REASON = MAX_STAMP_TEXT  # characters of a stop stamp's reason, as the shards take it
 
 
-class Client:
+class Client(ShardCalls):
     def __init__(
         self,
         servers: list[str],
@@ -103,28 +80,13 @@ class Client:
         is split past it); wait_ready lowers it to fit the room the shards keep for requests (message_bytes_for).
         shard_gone(shard): why a shard can never answer again (a local shard whose process exited), else None: a
         call to a shard gone fails at once, saying why, instead of waiting server_timeout_s."""
-        if not servers:
-            raise ValueError("Client needs at least one server address")
-        self.servers = list(servers)
-        self.timeout_s = timeout_s
-        self.server_timeout_s = server_timeout_s
-        self.max_request_bytes = max_request_bytes
-        self.client_id = new_client_id()  # nonzero, top bit clear (ps.service.client_key): deduplicated
+        tls = (tls_ca, tls_cert, tls_key)
+        super().__init__(servers, timeout_s, server_timeout_s, max_request_bytes, tls, auth_token, shard_gone)
         self._numbers = RequestNumbers(len(servers))  # PushBatch requests sent to each shard, and the push lock
-        self._outages = Outages(self.servers, shard_gone)  # the shards failing now, and since when
-        self._closed = False
-        # (job, worker) -> the worker's steps whose stamped push had every shard's reply
-        self._acked: dict[tuple[int, int], int] = {}
         self.slot_map = SlotMap.contiguous(len(servers))
         self._router = Router(self.slot_map, len(servers))
-        self._channels = open_channels(self.servers, tls_ca, tls_cert, tls_key, auth_token)
-        self._tls = (tls_ca, tls_cert, tls_key)  # for why_not_ready
-        self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
-        self._callers = CallThreads()  # the calls of a batch past its first
         self._state_ids = [0] * len(servers)  # each shard's model state id as wait_ready read it; 0: not read
-        self._room = 0  # the smallest request room of the shards as wait_ready read it (0: none, or not read)
-        self._interrupted = False  # a signal stopped a call's wait: later calls block (_attempt)
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> list[ps_pb2.StatsResponse]:
@@ -250,7 +212,7 @@ class Client:
         to give the new embedding), e.g. best rows - current rows, to restore a model; duplicate ids' deltas are
         summed, and shows and clicks count as for any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
 
-        Sent again while a shard is unavailable (see the module docstring), and applied once. A batch that fails
+        Sent again while a shard is unavailable (worker/shard_calls.py), and applied once. A batch that fails
         stops the push: the batches after it are not sent, those before it stay applied, and the error raised (the
         first of its wave's) says what each shard applied (worker.retry.push_left).
 
@@ -396,11 +358,6 @@ class Client:
         return [f"shard {s} at {self.servers[s]} ({why_failed(o)})"
                 for s, o in enumerate(outcomes) if isinstance(o, grpc.RpcError)]  # fmt: skip
 
-    def _deadline(self, stamp: WorkerStamp | None) -> float:
-        """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a call that may
-        wait (a stamp not unclocked)."""
-        return self.timeout_s + (0.0 if stamp is None or stamp.unclocked else stamp.timeout_s)
-
     def advance_clock(self, steps: int = 1) -> int:
         """Advances every shard's clock by steps, once however often it is sent again: a PushBatch of no pushes
         under this client's request numbers (push_many's advance_clock alone); returns the new step (of shard 0).
@@ -417,137 +374,9 @@ class Client:
 
     def checkpoint(self, requests: dict[int, ps_pb2.CheckpointRequest]) -> list[ps_pb2.CheckpointResponse]:
         """Sends each shard its Checkpoint phase (hold, save or release: worker/checkpoint.py runs them) at once;
-        the replies in shard order. A hold or save whose deadline passed is not sent again (module docstring)."""
+        the replies in shard order. A hold or save whose deadline passed is not sent again (worker/shard_calls.py)."""
         shards = sorted(requests)
         return self._call_many("Checkpoint", shards, [requests[s] for s in shards])
-
-    # ---- plumbing -------------------------------------------------------------------------------------
-    def _call_all(self, method: str, requests: list) -> list:
-        return self._call_many(method, list(range(len(self._stubs))), requests)
-
-    def _call_many(self, method: str, shards: list[int], requests: list) -> list:
-        """Sends all requests at once (one per entry of shards), waits for all, raises the first error."""
-        return self._call_mixed([(method, s, r) for s, r in zip(shards, requests)])
-
-    def _call_mixed(
-        self, calls: list[tuple[str, int, object]], retried: set[int] | None = None, timeout_s: float | None = None
-    ) -> list:
-        """Sends every (method, shard, request) at once, waits for all; returns the replies in order or raises
-        the first error. Each attempt's deadline is timeout_s (None: self.timeout_s). A call failing with
-        UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED is sent again (backoff) while its shard has been failing for less
-        than server_timeout_s, on its own: a call waiting at a job's barrier on one shard may wait for the retry of
-        another on a restarted one. The positions of calls sent again are added to `retried`."""
-        outcomes = self._outcomes(calls, retried, timeout_s)
-        for outcome in outcomes:
-            if isinstance(outcome, PsError):
-                raise outcome
-        return outcomes
-
-    def _outcomes(
-        self, calls: list[tuple[str, int, object]], retried: set[int] | None = None, timeout_s: float | None = None
-    ) -> list:
-        """_call_mixed's calls, made as it says: the reply, or the PsError it ended with, of each, in order."""
-        timeout_s = timeout_s or self.timeout_s
-        return at_once(
-            self._callers,
-            calls,
-            lambda c, i, interruptible: self._call_until_answered(c, i, retried, timeout_s, interruptible),
-        )
-
-    def _call_until_answered(
-        self, call: tuple[str, int, object], i: int, retried: set[int] | None, timeout_s: float, interruptible: bool
-    ) -> object:
-        """One call of _call_mixed, sent again as it says: its reply, or the PsError it ends with (returned)."""
-        method, shard, request = call
-        delay, started = 0.05, (time.monotonic(), time.time())
-        left = retry_window_left(method, request, started)
-        ran = False  # an attempt may have run on the shard (worker.retry.may_have_run)
-        while True:
-            outcome = self._attempt(call, min(timeout_s, left), interruptible)
-            if not isinstance(outcome, grpc.RpcError):
-                self._outages.back(shard)
-                return outcome
-            ran = ran or may_have_run(outcome)
-            once = sent_once(method, request) and may_have_run(outcome)
-            if (
-                not retryable(outcome)
-                or once
-                or self._closed
-                or not self._outages.keep_waiting(shard, outcome, self.server_timeout_s, started[0])
-            ):
-                return self._error(method, shard, outcome, timeout_s, request, ran)
-            if retried is not None:
-                retried.add(i)
-            time.sleep(delay)
-            if self._closed:  # closed while it slept: its last error stands
-                return self._error(method, shard, outcome, timeout_s, request, ran)
-            left = retry_window_left(method, request, started)
-            if left <= 0:
-                return self._outages.outcome_unknown(shard, request, outcome, self.client_id)
-            self._restamp(request)
-            delay = min(2 * delay, 2.0)
-
-    def _attempt(self, call: tuple[str, int, object], timeout_s: float, interruptible: bool) -> object:
-        """One attempt of a (method, shard, request) call: its reply, or the grpc.RpcError it failed with
-        (worker.fanout.attempt; interruptible on the caller's thread). Once a signal has stopped such a wait, every
-        later attempt is a blocking call: the exception the signal raised can land inside gRPC's bookkeeping of
-        the channel's calls in flight and leave no thread polling for their completions, so that a later future
-        would never complete, its deadline included (a worker stopping by SIGTERM hung in stop_job that way), while
-        a blocking call polls for its own completion."""
-        method, shard, request = call
-        interruptible = interruptible and not self._interrupted
-        try:
-            return attempt(getattr(self._stubs[shard], method), request, timeout_s, interruptible)
-        except BaseException:
-            if interruptible:
-                self._interrupted = True
-            raise
-
-    def _restamp(self, request: object) -> None:
-        """Raises the acked of a stamped request about to be sent again to what this worker knows now: a pull sent
-        ahead of its step's previous push carried the acked of then, and a shard restarted meanwhile learns the
-        worker's clock from stamps alone (ps.engine.jobs), so the old one could hold the worker behind itself."""
-        stamp = request.stamp if isinstance(request, (ps_pb2.PullBatchRequest, ps_pb2.PushBatchRequest)) and \
-            request.HasField("stamp") else None  # fmt: skip
-        if stamp is None or stamp.done or stamp.stopped:
-            return
-        acked = min(self._acked.get((stamp.job, stamp.worker), 0), stamp.step)
-        if acked > stamp.acked:
-            stamp.acked = acked
-
-    def _send(self, calls: list[tuple[str, int, object]], timeout_s: float) -> list:
-        """Makes every (method, shard, request) call at once, once: the first from this thread (interruptible,
-        see _attempt), the others on the pool. Returns each call's reply, or the grpc.RpcError it failed with."""
-        return at_once(self._callers, calls, lambda c, i, interruptible: self._attempt(c, timeout_s, interruptible))
-
-    def _error(
-        self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None, ran: bool = True
-    ) -> PsError:
-        """The error a call ends with (worker.retry.Outages.error; ran: whether an attempt may have run); for a message
-        too large for its shard's room, the room its size came from (wait_ready's: a shard that restarted with a
-        smaller room since refuses it)."""
-        error = self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s, ran)
-        sync = isinstance(request, ps_pb2.PushBatchRequest) and request.HasField("stamp") and request.stamp.sync
-        if isinstance(error, RequestTooLargeError) and self._room and not sync:  # a sync push is one message
-            error.args = (f"{error}. This client sized its messages ({self.max_request_bytes:,} bytes) by the room "
-                          f"for requests its shards reported when it connected (the smallest {self._room:,} bytes): "
-                          f"where shard {shard}'s room above is smaller, the shard restarted with a smaller "
-                          "--memory-bytes since, and a worker started again sizes its messages by the room then",)  # fmt: skip
-        return error
-
-    def _where(self, shard: int) -> str:
-        return f"shard {shard} at {self.servers[shard]}"
-
-    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Closes the channels (their calls in flight are cancelled), for at most timeout_s: a channel whose close
-        does not return by then (seen once after a SIGTERM landed inside a call) is left to the process's end."""
-        self._closed = True  # a call the closing cancels is not sent again
-        self._callers.close()
-        closing = threading.Thread(target=lambda: [c.close() for c in self._channels], name="ps-close", daemon=True)
-        closing.start()
-        closing.join(timeout_s)
-        if closing.is_alive():
-            log.warning("the client's gRPC channels did not close within %.3g s; going on without them", timeout_s)
 
     def __enter__(self) -> Client:
         return self

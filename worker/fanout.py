@@ -1,7 +1,8 @@
 """Fan-out: a batch of calls over shards made at once, the first on the caller's thread and the others on a pool
 of daemon threads, each attempt a blocking unary call (a gRPC future would start a polling thread per call
 whenever none is in flight: ~0.6 ms of a step each time), or, on the caller's thread, a future whose wait a signal
-interrupts. No retries here: worker/retry.py and Client._call_until_answered decide those.
+interrupts. No retries here: worker/retry.py and ShardCalls._call_until_answered (worker/shard_calls.py) decide
+those.
 """
 
 from __future__ import annotations

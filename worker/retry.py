@@ -8,7 +8,8 @@ any call of the client to it: a call made while the shard is still failing, afte
 for what is left of that (one attempt, then the error); one that may have run on its
 shard (may_have_run) is not sent again when a repeat would apply it once more (sent_once); a PushBatch with a
 client id gets no attempt once its first is ps.config RETRY_WINDOW_S old (retry_window_left), and ends with
-RequestOutcomeUnknownError (Outages.outcome_unknown). The loop that applies this is Client._call_until_answered.
+RequestOutcomeUnknownError (Outages.outcome_unknown). The loop that applies this is
+ShardCalls._call_until_answered (worker/shard_calls.py).
 What it logs goes to the client's logger, "worker.client".
 """
 
