@@ -1,0 +1,74 @@
+"""worker/linecount.py's count of lines of data against the plain per-line rule, on random small files."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker import linecount
+from worker.linecount import NO_DATA, count_data_upto
+
+# every byte a line of no data may start with (NoData.first), line ends of each kind, and pieces of data lines
+PIECES = [b" ", b"\t", b"\x0b", b"\x0c", b"\r", b"\n", b"\r\n", b"\n\n", b"qid:3", b"q", b"#c", b"1 1:1", b"x", b","]
+
+
+def per_line(data: bytes, fmt: str, modulus: int) -> tuple[int, frozenset[int]]:
+    """(lines of data, the residues mod modulus of their indices among all lines) by the rule read line by line: a
+    line ends in LF (a CSV's CRLF and lone CR are made LF first, and its first line, the header, is no line); a
+    last line without its LF counts; a line is of no data where NO_DATA[fmt].line matches it whole."""
+    if fmt == "csv":
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the last line ends in LF, or there is none
+        lines.pop()
+    if fmt == "csv":
+        lines = lines[1:]
+    at = [i for i, line in enumerate(lines) if NO_DATA[fmt].line.fullmatch(line) is None]
+    return len(at), frozenset(i % modulus for i in at)
+
+
+@pytest.mark.parametrize("fmt", ["libsvm", "criteo", "csv"])
+@settings(max_examples=150, deadline=None)
+@given(
+    pieces=st.lists(st.sampled_from(PIECES), max_size=40),
+    chunk_bytes=st.sampled_from([1, 2, 3, 7, 64, 1 << 16]),
+    modulus=st.integers(1, 4),
+    look=st.booleans(),
+    data=st.data(),
+)
+def test_the_count_of_lines_of_data_is_the_per_line_rules(fmt, pieces, chunk_bytes, modulus, look, data):
+    """count_data_upto, with NoData.starts' look at first bytes or without it (the regex on every chunk), read in
+    chunks of any size: its lines and residues (none for a CSV, whose shares are of records) are the per-line
+    rule's; a count to a limit at most the lines stops there, one past them does not."""
+    text = b"h" * (fmt == "csv") + b"".join(pieces)  # a CSV's header line is not blank (its reader refuses one)
+    expected, residues = per_line(text, fmt, modulus)
+    fd, path = tempfile.mkstemp(suffix=f".{fmt}")
+    saved = linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK
+    try:
+        os.write(fd, text)
+        os.close(fd)
+        linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK = chunk_bytes, look
+        counted = count_data_upto([path], None, fmt, modulus=modulus)
+        assert (counted.lines, counted.more) == (expected, False)
+        assert counted.per_file_residues == (() if fmt == "csv" else (residues,))
+        limit = data.draw(st.integers(1, expected + 1), label="limit")
+        upto = count_data_upto([path], limit, fmt)
+        assert (upto.lines, upto.more) == ((limit, True) if limit <= expected else (expected, False))
+    finally:
+        linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK = saved
+        os.remove(path)
+
+
+@pytest.mark.parametrize("fmt", ["libsvm", "criteo", "csv"])
+def test_a_chunk_is_searched_where_a_line_of_it_starts_with_a_byte_a_line_of_no_data_can_start_with(fmt):
+    """NoData.starts finds nothing in a chunk none of whose lines may be of no data, and finds a line of no data
+    among lines of data wherever it stands: first, inside, last, and after a line without data's first bytes."""
+    no_data = NO_DATA[fmt]
+    blank = {"libsvm": b"qid:3 # q", "criteo": b"  \r", "csv": b" \t"}[fmt]
+    assert no_data.starts(b"1 1:1\n0,x\n") == []
+    for lines, at in [([blank, b"1"], [0]), ([b"1", blank, b"0"], [2]), ([b"1", blank], [2]), ([b"1", b""], [2])]:
+        assert no_data.starts(b"\n".join(lines) + b"\n") == at, lines
