@@ -156,9 +156,9 @@ def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tm
     reads other than empty (the oracle: ReadStats' lines read less its empty ones), whatever blank lines, CRs
     (a csv line end of its own) and bad lines a file holds; so a file with trailing blank lines counts its data
     lines alike in every format. The shares' residues are the data lines' (idle_workers against the shares read);
-    a CSV's, of its records, csv_data_residues' alone."""
+    a CSV's, of its records, csv_data_places' alone."""
     from worker.formats import ReadStats, idle_workers, read_batches
-    from worker.readers.csv_reader import csv_data_residues
+    from worker.readers.csv_reader import csv_data_places
     from worker.schema_builtin import builtin_schema
 
     good = {"csv": ["1,x", "0,y"], "criteo": [CRITEO_LINE, "0" + CRITEO_LINE[1:]]}[fmt]
@@ -178,7 +178,7 @@ def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tm
         assert counted.lines == stats.lines_read - stats.empty_lines, (lines, counted, stats)
         read = [sum(map(len, read_batches(str(path), schema, 10, worker_id=i, num_workers=n, max_bad_lines=10**6)))
                 for i in range(n)]  # fmt: skip
-        residues = (csv_data_residues(str(path), ",", n),) if fmt == "csv" else counted.per_file_residues
+        residues = (csv_data_places(str(path), ",", n).residues,) if fmt == "csv" else counted.per_file_residues
         assert counted.per_file_residues == (() if fmt == "csv" else residues)
         if not stats.bad_lines:  # (a bad line is a line of data, of a worker that reads no example of it)
             assert idle_workers(residues, n) == [i for i in range(n) if not read[i]], (lines, n)
@@ -1557,27 +1557,33 @@ def test_the_idle_worker_check_counts_a_csv_by_records_not_lines(tmp_path):
         prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", num_workers=2, job_id=1))
 
 
-def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blank_ones(tmp_path):
+def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blank_ones(tmp_path, monkeypatch):
     """A blank record (an empty line, a row of blank cells) holds no data though it takes its place in a share: a
     blank line second of 3 records leaves worker 1 of 2 none (the oracle: each worker's share read), refused with
-    the records of data held, not the records; fewer workers may serve, not 'at most'. A record the csv module
-    cannot read holds no data either. Random files of data and blank records: the refused workers are those whose
-    share reads no example."""
+    the records of data held, not the records; fewer workers may serve, not 'at most'; the check reads the file
+    once. A record the csv module cannot read holds no data either. Random files of data and blank records: the
+    refused workers are those whose share reads no example."""
     from worker.formats import read_batches
-    from worker.readers.csv_reader import csv_data_records, csv_data_residues
+    from worker.readers import csv_reader
+    from worker.readers.csv_reader import CsvDataPlaces, csv_data_places
 
     path = tmp_path / "gap.csv"
     path.write_text("label,a\n1,x\n\n0,y\n")
     _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv"))
     assert [sum(map(len, read_batches(str(path), data.schema, 10, worker_id=i, num_workers=2))) for i in range(2)] == [
         2, 0]  # fmt: skip
+    scans = []
+    records_hold_data = csv_reader._records_hold_data
+    monkeypatch.setattr(csv_reader, "_records_hold_data", lambda *a: scans.append(a) or records_hold_data(*a))
     with pytest.raises(ValueError, match=r"gap.csv holds 2 records of data, shared by the job's 2 workers \(worker "
                                          r"i reads records i \+ 1, i \+ 3, i \+ 5, \.\.\. after the header\): worker 1 "
                                          r"would read none of them: it trains no example; start fewer workers$"):  # fmt: skip
         prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", job_id=1, num_workers=2, worker_id=0))
+    assert scans == [(str(path), ",")]  # read once for the residues and the records it holds
     stray = tmp_path / "stray.csv"  # a quote left open: a record of 100 lines the csv module cannot read
     stray.write_text('label,a\n1,x\n,\n1,"x\n' + "z\n" * 99 + "0,y\n")
-    assert (csv_data_records(str(stray), ","), csv_data_residues(str(stray), ",", 4)) == ((4, 2), {0, 3})
+    assert csv_data_places(str(stray), ",", 4) == CsvDataPlaces(frozenset({0, 3}), 4, 2)
+    assert csv_data_places(str(stray), ",", 2) == CsvDataPlaces(frozenset({0, 1}), None, None)  # stopped at record 4
     pieces = ["1,x", "0,y", "", ",", " , ", '1,"x\ny"']
     rng = np.random.default_rng(3)
     for case in range(25):

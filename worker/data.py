@@ -43,7 +43,7 @@ from worker.formats import (
     read_batches,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto, count_files_upto
-from worker.readers.csv_reader import csv_data_records, csv_data_residues
+from worker.readers.csv_reader import csv_data_places
 from worker.readers.no_examples import no_examples_held
 from worker.results import UNTRAINED
 from worker.schema import Schema, schema_from_text
@@ -192,14 +192,16 @@ class DataSource:
     def _check_every_worker_reads(self, cfg: Any) -> None:
         """ValueError when the files are counted whole (fewer lines than the recipe's threshold) and some worker's
         share of them holds no line of data (the shares take lines of no data too: LineCount.per_file_residues; of a
-        CSV, no record of data: csv_data_residues): it would train nothing. No lines at all: first_batch's error."""
+        CSV, no record of data: csv_data_places, each file read once): it would train nothing. No lines at all:
+        first_batch's error."""
         counted, n = self.line_count, cfg.num_workers
         if counted is None or counted.more or not counted.lines:
             return
         csv, paths, delimiter = self.schema.format == "csv", data_files(cfg.data), self.schema.delimiter
         residues = counted.per_file_residues  # of lines; a CSV's shares are of records, fewer where one spans lines
         if csv:
-            residues = tuple(csv_data_residues(path, delimiter, n) for path in paths)
+            places = [csv_data_places(path, delimiter, n) for path in paths]
+            residues = tuple(p.residues for p in places)
             if not any(residues):  # lines past a header, but no record of data: first_batch's error
                 return
         idle = idle_workers(residues, n)
@@ -208,10 +210,9 @@ class DataSource:
         files = len(counted.per_file)
         rule = share_rule(n, files, csv)
         names = ", ".join(map(str, idle[:5])) + ", ..." * (len(idle) > 5)
-        if csv:
-            records = [csv_data_records(path, delimiter) for path in paths]
-            held = sum(data for _, data in records)
-            gapless = files == 1 and records[0][0] == held  # every record holds data
+        if csv:  # each file misses an idle worker's residue, so each was read to its end and counted
+            held = sum(p.data for p in places)
+            gapless = files == 1 and places[0].records == held  # every record holds data
         else:
             held = counted.lines
             gapless = files == 1 and count_lines(cfg.data) == counted.lines  # every line is data

@@ -172,7 +172,7 @@ def read_batches(
 def idle_workers(file_residues: Sequence[Collection[int]], num_workers: int) -> list[int]:
     """The workers of num_workers whose shares (read_batches) of files, in reading order, hold no line of data:
     file_residues, of each file, the residues mod num_workers of its data lines' 0-based indices among its lines
-    (linecount.LineCount.per_file_residues; a CSV's, of records: csv_reader.csv_data_residues); worker i reads
+    (linecount.LineCount.per_file_residues; a CSV's, of records: csv_reader.csv_data_places); worker i reads
     line j of the k-th file when j % num_workers == (i + k) % num_workers."""
     reads = np.zeros(num_workers, dtype=bool)
     for k, residues in enumerate(file_residues):

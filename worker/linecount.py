@@ -9,7 +9,7 @@ uncompressed size is unknown until the end, and the compressed bytes a line take
 count to the end also gives each file's lines (LineCount.per_file) and, given a modulus (the job's workers), the
 residues of its lines of data's places among its lines (LineCount.per_file_residues), by which worker/data.py
 refuses data that leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a
-line of data (a CSV's shares are of records, not lines: its residues are csv_reader.csv_data_residues', and none
+line of data (a CSV's shares are of records, not lines: its residues are csv_reader.csv_data_places', and none
 are given here); beyond the threshold nothing needs them: the validation split is a hash of an example's index
 (worker/data.py). Lines of data are counted (count_data_upto), in every format a line its reader skips as empty
 left out (NO_DATA): a line of whitespace (criteo: of spaces; a csv row of empty cells, `,,,`, which its reader skips
@@ -60,7 +60,7 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: 
     NO_DATA): a line its reader reads empty (whitespace; libsvm: a query id qid:N, a comment # ...) is no data
     line and not counted.
     modulus (>= 1): a count to the end of a file without a header gives LineCount.residues (a CSV's shares are of
-    records: csv_reader.csv_data_residues). ValueError names a .gz file that does not read
+    records: csv_reader.csv_data_places). ValueError names a .gz file that does not read
     as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
@@ -143,7 +143,7 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
 def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: int | None = None) -> LineCount:
     """count_files_upto of the data lines of files in format fmt (schema.format): a csv file's header line left
     out, and the lines its reader reads empty (NO_DATA); modulus: with each file's residues
-    (LineCount.per_file_residues), but a csv file's (csv_reader.csv_data_residues)."""
+    (LineCount.per_file_residues), but a csv file's (csv_reader.csv_data_places)."""
     return count_files_upto(paths, limit, header=fmt == "csv", empty=fmt, modulus=modulus)
 
 

@@ -167,27 +167,30 @@ def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tupl
                 yield start, [row[i] for i in at]
 
 
-def csv_data_residues(name: str, delimiter: str, modulus: int) -> frozenset[int]:
-    """The residues mod `modulus` of the 0-based indices of a csv file's records of data (_records_hold_data) among
-    its records past the header: where a worker's share (every modulus-th record, records of no data included)
-    finds data. Reads until every residue is found; empty for a file of no content."""
+@dataclass(frozen=True)
+class CsvDataPlaces:
+    """Where a csv file's records of data (_records_hold_data) stand among its records past the header: residues,
+    the residues mod a modulus of their 0-based indices (where a worker's share, every modulus-th record, records of
+    no data included, finds data); records and data, its records and of them those of data, where the read went to
+    the end (some residue not found), else None."""
+
+    residues: frozenset[int]
+    records: int | None
+    data: int | None
+
+
+def csv_data_places(name: str, delimiter: str, modulus: int) -> CsvDataPlaces:
+    """CsvDataPlaces of a csv file, read once, until every residue mod `modulus` is found (then without the counts)
+    or to its end; no residue and no record for a file of no content."""
     found: set[int] = set()
-    for index, data in enumerate(_records_hold_data(name, delimiter)):
-        if data:
-            found.add(index % modulus)
-            if len(found) == modulus:
-                break
-    return frozenset(found)
-
-
-def csv_data_records(name: str, delimiter: str) -> tuple[int, int]:
-    """(records, records of data) of a csv file past its header (_records_hold_data): (0, 0) for a file of no
-    content."""
     records = data = 0
-    for holds_data in _records_hold_data(name, delimiter):
-        records += 1
-        data += holds_data
-    return records, data
+    for records, holds_data in enumerate(_records_hold_data(name, delimiter), start=1):
+        if holds_data:
+            data += 1
+            found.add((records - 1) % modulus)
+            if len(found) == modulus:
+                return CsvDataPlaces(frozenset(found), None, None)
+    return CsvDataPlaces(frozenset(found), records, data)
 
 
 def _records_hold_data(name: str, delimiter: str) -> Iterator[bool]:
