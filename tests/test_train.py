@@ -1561,9 +1561,10 @@ def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blan
     """A blank record (an empty line, a row of blank cells) holds no data though it takes its place in a share: a
     blank line second of 3 records leaves worker 1 of 2 none (the oracle: each worker's share read), refused with
     the records of data held, not the records; fewer workers may serve, not 'at most'; the check reads the file
-    once. A record the csv module cannot read holds no data either. Random files of data and blank records: the
+    once. A blank record over several lines (a quoted line end) is skipped as a blank one, and holds no data; a
+    record the csv module cannot read holds no data either. Random files of data and blank records: the
     refused workers are those whose share reads no example."""
-    from worker.formats import read_batches
+    from worker.formats import ReadStats, read_batches
     from worker.readers import csv_reader
     from worker.readers.csv_reader import CsvDataPlaces, csv_data_places
 
@@ -1580,6 +1581,12 @@ def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blan
                                          r"would read none of them: it trains no example; start fewer workers$"):  # fmt: skip
         prepare(TrainConfig(servers=("h:1",), data=str(path), format="csv", job_id=1, num_workers=2, worker_id=0))
     assert scans == [(str(path), ",")]  # read once for the residues and the records it holds
+    spans = tmp_path / "spans.csv"  # blank records over 2 lines: skipped as blank ones, no data, not malformed
+    spans.write_text('label,a\n1,x\n"\n"\n"\n",""\n0,y\n')
+    stats = ReadStats()
+    assert sum(map(len, read_batches(str(spans), data.schema, 10, stats=stats))) == 2
+    assert (stats.lines_read, stats.empty_lines, stats.blank_cell_rows, stats.bad_lines) == (4, 2, 1, 0)
+    assert csv_data_places(str(spans), ",", 4) == CsvDataPlaces(frozenset({0, 3}), 4, 2)
     stray = tmp_path / "stray.csv"  # a quote left open: a record of 100 lines the csv module cannot read
     stray.write_text('label,a\n1,x\n,\n1,"x\n' + "z\n" * 99 + "0,y\n")
     assert csv_data_places(str(stray), ",", 4) == CsvDataPlaces(frozenset({0, 3}), 4, 2)
@@ -1610,6 +1617,8 @@ def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blan
     [
         ("csv", '"la\nbel",a\n', "it holds only a header)"),  # a quoted line end inside the header
         ("csv", "label,a\r,\r\r", "it holds only a header, rows of blank cells and blank lines)"),  # CR line ends
+        ("csv", 'label,a\n"\n"\n', "it holds only a header and blank lines)"),  # a quoted line end: one blank line
+        ("csv", 'label,a\n"\n", \n', "it holds only a header and rows of blank cells)"),  # blank cells over 2 lines
         (
             "csv",
             'label,a\n,\n1,"x\ny",z\n',

@@ -12,7 +12,8 @@ csv     A header line names the columns (the csv module's dialect with the schem
         compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
         (with the same result).
 Empty: a file of no content (share.is_blank: no bytes, or whitespace only) holds no records and no header; a
-        record whose every cell is blank (a spreadsheet's empty row: ",,,") is an empty line.
+        record whose every cell is blank (a spreadsheet's empty row: ",,,"; a quoted cell of whitespace or line
+        ends only, whose record spans lines) is an empty line, skipped, never a malformed one.
 Without labels: the header has no column named as the schema's label; the other rules hold. has_labels tells
         by the header: one naming the label column (a schema without a label takes the first column: always
         labeled).
@@ -410,11 +411,13 @@ class _CsvRecords:
 
     def add(self, row: list[str] | csv.Error, start: int, end: int) -> None:
         """A record of physical lines start..end (at most MAX_RECORD_LINES: BoundedReader cuts a longer one, an
-        unreadable record)."""
+        unreadable record). A blank one (a quoted cell of line ends only, "\\n") is skipped as one empty line, as a
+        good one is read as one line."""
         self.stats.lines_read += 1
         self.lines += 1
         problem = _csv_problem(row, self.width, self.label)
-        if problem is not None and end > start:  # a bad record over several lines: each of them is lost
+        blank = problem in (EMPTY_LINE, BLANK_CELLS)  # skipped as one empty line, over one line or several
+        if problem is not None and not blank and end > start:  # a bad record over several lines: each is lost
             self.stats.lines_read += end - start
             spans = f" (a record from line {start} to line {end}: a quoted field spans them; a stray quote?)"
             self.problems.append((start, problem + spans, end - start + 1))
