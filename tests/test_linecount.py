@@ -10,16 +10,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker import linecount
-from worker.linecount import NO_DATA, count_data_upto
+from worker.linecount import count_data_upto, no_data
 
 # every byte a line of no data may start with (NoData.first), line ends of each kind, and pieces of data lines
-PIECES = [b" ", b"\t", b"\x0b", b"\x0c", b"\r", b"\n", b"\r\n", b"\n\n", b"qid:3", b"q", b"#c", b"1 1:1", b"x", b","]
+PIECES = [
+    b" ",
+    b"\t",
+    b"\x0b",
+    b"\x0c",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"\n\n",
+    b"qid:3",
+    b"q",
+    b"#c",
+    b"1 1:1",
+    b"x",
+    b",",
+    b'"',
+]
 
 
 def per_line(data: bytes, fmt: str, modulus: int) -> tuple[int, frozenset[int]]:
     """(lines of data, the residues mod modulus of their indices among all lines) by the rule read line by line: a
     line ends in LF (a CSV's CRLF and lone CR are made LF first, and its first line, the header, is no line); a
-    last line without its LF counts; a line is of no data where NO_DATA[fmt].line matches it whole."""
+    last line without its LF counts; a line is of no data where no_data(fmt).line matches it whole."""
     if fmt == "csv":
         data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     lines = data.split(b"\n")
@@ -27,7 +43,7 @@ def per_line(data: bytes, fmt: str, modulus: int) -> tuple[int, frozenset[int]]:
         lines.pop()
     if fmt == "csv":
         lines = lines[1:]
-    at = [i for i, line in enumerate(lines) if NO_DATA[fmt].line.fullmatch(line) is None]
+    at = [i for i, line in enumerate(lines) if no_data(fmt).line.fullmatch(line) is None]
     return len(at), frozenset(i % modulus for i in at)
 
 
@@ -67,8 +83,8 @@ def test_the_count_of_lines_of_data_is_the_per_line_rules(fmt, pieces, chunk_byt
 def test_a_chunk_is_searched_where_a_line_of_it_starts_with_a_byte_a_line_of_no_data_can_start_with(fmt):
     """NoData.starts finds nothing in a chunk none of whose lines may be of no data, and finds a line of no data
     among lines of data wherever it stands: first, inside, last, and after a line without data's first bytes."""
-    no_data = NO_DATA[fmt]
-    blank = {"libsvm": b"qid:3 # q", "criteo": b"  \r", "csv": b" \t"}[fmt]
-    assert no_data.starts(b"1 1:1\n0,x\n") == []
+    lines_of_no_data = no_data(fmt)
+    blank = {"libsvm": b"qid:3 # q", "criteo": b"  \r", "csv": b' \t,"" '}[fmt]
+    assert lines_of_no_data.starts(b"1 1:1\n0,x\n") == []
     for lines, at in [([blank, b"1"], [0]), ([b"1", blank, b"0"], [2]), ([b"1", blank], [2]), ([b"1", b""], [2])]:
-        assert no_data.starts(b"\n".join(lines) + b"\n") == at, lines
+        assert lines_of_no_data.starts(b"\n".join(lines) + b"\n") == at, lines

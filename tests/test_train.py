@@ -163,6 +163,8 @@ def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tm
 
     good = {"csv": ["1,x", "0,y"], "criteo": [CRITEO_LINE, "0" + CRITEO_LINE[1:]]}[fmt]
     pieces = [*good, "", " ", "\t", "  \r", "x"]
+    if fmt == "csv":  # rows of blank cells, quoted or not (skipped), and cells that are not blank: a quoted comma,
+        pieces += [",", " , ", '""', '"",""', '"" , ', ' ""', '","', ";"]  # a quote after a space (bad lines)
     header = "click,a\n" if fmt == "csv" else ""
     schema = builtin_schema(fmt, default_table="t", default_dim=4, header=["click", "a"] if fmt == "csv" else None)
     rng = np.random.default_rng(7)
@@ -190,8 +192,12 @@ def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tm
     trailing["libsvm"].write_text("1 1:1\n" * 5 + "\n\n")
     assert {f: count_data_upto([str(p)], None, f).lines for f, p in trailing.items()} == dict.fromkeys(trailing, 5)
     old_mac = tmp_path / "cr.csv"  # lines ended by CR alone, which the csv reader reads
-    old_mac.write_bytes(b"click,a\r" + b"1,x\r" * 5 + b"\r \r")
+    old_mac.write_bytes(b"click,a\r" + b"1,x\r" * 5 + b"\r \r,\r")
     assert count_data_upto([str(old_mac)], None, "csv").lines == 5
+    semicolons = tmp_path / "semi.csv"  # rows of blank cells by the file's delimiter: ;; is one, ,, one cell of data
+    semicolons.write_text("click;a\n1;x\n;;\n;;\n,,\n")
+    assert count_data_upto([str(semicolons)], None, "csv", delimiter=";").lines == 2
+    assert count_data_upto([str(semicolons)], None, "csv").lines == 3
 
 
 def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, monkeypatch):

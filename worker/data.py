@@ -166,7 +166,9 @@ class DataSource:
             # eval and predict, which read --data only for its schema; no further than the recipe's threshold
             if count:
                 files, fmt = data_files(cfg.data), self.schema.format
-                self.line_count = count_data_upto(files, recipe.SMALL_DATA_EXAMPLES, fmt, modulus=cfg.num_workers)
+                self.line_count = count_data_upto(
+                    files, recipe.SMALL_DATA_EXAMPLES, fmt, modulus=cfg.num_workers, delimiter=self.schema.delimiter
+                )
                 self.examples = self.line_count.estimate // cfg.num_workers
                 self._check_every_worker_reads(cfg)
             if self.schema.needs_stats():
@@ -447,7 +449,7 @@ class DataSource:
         files = data_files(self.cfg.eval_data)
         if not getattr(self.cfg, "final_eval", True) or sum(os.path.getsize(f) for f in files) > WHOLE_EVAL_CHECK_BYTES:
             return
-        count = count_data_upto(files, WHOLE_EVAL_CHECK_LINES + 1, self.schema.format)
+        count = count_data_upto(files, WHOLE_EVAL_CHECK_LINES + 1, self.schema.format, delimiter=self.schema.delimiter)
         if count.more:  # the final evaluation meets what lies past the start
             return
         whole = ReadStats()
@@ -463,7 +465,8 @@ class DataSource:
         them): a progress total for eval(); None for synthetic data (synthetic_eval_rows) or without --eval-data."""
         if self.synthetic is not None or not self.cfg.eval_data:
             return None
-        return count_data_upto(data_files(self.cfg.eval_data), SCORING_COUNT_LINES, self.schema.format)
+        files, schema = data_files(self.cfg.eval_data), self.schema
+        return count_data_upto(files, SCORING_COUNT_LINES, schema.format, delimiter=schema.delimiter)
 
     def first_batch(self) -> Batch:
         """The first batch of the data (to check the data against the model before training)."""

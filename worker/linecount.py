@@ -12,14 +12,17 @@ refuses data that leaves some worker's share (worker/formats.py: every num_worke
 line of data (a CSV's shares are of records, not lines: its residues are csv_reader.csv_data_places', and none
 are given here); beyond the threshold nothing needs them: the validation split is a hash of an example's index
 (worker/data.py). Lines of data are counted (count_data_upto), in every format a line its reader skips as empty
-left out (NO_DATA): a line of whitespace (criteo: of spaces; a csv row of empty cells, `,,,`, which its reader skips
-too, counts), and a libsvm line of a query id or a comment only; a csv file's header line is none either. The shares
-take every num_workers-th line, such lines included, so their residues are those of the data lines' indices among
-all the file's lines.
+left out (no_data): a line of whitespace (criteo: of spaces), a libsvm line of a query id or a comment only, and a
+csv row of blank cells (`,,,`, `"",""`, by the file's delimiter); a csv file's header line is none either. A CSV's
+lines are counted as lines, its quotes not read: a record whose quoted cell spans lines counts its lines, each by
+the rule of one line (the reader's stats and csv_reader.csv_data_places count records). The shares take every
+num_workers-th line, such lines included, so their residues are those of the data lines' indices among all the
+file's lines.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import zlib
@@ -52,13 +55,13 @@ class LineCount:
     per_file_residues: tuple[frozenset[int], ...] = ()  # count_files_upto: `residues` of each file of per_file
 
 
-def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: str | None = None,
+def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: NoData | None = None,
                      modulus: int | None = None) -> LineCount:  # fmt: skip
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
     the end). A line ends in LF; in a file with a header (CSV, whose reader takes every kind of line end) in LF,
-    CRLF or a lone CR; a last line without a line end counts too, as the readers read it. empty (a format of
-    NO_DATA): a line its reader reads empty (whitespace; libsvm: a query id qid:N, a comment # ...) is no data
-    line and not counted.
+    CRLF or a lone CR; a last line without a line end counts too, as the readers read it. empty (a format's lines
+    of no data, no_data's): a line its reader reads empty (whitespace; libsvm: a query id qid:N, a comment # ...;
+    csv: blank cells) is no data line and not counted.
     modulus (>= 1): a count to the end of a file without a header gives LineCount.residues (a CSV's shares are of
     records: csv_reader.csv_data_places). ValueError names a .gz file that does not read
     as gzip."""
@@ -66,7 +69,7 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: 
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
     after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
     last = b""  # the file's last byte; empty: its last line, when it has no line end
-    no_data_lines = None if empty is None else NO_DATA[empty]
+    no_data_lines = empty
     residues = _Residues(None if header or not empty else modulus)
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
@@ -107,7 +110,7 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: 
         return LineCount(lines, False, lines, raw.tell(), residues=None if modulus is None or header else found)
 
 
-def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, empty: str | None = None,
+def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False, empty: NoData | None = None,
                      modulus: int | None = None) -> LineCount:  # fmt: skip
     """count_lines_upto over files read one after another (worker/datafiles.py: a data input of several files,
     each with its own header line when header; empty: their format's lines of no data not counted; modulus: each file
@@ -140,11 +143,14 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
     return LineCount(lines, False, lines, read, tuple(per_file), None, tuple(per_file_residues))
 
 
-def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: int | None = None) -> LineCount:
-    """count_files_upto of the data lines of files in format fmt (schema.format): a csv file's header line left
-    out, and the lines its reader reads empty (NO_DATA); modulus: with each file's residues
-    (LineCount.per_file_residues), but a csv file's (csv_reader.csv_data_places)."""
-    return count_files_upto(paths, limit, header=fmt == "csv", empty=fmt, modulus=modulus)
+def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: int | None = None,
+                    delimiter: str = ",") -> LineCount:  # fmt: skip
+    """count_files_upto of the data lines of files in format fmt (schema.format; a csv file's cells separated by
+    delimiter, schema.delimiter): a csv file's header line left out, and the lines its reader reads empty
+    (no_data); modulus: with each file's residues (LineCount.per_file_residues), but a csv file's
+    (csv_reader.csv_data_places)."""
+    empty = no_data(fmt, delimiter)
+    return count_files_upto(paths, limit, header=fmt == "csv", empty=empty, modulus=modulus)
 
 
 class _Residues:
@@ -236,9 +242,20 @@ NO_DATA = {
     # libsvm_reader: whitespace, a query id (qid:<digits>) and a comment (# ...), each or all left out
     "libsvm": NoData.of(rb"[ \t\x0b\x0c]*(?:qid:[0-9]+[ \t\x0b\x0c]*)?(?:#[^\r\n]*)?\r*", b" \t\x0b\x0cq#\r"),
     "criteo": NoData.of(rb" *\r?", b" \r"),  # criteo.shape_problem's EMPTY_LINE: spaces (a line of tabs is a bad line)
-    # one blank cell (its line ends made LF): a row of blank cells
-    "csv": NoData.of(rb"[ \t\x0b\x0c]*", b" \t\x0b\x0c"),
 }
+_BLANK = rb"[ \t\x0b\x0c]*"  # of a csv line (its line ends made LF)
+# a blank csv cell as the csv module reads it: whitespace, or a quote at its start, whitespace, a quote, whitespace
+_BLANK_CELL = rb'(?:"' + _BLANK + rb'"' + _BLANK + rb"|" + _BLANK + rb")"
+
+
+@functools.lru_cache(maxsize=8)
+def no_data(fmt: str, delimiter: str = ",") -> NoData:
+    """A format's lines of no data: NO_DATA's; a csv file's, by its delimiter, a line of blank cells (,,, ; a blank
+    line; "",""), which its reader skips as empty (csv_reader._blank_record: every cell blank)."""
+    if fmt != "csv":
+        return NO_DATA[fmt]
+    between = re.escape(delimiter.encode())
+    return NoData.of(_BLANK_CELL + rb"(?:" + between + _BLANK_CELL + rb")*", b' \t\x0b\x0c"' + delimiter.encode()[:1])
 
 
 def _whole_lines(chunks: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, int]]:

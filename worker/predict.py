@@ -189,7 +189,8 @@ def predict_servers(cfg: PredictConfig) -> dict:
         labeled = file_has_labels(cfg.data, m.data.schema)
         counted = LineCount(0, False, 0, 0)
         if cfg.progress:  # lines, an estimate of the examples (bad lines among them: count_data_upto); of large files,
-            counted = count_data_upto(files, SCORING_COUNT_LINES, m.data.schema.format)  # from their bytes
+            schema = m.data.schema  # from their bytes
+            counted = count_data_upto(files, SCORING_COUNT_LINES, schema.format, delimiter=schema.delimiter)
         stats = ReadStats()  # of the files as one stream: --max-bad-lines counts over them all, as eval's
         # (reported in the summary line, not again among the read_stats warnings)
         scored = _scored(m, files, stats, cfg.keep_columns)

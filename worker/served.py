@@ -111,8 +111,9 @@ def evaluate_servers(cfg: TrainConfig, trained_on_data: bool = False, warn: bool
         eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
         progress = None
         if cfg.progress:  # total: the file's lines, an estimate of its examples (bad ones among them: count_data_upto)
-            fmt = data.schema.format
-            counted = None if scored is None else count_data_upto(data_files(scored), SCORING_COUNT_LINES, fmt)
+            fmt, delimiter = data.schema.format, data.schema.delimiter
+            counted = None if scored is None else count_data_upto(data_files(scored), SCORING_COUNT_LINES, fmt,
+                                                                  delimiter=delimiter)  # fmt: skip
             total = cfg.synthetic_eval_rows if counted is None else counted.estimate
             progress = ScoringProgress(total, True, estimated=counted is not None and counted.more)
         results = {
