@@ -88,3 +88,17 @@ def test_a_chunk_is_searched_where_a_line_of_it_starts_with_a_byte_a_line_of_no_
     assert lines_of_no_data.starts(b"1 1:1\n0,x\n") == []
     for lines, at in [([blank, b"1"], [0]), ([b"1", blank, b"0"], [2]), ([b"1", blank], [2]), ([b"1", b""], [2])]:
         assert lines_of_no_data.starts(b"\n".join(lines) + b"\n") == at, lines
+
+
+@pytest.mark.parametrize("delimiter", ["\t", " ", "\x0b", "\x0c"])
+def test_a_csv_line_of_many_empty_cells_by_a_whitespace_delimiter_is_counted(delimiter, tmp_path):
+    """By a delimiter that is whitespace, a line of 64 empty cells then data is a line of data, and lines of 64 blank
+    cells (quoted ones among them) are none; the blank-cell regex has one way to match such a line (with the
+    delimiter in a cell's whitespace too, some 2^64, and this test would not end)."""
+    d = delimiter
+    lines = [f"a{d}b", d * 64 + "x", d * 64, f'""{d}"{d} "{d * 2}  {d}" "' + d * 62, f'"{d}"' + d * 63 + '"x"']
+    path = tmp_path / "data.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert count_data_upto([str(path)], None, "csv", delimiter=d).lines == 2
+    upto = count_data_upto([str(path)], 2, "csv", delimiter=d)
+    assert (upto.lines, upto.more) == (2, True)

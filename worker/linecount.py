@@ -243,9 +243,17 @@ NO_DATA = {
     "libsvm": NoData.of(rb"[ \t\x0b\x0c]*(?:qid:[0-9]+[ \t\x0b\x0c]*)?(?:#[^\r\n]*)?\r*", b" \t\x0b\x0cq#\r"),
     "criteo": NoData.of(rb" *\r?", b" \r"),  # criteo.shape_problem's EMPTY_LINE: spaces (a line of tabs is a bad line)
 }
-_BLANK = rb"[ \t\x0b\x0c]*"  # of a csv line (its line ends made LF)
-# a blank csv cell as the csv module reads it: whitespace, or a quote at its start, whitespace, a quote, whitespace
-_BLANK_CELL = rb'(?:"' + _BLANK + rb'"' + _BLANK + rb"|" + _BLANK + rb")"
+_CSV_SPACE = b" \t\x0b\x0c"  # the ASCII bytes a blank csv cell may hold (its line ends made LF)
+
+
+def _blank_cell(delimiter: bytes) -> bytes:
+    """A regex of a blank csv cell as the csv module reads it: whitespace, or a quote at its start, whitespace (the
+    delimiter included), a quote, whitespace. Outside the quotes the whitespace leaves out the delimiter, which ends
+    the cell there, so that a line has one way to match (a delimiter that is whitespace, in both a cell and between
+    cells, would give a line of n cells some 2^n ways to try, and a line of data among them a regex search as long)."""
+    inside = b"[" + _CSV_SPACE + b"]*"  # (whitespace bytes, none special in a class)
+    outside = b"[" + _CSV_SPACE.replace(delimiter, b"") + b"]*"
+    return rb'(?:"' + inside + rb'"' + outside + rb"|" + outside + rb")"
 
 
 @functools.lru_cache(maxsize=8)
@@ -254,8 +262,9 @@ def no_data(fmt: str, delimiter: str = ",") -> NoData:
     line; "",""), which its reader skips as empty (csv_reader._blank_record: every cell blank)."""
     if fmt != "csv":
         return NO_DATA[fmt]
-    between = re.escape(delimiter.encode())
-    return NoData.of(_BLANK_CELL + rb"(?:" + between + _BLANK_CELL + rb")*", b' \t\x0b\x0c"' + delimiter.encode()[:1])
+    between = delimiter.encode()
+    cell = _blank_cell(between)
+    return NoData.of(cell + rb"(?:" + re.escape(between) + cell + rb")*", _CSV_SPACE + b'"' + between[:1])
 
 
 def _whole_lines(chunks: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, int]]:
