@@ -90,7 +90,7 @@ def test_a_chunk_is_searched_where_a_line_of_it_starts_with_a_byte_a_line_of_no_
         assert lines_of_no_data.starts(b"\n".join(lines) + b"\n") == at, lines
 
 
-@pytest.mark.parametrize("delimiter", ["\t", " ", "\x0b", "\x0c"])
+@pytest.mark.parametrize("delimiter", ["\t", " ", "\x0b", "\x0c", "\x1c", "\x1f"])
 def test_a_csv_line_of_many_empty_cells_by_a_whitespace_delimiter_is_counted(delimiter, tmp_path):
     """By a delimiter that is whitespace, a line of 64 empty cells then data is a line of data, and lines of 64 blank
     cells (quoted ones among them) are none; the blank-cell regex has one way to match such a line (with the
@@ -102,3 +102,12 @@ def test_a_csv_line_of_many_empty_cells_by_a_whitespace_delimiter_is_counted(del
     assert count_data_upto([str(path)], None, "csv", delimiter=d).lines == 2
     upto = count_data_upto([str(path)], 2, "csv", delimiter=d)
     assert (upto.lines, upto.more) == (2, True)
+
+
+def test_a_csv_cell_of_the_ascii_separators_str_strip_strips_is_blank(tmp_path):
+    """A cell of 0x1c-0x1f (which str.strip() strips, as the csv reader does) among spaces is blank to the count, as
+    to the reader; a non-ASCII space (U+00A0) is data to the count."""
+    lines = ["a,b", "\x1c,\x1d \x1e", '"\x1f\x1c" \x1d,\x1e', "\x1f,x", "\xa0,"]
+    path = tmp_path / "data.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert count_data_upto([str(path)], None, "csv").lines == 2
