@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import tempfile
 
@@ -12,12 +13,16 @@ from hypothesis import strategies as st
 from worker import linecount
 from worker.linecount import count_data_upto, no_data
 
-# every byte a line of no data may start with (NoData.first), line ends of each kind, and pieces of data lines
+# every byte a line of no data may start with (NoData.first), line ends of each kind, and pieces of data lines; a
+# csv file's delimiter joins them
 PIECES = [
     b" ",
     b"\t",
     b"\x0b",
     b"\x0c",
+    b"\x1c",
+    b"\x1f",
+    "\xa0".encode(),
     b"\r",
     b"\n",
     b"\r\n",
@@ -30,49 +35,68 @@ PIECES = [
     b",",
     b'"',
 ]
+DELIMITERS = [",", ";", "\t", "|", " ", "\x1f", "§"]
+ASCII_SPACE = "".join(c for c in map(chr, range(128)) if c.isspace())  # what str.strip() strips of ASCII
 
 
 def per_line(data: bytes, fmt: str, modulus: int) -> tuple[int, frozenset[int]]:
     """(lines of data, the residues mod modulus of their indices among all lines) by the rule read line by line: a
-    line ends in LF (a CSV's CRLF and lone CR are made LF first, and its first line, the header, is no line); a
-    last line without its LF counts; a line is of no data where no_data(fmt).line matches it whole."""
-    if fmt == "csv":
-        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    line ends in LF; a last line without its LF counts; a line is of no data where no_data(fmt).line matches it
+    whole. (libsvm and criteo; a csv file's rule is csv_per_line's.)"""
     lines = data.split(b"\n")
     if lines[-1] == b"":  # the last line ends in LF, or there is none
         lines.pop()
-    if fmt == "csv":
-        lines = lines[1:]
     at = [i for i, line in enumerate(lines) if no_data(fmt).line.fullmatch(line) is None]
     return len(at), frozenset(i % modulus for i in at)
+
+
+def csv_per_line(data: bytes, delimiter: str) -> int:
+    """The lines of data of a csv file by the csv module read one line at a time: CRLF and lone CR are line ends as
+    LF, the first line (the header) is none, a last line without its end counts; a line is of no data where the csv
+    module reads it alone (its quotes closed within it) as cells str.strip() of ASCII whitespace leaves empty, as
+    csv_reader reads a blank record. A line that leaves a quote open is of data; so is one with a non-ASCII space."""
+    lines = data.decode().replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    count = 0
+    for line in lines[1:]:
+        rows = list(csv.reader([line + "\n", "next\n"], delimiter=delimiter))
+        closed = len(rows) == 2  # else the quote left open took the next line into the record
+        count += not (closed and not any(cell.strip(ASCII_SPACE) for cell in rows[0]))
+    return count
 
 
 @pytest.mark.parametrize("fmt", ["libsvm", "criteo", "csv"])
 @settings(max_examples=150, deadline=None)
 @given(
-    pieces=st.lists(st.sampled_from(PIECES), max_size=40),
     chunk_bytes=st.sampled_from([1, 2, 3, 7, 64, 1 << 16]),
     modulus=st.integers(1, 4),
     look=st.booleans(),
     data=st.data(),
 )
-def test_the_count_of_lines_of_data_is_the_per_line_rules(fmt, pieces, chunk_bytes, modulus, look, data):
+def test_the_count_of_lines_of_data_is_the_per_line_rules(fmt, chunk_bytes, modulus, look, data):
     """count_data_upto, with NoData.starts' look at first bytes or without it (the regex on every chunk), read in
     chunks of any size: its lines and residues (none for a CSV, whose shares are of records) are the per-line
-    rule's; a count to a limit at most the lines stops there, one past them does not."""
+    rule's (a CSV's, by a delimiter drawn, the csv module's); a count to a limit at most the lines stops there, one
+    past them does not."""
+    delimiter = data.draw(st.sampled_from(DELIMITERS), label="delimiter") if fmt == "csv" else ","
+    pieces = data.draw(st.lists(st.sampled_from([*PIECES, delimiter.encode()]), max_size=40), label="pieces")
     text = b"h" * (fmt == "csv") + b"".join(pieces)  # a CSV's header line is not blank (its reader refuses one)
-    expected, residues = per_line(text, fmt, modulus)
+    if fmt == "csv":
+        expected, residues = csv_per_line(text, delimiter), frozenset()
+    else:
+        expected, residues = per_line(text, fmt, modulus)
     fd, path = tempfile.mkstemp(suffix=f".{fmt}")
     saved = linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK
     try:
         os.write(fd, text)
         os.close(fd)
         linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK = chunk_bytes, look
-        counted = count_data_upto([path], None, fmt, modulus=modulus)
+        counted = count_data_upto([path], None, fmt, modulus=modulus, delimiter=delimiter)
         assert (counted.lines, counted.more) == (expected, False)
         assert counted.per_file_residues == (() if fmt == "csv" else (residues,))
         limit = data.draw(st.integers(1, expected + 1), label="limit")
-        upto = count_data_upto([path], limit, fmt)
+        upto = count_data_upto([path], limit, fmt, delimiter=delimiter)
         assert (upto.lines, upto.more) == ((limit, True) if limit <= expected else (expected, False))
     finally:
         linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK = saved
