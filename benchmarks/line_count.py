@@ -1,5 +1,5 @@
 """Counting a file's lines of data (worker/linecount.py count_data_upto) with and without NoData.starts' look at
-each line's first byte (linecount.FIRST_BYTE_LOOK), against bytes.count of its line ends, the floor.
+each line's first byte (NoData.look), against bytes.count of its line ends, the floor.
 
 A file of --lines lines in each format (libsvm `1 7:1 12:1`, Criteo's 40 tab-separated columns, a CSV with a
 header) is written once, then counted in turn, each way as often, in CPU seconds (the count is one thread's work;
@@ -7,7 +7,7 @@ a shared machine's load moves wall time far more):
 
   look     count_data_upto as it runs: a chunk none of whose lines starts with a byte a line of no data can start
            with holds none, and is not searched
-  regex    count_data_upto with FIRST_BYTE_LOOK False: each chunk searched for lines of no data by its format's regex
+  regex    count_data_upto with NoData.look False: each chunk searched for lines of no data by its format's regex
   newline  the file's bytes read and their LFs counted: no line looked at
 
 Each count is checked to equal the file's lines. Prints CPU seconds per run (median of the reps) of each; the last
@@ -18,6 +18,7 @@ Run: `.venv/bin/python benchmarks/line_count.py` (about half a minute on 2 cores
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -26,7 +27,7 @@ import time
 import harness  # before numpy: see its docstring
 
 from worker import linecount
-from worker.linecount import count_data_upto
+from worker.linecount import count_files_upto, no_data
 
 LINES = {
     "libsvm": "{label} {i}:1 {j}:1\n",
@@ -51,11 +52,8 @@ def newlines(path: str) -> int:
 
 
 def counted(path: str, fmt: str, lines: int, look: bool) -> None:
-    linecount.FIRST_BYTE_LOOK = look
-    try:
-        got = count_data_upto([path], None, fmt).lines
-    finally:
-        linecount.FIRST_BYTE_LOOK = True
+    empty = dataclasses.replace(no_data(fmt), look=look)
+    got = count_files_upto([path], None, header=fmt == "csv", empty=empty).lines  # count_data_upto's, looking or not
     if got != lines:
         raise SystemExit(f"{fmt}: counted {got} lines of data, expected {lines}")
 

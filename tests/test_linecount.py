@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import tempfile
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker import linecount
-from worker.linecount import count_data_upto, no_data
+from worker.linecount import count_data_upto, count_files_upto, no_data
 
 # every byte a line of no data may start with (NoData.first), line ends of each kind, and pieces of data lines; a
 # csv file's delimiter joins them
@@ -87,19 +88,21 @@ def test_the_count_of_lines_of_data_is_the_per_line_rules(fmt, chunk_bytes, modu
     else:
         expected, residues = per_line(text, fmt, modulus)
     fd, path = tempfile.mkstemp(suffix=f".{fmt}")
-    saved = linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK
+    empty = dataclasses.replace(no_data(fmt, delimiter), look=look)  # count_data_upto's, looking or not
+    saved = linecount.CHUNK_BYTES
     try:
         os.write(fd, text)
         os.close(fd)
-        linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK = chunk_bytes, look
-        counted = count_data_upto([path], None, fmt, modulus=modulus, delimiter=delimiter)
+        linecount.CHUNK_BYTES = chunk_bytes
+        counted = count_files_upto([path], None, header=fmt == "csv", empty=empty, modulus=modulus)
         assert (counted.lines, counted.more) == (expected, False)
         assert counted.per_file_residues == (() if fmt == "csv" else (residues,))
+        assert count_data_upto([path], None, fmt, modulus=modulus, delimiter=delimiter) == counted
         limit = data.draw(st.integers(1, expected + 1), label="limit")
-        upto = count_data_upto([path], limit, fmt, delimiter=delimiter)
+        upto = count_files_upto([path], limit, header=fmt == "csv", empty=empty)
         assert (upto.lines, upto.more) == ((limit, True) if limit <= expected else (expected, False))
     finally:
-        linecount.CHUNK_BYTES, linecount.FIRST_BYTE_LOOK = saved
+        linecount.CHUNK_BYTES = saved
         os.remove(path)
 
 

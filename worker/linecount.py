@@ -34,7 +34,6 @@ import numpy as np
 
 SCORING_COUNT_LINES = 1_000_000  # eval and predict: lines counted for a progress total, an estimate past them
 CHUNK_BYTES = 1 << 16  # read at a time: past the limit's line, at most this many bytes more are read
-FIRST_BYTE_LOOK = True  # NoData.starts skips a chunk whose lines' first bytes rule out no data; False: regex on each
 
 
 @dataclass(frozen=True)
@@ -215,11 +214,13 @@ class NoData:
     its LF): within, matched with the line end before it, so that finditer over LF + whole lines finds each once (a
     match takes no LF of the line after); line: one such line, its LF or none; first: a table of the bytes such a
     line may start with, LF (an empty line) included; a byte the body can start with must be in it, or starts
-    misses the lines it starts (a byte too many only costs time)."""
+    misses the lines it starts (a byte too many only costs time); look: starts looks at first bytes (False: the regex
+    searches every chunk, as tests and benchmarks/line_count.py compare, dataclasses.replace(no_data(...), look=False))."""
 
     within: re.Pattern
     line: re.Pattern
     first: np.ndarray  # bool (256,), by byte value
+    look: bool = True
 
     @classmethod
     def of(cls, body: bytes, first: bytes) -> NoData:
@@ -230,10 +231,10 @@ class NoData:
     def starts(self, chunk: bytes) -> list[int]:
         """The offsets in chunk (whole lines, the last maybe without its LF) where its lines of no data that end in
         LF start: within's matches in LF + chunk. A chunk where no line starts with a byte of `first` holds none,
-        told by a look at each line's first byte (numpy: a few times faster than the regex over the chunk, which
+        told by a look at each line's first byte where `look` (numpy: a few times faster than the regex over the chunk, which
         runs only where some line may be one)."""
         data = np.frombuffer(chunk, dtype=np.uint8)
-        if FIRST_BYTE_LOOK and not self.first[data[:1]].any() and not self.first[data[1:][data[:-1] == 0x0A]].any():
+        if self.look and not self.first[data[:1]].any() and not self.first[data[1:][data[:-1] == 0x0A]].any():
             return []
         return [m.start() for m in self.within.finditer(b"\n" + chunk)]
 
