@@ -99,9 +99,10 @@ def slowly(shard: Shard, method: str, seconds: float) -> None:
     setattr(shard, method, slow)
 
 
-def _count_refusals(shard: Shard, method: str, counts: dict) -> None:
-    """Counts the calls of shard.<method> that a checkpoint's hold refused, in counts[method]."""
-    real = getattr(shard, method)
+def _count_refusals(owner: object, method: str, counts: dict) -> None:
+    """Counts the calls of owner.<method> (a Shard's, its StampedPushes') that a checkpoint's hold refused, in
+    counts[method]."""
+    real = getattr(owner, method)
 
     def counted(*args, **kw):
         try:
@@ -110,7 +111,7 @@ def _count_refusals(shard: Shard, method: str, counts: dict) -> None:
             counts[method] = counts.get(method, 0) + 1
             raise
 
-    setattr(shard, method, counted)
+    setattr(owner, method, counted)
 
 
 @pytest.fixture
@@ -137,16 +138,18 @@ def test_checkpoints_saved_while_two_workers_train(servers, tmp_path, data_file,
     steps: list[list[State]] = [[] for _ in got_started]  # sync: each shard's state before and after each sum
     for i, s in enumerate(got_started):
         if mode == "sync":
-            real = s.shard._apply_sum
+            real = s.shard.stamped._apply_sum
 
             def recorded(*args, _real=real, _i=i, _shard=s.shard, **kw):
                 steps[_i].append(_peek(_shard, want_per_shard[_i]))
                 _real(*args, **kw)
                 steps[_i].append(_peek(_shard, want_per_shard[_i]))
 
-            s.shard._apply_sum = recorded
+            s.shard.stamped._apply_sum = recorded
             slowly(s.shard, "apply_push", 0.003)  # a sum's tables one by one: a save between two would be half a step
-        _count_refusals(s.shard, "_apply_sum" if mode == "sync" else "push_batch", refused)
+            _count_refusals(s.shard.stamped, "_apply_sum", refused)
+        else:
+            _count_refusals(s.shard, "push_batch", refused)
     with Saver(got, got_started, tmp_path, set(want)) as saver:
         runs = _run_job(got, cfgs)
     assert saver.error is None, saver.error

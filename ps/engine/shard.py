@@ -12,9 +12,10 @@ The clock and a PushBatch's exactly-once bookkeeping (the clients' newest reques
 request of a client at a time) are ps.engine.pushpath's, one PushPath per shard (Shard.pushes).
 
 Training jobs (stamped requests: the job a shard follows, its worker clocks, sync steps) are ps.engine.jobs's,
-one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch, create_table with a stamp a stamped
-CreateTable. Checkpoints (hold, save, release) are ps.engine.checkpointing's, one ShardCheckpoints per shard, whose
-push gate every push passes through. What the shard reports of itself besides its tables is ps.engine.shardstats's;
+one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch (ps.engine.stampedpush, one
+StampedPushes per shard: Shard.stamped), create_table with a stamp a stamped CreateTable. Checkpoints (hold,
+save, release) are ps.engine.checkpointing's, one ShardCheckpoints per shard, whose push gate every push passes
+through. What the shard reports of itself besides its tables is ps.engine.shardstats's;
 the last steps of its close are ps.engine.closing's.
 
 Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread
@@ -62,14 +63,13 @@ from ps.engine.opening import (
     open_tables,
     replay,
 )
-from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
+from ps.engine.push import CheckedPush, TablePush, as_pushes
 from ps.engine.pushpath import PushPath
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shardstats import describe_start, health_stats, memory_stats, restore_stats
 from ps.engine.shrinkprogress import ShrinkProgress
-from ps.engine.stampcheck import check_batch_stamp, check_ending_batch, check_stamp
+from ps.engine.stampedpush import StampedPushes
 from ps.engine.startup import StartProgress
-from ps.engine.syncsum import contribution
 from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker
 from ps.errors import (
@@ -128,6 +128,9 @@ class Shard:
             finally:  # error's traceback holds this frame: bound to a local here, it would make the cycle above
                 del error
         self.checkpoints = ShardCheckpoints(config, self.store, lambda: self.flush(), lambda: self.clock)  # hold, save
+        self.stamped = StampedPushes(self.jobs, self.pushes, self.room, self.checkpoints.gate,
+                                     lambda name: self.table(name), lambda push: self.check_push(push),
+                                     lambda *batch: self.push_batch(*batch))  # fmt: skip
         self._journal_mark = self.journal.bytes_written
         self.lost_listeners: list[Callable[[], None]] = []  # told once the data dir is found lost (_on_lost)
         self.journal.on_lost = self._on_lost
@@ -425,7 +428,7 @@ class Shard:
         with self.checkpoints.gate.push_gate():
             return self.pushes.push_batch(as_pushes(pushes), advance_clock, client, client_seq, caller_gone)
 
-    # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
+    # ---- stamped pushes (ps.engine.stampedpush) ---------------------------------------------------------
     def push_stamped(
         self,
         pushes: Sequence[TablePush | tuple],
@@ -436,53 +439,11 @@ class Shard:
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
     ) -> tuple:
-        """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to
-        the step's sum, applied once the step is complete; client tells two workers of one worker id apart,
-        client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp says apart,
-        which advances no clock: advance_clock 0; or, unclocked, the worker runs). Returns (clock, ids applied by this
-        request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
-        caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them. shared: the PushBatch is marked
-        shared (Client.push_once: applied once under a key any worker may send, none of the worker's steps), so
-        client names no worker's process, and its stamp says apart or unclocked (no clock moves), not done or
-        stopped."""
+        """A PushBatch of a job's worker, once refuse_if_lost has passed: StampedPushes.push says how. Returns (clock,
+        ids applied by this request, min_clock). pushes: as push_batch takes them."""
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
-        check_batch_stamp(stamp, shared, advance_clock)
-        if stamp.stopped or stamp.done:  # refused before the job hears from it (JobClocks.check)
-            check_stamp(stamp, pull=False)
-            check_ending_batch(stamp, bool(pushes or advance_clock))
-        if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
-            return self.clock, 0, self.jobs.abandon(stamp)
-        owner = 0 if shared else client  # a shared push's key names no worker's process
-        claimed = self.jobs.check(stamp, pull=False, client=owner)
-        if stamp.done:
-            return self.clock, 0, self.jobs.finish(stamp)
-        if stamp.sync:
-            applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
-                                               self._apply_sum, client, caller_gone)  # fmt: skip
-            return self.clock, applied, low
-        try:
-            clock, applied = self.push_batch(pushes, advance_clock, client, client_seq, caller_gone)
-        except BaseException:
-            if claimed:
-                self.jobs.release(stamp)
-            raise
-        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed)
-
-    def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
-        """A sync push's contribution (ps.engine.syncsum.contribution), its clock advance checked too, and its size:
-        RequestTooLargeError, before anything is copied, past what a push may copy running alone."""
-        cost = sum(push_cost(len(p.ids), self.table(p.name).width) for p in pushes)
-        self.room.refuse_larger(cost, sum(len(p.ids) for p in pushes), f"a sync PushBatch of {len(pushes)} pushes",
-                                runs_alone=True)  # fmt: skip
-        out = contribution(pushes, self.check_push)
-        self.pushes.check_advance(advance_clock)
-        return out
-
-    def _apply_sum(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> None:
-        """Applies a sync step's sum as one PushBatch of (client, client_seq)."""
-        with self.checkpoints.gate.push_gate():
-            self.pushes.push_batch(pushes, advance_clock, client, client_seq, step_sum=True)
+        return self.stamped.push(pushes, advance_clock, client, client_seq, stamp, caller_gone, shared)
 
     # ---- checkpoints (ps.engine.checkpointing) ------------------------------------------------------
     def hold(self, timeout_s: float, caller_gone: Callable[[], bool] | None = None) -> tuple[int, str]:
