@@ -29,7 +29,7 @@ free bytes under which it is (ps.storage.diskspace), failed flushes in a row, th
 replies waiting for it, ps.replies) and SHARD_COUNTERS (`_total`: the requests that waited for request room, the
 replies that waited for reply room): these, per table and per shard, once the shard serves; sparseps_data_dir_lost, 1
 once the shard found its journal segment or its data dir deleted under it (ps.storage.journal.Journal.check_intact),
-and sparseps_shard_broken, 1 once a push failed part way through being applied (ps.engine.shard,
+and sparseps_shard_broken, 1 once a push failed part way through being applied (ps.engine.writeguard,
 ShardNeedsRestartError): then the per-table and per-shard figures are not served (Stats refuses them), the rest
 are. The process: prometheus-client's process_* (resident memory, CPU seconds, start time, open files).
 Counters count from the server's start: a restart sets them to 0 (process_start_time_seconds tells when;
@@ -343,7 +343,7 @@ class _ShardCollector:
         broken = GaugeMetricFamily("sparseps_shard_broken", "1 once a push journaled failed part way through being "
                                    "applied in RAM: the shard takes no more writes until a restart replays its "
                                    "journal (docs/storage.md)")  # fmt: skip
-        broken.add_metric([], float(bool(shard.broken)))
+        broken.add_metric([], float(bool(shard.guard.broken)))
         yield from (lost, broken)
         if s is None:
             return

@@ -129,9 +129,9 @@ class Server:
         return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
 
     def _lost(self) -> str | None:
-        """What was deleted under the shard (ps.engine.shard: it takes no writes), or None."""
+        """What was deleted under the shard (ps.engine.writeguard: it takes no writes), or None."""
         shard = self.shard
-        return (shard.lost() or None) if shard is not None and hasattr(shard, "journal") else None
+        return (shard.guard.lost() or None) if shard is not None and hasattr(shard, "guard") else None
 
     def _bind(self) -> int:
         c = self.config
@@ -204,14 +204,14 @@ class Server:
         self.progress.finish()
         for name in ("", SERVICE_NAME):
             self.health.set(name, SERVING)
-        self.shard.lost_listeners.append(self._not_serving)  # its data dir deleted under it, or broken
-        if self.shard.journal.lost or self.shard.broken:  # found before the listener was there
+        self.shard.guard.listeners.append(self._not_serving)  # its data dir deleted under it, or broken
+        if self.shard.journal.lost or self.shard.guard.broken:  # found before the listener was there
             self._not_serving()
         return self.port
 
     def _not_serving(self) -> None:
         """Health NOT_SERVING for good: the shard found its data dir or journal segment deleted under it, or
-        broke (a journaled push only partly applied: ps.engine.shard)."""
+        broke (a journaled push only partly applied: ps.engine.writeguard)."""
         for name in ("", SERVICE_NAME):
             self.health.set(name, NOT_SERVING)
 
@@ -460,7 +460,7 @@ def stop_server(server: Server, shard_id: int) -> int:
     unwritten, the journal replays them)."""
     try:
         server.stop()
-        broken = server.shard.broken if server.shard is not None else ""
+        broken = server.shard.guard.broken if server.shard is not None else ""
     except ShardNeedsRestartError as e:  # broken by a push that failed while the stop flushed
         broken = str(e)
     except DataDirLostError as e:

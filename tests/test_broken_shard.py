@@ -59,7 +59,7 @@ def test_a_push_failing_part_way_after_its_journal_append_breaks_the_shard_until
     shard = filled(str(tmp_path / "small"), TIER_ROWS)
     assert len(list(shard.table("t")._chunks(len(BIG)))) > 1
     told = []
-    shard.lost_listeners.append(lambda: told.append(True))
+    shard.guard.listeners.append(lambda: told.append(True))
     fail_background_writes_after_journaling(shard, len(BIG))
     with pytest.raises(ShardNeedsRestartError, match=r"is in the journal, but applying it in RAM failed after "
                        r"\d+ of its 400 ids \(StorageError: simulated.*Restart the server"):  # fmt: skip

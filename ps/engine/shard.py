@@ -23,17 +23,9 @@ Durability: a push is appended to the journal before it is applied and acknowled
 journal_flush_bytes), records the journal position they cover, and deletes the journal segments below it.
 Start-up (ps.engine.opening) replays what is left; a clean close flushes everything.
 
-Deleted under it: the journal checks about once a second that its segment and the data dir are still there
-(ps.storage.journal.Journal.check_intact). Once it finds either gone, the shard refuses every write (pushes, a
-clock advance, CreateTable, Shrink, checkpoints) and Stats with DataDirLostError, tells lost_listeners (the
-server's health turns NOT_SERVING), and: for a deleted segment only, flushes at once (RocksDB is intact, and then
-holds every acknowledged push); for a data dir deleted or replaced, flushes no more, and close() stops without
-writing, raising DataDirLostError.
-
-Broken: a push applied in chunks (more ids than one pass takes) is journaled first; if applying a chunk then
-fails, RAM holds part of a push the journal holds whole. The shard refuses every write and Stats, the table every
-request, with ShardNeedsRestartError, tells lost_listeners, and flushes nothing (a flush would trim the push from
-the journal), close() included; the next start replays it.
+What stops the shard taking writes until a restart (its data dir or journal segment deleted under it, a push
+applied in part: broken), and the listeners told then, are ps.engine.writeguard's, one WriteGuard per shard
+(Shard.guard).
 """
 
 from __future__ import annotations
@@ -72,9 +64,9 @@ from ps.engine.stampedpush import StampedPushes
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker
+from ps.engine.writeguard import WriteGuard
 from ps.errors import (
     MODEL_STATE_REPLACED,
-    DataDirLostError,
     InvalidArgumentError,
     ModelStateReplacedError,
     PsError,
@@ -106,7 +98,6 @@ class Shard:
         self.config = config
         self.shard_id = config.shard_id
         self.num_shards = config.num_shards
-        self.broken = ""  # or why the shard takes no writes until a restart (_break); lost_listeners are told too
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         self.room = RequestRoom(self.memory.request_bytes, self.memory.memory_bytes or 0)  # taken per pull and push
@@ -132,8 +123,7 @@ class Shard:
                                      lambda name: self.table(name), lambda push: self.check_push(push),
                                      lambda *batch: self.push_batch(*batch))  # fmt: skip
         self._journal_mark = self.journal.bytes_written
-        self.lost_listeners: list[Callable[[], None]] = []  # told once the data dir is found lost (_on_lost)
-        self.journal.on_lost = self._on_lost
+        self.journal.on_lost = self.guard.on_lost  # the guard's listeners are told once the data dir is found lost
         self.flusher.start()
         self.started = time.monotonic()
 
@@ -147,11 +137,12 @@ class Shard:
         self.restored_now, stored = check_store(self.store, config, self.memory, manifest, self._progress)
         self.budget = new_budget(self.memory)
         self.journal = open_journal(config, self.memory)
+        self.guard = WriteGuard(self.shard_id, self.journal, lambda: self.flusher.wake())  # refuses writes once lost
         self.tables: dict[str, Table] = open_tables(self.store, self.journal, self.budget, stored)
         self._maker = TableMaker(self.shard_id, self.tables, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
         self.flusher = Flusher(lambda background: self.flush(background), config.flush_interval_s, self.journal,
-                               lambda: self.broken, config.data_dir)  # fmt: skip
+                               lambda: self.guard.broken, config.data_dir)  # fmt: skip
         self._load_requests()
         self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                               config.threads, MAX_COUNT_PER_ID,
@@ -192,44 +183,6 @@ class Shard:
         return self.pushes.clock
 
     # ---- tables ---------------------------------------------------------------------------------------
-    def _on_lost(self) -> None:
-        """The journal found its segment or the data dir deleted (from the mark's thread): a deleted segment's
-        pushes are flushed to RocksDB at once; the listeners are told."""
-        if not self.journal.dir_gone:
-            self.flusher.wake()
-        self._tell_lost_listeners("the data dir's loss")
-
-    def _tell_lost_listeners(self, what: str) -> None:
-        """Calls each of lost_listeners; one that fails is logged (naming `what` it was told of) and the others are
-        called still."""
-        for listener in list(self.lost_listeners):
-            try:
-                listener()
-            except Exception:  # a listener's failure must not stop the others, nor the caller's thread
-                log.exception("a listener of %s failed", what)
-
-    def lost(self) -> str:
-        """Why the shard takes no writes, if the journal found its segment or the data dir deleted, else ""."""
-        return f"shard {self.shard_id} takes no writes: {self.journal.lost}" if self.journal.lost else ""
-
-    def refuse_if_lost(self) -> None:
-        """DataDirLostError if the journal found its segment or the data dir deleted, ShardNeedsRestartError if
-        the shard is broken (two attribute reads)."""
-        if self.journal.lost:
-            raise DataDirLostError(self.lost())
-        if self.broken:
-            raise ShardNeedsRestartError(self.broken)
-
-    def _break(self, why: str) -> None:
-        """A journaled push is only partly applied in RAM: from now on the shard takes no writes and flushes
-        nothing (a flush would record the push as covered and trim it from the journal), and the lost_listeners
-        are told (health NOT_SERVING); the next start replays the journal. The first reason stays."""
-        if self.broken:
-            return
-        self.broken = why
-        log.error("shard %d: %s", self.shard_id, why)
-        self._tell_lost_listeners("the shard's breaking")
-
     def create_table(
         self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None
     ) -> Table:
@@ -242,7 +195,7 @@ class Shard:
         then created): refused while the shard holds another job (JobConflictError, nothing created); once
         created, the job holds the shard as after its first push. A create that fails leaves the job's tenancy as it
         was. Without a stamp, a replace is refused while the shard holds a job (JobClocks.check_replace: its tables)."""
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         claimed = stamp is not None and self.jobs.check(stamp, pull=False, create=True)
         try:
             table = self._create_table(cfg, replace_untrained, stamp is not None)
@@ -272,7 +225,7 @@ class Shard:
         lasting for it, no worker's token taken (JobClocks.check's check_only); but a stamp whose worker count or
         setup differs from its job's stops that job, as the create would (that worker exits without a stop stamp:
         this is how the job's other workers learn why)."""
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         if stamp is not None:
             self.jobs.check(stamp, pull=False, create=True, check_only=True)
         cfg = cfg.normalized()
@@ -380,13 +333,13 @@ class Shard:
 
     def apply_push(self, checked: CheckedPush, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
         """Applies a push that check_push accepted (applied in RAM by its rule, journaled with its origin and
-        rule). A push journaled but only partly applied (ShardNeedsRestartError) breaks the shard (see `broken`)."""
+        rule). A push journaled but only partly applied (ShardNeedsRestartError) breaks the shard (WriteGuard.mark_broken)."""
         c = checked
         try:
             with self.store.foreground.serving():
                 c.table.push(c.ids, c.grads, c.shows, c.clicks, self.clock, origin, c.rule)
         except ShardNeedsRestartError as e:
-            self._break(str(e))
+            self.guard.mark_broken(str(e))
             raise
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self.flusher.wake()
@@ -405,7 +358,7 @@ class Shard:
         and 0 clicks per id. add_delta: grads are deltas added to the embeddings (see the module docstring).
         caller_gone: as pull's."""
         push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         with self.checkpoints.gate.push_gate():
             checked = self.check_push(push)
             cost = push_cost(len(checked.ids), checked.table.width)
@@ -424,7 +377,7 @@ class Shard:
         """Several pushes of one request (TablePushes, or tuples in its field order: ps.engine.push.as_pushes), then
         the clock advanced, applied exactly once per (client, client_seq) under the checkpoint hold's gate;
         returns (clock, pushes applied now): ps.engine.pushpath's PushPath.push_batch says how."""
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         with self.checkpoints.gate.push_gate():
             return self.pushes.push_batch(as_pushes(pushes), advance_clock, client, client_seq, caller_gone)
 
@@ -439,10 +392,10 @@ class Shard:
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
     ) -> tuple:
-        """A PushBatch of a job's worker, once refuse_if_lost has passed: StampedPushes.push says how. Returns (clock,
-        ids applied by this request, min_clock). pushes: as push_batch takes them."""
+        """A PushBatch of a job's worker, once the guard's refuse_if_lost has passed: StampedPushes.push says how.
+        Returns (clock, ids applied by this request, min_clock). pushes: as push_batch takes them."""
         pushes = as_pushes(pushes)
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         return self.stamped.push(pushes, advance_clock, client, client_seq, stamp, caller_gone, shared)
 
     # ---- checkpoints (ps.engine.checkpointing) ------------------------------------------------------
@@ -456,7 +409,7 @@ class Shard:
         A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and nothing else: a Shrink or
         an AdvanceClock during the hold still runs and changes what the save records of this shard (rows dropped,
         a later clock than the one returned here)."""
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         return self.checkpoints.hold(timeout_s, caller_gone)
 
     def release(self, token: str) -> None:
@@ -466,13 +419,13 @@ class Shard:
     def save_checkpoint(self, directory: str, token: str) -> dict:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
         returned token; returns what the manifest records of it (ShardCheckpoints.save)."""
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         return self.checkpoints.save(directory, token)
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
-        """PushPath.advance_clock, once refuse_if_lost has passed."""
-        self.refuse_if_lost()
+        """PushPath.advance_clock, once the guard's refuse_if_lost has passed."""
+        self.guard.refuse_if_lost()
         return self.pushes.advance_clock(steps)
 
     def shrink(self, name: str = "") -> dict:
@@ -483,7 +436,7 @@ class Shard:
         ShrinkProgress.refusal says: what was shrunk before it stays, and the message says what (a
         ShardNeedsRestartError's after its own words, which say what a restart does: a restart keeps those rows
         decayed)."""
-        self.refuse_if_lost()
+        self.guard.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
             self.store.table_number(table.name)
@@ -515,15 +468,15 @@ class Shard:
         (the flusher's): each chunk waits for a moment without requests first (Table.flush), unless another
         flush() waits for this one or the shard is closing."""
         with self.flusher.turn(background):
-            if self.broken:
-                raise ShardNeedsRestartError(self.broken)
+            if self.guard.broken:
+                raise ShardNeedsRestartError(self.guard.broken)
             covered, changes = self.journal.mark()  # every record <= covered is applied (appends happen under
             self._journal_mark = self.journal.bytes_written  # the table lock, which each table.flush takes)
             try:
                 tables = list(self.tables.values())
                 yield_to = self.store.foreground if background else None
                 written = sum(t.flush(yield_to, self.flusher.urgent) for t in tables)
-                broken = self.broken or next((t.broken for t in tables if t.broken), "")
+                broken = self.guard.broken or next((t.broken for t in tables if t.broken), "")
                 if broken:  # a push journaled before the mark broke its table since: the journal must keep it
                     raise ShardNeedsRestartError(broken)
                 self.store.meta.set_flushed_seq(covered, changes)
@@ -535,7 +488,7 @@ class Shard:
             return written
 
     def stats(self) -> dict:
-        self.refuse_if_lost()  # the data dir's figures are gone with it; the refusal says what happened
+        self.guard.refuse_if_lost()  # the data dir's figures are gone with it; the refusal says what happened
         return {
             "shard_id": self.shard_id,
             "num_shards": self.num_shards,
@@ -586,10 +539,10 @@ class Shard:
             close_lost(self._lock, self.tables.values(), self.journal, self.store)
         flushed, failed = False, None
         try:
-            if self.broken:
+            if self.guard.broken:
                 log.warning("shard %d stops without flushing its dirty rows (its journal keeps every acknowledged "
                             "push and the push only partly applied; the next start replays them): %s", self.shard_id,
-                            self.broken)  # fmt: skip
+                            self.guard.broken)  # fmt: skip
             else:
                 t0 = time.monotonic()
                 rows = self.flush()

@@ -4,7 +4,7 @@ A stop stamp stops its job here (JobClocks.abandon); a done stamp marks its work
 stamp's pushes are a contribution to its step (ps.engine.syncsum.contribution, JobClocks.push_sync), whose sum is
 applied once, as one PushBatch of the job's sync key under the checkpoint hold's gate; any other stamp's pushes are
 the shard's PushBatch (Shard.push_batch), after which its worker's clock moves (JobClocks.pushed). The shard checks
-that it takes writes (Shard.refuse_if_lost) before it hands a request over.
+that it takes writes (WriteGuard.refuse_if_lost) before it hands a request over.
 """
 
 from __future__ import annotations
