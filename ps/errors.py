@@ -130,7 +130,7 @@ class ClientIdInUseError(PsError):
 
 class WorkerDoneError(PsError):
     """A push of a training job's worker that the shard holds as done (its done stamp came): a done worker pushes
-    nothing more, so the job id is being used by a second run (ps.engine.jobs)."""
+    nothing more, so the job id is being used by a second run (ps.engine.followedjob)."""
 
     status = "FAILED_PRECONDITION"
 

@@ -3,7 +3,7 @@ async and geo: its PushBatch, unclocked; every mode: the CreateTable of its job'
 the job), field for field protos/ps.proto's WorkerStamp. The worker builds it
 (worker/steprows.py) and sends it
 (ps.codec.stamp_to_proto); the shard reads it back (ps.service.stamp_of, from_message), checks it and keeps the job's clocks by
-it (ps.engine.jobs)."""
+it (ps.engine.followedjob)."""
 
 from __future__ import annotations
 

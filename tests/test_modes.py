@@ -637,7 +637,7 @@ def test_no_stamp_proves_a_sync_step_the_journal_does_not_hold(tmp_path):
 
 
 def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path, caplog):
-    """Done flags are stored as they come (ps.engine.jobs' done_store): after a crash, worker 0 goes on alone
+    """Done flags are stored as they come (ps.engine.followedjob's done_store): after a crash, worker 0 goes on alone
     with no wait for worker 1, which finished before it and sends nothing more; a record of another job, or of
     another worker count, marks nobody done, and so does one that does not read (the store says it is damaged, and
     that nothing needs restoring for it; the shard logs that)."""

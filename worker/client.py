@@ -13,7 +13,7 @@ are sent (a PushBatch carries this client's id and a per-shard request number); 
 run on its shard is not sent again.
 
 Training jobs: push_many with an unclocked WorkerStamp (an async or geo job's worker) sends it on every batch, so
-that a shard training another job refuses them (ps/engine/jobs.py); finish() and stop_job() say the worker sends
+that a shard training another job refuses them (ps/engine/followedjob.py); finish() and stop_job() say the worker sends
 no more. Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
 semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
@@ -317,7 +317,7 @@ class Client(ShardCalls):
         client_id `key` (nonzero), marked shared, request number 1, which a shard that applied it before answers
         applying nothing (its exactly-once rule). stamp: a training job's worker's (sent not sync, and apart where
         clocked; not done or stopped): each shard checks it as the job's pushes (a shard holding another job refuses
-        it) and holds itself for the job, moving no clock (ps.engine.jobs). Returns the ids applied by this call (0:
+        it) and holds itself for the job, moving no clock (ps.engine.followedjob). Returns the ids applied by this call (0:
         applied before, by any caller; or by this call's own attempt that a retry followed)."""
         dim = self.dim(table)
         uniq, grads, shows, clicks, _ = push_arrays(table, ids, deltas, None, None, dim)
@@ -334,7 +334,7 @@ class Client(ShardCalls):
 
     def finish(self, stamp: WorkerStamp) -> int:
         """Tells every shard that the stamp's worker is done (no wait of the job counts it any more); returns the
-        job's min_clock. Idempotent. A shard stores it (ps.engine.jobs' done_store), so a shard that restarts
+        job's min_clock. Idempotent. A shard stores it (ps.engine.followedjob's done_store), so a shard that restarts
         still counts the worker done.
         The stamp's acked should count every step of the worker (a shard raises the worker's clock to it)."""
         done = ps_pb2.PushBatchRequest(stamp=codec.stamp_to_proto(replace(stamp, done=True, sync=False)))

@@ -103,7 +103,7 @@ def say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict], interrupted:
              if max(done) > min(done) else ""), file=sys.stderr, flush=True)  # fmt: skip
 
 
-# what a sync or ssp worker's error says when its job stopped because another worker stopped (ps.engine.jobs)
+# what a sync or ssp worker's error says when its job stopped because another worker stopped (ps.engine.followedjob)
 PEER_STOPPED = re.compile(r"job \d+ stops: worker (\d+) stopped before its end")
 
 

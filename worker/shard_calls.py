@@ -173,7 +173,7 @@ class ShardCalls:
     def _restamp(self, request: object) -> None:
         """Raises the acked of a stamped request about to be sent again to what this worker knows now: a pull sent
         ahead of its step's previous push carried the acked of then, and a shard restarted meanwhile learns the
-        worker's clock from stamps alone (ps.engine.jobs), so the old one could hold the worker behind itself."""
+        worker's clock from stamps alone (ps.engine.followedjob), so the old one could hold the worker behind itself."""
         stamp = request.stamp if isinstance(request, (ps_pb2.PullBatchRequest, ps_pb2.PushBatchRequest)) and \
             request.HasField("stamp") else None  # fmt: skip
         if stamp is None or stamp.done or stamp.stopped:

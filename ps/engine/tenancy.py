@@ -47,13 +47,13 @@ A relayed stop: a stop stamp of a worker that stopped on a shard's refusal that 
 names the refusal's class, its reason holds the refusal's words) stops the job here with that refusal
 (relayed_stop), so that every worker learns the first cause whichever shard it hears it from.
 
-Contract. ps.engine.jobs's JobClocks holds one JobTenancy and calls it under its one condition (`cond`, passed here),
-which every method expects held. The tenancy owns the job's identity and setup (job, num_workers, setup, unclocked:
-from its first stamp here; name, which messages name it by: the first its stamps carry), why it stopped
-(stopped), when it was last heard from and how long it is held without a word (its patience), the claims, and the
-workers' clients and tokens. JobClocks owns the worker clocks, done flags
-and waits: the tenancy reads the done flags through `done`, and stop() fails JobClocks' gathering sync steps through
-`stopping` before it notifies the condition.
+Contract. ps.engine.followedjob's FollowedJob (the base of ps.engine.jobs's JobClocks) holds one JobTenancy and
+calls it under its one condition (`cond`, passed here), which every method expects held. The tenancy owns the job's
+identity and setup (job, num_workers, setup, unclocked: from its first stamp here; name, which messages name it by:
+the first its stamps carry), why it stopped (stopped), when it was last heard from and how long it is held without a
+word (its patience), the claims, and the workers' clients and tokens. FollowedJob owns the worker clocks and done
+flags, JobClocks the waits: the tenancy reads the done flags through `done`, and stop() fails the job's gathering
+sync steps through `stopping` before it notifies the condition.
 """
 
 from __future__ import annotations

@@ -43,8 +43,9 @@ integer < 2^64. In parentheses, what writes each value: a method of ps.storage.s
                                     synced: drawn at the first start, and again with each restore's "restored")
         "job_done"               -> JSON {"job": job id, "num_workers": n, "done": [worker, ...]}: the workers of
                                     the job the shard follows that said they are done (set_job_done, synced, as
-                                    each says so: ps.engine.jobs reads it when it follows the job after a restart,
-                                    and logs one that does not read and reads it as none: it only spares waits)
+                                    each says so: ps.engine.followedjob reads it when it follows the job after a
+                                    restart, and logs one that does not read and reads it as none: it only spares
+                                    waits)
     The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX. A
     client's key (CLIENT_PREFIXES) is its prefix and 8 bytes (client_key, client_of): one of another length is
     damaged (meta_value).

@@ -170,14 +170,14 @@ class ShardMeta:
     def set_job_done(self, job: int, num_workers: int, done: list[int]) -> None:
         """Stores, synced, that these workers of the job (of num_workers) are done (the "job_done" record)."""
         record = json.dumps({"job": job, "num_workers": num_workers, "done": sorted(done)}).encode()
-        # (the caller's message names the job, as its workers named it: ps.engine.jobs)
+        # (the caller's message names the job, as its workers named it: ps.engine.followedjob)
         with self._dir.rocksdb(f"storing that workers {sorted(done)} of the job are done", "the done stamp is refused"):
             self._dir.meta_cf.put(b"job_done", record, self._dir.synced)
 
     def job_done(self, job: int, num_workers: int) -> list[int]:
         """The workers of the job (of num_workers) the "job_done" record says are done; [] where it names another
         job or worker count, or there is none. DataLossError for a record that does not read as set_job_done
-        writes it: ps.engine.jobs logs it and reads it as none (the record only spares waits)."""
+        writes it: ps.engine.followedjob logs it and reads it as none (the record only spares waits)."""
         record = self._dir.meta_get(b"job_done", "reading the done workers of a job", remedy=JOB_DONE_REMEDY)
         if record is None or record["job"] != job or record["num_workers"] != num_workers:
             return []

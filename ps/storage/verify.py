@@ -222,7 +222,7 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
     for key, what in sorted(meta["unreadable"].items()):
         if key.startswith(TABLE_ID_PREFIX) and key_name(key) in meta["tables"]:
             continue
-        if key == b"job_done" and not checkpoint:  # read by a shard that follows a job (ps.engine.jobs)
+        if key == b"job_done" and not checkpoint:  # read by a shard that follows a job (ps.engine.followedjob)
             report.note(f"{at}{what}: {JOB_DONE_REMEDY}")
             continue
         follows = _follows(key, checkpoint)
