@@ -40,7 +40,7 @@ import numpy as np
 
 from ps.config import ServerConfig, TableConfig
 from ps.engine.checkpointing import ShardCheckpoints
-from ps.engine.closing import close_lost, close_part, close_tables
+from ps.engine.closing import close_data_dir
 from ps.engine.flusher import Flusher
 from ps.engine.jobs import JobClocks
 from ps.engine.opening import (
@@ -535,32 +535,4 @@ class Shard:
         self.jobs.close()
         self.flusher.stop()
         self.journal.check_intact()  # a deletion since the thread's last look is known before anything is written
-        if self.journal.dir_gone:
-            close_lost(self._lock, self.tables.values(), self.journal, self.store)
-        flushed, failed = False, None
-        try:
-            if self.guard.broken:
-                log.warning("shard %d stops without flushing its dirty rows (its journal keeps every acknowledged "
-                            "push and the push only partly applied; the next start replays them): %s", self.shard_id,
-                            self.guard.broken)  # fmt: skip
-            else:
-                t0 = time.monotonic()
-                rows = self.flush()
-                flushed = True
-                log.info("final flush: %s dirty rows written to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
-        except BaseException as e:
-            failed = e
-            raise
-        finally:  # a failed flush too: the journal keeps what it did not write, and the data dir is let go
-            with self._lock:
-                close_tables(self.tables.values())
-
-                def journal_then_flush() -> None:
-                    self.journal.close()
-                    if flushed:  # after a failed flush, its error is the one raised
-                        self.store.flush()
-
-                error = close_part(self.shard_id, "closing the journal", journal_then_flush, failed)
-                error = close_part(self.shard_id, "closing RocksDB", self.store.close, error)
-                if error is not failed:
-                    raise error
+        close_data_dir(self.shard_id, self._lock, self.tables, self.journal, self.store, self.guard.broken, self.flush)
