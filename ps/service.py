@@ -364,7 +364,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         ids = wire.decode_ids(request.ids)
         dim = self.shard.table(request.table).dim
         size = self._check_reply("Pull", [(len(ids), dim)])
-        cost = self.shard.check_pull(request.table, ids)  # refused before it waits for reply room
+        cost = self.shard.pulls.check_pull(request.table, ids)  # refused before it waits for reply room
         self.replies.hold(size, context.add_callback, CallerGone(context))
         replies = []
 
@@ -403,12 +403,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             self.shard.jobs.check(stamp, pull=True)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
         size = self._check_reply("PullBatch", [(len(ids), self.shard.table(name).dim) for name, ids in pulls])
-        cost = self.shard.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
+        cost = self.shard.pulls.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
         # after the ssp wait: no wait for the job's other workers is made holding reply room
         self.replies.hold(size, context.add_callback, CallerGone(context))
-        return self.shard.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
-                                     CallerGone(context))  # fmt: skip
+        return self.shard.pulls.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
+                                           CallerGone(context))  # fmt: skip
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
@@ -425,7 +425,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         sync = stamp is not None and stamp.sync  # one PushBatch per shard and step: runs alone past the room
         if back:  # before the push: a rejected request changes nothing
             size = self._check_reply("PushBatch", returned, runs_alone=sync)
-            cost = self.shard.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
+            cost = self.shard.pulls.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
                 pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context), request.shared
@@ -441,7 +441,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         # for it, nor does a stamped push hold it while it waits for the job's other workers
         self.replies.hold(size, context.add_callback, CallerGone(context))
         with self.shard.store.foreground.serving():
-            return self.shard.pull_batch(
+            return self.shard.pulls.pull_batch(
                 back, cost, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
                 CallerGone(context),
             )  # fmt: skip

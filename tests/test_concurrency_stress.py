@@ -166,7 +166,7 @@ class Load:
             if len(pulls) == 1:
                 got = [self.shard.pull(*pulls[0])]
             else:
-                got = self.shard.pull_batch(pulls, self.shard.check_pull_batch(pulls), lambda rows: rows)
+                got = self.shard.pulls.pull_batch(pulls, self.shard.pulls.check_pull_batch(pulls), lambda rows: rows)
             rows = np.concatenate(got)
             hi = [len(self.oracle.sums.get(k, [0])) - 1 for k in keys]
             for k, row, a, b in zip(keys, rows, lo, hi):

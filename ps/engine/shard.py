@@ -9,13 +9,14 @@ the optimizer state is untouched, FTRL's z aside, set to give the new embedding;
 weight clipping apply as usual). Its journal record keeps the rule.
 
 The clock and a PushBatch's exactly-once bookkeeping (the clients' newest requests, their clock advances, one
-request of a client at a time) are ps.engine.pushpath's, one PushPath per shard (Shard.pushes).
+request of a client at a time) are ps.engine.pushpath's, one PushPath per shard (Shard.pushes); a Pull's and a
+PullBatch's checks and reads are ps.engine.pullpath's, one PullPath per shard (Shard.pulls).
 
-Training jobs (stamped requests: the job a shard follows, its worker clocks, sync steps) are ps.engine.jobs's,
-one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch (ps.engine.stampedpush, one
-StampedPushes per shard: Shard.stamped), create_table with a stamp a stamped CreateTable. Checkpoints (hold,
-save, release) are ps.engine.checkpointing's, one ShardCheckpoints per shard, whose push gate every push passes
-through. What the shard reports of itself besides its tables is ps.engine.shardstats's;
+Training jobs (stamped requests: the job a shard follows, its worker clocks, sync steps) are ps.engine.jobs's, one
+JobClocks per shard (Shard.jobs; its job and clocks: ps.engine.followedjob); push_stamped is a stamped PushBatch
+(ps.engine.stampedpush, one StampedPushes per shard: Shard.stamped), create_table with a stamp a stamped
+CreateTable. Checkpoints (hold, save, release) are ps.engine.checkpointing's, one ShardCheckpoints per shard, whose
+push gate every push passes through. What the shard reports of itself besides its tables is ps.engine.shardstats's;
 the last steps of its close are ps.engine.closing's.
 
 Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread
@@ -34,7 +35,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
 
 import numpy as np
 
@@ -55,9 +55,10 @@ from ps.engine.opening import (
     open_tables,
     replay,
 )
+from ps.engine.pullpath import PullPath
 from ps.engine.push import CheckedPush, TablePush, as_pushes
 from ps.engine.pushpath import PushPath
-from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
+from ps.engine.room import RequestRoom, push_cost
 from ps.engine.shardstats import describe_start, health_stats, memory_stats, restore_stats
 from ps.engine.shrinkprogress import ShrinkProgress
 from ps.engine.stampedpush import StampedPushes
@@ -82,7 +83,6 @@ from ps.stamp import WorkerStamp
 from ps.storage.diskspace import measure
 from ps.storage.memory import plan_memory
 
-T = TypeVar("T")
 log = logging.getLogger("ps.engine.shard")
 
 
@@ -119,6 +119,8 @@ class Shard:
             finally:  # error's traceback holds this frame: bound to a local here, it would make the cycle above
                 del error
         self.checkpoints = ShardCheckpoints(config, self.store, lambda: self.flush(), lambda: self.clock)  # hold, save
+        self.pulls = PullPath(self.room, self.store.foreground, lambda name: self.table(name),
+                              lambda ids: self.check_owned(ids))  # fmt: skip
         self.stamped = StampedPushes(self.jobs, self.pushes, self.room, self.checkpoints.gate,
                                      lambda name: self.table(name), lambda push: self.check_push(push),
                                      lambda *batch: self.push_batch(*batch))  # fmt: skip
@@ -267,52 +269,8 @@ class Shard:
         caller_gone: Callable[[], bool] | None = None,
         cost: int | None = None,
     ) -> np.ndarray:
-        """(n, dim) embeddings of ids, written into out if given: an array, or out(n, dim) making one once the
-        request holds its room (a reply to fill, counted in it). Checked first as check_pull does, unless cost
-        is that check's, made already; caller_gone: a wait for request room ends with CallerGoneError once it is
-        true (ps.engine.room)."""
-        if cost is None:
-            cost = self.check_pull(name, ids)
-        table = self.table(name)
-        with self.room.take(cost, caller_gone), self.store.foreground.serving():
-            return table.pull(ids, out(len(ids), table.dim) if callable(out) else out)
-
-    def check_pull(self, name: str, ids: np.ndarray) -> int:
-        """Checks a pull as pull runs it, reading nothing: its table, that this shard owns its ids, and that its
-        copies fit in the request room (RequestTooLargeError); returns those copies' bytes."""
-        table = self.table(name)
-        self.check_owned(ids)
-        cost = pull_cost(len(ids), table.width, table.dim)
-        self.room.refuse_larger(cost, len(ids), f"a Pull of {len(ids):,} ids of table {name!r}")
-        return cost
-
-    def check_pull_batch(
-        self, pulls: list[tuple[str, np.ndarray]], what: str = "a PullBatch", larger_runs_alone: bool = False
-    ) -> int:
-        """Checks pulls of (table, ids) as pull_batch runs them, reading nothing: their tables, that this shard owns
-        their ids, that their copies fit in the request room (RequestTooLargeError; larger_runs_alone: a sync
-        step's rows to return, which run alone, within the room's alone_limit); returns those copies' bytes."""
-        cost = 0
-        for name, ids in pulls:
-            table = self.table(name)
-            self.check_owned(ids)
-            cost += pull_batch_cost(len(ids), table.width, table.dim)
-        self.room.refuse_larger(cost, sum(len(ids) for _, ids in pulls), f"{what} of {len(pulls)} pulls",
-                                larger_runs_alone)  # fmt: skip
-        return cost
-
-    def pull_batch(
-        self,
-        pulls: list[tuple[str, np.ndarray]],
-        cost: int,
-        encode: Callable[[list[np.ndarray]], T],
-        caller_gone: Callable[[], bool] | None = None,
-    ) -> T:
-        """encode(the rows of each pull of (table, ids)), pulls that check_pull_batch passed and priced at cost:
-        one take of that much request room for the rows and the reply encode makes of them. caller_gone: as
-        pull's."""
-        with self.room.take(cost, caller_gone), self.store.foreground.serving():
-            return encode([self.table(name).pull(ids) for name, ids in pulls])
+        """(n, dim) embeddings of ids, written into out if given: PullPath.pull (Shard.pulls) says how."""
+        return self.pulls.pull(name, ids, out, caller_gone, cost)
 
     def check_push(self, push: TablePush) -> CheckedPush:
         """Validates a push without changing anything; returns it checked, for apply_push. shows / clicks: per id
