@@ -38,7 +38,7 @@ from protos import ps_pb2
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 SERVICE_PREFIX = "/sparseps.ParameterServer/"
 READ_ONLY_METHODS = ("DescribeTable", "Pull", "PullBatch", "Stats")  # the calls that change nothing on a shard
-# ... unstamped: a stamped PullBatch is a training job's (ps.engine.jobs), and its stamp may start a job
+# ... unstamped: a stamped PullBatch is a training job's (ps.engine.jobs), and its stamp may start a job (ps.engine.followedjob)
 STAMPED_METHODS = ("PullBatch",)
 METHODS = frozenset(ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name)
 

@@ -373,7 +373,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             replies.append(reply)
             return rows
 
-        self.shard.pull(request.table, ids, reply_rows, CallerGone(context), cost)  # straight into the reply
+        self.shard.pulls.pull(request.table, ids, reply_rows, CallerGone(context), cost)  # straight into the reply
         return replies[0]
 
     def _decode_push(self, request) -> TablePush:

@@ -1,4 +1,4 @@
-"""Async and geo jobs on the shards (ps.engine.jobs and tenancy, unclocked stamps): a shard trains one job at a time, whatever
+"""Async and geo jobs on the shards (ps.engine.followedjob and tenancy, unclocked stamps): a shard trains one job at a time, whatever
 its mode, and refuses a worker of its job that runs another mode or setup; a resumed job, a late worker and the
 reads of eval, predict, export and stats go on; a job whose workers are gone holds the shard no longer."""
 

@@ -1266,7 +1266,7 @@ def test_no_resume_hint_when_a_workers_share_gave_it_no_example_to_train(fakes, 
 def test_a_sync_job_stopped_by_one_worker_names_it_though_another_exited_first(fakes, capsys):
     """In a sync job the worker whose bad line stopped the job and the peer its stop released exit within moments
     of each other, in either order: when the first to exit says the job stopped because worker 1 stopped before
-    its end (ps.engine.jobs), worker 1 is named as the one that stopped it, and its lines come first."""
+    its end (ps.engine.followedjob), worker 1 is named as the one that stopped it, and its lines come first."""
     bad = "ps-worker: error: d.csv line 7: expected 40 columns, found 3"
     released = ("ps-worker: error: shard 0: job 7 stops: worker 1 stopped before its end (d.csv line 7: expected 40 "
                 "columns, found 3); start the job anew under a new --job-id")  # fmt: skip

@@ -14,7 +14,7 @@ from worker.recipe import LARGE, MAX_BAD_SHARE, SMALL
 from worker.schema import FORMAT_CHOICES, LABEL_NAMES, LIBSVM_VALUES
 from worker.train_config import TrainConfig
 
-SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
+SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the worker commands' flags
 SECONDS_OR_0 = number(0, MAX_INTERVAL_S)
 
 

@@ -80,13 +80,23 @@ class Client(ShardCalls):
         is split past it); wait_ready lowers it to fit the room the shards keep for requests (message_bytes_for).
         shard_gone(shard): why a shard can never answer again (a local shard whose process exited), else None: a
         call to a shard gone fails at once, saying why, instead of waiting server_timeout_s."""
+        if not servers:  # both checked before any channel opens
+            raise ValueError("Client needs at least one server address")
+        self.slot_map = SlotMap.contiguous(len(servers))  # and at most NUM_SLOTS
+        self._router = Router(self.slot_map, len(servers))
         tls = (tls_ca, tls_cert, tls_key)
         super().__init__(servers, timeout_s, server_timeout_s, max_request_bytes, tls, auth_token, shard_gone)
         self._numbers = RequestNumbers(len(servers))  # PushBatch requests sent to each shard, and the push lock
-        self.slot_map = SlotMap.contiguous(len(servers))
-        self._router = Router(self.slot_map, len(servers))
         self._dims: dict[str, int] = {}
         self._state_ids = [0] * len(servers)  # each shard's model state id as wait_ready read it; 0: not read
+
+    def _deadline(self, stamp: WorkerStamp | None) -> float:
+        """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a call that may
+        wait (a stamp not unclocked)."""
+        return self.timeout_s + (0.0 if stamp is None or stamp.unclocked else stamp.timeout_s)
+
+    def _where(self, shard: int) -> str:
+        return f"shard {shard} at {self.servers[shard]}"
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> list[ps_pb2.StatsResponse]:

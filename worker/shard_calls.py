@@ -40,7 +40,6 @@ import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.errors import PsError, RequestTooLargeError
-from ps.stamp import WorkerStamp
 from worker.channels import open_channels
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import new_client_id
@@ -54,7 +53,10 @@ CLOSE_TIMEOUT_S = 5.0  # close's wait for the channels
 class ShardCalls:
     """The channels to a list of shards and the calls over them: (method, shard, request) calls made at once, each
     sent again as the module docstring says, and the error each ends with. worker.client.Client builds its calls on
-    it; its constructor says what the arguments mean (tls: (tls_ca, tls_cert, tls_key))."""
+    it; its constructor says what the arguments mean (tls: (tls_ca, tls_cert, tls_key)). Two fields are the
+    Client's to write: `_acked` (the steps of a worker whose stamped push every shard answered, which a stamped call
+    sent again carries) and `_room` (the shards' smallest request room as wait_ready read it, named in a too-large
+    refusal)."""
 
     def __init__(
         self,
@@ -66,8 +68,6 @@ class ShardCalls:
         auth_token: str | None,
         shard_gone: Callable[[int], str | None] | None,
     ):
-        if not servers:
-            raise ValueError("Client needs at least one server address")
         self.servers = list(servers)
         self.timeout_s = timeout_s
         self.server_timeout_s = server_timeout_s
@@ -83,11 +83,6 @@ class ShardCalls:
         self._callers = CallThreads()  # the calls of a batch past its first
         self._room = 0  # the smallest request room of the shards as wait_ready read it (0: none, or not read)
         self._interrupted = False  # a signal stopped a call's wait: later calls block (_attempt)
-
-    def _deadline(self, stamp: WorkerStamp | None) -> float:
-        """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a call that may
-        wait (a stamp not unclocked)."""
-        return self.timeout_s + (0.0 if stamp is None or stamp.unclocked else stamp.timeout_s)
 
     def _call_all(self, method: str, requests: list) -> list:
         return self._call_many(method, list(range(len(self._stubs))), requests)
@@ -201,9 +196,6 @@ class ShardCalls:
                           f"where shard {shard}'s room above is smaller, the shard restarted with a smaller "
                           "--memory-bytes since, and a worker started again sizes its messages by the room then",)  # fmt: skip
         return error
-
-    def _where(self, shard: int) -> str:
-        return f"shard {shard} at {self.servers[shard]}"
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Closes the channels (their calls in flight are cancelled), for at most timeout_s: a channel whose close

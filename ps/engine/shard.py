@@ -269,7 +269,8 @@ class Shard:
         caller_gone: Callable[[], bool] | None = None,
         cost: int | None = None,
     ) -> np.ndarray:
-        """(n, dim) embeddings of ids, written into out if given: PullPath.pull (Shard.pulls) says how."""
+        """(n, dim) embeddings of ids, written into out if given: PullPath.pull (Shard.pulls) says how. The library's
+        entry point (tests, benchmarks); the servicer calls Shard.pulls itself."""
         return self.pulls.pull(name, ids, out, caller_gone, cost)
 
     def check_push(self, push: TablePush) -> CheckedPush:

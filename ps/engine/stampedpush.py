@@ -21,7 +21,7 @@ from ps.engine.syncsum import contribution
 from ps.engine.table import Table
 from ps.stamp import WorkerStamp
 
-PushBatch = Callable[[list[TablePush], int, int, int, Callable[[], bool] | None], tuple[int, int]]
+PushBatchFn = Callable[[list[TablePush], int, int, int, Callable[[], bool] | None], tuple[int, int]]
 
 
 class StampedPushes:
@@ -33,7 +33,7 @@ class StampedPushes:
         gate: PushHold,
         table: Callable[[str], Table],
         check_push: Callable[[TablePush], CheckedPush],
-        push_batch: PushBatch,
+        push_batch: PushBatchFn,
     ):
         """The shard's parts: jobs, its JobClocks; pushes, its PushPath (the clock, a sum's PushBatch); room, its
         request room; gate, the checkpoint hold's push gate; table(name), check_push(push) and push_batch(pushes,
@@ -57,7 +57,7 @@ class StampedPushes:
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
     ) -> tuple:
-        """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to
+        """A PushBatch of a job's worker (see ps.engine.followedjob and ps.engine.jobs): done or stopped (no pushes), sync (a contribution to
         the step's sum, applied once the step is complete; client tells two workers of one worker id apart,
         client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp says apart,
         which advances no clock: advance_clock 0; or, unclocked, the worker runs). Returns (clock, ids applied by this

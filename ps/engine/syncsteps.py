@@ -4,10 +4,11 @@ A step holds each worker's contribution (validated copies of its pushes, ps.engi
 client it came from; the bytes they hold count against the `sync_steps` part of --memory-bytes (held_bytes). A step
 gathers, then is applied (its sum, once, outside the lock), or is proven applied whole after a restart, or fails
 (its contributions dropped, its waiters told the error); a step whose contributors' callers all left is dropped by
-a timer at its deadline. ps.engine.jobs's JobClocks decides when (its worker clocks, waits and the job's changes);
-both work under JobClocks' one condition (`cond`, passed here), which every method expects held but apply_sum, which
-takes it itself, as does the timer drop_unless_waited_for starts. The worker clocks stay JobClocks': a step
-applied or proven moves them through `reach`.
+a timer at its deadline. ps.engine.jobs's JobClocks decides when (its waits; the worker clocks and the job's changes
+are its base's, ps.engine.followedjob's FollowedJob); both work under FollowedJob's one condition (`cond`, passed
+here), which every method expects held but apply_sum, which takes it itself, as does the timer
+drop_unless_waited_for starts. The worker clocks stay FollowedJob's: a step applied or proven moves them through
+`reach`.
 """
 
 from __future__ import annotations
