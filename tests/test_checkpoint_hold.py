@@ -15,6 +15,7 @@ from ps.engine import hold as hold_module
 from ps.engine.hold import PushHold
 from ps.engine.shard import Shard
 from ps.errors import CallerGoneError, CheckpointHoldError, CheckpointInProgressError
+from tests.callers import StandInCaller
 from tests.waiting import wait_until
 
 
@@ -301,31 +302,11 @@ def test_a_holds_expiry_counts_from_the_end_of_its_wait_for_the_pushes_in_flight
         gate.push_gate().__enter__()
 
 
-class _Caller:
-    """A hold's caller_gone as ps.service.CallerGone is: called, whether the caller left; watch(wake) has wake()
-    called as it leaves (leave())."""
-
-    def __init__(self):
-        self.gone, self.wakes = threading.Event(), []
-
-    def __call__(self) -> bool:
-        return self.gone.is_set()
-
-    def watch(self, wake) -> bool:
-        self.wakes.append(wake)
-        return True
-
-    def leave(self) -> None:
-        self.gone.set()
-        for wake in self.wakes:
-            wake()
-
-
 def test_a_hold_whose_caller_left_while_it_waited_is_dropped():
     """The hold waits for a push in flight, untimed: its caller's leaving wakes it (no poll), and it is dropped."""
     gate = PushHold(0)
     done, pushing = _push_in_flight(gate)
-    caller, failed, timeouts = _Caller(), [], []
+    caller, failed, timeouts = StandInCaller(), [], []
     waiting, wait = _waits_told(gate), gate._gate.wait
     gate._gate.wait = lambda timeout=None: timeouts.append(timeout) or wait(timeout)
 

@@ -26,6 +26,7 @@ from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shard import Shard
 from ps.server import Server
 from ps.storage.memory import MiB, plan_memory
+from tests.callers import StandInCaller
 from tests.waiting import wait_until
 from worker.__main__ import main as worker_main
 from worker.client import Client
@@ -260,28 +261,6 @@ def test_a_wait_whose_caller_left_ends_and_passes_its_turn_on():
     assert log == ["holder", "later"] and room.waiting == 0 and room.in_use == 0
 
 
-class _Caller:
-    """A wait's caller_gone as ps.service.CallerGone is: called, whether the caller left; watch(wake) has wake()
-    called as it leaves (leave()), or returns False where it left already."""
-
-    def __init__(self, gone: bool = False):
-        self.gone, self.wakes = gone, []
-
-    def __call__(self) -> bool:
-        return self.gone
-
-    def watch(self, wake) -> bool:
-        if self.gone:
-            return False
-        self.wakes.append(wake)
-        return True
-
-    def leave(self) -> None:
-        self.gone = True
-        for wake in self.wakes:
-            wake()
-
-
 def _recorded_waits(room: RequestRoom) -> tuple[list, threading.Event]:
     """The timeouts of every wait on room's condition, and an event set as the first begins."""
     timeouts, waiting, wait = [], threading.Event(), room._cond.wait
@@ -300,7 +279,7 @@ def test_a_wait_whose_watched_caller_leaves_is_woken_by_it_not_by_a_poll():
     untimed, ends with CallerGoneError at the wake, and the take after it goes on."""
     from ps.errors import CallerGoneError
 
-    room, log, go_on, caller, raised = RequestRoom(100), [], threading.Event(), _Caller(), []
+    room, log, go_on, caller, raised = RequestRoom(100), [], threading.Event(), StandInCaller(), []
     holder = _taker(room, 100, log, "holder", go_on)
     _holding(log, ["holder"])
     timeouts, waiting = _recorded_waits(room)
@@ -332,7 +311,7 @@ def test_a_wait_whose_caller_left_before_it_began_does_not_sleep():
     room = RequestRoom(100)
     timeouts, _ = _recorded_waits(room)
     with room.take(100), pytest.raises(CallerGoneError, match="its caller left"):
-        room.acquire(10, caller_gone=_Caller(gone=True))
+        room.acquire(10, caller_gone=StandInCaller(gone=True))
     assert timeouts == [] and room.waiting == 0
     with room.take(100):  # its turn passed on
         pass
