@@ -433,4 +433,6 @@ class ShardModel(RuleBasedStateMachine):
 
 
 TestShardModel = ShardModel.TestCase
-TestShardModel.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
+# 15 runs of up to 40 steps: each rule (the crash points, restores and the late table included) runs a few dozen
+# times a test run; a run costs about a second (every restart opens RocksDB), so more runs buy repeats, not rules.
+TestShardModel.settings = settings(max_examples=15, stateful_step_count=40, deadline=None)
