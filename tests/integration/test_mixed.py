@@ -34,12 +34,13 @@ def torch_sees_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-COMMON = ["--model", "deepfm", "--hidden", "32,16", "--embedding-dim", "4", "--synthetic-rows", "160000",
-          "--synthetic-eval-rows", "40000", "--batch-size", "1024"]  # fmt: skip
+ROWS, EVAL_ROWS = 80_000, 20_000  # enough to learn the planted model: the test checks the eval AUC
+COMMON = ["--model", "deepfm", "--hidden", "32,16", "--embedding-dim", "4", "--synthetic-rows", str(ROWS),
+          "--synthetic-eval-rows", str(EVAL_ROWS), "--batch-size", "1024"]  # fmt: skip
 TRAIN = ["--learning-rate", "0.02", "--no-progress", "--num-workers", "2", "--job-id", "7", "--recipe", "large"]
 # the data and model of COMMON, for the ids to probe and the model's tables
-CFG = TrainConfig(model="deepfm", hidden=(32, 16), embedding_dim=4, synthetic_rows=160_000,
-                  synthetic_eval_rows=40_000, batch_size=1024, recipe="large")  # fmt: skip
+CFG = TrainConfig(model="deepfm", hidden=(32, 16), embedding_dim=4, synthetic_rows=ROWS,
+                  synthetic_eval_rows=EVAL_ROWS, batch_size=1024, recipe="large")  # fmt: skip
 
 
 def probe_ids(data: DataSource) -> np.ndarray:
@@ -62,12 +63,12 @@ def train_pair(tmp_path, workers: tuple[str, str]) -> tuple[dict, dict[str, np.n
                     *COMMON, *TRAIN]  # fmt: skip
             w = subprocess.run([PY, "-m", "worker", "train", *args], capture_output=True, text=True, timeout=600)
             assert w.returncode == 0, w.stderr
-            assert f"({backend}, {device}, worker {i}/2) on 80,000 examples" in w.stdout, w.stdout
+            assert f"({backend}, {device}, worker {i}/2) on {ROWS // 2:,} examples" in w.stdout, w.stdout
         r = subprocess.run([PY, "-m", "worker", "eval", "--servers", servers, "--json", *COMMON],
                            capture_output=True, text=True, timeout=300)  # fmt: skip
         assert r.returncode == 0, r.stderr
         result = json.loads(r.stdout)
-        assert result["eval_examples"] == 40000
+        assert result["eval_examples"] == EVAL_ROWS
         _, data, spec, _ = prepare(CFG, needs_servers=False)
         with Client(cluster.addresses) as client:
             values = {"sparse": client.pull(spec.name, probe_ids(data))}
@@ -90,7 +91,7 @@ def test_a_torch_worker_trains_the_shared_model_as_a_numpy_worker_does(tmp_path,
     homogeneous, want = train_pair(tmp_path, ("numpy", "numpy"))
     print(f"eval AUC: numpy + {other} {mixed['eval_auc']:.6f}, numpy + numpy {homogeneous['eval_auc']:.6f}, "
           f"oracle {mixed['oracle_auc']:.4f}")  # fmt: skip
-    assert homogeneous["eval_auc"] > 0.75  # learned the planted model (0.763 here, oracle 0.780)
+    assert homogeneous["eval_auc"] > 0.75  # learned the planted model (0.762 here, oracle 0.782)
     assert abs(mixed["eval_auc"] - homogeneous["eval_auc"]) <= 1e-4  # 1e-8 here
     assert sorted(got) == sorted(want) and len(want) == 1 + 2 * 3 + 1  # the sparse rows, 3 layers' weights and
     # biases, the logit bias
