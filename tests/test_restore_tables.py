@@ -645,62 +645,99 @@ def test_a_restore_keeps_trained_a_table_a_shrink_emptied_on_the_shards_that_tak
                 shard.close()
 
 
-KILLED_AT = """
-import os, runpy, sys
-out, kill_at = os.path.realpath(os.environ["KILL_OUT"]), int(os.environ["KILL_AT"])
-points, last, repeats = [0], None, [0]
-def path_of(name, args):
+FORK_SERVER = """
+import json, os, runpy, sys, threading
+import ps.__main__, ps.engine.restore  # imported once, here: each run is a process forked from this one
+del sys.modules["ps.__main__"]  # run as a script by each run, as `python -m ps` runs it
+assert threading.active_count() == 1, "a fork copies no thread but its caller"
+out = os.path.realpath(sys.argv[1])
+def path_of(name, args, kwargs):
     if name == "fsync":
         return os.readlink(f"/proc/self/fd/{args[0]}")
-    path = os.fsdecode(args[0])  # the name the operation acts on, not a link's target
-    return os.path.join(os.path.realpath(os.path.dirname(path) or "."), os.path.basename(path))
-def killed_at(name, real):
-    def call(*args, **kwargs):
-        global last
-        path = path_of(name, args)
-        if path == out or path.startswith(out + os.sep):
-            key = (name, os.path.dirname(path))
-            repeats[0] = repeats[0] + 1 if key == last else 1
-            last = key
-            if repeats[0] <= 2:
-                points[0] += 1
-                if points[0] == kill_at:  # as a SIGKILL or a power loss: nothing after it runs
-                    os._exit(137)
-        return real(*args, **kwargs)
-    setattr(os, name, call)
-for name in ("mkdir", "fsync", "replace", "rename", "remove", "unlink", "rmdir"):
-    killed_at(name, getattr(os, name))
-sys.argv = ["ps", *sys.argv[1:]]
-runpy.run_module("ps", run_name="__main__")
+    path, dir_fd = os.fsdecode(args[0]), kwargs.get("dir_fd", kwargs.get("src_dir_fd"))  # shutil.rmtree's dir_fd
+    start = "." if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
+    folder = os.path.realpath(os.path.join(start, os.path.dirname(path)))
+    return os.path.join(folder, os.path.basename(path))  # the name the operation acts on, not a link's target
+def run_killed_at(kill_at, argv):
+    points, last, repeats = 0, None, 0
+    def killed_at(name, real):
+        def call(*args, **kwargs):
+            nonlocal points, last, repeats
+            path = path_of(name, args, kwargs)
+            if path == out or path.startswith(out + os.sep):
+                key = (name, os.path.dirname(path))
+                repeats = repeats + 1 if key == last else 1
+                last = key
+                if repeats <= 2:
+                    points += 1
+                    if points == kill_at:  # as a SIGKILL or a power loss: nothing after it runs
+                        os._exit(137)
+            return real(*args, **kwargs)
+        setattr(os, name, call)
+    for name in ("mkdir", "fsync", "replace", "rename", "remove", "unlink", "rmdir"):  # after the imports: what
+        killed_at(name, getattr(os, name))  # chose by the real functions (shutil.rmtree's dir_fd way) keeps its choice
+    sys.argv = ["ps", *argv]
+    runpy.run_module("ps", run_name="__main__")
+    sys.exit(0)  # as `python -m ps` ends: out of the loop below, its SystemExit too
+for line in sys.stdin:
+    kill_at, argv = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(2, 1)  # its output to stderr: stdout answers the exit status of each run
+        run_killed_at(kill_at, argv)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 
 
 def kill_each_step(argv, out, read, earlier, whole_new) -> None:
     """Runs `ps-server <argv()>` killed (os._exit) before its 1st, 2nd, ... kill point until a run ends: after
     each, read() is the earlier export or the whole new one (from the first run that left the new one, that is the
-    earlier one); more than 5 kill points are tried.
+    earlier one); more than 5 kill points are tried. Each run is a process forked from one that imported ps once
+    (FORK_SERVER), so a run costs what the export does, not an interpreter's start.
 
-    A kill point is a file operation (mkdir, fsync, replace, rename, remove, unlink, rmdir) on out or a path in it:
-    what a kill leaves is what out holds, so one before an operation elsewhere (the interpreter's caches, the
-    checkpoint's read-only copy in the temp dir) leaves out as the next point does. Of a run of one operation in
-    one folder (the files of a folder removed one by one), the first two are points: nothing of the run done, and
-    part of it; the operation after the run is the point where all of it is done."""
+    A kill point is a file operation (mkdir, fsync, replace, rename, remove, unlink, rmdir) on out or a name in it:
+    what a kill leaves is what out holds, so one before an operation elsewhere (the checkpoint's read-only copy in
+    the temp dir) leaves out as the next point does. Of a run of one operation in one folder (the files of a folder
+    removed one by one), the first two are points: nothing of the run done, and part of it; the operation after
+    the run is the point where all of it is done."""
+    import select
     import subprocess
     import sys
+    import tempfile
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    kill_at, done = 0, False
-    while not done:
-        kill_at += 1
-        run = subprocess.run([sys.executable, "-c", KILLED_AT, *argv()], cwd=root,
-                             env={**os.environ, "KILL_AT": str(kill_at), "KILL_OUT": str(out)}, capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
-        assert run.returncode in (0, 137), run.stderr
-        done = run.returncode == 0
-        now = read()
-        assert now in (earlier, whole_new), (kill_at, now)
-        if now == whole_new and not done:
-            earlier = whole_new  # from here on, the new export is the earlier one
+    with tempfile.TemporaryFile("w+") as errors:
+        server = subprocess.Popen([sys.executable, "-c", FORK_SERVER, str(out)], cwd=root, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=errors, text=True)  # fmt: skip
+
+        def output() -> str:
+            errors.seek(0)
+            return errors.read()[-3000:]
+
+        try:
+            kill_at, done = 0, False
+            while not done:
+                kill_at += 1
+                server.stdin.write(json.dumps([kill_at, argv()]) + "\n")
+                server.stdin.flush()
+                assert select.select([server.stdout], [], [], 60)[0], f"run {kill_at} still runs after 60 s"
+                status = server.stdout.readline()
+                assert status, f"the fork server ended: {output()}"
+                assert int(status) in (0, 137), output()
+                done = int(status) == 0
+                now = read()
+                assert now in (earlier, whole_new), (kill_at, now)
+                if now == whole_new and not done:
+                    earlier = whole_new  # from here on, the new export is the earlier one
+        finally:
+            server.stdin.close()
+            try:
+                server.wait(timeout=60)
+            finally:
+                if server.poll() is None:
+                    server.kill()
+                    server.wait()
+                server.stdout.close()
     assert kill_at > 5  # a kill before each write, fsync and rename of the export tried
 
 
