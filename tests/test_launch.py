@@ -385,7 +385,7 @@ def test_an_ssp_job_resumed_in_part_launches_again_and_files_of_two_jobs_are_sti
     resumed(0, j2, steps=1)
     resumed(1, j2, steps=0)
     files = [json.loads((tmp_path / f"p-{worker}.json").read_text()) for worker in range(2)]
-    assert [(f["job_id"], f["resuming_as"]) for f in files] == [(j2, None), (j1, j2)], files
+    assert [(f["job_id"], f["resuming_as"]) for f in files] == [(j2, []), (j1, [j2])], files
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
                              "--mode", "ssp")  # fmt: skip
     plan = plan_launch(args, rest)
@@ -395,11 +395,45 @@ def test_an_ssp_job_resumed_in_part_launches_again_and_files_of_two_jobs_are_sti
     assert plan_launch(args, rest).train_config.job_id not in (j1, j2, j3)
     other = job_hash("other")
     writer(0, other).write(400)  # a file of another job altogether
-    with pytest.raises(ValueError, match=rf"p-0.json job {other}, .*p-1.json job {j1} resuming as job {j3}\)"):
+    with pytest.raises(ValueError, match=rf"p-0.json job {other}, .*p-1.json job {j1} resuming as jobs {j2}, {j3}\)"):
         plan_launch(args, rest)
     writer(0, j2).write(400)
     writer(1, j1).write(300)  # an older file of j1: none resumed as j2
     with pytest.raises(ValueError, match=rf"different jobs \(.*p-0.json job {j2}, .*p-1.json job {j1}\): remove"):
+        plan_launch(args, rest)
+
+
+def test_a_chain_of_refused_restarts_keeps_every_job_a_file_was_started_as(tmp_path):
+    """An ssp job j1 of 2 workers resumed as j2: worker 0 trained a step under j2, worker 1 was refused before its
+    first (worker 0's file names j2; worker 1's j1, resuming as j2). Worker 1 started again as j3, refused again, and
+    again as j4: its file resumes as j2, j3 and j4, so a launch still takes the two files as one job's."""
+    from worker.resume import PositionWriter, recorded_resuming_as
+
+    j1, j2, j3, j4 = (job_hash(name) for name in ("j1", "j2", "j3", "j4"))
+
+    def resumed(worker: int, job: int, steps: int) -> None:  # as train() leaves the file of a worker resumed as job
+        position = PositionWriter(TrainConfig(servers=(SERVERS,), resume_file=str(tmp_path / f"p-{worker}.json"),
+                                              mode="ssp", num_workers=2, worker_id=worker, job_id=job), every_s=3600)  # fmt: skip
+        if job == j1:
+            position.write(300)
+            return
+        position.keep_job_until_past(300)
+        position.update(300)  # the start
+        for step in range(steps):
+            position.update(400 + 100 * step)  # a step acknowledged
+
+    for worker in range(2):
+        resumed(worker, j1, steps=0)
+    resumed(0, j2, steps=1)
+    for job in (j2, j3, j4, j3):  # refused before a step each time (j3 twice: the same command again)
+        resumed(1, job, steps=0)
+    assert recorded_resuming_as(str(tmp_path / "p-1.json")) == (j2, j4, j3)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
+                             "--mode", "ssp")  # fmt: skip
+    assert plan_launch(args, rest).train_config.job_id not in (j1, j2, j3, j4)
+    resumed(1, j3, steps=1)  # worker 1 trained under j3: its file names j3 alone
+    assert json.loads((tmp_path / "p-1.json").read_text())["resuming_as"] == []
+    with pytest.raises(ValueError, match=rf"different jobs \(.*p-0.json job {j2}, .*p-1.json job {j3}\): remove"):
         plan_launch(args, rest)
 
 

@@ -15,7 +15,14 @@ import worker.loop
 from ps.stamp import job_hash
 from worker.__main__ import main as worker_main
 from worker.cluster import LocalCluster
-from worker.resume import PositionWriter, libsvm_reading, read_position
+from worker.resume import (
+    RESUMING_AS_KEPT,
+    PositionWriter,
+    libsvm_reading,
+    read_position,
+    recorded_job,
+    recorded_resuming_as,
+)
 from worker.schema_builtin import resolve_schema
 from worker.train_config import TrainConfig
 
@@ -402,7 +409,7 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
             "job_id": None,
             "job_name": None,  # (a job id made up: no name)
             "token": None,
-            "resuming_as": None,
+            "resuming_as": [],
             "started_from": 0,
             "examples": 3000,
             "trained": True,
@@ -712,7 +719,7 @@ def test_a_sync_position_names_the_new_job_from_its_first_acknowledged_step(tmp_
     acknowledged, or as training ends."""
     path = tmp_path / "p.json"
 
-    def jobs() -> tuple[int, int | None]:  # the file's job_id and resuming_as
+    def jobs() -> tuple[int, list[int]]:  # the file's job_id and resuming_as
         record = json.loads(path.read_text())
         return record["job_id"], record["resuming_as"]
 
@@ -722,13 +729,33 @@ def test_a_sync_position_names_the_new_job_from_its_first_acknowledged_step(tmp_
         writer = PositionWriter(dataclasses.replace(cfg, job_id=8), every_s=3600)
         writer.keep_job_until_past(300)
         writer.update(300)
-        assert jobs() == (7, 8)
+        assert jobs() == (7, [8])
         if trained:
             writer.write(moved, trained=True)
         else:
             writer.update(moved)
-        assert jobs() == ((7, 8) if (moved, trained) == (300, False) else (8, None))
+        assert jobs() == ((7, [8]) if (moved, trained) == (300, False) else (8, []))
         PositionWriter(cfg).write(300)
+
+
+def test_resuming_as_keeps_the_last_new_jobs_and_reads_a_lone_id_as_one(tmp_path):
+    """A start refused under each of many new job ids leaves the last RESUMING_AS_KEPT of them, oldest first; a
+    file that holds one id as resuming_as (not a list) reads as that id alone, and the next start adds to it."""
+    path = tmp_path / "p.json"
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(path), mode="sync", num_workers=2, job_id=7)
+    PositionWriter(cfg).write(300)
+    for job_id in range(100, 100 + RESUMING_AS_KEPT + 3):
+        writer = PositionWriter(dataclasses.replace(cfg, job_id=job_id), every_s=3600)
+        writer.keep_job_until_past(300)
+        writer.update(300)
+    assert recorded_resuming_as(str(path)) == tuple(range(103, 103 + RESUMING_AS_KEPT))
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "resuming_as": 42}))
+    assert recorded_resuming_as(str(path)) == (42,)
+    writer = PositionWriter(dataclasses.replace(cfg, job_id=43), every_s=3600)
+    writer.keep_job_until_past(300)
+    writer.update(300)
+    assert (recorded_job(str(path)), recorded_resuming_as(str(path))) == ((7, ""), (42, 43))
 
 
 def test_a_position_records_libsvm_values_and_one_written_without_it_reads_as_auto(tmp_path):

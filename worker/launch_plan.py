@@ -224,7 +224,8 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
     ValueError where no one job is every file's (files of two jobs: in every mode, a job resumed from them would
     pair the positions of two runs). For sync and ssp a file that names job J resuming as R (its worker stopped
     before the new job R trained from it: worker.resume.recorded_resuming_as) is of both J and R, so the files of
-    a job resumed in part as R (some name R, others J resuming as R) are one job's."""
+    a job resumed in part as R (some name R, others J resuming as R) are one job's; a file resuming as several
+    new jobs (its worker refused under each) is of each of them."""
     from worker.resume import recorded_job, recorded_resuming_as, resumes_whole, unused_because
 
     resume_file = getattr(cfg, "resume_file", None)
@@ -232,10 +233,11 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
         return None
     files = [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
     kept = {path: job for path in files if (job := recorded_job(path)) is not None}
-    resuming_as = {path: recorded_resuming_as(path) if resumes_whole(cfg) else None for path in kept}
-    jobs_of = [{job_id, resuming_as[path]} - {None} for path, (job_id, _) in kept.items()]
+    resuming_as = {path: recorded_resuming_as(path) if resumes_whole(cfg) else () for path in kept}
+    jobs_of = [{job_id, *resuming_as[path]} for path, (job_id, _) in kept.items()]
     if kept and not set.intersection(*jobs_of):
-        also = {path: f" resuming as job {job_id}" for path, job_id in resuming_as.items() if job_id is not None}
+        also = {path: f" resuming as job{'s' * (len(ids) > 1)} {', '.join(map(str, ids))}"
+                for path, ids in resuming_as.items() if ids}  # fmt: skip
         named = ", ".join(f"{path} job {job_named(*job)}{also.get(path, '')}" for path, job in kept.items())
         raise ValueError(f"the workers' --resume-files keep the positions of different jobs ({named}): remove "
                          "the files of the job not to resume")  # fmt: skip

@@ -5,7 +5,8 @@ instead of from the stream's start.
 The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
-     "finished": false, "state_ids": [ID, ...], "job_id": J, "job_name": NAME, "token": T, "resuming_as": R}
+     "finished": false, "state_ids": [ID, ...], "job_id": J, "job_name": NAME, "token": T,
+     "resuming_as": [R, ...]}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
@@ -40,10 +41,13 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   not known. A start takes it: for the shards it is the same process, and pushes on at once, where another process
   given the same --worker-id (or this worker started again without the file) is refused while the first one's
   requests are heard (within the job's barrier timeout, not done or stopped).
-- resuming_as: the new job id R a sync or ssp worker resumes under while the file still names the job J it resumes
-  from (below: until the new job trained from the position); absent or null: none (the file names the job it trains
-  under). `ps-worker launch` takes a file of job J resuming as R to be of job R too, so that the workers' files of
-  one job resumed in part (some trained under R, others stopped before their first step) are taken as one job's.
+- resuming_as: the new job ids R a sync or ssp worker was started under while the file still names the job J it
+  resumes from (below: until a new job trained from the position), oldest first, the last RESUMING_AS_KEPT; absent,
+  null or empty: none (the file names the job it trains under); a lone id R (a file written before it kept
+  several) reads as [R]. `ps-worker launch` takes a file of job J resuming as R to be of job R too, so that the
+  workers' files of one job resumed in part (some trained under R, others stopped before their first step) are
+  taken as one job's; it keeps every R, as a worker refused under R can be started again alone under another new
+  id and be refused again, while its peers' files name R.
 
 It is written as the run starts (before its first CreateTable, which holds the shards for its job: the job id and
 token are kept from then on; a first start that fails before it trains, refused by the shards say, or given
@@ -67,7 +71,7 @@ other examples than the first run's did); and a worker whose training was over (
 ended) tells the new job it is done before it evaluates (a finished one evaluates again), so that its resumed
 peers wait for nobody. The file names the new job only once that job trained from the position (its first step
 acknowledged, or its done stamp sent): a start refused before then (the old job still holds the shards, say)
-leaves the file's job (with the new one as resuming_as), and the same command runs again.
+leaves the file's job (with the new one added to resuming_as), and the same command runs again.
 
 FILE may hold "{worker}", replaced by the worker's id: workers that share a machine (torchrun's
 LOCAL_WORLD_SIZE > 1) need it, each keeping its own file. The file is not used (a warning says so) with --dense
@@ -99,6 +103,7 @@ RUN_SETTINGS = ("data", "format", "schema", "label_column", "drop_columns", "num
                 "libsvm_values", "validation_data", "validation_fraction", "worker_id", "num_workers", "recipe",
                 "epochs", "max_examples", "shuffle", "synthetic_rows", "synthetic_seed", "synthetic_interactions",
                 "synthetic_history", "model", "mode")  # fmt: skip
+RESUMING_AS_KEPT = 8  # the new job ids a file keeps as resuming_as (a chain of refused starts: the last ones)
 RECORDED_LATER = {"libsvm_values": "auto"}  # settings a file written before they were recorded lacks: their value then
 
 log = logging.getLogger("worker.resume")
@@ -292,11 +297,13 @@ def recorded_job(path: str) -> tuple[int, str] | None:
     return job_id, name if isinstance(name, str) and names_job(name, job_id) else ""
 
 
-def recorded_resuming_as(path: str) -> int | None:
-    """The new job id the file at path keeps as resuming_as (the module docstring: a sync or ssp worker's file that
-    still names the job it resumes from), else None (no such file, one that cannot be read, or none kept)."""
+def recorded_resuming_as(path: str) -> tuple[int, ...]:
+    """The new job ids the file at path keeps as resuming_as, oldest first (the module docstring: a sync or ssp
+    worker's file that still names the job it resumes from); () where there are none (no such file, one that
+    cannot be read, or none kept). What is not a job id is left out."""
     resuming_as = _file_record(path).get("resuming_as")
-    return resuming_as if _is_id(resuming_as) else None
+    ids = resuming_as if isinstance(resuming_as, list) else [resuming_as]
+    return tuple(job_id for job_id in ids if _is_id(job_id))
 
 
 def _file_record(path: str) -> dict:
@@ -340,6 +347,7 @@ class PositionWriter:
         self.token = cfg.worker_token or None  # the file's; train() sets the one the run's stamps carry
         self.kept_job: tuple[int, str] | None = None  # keep_job_until_past: the file's job, written instead of job_id
         self.kept_until = 0  # ... while the position is this count, training not over
+        self.resumed_as: tuple[int, ...] = ()  # ... and the new job ids the file was started under before this one
         directory, name = os.path.split(os.path.abspath(self.path))
         leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
         for left in glob.glob(os.path.join(glob.escape(directory), leftover)):
@@ -369,16 +377,18 @@ class PositionWriter:
         file keeps the job id (and name) it holds until the position moves past `examples` (a step of the new job
         acknowledged) or training is over (its done stamp sent), so that a start refused before it trains (the old
         job still holds the shards, say) leaves the file's job as it was, and the same command runs again. Until
-        then the file names job_id as resuming_as, which tells a launcher that the file belongs to the new job too."""
+        then the file names job_id as resuming_as, after the ids it held there (the last RESUMING_AS_KEPT in all),
+        which tells a launcher that the file belongs to each of these new jobs too."""
         kept = recorded_job(self.path)
         if kept is not None and kept[0] != self.job_id:
             self.kept_job, self.kept_until = kept, examples
+            self.resumed_as = tuple(j for j in recorded_resuming_as(self.path) if j not in (self.job_id, kept[0]))
 
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         if self.kept_job is not None and (examples != self.kept_until or trained or finished):
-            self.kept_job = None  # the new job trained from the position: its id from now on
+            self.kept_job, self.resumed_as = None, ()  # the new job trained from the position: its id from now on
         job_id, job_name = self.kept_job or (self.job_id, self.job_name)
-        resuming_as = self.job_id if self.kept_job is not None else None
+        resuming_as = [*self.resumed_as, self.job_id][-RESUMING_AS_KEPT:] if self.kept_job is not None else []
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids),
                   "job_id": job_id, "job_name": job_name or None, "token": self.token,
