@@ -563,31 +563,6 @@ def test_a_cuda_worker_runs_on_the_gpu_of_its_local_rank(monkeypatch):
     assert rank_device("cuda") == worker_device("cuda") == "cuda"
 
 
-def test_a_worker_stopped_by_anything_but_a_server_error_saves_the_mlp_and_a_failure_is_logged(caplog):
-    from ps.errors import ServerUnavailableError
-    from worker.loop import save_dense_on_stop
-
-    class Dense:
-        saved = 0
-        fail = False
-
-        def save_on_stop(self):
-            if self.fail:
-                raise ConnectionError("shard 0 did not answer")
-            self.saved += 1
-            return True
-
-    dense = Dense()
-    save_dense_on_stop(dense, KeyboardInterrupt())
-    save_dense_on_stop(dense, ValueError("a bad line"))
-    save_dense_on_stop(dense, ServerUnavailableError("shard 0 is down"))
-    save_dense_on_stop(object(), KeyboardInterrupt())  # the PS path: nothing to do
-    assert dense.saved == 2
-    dense.fail = True
-    save_dense_on_stop(dense, KeyboardInterrupt())
-    assert "could not write the MLP to the servers as this worker stopped" in caplog.text
-
-
 @pytest.mark.parametrize(
     "setting",
     ["weight_bound = 0.05", "l2 = 0.1", 'optimizer = { name = "sgd", learning_rate = 0.5 }',

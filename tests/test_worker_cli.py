@@ -1181,7 +1181,8 @@ def test_a_geo_worker_whose_last_push_fails_after_its_last_step_reports_what_the
 
 def test_a_stopped_allreduce_run_leaves_its_mlp_on_the_servers(servers, files, monkeypatch):
     """--dense allreduce keeps the MLP in the workers until the end: a Ctrl-C between steps has worker 0 write it
-    (loop.save_dense_on_stop), so the servers' MLP tables hold rows (before, none: the MLP the job began with)."""
+    (allreduce_stop.save_dense_on_stop), so the servers' MLP tables hold rows (before, none: the MLP the job began
+    with)."""
     pytest.importorskip("torch", reason="the allreduce dense path runs among torch workers only")
     train_path, _ = files
     addresses, _ = servers(1)

@@ -325,7 +325,8 @@ class AllReduceDense:
     def _refuse_non_finite(self, grads: np.ndarray) -> None:
         """ValueError naming the first Inf or NaN of the mean gradient (flat, in params order), as a server refuses
         a push of one: raised by every rank at the same step (they hold the same mean), before any change. Not a
-        server's error: the writer saves the MLP of the step before as it stops (worker.loop.save_dense_on_stop)."""
+        server's error: the writer saves the MLP of the step before as it stops
+        (worker.allreduce_stop.save_dense_on_stop)."""
         bad = first_non_finite(grads)
         if bad < 0:
             return
@@ -360,10 +361,15 @@ class AllReduceDense:
         hold the MLP of its last step, which a resumed run (--skip-examples) trains on. Whether it wrote (the
         writer, after a step, not done: a worker that said it is done writes nothing more); raises what the write
         raises. A writer killed by SIGKILL writes nothing: the servers hold the MLP written last."""
-        if self.rank != self._writer or not self.params or not self.syncs or self._left:
+        if not self.writes_on_stop():
             return False
         self._write_values()
         return True
+
+    def writes_on_stop(self) -> bool:
+        """Whether save_on_stop would write: this rank is the writer of the last step it took part in, after a
+        step, not done."""
+        return self.rank == self._writer and bool(self.params) and bool(self.syncs) and not self._left
 
     def _write_values(self) -> None:
         """The values written to the servers' dense tables: add-delta pushes of values - the servers' values,

@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from ps.errors import PsError
 from ps.terminate import signals_after_step
+from worker.allreduce_stop import save_dense_on_stop
 from worker.batch import Batch, table_ids
 from worker.best import BestModel
 from worker.dense import DensePath
@@ -397,19 +398,3 @@ def better(entry: dict, best: dict, metric: str) -> bool:
     if math.isnan(old):
         return not math.isnan(new)
     return new > old if metric == "auc" else new < old
-
-
-def save_dense_on_stop(dense: Any, e: BaseException) -> None:
-    """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has the writer
-    (the lowest rank with a batch) write it to the servers (AllReduceDense.save_on_stop), before it tells them it
-    stopped, unless e is a server's error; a failure is logged, not raised (e is the error to report)."""
-    save = getattr(dense, "save_on_stop", None)
-    if save is None or isinstance(e, PsError):
-        return
-    try:
-        if save():
-            log.info("wrote the MLP of this worker's last step to the servers (--dense allreduce), for a resumed run")
-    except Exception as failed:
-        log.warning("could not write the MLP to the servers as this worker stopped (--dense allreduce): %s; they "
-                    "hold the MLP written last (or the one the job started from), and a resumed run trains it from "
-                    "there", failed)  # fmt: skip

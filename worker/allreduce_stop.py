@@ -1,0 +1,94 @@
+"""What a --dense allreduce worker stopped before its end does with the MLP it holds: the writer writes it to the
+servers, unless the error that stopped the worker says that the write cannot land or must not; what happened is
+logged, never raised (the error that stopped the worker is the one to report, and its exit code stays that one's).
+
+The errors, by what they say of the servers (for the stop and for the save's own failure alike):
+- the servers failed: a shard unavailable (not answering, closing, starting, paused past its retries, busy), its data
+  dir lost, a push it must replay on a restart, its store failing, its disk full or its file size limit reached:
+  the write would fail the same way;
+- the model state replaced: a shard restored from a checkpoint or started on a new data dir since this run read
+  it; the run's MLP must not be written into another model;
+- the job refused: the shards follow another job, or take this worker as done, or its job id or client id as used
+  by another run; the write carries the same stamp and client id, and would be refused the same way;
+- a request refused (anything else a shard or the client's own checks refuse: bad values, a request too large, a
+  table missing, a barrier timeout): the servers are up, and the write is a request of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ps.errors import (
+    ClientIdInUseError,
+    DataDirLostError,
+    DiskFullError,
+    FileTooLargeError,
+    JobConflictError,
+    JobIdReusedError,
+    ModelStateReplacedError,
+    PsError,
+    ShardNeedsRestartError,
+    StorageError,
+    WorkerDoneError,
+)
+
+log = logging.getLogger("worker.allreduce_stop")
+
+SERVER_FAILURES = (DataDirLostError, ShardNeedsRestartError, StorageError, DiskFullError, FileTooLargeError)
+JOB_REFUSALS = (JobConflictError, WorkerDoneError, JobIdReusedError, ClientIdInUseError)
+KEPT = "they hold the MLP written last (or the one the job started from), and a resumed run trains it from there"
+NOT_OURS = "they hold another model, which this run's MLP is not written into"
+
+
+def save_dense_on_stop(dense: Any, e: BaseException) -> None:
+    """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has the writer (the
+    lowest rank with a batch: dense.writes_on_stop) write it to the servers (AllReduceDense.save_on_stop), before it
+    tells them it stopped, unless e says the servers failed, hold another model state, or refuse the job (the
+    module docstring); the writer then logs that it wrote nothing, and why. A failure of the write is logged with
+    what it says of the servers; nothing is raised (e is the error to report). dense without save_on_stop (the
+    PS dense path): nothing to do."""
+    save = getattr(dense, "save_on_stop", None)
+    if save is None:
+        return
+    if isinstance(e, PsError) and write_cannot_land(e):
+        if dense.writes_on_stop():
+            log.warning("did not write the MLP of this worker's last step to the servers as it stopped (--dense "
+                        "allreduce): %s; %s", what_happened(e), left_on_servers(e))  # fmt: skip
+        return
+    try:
+        if save():
+            log.info("wrote the MLP of this worker's last step to the servers (--dense allreduce), for a resumed run")
+    except Exception as failed:
+        log.warning("could not write the MLP to the servers as this worker stopped (--dense allreduce): %s; %s",
+                    what_happened(failed), left_on_servers(failed))  # fmt: skip
+
+
+def write_cannot_land(e: PsError) -> bool:
+    """Whether e, a server's error or the client's, says that a write of the MLP would fail or must not be made:
+    the servers failed, the model state replaced, or the job refused (the module docstring)."""
+    return servers_failed(e) or isinstance(e, (ModelStateReplacedError, *JOB_REFUSALS))
+
+
+def servers_failed(e: PsError) -> bool:
+    """Whether e says a server failed (the module docstring): a shard unavailable (status UNAVAILABLE), one of
+    SERVER_FAILURES, or a PsError of no subclass (a server's error the client has no class for)."""
+    return e.status == "UNAVAILABLE" or isinstance(e, SERVER_FAILURES) or type(e) is PsError
+
+
+def what_happened(e: BaseException) -> str:
+    """e, as the log says it: for a PsError, what it says of the servers first (the module docstring)."""
+    if not isinstance(e, PsError):
+        return str(e)
+    if isinstance(e, ModelStateReplacedError):
+        return f"the servers hold another model state than the one this run trained ({type(e).__name__}: {e})"
+    if isinstance(e, JOB_REFUSALS):
+        return f"the shards refuse this worker's job ({type(e).__name__}: {e})"
+    if servers_failed(e):
+        return f"the servers failed ({type(e).__name__}: {e})"
+    return f"a request was refused, the servers are up ({type(e).__name__}: {e})"
+
+
+def left_on_servers(e: BaseException) -> str:
+    """What MLP the servers hold after e stopped its write (or kept it from being made)."""
+    return NOT_OURS if isinstance(e, ModelStateReplacedError) else KEPT
