@@ -226,7 +226,14 @@ def test_apply_needs_the_rows_held_and_every_must_be_positive(server):
 
 def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_the_servers_failed():
     """So that the examples a stopped run says it trained (its --skip-examples) are on the servers."""
-    from ps.errors import InvalidArgumentError, ServerUnavailableError
+    from ps.errors import (
+        DiskFullError,
+        InvalidArgumentError,
+        JobConflictError,
+        PsError,
+        RequestTooLargeError,
+        ServerUnavailableError,
+    )
     from worker.steprows import GeoRows, abandon
 
     class Geo:
@@ -239,12 +246,16 @@ def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_th
     abandon(GeoRows(None, geo), KeyboardInterrupt())
     abandon(GeoRows(None, geo), ValueError("a bad line"))
     abandon(GeoRows(None, geo), InvalidArgumentError("grads of table 'mlp' hold a NaN"))  # its own request's fault
-    assert geo.flushes == 3
+    abandon(GeoRows(None, geo), RequestTooLargeError("a PullBatch of 40 MB is over the shard's room"))  # the same
+    abandon(GeoRows(None, geo), JobConflictError("shard 0 trains job 9"))  # another job: the servers are up
+    assert geo.flushes == 5
     abandon(GeoRows(None, geo), ServerUnavailableError("shard 0 did not answer"))
+    abandon(GeoRows(None, geo), DiskFullError("shard 0's disk is full"))
+    abandon(GeoRows(None, geo), PsError("a server's error of no class the client knows"))
     failed = GeoRows(None, geo)
     failed._failed = True  # a push of deltas failed: some shards may have applied it
     abandon(failed, KeyboardInterrupt())
-    assert geo.flushes == 3
+    assert geo.flushes == 5
 
 
 def test_a_geo_worker_stopped_by_a_refusal_that_stops_its_job_pushes_no_deltas(caplog):

@@ -21,21 +21,16 @@ from typing import Any
 
 from ps.errors import (
     ClientIdInUseError,
-    DataDirLostError,
-    DiskFullError,
-    FileTooLargeError,
     JobConflictError,
     JobIdReusedError,
     ModelStateReplacedError,
     PsError,
-    ShardNeedsRestartError,
-    StorageError,
     WorkerDoneError,
 )
+from worker.retry import servers_failed
 
 log = logging.getLogger("worker.allreduce_stop")
 
-SERVER_FAILURES = (DataDirLostError, ShardNeedsRestartError, StorageError, DiskFullError, FileTooLargeError)
 JOB_REFUSALS = (JobConflictError, WorkerDoneError, JobIdReusedError, ClientIdInUseError)
 KEPT = "they hold the MLP written last (or the one the job started from), and a resumed run trains it from there"
 NOT_OURS = "they hold another model, which this run's MLP is not written into"
@@ -68,12 +63,6 @@ def write_cannot_land(e: PsError) -> bool:
     """Whether e, a server's error or the client's, says that a write of the MLP would fail or must not be made:
     the servers failed, the model state replaced, or the job refused (the module docstring)."""
     return servers_failed(e) or isinstance(e, (ModelStateReplacedError, *JOB_REFUSALS))
-
-
-def servers_failed(e: PsError) -> bool:
-    """Whether e says a server failed (the module docstring): a shard unavailable (status UNAVAILABLE), one of
-    SERVER_FAILURES, or a PsError of no subclass (a server's error the client has no class for)."""
-    return e.status == "UNAVAILABLE" or isinstance(e, SERVER_FAILURES) or type(e) is PsError
 
 
 def what_happened(e: BaseException) -> str:

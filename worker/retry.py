@@ -30,9 +30,14 @@ from ps.errors import (
     OVERLOADED,
     PARTLY_APPLIED,
     SHARD_STARTING,
+    DataDirLostError,
+    DiskFullError,
+    FileTooLargeError,
     PsError,
     RequestOutcomeUnknownError,
     ServerUnavailableError,
+    ShardNeedsRestartError,
+    StorageError,
     error_class,
 )
 
@@ -61,6 +66,20 @@ APPLIED_AGAIN_IF_SENT_AGAIN = {
     "Checkpoint": "a hold whose reply was lost keeps the shard from taking pushes for up to --hold-timeout-s; a "
     "larger --timeout-s gives a large shard's save the time it needs",
 }
+
+
+# the errors that say a shard's process or its data dir failed, whatever the request
+SERVER_FAILURES = (DataDirLostError, ShardNeedsRestartError, StorageError, DiskFullError, FileTooLargeError)
+
+
+def servers_failed(e: BaseException) -> bool:
+    """Whether e, the error a call (or the client's own check) ended with, says a server failed: a shard unavailable
+    (status UNAVAILABLE: not answering, closing, starting, paused past the retries, busy), one of SERVER_FAILURES,
+    or a PsError of no subclass (a server's error the client has no class for). Anything else a shard or the client
+    refused (bad values, a request too large, a table missing, a barrier timeout, another job) leaves them up."""
+    if not isinstance(e, PsError):
+        return False
+    return e.status == "UNAVAILABLE" or isinstance(e, SERVER_FAILURES) or type(e) is PsError
 
 
 def overloaded(e: grpc.RpcError) -> bool:

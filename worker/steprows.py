@@ -25,7 +25,7 @@ step this worker trained; geo pushes its pending deltas, the others' pushes are 
 worker is done: nobody waits for it),
 abandon(reason, servers_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
 the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed
-(servers_failed), a shard's refusal stopped the job (ps.stamp stopping_refusal) or a push of them did, and logs
+(worker.retry.servers_failed), a shard's refusal stopped the job (ps.stamp stopping_refusal) or a push of them did, and logs
 how many steps' deltas it did not push; async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ps.errors import InvalidArgumentError, PsError
+from ps.errors import PsError
 from ps.stamp import stopping_refusal
 from ps.terminate import Terminated, signal_behind
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
 from worker.pipeline import RecentRows, in_any
+from worker.retry import servers_failed
 
 if TYPE_CHECKING:
     from worker.client import WorkerStamp
@@ -386,12 +387,6 @@ def stopped_by(e: BaseException) -> str:
     refusal that stopped the job: ps.engine.tenancy): e's, where a shard refused a call with it (worker.retry's
     refused_by names the shard); "" for a cause of the worker's own, a PsError it raised itself included."""
     return type(e).__name__ if isinstance(e, PsError) and getattr(e, "refused_by", None) is not None else ""
-
-
-def servers_failed(e: BaseException) -> bool:
-    """Whether e may be a failure of the servers: a PsError, but for InvalidArgumentError (a request refused for
-    what it holds, by the client's own check before it sent or by a shard that answered, says nothing of them)."""
-    return isinstance(e, PsError) and not isinstance(e, InvalidArgumentError)
 
 
 def abandon(source: Any, e: BaseException) -> None:
