@@ -4,11 +4,13 @@ table, not a table restored empty."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -652,60 +654,89 @@ def test_a_restore_keeps_trained_a_table_a_shrink_emptied_on_the_shards_that_tak
 
 
 FORK_SERVER = """
-import json, os, runpy, sys, threading
+import json, os, re, runpy, sys, threading
 import ps.__main__, ps.engine.restore  # imported once, here: each run is a process forked from this one
+from ps.storage import leftovers
 del sys.modules["ps.__main__"]  # run as a script by each run, as `python -m ps` runs it
 assert threading.active_count() == 1, "a fork copies no thread but its caller"
 out = os.path.realpath(sys.argv[1])
-def path_of(name, args, kwargs):
-    if name == "fsync":
-        return os.readlink(f"/proc/self/fd/{args[0]}")
-    path, dir_fd = os.fsdecode(args[0]), kwargs.get("dir_fd", kwargs.get("src_dir_fd"))  # shutil.rmtree's dir_fd
+REMOVALS = ("remove", "unlink", "rmdir")  # of a run of one of these in one folder, the first two are kill points
+def resolved(path, dir_fd):  # the name an operation acts on, not a link's target; shutil.rmtree's by dir_fd
     start = "." if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
-    folder = os.path.realpath(os.path.join(start, os.path.dirname(path)))
-    return os.path.join(folder, os.path.basename(path))  # the name the operation acts on, not a link's target
-def run_killed_at(kill_at, argv):
-    points, last, repeats = 0, None, 0
+    path = os.fsdecode(path)
+    return os.path.join(os.path.realpath(os.path.join(start, os.path.dirname(path))), os.path.basename(path))
+def paths_of(name, args, kwargs):
+    if name == "fsync":
+        return [os.readlink(f"/proc/self/fd/{args[0]}")]
+    if name in ("rename", "replace"):  # its source and its destination: a rename into out is on out too
+        return [resolved(args[0], kwargs.get("src_dir_fd")), resolved(args[1], kwargs.get("dst_dir_fd"))]
+    return [resolved(args[0], kwargs.get("dir_fd"))]
+def in_out(path):
+    return path == out or path.startswith(out + os.sep)
+def step(when, name, paths):  # as each run names it: export-<8 hex>, a name drawn anew each run, as export-*
+    return " ".join([when, name, *(re.sub(r"export-[0-9a-f]{8}", "export-*", os.path.relpath(p, out)) for p in paths)])
+def run_killed_at(phase, kill_at, argv, report):
+    steps, last, repeats, removing = [], None, 0, False
+    def point(at):  # a kill point of the steps swept: those of leftovers.remove, or the export's own (the rest)
+        if removing == (phase == "leftovers"):
+            steps.append(at)
+            if len(steps) == kill_at:  # as a SIGKILL or a power loss: nothing after it runs
+                os.write(report, json.dumps(steps).encode())
+                os._exit(137)
     def killed_at(name, real):
         def call(*args, **kwargs):
-            nonlocal points, last, repeats
-            path = path_of(name, args, kwargs)
-            if path == out or path.startswith(out + os.sep):
-                key = (name, os.path.dirname(path))
-                repeats = repeats + 1 if key == last else 1
-                last = key
-                if repeats <= 2:
-                    points += 1
-                    if points == kill_at:  # as a SIGKILL or a power loss: nothing after it runs
-                        os._exit(137)
-            return real(*args, **kwargs)
+            nonlocal last, repeats
+            paths = paths_of(name, args, kwargs)
+            ours = [p for p in paths if in_out(p)]
+            key = (name, os.path.dirname(ours[0]) if ours else None)
+            repeats, last = repeats + 1 if key == last else 1, key  # any other operation ends a run
+            if ours and (name not in REMOVALS or repeats <= 2):
+                point(step("before", name, paths))
+            done = real(*args, **kwargs)
+            if ours and name == "mkdir":
+                point(step("after", name, paths))  # the new folder, empty
+            return done
         setattr(os, name, call)
+    def removing_leftovers(real):
+        def call(*args, **kwargs):
+            nonlocal removing
+            removing = True
+            try:
+                return real(*args, **kwargs)
+            finally:
+                removing = False
+        return call
     for name in ("mkdir", "fsync", "replace", "rename", "remove", "unlink", "rmdir"):  # after the imports: what
         killed_at(name, getattr(os, name))  # chose by the real functions (shutil.rmtree's dir_fd way) keeps its choice
+    leftovers.remove = removing_leftovers(leftovers.remove)  # what leftovers.claimed removes
     sys.argv = ["ps", *argv]
-    runpy.run_module("ps", run_name="__main__")
+    try:
+        runpy.run_module("ps", run_name="__main__")
+    finally:
+        os.write(report, json.dumps(steps).encode())
     sys.exit(0)  # as `python -m ps` ends: out of the loop below, its SystemExit too
 for line in sys.stdin:
-    kill_at, argv = json.loads(line)
+    phase, kill_at, argv = json.loads(line)
+    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.dup2(2, 1)  # its output to stderr: stdout answers the exit status of each run
-        run_killed_at(kill_at, argv)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+        os.close(read_end)
+        os.dup2(2, 1)  # its output to stderr: stdout answers each run's exit status and steps
+        run_killed_at(phase, kill_at, argv, write_end)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as report:
+        steps = json.loads(report.read() or b"null")
+    print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), steps]), flush=True)
 """
 
 
-def kill_each_step(argv, out, read, earlier, whole_new) -> None:
-    """Runs `ps-server <argv()>` killed (os._exit) before its 1st, 2nd, ... kill point until a run ends: after
-    each, read() is the earlier export or the whole new one (from the first run that left the new one, that is the
-    earlier one); more than 5 kill points are tried. Each run is a process forked from one that imported ps once
-    (FORK_SERVER), so a run costs what the export does, not an interpreter's start.
-
-    A kill point is a file operation (mkdir, fsync, replace, rename, remove, unlink, rmdir) on out or a name in it:
-    what a kill leaves is what out holds, so one before an operation elsewhere (the checkpoint's read-only copy in
-    the temp dir) leaves out as the next point does. Of a run of one operation in one folder (the files of a folder
-    removed one by one), the first two are points: nothing of the run done, and part of it; the operation after
-    the run is the point where all of it is done."""
+@contextlib.contextmanager
+def fork_server(out) -> Iterator[Callable[[str, int, list[str]], tuple[int, list[str]]]]:
+    """Yields run(phase, kill_at, argv): `ps-server <argv>` run in a process forked from one that imported ps once
+    (FORK_SERVER), so a run costs what the export does, not an interpreter's start; killed (os._exit) at the
+    kill_at-th kill point (1, 2, ...) of the phase's steps ("export": its own, "leftovers": its removal of what
+    killed exports left in out); returns its exit status (137: killed) and the steps of the phase up to there
+    (kill_each_step says which they are)."""
     import select
     import subprocess
     import sys
@@ -720,21 +751,18 @@ def kill_each_step(argv, out, read, earlier, whole_new) -> None:
             errors.seek(0)
             return errors.read()[-3000:]
 
+        def run(phase: str, kill_at: int, argv: list[str]) -> tuple[int, list[str]]:
+            server.stdin.write(json.dumps([phase, kill_at, argv]) + "\n")
+            server.stdin.flush()
+            assert select.select([server.stdout], [], [], 60)[0], f"run {phase} {kill_at} still runs after 60 s"
+            answer = server.stdout.readline()
+            assert answer, f"the fork server ended: {output()}"
+            status, steps = json.loads(answer)
+            assert status in (0, 137), output()
+            return status, steps
+
         try:
-            kill_at, done = 0, False
-            while not done:
-                kill_at += 1
-                server.stdin.write(json.dumps([kill_at, argv()]) + "\n")
-                server.stdin.flush()
-                assert select.select([server.stdout], [], [], 60)[0], f"run {kill_at} still runs after 60 s"
-                status = server.stdout.readline()
-                assert status, f"the fork server ended: {output()}"
-                assert int(status) in (0, 137), output()
-                done = int(status) == 0
-                now = read()
-                assert now in (earlier, whole_new), (kill_at, now)
-                if now == whole_new and not done:
-                    earlier = whole_new  # from here on, the new export is the earlier one
+            yield run
         finally:
             server.stdin.close()
             try:
@@ -744,13 +772,55 @@ def kill_each_step(argv, out, read, earlier, whole_new) -> None:
                     server.kill()
                     server.wait()
                 server.stdout.close()
-    assert kill_at > 5  # a kill before each write, fsync and rename of the export tried
+
+
+def kill_each_step(argv, out, read, earlier, whole_new) -> None:
+    """Runs `ps-server <argv()>` (fork_server) killed at its 1st, 2nd, ... kill point until a run ends; then, after
+    a run killed before its rename of export.json.tmp (which leaves its whole folder and export.json.tmp), one
+    killed at the 1st, 2nd, ... kill point of its removal of those, until a run ends. After each run, read() is the
+    earlier export or the whole new one (from the first run that left the new one, that is the earlier one). The
+    steps the runs were killed at are those of the run that ended, each in turn.
+
+    A kill point is a file operation (mkdir, fsync, replace, rename, remove, unlink, rmdir) on out or a name in it
+    (a rename's source or destination), before it runs, and just after each mkdir there (the new folder, empty):
+    what a kill leaves is what out holds, so one before an operation elsewhere (the checkpoint's read-only copy in
+    the temp dir) leaves out as the next point does. Of a run of one removal (remove, unlink or rmdir) in one
+    folder, which any other of those operations ends, on out or elsewhere (the files of a folder removed one by
+    one), the first two are points: nothing of the run done, and part of it; the next point of its phase, where
+    there is one, is where all of it is done. A run's points are counted in two phases, each from 1: those within
+    its removal of what killed exports left (leftovers.remove, under its claim on out), and its own steps, the
+    rest."""
+
+    def check(earlier, run: str):  # what read() finds: earlier, or the whole new export from its first one on
+        now = read()
+        assert now in (earlier, whole_new), (run, now)
+        return now
+
+    with fork_server(out) as run:
+        killed, kill_at, status = [], 0, 137
+        while status == 137:
+            kill_at += 1
+            status, steps = run("export", kill_at, argv())
+            killed += steps[-1:] if status == 137 else []
+            earlier = check(earlier, f"export {kill_at}")
+        assert killed == steps, "the steps killed at are not those of the export that ran whole"
+        before_rename = steps.index("before replace export.json.tmp export.json") + 1
+        killed, kill_at, status = [], 0, 137
+        while status == 137:
+            kill_at += 1
+            assert run("export", before_rename, argv()) == (137, steps[:before_rename])
+            check(whole_new, f"export {before_rename}")
+            status, removal = run("leftovers", kill_at, argv())
+            killed += removal[-1:] if status == 137 else []
+            check(whole_new, f"leftovers {kill_at}")
+        assert killed == removal and len(removal) > 1, (killed, removal)
 
 
 def test_an_export_killed_at_any_point_leaves_the_earlier_one_whole_or_the_new_one(tmp_path):
-    """`ps-server export --overwrite` killed before each file operation in turn (kill -9, a power loss): a reader
-    of out, by export.json and the folder it names, finds the earlier export or the new one, each whole, never a
-    mix; the next export removes what the killed ones left, and only that."""
+    """`ps-server export --overwrite` killed at each kill point in turn (kill -9, a power loss; kill_each_step: its
+    own steps, then its removal of what a killed one left): a reader of out, by export.json and the folder it
+    names, finds the earlier export or the new one, each whole, never a mix; the next export removes what the killed
+    ones left, and only that."""
 
     from ps.engine.restore import export
 
@@ -779,9 +849,9 @@ def test_an_export_killed_at_any_point_leaves_the_earlier_one_whole_or_the_new_o
 
 
 def test_an_export_that_moves_its_checkpoint_killed_at_any_point_leaves_one_whole_export_and_its_checkpoint(tmp_path):
-    """`ps-server export --overwrite --move-checkpoint` (ps-worker export --keep-checkpoint) killed before each file
-    operation in turn: a reader of out finds the earlier export or the new one, each whole with the checkpoint it
-    was made from, named by its export.json; the checkpoint is never both in place and missing."""
+    """`ps-server export --overwrite --move-checkpoint` (ps-worker export --keep-checkpoint) killed at each kill point
+    in turn (kill_each_step): a reader of out finds the earlier export or the new one, each whole with the checkpoint
+    it was made from, named by its export.json; the checkpoint is never both in place and missing."""
     import shutil
 
     from ps.checkpoint import read_manifest
