@@ -433,6 +433,7 @@ class ShardModel(RuleBasedStateMachine):
 
 
 TestShardModel = ShardModel.TestCase
-# 15 runs of up to 40 steps: each rule (the crash points, restores and the late table included) runs a few dozen
-# times a test run; a run costs about a second (every restart opens RocksDB), so more runs buy repeats, not rules.
+# 15 runs of up to 40 steps: each rule (the crash points and restores included) runs a few dozen times a test run,
+# but the late table's at most once a run (its precondition), in about 6 of them; a run costs about a second (every
+# restart opens RocksDB), so more runs buy repeats, not rules.
 TestShardModel.settings = settings(max_examples=15, stateful_step_count=40, deadline=None)
