@@ -90,3 +90,28 @@ def test_a_stop_writes_the_mlp_unless_its_error_rules_the_write_out_and_says_whi
     assert f"could not write the MLP to the servers as this worker stopped (--dense allreduce): {said} (" in caplog.text
     kept = "they hold the MLP written last"
     assert (kept in caplog.text) is not isinstance(error, ModelStateReplacedError), caplog.text
+    assert ("where a shard applied this write before it failed" in caplog.text) is not isinstance(
+        error, ModelStateReplacedError
+    ), caplog.text  # a write is a push per table and shard: one that failed may have landed in part
+
+
+def test_a_stop_on_a_refusal_that_stopped_the_job_writes_no_mlp(caplog):
+    """A shard's refusal relayed as "shard N: job J stops: ..." (ps.stamp stopping_refusal): the shards that
+    stopped the job refuse the write and the others would apply it, so none is made. The same error without the
+    job's stamp, or of the worker's own making (no shard refused it), leaves the write made."""
+    from ps.stamp import WorkerStamp
+
+    stamp = WorkerStamp(7, 0, 2, 0, setup="mode=async", unclocked=True)
+
+    def refused(by_shard: bool) -> errors.InvalidArgumentError:
+        error = errors.InvalidArgumentError("shard 0 at h:1: PushBatch failed: shard 0: job 7 stops: worker 1 differs")
+        if by_shard:
+            error.refused_by = 0  # (worker.retry: a shard's refusal)
+        return error
+
+    dense = StoppedDense()
+    save_dense_on_stop(dense, refused(by_shard=True), stamp)
+    assert dense.saved == 0 and "a shard's refusal stopped the job (InvalidArgumentError: " in caplog.text
+    save_dense_on_stop(dense, refused(by_shard=True))  # no stamp: the job is not known
+    save_dense_on_stop(dense, refused(by_shard=False), stamp)
+    assert dense.saved == 2

@@ -224,15 +224,20 @@ def test_apply_needs_the_rows_held_and_every_must_be_positive(server):
     assert not geo.end_step()  # nothing pending: no push
 
 
-def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_the_servers_failed():
-    """So that the examples a stopped run says it trained (its --skip-examples) are on the servers."""
+def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_they_cannot_land():
+    """So that the examples a stopped run says it trained (its --skip-examples) are on the servers; not where the
+    servers failed, hold another model state or refuse the job."""
     from ps.errors import (
+        BarrierTimeoutError,
+        ClientIdInUseError,
         DiskFullError,
         InvalidArgumentError,
         JobConflictError,
+        ModelStateReplacedError,
         PsError,
         RequestTooLargeError,
         ServerUnavailableError,
+        WorkerDoneError,
     )
     from worker.steprows import GeoRows, abandon
 
@@ -247,11 +252,16 @@ def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_th
     abandon(GeoRows(None, geo), ValueError("a bad line"))
     abandon(GeoRows(None, geo), InvalidArgumentError("grads of table 'mlp' hold a NaN"))  # its own request's fault
     abandon(GeoRows(None, geo), RequestTooLargeError("a PullBatch of 40 MB is over the shard's room"))  # the same
-    abandon(GeoRows(None, geo), JobConflictError("shard 0 trains job 9"))  # another job: the servers are up
+    abandon(GeoRows(None, geo), BarrierTimeoutError("worker 1 did not come"))  # the servers are up
     assert geo.flushes == 5
     abandon(GeoRows(None, geo), ServerUnavailableError("shard 0 did not answer"))
     abandon(GeoRows(None, geo), DiskFullError("shard 0's disk is full"))
     abandon(GeoRows(None, geo), PsError("a server's error of no class the client knows"))
+    # refused the same way by some shards and applied by others (worker.retry.pushes_cannot_land):
+    abandon(GeoRows(None, geo), JobConflictError("shard 0 trains job 9"))  # another run holds the job
+    abandon(GeoRows(None, geo), WorkerDoneError("worker 0 said it is done"))
+    abandon(GeoRows(None, geo), ClientIdInUseError("another caller's client id"))
+    abandon(GeoRows(None, geo), ModelStateReplacedError("shard 0 holds another model state"))  # the run is void
     failed = GeoRows(None, geo)
     failed._failed = True  # a push of deltas failed: some shards may have applied it
     abandon(failed, KeyboardInterrupt())

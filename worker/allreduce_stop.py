@@ -2,7 +2,8 @@
 servers, unless the error that stopped the worker says that the write cannot land or must not; what happened is
 logged, never raised (the error that stopped the worker is the one to report, and its exit code stays that one's).
 
-The errors, by what they say of the servers (for the stop and for the save's own failure alike):
+The errors, by what they say of the servers (for the stop and for the save's own failure alike; the first three
+are worker.retry's pushes_cannot_land, which a geo worker's held deltas follow too):
 - the servers failed: a shard unavailable (not answering, closing, starting, paused past its retries, busy), its data
   dir lost, a push it must replay on a restart, its store failing, its disk full or its file size limit reached:
   the write would fail the same way;
@@ -10,6 +11,8 @@ The errors, by what they say of the servers (for the stop and for the save's own
   it; the run's MLP must not be written into another model;
 - the job refused: the shards follow another job, or take this worker as done, or its job id or client id as used
   by another run; the write carries the same stamp and client id, and would be refused the same way;
+- a refusal that stopped the job (a shard's, relayed: "shard N: job J stops: ...", ps.stamp stopping_refusal): the
+  shards that stopped the job refuse the write and the others would apply it, so it is not made;
 - a request refused (anything else a shard or the client's own checks refuse: bad values, a request too large, a
   table missing, a barrier timeout): the servers are up, and the write is a request of its own.
 """
@@ -17,26 +20,23 @@ The errors, by what they say of the servers (for the stop and for the save's own
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
-from ps.errors import (
-    ClientIdInUseError,
-    JobConflictError,
-    JobIdReusedError,
-    ModelStateReplacedError,
-    PsError,
-    WorkerDoneError,
-)
-from worker.retry import servers_failed
+from ps.errors import ModelStateReplacedError, PsError
+from ps.stamp import WorkerStamp, stopping_refusal
+from worker.retry import JOB_REFUSALS, pushes_cannot_land, servers_failed
+from worker.steprows import stop_reason, stopped_by
 
 log = logging.getLogger("worker.allreduce_stop")
 
-JOB_REFUSALS = (JobConflictError, WorkerDoneError, JobIdReusedError, ClientIdInUseError)
 KEPT = "they hold the MLP written last (or the one the job started from), and a resumed run trains it from there"
+MIXED = ("where a shard applied this write before it failed, that shard holds its MLP and the others the one "
+         "written before it: a resumed run trains on from that mix")  # fmt: skip
 NOT_OURS = "they hold another model, which this run's MLP is not written into"
 
 
-def save_dense_on_stop(dense: Any, e: BaseException) -> None:
+def save_dense_on_stop(dense: Any, e: BaseException, stamp: WorkerStamp | None = None) -> None:
     """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has the writer (the
     lowest rank with a batch: dense.writes_on_stop) write it to the servers (AllReduceDense.save_on_stop), before it
     tells them it stopped, unless e says the servers failed, hold another model state, or refuse the job (the
@@ -46,23 +46,21 @@ def save_dense_on_stop(dense: Any, e: BaseException) -> None:
     save = getattr(dense, "save_on_stop", None)
     if save is None:
         return
-    if isinstance(e, PsError) and write_cannot_land(e):
+    stopped_job = stamp is not None and stopping_refusal(
+        replace(stamp, stopped=stop_reason(e), stopped_by=stopped_by(e))
+    )
+    if stopped_job or pushes_cannot_land(e):
         if dense.writes_on_stop():
+            why = f"a shard's refusal stopped the job ({stop_reason(e)})" if stopped_job else what_happened(e)
             log.warning("did not write the MLP of this worker's last step to the servers as it stopped (--dense "
-                        "allreduce): %s; %s", what_happened(e), left_on_servers(e))  # fmt: skip
+                        "allreduce): %s; %s", why, left_on_servers(e))  # fmt: skip
         return
     try:
         if save():
             log.info("wrote the MLP of this worker's last step to the servers (--dense allreduce), for a resumed run")
     except Exception as failed:
         log.warning("could not write the MLP to the servers as this worker stopped (--dense allreduce): %s; %s",
-                    what_happened(failed), left_on_servers(failed))  # fmt: skip
-
-
-def write_cannot_land(e: PsError) -> bool:
-    """Whether e, a server's error or the client's, says that a write of the MLP would fail or must not be made:
-    the servers failed, the model state replaced, or the job refused (the module docstring)."""
-    return servers_failed(e) or isinstance(e, (ModelStateReplacedError, *JOB_REFUSALS))
+                    what_happened(failed), left_on_servers(failed, tried=True))  # fmt: skip
 
 
 def what_happened(e: BaseException) -> str:
@@ -78,6 +76,9 @@ def what_happened(e: BaseException) -> str:
     return f"a request was refused, the servers are up ({type(e).__name__}: {e})"
 
 
-def left_on_servers(e: BaseException) -> str:
-    """What MLP the servers hold after e stopped its write (or kept it from being made)."""
-    return NOT_OURS if isinstance(e, ModelStateReplacedError) else KEPT
+def left_on_servers(e: BaseException, tried: bool = False) -> str:
+    """What MLP the servers hold after e kept the write from being made, or (tried) stopped it part way: the write is
+    a push per table and shard, so some may have landed."""
+    if isinstance(e, ModelStateReplacedError):
+        return NOT_OURS
+    return f"{KEPT}; {MIXED}" if tried else KEPT

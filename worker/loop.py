@@ -372,7 +372,7 @@ def run_epochs(
             if not dense.collective:  # for its job
                 dense.close()
             else:  # allreduce: the writer writes the MLP of its last step, stamped, while its job holds the shards
-                save_dense_on_stop(dense, e)
+                save_dense_on_stop(dense, e, source.stamp)
         finally:
             abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers failed)
         if not holding():

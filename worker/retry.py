@@ -30,14 +30,19 @@ from ps.errors import (
     OVERLOADED,
     PARTLY_APPLIED,
     SHARD_STARTING,
+    ClientIdInUseError,
     DataDirLostError,
     DiskFullError,
     FileTooLargeError,
+    JobConflictError,
+    JobIdReusedError,
+    ModelStateReplacedError,
     PsError,
     RequestOutcomeUnknownError,
     ServerUnavailableError,
     ShardNeedsRestartError,
     StorageError,
+    WorkerDoneError,
     error_class,
 )
 
@@ -80,6 +85,19 @@ def servers_failed(e: BaseException) -> bool:
     if not isinstance(e, PsError):
         return False
     return e.status == "UNAVAILABLE" or isinstance(e, SERVER_FAILURES) or type(e) is PsError
+
+
+# the refusals that say the shards take no more pushes of this run's job: another run holds the job, or takes the
+# worker as done, or the job id or the client id as its own
+JOB_REFUSALS = (JobConflictError, WorkerDoneError, JobIdReusedError, ClientIdInUseError)
+
+
+def pushes_cannot_land(e: BaseException) -> bool:
+    """Whether e says that a further push of the run's (a stopped worker's held deltas, its MLP) would fail or must
+    not be made: the servers failed (servers_failed), they hold another model state than the run read
+    (ModelStateReplacedError: its position is void), or they refuse its job (JOB_REFUSALS). Such a push would be
+    refused so by some shards and applied by others."""
+    return servers_failed(e) or isinstance(e, (ModelStateReplacedError, *JOB_REFUSALS))
 
 
 def overloaded(e: grpc.RpcError) -> bool:

@@ -23,10 +23,10 @@ last sync, worker/allreduce.py's writes (add_delta): with the job's stamp, advan
 its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
-abandon(reason, servers_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
-the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed
-(worker.retry.servers_failed), a shard's refusal stopped the job (ps.stamp stopping_refusal) or a push of them did, and logs
-how many steps' deltas it did not push; async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
+abandon(reason, pushes_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
+the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed, hold
+another model state or refuse the job (worker.retry.pushes_cannot_land), a shard's refusal stopped the job
+(ps.stamp stopping_refusal) or a push of them did, and logs how many steps' deltas it did not push; async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
 """
@@ -49,7 +49,7 @@ from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
 from worker.pipeline import RecentRows, in_any
-from worker.retry import servers_failed
+from worker.retry import pushes_cannot_land
 
 if TYPE_CHECKING:
     from worker.client import WorkerStamp
@@ -154,7 +154,7 @@ class AsyncRows:
     def finish(self) -> None:
         self._leave(None)
 
-    def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
+    def abandon(self, reason: str, pushes_ok: bool = True, by: str = "") -> None:
         self._leave(reason, by)
 
     def stats(self) -> dict:
@@ -251,7 +251,7 @@ class ClockedRows:
             self._finished = True
             self.tables.finish(replace(self.stamp, step=0, acked=self.acked, done=True))
 
-    def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
+    def abandon(self, reason: str, pushes_ok: bool = True, by: str = "") -> None:
         """Stops the job on every shard (Client.stop_job, with by: stopped_by), unless this worker finished; a shard
         that did not take it is logged (its other workers then wait out their barrier)."""
         if self._finished:
@@ -335,14 +335,15 @@ class GeoRows:
             raise
         self.unpushed_steps = 0
 
-    def abandon(self, reason: str, servers_ok: bool = True, by: str = "") -> None:
+    def abandon(self, reason: str, pushes_ok: bool = True, by: str = "") -> None:
         """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
-        examples holds them), unless the servers are what failed (servers_ok False), a shard's refusal stopped the
+        examples holds them), unless the error that stopped it says they cannot land (pushes_ok False: the servers
+        failed, hold another model state or refuse the job), a shard's refusal stopped the
         job (reason and by, its stop stamp's, say so: ps.stamp stopping_refusal; the shards that have not stopped
         it yet would apply them) or a push of deltas failed before; where they are not pushed (so, or their push
         fails now), a warning says how many steps' deltas the servers lack. Then tells the shards it stopped."""
         try:
-            why = self._flush_on_stop(servers_ok, reason, by)
+            why = self._flush_on_stop(pushes_ok, reason, by)
             if why is not None and self.unpushed_steps:
                 log.warning("the local deltas of this worker's last %d steps (since its last push) are not on the "
                             "servers, or not whole: %s; its count of pushed examples leaves them out, and a resumed "
@@ -350,12 +351,12 @@ class GeoRows:
         finally:
             self._leave(reason, by)
 
-    def _flush_on_stop(self, servers_ok: bool, reason: str, by: str) -> str | None:
+    def _flush_on_stop(self, pushes_ok: bool, reason: str, by: str) -> str | None:
         """Pushes the pending deltas where it may; why they were not pushed, or None where they were."""
         if self._failed:
             return "a push of them failed, and is not sent again (some shards may have applied it)"
-        if not servers_ok:
-            return "the servers failed, so this worker sent them nothing more"
+        if not pushes_ok:
+            return "the servers failed, hold another model state or refuse this job: this worker sent them nothing more"
         if self.stamp is not None and stopping_refusal(replace(self.stamp, stopped=reason, stopped_by=by)):
             return "a shard's refusal stopped the job, so this worker sent them nothing more"
         try:
@@ -390,10 +391,11 @@ def stopped_by(e: BaseException) -> str:
 
 
 def abandon(source: Any, e: BaseException) -> None:
-    """source.abandon(stop_reason(e), servers_ok, stopped_by(e)) for a worker that e stops before its end
-    (servers_ok: not servers_failed(e)); a failure of that is logged, not raised: e is the error to report."""
+    """source.abandon(stop_reason(e), pushes_ok, stopped_by(e)) for a worker that e stops before its end
+    (pushes_ok: not worker.retry.pushes_cannot_land(e)); a failure of that is logged, not raised: e is the error to
+    report."""
     try:
-        source.abandon(stop_reason(e), servers_ok=not servers_failed(e), by=stopped_by(e))
+        source.abandon(stop_reason(e), pushes_ok=not pushes_cannot_land(e), by=stopped_by(e))
     except Exception as failed:
         log.warning("could not tell the servers that this worker stopped: %s", failed)
 
