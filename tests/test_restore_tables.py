@@ -749,16 +749,19 @@ def fork_server(out) -> Iterator[Callable[[str, int, list[str]], tuple[int, list
     (FORK_SERVER), so a run costs what the export does, not an interpreter's start; killed (os._exit) at the
     kill_at-th kill point (1, 2, ...) of the phase's steps ("export": its own, "leftovers": its removal of what
     killed exports left in out); returns its exit status (137: killed) and the steps of the phase up to there
-    (kill_each_step says which they are)."""
+    (kill_each_step says which they are). On an error (a run that hangs past 60 s among them) the server and the run
+    it forked are killed at once, so what is raised is that error and no process is left."""
     import select
+    import signal
     import subprocess
     import sys
     import tempfile
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryFile("w+") as errors:
+        # in a session of its own: its process group is it and the runs it forks, killed together on an error
         server = subprocess.Popen([sys.executable, "-c", FORK_SERVER, str(out)], cwd=root, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=errors, text=True)  # fmt: skip
+                                  stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)  # fmt: skip
 
         def output() -> str:
             errors.seek(0)
@@ -776,15 +779,15 @@ def fork_server(out) -> Iterator[Callable[[str, int, list[str]], tuple[int, list
 
         try:
             yield run
+            server.stdin.close()  # its loop ends
+            server.wait(timeout=60)
         finally:
-            server.stdin.close()
-            try:
-                server.wait(timeout=60)
-            finally:
-                if server.poll() is None:
-                    server.kill()
-                    server.wait()
-                server.stdout.close()
+            if server.returncode is None:  # not reaped (a run failed, or the server did not end): its group id
+                os.killpg(server.pid, signal.SIGKILL)  # is still its own, and the run it waits on, hung, is in it
+                server.wait()
+            with contextlib.suppress(BrokenPipeError):  # a request the killed server never read
+                server.stdin.close()
+            server.stdout.close()
 
 
 def kill_each_step(argv, out, read, earlier, whole_new) -> None:
