@@ -117,7 +117,7 @@ def _count_refusals(owner: object, method: str, counts: dict) -> None:
 @pytest.fixture
 def data_file(tmp_path):
     path = tmp_path / "train.txt"
-    write_synthetic(path, SyntheticConfig(rows=3200, seed=3))
+    write_synthetic(path, SyntheticConfig(rows=1600, seed=3))
     return str(path)
 
 
@@ -129,7 +129,7 @@ def test_checkpoints_saved_while_two_workers_train(servers, tmp_path, data_file,
                        geo_every=4 if mode == "geo" else None)  # fmt: skip
     cfgs = [dataclasses.replace(base, worker_id=i) for i in range(2)]
     plain, plain_started = servers(2, root=tmp_path / "plain")
-    assert [r["result"].steps for r in _run_job(plain, cfgs)] == [50, 50]
+    assert [r["result"].steps for r in _run_job(plain, cfgs)] == [25, 25]
     want = _state([s.shard for s in plain_started])
     want_per_shard = [_state([s.shard]) for s in plain_started]
 
@@ -153,7 +153,7 @@ def test_checkpoints_saved_while_two_workers_train(servers, tmp_path, data_file,
     with Saver(got, got_started, tmp_path, set(want)) as saver:
         runs = _run_job(got, cfgs)
     assert saver.error is None, saver.error
-    assert [r["result"].steps for r in runs] == [50, 50]
+    assert [r["result"].steps for r in runs] == [25, 25]
     assert len(saver.saved) >= 3 and sum(refused.values()) > 0, (saver.saved, refused)  # the holds met the job
     have = _state([s.shard for s in got_started])
 
