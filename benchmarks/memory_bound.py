@@ -149,7 +149,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.big_ids, args.clients, args.rows, args.batch, args.rounds = 200_000, 2, 100_000, 20_000, 2
-        args.large_batch, args.large_rounds, args.replay_rows, args.idle_s = 50_000, 1, 100_000, 0.5
+        args.large_batch, args.large_rounds, args.replay_rows, args.idle_s = 50_000, 1, 100_000, 0.0
     bound = byte_size(args.memory)
     flags = ["--memory-bytes", args.memory]
     work = tempfile.mkdtemp(prefix="sparseps-memory-bound-")
