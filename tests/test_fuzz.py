@@ -1,7 +1,9 @@
 """Fuzzing the servicer through gRPC: over 10,000 requests to every ParameterServer method of shard 1 of 2 (random
 bytes, mutated requests, valid-but-hostile values from tests/fuzz_requests.py, and valid requests that change
 the state between them). None gets INTERNAL or UNKNOWN; every rejection has a status a client can act on and says
-why; and a rejected request leaves the shard's state as it was, byte for byte.
+why; and a rejected request leaves the shard's state as it was, byte for byte. The requests come in STREAMS
+seeded streams, each sent one at a time to a shard of its own, the streams at once (a process each: the time is
+the servers' and gRPC's Python, which one process's threads would take in turns); their counts are summed.
 
 The state (snapshot) is read from the shard directly: for every table, every row in use in its RAM arena (id,
 the row's float32 values as bits, its lsn and dirty flag), and the counters that are state (admitted and pending
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import json
+import multiprocessing
 import os
 import pathlib
 import re
@@ -43,6 +46,7 @@ from tests.fuzz_requests import METHODS, RequestSource
 
 SEED = 16
 REQUESTS = int(os.environ.get("SPARSEPS_FUZZ_REQUESTS", "11000"))
+STREAMS = 2  # independent streams, each against a shard of its own, run at once: seeds SEED, SEED + 1, ...
 LIMIT_BYTES = 1 << 20  # the shard's message limit: replies over it are refused before they are built
 TIMEOUT_S = 30
 REJECTED = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED",
@@ -184,22 +188,10 @@ def differences(before: tuple, after: tuple, shard: Shard) -> list[str]:
 
 
 def test_10k_random_and_hostile_requests_never_get_internal_and_rejected_ones_change_nothing(tmp_path):
-    root = tmp_path / "checkpoints"
-    root.mkdir()
-    config = ServerConfig(data_dir=str(tmp_path / "shard-1"), shard_id=1, num_shards=2, port=0,
-                          max_message_bytes=LIMIT_BYTES, flush_interval_s=3600.0, checkpoint_root=str(root))  # fmt: skip
-    server = Server(config)
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}", options=grpc_options(64 << 20))
-    call = {m: channel.unary_unary(f"/sparseps.ParameterServer/{m}") for m in METHODS}
-    try:
-        for s in TABLES.values():
-            call["CreateTable"](ps_pb2.CreateTableRequest(spec=s).SerializeToString(), timeout=TIMEOUT_S)
-        summary = fuzz(server.shard, call, root)
-        call["Stats"](b"", timeout=TIMEOUT_S)  # still serving
-    finally:
-        channel.close()
-        server.stop(grace_s=1)
+    with multiprocessing.get_context("spawn").Pool(STREAMS - 1) as pool:  # the other streams, each in a process
+        others = [pool.apply_async(fuzz_a_shard, (k, str(tmp_path / f"stream-{k}"))) for k in range(1, STREAMS)]
+        streams = [fuzz_a_shard(0, str(tmp_path / "stream-0"))] + [o.get(timeout=600) for o in others]
+    summary = merged(streams)
     print_summary(summary)
     if os.environ.get("SPARSEPS_FUZZ_SUMMARY"):
         with open(os.environ["SPARSEPS_FUZZ_SUMMARY"], "w") as f:
@@ -211,17 +203,57 @@ def test_10k_random_and_hostile_requests_never_get_internal_and_rejected_ones_ch
     assert summary["accepted"] >= 2_000 and summary["rejected"] >= 5_000, summary
 
 
-def fuzz(shard: Shard, call: dict, root: pathlib.Path) -> dict:
+def fuzz_a_shard(stream: int, directory: str) -> dict:
+    """Stream `stream` (seed SEED + stream) of REQUESTS / STREAMS requests (rounded up) against a shard of its own
+    in `directory`; its summary (fuzz's)."""
+    tmp = pathlib.Path(directory)
+    root = tmp / "checkpoints"
+    root.mkdir(parents=True)
+    config = ServerConfig(data_dir=str(tmp / "shard-1"), shard_id=1, num_shards=2, port=0,
+                          max_message_bytes=LIMIT_BYTES, flush_interval_s=3600.0, checkpoint_root=str(root))  # fmt: skip
+    server = Server(config)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}", options=grpc_options(64 << 20))
+    call = {m: channel.unary_unary(f"/sparseps.ParameterServer/{m}") for m in METHODS}
+    try:
+        for s in TABLES.values():
+            call["CreateTable"](ps_pb2.CreateTableRequest(spec=s).SerializeToString(), timeout=TIMEOUT_S)
+        summary = fuzz(server.shard, call, root, SEED + stream, -(-REQUESTS // STREAMS))
+        call["Stats"](b"", timeout=TIMEOUT_S)  # still serving
+    finally:
+        channel.close()
+        server.stop(grace_s=1)
+    return summary
+
+
+def merged(streams: list[dict]) -> dict:
+    """One summary of the streams' summaries: counts summed, rules unreached by all of them."""
+    total = {key: sum((collections.Counter(s[key]) for s in streams), collections.Counter())
+             for key in ("by_method", "codes", "rules")}  # fmt: skip
+    return {
+        "requests": sum(s["requests"] for s in streams), "seed": ", ".join(str(s["seed"]) for s in streams),
+        "duration_s": max(s["duration_s"] for s in streams), "by_method": dict(total["by_method"]),
+        "codes": dict(total["codes"]), **{key: sum(s[key] for s in streams) for key in
+                                          ("accepted", "rejected", "partly_applied", "internal_or_unknown")},
+        "rules": dict(total["rules"].most_common()), "unreached_rules": [name for name, *_ in RULES
+                                                                         if not total["rules"][name]],
+        "problems": [f"seed {s['seed']}, {p}" for s in streams for p in s["problems"]][:20],
+    }  # fmt: skip
+
+
+def fuzz(shard: Shard, call: dict, root: pathlib.Path, seed: int, requests: int) -> dict:
+    """Sends `requests` requests of RequestSource(seed) one at a time, checking each reply and what each rejected
+    request did to the shard's state; the summary."""
     ids = random_ids(2000, seed=11)
     owner = SlotMap.contiguous(2).shard_of(ids)
     mine, theirs = ids[owner == 1], ids[owner == 0][:16]
-    source = RequestSource(SEED, {n: (s.dim, s) for n, s in TABLES.items()}, mine[:46], theirs, mine[46:48], root)
+    source = RequestSource(seed, {n: (s.dim, s) for n, s in TABLES.items()}, mine[:46], theirs, mine[46:48], root)
     rules, by_method, codes = collections.Counter(), collections.Counter(), collections.Counter()
     problems: list[str] = []
     counts = collections.Counter()
     reference = snapshot(shard)
     started = time.monotonic()
-    for i in range(REQUESTS):
+    for i in range(requests):
         request = source.next()
         by_method[request.method] += 1
         try:
@@ -254,7 +286,7 @@ def fuzz(shard: Shard, call: dict, root: pathlib.Path) -> dict:
         reference = snapshot(shard)
     unreached = [name for name, *_ in RULES if not rules[name]]
     return {
-        "requests": REQUESTS, "seed": SEED, "duration_s": round(time.monotonic() - started, 1),
+        "requests": requests, "seed": seed, "duration_s": round(time.monotonic() - started, 1),
         "by_method": dict(by_method), "codes": dict(codes), "accepted": counts["accepted"],
         "rejected": counts["rejected"], "partly_applied": counts["partly applied"],
         "internal_or_unknown": codes["INTERNAL"] + codes["UNKNOWN"], "rules": dict(rules.most_common()),
