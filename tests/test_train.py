@@ -655,7 +655,7 @@ def test_a_best_model_too_large_to_copy_is_not_put_back_and_the_summary_says_why
     from worker.results import format_results
 
     monkeypatch.setattr(best, "MAX_BEST_FLOATS", 1000)
-    cfg = TrainConfig(local_shards=1, model="deepfm", hidden=(8,), synthetic_rows=4000, synthetic_eval_rows=500,
+    cfg = TrainConfig(local_shards=1, model="deepfm", hidden=(8,), synthetic_rows=2000, synthetic_eval_rows=500,
                       learning_rate=0.5, epochs=30, early_stop=2, progress=False)  # fmt: skip
     result = train(cfg)
     assert result["stopped_early"] and not result["restored_best"] and result["best_copy_limit_bytes"] == 4000
