@@ -9,6 +9,7 @@ import sys
 import time
 
 from tests.waiting import PipeReader, wait_until
+from worker.client import Client
 from worker.cluster import DISCARDED_STOP_S
 from worker.launch_workers import GRACE_S
 
@@ -80,7 +81,10 @@ def test_a_worker_killed_in_a_sync_launch_stops_the_job_naming_it(tmp_path):
             return bool(kids)
 
         wait_until(worker_one_trains, timeout_s=60, what="worker 1 to start")
-        time.sleep(8)  # into training: the workers import, the shards start, steps run
+        shards = reader.wait_for(r"started 2 local shards: (\S+)", 60, "launch to start its shards").group(1)
+        with Client(shards.split(","), timeout_s=30) as client:  # into training: both workers' steps run
+            wait_until(lambda: min(s.min_clock for s in client.stats()) >= 3, timeout_s=90,
+                       what=lambda: f"both workers to train; read:\n{reader.text()}")  # fmt: skip
         everything = _descendants(launcher.pid)
         survivor = [p for p in everything if "--worker-id 0" in _cmdline(p)]
         assert launcher.poll() is None, "the job ended before the kill"
