@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -21,7 +22,6 @@ from ps.engine.shard import Shard
 from ps.errors import CheckpointDamagedError, RamTierTooSmallError, StorageError
 from ps.rows.initializers import init_rows
 from ps.storage import atomicfile
-from ps.storage.checkpointread import read_table
 from ps.storage.datadir import OpenDataDir
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint
@@ -128,7 +128,33 @@ def test_a_restart_with_the_same_restore_of_a_checkpoint_of_no_tables_does_not_r
         again.close()
 
 
-def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole_rows(tmp_path, monkeypatch):
+# The export's peak (bytes held above what was held before it) of each table of the checkpoint at argv[1]/ckpt, each
+# exported on its own (argv[2]: their names, as JSON) three times, the smallest kept (another allocation only raises
+# a peak). Fixed costs are made small (a chunk of rows being read, a piece of rows being written), so that at every
+# size the peak is where the most is held a row: the sorted ids being written, beside the ids, embeddings and sort
+# order; tqdm's monitor thread, which a bar (even one that is off) starts, is kept from starting.
+_EXPORT_PEAKS = """
+import functools, json, sys, tracemalloc
+from tqdm import tqdm
+tqdm.monitor_interval = 0
+from ps.engine import restore
+from ps.storage.checkpointread import read_table
+restore.read_table = functools.partial(read_table, chunk=1024)
+restore.WRITE_ROWS = 4096
+root, names = sys.argv[1], json.loads(sys.argv[2])
+peaks = dict.fromkeys(names, float("inf"))
+tracemalloc.start()
+for _ in range(3):
+    for name in names:
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        restore.export(f"{root}/ckpt", f"{root}/{name}", tables=[name])
+        peaks[name] = min(peaks[name], tracemalloc.get_traced_memory()[1] - held)
+print(json.dumps(peaks))
+"""
+
+
+def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole_rows(tmp_path):
     """ps-server export reads a table's rows (embedding, optimizer state, statistics: 28 floats for adam at dim 8)
     and writes the embeddings sorted by id. What it holds a row peaks as it writes the sorted ids: the ids (8 bytes), the
     embeddings (32), their int64 sort order (8) and the sorted ids being written (8), 56 in all; not the whole rows
@@ -136,14 +162,6 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
     the slope of the export's peak over two table sizes, where its fixed costs cancel out (an export's first-time
     allocations are spent by one of a tiny table first): at most 2 bytes a row over the design's 56, so a copy of
     one float32 column (4 bytes a row) fails it."""
-    import threading
-    import tracemalloc
-
-    from tqdm import tqdm
-
-    from ps.engine import restore as restore_module
-    from ps.engine.restore import export
-
     sizes = {"tiny": 100, "half": 50_000, "whole": 100_000}  # a table of each
     ids = np.random.default_rng(0).permutation(np.arange(1, sizes["whole"] + 1, dtype=np.uint64) * np.uint64(7919))
     grads = np.random.default_rng(1).standard_normal((sizes["whole"], 8)).astype(np.float32)
@@ -157,30 +175,10 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
         one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
     finally:
         shard.close()
-    # fixed costs made small (a chunk of rows being read, a piece of rows being written), so that at both sizes the
-    # peak is where the most is held a row: the sorted ids being written, beside the ids, embeddings and sort order
-    monkeypatch.setattr(restore_module, "read_table", functools.partial(read_table, chunk=1024))
-    monkeypatch.setattr(restore_module, "WRITE_ROWS", 4096)
-    # tracemalloc counts what every thread allocates: only this one and the idle kernel pool may run (an export's
-    # tqdm bar, off, starts tqdm's monitor thread unless its interval is 0)
-    monkeypatch.setattr(tqdm, "monitor_interval", 0)
-    if tqdm.monitor is not None:  # one an earlier test's bar started
-        tqdm.monitor.exit()
-    strangers = [
-        t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.name.startswith("ps-kernel")
-    ]
-    assert not strangers, f"threads alive besides the main one and the idle ps-kernel pool: {strangers}"
-    peaks = dict.fromkeys(sizes, float("inf"))
-    tracemalloc.start()
-    try:
-        for _ in range(3):  # another allocation only raises a peak: the smallest of three is the export's own
-            for name in sizes:
-                held = tracemalloc.get_traced_memory()[0]
-                tracemalloc.reset_peak()
-                export(str(tmp_path / "ckpt"), str(tmp_path / name), tables=[name])
-                peaks[name] = min(peaks[name], tracemalloc.get_traced_memory()[1] - held)
-    finally:
-        tracemalloc.stop()
+    # measured in a process of its own: tracemalloc counts what every thread allocates, and a test process holds
+    # the threads of the tests before it
+    peaks = json.loads(subprocess.run([sys.executable, "-c", _EXPORT_PEAKS, str(tmp_path), json.dumps(list(sizes))],
+                                      capture_output=True, text=True, check=True, timeout=300).stdout)  # fmt: skip
     per_row = (peaks["whole"] - peaks["half"]) / (sizes["whole"] - sizes["half"])
     assert per_row <= 8 + 8 * 4 + 8 + 8 + 2, f"{per_row:.2f} bytes a row; peaks {peaks}"
     got_ids, got_rows = exported(tmp_path / "whole", "whole")
