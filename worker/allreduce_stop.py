@@ -39,7 +39,8 @@ NOT_OURS = "they hold another model, which this run's MLP is not written into"
 def save_dense_on_stop(dense: Any, e: BaseException, stamp: WorkerStamp | None = None) -> None:
     """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has the writer (the
     lowest rank with a batch: dense.writes_on_stop) write it to the servers (AllReduceDense.save_on_stop), before it
-    tells them it stopped, unless e says the servers failed, hold another model state, or refuse the job (the
+    tells them it stopped, unless e says the servers failed, hold another model state, or refuse the job, or is a
+    shard's refusal that stopped the job (stamp: the worker's, which names its job; None: not looked for) (the
     module docstring); the writer then logs that it wrote nothing, and why. A failure of the write is logged with
     what it says of the servers; nothing is raised (e is the error to report). dense without save_on_stop (the
     PS dense path): nothing to do."""
