@@ -2,8 +2,9 @@
 servers, unless the error that stopped the worker says that the write cannot land or must not; what happened is
 logged, never raised (the error that stopped the worker is the one to report, and its exit code stays that one's).
 
-The errors, by what they say of the servers (for the stop and for the save's own failure alike; the first three
-are worker.retry's pushes_cannot_land, which a geo worker's held deltas follow too):
+The errors, by what they say of the servers (for the stop and for the save's own failure alike, but for the
+fourth, which only the stop looks for; the first three are worker.retry's pushes_cannot_land, and the first four
+what a geo worker's held deltas follow too):
 - the servers failed: a shard unavailable (not answering, closing, starting, paused past its retries, busy), its data
   dir lost, a push it must replay on a restart, its store failing, its disk full or its file size limit reached:
   the write would fail the same way;
@@ -20,19 +21,18 @@ are worker.retry's pushes_cannot_land, which a geo worker's held deltas follow t
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 from ps.errors import ModelStateReplacedError, PsError
-from ps.stamp import WorkerStamp, stopping_refusal
+from ps.stamp import WorkerStamp
 from worker.retry import JOB_REFUSALS, pushes_cannot_land, servers_failed
-from worker.steprows import stop_reason, stopped_by
+from worker.steprows import stop_reason, stopped_by, stopped_the_job
 
 log = logging.getLogger("worker.allreduce_stop")
 
 KEPT = "they hold the MLP written last (or the one the job started from), and a resumed run trains it from there"
-MIXED = ("where a shard applied this write before it failed, that shard holds its MLP and the others the one "
-         "written before it: a resumed run trains on from that mix")  # fmt: skip
+MIXED = ("unless a shard applied part of this write before it failed (the error says which): such a shard holds "
+         "this MLP's tables it applied, the others the ones written before")  # fmt: skip
 NOT_OURS = "they hold another model, which this run's MLP is not written into"
 
 
@@ -47,9 +47,7 @@ def save_dense_on_stop(dense: Any, e: BaseException, stamp: WorkerStamp | None =
     save = getattr(dense, "save_on_stop", None)
     if save is None:
         return
-    stopped_job = stamp is not None and stopping_refusal(
-        replace(stamp, stopped=stop_reason(e), stopped_by=stopped_by(e))
-    )
+    stopped_job = stopped_the_job(stamp, stop_reason(e), stopped_by(e))
     if stopped_job or pushes_cannot_land(e):
         if dense.writes_on_stop():
             why = f"a shard's refusal stopped the job ({stop_reason(e)})" if stopped_job else what_happened(e)

@@ -374,7 +374,7 @@ def run_epochs(
             else:  # allreduce: the writer writes the MLP of its last step, stamped, while its job holds the shards
                 save_dense_on_stop(dense, e, source.stamp)
         finally:
-            abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers failed)
+            abandon(source, e)  # (geo: pushes the deltas it holds, unless they cannot land: steprows.stopped_pushes)
         if not holding():
             result.pushed = result.examples
         if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line; also

@@ -1,5 +1,6 @@
 """Retry policy: which failed calls a client sends again and for how long, its waits for a shard that is down or
-starting, and the error a call ends with.
+starting, and the error a call ends with; and what such an error says of the servers (servers_failed), and of a
+stopped worker's further pushes (pushes_cannot_land).
 
 A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (RETRYABLE), or that an overloaded shard refused
 before running it (RESOURCE_EXHAUSTED, ps.errors.OVERLOADED: overloaded), is sent again while its shard has
@@ -95,7 +96,7 @@ JOB_REFUSALS = (JobConflictError, WorkerDoneError, JobIdReusedError, ClientIdInU
 def pushes_cannot_land(e: BaseException) -> bool:
     """Whether e says that a further push of the run's (a stopped worker's held deltas, its MLP) would fail or must
     not be made: the servers failed (servers_failed), they hold another model state than the run read
-    (ModelStateReplacedError: its position is void), or they refuse its job (JOB_REFUSALS). Such a push would be
+    (ModelStateReplacedError: its position is void), or they refuse its job (JOB_REFUSALS). Such a push may be
     refused so by some shards and applied by others."""
     return servers_failed(e) or isinstance(e, (ModelStateReplacedError, *JOB_REFUSALS))
 

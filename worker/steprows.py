@@ -23,12 +23,12 @@ last sync, worker/allreduce.py's writes (add_delta): with the job's stamp, advan
 its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
-abandon(reason, pushes_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on
-the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed, hold
-another model state or refuse the job (worker.retry.pushes_cannot_land), a shard's refusal stopped the job
-(ps.stamp stopping_refusal) or a push of them did, and logs how many steps' deltas it did not push; async and geo tell the shards that the worker stopped, so that the job holds them no more for it) and
-stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
-cache serves rows).
+abandon(reason, pushes_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on the
+shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed, hold
+another model state or refuse the job (worker.retry.pushes_cannot_land), a shard's refusal stopped the job (ps.stamp
+stopping_refusal) or a push of them did, and logs how many steps' deltas it did not push; async and geo tell the
+shards that the worker stopped, so that the job holds them no more for it) and stats() ({"cache_hit_rate",
+"cache_bytes_saved"} where a cache serves rows).
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ class GeoRows:
             return "a push of them failed, and is not sent again (some shards may have applied it)"
         if not pushes_ok:
             return "the servers failed, hold another model state or refuse this job: this worker sent them nothing more"
-        if self.stamp is not None and stopping_refusal(replace(self.stamp, stopped=reason, stopped_by=by)):
+        if stopped_the_job(self.stamp, reason, by):
             return "a shard's refusal stopped the job, so this worker sent them nothing more"
         try:
             self._flush()
@@ -388,6 +388,14 @@ def stopped_by(e: BaseException) -> str:
     refusal that stopped the job: ps.engine.tenancy): e's, where a shard refused a call with it (worker.retry's
     refused_by names the shard); "" for a cause of the worker's own, a PsError it raised itself included."""
     return type(e).__name__ if isinstance(e, PsError) and getattr(e, "refused_by", None) is not None else ""
+
+
+def stopped_the_job(stamp: WorkerStamp | None, reason: str, by: str) -> bool:
+    """Whether a worker stopped for reason (stop_reason) on a refusal of class by (stopped_by) stopped on a shard's
+    refusal that stopped its job (ps.stamp stopping_refusal; stamp: the worker's, None: not known): the shards that
+    stopped the job refuse its further pushes (geo's held deltas, allreduce's MLP) and the others would apply them,
+    so none is made."""
+    return stamp is not None and stopping_refusal(replace(stamp, stopped=reason, stopped_by=by)) is not None
 
 
 def abandon(source: Any, e: BaseException) -> None:
