@@ -1013,3 +1013,16 @@ def test_after_a_signal_stops_a_calls_wait_later_calls_block_instead_of_waiting_
         assert (push.futures, push.blocking) == (1, 1)
     finally:
         client.close()
+
+
+def test_a_server_list_out_of_range_is_refused_before_any_channel_opens(monkeypatch):
+    """No servers, or more than the slots they own: a ValueError saying which, with no channel left open."""
+    from ps.sharding import NUM_SLOTS
+
+    opened = []
+    monkeypatch.setattr("worker.shard_calls.open_channels", lambda *args: opened.append(args) or [])
+    with pytest.raises(ValueError, match="at least one server address"):
+        Client([])
+    with pytest.raises(ValueError, match=f"num_shards must be in 1..{NUM_SLOTS}"):
+        Client(["127.0.0.1:1"] * (NUM_SLOTS + 1))
+    assert opened == []

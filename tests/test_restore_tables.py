@@ -27,6 +27,8 @@ from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint
 from tests.conftest import exported, one_shard_checkpoint, one_table_checkpoint
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root, where ps is
+
 
 def table(name: str) -> TableConfig:
     return TableConfig(name, 2, InitializerConfig("zeros"), OptimizerConfig("sgd", 1.0))
@@ -177,8 +179,15 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
         shard.close()
     # measured in a process of its own: tracemalloc counts what every thread allocates, and a test process holds
     # the threads of the tests before it
-    peaks = json.loads(subprocess.run([sys.executable, "-c", _EXPORT_PEAKS, str(tmp_path), json.dumps(list(sizes))],
-                                      capture_output=True, text=True, check=True, timeout=300).stdout)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", _EXPORT_PEAKS, str(tmp_path), json.dumps(list(sizes))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # ROOT: the ps that this test imports
+    assert child.returncode == 0, child.stderr
+    peaks = json.loads(child.stdout)
     per_row = (peaks["whole"] - peaks["half"]) / (sizes["whole"] - sizes["half"])
     assert per_row <= 8 + 8 * 4 + 8 + 8 + 2, f"{per_row:.2f} bytes a row; peaks {peaks}"
     got_ids, got_rows = exported(tmp_path / "whole", "whole")
