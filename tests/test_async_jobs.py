@@ -1,6 +1,7 @@
-"""Async and geo jobs on the shards (ps.engine.followedjob and tenancy, unclocked stamps): a shard trains one job at a time, whatever
-its mode, and refuses a worker of its job that runs another mode or setup; a resumed job, a late worker and the
-reads of eval, predict, export and stats go on; a job whose workers are gone holds the shard no longer."""
+"""Async and geo jobs on the shards (ps.engine.followedjob and tenancy, unclocked stamps): a shard trains one job at
+a time, whatever its mode, and refuses a worker of its job that runs another mode or setup; a resumed job, a late
+worker and the reads of eval, predict, export and stats go on; a job whose workers are gone holds the shard no
+longer."""
 
 from __future__ import annotations
 

@@ -57,8 +57,8 @@ class StampedPushes:
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
     ) -> tuple:
-        """A PushBatch of a job's worker (see ps.engine.followedjob and ps.engine.jobs): done or stopped (no pushes), sync (a contribution to
-        the step's sum, applied once the step is complete; client tells two workers of one worker id apart,
+        """A PushBatch of a job's worker (see ps.engine.followedjob and ps.engine.jobs): done or stopped (no
+        pushes), sync (a contribution to the step's sum, applied once the step is complete; client tells two workers of one worker id apart,
         client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp says apart,
         which advances no clock: advance_clock 0; or, unclocked, the worker runs). Returns (clock, ids applied by this
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
