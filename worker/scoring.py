@@ -69,7 +69,8 @@ class ScoringProgress(CountProgress):
             self.plain, self.every_s = True, JSON_EVERY_S
 
     def advance_bar(self, n: int) -> None:
-        advance(self.bar, n, self.estimated)
+        if self.bar is not None:
+            advance(self.bar, n, self.estimated)
 
     def shown_total(self) -> int:
         """The total a line shows for the examples scored so far (an estimate grown past them: about_total)."""
@@ -95,7 +96,7 @@ class ScoringProgress(CountProgress):
     def close(self, finished: bool = True) -> None:
         """finished: every example was scored (the count is the total); else an error or a signal stopped the
         scoring, and the total shown stays the one expected."""
-        if finished and not self.bar.disable:
+        if finished and self.bar is not None:
             self.bar.total = self.bar.n
         if self.plain and self.worker is not None:
             self.say(self.done / max(time.perf_counter() - self.started, 1e-9), finished)

@@ -1,0 +1,42 @@
+"""ps.progress.CountProgress: a progress not shown starts no thread (tqdm starts its monitor thread for every bar
+it makes, a disabled one too)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+_THREADS_OF_A_PROGRESS_OFF = """
+import threading
+
+from ps.engine.restore import ExportProgress
+from ps.progress import CountProgress
+from worker.scoring import ScoringProgress
+
+
+class Counted(CountProgress):
+    def line(self, rate):
+        return f"{self.done} done"
+
+
+before = {t.ident for t in threading.enumerate()}
+for progress in (Counted(10, False, unit="row"), ExportProgress("t", 10, False), ScoringProgress(10, False),
+                 ScoringProgress(10, False, estimated=True)):
+    progress.update(4)
+    progress.update(7)
+    progress.close()
+print(sorted(t.name for t in threading.enumerate() if t.ident not in before))
+"""
+
+
+def test_a_progress_not_shown_starts_no_thread():
+    """Export and scoring with their bar off (every test, every log without a terminal) leave no thread behind.
+    Counted in a process of its own: a test process holds the threads of the tests before it."""
+    child = subprocess.run(
+        [sys.executable, "-c", _THREADS_OF_A_PROGRESS_OFF], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )  # ROOT: the ps that this test imports
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "[]", f"threads started: {child.stdout.strip()}"
