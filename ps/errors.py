@@ -313,6 +313,8 @@ class FileTooLargeError(PsError):
 
 
 NOTHING_APPLIED = "nothing was applied"  # a refusal's outcome where none of the request was applied
+NOTHING_READ_OR_APPLIED = "nothing was read or applied"  # a request refused before it read a row or changed one
+NOTHING_OF_THE_STEP_APPLIED = "nothing of the step was applied"  # a sync step failed: no worker's push of it applied
 RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from ps.config import CLIENT_MESSAGE_BYTES, DEFAULT_REPLY_BYTES, ROOM_SHARE, message_bytes_for
 from ps.engine.room import RequestRoom
-from ps.errors import ReplyTooLargeError
+from ps.errors import NOTHING_READ_OR_APPLIED, ReplyTooLargeError
 from ps.storage.memory import request_room_bytes
 
 REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
@@ -107,7 +107,7 @@ class ReplyRoom:
         raise ReplyTooLargeError(
             f"{method} reply would be {nbytes:,} bytes, held {REPLY_COPIES} times while it is sent "
             f"({REPLY_COPIES * nbytes:,} bytes), over this server's room for replies being sent "
-            f"({self.capacity:,} bytes, --reply-bytes); send fewer ids per request; nothing was read or applied"
+            f"({self.capacity:,} bytes, --reply-bytes); send fewer ids per request; {NOTHING_READ_OR_APPLIED}"
         )
 
     def hold(self, nbytes: int, at_end: Callable[[Callable[[], None]], bool], caller_gone: Callable[[], bool]) -> None:

@@ -53,6 +53,7 @@ from ps.engine.syncsteps import SyncStep, again
 from ps.engine.syncsum import sync_key
 from ps.errors import (
     NOTHING_APPLIED,
+    NOTHING_OF_THE_STEP_APPLIED,
     BarrierTimeoutError,
     CallerGoneError,
     InvalidArgumentError,
@@ -229,7 +230,7 @@ class JobClocks(FollowedJob):
                         self.sync.fail(step, BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
                             f"{waited:.3g} s for the pushes of {self._named(missing)} of job "
-                            f"{self.tenancy.named(stamp)}; nothing of the step was applied; is it alive? the job stops"
+                            f"{self.tenancy.named(stamp)}; {NOTHING_OF_THE_STEP_APPLIED}; is it alive? the job stops"
                         ))  # fmt: skip
                         raise again(step.error)
                     if not waiting:

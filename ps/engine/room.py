@@ -27,7 +27,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from ps.errors import CallerGoneError, RequestTooLargeError
+from ps.errors import NOTHING_READ_OR_APPLIED, CallerGoneError, RequestTooLargeError
 from ps.storage.memory import MAX_REQUEST_BYTES, MIN_REQUEST_BYTES, REQUEST_SHARE
 
 ID_BYTES = 8
@@ -97,7 +97,7 @@ class RequestRoom:
                     f"{what} would copy {nbytes:,} bytes of rows, more than a sync step's push may copy on this "
                     f"server ({self.alone_limit:,} bytes, its --memory-bytes): a sync step sends each shard one "
                     "push of all its ids, so train with smaller batches, or on more shards, or give the server a "
-                    "larger --memory-bytes; nothing was read or applied"
+                    f"larger --memory-bytes; {NOTHING_READ_OR_APPLIED}"
                 )
             return
         if self.capacity and nbytes > self.capacity:
@@ -108,8 +108,8 @@ class RequestRoom:
             raise RequestTooLargeError(
                 f"{what} would copy {nbytes:,} bytes of rows, more than this server's whole room for requests "
                 f"({self.capacity:,} bytes, the `requests` part of --memory-bytes): send at most about {most:,} of "
-                f"these ids per request (worker.client sizes its messages by the room); {larger}; nothing was read "
-                "or applied"
+                f"these ids per request (worker.client sizes its messages by the room); {larger}; "
+                f"{NOTHING_READ_OR_APPLIED}"
             )
 
     @contextlib.contextmanager

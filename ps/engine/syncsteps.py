@@ -23,6 +23,7 @@ from ps.engine.stampcheck import job_stops
 from ps.engine.syncsum import held_bytes, step_cost, sum_contributions
 from ps.errors import (
     NOTHING_APPLIED,
+    NOTHING_OF_THE_STEP_APPLIED,
     BarrierTimeoutError,
     InvalidArgumentError,
     PsError,
@@ -132,8 +133,8 @@ class SyncSteps:
                 f"{held - mine - others:,}: {held:,} bytes, which with the copies their sum makes take "
                 f"{step_cost(held):,}, over this server's `sync_steps` part of --memory-bytes "
                 f"({self.step_bytes:,} bytes); train with smaller batches, fewer "
-                "workers or more shards, or give the server a larger --memory-bytes; nothing of the step was "
-                "applied; start the job anew under a new --job-id"
+                "workers or more shards, or give the server a larger --memory-bytes; "
+                f"{NOTHING_OF_THE_STEP_APPLIED}; start the job anew under a new --job-id"
             )  # fmt: skip
         step.held[stamp.worker] = mine
         self.held_bytes = held
@@ -169,8 +170,8 @@ class SyncSteps:
                             self._named(workers))  # fmt: skip
                 self.fail(step, BarrierTimeoutError(
                     f"shard {self.shard_id}: sync step {step.step} of job {stamp.named} was dropped at its barrier "
-                    f"timeout, with nobody waiting for it (the callers of {self._named(workers)} left); nothing of "
-                    "it was applied"
+                    f"timeout, with nobody waiting for it (the callers of {self._named(workers)} left); "
+                    f"{NOTHING_OF_THE_STEP_APPLIED}"
                 ))  # fmt: skip
 
         step.timer = threading.Timer(max(0.0, step.deadline - time.monotonic()), expire)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ps.engine.push import CheckedPush, TablePush
-from ps.errors import NOTHING_APPLIED, InvalidArgumentError
+from ps.errors import NOTHING_APPLIED, NOTHING_OF_THE_STEP_APPLIED, InvalidArgumentError
 from ps.rows.update import OPTIMIZE
 from ps.wire import repeats_ids
 
@@ -86,7 +86,7 @@ def _sum_table(name: str, pushes: list[TablePush], max_count: float) -> TablePus
         bad = int(np.flatnonzero(~np.isfinite(grads).all(axis=1))[0])
         raise InvalidArgumentError(
             f"the sum of the workers' gradients for id {int(ids[bad])} of table {name!r} overflows float32 (each "
-            f"worker's is finite; the sum is {grads[bad].tolist()[:8]}); nothing of the step was applied"
+            f"worker's is finite; the sum is {grads[bad].tolist()[:8]}); {NOTHING_OF_THE_STEP_APPLIED}"
         )
     np.minimum(shows, max_count, out=shows)
     np.minimum(clicks, max_count, out=clicks)
