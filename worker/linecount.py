@@ -13,11 +13,17 @@ line of data (a CSV's shares are of records, not lines: its residues are csv_rea
 are given here); beyond the threshold nothing needs them: the validation split is a hash of an example's index
 (worker/data.py). Lines of data are counted (count_data_upto), in every format a line its reader skips as empty
 left out (no_data): a line of whitespace (criteo: of spaces), a libsvm line of a query id or a comment only, and a
-csv row of blank cells (`,,,`, `"",""`, by the file's delimiter); a csv file's header line is none either. A CSV's
-lines are counted as lines, its quotes not read: a record whose quoted cell spans lines counts its lines, each by
-the rule of one line (the reader's stats and csv_reader.csv_data_places count records). The shares take every
-num_workers-th line, such lines included, so their residues are those of the data lines' indices among all the
-file's lines.
+csv row of blank cells (`,,,`, `"",""`, by the file's delimiter); a csv file's header line is none either. The
+shares of the other formats take every num_workers-th line, lines of no data included, so their residues are those
+of the data lines' indices among all the file's lines.
+
+A CSV's count is of lines, not records: its quotes are not read, so a record whose quoted cell spans lines counts
+each of its lines, by the rule of one line. The count is then an estimate of its examples, high by those extra
+lines, as it is of every format's (malformed lines are counted too), and only estimates use it: the recipe's choice
+of small or large data and its few-steps warning, the validation split's expected size (worker/data.py held_out),
+progress totals, and whether --eval-data is read whole before training. Nothing finds a record by a line's number:
+a CSV's shares and their residues are of records (csv_reader: csv_cells, csv_data_places), and the validation split
+picks by an example's index among the share's good examples.
 """
 
 from __future__ import annotations
