@@ -249,9 +249,15 @@ def memory_rows(r: dict) -> list[str]:
 
 
 def fuzz_rows(r: dict) -> list[str]:
+    seeds = str(r["seed"]).split(", ")  # tests/test_fuzz.py merged: its streams' seeds, "16, 17"
+    streams = (
+        f"seed {seeds[0]}"
+        if len(seeds) == 1
+        else f"{len(seeds)} streams at once, seeds " + ", ".join(seeds[:-1]) + f" and {seeds[-1]}"
+    )
     return [row(
         f"fuzz: {r['requests']:,} random, mutated and hostile requests over all {len(r['by_method'])} methods "
-        f"(seed {r['seed']}), in {r['duration_s']:.0f} s", f"{r['internal_or_unknown']} INTERNAL or UNKNOWN; "
+        f"({streams}), in {r['duration_s']:.0f} s", f"{r['internal_or_unknown']} INTERNAL or UNKNOWN; "
         f"{r['rejected']:,} rejected by {len(r['rules'])} rules, {r['accepted']:,} accepted, "
         f"{r.get('partly_applied', 0):,} batches refused part way (the pushes before the refused one applied, "
         "as the message says)",
