@@ -49,6 +49,7 @@ REQUESTS = int(os.environ.get("SPARSEPS_FUZZ_REQUESTS", "11000"))
 STREAMS = 2  # independent streams, each against a shard of its own, run at once: seeds SEED, SEED + 1, ...
 LIMIT_BYTES = 1 << 20  # the shard's message limit: replies over it are refused before they are built
 TIMEOUT_S = 30
+WARM_UP_S = 600  # a request's deadline while warm_kernels compiles
 REJECTED = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED",
             "UNAVAILABLE"}  # fmt: skip
 RULES = [  # (name, status code, pattern of the message); the first match names a rejection
@@ -207,6 +208,7 @@ def fuzz_a_shard(stream: int, directory: str) -> dict:
     """Stream `stream` (seed SEED + stream) of REQUESTS / STREAMS requests (rounded up) against a shard of its own
     in `directory`; its summary (fuzz's)."""
     tmp = pathlib.Path(directory)
+    warm_kernels(tmp / "warm-up")
     root = tmp / "checkpoints"
     root.mkdir(parents=True)
     config = ServerConfig(data_dir=str(tmp / "shard-1"), shard_id=1, num_shards=2, port=0,
@@ -224,6 +226,33 @@ def fuzz_a_shard(stream: int, directory: str) -> dict:
         channel.close()
         server.stop(grace_s=1)
     return summary
+
+
+def warm_kernels(directory: pathlib.Path) -> None:
+    """Pushes (through the optimizer and as deltas) and pulls every table of TABLES on a scratch server in directory,
+    so that the compiled kernels the fuzzed requests run are loaded, or compiled where no cache has them yet (a fresh
+    clone: over a minute on a loaded host), before a fuzzed request's TIMEOUT_S runs."""
+    server = Server(ServerConfig(data_dir=str(directory), shard_id=1, num_shards=2, port=0, flush_interval_s=3600.0))
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}", options=grpc_options(64 << 20))
+    ids = random_ids(2000, seed=11)
+    ids = ids[SlotMap.contiguous(2).shard_of(ids) == 1][:8]
+    raw, ones = ids.astype("<u8").tobytes(), np.ones(len(ids), "<f4").tobytes()
+    try:
+        for name, s in TABLES.items():
+            channel.unary_unary("/sparseps.ParameterServer/CreateTable")(
+                ps_pb2.CreateTableRequest(spec=s).SerializeToString(), timeout=WARM_UP_S
+            )
+            grads = np.full((len(ids), s.dim), 1e-3, "<f4").tobytes()
+            for add_delta in (False, False, False, True):  # admission's min_count is 3 shows
+                push = ps_pb2.PushRequest(table=name, ids=raw, grads=grads, dim=s.dim, shows=ones, clicks=ones,
+                                          add_delta=add_delta)  # fmt: skip
+                channel.unary_unary("/sparseps.ParameterServer/Push")(push.SerializeToString(), timeout=WARM_UP_S)
+            pull = ps_pb2.PullRequest(table=name, ids=raw)
+            channel.unary_unary("/sparseps.ParameterServer/Pull")(pull.SerializeToString(), timeout=WARM_UP_S)
+    finally:
+        channel.close()
+        server.stop(grace_s=1)
 
 
 def merged(streams: list[dict]) -> dict:
