@@ -27,7 +27,8 @@ from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableCon
 from ps.errors import PsError, StorageError
 from ps.server import Server
 from ps.storage.rowformat import encode_keys
-from ps.storage.store import LOST_TABLE_ROWS, Store
+from ps.storage.store import Store
+from ps.storage.tablecatalog import LOST_TABLE_ROWS
 from ps.storage.verify import verify_checkpoint, verify_data_dir
 from tests.server_process import ServerProcess
 from tests.waiting import wait_until

@@ -45,6 +45,8 @@ PROCESS = {"ps.service", "ps.refusals", "ps.replies", "ps.server", "ps.health", 
            "ps.sizing", "ps.__main__"}  # fmt: skip
 ROCKSDB_USERS = {
     "ps.storage.store",
+    "ps.storage.tablecatalog",
+    "ps.storage.storedrows",
     "ps.storage.shardmeta",
     "ps.storage.datadir",
     "ps.storage.options",

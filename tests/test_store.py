@@ -11,7 +11,7 @@ from ps.errors import DataLossError, StorageError
 from ps.rows.layout import STATS_FLOATS, layout_of, stored_sizes
 from ps.sharding import slot_of
 from ps.storage import options as options_module
-from ps.storage import store as store_module
+from ps.storage import tablecatalog as tablecatalog_module
 from ps.storage.options import multi_get
 from ps.storage.rowformat import encode_keys
 from ps.storage.store import Store
@@ -318,7 +318,7 @@ def test_a_read_of_the_table_numbers_that_races_a_create_keeps_the_new_tables_nu
     path = str(tmp_path / "db")
     with contextlib.closing(Store(path)) as s:
         s.create_table(TableConfig("a", 4))
-    read, paused, go = store_module.read_table_numbers, threading.Event(), threading.Event()
+    read, paused, go = tablecatalog_module.read_table_numbers, threading.Event(), threading.Event()
 
     def first_read_pauses(meta):  # the first read of the numbers waits, once it has read them, until `go`
         numbers = read(meta)
@@ -327,7 +327,7 @@ def test_a_read_of_the_table_numbers_that_races_a_create_keeps_the_new_tables_nu
             go.wait(30)
         return numbers
 
-    monkeypatch.setattr(store_module, "read_table_numbers", first_read_pauses)
+    monkeypatch.setattr(tablecatalog_module, "read_table_numbers", first_read_pauses)
     with contextlib.closing(Store(path)) as s:
         reader = threading.Thread(target=s.table_number, args=("a",))
         reader.start()

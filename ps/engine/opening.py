@@ -25,7 +25,8 @@ from ps.storage.arena import MemoryBudget
 from ps.storage.journal import Journal
 from ps.storage.memory import MemoryPlan
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
-from ps.storage.store import LOST_TABLE_ROWS, Store
+from ps.storage.store import Store
+from ps.storage.tablecatalog import LOST_TABLE_ROWS
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: opening its data dir is a part of its start
 REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay

@@ -2,7 +2,7 @@
 identity and cluster name, the restore marks, the model state's id, the done workers of its job, the journal's
 positions (flushed_seq, lsn_high and the exactly-once `applied` table) and the clock with its advance notes.
 ps.storage.meta has their keys and the grammar of their values; the tables' configs, numbers and counts, which
-their rows need, are ps.storage.store.Store's.
+their rows need, are the Store's (its base ps.storage.tablecatalog.TableCatalog).
 
 Two of its writes go into a WriteBatch the Store writes, so that they land with rows or not at all: "lsn_high" in
 the batch of the rows that raised it (lsn_high_raised), and the deletes of what a restore wrote here in the batch

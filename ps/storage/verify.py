@@ -29,7 +29,7 @@ from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
 from ps.storage.readonly import damage_at
 from ps.storage.shardmeta import JOB_DONE_REMEDY
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import LOST_TABLE_ROWS
+from ps.storage.tablecatalog import LOST_TABLE_ROWS
 from ps.storage.verifyscan import verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
