@@ -9,7 +9,7 @@ x`, relative, inside functions too), with no exemptions:
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
       process     ps.service, ps.refusals, ps.replies, ps.server, ps.health, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__
-- only the RocksDB modules of ps/storage (ROCKSDB_USERS: the store and its ShardMeta, its data dir's open, its options and reads)
+- only the RocksDB modules of ps/storage (ROCKSDB_USERS: the store, its bases and its ShardMeta, its data dir's open, its options and reads)
   import rocksdict;
 - in ps/, only the process modules that speak gRPC (service, server, health, security) import grpc, and only they and
   the codec import the generated stubs (protos);
