@@ -19,8 +19,9 @@ from worker.encode import parsed_sources
 from worker.features import cat_values
 from worker.formats import ReadStats, column_stats, read_batches
 from worker.readers import criteo_reader
-from worker.schema import CRITEO_COLUMNS, schema_from_text
 from worker.schema_builtin import builtin_schema
+from worker.schema_columns import CRITEO_COLUMNS
+from worker.schema_file import schema_from_text
 from worker.synthetic import SyntheticConfig, write_synthetic
 
 SCHEMA = builtin_schema("criteo", default_table="t", default_dim=4)

@@ -19,8 +19,8 @@ from worker.features import cat_values
 from worker.formats import ReadStats, read_batches
 from worker.readers import csv_reader
 from worker.readers.share import BadLines, Share
-from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema
+from worker.schema_file import load_schema
 
 HEADER = ["y", "c1", "raw", "n1", "n2", "n3", "tags", "wt", "skip"]
 SCHEMA_TEXT = """format = "csv"

@@ -8,7 +8,8 @@ from worker.cells import float_values, int_values, raw_ids
 from worker.encode import encode, encode_examples
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_bucket, space_ids
 from worker.models.spec import BIAS_FIELD
-from worker.schema import Column, Schema, TableSchema
+from worker.schema import Schema, TableSchema
+from worker.schema_columns import Column
 
 
 def schema_of(*columns: Column) -> Schema:

@@ -430,7 +430,8 @@ def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_na
         assert labels_of(text, tmp_path) == ("id", "first column"), text
     header, rows = read_csv_sample(tmp_path / "l.csv", ",", 10)
     assert csv_label(header, rows) is None
-    # a word of a label's name (schema.LABEL_WORDS) where no column has one of LABEL_NAMES, as `ps-worker schema`
+    # a word of a label's name (schema_columns.LABEL_WORDS) where no column has one of LABEL_NAMES, as
+    # `ps-worker schema`
     assert labels_of("id,has_clicked,a\n7,1,x\n8,0,y\n", tmp_path)[0] == "has_clicked"
     assert labels_of("id,has_clicked,y,a\n7,1,0,x\n8,0,1,y\n", tmp_path)[0] == "y"
     two = tmp_path / "two.csv"

@@ -37,8 +37,8 @@ from worker.formats import (
 from worker.models.spec import BIAS_FIELD
 from worker.readers.csv_dialect import csv_delimiter
 from worker.readers.csv_reader import column_cells
-from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema, resolve_schema
+from worker.schema_file import load_schema
 from worker.schema_infer import infer_schema_text
 
 
@@ -1233,8 +1233,8 @@ def test_numeric_columns_below_0_are_warned_of_as_lost_to_the_log(tmp_path, capl
 
 @pytest.mark.parametrize("name, taken", [("is_click", True), ("converted", True), ("clicks_7d", False)])
 def test_the_builtin_csv_schema_takes_a_column_of_0_and_1_named_like_a_label(tmp_path, caplog, name, taken):
-    """is_click, converted: named like a label (schema.labels_by_name) and holding only 0 and 1: the label, before a
-    first column of 0 and 1 not named so, as `ps-worker schema` takes it; a count named so (clicks_7d: many
+    """is_click, converted: named like a label (schema_columns.labels_by_name) and holding only 0 and 1: the label,
+    before a first column of 0 and 1 not named so, as `ps-worker schema` takes it; a count named so (clicks_7d: many
     values) is no label: the first column stays, unwarned."""
     rng = np.random.default_rng(0)
     values = rng.integers(0, 2, 300) if taken else rng.integers(0, 40, 300)

@@ -14,8 +14,8 @@ from worker.job import prepare
 from worker.readers import libsvm_reader
 from worker.readers.libsvm_reader import FIELD_COUNT_LINES, libsvm_cells, libsvm_field_count, libsvm_sample
 from worker.readers.share import BadLines, ReadStats, Share
-from worker.schema import libsvm_column
 from worker.schema_builtin import builtin_schema, resolve_schema
+from worker.schema_columns import libsvm_column
 from worker.train_config import TrainConfig
 
 TOO_LARGE = "a weight beyond float32's range (|x| <= 3.4e38)"

@@ -277,7 +277,8 @@ def test_tables_trained_under_a_schema_files_spaced_label_are_read_with_that_sch
     file carry the fingerprint of the label as written (the oracle: the fingerprint of the schema whose label is
     " click"). The same schema file, whose label is now read as "click", scores and trains them further (its
     legacy_fingerprint), where a schema of another label is still refused."""
-    from worker.schema import Schema, load_schema
+    from worker.schema import Schema
+    from worker.schema_file import load_schema
 
     addresses, _ = servers(1)
     data = tmp_path / "people.csv"

@@ -1,5 +1,6 @@
-"""Tests for worker/schema.py: loading the grammar (and every mistake named with its file and key), the built-in
-schemas, resolve_schema, stats, the TOML round trip and the schema inferred from a sample."""
+"""Tests for worker/schema.py and the modules beside it: loading the grammar (worker/schema_file.py, every
+mistake named with its file and key), the built-in schemas, resolve_schema, stats, the TOML round trip and the
+schema inferred from a sample."""
 
 import dataclasses
 import math
@@ -12,8 +13,10 @@ from worker.column_infer import infer_column
 from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 from worker.formats import read_batches
 from worker.models.spec import BIAS_FIELD, FieldSpec
-from worker.schema import CRITEO_COLUMNS, Column, TableSchema, libsvm_column, load_schema, schema_from_text
+from worker.schema import TableSchema
 from worker.schema_builtin import builtin_schema, resolve_schema
+from worker.schema_columns import CRITEO_COLUMNS, Column, libsvm_column
+from worker.schema_file import load_schema, schema_from_text
 from worker.schema_infer import infer_schema, infer_schema_text
 
 EXAMPLE = """

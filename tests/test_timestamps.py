@@ -18,8 +18,10 @@ from worker.encode import encode_examples
 from worker.features import MISSING_CAT, space_ids
 from worker.formats import read_batches, read_csv_header
 from worker.metrics import auc
-from worker.schema import Column, Schema, TableSchema, load_schema, schema_from_text
+from worker.schema import Schema, TableSchema
 from worker.schema_builtin import columns_line, resolve_schema
+from worker.schema_columns import Column
+from worker.schema_file import load_schema, schema_from_text
 from worker.schema_infer import infer_schema_text
 from worker.served import evaluate_servers
 from worker.timestamps import iso_parts, time_format, time_parts, untold_time

@@ -23,7 +23,7 @@ from ps.storage.rowformat import encode_keys
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint, verify_data_dir
 from tests.conftest import exported, one_shard_checkpoint
-from worker.schema import schema_from_text
+from worker.schema_file import schema_from_text
 
 HALF = "float16"
 

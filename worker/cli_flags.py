@@ -11,7 +11,7 @@ from ps.settings import integer, number
 from worker.models.spec import MODEL_NAMES
 from worker.readers.share import BAD_SHARE_AFTER
 from worker.recipe import LARGE, MAX_BAD_SHARE, SMALL
-from worker.schema import FORMAT_CHOICES, LABEL_NAMES, LIBSVM_VALUES
+from worker.schema_columns import FORMAT_CHOICES, LABEL_NAMES, LIBSVM_VALUES
 from worker.train_config import TrainConfig
 
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the worker commands' flags

@@ -49,7 +49,8 @@ import math
 import re
 
 from worker.cells import FLOAT32_MAX, is_missing_text
-from worker.schema import Column, _entry
+from worker.schema_columns import Column
+from worker.schema_toml import _entry
 from worker.timestamps import time_format, untold_time
 
 BAG_SEPARATORS = "|;,"  # of a list in a cell: multi_hot (weighted) where its tokens repeat

@@ -10,7 +10,7 @@ File grammar (one example per line, UTF-8):
              | a missing text (blank, or NA, nan, null, none, ? in any case: cells.MISSING_TEXTS): missing
     cat     := "" | a string without TAB or NEWLINE     # Criteo: 8 lowercase hex digits
 
-The columns are named label, I1..I13, C1..C26 (schema.CRITEO_COLUMNS). An empty column is a missing value.
+The columns are named label, I1..I13, C1..C26 (schema_columns.CRITEO_COLUMNS). An empty column is a missing value.
 parse_lines checks the column count and the label; the integer columns are checked where a schema reads them
 as numbers (worker/encode.py), and the built-in Criteo schema (schema.builtin_schema) turns a line into the ids
 and numeric features of worker/features.py. worker/criteo_fast.py reads the lines common data is made of in one

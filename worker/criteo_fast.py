@@ -27,7 +27,7 @@ import numpy as np
 
 from worker.cells_fast import HEX_DIGITS, MISSING_CAT, gathered, gathered_cat_values, hex_cell, int_cell
 from worker.encode import Parsed
-from worker.schema import CRITEO_COLUMNS
+from worker.schema_columns import CRITEO_COLUMNS
 
 _SOURCES = CRITEO_COLUMNS[1:]  # I1..I13, C1..C26: the cells after the label
 _SKIP, _INT, _HEX = 0, 1, 2  # how the scan reads a column's cells

@@ -46,8 +46,9 @@ from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto, co
 from worker.readers.csv_reader import csv_data_places
 from worker.readers.no_examples import no_examples_held
 from worker.results import UNTRAINED
-from worker.schema import Schema, schema_from_text
+from worker.schema import Schema
 from worker.schema_builtin import resolve_schema
+from worker.schema_file import schema_from_text
 from worker.synthetic import SyntheticConfig, SyntheticData
 
 log = logging.getLogger("worker.data")

@@ -44,7 +44,8 @@ from worker.batch import Bags, Batch
 from worker.cells import FLOAT32_MAX, empty_cell, float_values, int_values, raw_ids
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_bucket, space_ids
 from worker.models.spec import BIAS_FIELD
-from worker.schema import TIME_TRANSFORMS, Column, Schema
+from worker.schema import Schema
+from worker.schema_columns import TIME_TRANSFORMS, Column
 from worker.timestamps import TEXT_TIME_FORMATS, iso_parts, time_parts
 
 _INT_RANGE = f"({MISSING_INT}, {np.iinfo(np.int64).max}]"

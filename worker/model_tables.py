@@ -26,7 +26,7 @@ from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
 from worker.recipe import WEAKER_L2_DIVISOR
-from worker.schema import toml_key
+from worker.schema_toml import toml_key
 from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")

@@ -70,8 +70,9 @@ from worker.formats import (
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto
 from worker.readers.csv_reader import column_cells, header_positions
-from worker.schema import AUTO_FORMAT, Schema
+from worker.schema import Schema
 from worker.schema_builtin import csv_label
+from worker.schema_columns import AUTO_FORMAT
 from worker.schema_hints import HINT_SAMPLE_ROWS
 from worker.scoring import ScoringProgress, predictions
 from worker.served import ServedModel, served_model

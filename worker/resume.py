@@ -94,7 +94,7 @@ from collections.abc import Iterator
 from ps.errors import echo
 from ps.stamp import job_named, names_job
 from ps.storage.atomicfile import temp_prefix_within, write_json_whole
-from worker.schema import AUTO_FORMAT
+from worker.schema_columns import AUTO_FORMAT
 from worker.train_config import RESUME_WORKER, TrainConfig
 
 FORMAT = 1

@@ -11,19 +11,18 @@ from collections.abc import Sequence
 from worker.csv_fast import BOOL_LABELS
 from worker.features import NUM_INT_FIELDS
 from worker.readers.csv_reader import delimiter_name, header_names, read_header_cells
-from worker.schema import (
+from worker.schema import Schema, TableSchema
+from worker.schema_columns import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,
     FORMATS,
     MAX_LIBSVM_FIELDS,
     TIME_TRANSFORMS,
     Column,
-    Schema,
-    TableSchema,
     labels_by_name,
     libsvm_column,
-    load_schema,
 )
+from worker.schema_file import load_schema
 from worker.schema_hints import HINT_SAMPLE_ROWS, warn_of_csv_columns
 
 log = logging.getLogger("worker.schema_builtin")
@@ -51,7 +50,7 @@ def builtin_schema(
             numeric_columns are numeric features (log) in the order given, the others categorical sparse
             fields in header order (id space f for the f-th of them).
     libsvm  fields f0..f{K-1} (K = libsvm_fields), categorical: the k-th token's id, all in one id space
-            (schema.LIBSVM_ID_SPACE); libsvm_weighted (a file whose values are not all 0 and 1:
+            (schema_columns.LIBSVM_ID_SPACE); libsvm_weighted (a file whose values are not all 0 and 1:
             libsvm_reader.libsvm_sample): weighted, that id with the token's value as its weight (pooling sum).
     """
     if fmt not in FORMATS:
@@ -165,7 +164,7 @@ def resolve_schema(
     with content: formats.first_with_content; a csv's sample records from the first holding some:
     formats.csv_records). fmt "auto": the format formats.detect_format tells by data's first
     line (said in the schema's format_from); a column flag of another format is refused. csv without label_column:
-    the label column csv_label picks (the first column by default). libsvm: libsvm_values (schema.LIBSVM_VALUES)
+    the label column csv_label picks (the first column by default). libsvm: libsvm_values (schema_columns.LIBSVM_VALUES)
     says whether its fields read values as weights; auto: where libsvm_sample finds a value other than 0 and 1."""
     spec = data  # the data's files, where it names many (their hints name them all)
     if data is not None:
@@ -288,7 +287,7 @@ def holds_labels(cells: Sequence[str]) -> bool:
 def csv_label(header: list[str], rows: list[list[str]]) -> tuple[str, str] | None:
     """(the label column, why: Schema.label_from) of the built-in csv schema without --label-column, told by a
     sample of the file's records (rows): the one column whose cells hold labels (holds_labels) that
-    schema.labels_by_name takes (as `ps-worker schema` takes it, before a first column of 0 and 1 not named so:
+    schema_columns.labels_by_name takes (as `ps-worker schema` takes it, before a first column of 0 and 1 not named so:
     is_mobile,click); else the first column where its cells hold labels, "first column". None where neither is
     (no such column, or several): the first column is then the label, whose reader refuses its
     first bad label, naming the columns named like a label (resolve_schema refuses at once where none of those
@@ -304,7 +303,7 @@ def csv_label(header: list[str], rows: list[list[str]]) -> tuple[str, str] | Non
 
 def _check_a_label_is_named(data: str, header: list[str], rows: list[list[str]]) -> None:
     """ValueError where the sample rows show no column can be the label: the first column's cells, and those of each
-    other column named like a label (schema.labels_by_name), hold values other than 0 and 1 (a count of clicks,
+    other column named like a label (schema_columns.labels_by_name), hold values other than 0 and 1 (a count of clicks,
     say), so the reader's refusal would point to a column that cannot be it either. Where no other column is named
     so, that refusal of the first column's first bad label says what is wrong."""
     by_name = set(labels_by_name(header[1:]))

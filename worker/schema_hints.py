@@ -13,7 +13,8 @@ from codecs import BOM_UTF8
 
 from worker.datafiles import data_files, takes_in
 from worker.readers.share import open_data
-from worker.schema import LABEL_NAMES, LABEL_WORDS, Schema
+from worker.schema import Schema
+from worker.schema_columns import LABEL_NAMES, LABEL_WORDS
 from worker.timestamps import time_format
 
 log = logging.getLogger("worker.schema_hints")

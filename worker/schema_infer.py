@@ -19,9 +19,10 @@ from worker.criteo import other_format_hint
 from worker.csv_fast import BOOL_LABELS, label_value
 from worker.datafiles import data_files
 from worker.readers.csv_sample import Misfits
-from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, _entry, _toml, is_label_name, labels_by_name
 from worker.schema_builtin import builtin_schema, separator_of_one_column
+from worker.schema_columns import AUTO_FORMAT, FORMAT_CHOICES, is_label_name, labels_by_name
 from worker.schema_hints import header_reads_like_an_example
+from worker.schema_toml import _entry, _toml
 
 SAMPLE_ROWS = 10_000  # rows of a csv sample a schema is inferred from, where not told (`ps-worker schema --rows`)
 SAMPLED_FILES = 8  # files of many a csv sample is taken from, at most (spread evenly over their list)

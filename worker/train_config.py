@@ -19,7 +19,7 @@ from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file, same_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, Recipe, choose, describe
-from worker.schema import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, LIBSVM_VALUES, MAX_LIBSVM_FIELDS
+from worker.schema_columns import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, LIBSVM_VALUES, MAX_LIBSVM_FIELDS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py

@@ -21,7 +21,8 @@ from worker.criteo import NUM_COLUMNS, other_format_hint, parse_share, shape_pro
 from worker.criteo_fast import scan_lines
 from worker.encode import parsed_sources
 from worker.readers.share import LABEL_PROBE_LINES, Cells, Share, bounded_lines, first_line, open_data
-from worker.schema import CRITEO_COLUMNS, Schema
+from worker.schema import Schema
+from worker.schema_columns import CRITEO_COLUMNS
 
 CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
 CHUNK_BYTES = 1 << 22  # lines x the longest of them read at a time, at most (_pieces): numpy's bytes arrays pad

@@ -37,7 +37,8 @@ from worker.criteo import BLANK_CELLS, EMPTY_LINE
 from worker.csv_fast import BOOL_LABELS, CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
-from worker.schema import Schema, is_label_name, labels_by_name
+from worker.schema import Schema
+from worker.schema_columns import is_label_name, labels_by_name
 
 CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; False: the csv module alone
 MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line

@@ -13,7 +13,7 @@ libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or 
         one is named: Cells.left_value); a weighted one takes it with the token's value as its weight
         (Parsed.weights: 0 where missing, the column's bag then empty); a value beyond float32's range is then a
         bad line.
-        K = 1 + the largest k among the schema's columns (0 without any; at most schema.MAX_LIBSVM_FIELDS): a
+        K = 1 + the largest k among the schema's columns (0 without any; at most schema_columns.MAX_LIBSVM_FIELDS): a
         line with fewer than K features has empty cells in its last columns; one with more is a bad line. Ids are
         integers 0 <= id < 2**64 - 1, written as decimal digits.
         Bad: a bad label, a token other than id:value, more than K features. blank_labels (predict): a first
@@ -40,7 +40,8 @@ from worker.criteo import COMMENT_LINE, CR_ALONE, EMPTY_LINE, EMPTY_PROBLEMS, li
 from worker.encode import Parsed
 from worker.features import MISSING_CAT
 from worker.readers.share import Cells, Share, bounded_lines, first_line, open_data
-from worker.schema import LIBSVM_COLUMN, MAX_LIBSVM_FIELDS, Schema
+from worker.schema import Schema
+from worker.schema_columns import LIBSVM_COLUMN, MAX_LIBSVM_FIELDS
 
 _MISSING = int(MISSING_CAT)
 _LIBSVM_LABELS = {b"0": 0.0, b"1": 1.0, b"-1": 0.0, b"+1": 1.0}
@@ -219,7 +220,7 @@ def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
     """(K, weighted) of a libsvm file, from its first FIELD_COUNT_LINES data lines (lines it reads empty are
     none; read without a label when the file has none, as has_labels tells; bad lines skipped),
     in one pass. K: the most features of a line. Lines of more
-    than schema.MAX_LIBSVM_FIELDS features count only where no line has fewer (the schema then refuses the file,
+    than schema_columns.MAX_LIBSVM_FIELDS features count only where no line has fewer (the schema then refuses the file,
     saying why): among shorter lines such a line is a bad line, not a reason to refuse the whole file. weighted:
     whether a feature token has a value other than 0 and 1, a file the built-in schema reads with its values as
     weights."""
@@ -238,7 +239,7 @@ def libsvm_sample(path: str | os.PathLike) -> tuple[int, bool]:
 
 
 def libsvm_values_read_as(libsvm_values: str, sampled_weights: bool) -> str:
-    """What libsvm data is read as under --libsvm-values libsvm_values (schema.LIBSVM_VALUES): "weights" or
+    """What libsvm data is read as under --libsvm-values libsvm_values (schema_columns.LIBSVM_VALUES): "weights" or
     "one-hot" as given; auto: "weights" where the data's sample holds a value other than 0 and 1 (sampled_weights,
     libsvm_sample's weighted), else "one-hot"."""
     if libsvm_values == "auto":
