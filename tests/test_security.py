@@ -363,12 +363,12 @@ def test_a_token_or_key_file_every_user_may_read_is_warned_of_at_start(pki, tmp_
 
 @pytest.mark.parametrize("mode, warned", [(0o644, True), (0o640, False)])
 def test_a_worker_warns_of_a_token_or_key_file_every_user_may_read(pki, tmp_path, caplog, mode, warned):
-    """ps-worker's cluster commands and train (worker.__main__._client, worker.job.client_for) warn as a server
+    """ps-worker's cluster commands and train (worker.cli_cluster._client, worker.job.client_for) warn as a server
     does, and read the token."""
     import argparse
 
-    from worker.__main__ import _client
     from worker.channels import client_token
+    from worker.cli_cluster import _client
     from worker.job import client_for
 
     token, key = tmp_path / "token", tmp_path / "client.key"

@@ -479,7 +479,7 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
 
 
 def _bytes_of(text: str) -> float:
-    """'12.5 MiB' -> its bytes (as worker.__main__._size writes them)."""
+    """'12.5 MiB' -> its bytes (as worker.cli_cluster._size writes them)."""
     number, unit = text.split()
     return float(number.replace(",", "")) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
 

@@ -1,0 +1,179 @@
+"""The cluster commands run: `ps-worker stats` (what each shard holds, as text or JSON, and the warnings that make
+its exit code 1), `shrink`, `checkpoint save` and `export`, each through a Client of its flags (their parsers:
+worker/cli_cluster_flags.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from worker.flags import server_list
+
+
+def _client(args):
+    """A Client for the servers, deadlines and security flags of a cluster command (stats, checkpoint, ...)."""
+    from worker.channels import client_token
+    from worker.client import Client
+
+    token = client_token(args.auth_token_file, args.tls_key)
+    return Client(list(server_list(args.servers)), timeout_s=args.timeout_s, server_timeout_s=args.server_timeout,
+                  tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, auth_token=token)  # fmt: skip
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    import json
+
+    with _client(args) as client:
+        shards = client.wait_ready()
+    from worker.tables import cluster_damage
+
+    warnings = [w for w in (cluster_damage(shards), _failing_flushes(shards)) if w]
+    note = _clocks_note(shards)
+    if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings); disk_low 0 or 1
+        low = [int(s.disk_free_bytes < _disk_low_bytes(s)) for s in shards]
+        figures = [{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]
+        print(json.dumps({"shards": figures, "warnings": warnings, "notes": [note] if note else []}))
+        return _say(warnings, note)
+    cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
+            "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
+    width = max([12, *(len(t.name) for s in shards for t in s.tables)])  # dense.deepfm.mlp.0.weight and the like
+    print(f"{'shard':>5} {'table':<{width}} " + " ".join(f"{c:>12}" for c in cols))
+    for s in shards:
+        for t in s.tables:
+            print(f"{s.shard_id:>5} {t.name:<{width}} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
+        restored = f", restored from {s.restored_from}" if s.restored_from else ""
+        print(f"{s.shard_id:>5} data dir {s.data_dir}{restored}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
+              f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
+        bound = f"of {_size(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
+        alone = (
+            " (a sync step's push larger than the room runs alone)"
+            if s.request_room_used_bytes > s.request_room_bytes
+            else ""
+        )
+        room = (f", room for requests {_size(s.request_room_used_bytes)} of {_size(s.request_room_bytes)}{alone} "
+                f"({s.request_room_waits:,} requests waited for it)"
+                if s.request_room_bytes else "")  # fmt: skip
+        sync = (f", sync steps hold {_size(s.sync_steps_held_bytes)} of {_size(s.sync_steps_bytes)} (counted with "
+                "the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
+        replies = (f"; outside it, replies being sent {_size(s.reply_room_used_bytes)} of "
+                   f"{_size(s.reply_room_bytes)} ({s.reply_room_waits:,} waited for room)"
+                   if s.reply_room_bytes else "")  # fmt: skip
+        print(
+            f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "
+            f"{_size(s.block_cache_budget_bytes)}, memtables {_size(s.memtable_bytes)}, table readers "
+            f"{_size(s.table_reader_bytes)}, write-behind {_size(s.write_behind_bytes)}, journal map "
+            f"{_size(s.journal_map_bytes)}{room}{sync}{replies}"
+        )
+        low = _disk_low_bytes(s)
+        mark = f", LOW: below {_size(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
+        print(f"{s.shard_id:>5} disk: data dir {_size(s.data_dir_bytes)}, free {_size(s.disk_free_bytes)} of "
+              f"{_size(s.disk_total_bytes)} ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
+    print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
+          "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
+          "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
+    return _say(warnings, note)
+
+
+def _failing_flushes(shards: list) -> str:
+    """A warning naming the shards whose background flushes are failing (each one's failures in a row), "" when
+    none is."""
+    failing = [f"shard {s.shard_id} ({s.flush_failures:,} in a row; journal {_size(s.journal_bytes)})" for s in shards
+               if s.flush_failures]  # fmt: skip
+    if not failing:
+        return ""
+    return (f"background flushes to RocksDB are failing on {', '.join(failing)}: acknowledged pushes are kept in the "
+            "journal, which grows until a flush succeeds; the server's log says why (a full disk, or a RocksDB error "
+            "that a restart clears)")  # fmt: skip
+
+
+def _clocks_note(shards: list) -> str:
+    """A note when the shards' clocks differ, "" when they agree (every training step advances every shard's clock
+    by one)."""
+    clocks = {s.shard_id: s.clock for s in shards}
+    if len(set(clocks.values())) <= 1:
+        return ""
+    each = ", ".join(f"shard {i} at {c:,}" for i, c in clocks.items())
+    return (f"the shards' clocks differ ({each}): each training step advances every shard's, so while a job trains "
+            "they differ by the steps in flight; otherwise a worker stopped in the middle of a step, or a shard serves "
+            "an older copy of its data dir")  # fmt: skip
+
+
+def _say(warnings: list[str], note: str) -> int:
+    """Prints the note (may be "") and the warnings to stderr; returns stats' exit code: 1 with a warning."""
+    if note:
+        print(f"ps-worker: note: {note}", file=sys.stderr)
+    for warning in warnings:
+        print(f"ps-worker: warning: {warning}", file=sys.stderr)
+    return 1 if warnings else 0
+
+
+def _size(n: int) -> str:
+    """Bytes as people read them: '100.0 KiB', '12.5 MiB', '2.00 GiB' (below 1,000 B: '512 B'; a unit from 1,000
+    of the one below, so that no figure reads 1,024.0)."""
+    if n < 1000:
+        return f"{n:,} B"
+    if n < 1000 << 10:
+        return f"{n / 2**10:,.1f} KiB"
+    return f"{n / 2**20:,.1f} MiB" if n < 1000 << 20 else f"{n / 2**30:,.2f} GiB"
+
+
+def _disk_low_bytes(s: Any) -> int:
+    """The free bytes under which a shard's disk (its Stats) is low, as its server reckons (ps.storage.diskspace)."""
+    from ps.storage.diskspace import low_bytes
+
+    return low_bytes(s.disk_total_bytes, s.data_dir_bytes)
+
+
+def message_dict(message: Any) -> dict:
+    """Every field of a protobuf message (its defaults too) as plain JSON values, by field name."""
+    out = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        if f.message_type is not None:
+            value = [message_dict(v) for v in value] if f.is_repeated else message_dict(value)
+        elif f.is_repeated:
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def run_shrink(args: argparse.Namespace) -> int:
+    import json
+
+    with _client(args) as client:
+        client.wait_ready()
+        replies = client.shrink(args.table)
+    result = {
+        "dropped": sum(r.dropped for r in replies),
+        "num_rows": sum(r.num_rows for r in replies),
+        "pending_ids": sum(r.pending_ids for r in replies),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for i, r in enumerate(replies):
+            print(f"shard {i}: dropped {r.dropped:,} ids; {r.num_rows:,} rows and {r.pending_ids:,} pending ids left")
+        print(
+            f"all shards: dropped {result['dropped']:,}; {result['num_rows']:,} rows, {result['pending_ids']:,} pending"
+        )
+    return 0
+
+
+def run_checkpoint(args: argparse.Namespace) -> int:
+    from worker.checkpoint import check_save_dir, save
+
+    check_save_dir("DIR", args.dir)  # before any server is asked (save checks again)
+    with _client(args) as client:
+        client.wait_ready()
+        m = save(client, args.dir, args.hold_timeout_s)
+    rows = {t["name"]: sum(s["rows"].get(t["name"], 0) for s in m["shards"]) for t in m["tables"]}
+    print(f"checkpoint of {m['num_shards']} shard{'s' * (m['num_shards'] != 1)} at clock {m['clock']} in {args.dir} ({m['seconds']:.1f} s, pushes "
+          f"held {m['pushes_held_s']:.1f} s): " + ", ".join(f"{k} {v:,} row{'s' * (v != 1)}" for k, v in rows.items()))  # fmt: skip
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from worker.export import export_command
+
+    return export_command(args, _client)
