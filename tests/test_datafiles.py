@@ -11,7 +11,7 @@ import pytest
 
 from tests.test_formats import SAMPLES, assert_same_batches, ids_matrix, join, read, schema_of
 from tests.test_operator_errors import TINY_RUN, worker
-from worker.data import count_lines
+from worker.data_checks import count_lines
 from worker.datafiles import data_files
 from worker.formats import check_same_format, csv_records, file_has_labels, first_with_content
 from worker.linecount import LineCount, count_files_upto

@@ -8,7 +8,7 @@ import pytest
 
 from worker.cells import FLOAT32_MAX
 from worker.cli_train_config import train_config_from_argv
-from worker.data import LEFT_VALUES
+from worker.data_reports import LEFT_VALUES
 from worker.formats import read_batches
 from worker.job import prepare
 from worker.readers import libsvm_reader

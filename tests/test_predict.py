@@ -949,7 +949,7 @@ def test_predict_warns_of_the_first_value_its_auto_one_hot_read_left_out(servers
     """A file scored one-hot because the training file's first lines of data carry only 0 and 1 (--libsvm-values
     auto) warns once, as train and eval do, naming the first scored line whose value other than 0 and 1 was left
     out (of the second file, the first holding none)."""
-    from worker.data import LEFT_VALUES
+    from worker.data_reports import LEFT_VALUES
     from worker.readers import libsvm_reader
 
     monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 20)

@@ -19,7 +19,7 @@ import pytest
 from tests.inprocess import InProcessTables
 from worker import job, recipe, train_config
 from worker.client import Client
-from worker.data import count_lines, validation_mask
+from worker.data_checks import count_lines
 from worker.datafiles import check_held_out
 from worker.job import loop_settings, open_job, prepare
 from worker.linecount import CHUNK_BYTES, LineCount, count_data_upto, count_lines_upto
@@ -27,6 +27,7 @@ from worker.loop import run_epochs
 from worker.recipe import BIG_BATCH_EXAMPLES, LARGE, SMALL, SMALL_DATA_EXAMPLES, choose
 from worker.train import train
 from worker.train_config import TrainConfig
+from worker.validation_split import validation_mask
 
 
 def test_count_lines_reads_gzip_and_drops_a_csv_header(tmp_path):
@@ -1518,7 +1519,7 @@ def test_the_share_rule_a_refusal_states_numbers_the_data_each_worker_reads_as_t
     """share_rule, in files and lines (a CSV's records after its header) counted from 1, against the line numbers
     read_batches gives each worker's examples: a CSV's first record spans two lines, so its record r starts on
     line r + 2 (the header line 1), and a rule in lines would name the wrong ones."""
-    from worker.data import share_rule
+    from worker.data_checks import share_rule
     from worker.formats import read_batches
 
     n, count = 3, 7

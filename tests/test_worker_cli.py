@@ -330,11 +330,11 @@ def _long_eval_file_with_a_bad_last_line(tmp_path: Path, rows: int = 5000) -> Pa
 def test_an_eval_file_small_enough_is_read_whole_before_training(files, tmp_path):
     """An --eval-data of at most WHOLE_EVAL_CHECK_LINES lines whose last line is malformed (past --max-bad-lines
     0) fails the run before training, and before any server is reached; --max-bad-lines 1 lets it through."""
-    import worker.data
+    import worker.data_checks
 
     train_path, _ = files
     long_eval = _long_eval_file_with_a_bad_last_line(tmp_path)
-    assert len(long_eval.read_text().splitlines()) <= worker.data.WHOLE_EVAL_CHECK_LINES
+    assert len(long_eval.read_text().splitlines()) <= worker.data_checks.WHOLE_EVAL_CHECK_LINES
     nowhere = small_run(["127.0.0.1:1"], train_path, eval_data=str(long_eval), timeout_s=1.0, max_bad_lines=0)
     with pytest.raises(ValueError, match=r"--eval-data, read whole before training \(5,001 lines\): .*long_eval.tsv "
                                          r"line 5001: 3 tab-separated columns"):  # fmt: skip
@@ -348,9 +348,9 @@ def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, t
     line past it (and past --max-bad-lines 0) fails the final evaluation, which says the training had finished:
     the training's figures are still reported and written to --metrics-out, and the command exits 2 (no warning
     calls that line skipped); the model trained is on the servers."""
-    import worker.data
+    import worker.data_checks
 
-    monkeypatch.setattr(worker.data, "WHOLE_EVAL_CHECK_LINES", 4096)  # the file (5,001 lines) is a long one here
+    monkeypatch.setattr(worker.data_checks, "WHOLE_EVAL_CHECK_LINES", 4096)  # the file (5,001 lines) is a long one here
     train_path, _ = files
     long_eval = _long_eval_file_with_a_bad_last_line(tmp_path)
     cfg = small_run(["127.0.0.1:1"], train_path, eval_data=str(long_eval), max_bad_lines=0)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from ps.config import HALF_AT_REST, OptimizerConfig, TableConfig
 from worker.client import Client
 from worker.cluster import LocalCluster
-from worker.data import DataSource, held_out
+from worker.data import DataSource
 from worker.datafiles import check_held_out, describe_files
 from worker.dense import DensePath, DenseSync
 from worker.formats import first_with_content, read_csv_header
@@ -33,6 +33,7 @@ from worker.schema import Schema
 from worker.schema_builtin import columns_line, format_note, libsvm_note
 from worker.temp_dirs import remove_stale_temp_dirs
 from worker.train_config import TrainConfig
+from worker.validation_split import held_out
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
 TORCH_HINT = "pip install torch==2.13.0 (a CPU build; `python3 dev.py test` installs it into ./.venv)"

@@ -1,30 +1,28 @@
 """How many lines a training file holds, counted no further than a limit, with an estimate from bytes beyond it.
 
-`ps-worker train` needs the count twice before its first step: to choose the recipe (worker/recipe.py: small
-under SMALL_DATA_EXAMPLES lines, large otherwise) and to give the progress bar a total. Counting a 5 GB file
-takes as long as reading it (about 15 s; a 10^9-line file, minutes), so the count stops at the recipe's
-threshold: a file that reaches it is large whatever follows, and its total is estimated from the bytes the
-counted lines took (uncompressed files: the file's size; gzip: the compressed bytes read, since the
-uncompressed size is unknown until the end, and the compressed bytes a line takes are known as it is read). A
-count to the end also gives each file's lines (LineCount.per_file) and, given a modulus (the job's workers), the
-residues of its lines of data's places among its lines (LineCount.per_file_residues), by which worker/data.py
-refuses data that leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a
-line of data (a CSV's shares are of records, not lines: its residues are csv_reader.csv_data_places', and none
-are given here); beyond the threshold nothing needs them: the validation split is a hash of an example's index
-(worker/data.py). Lines of data are counted (count_data_upto), in every format a line its reader skips as empty
-left out (no_data): a line of whitespace (criteo: of spaces), a libsvm line of a query id or a comment only, and a
-csv row of blank cells (`,,,`, `"",""`, by the file's delimiter); a csv file's header line is none either. The
-shares of the other formats take every num_workers-th line, lines of no data included, so their residues are those
-of the data lines' indices among all the file's lines.
+`ps-worker train` needs the count twice before its first step: to choose the recipe (worker/recipe.py: small under
+SMALL_DATA_EXAMPLES lines, large otherwise) and to give the progress bar a total. Counting a 5 GB file takes as long as
+reading it (about 15 s; a 10^9-line file, minutes), so the count stops at the recipe's threshold: a file that reaches it
+is large whatever follows, and its total is estimated from the bytes the counted lines took (uncompressed files: the
+file's size; gzip: the compressed bytes read, since the uncompressed size is unknown until the end, and the compressed
+bytes a line takes are known as it is read). A count to the end also gives each file's lines (LineCount.per_file) and,
+given a modulus (the job's workers), the residues of its lines of data's places among its lines
+(LineCount.per_file_residues), by which worker/data_checks.py refuses data that leaves some worker's share
+(worker/formats.py: every num_workers-th line of each file) without a line of data (a CSV's shares are of records, not
+lines: its residues are csv_reader.csv_data_places', and none are given here); beyond the threshold nothing needs them:
+the validation split is a hash of an example's index (worker/validation_split.py). Lines of data are counted
+(count_data_upto), in every format a line its reader skips as empty left out (no_data): a line of whitespace (criteo: of
+spaces), a libsvm line of a query id or a comment only, and a csv row of blank cells (`,,,`, `"",""`, by the file's
+delimiter); a csv file's header line is none either. The shares of the other formats take every num_workers-th line,
+lines of no data included, so their residues are those of the data lines' indices among all the file's lines.
 
-A CSV's count is of lines, not records: its quotes are not read, so a record whose quoted cell spans lines counts
-each of its lines, by the rule of one line. The count is then an estimate of its examples, high by those extra
-lines, as it is of every format's (malformed lines are counted too), and only estimates use it: the recipe's choice
-of small or large data and its few-steps warning, the validation split's expected size (worker/data.py held_out),
-progress totals, and whether --eval-data is read whole before training. Nothing finds a record by a line's number:
-a CSV's shares and their residues are of records (csv_reader: csv_cells, csv_data_places), and the validation split
-picks by an example's index among the share's good examples.
-"""
+A CSV's count is of lines, not records: its quotes are not read, so a record whose quoted cell spans lines counts each
+of its lines, by the rule of one line. The count is then an estimate of its examples, high by those extra lines, as it
+is of every format's (malformed lines are counted too), and only estimates use it: the recipe's choice of small or large
+data and its few-steps warning, the validation split's expected size (worker/validation_split.py held_out), progress
+totals, and whether --eval-data is read whole before training. Nothing finds a record by a line's number: a CSV's shares
+and their residues are of records (csv_reader: csv_cells, csv_data_places), and the validation split picks by an
+example's index among the share's good examples."""
 
 from __future__ import annotations
 
