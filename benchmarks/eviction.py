@@ -4,7 +4,7 @@ plain CLOCK and to a perfect cache, on the same request stream, and the cost of 
     python benchmarks/eviction.py [--rows 3000000] [--ram-share 30] [--draws 100000] [--requests 400] [--warmup 200]
 
 Two arenas of a dim-16 Adagrad table, each with room for rows / ram-share rows, serve the same requests in turn:
-one with the Arena's eviction (ps.storage.arena: probation queue, ghost, CLOCK over use counts), one switched to
+one with the Arena's eviction (ps.storage.eviction: probation queue, ghost, CLOCK over use counts), one switched to
 plain CLOCK (the arena's private `_plain_clock`: one referenced bit per row). Each request is the unique ids of
 --draws draws from Zipf(1.1) over --rows ids, drawn fresh (harness.zipf_ids), through a fixed random permutation of
 the ids; it is served as ps.engine.table.Table serves training: a pull (gather_hits; on a miss, pin_held of the
@@ -18,7 +18,7 @@ is the fraction of a request's unique ids whose rank is under that.
 Pulled ahead: fresh arenas serve the same requests as a worker with a prefetch of one batch does, the pull of
 request q + 1 before the push of request q, which admits the ids it finds missing (a server reads them again):
 misses per pull and ids missing at the push, for the Arena's eviction, for it without the wait for a push
-(arena.RECENT_SHARE 0) and for plain CLOCK.
+(eviction.RECENT_SHARE 0) and for plain CLOCK.
 Hit path: gather_hits (the pull of ids all in RAM) and lookup (touch and pin) on the same ids of rows in RAM, the
 Arena's kernels next to copies of the kernels as they were with one referenced bit (`ref = 1`), alternated
 (harness.alternate); "settled" leaves each row's count as the previous call left it (a hot row's line is not
@@ -41,8 +41,9 @@ from ps.rows import update
 from ps.rows.layout import layout_of
 from ps.rows.parallel import parts, run_each, run_parts
 from ps.rows.update import RowState
-from ps.storage import arena as arena_module
-from ps.storage.arena import Arena, MemoryBudget, _group_by_home
+from ps.storage import eviction as eviction_module
+from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arenalookups import _group_by_home
 from ps.storage.index import find, lookup_into, prefetch_slot
 
 DIM = 16
@@ -165,9 +166,9 @@ def serve(a: Arena, ids: np.ndarray, out: np.ndarray, push_rows: np.ndarray) -> 
 def pulling_ahead(a: Arena, stream: list[np.ndarray], warmup: int, out: np.ndarray, push_rows: np.ndarray,
                   recent_share: float) -> tuple[float, float]:  # fmt: skip
     """Serves stream as a worker with a prefetch of one request does (the pull of request q + 1, then the push of
-    request q), with arena.RECENT_SHARE set to recent_share; (misses per pull, ids missing per push) averaged over
+    request q), with eviction.RECENT_SHARE set to recent_share; (misses per pull, ids missing per push) averaged over
     the requests after warmup."""
-    saved, arena_module.RECENT_SHARE = arena_module.RECENT_SHARE, recent_share
+    saved, eviction_module.RECENT_SHARE = eviction_module.RECENT_SHARE, recent_share
     try:
         pull(a, stream[0], out, push_rows)
         pulls, pushes = [], []
@@ -179,7 +180,7 @@ def pulling_ahead(a: Arena, stream: list[np.ndarray], warmup: int, out: np.ndarr
                 pushes.append(missing)
         return statistics.fmean(pulls), statistics.fmean(pushes)
     finally:
-        arena_module.RECENT_SHARE = saved
+        eviction_module.RECENT_SHARE = saved
 
 
 def main() -> int:
@@ -223,7 +224,7 @@ def main() -> int:
             unique.append(len(ids))
     stream_s = time.perf_counter() - t0
     ahead = {}  # the same requests, pulled ahead of their push
-    for name, plain, share in (("wait", False, arena_module.RECENT_SHARE), ("no wait", False, 0.0),
+    for name, plain, share in (("wait", False, eviction_module.RECENT_SHARE), ("no wait", False, 0.0),
                                ("clock", True, 0.0)):  # fmt: skip
         fresh = Arena(layout.width, MemoryBudget(ram_rows * charge))
         fresh._plain_clock = plain

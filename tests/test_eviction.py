@@ -16,7 +16,7 @@ from ps.engine.shard import Shard
 from ps.rows import update
 from ps.rows.layout import layout_of
 from ps.rows.update import USE_CAP, RowState
-from ps.storage import arena as arena_module
+from ps.storage import eviction as eviction_module
 from ps.storage.arena import Arena, MemoryBudget
 
 WIDTH = 4  # the statistics only: what the push's store step reads
@@ -162,9 +162,9 @@ def test_rows_pulled_for_a_push_still_to_come_stay_until_it(monkeypatch):
     # wait (RECENT_SHARE 0: only the request in progress is pinned), the next pull takes some of them and the push
     # reads them again.
     reqs, _ = zipf_stream(200, 60_000, 1_000, seed=4)
-    assert np.mean([len(r) for r in reqs]) < 4_000 * arena_module.RECENT_SHARE / 2
+    assert np.mean([len(r) for r in reqs]) < 4_000 * eviction_module.RECENT_SHARE / 2
     assert push_misses_pulling_ahead(arena_of(4_000), reqs) == 0
-    monkeypatch.setattr(arena_module, "RECENT_SHARE", 0.0)
+    monkeypatch.setattr(eviction_module, "RECENT_SHARE", 0.0)
     assert push_misses_pulling_ahead(arena_of(4_000), reqs) > 1_000
 
 
@@ -180,7 +180,7 @@ def test_rows_waiting_for_their_push_are_taken_only_when_no_other_can_be(monkeyp
     assert (a.index.lookup(waiting) >= 0).all() and (a.index.lookup(fresh) >= 0).all()
     assert np.count_nonzero(a.index.lookup(used_twice) >= 0) == 240
     # A window as large as the arena: the 360 rows of the last three pulls wait, 40 others are left to take.
-    monkeypatch.setattr(arena_module, "RECENT_SHARE", 1.0)
+    monkeypatch.setattr(eviction_module, "RECENT_SHARE", 1.0)
     pull(a, more)
     assert np.count_nonzero(a.index.lookup(used_twice) >= 0) == 40
     pull(a, most)  # 200 rows: the 40, then 160 of the waiting ones (admit() asserts it got them all)
@@ -194,13 +194,13 @@ def test_without_pushes_nothing_waits():
     # the last pull go first if they are the front of the probation queue.
     reqs, _ = zipf_stream(200, 60_000, 2_000, seed=5)
     rates = []
-    for share in (arena_module.RECENT_SHARE, 0.0):
-        saved, arena_module.RECENT_SHARE = arena_module.RECENT_SHARE, share
+    for share in (eviction_module.RECENT_SHARE, 0.0):
+        saved, eviction_module.RECENT_SHARE = eviction_module.RECENT_SHARE, share
         try:
             a = arena_of(2_000)
             rates.append([pull(a, ids).mean() for ids in reqs])
         finally:
-            arena_module.RECENT_SHARE = saved
+            eviction_module.RECENT_SHARE = saved
     assert rates[0] == rates[1]
     a = arena_of(400)  # as in the test above, but no push after the pull of `waiting`
     used_twice, waiting, fresh = (np.arange(k * 1_000, k * 1_000 + n, dtype=np.uint64) for k, n in

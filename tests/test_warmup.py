@@ -39,12 +39,12 @@ def test_it_loads_the_kernels_of_large_requests_and_of_eviction(tmp_path):
     script = (
         "from ps.engine.warmup import warm_up\n"
         "from ps.rows import parallel\n"
-        "from ps.storage import arena, checksum, index\n"
+        "from ps.storage import arenalookups, checksum, eviction, index\n"
         "assert warm_up()\n"
-        "kernels = {'victims': arena._probation_victims, 'hash': checksum._hash_chunks, 'fold': checksum._fold,\n"
+        "kernels = {'victims': eviction._probation_victims, 'hash': checksum._hash_chunks, 'fold': checksum._fold,\n"
         "           'delete': index._delete}\n"
         "if parallel.THREADS > 1:\n"
-        "    kernels['group'] = arena._group_by_home\n"
+        "    kernels['group'] = arenalookups._group_by_home\n"
         "print(sorted(name for name, k in kernels.items() if not k.signatures))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

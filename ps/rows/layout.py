@@ -30,7 +30,7 @@ META_FLOATS = 6  # lsn, pin, flags: 24 bytes at the end of each arena line
 # per arena row outside its line: id u64 and the IdIndex's 2-4 slots of 16 B (keys u64 + vals i64 at load
 # 1/2..1/4; the worst case is charged).
 INDEX_BYTES_PER_ROW = 64
-# ps.storage.arena: a probation queue entry (id u64, in an array with a quarter to spare: ps.storage.idqueue) and
+# ps.storage.eviction: a probation queue entry (id u64, in an array with a quarter to spare: ps.storage.idqueue) and
 # a ghost fingerprint (u16)
 EVICTION_BYTES_PER_ROW = 12
 RAM_OVERHEAD_BYTES = 8 + INDEX_BYTES_PER_ROW + EVICTION_BYTES_PER_ROW

@@ -70,7 +70,7 @@ USE_CAP = 7  # a row's use count (RowState.ref) stops here
 def touch(uses: np.ndarray, r: int) -> None:
     """Counts one use of arena row r (a lookup, a pull's gather, a push): its use count goes up by one, to
     USE_CAP. A count at the cap is not written, so the line of a hot row stays clean. Used by every path that
-    reads or writes a row for a request; ps.storage.arena's eviction lowers the counts and evicts at 0."""
+    reads or writes a row for a request; ps.storage.eviction lowers the counts and evicts at 0."""
     if uses[r] < USE_CAP:
         uses[r] += 1
 
@@ -153,7 +153,7 @@ class RowState(NamedTuple):
     lsn: np.ndarray  # uint64 (capacity,)
     dirty: np.ndarray  # uint8 (capacity,)
     stored: np.ndarray  # uint8 (capacity,): 0 not in RocksDB, 1 statistics only, 2 the full row
-    ref: np.ndarray  # uint8 (capacity,): use count, 0..USE_CAP (see touch; ps.storage.arena's eviction reads it)
+    ref: np.ndarray  # uint8 (capacity,): use count, 0..USE_CAP (see touch; ps.storage.eviction reads it)
 
 
 class Target(NamedTuple):

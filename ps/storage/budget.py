@@ -17,7 +17,7 @@ outside it. Sharing:
   reclaim() has visited already (each is visited once), left at its share, cannot take back beyond its share
   the bytes that go free while the asker waits for the next table (a table that left, a growth that failed);
   those go to the asker;
-- a table at or above its share reuses its own cold rows (S3-FIFO, ps/storage/arena.py).
+- a table at or above its share reuses its own cold rows (S3-FIFO, ps/storage/eviction.py).
 So a table can hold its share, also one created after the others filled the budget; join() refuses a table
 (RamTierTooSmallError, before anything is written) when the shares would fall under the floor of min_share_bytes:
 MIN_SHARE_ROWS rows of the widest table, or MIN_SHARE_BYTES where that is less (wide rows). A table whose
