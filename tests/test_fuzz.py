@@ -49,7 +49,7 @@ REQUESTS = int(os.environ.get("SPARSEPS_FUZZ_REQUESTS", "11000"))
 STREAMS = 2  # independent streams, each against a shard of its own, run at once: seeds SEED, SEED + 1, ...
 LIMIT_BYTES = 1 << 20  # the shard's message limit: replies over it are refused before they are built
 TIMEOUT_S = 30
-WARM_UP_S = 600  # a request's deadline while warm_kernels compiles
+WARM_UP_SEED, WARM_UP_REQUESTS, WARM_UP_S = 1000, 300, 600  # the stream before each (fuzz_a_shard)
 REJECTED = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED",
             "UNAVAILABLE"}  # fmt: skip
 RULES = [  # (name, status code, pattern of the message); the first match names a rejection
@@ -206,9 +206,20 @@ def test_10k_random_and_hostile_requests_never_get_internal_and_rejected_ones_ch
 
 def fuzz_a_shard(stream: int, directory: str) -> dict:
     """Stream `stream` (seed SEED + stream) of REQUESTS / STREAMS requests (rounded up) against a shard of its own
-    in `directory`; its summary (fuzz's)."""
+    in `directory`; its summary (fuzz's). A shorter stream of another seed on a scratch shard goes first, with
+    WARM_UP_S deadlines: it loads the compiled kernels the requests run, or compiles them where no cache has them
+    yet (a fresh clone: over a minute on a loaded host), which would otherwise run a fuzzed request past
+    TIMEOUT_S; of its summary only the problems it found are kept."""
     tmp = pathlib.Path(directory)
-    warm_kernels(tmp / "warm-up")
+    warm_up = fuzz_a_server(tmp / "warm-up", WARM_UP_SEED + stream, WARM_UP_REQUESTS, WARM_UP_S)
+    summary = fuzz_a_server(tmp / "fuzzed", SEED + stream, -(-REQUESTS // STREAMS), TIMEOUT_S)
+    summary["problems"] = [f"warm-up (seed {warm_up['seed']}), {p}" for p in warm_up["problems"]] + summary["problems"]
+    return summary
+
+
+def fuzz_a_server(tmp: pathlib.Path, seed: int, requests: int, timeout_s: float) -> dict:
+    """`requests` requests of seed against a server of its own in tmp, each with a deadline of timeout_s; fuzz's
+    summary."""
     root = tmp / "checkpoints"
     root.mkdir(parents=True)
     config = ServerConfig(data_dir=str(tmp / "shard-1"), shard_id=1, num_shards=2, port=0,
@@ -219,40 +230,13 @@ def fuzz_a_shard(stream: int, directory: str) -> dict:
     call = {m: channel.unary_unary(f"/sparseps.ParameterServer/{m}") for m in METHODS}
     try:
         for s in TABLES.values():
-            call["CreateTable"](ps_pb2.CreateTableRequest(spec=s).SerializeToString(), timeout=TIMEOUT_S)
-        summary = fuzz(server.shard, call, root, SEED + stream, -(-REQUESTS // STREAMS))
-        call["Stats"](b"", timeout=TIMEOUT_S)  # still serving
+            call["CreateTable"](ps_pb2.CreateTableRequest(spec=s).SerializeToString(), timeout=timeout_s)
+        summary = fuzz(server.shard, call, root, seed, requests, timeout_s)
+        call["Stats"](b"", timeout=timeout_s)  # still serving
     finally:
         channel.close()
         server.stop(grace_s=1)
     return summary
-
-
-def warm_kernels(directory: pathlib.Path) -> None:
-    """Pushes (through the optimizer and as deltas) and pulls every table of TABLES on a scratch server in directory,
-    so that the compiled kernels the fuzzed requests run are loaded, or compiled where no cache has them yet (a fresh
-    clone: over a minute on a loaded host), before a fuzzed request's TIMEOUT_S runs."""
-    server = Server(ServerConfig(data_dir=str(directory), shard_id=1, num_shards=2, port=0, flush_interval_s=3600.0))
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}", options=grpc_options(64 << 20))
-    ids = random_ids(2000, seed=11)
-    ids = ids[SlotMap.contiguous(2).shard_of(ids) == 1][:8]
-    raw, ones = ids.astype("<u8").tobytes(), np.ones(len(ids), "<f4").tobytes()
-    try:
-        for name, s in TABLES.items():
-            channel.unary_unary("/sparseps.ParameterServer/CreateTable")(
-                ps_pb2.CreateTableRequest(spec=s).SerializeToString(), timeout=WARM_UP_S
-            )
-            grads = np.full((len(ids), s.dim), 1e-3, "<f4").tobytes()
-            for add_delta in (False, False, False, True):  # admission's min_count is 3 shows
-                push = ps_pb2.PushRequest(table=name, ids=raw, grads=grads, dim=s.dim, shows=ones, clicks=ones,
-                                          add_delta=add_delta)  # fmt: skip
-                channel.unary_unary("/sparseps.ParameterServer/Push")(push.SerializeToString(), timeout=WARM_UP_S)
-            pull = ps_pb2.PullRequest(table=name, ids=raw)
-            channel.unary_unary("/sparseps.ParameterServer/Pull")(pull.SerializeToString(), timeout=WARM_UP_S)
-    finally:
-        channel.close()
-        server.stop(grace_s=1)
 
 
 def merged(streams: list[dict]) -> dict:
@@ -270,7 +254,7 @@ def merged(streams: list[dict]) -> dict:
     }  # fmt: skip
 
 
-def fuzz(shard: Shard, call: dict, root: pathlib.Path, seed: int, requests: int) -> dict:
+def fuzz(shard: Shard, call: dict, root: pathlib.Path, seed: int, requests: int, timeout_s: float) -> dict:
     """Sends `requests` requests of RequestSource(seed) one at a time, checking each reply and what each rejected
     request did to the shard's state; the summary."""
     ids = random_ids(2000, seed=11)
@@ -286,7 +270,7 @@ def fuzz(shard: Shard, call: dict, root: pathlib.Path, seed: int, requests: int)
         request = source.next()
         by_method[request.method] += 1
         try:
-            reply = call[request.method](request.data, timeout=TIMEOUT_S)
+            reply = call[request.method](request.data, timeout=timeout_s)
         except grpc.RpcError as e:
             code, details = e.code().name, e.details() or ""
             codes[code] += 1

@@ -127,12 +127,12 @@ def _read_errors_named(batches: Iterable, result: LoopResult) -> Iterator:
         raise TrainingDataError(str(e), result.steps, result.examples) from e
 
 
-def _close_at_count(bar: tqdm) -> None:
-    """Closes the bar at the true count: its total set to the examples trained (fewer than the estimate when
-    lines were malformed or training stopped early)."""
-    if not bar.disable:
+def _close_at_count(bar: tqdm | None) -> None:
+    """Closes the bar (None: none shown) at the true count: its total set to the examples trained (fewer than the
+    estimate when lines were malformed or training stopped early)."""
+    if bar is not None:
         bar.total = bar.n
-    bar.close()
+        bar.close()
 
 
 class _ProgressLines:
@@ -232,8 +232,10 @@ def run_epochs(
     skipping, limit = Skipping(s.skip_examples), Limit(s.max_examples)
     desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until the first step trains
     estimated = s.total_estimated and total > 0
-    bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1,
-               bar_format=ABOUT_BAR_FORMAT if estimated else None)  # fmt: skip
+    bar = None  # a bar only where it is shown: tqdm starts its monitor thread for every bar, a disabled one too
+    if s.progress and not plain:
+        bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, smoothing=0.1,
+                   bar_format=ABOUT_BAR_FORMAT if estimated else None)  # fmt: skip
     at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
     lines = (_ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
              if s.progress_lines or plain else None)  # fmt: skip
@@ -318,18 +320,20 @@ def run_epochs(
                     if telemetry is not None:
                         telemetry.step(n, step_s, running.value)
                     step_started, skipped_by, evaluated_by = now, skipping.seconds, eval_seconds
-                    if desc is not None:  # the first step after a skip: the bar's clock and rate start here
-                        desc = None
-                        bar.set_description_str(None, refresh=False)
+                    if desc is not None and bar is not None:  # the first step after a skip: the bar's clock and
+                        bar.set_description_str(None, refresh=False)  # rate start here
                         bar.reset(bar.total)
-                    advance(bar, n, estimated)
+                    desc = None
+                    if bar is not None:
+                        advance(bar, n, estimated)
                     cache = source.stats()
                     postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
                     if "cache_hit_rate" in cache:
                         postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
                     if "cache_bytes_saved" in cache:
                         postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
-                    bar.set_postfix(postfix, refresh=False)
+                    if bar is not None:
+                        bar.set_postfix(postfix, refresh=False)
                     if lines is not None:  # their rate leaves out evaluations and a resumed run's skipping
                         lines.update(result, running.value, training_s(), cache)
                     if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
