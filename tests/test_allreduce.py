@@ -21,15 +21,11 @@ mp = pytest.importorskip("torch.multiprocessing", reason="torch without torch.mu
 from ps.config import OptimizerConfig  # noqa: E402
 from ps.rows.optim import get_optimizer  # noqa: E402
 from tests.inprocess import InProcessTables  # noqa: E402
-from worker.allreduce import (  # noqa: E402
-    ENV_VARS,
-    AllReduceDense,
-    LocalOptimizer,
-    init_process_group_from_env,
-    rank_device,
-)
+from worker.allreduce import AllReduceDense  # noqa: E402
+from worker.allreduce_group import ENV_VARS, init_process_group_from_env, rank_device  # noqa: E402
 from worker.client import PushItem  # noqa: E402
 from worker.dense import DenseSync, table_config  # noqa: E402
+from worker.local_optimizer import LocalOptimizer  # noqa: E402
 from worker.models.spec import ModelSpec, uniform_fields  # noqa: E402
 
 PARAMS = ModelSpec("dnn", uniform_fields(3, 4), num_dense=2, hidden=(8, 8)).dense_params()

@@ -9,9 +9,9 @@ eval or predict taken while the job trains reads an MLP at most that old (not th
 stamp, as the PS path's pushes), while the worker has not said it is done: its job holds the shards then, and a
 shard that holds another job refuses the write. In between, a step's gradients (every parameter flattened, in
 params order, into one float32 buffer, followed by one float per rank: 1 in its own from a worker with a batch) go
-through one all_reduce (SUM) and are divided by the number of workers that had a batch; each worker then applies the optimizer
-to that mean itself (LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal
-weights, bit for bit. A mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a
+through one all_reduce (SUM) and are divided by the number of workers that had a batch; each worker then applies the
+optimizer to that mean itself (worker/local_optimizer.py LocalOptimizer: the servers' rule per element), so equal
+inputs leave every worker with equal weights, bit for bit. A mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a
 push: every rank raises ValueError at that step, its values and optimizer state those of the step before.
 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
@@ -27,179 +27,30 @@ peer worker that dies makes the collective it is missing from fail at once on th
 that stalls (stopped, hung), after the group's timeout (a TimeoutError): each says which operation, and what to
 check.
 
-The process group: torch.distributed, from the environment torchrun sets (env://: MASTER_ADDR, MASTER_PORT, RANK,
-WORLD_SIZE), gloo for a cpu device and nccl for a cuda one, whose device is this rank's GPU ("cuda:<LOCAL_RANK>").
-torch is imported inside the functions, so this module imports without it.
+The process group: torch.distributed, joined from the environment torchrun sets (worker/allreduce_group.py). torch is
+imported inside the functions, so this module imports without it.
 """
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
-import re
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
 
 from ps.config import OptimizerConfig
 from ps.errors import NOTHING_APPLIED
 from ps.rows.finite import first_non_finite
+from worker.allreduce_group import init_process_group_from_env, rank_device, timed_out, torch_reason
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
+from worker.local_optimizer import LocalOptimizer
 from worker.models.spec import DenseParam
 
-ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 WRITE_EVERY_S = 30.0  # the writer's writes of the MLP to the servers while the job trains
-
-
-def rank_device(device: str) -> str:
-    """This rank's device: worker.models.torch_backend.worker_device with a GPU of its own (nccl wants one GPU
-    per worker)."""
-    from worker.models.torch_backend import worker_device
-
-    return worker_device(device, exclusive=True)
-
-
-def init_process_group_from_env(device: str, timeout_s: float | None = None) -> tuple[int, int]:
-    """Joins the default torch.distributed group the environment describes (env://): gloo for a cpu device,
-    nccl for cuda (its GPU made the current one). Returns (rank, world_size); a default group already
-    initialized is returned as it is. ValueError naming the missing variables when some of ENV_VARS are unset;
-    TimeoutError when not every rank joined within timeout_s (None: torch's default), or this rank could not reach
-    the rendezvous at MASTER_ADDR:MASTER_PORT in time; ConnectionError when the group could not be set up otherwise
-    (MASTER_PORT in use on rank 0, say). Both are OSErrors: the CLI prints their message, torch's error chained."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    missing = [v for v in ENV_VARS if not os.environ.get(v)]
-    if missing:
-        raise ValueError(
-            f"the allreduce dense path reads {', '.join(ENV_VARS)} from the environment (torchrun sets them); "
-            f"missing: {', '.join(missing)}"
-        )
-    if torch.device(device).type == "cuda":
-        torch.cuda.set_device(torch.device(rank_device(device)))
-        backend = "nccl"
-    else:
-        backend = "gloo"
-    try:
-        if timeout_s is None:
-            dist.init_process_group(backend, init_method="env://")
-        else:  # a collective waiting longer for a peer (one that died) fails instead of hanging
-            dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
-    except dist.DistStoreError as e:  # the rendezvous: not every rank came
-        env = {v: os.environ[v] for v in ENV_VARS}
-        raise TimeoutError(
-            f"not every worker joined the allreduce group at {env['MASTER_ADDR']}:{env['MASTER_PORT']} (RANK "
-            f"{env['RANK']} of WORLD_SIZE {env['WORLD_SIZE']}) in time: {str(e).splitlines()[0]} Every worker of "
-            "the job must run with --dense allreduce and the same WORLD_SIZE (a --dense ps worker never joins); "
-            "a worker that died or has not started yet leaves the group short too"
-        ) from e
-    except RuntimeError as e:  # DistNetworkError (the store's socket), another DistError, the backend's own
-        raise _init_error(e, timeout_s) from e
-    return dist.get_rank(), dist.get_world_size()
-
-
-def torch_reason(e: BaseException) -> str:
-    """The gist of a torch.distributed error for a message: its first line, at most 300 characters; of a line
-    from gloo's transport ("[.../pair.cc:553] Connection closed by peer [addr]:port. This is typically caused
-    by ..."), the first sentence without the source file."""
-    lines = str(e).strip().splitlines()
-    line = lines[0].strip() if lines else ""
-    text = re.sub(r"^\[[^\]]*\]\s*", "", line)
-    if text != line:
-        text = text.split(". ", 1)[0]
-    text = text.rstrip(".") or type(e).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def _timed_out(e: BaseException) -> bool:
-    return "timed out" in str(e).lower() or "timeout" in str(e).lower()
-
-
-def _init_error(e: RuntimeError, timeout_s: float | None) -> OSError:
-    """The error of a failed init_process_group (other than the rendezvous timing out on the store's host): a
-    TimeoutError when this rank could not reach the store in time, else a ConnectionError."""
-    env = {v: os.environ[v] for v in ENV_VARS}
-    where, rank, world = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", env["RANK"], env["WORLD_SIZE"]
-    within = "in time" if timeout_s is None else f"within the timeout of {timeout_s:g} s (--barrier-timeout)"
-    if _timed_out(e):
-        return TimeoutError(
-            f"RANK {rank} of WORLD_SIZE {world} could not reach the allreduce group's rendezvous at {where} "
-            f"(MASTER_ADDR:MASTER_PORT, hosted by RANK 0) {within}: {torch_reason(e)}. RANK 0 must run with --dense "
-            "allreduce and the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and this machine must reach that address; "
-            "a RANK 0 that died or has not started yet leaves the group short too"
-        )
-    return ConnectionError(
-        f"RANK {rank} of WORLD_SIZE {world} could not set up the allreduce group at {where} (MASTER_ADDR:MASTER_PORT): "
-        f"{torch_reason(e)}. RANK 0 hosts the group there: MASTER_ADDR must be an address of RANK 0's machine that "
-        "every worker reaches, and MASTER_PORT a port no other process holds (another job's group, say); every "
-        "worker must have the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE"
-    )
-
-
-class LocalOptimizer:
-    """ps.rows.optim's update (sgd, adagrad, adam) of one flat float32 vector: each element as the servers'
-    kernels compute it, every operation a single IEEE-rounded float32 one (none fused or reordered), so equal
-    inputs give equal bits on any machine. Adam's bias correction counts this optimizer's steps (each
-    step updates every element, as a server counts each id's updates)."""
-
-    SUPPORTED = ("sgd", "adagrad", "adam")
-
-    def __init__(self, cfg: OptimizerConfig, size: int):
-        cfg.validate()
-        if cfg.name not in self.SUPPORTED:
-            raise ValueError(f"the allreduce dense path runs {list(self.SUPPORTED)}, not {cfg.name!r}")
-        p = {k: np.float32(v) for k, v in cfg.all_params().items()}
-        self.name, self.lr, self.params, self.steps = cfg.name, np.float32(cfg.learning_rate), p, 0
-        if cfg.name == "adagrad":
-            self.accumulator = np.full(size, p["initial_accumulator"], np.float32)
-        if cfg.name == "adam":
-            self.m = np.zeros(size, np.float32)
-            self.v = np.zeros(size, np.float32)
-
-    def apply(self, weights: np.ndarray, grads: np.ndarray) -> None:
-        """One step on weights (float32, in place) with grads of the same shape: one compiled pass."""
-        self.steps += 1
-        p = self.params
-        if self.name == "sgd":
-            _sgd_step(weights, grads, self.lr)
-        elif self.name == "adagrad":
-            _adagrad_step(weights, grads, self.accumulator, self.lr, p["epsilon"])
-        else:
-            c1 = np.float32(1.0 - float(p["beta1"]) ** self.steps)  # 1 - b^t rounded once, to float32
-            c2 = np.float32(1.0 - float(p["beta2"]) ** self.steps)
-            _adam_step(weights, grads, self.m, self.v, self.lr, p["beta1"], p["beta2"], p["epsilon"], c1, c2)
-
-
-# One pass over the vector each, every operation a float32 one in the order written (no fastmath: nothing fused
-# or reordered), so equal inputs give equal bits on every worker. error_model="numpy": a division is IEEE's (no
-# check for a zero divisor, which none of these can be), so the loops vectorize (Adam 3.1 -> 0.7 ms at 487K).
-@numba.njit(nogil=True, error_model="numpy", cache=True)
-def _sgd_step(w, g, lr):  # w -= lr g
-    for i in range(w.shape[0]):
-        w[i] -= lr * g[i]
-
-
-@numba.njit(nogil=True, error_model="numpy", cache=True)
-def _adagrad_step(w, g, a, lr, eps):  # a += g g; w -= lr g / (sqrt(a) + eps)
-    for i in range(w.shape[0]):
-        a[i] += g[i] * g[i]
-        w[i] -= lr * g[i] / (np.sqrt(a[i]) + eps)
-
-
-@numba.njit(nogil=True, error_model="numpy", cache=True)
-def _adam_step(w, g, m, v, lr, b1, b2, eps, c1, c2):  # m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g
-    one = np.float32(1.0)  # w -= lr (m / c1) / (sqrt(v / c2) + eps)
-    for i in range(w.shape[0]):
-        m[i] = b1 * m[i] + (one - b1) * g[i]
-        v[i] = b2 * v[i] + (one - b2) * g[i] * g[i]
-        w[i] -= lr * (m[i] / c1) / (np.sqrt(v[i] / c2) + eps)
 
 
 class AllReduceDense:
@@ -431,7 +282,7 @@ class AllReduceDense:
             at = f" at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         head = f"rank {self.rank} of the allreduce group ({self.world_size} workers{at}): the {op} of {what} failed"
         then = "The run cannot go on without every worker: the other workers' output says what happened to them; "
-        if _timed_out(e):
+        if timed_out(e):
             timeout = self._timeout_s()
             limit = "its timeout" if timeout is None else f"its timeout of {timeout:g} s"
             return TimeoutError(
