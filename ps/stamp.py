@@ -28,14 +28,14 @@ class WorkerStamp:
     step is summed over every worker and applied once), barrier_timeout_s (how long a wait may last; 0: the
     shard's default, DEFAULT_BARRIER_S), done (finish), acked: the number of this worker's steps whose push has had
     its reply (at most step, but for done; a shard that restarted learns the worker's clock from it), setup: what
-    every worker of the job runs alike (worker.steprows.job_setup; the shards refuse a worker of another setup,
+    every worker of the job runs alike (worker.row_source.job_setup; the shards refuse a worker of another setup,
     which stops the job), stopped: why the worker stopped before its end (nonempty: a stop stamp), unclocked:
     an async or geo job's push stamp, which holds the shards for its job and moves no clock (step, staleness, sync
     and acked 0), and token: an unclocked stamp's worker process (random, nonzero, kept in its --resume-file; 0:
     not known), so that a shard refuses a second process pushing as the same worker (ps.engine.tenancy), and apart:
     a sync or ssp worker's PushBatch that ends none of its steps on the shard (a message of a step's push before
     the shard's last, or a push sent apart from the steps), which holds the shard for the job and moves no clock;
-    stopped_by: a stop stamp's, the class of the shard's refusal its worker stopped on (worker.steprows
+    stopped_by: a stop stamp's, the class of the shard's refusal its worker stopped on (worker.stopping
     stopped_by; empty: a cause of its own), which a shard relays where it stopped the job (ps.engine.tenancy);
     job_name: the job as its workers' --job-id named it (job is that name's hash, job_hash: a shard refuses a name
     that hashes to another job; empty: no name), which the shard's messages name it by (job_named)."""
@@ -76,7 +76,7 @@ class WorkerStamp:
 
 def stopping_refusal(stamp: WorkerStamp) -> tuple[type[PsError], str] | None:
     """The refusal a stop stamp's worker stopped on, where it stopped the stamp's job on a shard: its class (the
-    stamp's stopped_by, worker/steprows.py stopped_by: the class of the shard's refusal, is one of
+    stamp's stopped_by, worker/stopping.py stopped_by: the class of the shard's refusal, is one of
     JOB_STOPPING_ERRORS) and its words (the stamp's reason, stop_reason: the error's class, then its first line,
     holds job_stops' words of the stamp's job, by its name or its id, then printable ASCII to its end; the first,
     the cause, where a reason relays a relay). None otherwise: the worker stopped for a cause of its own, or on a

@@ -239,7 +239,8 @@ def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_th
         ServerUnavailableError,
         WorkerDoneError,
     )
-    from worker.steprows import GeoRows, abandon
+    from worker.steprows import GeoRows
+    from worker.stopping import abandon
 
     class Geo:
         flushes = 0
@@ -275,7 +276,8 @@ def test_a_geo_worker_stopped_by_a_refusal_that_stops_its_job_pushes_no_deltas(c
     that stops no job, leave the deltas pushed."""
     from ps.errors import InvalidArgumentError
     from ps.stamp import WorkerStamp
-    from worker.steprows import GeoRows, abandon
+    from worker.steprows import GeoRows
+    from worker.stopping import abandon
 
     class Geo:
         flushes = 0
@@ -330,7 +332,7 @@ def test_a_geo_worker_whose_own_request_was_refused_pushes_its_deltas_as_it_stop
     """An InvalidArgumentError (its own check of a push before it sent, or a shard's refusal of what a request
     held) is no failure of the servers: the deltas of the steps since the last push reach them."""
     from ps.errors import InvalidArgumentError
-    from worker.steprows import abandon
+    from worker.stopping import abandon
 
     rows, ids, local = _three_geo_steps(server)
     before = server.pull("emb", ids)
@@ -345,7 +347,7 @@ def test_a_geo_worker_that_does_not_push_its_deltas_as_it_stops_says_how_many_st
     """Where the servers failed, or the push as it stops fails, the warning names the steps whose deltas the
     servers lack; the worker still counts them as not pushed (holding)."""
     from ps.errors import InvalidArgumentError, ServerUnavailableError
-    from worker.steprows import abandon
+    from worker.stopping import abandon
 
     rows, ids, _ = _three_geo_steps(server)
     before = server.pull("emb", ids)
@@ -376,7 +378,8 @@ def test_a_geo_worker_that_does_not_push_its_deltas_as_it_stops_says_how_many_st
 
 def test_a_settle_whose_push_was_interrupted_is_not_pushed_again_by_the_abandon_after_it(server):
     """The push may have reached the shards before the interrupt: sending its deltas again would add them twice."""
-    from worker.steprows import GeoRows, abandon
+    from worker.steprows import GeoRows
+    from worker.stopping import abandon
 
     cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5))
     server.create_table(cfg)

@@ -1394,8 +1394,9 @@ def test_a_worker_stopped_by_a_refusal_that_stopped_its_job_stops_the_other_shar
     differs, so worker 0 learns the cause there too, not only that worker 1 stopped. A stop for any other reason
     stays a stop naming the worker (ABORTED), and so does one whose refusal stopped another job or stops none, and
     one of the worker's own error whose words read as a relay (its stamp's stopped_by names no refusal). The worker
-    tells the shards through its row source (worker.steprows.abandon), as a training worker does."""
-    from worker.steprows import ClockedRows, abandon, stopped_by
+    tells the shards through its row source (worker.stopping.abandon), as a training worker does."""
+    from worker.steprows import ClockedRows
+    from worker.stopping import abandon, stopped_by
 
     fm, deepfm = SETUP, SETUP.replace("model=fm", "model=deepfm")
     addresses, started = servers(2)
@@ -1437,7 +1438,8 @@ def test_a_job_named_by_its_workers_is_named_so_in_the_refusal_that_stops_it_and
     """Workers given --job-id j3 stamp its name (job is its hash): the refusal that stops the job names it 'j3', not
     the number, and the other shard relays it by that name too; a stamp of the job without the name (a worker
     resumed from its file) is named by the name the shard knows."""
-    from worker.steprows import ClockedRows, abandon
+    from worker.steprows import ClockedRows
+    from worker.stopping import abandon
 
     fm, deepfm = SETUP, SETUP.replace("model=fm", "model=deepfm")
     addresses, started = servers(2)

@@ -24,7 +24,7 @@ from worker.train_config import TrainConfig
 def _run_worker(addresses, cfg: TrainConfig, slow_s: float = 0.0) -> dict:
     """One worker's run_epochs, as `ps-worker train` runs it; returns the loop's result and its tables view."""
     from worker.loop import run_epochs
-    from worker.steprows import row_source
+    from worker.row_source import row_source
 
     with Client(addresses, timeout_s=30) as client:
         client.wait_ready()
@@ -510,7 +510,7 @@ def test_workers_of_one_job_with_other_models_both_stop_at_once_naming_the_model
 
 def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_chooses():
     from worker.job import prepare
-    from worker.steprows import job_setup
+    from worker.row_source import job_setup
 
     def setup(**changes) -> str:
         cfg = TrainConfig(servers=("h:1",), synthetic_rows=20_000, num_workers=2, job_id=5, mode="sync",
@@ -592,7 +592,7 @@ def test_a_job_id_given_as_a_name_is_the_name_the_stamps_carry():
     hashed all the same, and the shards name the job by its id."""
     from worker.cli_train_config import train_config_from_argv
     from worker.job import prepare
-    from worker.steprows import row_source
+    from worker.row_source import row_source
 
     def given(job: str) -> tuple[int, str]:
         cfg = train_config_from_argv(["--servers", "h:1", "--job-id", job])

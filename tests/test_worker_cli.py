@@ -1004,7 +1004,7 @@ def test_a_signal_that_numba_wrapped_in_a_system_error_ends_the_command_as_the_s
     """numba's callbacks into Python (unpickling a cached kernel's constants) turn a signal's exception into a
     SystemError: the command still ends as on the signal, with its message and exit code, not a traceback."""
     import worker.__main__ as cli
-    from worker.steprows import stop_reason
+    from worker.stopping import stop_reason
 
     def run(args, rest):
         try:

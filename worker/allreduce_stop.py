@@ -26,7 +26,7 @@ from typing import Any
 from ps.errors import ModelStateReplacedError, PsError
 from ps.stamp import WorkerStamp
 from worker.retry import JOB_REFUSALS, pushes_cannot_land, servers_failed
-from worker.steprows import stop_reason, stopped_by, stopped_the_job
+from worker.stopping import stop_reason, stopped_by, stopped_the_job
 
 log = logging.getLogger("worker.allreduce_stop")
 

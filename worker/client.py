@@ -355,7 +355,7 @@ class Client(ShardCalls):
 
     def stop_job(self, stamp: WorkerStamp, reason: str, timeout_s: float = STOP_TIMEOUT_S, by: str = "") -> list[str]:
         """Tells every shard that the stamp's worker stopped before its end, and why (reason, cut to
-        MAX_STOP_REASON characters; by: the class of the shard's refusal it stopped on, worker.steprows.stopped_by,
+        MAX_STOP_REASON characters; by: the class of the shard's refusal it stopped on, worker.stopping.stopped_by,
         where one did): each stops the job if it follows it, so that the other workers' waits end
         now, naming this worker, instead of at their barrier timeout, and another job may start. One attempt per
         shard, each within timeout_s, never retried: the worker is on its way out. Returns a line per shard that

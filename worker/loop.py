@@ -54,7 +54,8 @@ from worker.pipeline import prefetched
 from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, advance, progress_line
 from worker.scoring import evaluate, field_tables
 from worker.step import Prepared, Step
-from worker.steprows import AsyncRows, abandon
+from worker.steprows import AsyncRows
+from worker.stopping import abandon
 from worker.train_stream import Limit, Skipping
 
 log = logging.getLogger("worker.loop")
@@ -378,7 +379,7 @@ def run_epochs(
             else:  # allreduce: the writer writes the MLP of its last step, stamped, while its job holds the shards
                 save_dense_on_stop(dense, e, source.stamp)
         finally:
-            abandon(source, e)  # (geo: pushes the deltas it holds, unless they cannot land: steprows.stopped_pushes)
+            abandon(source, e)  # (geo: pushes the deltas it holds, unless they cannot land: GeoRows.abandon)
         if not holding():
             result.pushed = result.examples
         if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line; also

@@ -332,7 +332,7 @@ class Outages:
         """The PsError of e's status, the class its shard named, in the shard's words (and `after` them)."""
         code, where = e.code().name, f"shard {shard} at {self.servers[shard]}"
         error = error_class(code, error_name(e))(f"{where}: {method} failed with {code}: {e.details()}{after}")
-        error.refused_by = shard  # a shard's refusal, not the worker's own error (worker.steprows.stopped_by)
+        error.refused_by = shard  # a shard's refusal, not the worker's own error (worker.stopping.stopped_by)
         return error
 
 

@@ -13,7 +13,8 @@
                                                                  (GeoRows)
 
 Every mode's pushes carry the job's stamp (async and geo: unclocked, which moves no clock): a shard trains one job
-at a time, and refuses a worker of its job whose setup (job_setup) differs (ps.engine.tenancy).
+at a time, and refuses a worker of its job whose setup (worker/row_source.py job_setup) differs (ps.engine.tenancy).
+worker/row_source.py builds a config's row source.
 
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
@@ -23,7 +24,7 @@ last sync, worker/allreduce.py's writes (add_delta): with the job's stamp, advan
 its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
-abandon(reason, pushes_ok, by) (the worker stops before its end, by: stopped_by: sync and ssp stop the job on the
+abandon(reason, pushes_ok, by) (the worker stops before its end, by: worker/stopping.py stopped_by: sync and ssp stop the job on the
 shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed, hold
 another model state or refuse the job (worker.retry.pushes_cannot_land), a shard's refusal stopped the job (ps.stamp
 stopping_refusal) or a push of them did, and logs how many steps' deltas it did not push; async and geo tell the
@@ -33,7 +34,6 @@ shards that the worker stopped, so that the job holds them no more for it) and s
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections import deque
@@ -42,14 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ps.errors import PsError
-from ps.stamp import stopping_refusal
-from ps.terminate import Terminated, signal_behind
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
 from worker.pipeline import RecentRows, in_any
-from worker.retry import pushes_cannot_land
+from worker.stopping import stop_reason, stopped_the_job
 
 if TYPE_CHECKING:
     from worker.client import WorkerStamp
@@ -368,99 +365,3 @@ class GeoRows:
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
         return {"cache_hit_rate": rate, "local_rows": int(self.geo.local_rows)}
-
-
-def stop_reason(e: BaseException) -> str:
-    """Why a worker stopped, for its job's other workers: "interrupted (Ctrl-C)", "terminated (SIGTERM)", or the
-    error's class and the first line of its message ("InvalidArgumentError: shard 1 at ...": with stopped_by, a
-    shard reads a refusal that stopped the job so, and stops the job with it, ps.engine.tenancy)."""
-    e = signal_behind(e) or e  # numba can wrap a signal's exception in a SystemError
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted (Ctrl-C)"
-    if isinstance(e, Terminated):
-        return "terminated (SIGTERM)"
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-
-
-def stopped_by(e: BaseException) -> str:
-    """The class of the shard's refusal a worker stopped on, for its stop stamp's stopped_by (a shard relays a
-    refusal that stopped the job: ps.engine.tenancy): e's, where a shard refused a call with it (worker.retry's
-    refused_by names the shard); "" for a cause of the worker's own, a PsError it raised itself included."""
-    return type(e).__name__ if isinstance(e, PsError) and getattr(e, "refused_by", None) is not None else ""
-
-
-def stopped_the_job(stamp: WorkerStamp | None, reason: str, by: str) -> bool:
-    """Whether a worker stopped for reason (stop_reason) on a refusal of class by (stopped_by) stopped on a shard's
-    refusal that stopped its job (ps.stamp stopping_refusal; stamp: the worker's, None: not known): the shards that
-    stopped the job refuse its further pushes (geo's held deltas, allreduce's MLP) and the others would apply them,
-    so none is made."""
-    return stamp is not None and stopping_refusal(replace(stamp, stopped=reason, stopped_by=by)) is not None
-
-
-def abandon(source: Any, e: BaseException) -> None:
-    """source.abandon(stop_reason(e), pushes_ok, stopped_by(e)) for a worker that e stops before its end
-    (pushes_ok: not worker.retry.pushes_cannot_land(e)); a failure of that is logged, not raised: e is the error to
-    report."""
-    try:
-        source.abandon(stop_reason(e), pushes_ok=not pushes_cannot_land(e), by=stopped_by(e))
-    except Exception as failed:
-        log.warning("could not tell the servers that this worker stopped: %s", failed)
-
-
-def job_setup(cfg: Any, spec: ModelSpec) -> str:
-    """What every worker of a job must run alike, as the stamp's key=value pairs (the shards refuse a worker whose
-    pairs differ from the job's: ps.engine.tenancy): the mode (and ssp's staleness, geo's steps per push), the
-    model, its fields (their count and a digest of each field's name, table, width and pooling), the numeric
-    features, and for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer; sync: the
-    steps between the MLP's pushes, which a step's sum takes alike from every worker). Left out
-    on purpose: what a worker may choose for its own hardware or share (backend, device, batch size, epochs,
-    prefetch, its data)."""
-    fields = hashlib.blake2b(repr(spec.fields).encode(), digest_size=4).hexdigest()
-    pairs = [f"mode={cfg.mode}"] + ([f"staleness={cfg.staleness}"] if cfg.mode == "ssp" else [])
-    pairs += [f"geo_every={cfg.geo_every}"] if cfg.mode == "geo" else []
-    pairs += [f"model={spec.name}", f"fields={len(spec.fields)}:{fields}", f"numeric={spec.num_dense}"]
-    if spec.has_mlp:
-        pairs.append("hidden=" + ",".join(map(str, spec.hidden)))
-    if spec.dense_params():
-        pairs.append(f"dense={cfg.dense}")
-        if cfg.mode == "sync":  # the steps whose sums carry the MLP's gradients
-            pairs.append(f"dense_sync_every={cfg.dense_sync_every}")
-        if cfg.dense == "allreduce":
-            pairs.append(f"dense_optimizer={cfg.dense_optimizer}:{cfg.dense_learning_rate:g}")
-    return " ".join(pairs)
-
-
-def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> Any:
-    """The row source of a resolved TrainConfig's --mode (table_configs: the model's sparse tables, for geo's
-    local optimizers); every mode's worker stamps its pushes with the job (async and geo: unclocked), and the run
-    its CreateTable requests with the source's stamp (worker/train.py)."""
-    from worker.client import WorkerStamp
-
-    stamp = WorkerStamp(
-        job=cfg.job_id,
-        job_name=cfg.job_name,
-        worker=cfg.worker_id,
-        num_workers=cfg.num_workers,
-        step=0,
-        staleness=cfg.staleness if cfg.mode == "ssp" else 0,
-        sync=cfg.mode == "sync",
-        barrier_timeout_s=cfg.barrier_timeout_s,
-        setup=job_setup(cfg, spec),
-        unclocked=cfg.mode in ("async", "geo"),
-        token=cfg.worker_token if cfg.mode in ("async", "geo") else 0,  # (a clocked stamp's process: its client id)
-    )
-    if cfg.mode == "async":
-        return AsyncRows(tables, spec, cfg.prefetch, stamp)
-    if cfg.mode == "geo":
-        from worker.geo import GeoTables
-
-        configs = {t.name: t for t in table_configs if t.name in spec.table_dims()}
-        return GeoRows(tables, GeoTables(tables, configs, cfg.geo_every, num_workers=cfg.num_workers, stamp=stamp),
-                       stamp)  # fmt: skip
-    cache = None
-    if cfg.row_cache_bytes:
-        from worker.rowcache import RowCache
-
-        cache = RowCache(cfg.row_cache_bytes, {t: spec.row_dim(t) for t in spec.table_dims()})
-    return ClockedRows(tables, spec, stamp, cache, cfg.prefetch)

@@ -46,8 +46,9 @@ from worker.model_tables import held_features, missing_shares, sparse_table_stat
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, resumes_whole, state_changed
+from worker.row_source import row_source
 from worker.scoring import ScoringProgress, evaluate
-from worker.steprows import abandon, row_source
+from worker.stopping import abandon
 from worker.tables import check_tables, replaced_warning
 from worker.train_config import TrainConfig
 from worker.train_messages import (
@@ -175,7 +176,7 @@ def train(cfg: TrainConfig) -> dict:
                 run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
                            on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
                            on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
-        except BaseException as e:  # run_epochs told the servers this worker stopped (steprows.abandon)
+        except BaseException as e:  # run_epochs told the servers this worker stopped (stopping.abandon)
             if position is not None and not cfg.resume_trained:  # (a refused done stamp: the file stays as it was)
                 try:
                     position.write(cfg.skip_examples + loop.pushed)
