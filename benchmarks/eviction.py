@@ -42,8 +42,9 @@ from ps.rows.layout import layout_of
 from ps.rows.parallel import parts, run_each, run_parts
 from ps.rows.update import RowState
 from ps.storage import eviction as eviction_module
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
 from ps.storage.arenalookups import _group_by_home
+from ps.storage.budget import MemoryBudget
 from ps.storage.index import find, lookup_into, prefetch_slot
 
 DIM = 16

@@ -34,7 +34,8 @@ import numpy as np
 from eviction import pull, push
 
 from ps.rows.layout import layout_of
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 
 DIM = 16
 OPTIMIZER = "adagrad"

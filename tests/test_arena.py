@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from ps.accel import hugepages
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 
 
 def test_evicting_a_row_with_a_stale_id_keeps_the_live_entry():

@@ -29,7 +29,8 @@ from ps.engine.shard import Shard
 from ps.errors import DiskFullError, RamTierTooSmallError, StorageError, TableBusyError
 from ps.rows.layout import INDEX_BYTES_PER_ROW, layout_of
 from ps.storage import budget as budget_module
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 from tests.conftest import crash
 from tests.test_disk_full import FullRocksDB
 from tests.waiting import join_thread, wait_until

@@ -17,7 +17,8 @@ from ps.rows import update
 from ps.rows.layout import layout_of
 from ps.rows.update import USE_CAP, RowState
 from ps.storage import eviction as eviction_module
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 
 WIDTH = 4  # the statistics only: what the push's store step reads
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ps.rows import parallel
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 10, 1001])

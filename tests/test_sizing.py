@@ -6,7 +6,8 @@ import numpy as np
 
 from ps.rows.layout import layout_of
 from ps.sizing import format_report, size_report
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 from ps.storage.rowformat import encode_keys, value_dtype
 
 

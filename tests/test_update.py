@@ -13,7 +13,8 @@ from ps.rows import update
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
 from ps.rows.optim import get_optimizer
 from ps.rows.update import Push, RowState
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 from tests.conftest import crash
 
 DIM = 4

@@ -21,7 +21,7 @@ from ps.engine.table import Table, rows_text
 from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.rows.layout import layout_of
 from ps.sharding import NUM_SLOTS
-from ps.storage.arena import MemoryBudget
+from ps.storage.budget import MemoryBudget
 from ps.storage.journal import Journal
 from ps.storage.memory import MemoryPlan
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE

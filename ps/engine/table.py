@@ -44,7 +44,8 @@ from ps.rows.layout import ADMITTED, RowLayout, half_floats_of
 from ps.rows.optim import get_optimizer
 from ps.rows.rowcopy import gather
 from ps.rows.update import Push, RowState
-from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena
+from ps.storage.budget import MemoryBudget
 from ps.storage.foreground import Foreground
 from ps.storage.journal import Journal
 from ps.storage.journalformat import Record

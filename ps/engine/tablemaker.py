@@ -14,7 +14,7 @@ from ps.config import TableConfig
 from ps.engine.table import Table, layout_for
 from ps.errors import TableExistsError
 from ps.rows.layout import RowLayout
-from ps.storage.arena import MemoryBudget
+from ps.storage.budget import MemoryBudget
 from ps.storage.journal import Journal
 from ps.storage.store import Store
 

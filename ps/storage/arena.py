@@ -36,8 +36,6 @@ from ps.storage.eviction import RECENT_REQUESTS, not_in_ghost
 from ps.storage.idqueue import IdQueue
 from ps.storage.index import IdIndex
 
-__all__ = ["Arena", "MemoryBudget"]
-
 MIN_CAPACITY = 16  # rows the arrays get at their first growth
 _NO_RESCAN = 1 << 62
 
