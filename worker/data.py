@@ -11,12 +11,11 @@
                   its start (its header or lines wrong, or no example in it, fails the run before anything is
                   trained); in a larger file a malformed line further on is met, as --max-bad-lines says, when
                   eval() reads it
-    held_out(n, fraction, max_validation)   of n examples, about how many a validation split takes
     eval_count()  --eval-data's lines, counted up to SCORING_COUNT_LINES, for a progress total
 
-The split, and held_out: worker/validation_split.py. DataSource's checks of its data before training (check_eval
-among them) are worker/data_checks.py's DataChecks; what its reads report (untrained(), malformed lines skipped)
-is worker/data_reports.py's DataReports.
+The validation split, and held_out (of n examples, about how many it takes): worker/validation_split.py.
+DataSource's checks of its data before training (check_eval among them) are worker/data_checks.py's DataChecks;
+what its reads report (untrained(), malformed lines skipped) is worker/data_reports.py's DataReports.
 """
 
 from __future__ import annotations
