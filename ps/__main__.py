@@ -13,7 +13,14 @@ with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start
     import sys
 
     from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-    from ps.config import FULL_AT_REST, MAX_DIM, MAX_INTERVAL_S, VALUES_AT_REST, ServerConfig
+    from ps.config import (
+        DEFAULT_REPLY_READ_TIMEOUT_S,
+        FULL_AT_REST,
+        MAX_DIM,
+        MAX_INTERVAL_S,
+        VALUES_AT_REST,
+        ServerConfig,
+    )
     from ps.errors import PsError, StorageError
     from ps.replies import check_reply_bytes, reply_room_bytes
     from ps.settings import (
@@ -101,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "slow readers' replies hold it, and one larger than all of it is refused (RESOURCE_EXHAUSTED); 0: no "
                    "bound. The server refuses to start with less than one reply to ps-worker's largest request "
                    "needs. Default: 1G, or with --memory-bytes as much as its `requests` part (1/8 of it, 16 to 128 MiB)")  # fmt: skip
+    p.add_argument("--reply-read-timeout-s", type=number(0, MAX_INTERVAL_S), default=DEFAULT_REPLY_READ_TIMEOUT_S,
+                   help="seconds a reply of rows (--reply-bytes) may stay unread after it was built: a caller that has "
+                   "not read it all by then has its call ended (CANCELLED) and the reply's room given back, so that a "
+                   "caller that never reads and sets no deadline cannot keep the room from every other caller; each "
+                   "is counted (ps-worker stats, sparseps_reply_room_expired_total) and logged (a line per caller's "
+                   "host a minute at most); 0: no limit. Default: 600, 5 times the longest a ps-worker call lasts with "
+                   "its default deadlines (--timeout-s 60, and --barrier-timeout 60 for a sync or ssp wait), and "
+                   "time to send its largest reply (64 MiB) at 1 Mbit/s; with ps-worker --timeout-s above it, give "
+                   "at least as much")  # fmt: skip
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,
@@ -488,6 +504,7 @@ def _run_server(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_queued_calls=args.max_queued_calls,
         reply_bytes=args.reply_bytes,
+        reply_read_timeout_s=args.reply_read_timeout_s,
         sync=args.sync,
         cache_bytes=args.cache_bytes,
         memory_bytes=args.memory_bytes,

@@ -30,6 +30,10 @@ MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal floa
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together, without --memory-bytes
 # (ps.replies.reply_room_bytes)
+DEFAULT_REPLY_READ_TIMEOUT_S = 600.0  # a reply of rows unread this long after it was handed to gRPC ends its call
+# (ps.unreadreplies): 5 times the longest a ps-worker call lasts with its default deadlines (--timeout-s 60, plus
+# --barrier-timeout 60 for a stamped call's wait, which comes before its reply is built), and its largest reply
+# (64 MiB, CLIENT_MESSAGE_BYTES) sent in that time at 1 Mbit/s
 CLIENT_MESSAGE_BYTES = 64 << 20  # the default largest message a worker.client.Client sends
 ROOM_SHARE = 16  # a client's message (its ids and rows) takes at most this share of a shard's request room
 MIN_CLIENT_MESSAGE_BYTES = 1 << 20
@@ -327,6 +331,8 @@ class ServerConfig:
     max_message_bytes: int = MAX_MESSAGE_BYTES  # largest request and reply (gRPC's limits and the servicer's)
     reply_bytes: int | None = None  # room for replies of rows built and not sent yet, each counted twice
     # (ps.replies.REPLY_COPIES); 0: no bound; None: 1 GiB, or the request room under memory_bytes (reply_room_bytes)
+    reply_read_timeout_s: float = DEFAULT_REPLY_READ_TIMEOUT_S  # a reply of rows its caller has not read this long
+    # after it was handed to gRPC ends its call, its room given back (ps.unreadreplies); 0: no limit
     cache_bytes: int | None = None  # RAM tier budget shared by all tables; None: 2 GiB, or what memory_bytes leaves
     memory_bytes: int | None = None  # one bound for the data: RAM tier, RocksDB, write-behind (ps.storage.memory)
     read_threads: int = 2  # threads reading a request's missed rows from RocksDB
@@ -372,6 +378,9 @@ class ServerConfig:
             raise ValueError(f"--max-queued-calls must be >= 1, got {self.max_queued_calls}")
         if self.reply_bytes is not None and self.reply_bytes < 0:
             raise ValueError(f"--reply-bytes must be >= 0 (0: no bound), got {self.reply_bytes:,}")
+        if not 0 <= self.reply_read_timeout_s <= MAX_INTERVAL_S:
+            raise ValueError(f"--reply-read-timeout-s must be >= 0 (0: no limit) and <= {MAX_INTERVAL_S:g} s, got "
+                             f"{self.reply_read_timeout_s}")  # fmt: skip
         if not 0 < self.flush_interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"--flush-interval-s must be > 0 and <= {MAX_INTERVAL_S:g} s, got {self.flush_interval_s}")
         if len(self.cluster) > MAX_CLUSTER_CHARS or not all(

@@ -16,19 +16,26 @@ shard and step, whatever its size), which waits until the room is empty and runs
 
 Lock order: a reply takes reply room before its request room (and after a training job's waits: a stamped
 request never holds reply room while it waits for the job's other workers), and nothing holding reply room waits
-for it again, so a wait for reply room ends when the calls before it end. What it cannot shorten: a caller that
-never reads and sets no deadline holds its replies' room until its connection closes; ps-worker's calls all
-have deadlines.
+for it again, so a wait for reply room ends when the calls before it end. A call ends when its caller has read
+its reply, leaves or passes its deadline, and at the latest when its reply has stayed unread for read_timeout_s
+after its handler handed it to gRPC (ServerConfig.reply_read_timeout_s, ps-server --reply-read-timeout-s, 600 s by
+default; 0: no limit): ps.unreadreplies then cancels the call (HeldReply.handed, one watcher thread for the room),
+which gives its room back through the same callback, so a caller that never reads and sets no deadline holds its
+replies' room that long, not until its connection closes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from ps.config import CLIENT_MESSAGE_BYTES, DEFAULT_REPLY_BYTES, ROOM_SHARE, message_bytes_for
 from ps.engine.room import RequestRoom
 from ps.errors import NOTHING_READ_OR_APPLIED, ReplyTooLargeError
 from ps.storage.memory import request_room_bytes
+from ps.unreadreplies import UnreadReplies, Watchable
+
+log = logging.getLogger(__name__)
 
 REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
 # reply's own header fields (PushBatchResponse's num_applied and step)
@@ -69,12 +76,32 @@ def check_reply_bytes(reply_bytes: int, request_room_bytes: int) -> None:
         )
 
 
+class HeldReply(Watchable):
+    """A call's reply holding its room: given back when the call ends (end, the call's callback), its call ended
+    when its caller has not read it within the room's read timeout of its handler handing it to gRPC (handed)."""
+
+    def __init__(self, room: ReplyRoom, nbytes: int):
+        self._room, self.nbytes = room, nbytes
+
+    def handed(self, method: str, end_call: Callable[[], None], peer: Callable[[], str]) -> None:
+        """The handler returns the reply to gRPC now; end_call: its context.cancel, peer: its context.peer."""
+        self._room.unread.watch(self, f"{method} reply of {self.nbytes:,} bytes", end_call, peer)
+
+    def end(self) -> None:
+        """The call ended: its room given back, and its reply watched no more."""
+        self._room.unread.forget(self)
+        self._room.release(self.nbytes)
+
+
 class ReplyRoom:
     """reply_bytes of room for the replies being built or sent, REPLY_COPIES bytes a byte of reply (0: no bound,
-    every hold returns at once). Sizes given to its methods are replies' sizes; in_use and capacity count room."""
+    every hold returns at once), each reply's call ended when its caller has not read it within read_timeout_s of
+    being handed to gRPC (0: no limit; ps.unreadreplies). Sizes given to its methods are replies' sizes; in_use
+    and capacity count room."""
 
-    def __init__(self, reply_bytes: int):
+    def __init__(self, reply_bytes: int, read_timeout_s: float = 0.0):
         self._room = RequestRoom(reply_bytes, what="reply room (--reply-bytes)")
+        self.unread = UnreadReplies(read_timeout_s, log)
 
     @property
     def capacity(self) -> int:
@@ -97,7 +124,8 @@ class ReplyRoom:
     def stats(self) -> dict[str, int]:
         """The room's figures, as StatsResponse and the metrics name them."""
         return {"reply_room_bytes": self.capacity, "reply_room_used_bytes": self.in_use,
-                "reply_room_waiting": self.waiting, "reply_room_waits": self.waits}  # fmt: skip
+                "reply_room_waiting": self.waiting, "reply_room_waits": self.waits,
+                "reply_room_expired": self.unread.ended}  # fmt: skip
 
     def refuse_larger(self, method: str, nbytes: int, runs_alone: bool = False) -> None:
         """ReplyTooLargeError when method's reply of nbytes would not fit in the whole room (REPLY_COPIES of it),
@@ -110,11 +138,21 @@ class ReplyRoom:
             f"({self.capacity:,} bytes, --reply-bytes); send fewer ids per request; {NOTHING_READ_OR_APPLIED}"
         )
 
-    def hold(self, nbytes: int, at_end: Callable[[Callable[[], None]], bool], caller_gone: Callable[[], bool]) -> None:
+    def hold(self, nbytes: int, at_end: Callable[[Callable[[], None]], bool],
+             caller_gone: Callable[[], bool]) -> HeldReply:  # fmt: skip
         """Takes room for a call's reply of nbytes (REPLY_COPIES x nbytes), given back when the call ends: waits for
         its turn and for room (CallerGoneError once caller_gone() is true). at_end: the call's context.add_callback
-        (False: the call has ended already)."""
-        held = REPLY_COPIES * nbytes
-        self._room.acquire(held, caller_gone)
-        if not at_end(lambda: self._room.release(held)):  # ended already
-            self._room.release(held)
+        (False: the call has ended already). The handler calls the HeldReply's handed() as it returns the reply."""
+        self._room.acquire(REPLY_COPIES * nbytes, caller_gone)
+        held = HeldReply(self, nbytes)
+        if not at_end(held.end):  # ended already
+            held.end()
+        return held
+
+    def release(self, nbytes: int) -> None:
+        """Gives back the room of a reply of nbytes (HeldReply.end)."""
+        self._room.release(REPLY_COPIES * nbytes)
+
+    def close(self) -> None:
+        """The server stops: the watch of unread replies ends (gRPC ends the calls left)."""
+        self.unread.close()

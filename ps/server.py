@@ -196,7 +196,8 @@ class Server:
         """Serves the shard built: the calls go to it, health says SERVING, the metrics port serves its figures."""
         servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes,
                                            reply_bytes=reply_room_bytes(self.config.reply_bytes,
-                                                                        self.config.memory_bytes))  # fmt: skip
+                                                                        self.config.memory_bytes),
+                                           reply_read_timeout_s=self.config.reply_read_timeout_s)  # fmt: skip
         self._servicer = servicer
         if self.metrics is not None:
             self.metrics.attach(self.shard, servicer.replies)
@@ -229,6 +230,7 @@ class Server:
                 log.warning("%d calls still running %g s after the stop (a checkpoint being written?): closing the "
                             "store under them, they fail", running, CALLS_DRAIN_S)  # fmt: skip
             self._servicer.refusals.close()  # the counts of refusals not logged yet, before the log ends
+            self._servicer.replies.close()  # its watch of unread replies: gRPC ended their calls
         if self.metrics is not None:
             self.metrics.close()
         self.shard.close()

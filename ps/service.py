@@ -16,7 +16,9 @@ INVALID_ARGUMENT: the request is well formed and would succeed against a server 
 the code gRPC itself gives a message over the limit, so clients handle one code for both. Those replies take room
 in the servicer's ReplyRoom (ps.replies, --reply-bytes) once their request passed its checks, right before their
 rows are read (a PushBatch's after its push), until their call ends: a reply waits while replies built and not yet
-sent fill it, and one larger than all of it is refused the same way, before anything is read or applied.
+sent fill it, and one larger than all of it is refused the same way, before anything is read or applied. A handler
+hands its reply's hold the call's cancel as it returns the reply (HeldReply.handed): a reply unread
+--reply-read-timeout-s later has its call ended (ps.unreadreplies).
 
 A PullBatch carries at most MAX_BATCH_ITEMS pulls and a PushBatch at most MAX_BATCH_ITEMS pushes; more is
 INVALID_ARGUMENT, checked before any pull or push of the request is looked at.
@@ -314,12 +316,12 @@ class RunningCalls:
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def __init__(self, shard: Shard, metrics: ServerMetrics | None = None, max_reply_bytes: int = MAX_MESSAGE_BYTES,
-                 reply_bytes: int = DEFAULT_REPLY_BYTES):  # fmt: skip
+                 reply_bytes: int = DEFAULT_REPLY_BYTES, reply_read_timeout_s: float = 0.0):  # fmt: skip
         self.shard = shard
         self.calls = RunningCalls()  # Server.stop waits for them before it closes the shard
         self.metrics = metrics  # ps.metrics.ServerMetrics, or None
         self.max_reply_bytes = max_reply_bytes  # the server's grpc.max_send_message_length
-        self.replies = ReplyRoom(reply_bytes)  # the replies of rows built and not sent yet (ps.replies)
+        self.replies = ReplyRoom(reply_bytes, reply_read_timeout_s)  # the replies of rows built, not sent (ps.replies)
         self.refusals = RefusalLog(log)  # a kind of refusal is logged once a minute at most, then its count
 
     def _check_reply(self, method: str, shapes: list[tuple[int, int]], runs_alone: bool = False) -> int:
@@ -365,7 +367,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         dim = self.shard.table(request.table).dim
         size = self._check_reply("Pull", [(len(ids), dim)])
         cost = self.shard.pulls.check_pull(request.table, ids)  # refused before it waits for reply room
-        self.replies.hold(size, context.add_callback, CallerGone(context))
+        held = self.replies.hold(size, context.add_callback, CallerGone(context))
         replies = []
 
         def reply_rows(n: int, dim: int) -> Any:  # rows of the reply, made once the pull holds its request room
@@ -374,6 +376,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return rows
 
         self.shard.pulls.pull(request.table, ids, reply_rows, CallerGone(context), cost)  # straight into the reply
+        held.handed("Pull", context.cancel, context.peer)
         return replies[0]
 
     def _decode_push(self, request) -> TablePush:
@@ -406,9 +409,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         cost = self.shard.pulls.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
         # after the ssp wait: no wait for the job's other workers is made holding reply room
-        self.replies.hold(size, context.add_callback, CallerGone(context))
-        return self.shard.pulls.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
-                                           CallerGone(context))  # fmt: skip
+        held = self.replies.hold(size, context.add_callback, CallerGone(context))
+        reply = self.shard.pulls.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
+                                            CallerGone(context))  # fmt: skip
+        held.handed("PullBatch", context.cancel, context.peer)
+        return reply
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
@@ -439,12 +444,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return codec.encode_push_batch_response(num_applied, step, [], min_clock)
         # reply room right before the rows are read: a push refused (a checkpoint's hold, its values) never waits
         # for it, nor does a stamped push hold it while it waits for the job's other workers
-        self.replies.hold(size, context.add_callback, CallerGone(context))
+        held = self.replies.hold(size, context.add_callback, CallerGone(context))
         with self.shard.store.foreground.serving():
-            return self.shard.pulls.pull_batch(
+            reply = self.shard.pulls.pull_batch(
                 back, cost, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
                 CallerGone(context),
             )  # fmt: skip
+        held.handed("PushBatch", context.cancel, context.peer)
+        return reply
 
     @_rpc
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:

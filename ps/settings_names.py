@@ -23,6 +23,7 @@ SERVER = frozenset(
         "PS_READ_THREADS",
         "PS_READ_TOKEN_FILE",
         "PS_REPLY_BYTES",
+        "PS_REPLY_READ_TIMEOUT_S",
         "PS_RESTORE",
         "PS_SHARD_ID",
         "PS_STOP_WITH_STDIN",

@@ -8,7 +8,7 @@ x`, relative, inside functions too), with no exemptions:
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
-      process     ps.service, ps.refusals, ps.replies, ps.server, ps.health, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__
+      process     ps.service, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__
 - only the RocksDB modules of ps/storage (ROCKSDB_USERS: the store, its bases and its ShardMeta, its data dir's open, its options and reads)
   import rocksdict;
 - in ps/, only the process modules that speak gRPC (service, server, health, security) import grpc, and only they and
@@ -41,7 +41,7 @@ FOUNDATION = {
     "ps.terminate",
     "ps.storage.atomicfile",
 }
-PROCESS = {"ps.service", "ps.refusals", "ps.replies", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
+PROCESS = {"ps.service", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__"}  # fmt: skip
 ROCKSDB_USERS = {
     "ps.storage.store",

@@ -352,6 +352,8 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (["--cache-bytes", "1"], {}, "--cache-bytes 1 byte is less than any table can use"),
         (["--cache-bytes", "20K"], {"PS_MEMORY_BYTES": "1G"}, "--cache-bytes 20,480 bytes is less than any table"),
         (["--reply-bytes", "-1"], {}, "argument --reply-bytes: expected a size of at least 0 bytes"),
+        (["--reply-read-timeout-s", "-1"], {}, "--reply-read-timeout-s: expected a number >= 0 and <= 1e+07, got"),
+        ([], {"PS_REPLY_READ_TIMEOUT_S": "nan"}, "expected a number >= 0 and <= 1e+07, got 'nan'"),
         (
             ["--reply-bytes", "64M"],
             {},

@@ -6,6 +6,7 @@ control window, so that its reply stays unsent until it does."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import struct
 import threading
@@ -30,6 +31,7 @@ from ps.replies import (
 from ps.server import Server
 from ps.stamp import WorkerStamp
 from ps.storage.memory import MiB, plan_memory, request_room_bytes
+from ps.unreadreplies import ExpiryLog, UnreadReplies, Watchable, peer_host
 from tests.conftest import random_ids
 from tests.test_metrics import scrape
 from tests.waiting import wait_until
@@ -110,10 +112,12 @@ def _literal(name: str, value: str) -> bytes:
 class SlowReader:
     """One unary call over a socket of its own whose stream's flow control window is 0: the server can send its
     reply's headers but no byte of the message until read() opens the window. The reply's headers (sent once
-    the handler returned its reply) set `built`, its trailers (the call's end) `answered`."""
+    the handler returned its reply) set `built`, its trailers (the call's end) `answered`; `received` counts the
+    bytes of the reply's message that came (its 5-byte gRPC prefix included)."""
 
     def __init__(self, port: int, method: str, request: bytes):
         self.built, self.answered = threading.Event(), threading.Event()
+        self.received = 0
         self._sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         headers = b"".join(_literal(k, v) for k, v in (
             (":method", "POST"), (":scheme", "http"), (":path", f"/sparseps.ParameterServer/{method}"),
@@ -140,6 +144,8 @@ class SlowReader:
                     self._sock.sendall(_frame(0x6, 0x1, 0, payload))
                 elif kind == 0x1:  # HEADERS: the reply's, then with END_STREAM its trailers
                     (self.answered if flags & 0x1 else self.built).set()
+                elif kind == 0x0:  # DATA: the reply's message
+                    self.received += size
         except OSError:
             return
 
@@ -210,26 +216,27 @@ def test_a_reply_waits_while_a_slow_readers_unsent_reply_holds_the_room(server):
             call.add_done_callback(lambda _: order.append("second answered"))
             wait_until(lambda: call.done() or replies.waiting, 30, "the second Pull waiting for reply room")
             held = REPLY_COPIES * (4 * IDS * DIM + 2 * REPLY_FRAME_BYTES)
-            assert _room_figures(server, channel) == [(REPLY_BYTES, held, 1, 0)] * 2  # Stats, /metrics
+            assert _room_figures(server, channel) == [(REPLY_BYTES, held, 1, 0, 0)] * 2  # Stats, /metrics
             order.append("first read")
             slow.read()
             assert slow.answered.wait(30), "the slow reader's reply never came"
             assert len(call.result().rows) == 4 * IDS * DIM
             assert order == ["first read", "second answered"]
             wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
-            assert _room_figures(server, channel) == [(REPLY_BYTES, 0, 0, 1)] * 2
+            assert _room_figures(server, channel) == [(REPLY_BYTES, 0, 0, 1, 0)] * 2
     finally:
         slow.close()
 
 
-def _room_figures(server: Server, channel: grpc.Channel) -> list[tuple[int, int, int, int]]:
-    """The reply room's (bytes, used bytes, replies waiting, replies that waited), as Stats and /metrics say."""
+def _room_figures(server: Server, channel: grpc.Channel) -> list[tuple[int, int, int, int, int]]:
+    """The reply room's (bytes, used bytes, replies waiting, replies that waited, calls ended with their reply
+    unread), as Stats and /metrics say."""
     s = ps_pb2_grpc.ParameterServerStub(channel).Stats(ps_pb2.StatsRequest(), timeout=30)
     m = scrape(server.metrics_port)
     names = ("sparseps_reply_room_bytes", "sparseps_reply_room_used_bytes", "sparseps_reply_room_waiting",
-             "sparseps_reply_room_waits_total")  # fmt: skip
+             "sparseps_reply_room_waits_total", "sparseps_reply_room_expired_total")  # fmt: skip
     return [
-        (s.reply_room_bytes, s.reply_room_used_bytes, s.reply_room_waiting, s.reply_room_waits),
+        (s.reply_room_bytes, s.reply_room_used_bytes, s.reply_room_waiting, s.reply_room_waits, s.reply_room_expired),
         tuple(int(m[(name, ())]) for name in names),
     ]
 
@@ -342,3 +349,121 @@ def test_a_sync_steps_rows_larger_than_the_room_wait_for_it_to_empty_and_run_alo
         wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
     finally:
         slow.close()
+
+
+# ---- replies unread past --reply-read-timeout-s -------------------------------------------------------------------
+READ_TIMEOUT_S = 0.2  # the watcher's sleep while a test's clock stands still: short, so that it sees the clock move
+
+
+class StillClock:
+    """A monotonic clock that moves only when told: a reply's time is up when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def timed_server(tmp_path):
+    """A server whose replies unread READ_TIMEOUT_S after they were built end their call, by a StillClock."""
+    with serving(tmp_path, metrics_port=0, reply_read_timeout_s=READ_TIMEOUT_S) as server:
+        clock = server._servicer.replies.unread.clock = StillClock()
+        yield server, clock
+
+
+def _pull_reply_bytes(n: int) -> int:
+    """The bytes of the DATA of a Pull's reply of n rows: its gRPC prefix, its rows' tag and length, its rows."""
+    return len(codec.pull_response_to_fill(n, DIM)[0]) + 5
+
+
+def test_a_reply_unread_past_the_read_timeout_ends_its_call_and_the_waiting_reply_goes(timed_server):
+    """The slow reader never reads: once its time is up its call ends with no byte of its reply sent, its room is
+    given back, and the Pull that waited for that room gets its rows; counted once, in Stats and /metrics."""
+    server, clock = timed_server
+    replies = server._servicer.replies
+    slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+    try:
+        assert slow.built.wait(30), "the slow reader's reply was not built"
+        wait_until(lambda: replies.unread.watching == 1, 10, "the slow reader's reply watched")
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = ps_pb2_grpc.ParameterServerStub(channel).Pull.future(_pull(random_ids(IDS, seed=2)), timeout=30)
+            wait_until(lambda: call.done() or replies.waiting, 30, "the second Pull waiting for reply room")
+            assert not call.done() and not slow.answered.is_set()
+            clock.now += READ_TIMEOUT_S
+            assert slow.answered.wait(30), "the unread reply's call was not ended"
+            assert len(call.result().rows) == 4 * IDS * DIM
+            assert slow.received == 0  # ended, not sent
+            wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
+            assert _room_figures(server, channel) == [(REPLY_BYTES, 0, 0, 1, 1)] * 2
+    finally:
+        slow.close()
+
+
+def test_a_reply_read_within_the_read_timeout_is_untouched(timed_server):
+    server, clock = timed_server
+    replies = server._servicer.replies
+    slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+    try:
+        assert slow.built.wait(30), "the slow reader's reply was not built"
+        wait_until(lambda: replies.unread.watching == 1, 10, "the slow reader's reply watched")
+        slow.read()
+        assert slow.answered.wait(30), "the slow reader's reply never came"
+        assert slow.received == _pull_reply_bytes(IDS)
+        wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
+        assert replies.unread.watching == 0  # its end took it out: its time coming changes nothing
+        clock.now += 10 * READ_TIMEOUT_S
+        assert replies.unread.ended == 0
+    finally:
+        slow.close()
+
+
+def test_without_a_read_timeout_an_unread_reply_is_not_watched(tmp_path):
+    with serving(tmp_path, reply_read_timeout_s=0) as server:
+        replies = server._servicer.replies
+        slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+        try:
+            assert slow.built.wait(30), "the slow reader's reply was not built"
+            assert replies.unread.watching == 0 and replies.in_use > 0
+            assert "ps-unread-replies" not in [t.name for t in threading.enumerate()]  # no watcher started
+            slow.read()
+            assert slow.answered.wait(30), "the slow reader's reply never came"
+            assert slow.received == _pull_reply_bytes(IDS)
+        finally:
+            slow.close()
+
+
+def test_a_call_that_ended_before_its_reply_was_handed_over_is_not_watched():
+    unread = UnreadReplies(60.0, logging.getLogger("test"))
+    reply, ended = Watchable(), []
+    unread.forget(reply)  # the caller left while the handler built its reply
+    unread.watch(reply, "Pull reply of 1 bytes", lambda: ended.append(1), lambda: "ipv4:127.0.0.1:1")
+    assert unread.watching == 0 and ended == []
+    unread.close()
+
+
+def test_replies_ended_unread_are_logged_once_per_host_an_interval_and_the_rest_counted(caplog):
+    clock = StillClock()
+    lines = ExpiryLog(logging.getLogger("test.expiry"), every_s=60.0, max_hosts=2, clock=clock)
+    with caplog.at_level(logging.WARNING, "test.expiry"):
+        for port in range(3):  # one host, three connections: one line
+            lines.ended(f"ipv4:10.0.0.1:{5000 + port}", "first host")
+        lines.ended("ipv6:[::1]:5000", "second host")
+        lines.ended("ipv4:10.0.0.3:5000", "third host")  # past max_hosts: counted
+        clock.now += 60.0
+        lines.ended("ipv4:10.0.0.1:6000", "next interval")
+        lines.ended("ipv4:10.0.0.1:6001", "counted")
+        lines.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 4, said
+    assert said[0].startswith("first host (one line per caller's host every 60 s)")
+    assert said[1].startswith("second host") and "; 2 more ended unread since the last such line" in said[1]
+    assert said[2].startswith("next interval") and "; 1 more ended unread since the last such line" in said[2]
+    assert said[3] == "1 more replies ended unread since the last such line, not logged"
+
+
+def test_a_peers_host_is_its_address_without_the_port():
+    assert peer_host("ipv4:10.0.0.7:51234") == "ipv4:10.0.0.7"
+    assert peer_host("ipv6:[::1]:51234") == "ipv6:[::1]"
+    assert peer_host("unix:/tmp/sock") == "unix:/tmp/sock"
