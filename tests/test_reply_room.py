@@ -35,6 +35,7 @@ from ps.unreadreplies import ExpiryLog, UnreadReplies, Watchable, peer_host
 from tests.conftest import random_ids
 from tests.test_metrics import scrape
 from tests.waiting import wait_until
+from worker.__main__ import main as worker_main
 
 DIM = 16
 IDS = 1200  # a Pull's reply: 76,800 bytes of rows and its frame, held twice (REPLY_COPIES) while unsent; more
@@ -378,9 +379,10 @@ def _pull_reply_bytes(n: int) -> int:
     return len(codec.pull_response_to_fill(n, DIM)[0]) + 5
 
 
-def test_a_reply_unread_past_the_read_timeout_ends_its_call_and_the_waiting_reply_goes(timed_server):
+def test_a_reply_unread_past_the_read_timeout_ends_its_call_and_the_waiting_reply_goes(timed_server, capsys):
     """The slow reader never reads: once its time is up its call ends with no byte of its reply sent, its room is
-    given back, and the Pull that waited for that room gets its rows; counted once, in Stats and /metrics."""
+    given back, and the Pull that waited for that room gets its rows; counted once, in Stats, /metrics and
+    ps-worker stats."""
     server, clock = timed_server
     replies = server._servicer.replies
     slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
@@ -397,6 +399,8 @@ def test_a_reply_unread_past_the_read_timeout_ends_its_call_and_the_waiting_repl
             assert slow.received == 0  # ended, not sent
             wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
             assert _room_figures(server, channel) == [(REPLY_BYTES, 0, 0, 1, 1)] * 2
+        assert worker_main(["stats", "--servers", f"127.0.0.1:{server.port}"]) == 0
+        assert "(1 waited for room, 1 ended unread by --reply-read-timeout-s)" in capsys.readouterr().out
     finally:
         slow.close()
 
