@@ -4,6 +4,7 @@ the servers hold the trained values after flush; the local optimizer is the serv
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -143,17 +144,17 @@ def run_leaving_worker(rank: int, port: int, out_dir: str) -> None:
         dense.close()
 
 
-def test_the_worker_that_leaves_last_writes_the_mlp_before_it_leaves(tmp_path):
+def test_the_worker_that_leaves_last_writes_the_mlp_before_it_leaves(scenarios):
     """finish(leave): rank 0, out of batches SHORT steps before rank 1, says it is done at once (an ssp shard would
     hold rank 1's pulls for it) and writes nothing; rank 1, of the group's last step, writes the MLP through its
     row source (the job's stamp) while its job still holds the shards, then says it is done."""
-    spawn_workers(str(tmp_path), run_leaving_worker)
-    assert [(tmp_path / f"events.{r}").read_text() for r in range(WORLD)] == ["leave", "write leave"]
-    held = [np.load(tmp_path / f"held.{r}.npy") for r in range(WORLD)]
+    out = scenarios / "leaving"
+    assert [(out / f"events.{r}").read_text() for r in range(WORLD)] == ["leave", "write leave"]
+    held = [np.load(out / f"held.{r}.npy") for r in range(WORLD)]
     np.testing.assert_array_equal(held[0], held[1])
-    np.testing.assert_allclose(np.load(tmp_path / "servers.1.npy"), held[1], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.load(out / "servers.1.npy"), held[1], rtol=1e-6, atol=1e-7)
     with dense_tables() as tables:
-        np.testing.assert_array_equal(np.load(tmp_path / "servers.0.npy"), flat(DenseSync(tables, PARAMS).pull()))
+        np.testing.assert_array_equal(np.load(out / "servers.0.npy"), flat(DenseSync(tables, PARAMS).pull()))
 
 
 def run_handing_over_worker(rank: int, port: int, out_dir: str) -> None:
@@ -179,24 +180,56 @@ def run_handing_over_worker(rank: int, port: int, out_dir: str) -> None:
         dense.close()
 
 
-def test_the_writer_is_the_lowest_rank_with_a_batch_while_training_and_as_it_stops(tmp_path):
+def test_the_writer_is_the_lowest_rank_with_a_batch_while_training_and_as_it_stops(scenarios):
     """Rank 0 writes the MLP at its steps (due at every step here) until it runs out of batches and leaves; then
     rank 1, the lowest rank with a batch, writes it at each of its steps alone, and would write it were it
     stopped after its last step (save_on_stop): a checkpoint taken while rank 1 trains on, or a run that stops
     then, does not find the MLP rank 0 wrote last. A worker that left writes nothing more."""
-    spawn_workers(str(tmp_path), run_handing_over_worker)
-    events = [(tmp_path / f"events.{r}").read_text().split() for r in range(WORLD)]
+    out = scenarios / "handing_over"
+    events = [(out / f"events.{r}").read_text().split() for r in range(WORLD)]
     ran = STEPS - SHORT  # rank 0's steps
     # a stop after a rank's last step: each was the writer of it (rank 0 of its own, rank 1 of the group's last)
     assert events[0] == ["write"] * ran + ["write", "stop-writes=True", "leave", "stop-writes=False"]
     assert events[1] == ["write"] * SHORT + ["write", "stop-writes=True", "write", "leave", "stop-writes=False"]
-    held = [np.load(tmp_path / f"held.{r}.npy") for r in range(WORLD)]
+    held = [np.load(out / f"held.{r}.npy") for r in range(WORLD)]
     np.testing.assert_array_equal(held[0], held[1])
-    np.testing.assert_allclose(np.load(tmp_path / "servers.1.npy"), held[1], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.load(out / "servers.1.npy"), held[1], rtol=1e-6, atol=1e-7)
 
 
-def spawn_workers(out_dir: str, target=run_worker, timeout_s: float = 60.0) -> None:
-    context = mp.spawn(target, args=(free_port(), out_dir), nprocs=WORLD, join=False)
+SCENARIOS = {"mean": run_worker, "leaving": run_leaving_worker, "handing_over": run_handing_over_worker}
+
+
+def run_every_scenario(rank: int, ports: tuple[int, ...], out_dir: str) -> None:
+    """One worker (a spawned process) running the SCENARIOS in turn, each in a group of its own (at its port of
+    ports) with its outputs in out_dir/<scenario>: three tests share one spawn of the workers, which import torch.
+    handing_over runs last: it sets WRITE_EVERY_S for the rest of the process."""
+    for (scenario, target), port in zip(SCENARIOS.items(), ports, strict=True):
+        target(rank, port, str(pathlib.Path(out_dir, scenario)))
+
+
+def free_ports(count: int) -> tuple[int, ...]:
+    """count distinct ports that were free a moment ago (held at once while they are picked)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return tuple(s.getsockname()[1] for s in sockets)
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> pathlib.Path:
+    """The outputs of run_every_scenario, its workers spawned once for the module: <returned dir>/<scenario>/."""
+    out = tmp_path_factory.mktemp("allreduce")
+    for scenario in SCENARIOS:
+        (out / scenario).mkdir()
+    spawn_workers(str(out), free_ports(len(SCENARIOS)), timeout_s=120.0)
+    return out
+
+
+def spawn_workers(out_dir: str, ports: tuple[int, ...], timeout_s: float) -> None:
+    """WORLD processes running run_every_scenario(rank, ports, out_dir); fails when one fails or they run past
+    timeout_s."""
+    context = mp.spawn(run_every_scenario, args=(ports, out_dir), nprocs=WORLD, join=False)
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=0.5):  # raises when a worker failed
@@ -208,12 +241,12 @@ def spawn_workers(out_dir: str, target=run_worker, timeout_s: float = 60.0) -> N
                 process.join()
 
 
-def test_two_workers_hold_equal_weights_after_every_step_equal_to_the_mean_gradient_oracle(tmp_path):
-    spawn_workers(str(tmp_path))
+def test_two_workers_hold_equal_weights_after_every_step_equal_to_the_mean_gradient_oracle(scenarios):
+    out = scenarios / "mean"
     with dense_tables() as tables:
         start = flat(DenseSync(tables, PARAMS).pull())  # the PS path's initial values
     for name in OPTIMIZERS:
-        rank0, rank1 = (np.load(tmp_path / f"{name}.{r}.npy") for r in range(WORLD))
+        rank0, rank1 = (np.load(out / f"{name}.{r}.npy") for r in range(WORLD))
         assert rank0.shape == (STEPS + 2, start.size) and rank1.shape == (STEPS - SHORT + 2, start.size)
         np.testing.assert_array_equal(rank0[-1], rank0[-2])  # finish() after rank 0's last step: no more steps
         rank0 = rank0[:-1]
@@ -223,7 +256,7 @@ def test_two_workers_hold_equal_weights_after_every_step_equal_to_the_mean_gradi
         np.testing.assert_array_equal(rank0[0], start)
         np.testing.assert_allclose(rank0, oracle(name, start), rtol=1e-6, atol=1e-6, err_msg=name)
         assert np.abs(rank0[-1] - start).max() > 0.05  # the steps moved the weights
-        servers = np.load(tmp_path / f"{name}.servers.npy")
+        servers = np.load(out / f"{name}.servers.npy")
         np.testing.assert_allclose(servers, rank0[-1], rtol=1e-6, atol=1e-7, err_msg=f"{name}: the servers' values")
 
 
