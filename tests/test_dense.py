@@ -315,17 +315,16 @@ def test_staleness_is_checked():
         DenseSync(None, PARAMS, sync_every=4, staleness=2)
 
 
-def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once(tmp_path):
+def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once(servers, tmp_path):
     """Started once, by an add-delta push that leaves the optimizer's state as it was, however many workers send
     it (here at once, from two clients); a model with trained rows, or whose bias moved, keeps its own; rates of 0
-    and 1 are clipped, not infinite."""
+    and 1 are clipped, not infinite. (In-process shards: the clients reach them through gRPC all the same.)"""
     from worker.client import Client
-    from worker.cluster import LocalCluster
 
     spec = ModelSpec("lr", uniform_fields(3, 1), num_dense=0)
     params = spec.dense_params()
-    with LocalCluster(2, root=str(tmp_path)) as cluster, Client(cluster.addresses) as a, \
-            Client(cluster.addresses) as b:  # fmt: skip
+    addresses, _ = servers(2)
+    with Client(addresses) as a, Client(addresses) as b:
         for p in params:
             a.create_table(table_config(p, OptimizerConfig("adam", 0.001)))
         a.create_table(table_config(DenseParam("scratch", (4, 2), "zeros", "lr"), SGD1))
@@ -352,7 +351,7 @@ def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once(tmp_pa
         (0, np.log(MIN_BASE_RATE / (1 - MIN_BASE_RATE))),
         (7, -np.log(MIN_BASE_RATE / (1 - MIN_BASE_RATE))),
     ):
-        with LocalCluster(1, root=str(tmp_path / str(positives))) as cluster, Client(cluster.addresses) as c:
+        with Client(servers(1, root=tmp_path / str(positives))[0]) as c:
             for p in params:
                 c.create_table(table_config(p))
             assert start_logit_bias(c, params, positives, 7, 0) == pytest.approx(want, abs=1e-5)
