@@ -486,12 +486,13 @@ def test_no_label_refusal_names_a_column_of_0_and_1_that_the_flag_would_take(tmp
     assert schema(path, label_column="is_mobile").label == "is_mobile"
 
 
-def test_a_run_with_no_flags_trains_an_avazu_like_file_and_says_how_it_read_it(tmp_path, capsys):
+def test_a_run_with_no_flags_trains_an_avazu_like_file_and_says_how_it_read_it(servers, tmp_path, capsys):
+    """No flags of how to read the data (the runs' shards: in-process ones, a fresh one for each run)."""
     train_path, test_path = tmp_path / "train.csv", tmp_path / "test.csv"
     write_avazu(train_path, 3000, seed=1)
     write_avazu(test_path, 1000, seed=2, start=3000)
-    code = main(["train", "--local-shards", "1", "--data", str(train_path), "--eval-data", str(test_path),
-                 "--no-progress"])  # fmt: skip
+    code = main(["train", "--servers", servers(1, root=tmp_path / "first")[0][0], "--data", str(train_path),
+                 "--eval-data", str(test_path), "--no-progress"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     assert "columns  format csv (detected: a header line of 24 comma-separated names; --format sets it); label " \
@@ -500,8 +501,8 @@ def test_a_run_with_no_flags_trains_an_avazu_like_file_and_says_how_it_read_it(t
            "--label-column sets it); 23 categorical" in out  # fmt: skip
     figure = float(re.search(r"^eval   AUC ([0-9.]+) ", out, re.M)[1])
     assert figure > 0.6, out
-    code = main(["train", "--local-shards", "1", "--data", str(train_path), "--format", "csv", "--label-column",
-                 "click", "--no-progress", "--epochs", "1"])  # fmt: skip
+    code = main(["train", "--servers", servers(1, root=tmp_path / "second")[0][0], "--data", str(train_path),
+                 "--format", "csv", "--label-column", "click", "--no-progress", "--epochs", "1"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "columns  label 'click' (--label-column); 23 categorical" in out, out  # given: not said
 
