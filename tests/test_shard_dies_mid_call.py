@@ -40,17 +40,15 @@ def free_port() -> int:
 def test_a_shard_that_dies_before_its_reply_applies_a_call_once(tmp_path, monkeypatch, dies_after, call):
     port = free_port()
     flags = ("--port", str(port))
-    first = ServerProcess(tmp_path / "d", *flags)  # a plain start makes the table
-    assert first.started() == f"127.0.0.1:{port}"
+    monkeypatch.setenv("DIE_AFTER", dies_after)
+    dying = ServerProcess(tmp_path / "d", *flags, launcher=("-c", DIES_AFTER))  # makes the table, then dies after
+    assert dying.started() == f"127.0.0.1:{port}"  # its first call of dies_after
     ids = np.arange(10, dtype=np.uint64)
     with Client([f"127.0.0.1:{port}"], timeout_s=30, server_timeout_s=120) as client:
         client.wait_ready()
         client.create_table(TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 1.0)))
         before = client.pull("emb", ids)
-        first.stop_cleanly()
-        monkeypatch.setenv("DIE_AFTER", dies_after)
-        dying = ServerProcess(tmp_path / "d", *flags, launcher=("-c", DIES_AFTER))
-        assert dying.started() is not None
+        assert dying.proc.poll() is None  # neither the table's creation nor the pull ran dies_after
         again: list[ServerProcess] = []
 
         def restart() -> None:
