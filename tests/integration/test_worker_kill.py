@@ -15,7 +15,7 @@ import sys
 from tests.server_process import ServerProcess
 from tests.waiting import PipeReader, wait_until
 
-ROWS, SYNC_ROWS, BATCH = 150_000, 20_000, 256
+ROWS, BATCH = 20_000, 256
 FLAGS = ["--model", "lr", "--recipe", "large", "--batch-size", str(BATCH), "--synthetic-eval-rows", "100",
          "--progress-lines"]  # fmt: skip
 # `ps-worker train` that writes its --resume-file after every step and, as its step FROZEN_AT ends (its position
@@ -38,9 +38,9 @@ sys.exit(main(["train", *sys.argv[1:]]))
 FROZEN_AT = 5
 
 
-def train(*flags: str, rows: int = ROWS, frozen: bool = False) -> subprocess.Popen:
+def train(*flags: str, frozen: bool = False) -> subprocess.Popen:
     program = ["-c", FROZEN.replace("FROZEN_AT", str(FROZEN_AT))] if frozen else ["-m", "worker", "train"]
-    return subprocess.Popen([sys.executable, *program, *flags, *FLAGS, "--synthetic-rows", str(rows)],
+    return subprocess.Popen([sys.executable, *program, *flags, *FLAGS, "--synthetic-rows", str(ROWS)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
@@ -49,9 +49,11 @@ def test_a_killed_worker_restarted_with_its_resume_file_trains_on_and_another_jo
     address = server.started()
     position = tmp_path / "position.json"
     try:
-        first = train("--servers", address, "--resume-file", str(position))
+        first = train("--servers", address, "--resume-file", str(position), frozen=True)
+        reader = PipeReader(first.stdout)
         try:
-            PipeReader(first.stdout).wait_for(r'"examples": [1-9]', 120, "the first worker's pushes")
+            wait_until(lambda: position.exists() and json.loads(position.read_text())["examples"] == FROZEN_AT * BATCH,
+                       120, lambda: f"the first worker's position of its step {FROZEN_AT}: {reader.text()}")  # fmt: skip
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait()
@@ -69,6 +71,7 @@ def test_a_killed_worker_restarted_with_its_resume_file_trains_on_and_another_jo
         assert again.returncode == 0, out
         resumed = int(re.search(r"resuming after ([\d,]+) training examples", out).group(1).replace(",", ""))
         trained = re.search(r"trained lr .* on ([\d,]+) examples", out)
+        assert resumed == FROZEN_AT * BATCH, out  # the position of the step it was killed after
         assert trained and int(trained.group(1).replace(",", "")) == ROWS - resumed, out
         assert (json.loads(position.read_text())["job_id"], json.loads(position.read_text())["token"]) == (job, token)
     finally:
@@ -87,7 +90,7 @@ def test_a_sync_job_whose_worker_was_killed_resumes_whole_from_each_workers_resu
 
     def sync_worker(worker: int, job: str, frozen: bool = False) -> subprocess.Popen:
         return train("--servers", address, "--mode", "sync", "--num-workers", "2", "--worker-id", str(worker),
-                     "--job-id", job, "--barrier-timeout", "3", "--resume-file", position, rows=SYNC_ROWS,
+                     "--job-id", job, "--barrier-timeout", "3", "--resume-file", position,
                      frozen=frozen)  # fmt: skip
 
     def killed_examples() -> int:
@@ -114,6 +117,6 @@ def test_a_sync_job_whose_worker_was_killed_resumes_whole_from_each_workers_resu
             resumed = int(re.search(r"resuming after ([\d,]+) training examples", out).group(1).replace(",", ""))
             assert resumed == kept[w]["examples"], out
             trained = re.search(r"trained lr .* on ([\d,]+) examples", out)
-            assert trained and int(trained.group(1).replace(",", "")) == SYNC_ROWS // 2 - resumed, out
+            assert trained and int(trained.group(1).replace(",", "")) == ROWS // 2 - resumed, out
     finally:
         server.stop()
