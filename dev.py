@@ -167,10 +167,11 @@ def main(argv: list[str]) -> int:
 def test_processes(args: list[str]) -> list[str]:
     """pytest-xdist's flag for 2-4 test processes (the CPU count, within that), unless args choose (-n,
     --numprocesses, -p no:xdist). Most tests wait on servers and workers in processes of their own, so two test
-    processes halve the suite's time on 2 cores; more than 4 would crowd the servers each test starts."""
+    processes halve the suite's time on 2 cores; more than 4 would crowd the servers each test starts. Tests marked
+    with one xdist_group run in one process (--dist loadgroup), so a module fixture they share starts once."""
     if any(a.startswith(("-n", "--numprocesses")) or a == "no:xdist" for a in args):
         return []
-    return ["-n", str(max(2, min(4, os.cpu_count() or 2)))]
+    return ["-n", str(max(2, min(4, os.cpu_count() or 2))), "--dist", "loadgroup"]
 
 
 if __name__ == "__main__":

@@ -144,6 +144,7 @@ def run_leaving_worker(rank: int, port: int, out_dir: str) -> None:
         dense.close()
 
 
+@pytest.mark.xdist_group("allreduce_scenarios")  # one spawn of the scenarios fixture (dev.py: loadgroup)
 def test_the_worker_that_leaves_last_writes_the_mlp_before_it_leaves(scenarios):
     """finish(leave): rank 0, out of batches SHORT steps before rank 1, says it is done at once (an ssp shard would
     hold rank 1's pulls for it) and writes nothing; rank 1, of the group's last step, writes the MLP through its
@@ -180,6 +181,7 @@ def run_handing_over_worker(rank: int, port: int, out_dir: str) -> None:
         dense.close()
 
 
+@pytest.mark.xdist_group("allreduce_scenarios")  # one spawn of the scenarios fixture (dev.py: loadgroup)
 def test_the_writer_is_the_lowest_rank_with_a_batch_while_training_and_as_it_stops(scenarios):
     """Rank 0 writes the MLP at its steps (due at every step here) until it runs out of batches and leaves; then
     rank 1, the lowest rank with a batch, writes it at each of its steps alone, and would write it were it
@@ -241,6 +243,7 @@ def spawn_workers(out_dir: str, ports: tuple[int, ...], timeout_s: float) -> Non
                 process.join()
 
 
+@pytest.mark.xdist_group("allreduce_scenarios")  # one spawn of the scenarios fixture (dev.py: loadgroup)
 def test_two_workers_hold_equal_weights_after_every_step_equal_to_the_mean_gradient_oracle(scenarios):
     out = scenarios / "mean"
     with dense_tables() as tables:
