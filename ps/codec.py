@@ -243,7 +243,7 @@ message StatsResponse
   37 reply_room_used_bytes VARINT uint64               reply room held now by the replies built and not yet sent
   38 reply_room_waiting VARINT uint32                  replies waiting for reply room now
   39 reply_room_waits VARINT  uint64                   replies that waited for reply room since the start
-  40 reply_room_expired VARINT uint64                  calls ended since the start: their reply unread in time
+  40 reply_room_expired VARINT uint64                  calls cancelled at the limit (some read just then) since start
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -27,8 +27,9 @@ each k of TABLE_GAUGES (gauges) and TABLE_COUNTERS (counters, `_total`). Per sha
 memory plan's parts, the data dir's bytes and its disk's free and total bytes, whether that disk is low and the
 free bytes under which it is (ps.storage.diskspace), failed flushes in a row, the servicer's reply room and the
 replies waiting for it, ps.replies) and SHARD_COUNTERS (`_total`: the requests that waited for request room, the
-replies that waited for reply room, the calls ended because their reply was not read in time): these, per table and per shard, once the shard serves; sparseps_data_dir_lost, 1
-once the shard found its journal segment or its data dir deleted under it (ps.storage.journal.Journal.check_intact),
+replies that waited for reply room, the calls cancelled at the limit, their reply unread in time): these, per
+table and per shard, once the shard serves; sparseps_data_dir_lost, 1 once the shard found its journal segment or
+its data dir deleted under it (ps.storage.journal.Journal.check_intact),
 and sparseps_shard_broken, 1 once a push failed part way through being applied (ps.engine.writeguard,
 ShardNeedsRestartError): then the per-table and per-shard figures are not served (Stats refuses them), the rest
 are. The process: prometheus-client's process_* (resident memory, CPU seconds, start time, open files).
@@ -165,8 +166,8 @@ SHARD_COUNTERS = (  # (metric, key of the shard's stats, help): counts since the
     (
         "sparseps_reply_room_expired",
         "reply_room_expired",
-        "calls ended (CANCELLED) because their caller had not read their reply of rows within "
-        "--reply-read-timeout-s of its being built; its reply room given back",
+        "calls cancelled at the limit: their caller had not read their reply of rows within "
+        "--reply-read-timeout-s of its being built; a call whose read completed at that very moment may be counted",
     ),
 )
 

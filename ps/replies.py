@@ -125,7 +125,7 @@ class ReplyRoom:
         """The room's figures, as StatsResponse and the metrics name them."""
         return {"reply_room_bytes": self.capacity, "reply_room_used_bytes": self.in_use,
                 "reply_room_waiting": self.waiting, "reply_room_waits": self.waits,
-                "reply_room_expired": self.unread.ended}  # fmt: skip
+                "reply_room_expired": self.unread.cancelled}  # fmt: skip
 
     def refuse_larger(self, method: str, nbytes: int, runs_alone: bool = False) -> None:
         """ReplyTooLargeError when method's reply of nbytes would not fit in the whole room (REPLY_COPIES of it),

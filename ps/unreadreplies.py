@@ -7,8 +7,13 @@ lives, and every other caller's replies would wait for it. So each reply, once i
 (watch), is given read_timeout_s (ServerConfig.reply_read_timeout_s, ps-server --reply-read-timeout-s; 0: no limit)
 to be read: a reply whose call has not ended by then has its call ended (ServicerContext.cancel(): the caller gets
 CANCELLED, and the call's end gives its reply room back through the callback ReplyRoom.hold registered), is counted
-(`ended`: Stats' reply_room_expired, sparseps_reply_room_expired_total) and logged (ExpiryLog: one line per peer
-host an interval, a bounded number of hosts an interval).
+(`cancelled`, the calls cancelled at the limit: Stats' reply_room_expired, sparseps_reply_room_expired_total) and
+logged (ExpiryLog: one line per peer host an interval, a bounded number of hosts an interval).
+
+The count is not exact: a call whose caller reads the last of its reply at that very moment may be counted (and
+logged) though its caller got its reply whole. gRPC says a call ended through the callback forget() answers, which
+it runs some time after the reply's last byte went out, and neither cancel() (it returns nothing) nor is_active()
+(false once the handler returned its reply) tells a call cancelled from one done already.
 
 One thread watches every reply of a server, started by the first reply watched, stopped by close(). As the limit
 is one for all, replies expire in the order they were handed over: they wait in an insertion-ordered map, a
@@ -25,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 EXPIRY_LOG_S = 60.0  # the interval of ExpiryLog: one line per peer host in it
-EXPIRY_LOG_HOSTS = 10  # at most, per interval; the replies of other hosts are counted into the next line
+EXPIRY_LOG_HOSTS = 10  # at most, per interval; the calls of other hosts are counted into the next line
 
 
 class ExpiryLog:
-    """The log lines of replies ended unread: the first of each peer host (a peer without its port) in an interval
+    """The log lines of calls cancelled at the limit, their reply unread: the first of each peer host (a peer without its port) in an interval
     of every_s seconds (clock: monotonic seconds), for at most max_hosts hosts; the others are counted, and the
     count is told in the next line logged, or by close(). A caller that opens many connections, or never reads
     at all, makes a line an interval. Not thread-safe: its UnreadReplies' thread is its one caller."""
@@ -39,10 +44,10 @@ class ExpiryLog:
         self.log, self.every_s, self.max_hosts, self.clock = log, every_s, max_hosts, clock
         self._started = -float("inf")  # the interval's start
         self._hosts: set[str] = set()  # logged in this interval
-        self._untold = 0  # replies ended unread and not logged, since the last line
+        self._untold = 0  # calls cancelled and not logged, since the last line
 
     def ended(self, peer: str, text: str) -> None:
-        """A reply to peer ended unread; text says which and how."""
+        """A call of peer was cancelled at the limit; text says which and how."""
         now, host = self.clock(), peer_host(peer)
         if now - self._started >= self.every_s:
             self._started, self._hosts = now, set()
@@ -51,13 +56,14 @@ class ExpiryLog:
             return
         self._hosts.add(host)
         untold, self._untold = self._untold, 0
-        more = f"; {untold:,} more ended unread since the last such line, not logged" if untold else ""
+        more = f"; {untold:,} more cancelled at the limit since the last such line, not logged" if untold else ""
         self.log.warning("%s (one line per caller's host every %g s%s)", text, self.every_s, more)
 
     def close(self) -> None:
-        """Logs the count of the replies ended unread and not logged yet: the server stops."""
+        """Logs the count of the calls cancelled at the limit and not logged yet: the server stops."""
         if self._untold:
-            self.log.warning("%s more replies ended unread since the last such line, not logged", f"{self._untold:,}")
+            self.log.warning("%s more calls cancelled at the limit since the last such line, not logged",
+                             f"{self._untold:,}")  # fmt: skip
             self._untold = 0
 
 
@@ -92,7 +98,8 @@ class UnreadReplies:
     def __init__(self, read_timeout_s: float, log: logging.Logger, clock: Callable[[], float] = time.monotonic):
         self.read_timeout_s, self.log, self.clock = read_timeout_s, log, clock
         self.lines = ExpiryLog(log)
-        self.ended = 0  # calls ended because their reply was not read in time, since the start
+        self.cancelled = 0  # calls cancelled at the limit since the start; a call that completed at that very
+        # moment may be counted (the module's docstring says why)
         self._cond = threading.Condition()
         self._watched: OrderedDict[Watchable, _Watched] = OrderedDict()  # by reply, in the order handed over
         self._thread: threading.Thread | None = None
@@ -163,10 +170,11 @@ class UnreadReplies:
         """Ends watched's call, outside the lock: gRPC runs the call's end callbacks, which forget() it."""
         peer = watched.peer()
         watched.end_call()
-        self.ended += 1
+        self.cancelled += 1
         self.lines.ended(
-            peer, f"{watched.what} to {peer} not read within {self.read_timeout_s:g} s of being handed to gRPC "
-            f"(--reply-read-timeout-s): its call is ended (CANCELLED) and its reply room given back",
+            peer, f"{watched.what} to {peer} still unread {self.read_timeout_s:g} s after it was handed to gRPC "
+            f"(--reply-read-timeout-s), as far as the server saw: its call is cancelled at the limit (CANCELLED, "
+            f"unless its read completed at that very moment) and its reply room given back",
         )  # fmt: skip
 
     def close(self) -> None:

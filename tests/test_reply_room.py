@@ -400,7 +400,7 @@ def test_a_reply_unread_past_the_read_timeout_ends_its_call_and_the_waiting_repl
             wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
             assert _room_figures(server, channel) == [(REPLY_BYTES, 0, 0, 1, 1)] * 2
         assert worker_main(["stats", "--servers", f"127.0.0.1:{server.port}"]) == 0
-        assert "(1 waited for room, 1 ended unread by --reply-read-timeout-s)" in capsys.readouterr().out
+        assert "(1 waited for room, 1 cancelled at --reply-read-timeout-s)" in capsys.readouterr().out
     finally:
         slow.close()
 
@@ -418,7 +418,7 @@ def test_a_reply_read_within_the_read_timeout_is_untouched(timed_server):
         wait_until(lambda: replies.in_use == 0, 10, "the reply room given back")
         assert replies.unread.watching == 0  # its end took it out: its time coming changes nothing
         clock.now += 10 * READ_TIMEOUT_S
-        assert replies.unread.ended == 0
+        assert replies.unread.cancelled == 0
     finally:
         slow.close()
 
@@ -462,9 +462,9 @@ def test_replies_ended_unread_are_logged_once_per_host_an_interval_and_the_rest_
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 4, said
     assert said[0].startswith("first host (one line per caller's host every 60 s)")
-    assert said[1].startswith("second host") and "; 2 more ended unread since the last such line" in said[1]
-    assert said[2].startswith("next interval") and "; 1 more ended unread since the last such line" in said[2]
-    assert said[3] == "1 more replies ended unread since the last such line, not logged"
+    assert said[1].startswith("second host") and "; 2 more cancelled at the limit since the last such line" in said[1]
+    assert said[2].startswith("next interval") and "; 1 more cancelled at the limit since the last such line" in said[2]
+    assert said[3] == "1 more calls cancelled at the limit since the last such line, not logged"
 
 
 def test_a_peers_host_is_its_address_without_the_port():

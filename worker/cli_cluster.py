@@ -56,7 +56,7 @@ def run_stats(args: argparse.Namespace) -> int:
                 if s.request_room_bytes else "")  # fmt: skip
         sync = (f", sync steps hold {_size(s.sync_steps_held_bytes)} of {_size(s.sync_steps_bytes)} (counted with "
                 "the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
-        unread = f", {s.reply_room_expired:,} ended unread by --reply-read-timeout-s" if s.reply_room_expired else ""
+        unread = f", {s.reply_room_expired:,} cancelled at --reply-read-timeout-s" if s.reply_room_expired else ""
         replies = (f"; outside it, replies being sent {_size(s.reply_room_used_bytes)} of "
                    f"{_size(s.reply_room_bytes)} ({s.reply_room_waits:,} waited for room{unread})"
                    if s.reply_room_bytes else "")  # fmt: skip
