@@ -109,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "bound. The server refuses to start with less than one reply to ps-worker's largest request "
                    "needs. Default: 1G, or with --memory-bytes as much as its `requests` part (1/8 of it, 16 to 128 MiB)")  # fmt: skip
     p.add_argument("--reply-read-timeout-s", type=number(0, MAX_INTERVAL_S), default=DEFAULT_REPLY_READ_TIMEOUT_S,
-                   help="seconds a reply of rows (--reply-bytes) may stay unread after it was built: a caller that has "
-                   "not read it all by then has its call ended (CANCELLED) and the reply's room given back, so that a "
+                   help="seconds a reply of rows may stay unread after it was built, with or without --reply-bytes (an "
+                   "unread reply holds the server's memory either way): a caller that has not read it all by then has "
+                   "its call ended (CANCELLED) and its reply freed, its room under --reply-bytes given back, so that a "
                    "caller that never reads and sets no deadline cannot keep the room from every other caller; each "
                    "is counted as a call cancelled at the limit (ps-worker stats, sparseps_reply_room_expired_total; a "
                    "call whose read completes at that very moment may be counted too) and logged (a line per caller's "

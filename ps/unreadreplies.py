@@ -8,7 +8,8 @@ lives, and every other caller's replies would wait for it. So each reply, once i
 to be read: a reply whose call has not ended by then has its call ended (ServicerContext.cancel(): the caller gets
 CANCELLED, and the call's end gives its reply room back through the callback ReplyRoom.hold registered), is counted
 (`cancelled`, the calls cancelled at the limit: Stats' reply_room_expired, sparseps_reply_room_expired_total) and
-logged (ExpiryLog: one line per peer host an interval, a bounded number of hosts an interval).
+logged (ExpiryLog: one line per peer host an interval, a bounded number of hosts an interval). It does so whether
+the room is bounded or not (ps-server --reply-bytes 0): an unread reply holds the server's memory either way.
 
 The count is not exact: a call whose caller reads the last of its reply at that very moment may be counted (and
 logged) though its caller got its reply whole. gRPC says a call ended through the callback forget() answers, which
@@ -173,8 +174,8 @@ class UnreadReplies:
         self.cancelled += 1
         self.lines.ended(
             peer, f"{watched.what} to {peer} still unread {self.read_timeout_s:g} s after it was handed to gRPC "
-            f"(--reply-read-timeout-s), as far as the server saw: its call is cancelled at the limit (CANCELLED, "
-            f"unless its read completed at that very moment) and its reply room given back",
+            f"(--reply-read-timeout-s), as far as the server saw: its call ended at the limit (CANCELLED, unless its "
+            f"read completed at that very moment), its reply freed",
         )  # fmt: skip
 
     def close(self) -> None:

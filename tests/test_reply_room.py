@@ -177,7 +177,7 @@ class SlowReader:
 @contextlib.contextmanager
 def serving(tmp_path, **config) -> Iterator[Server]:
     """A server of table "emb" (dim DIM) whose reply room is REPLY_BYTES; config: more of its ServerConfig."""
-    server = Server(ServerConfig(data_dir=str(tmp_path / "data"), port=0, reply_bytes=REPLY_BYTES, **config))
+    server = Server(ServerConfig(data_dir=str(tmp_path / "data"), port=0, **{"reply_bytes": REPLY_BYTES, **config}))
     server.start()
     try:
         server.shard.create_table(TableConfig(name="emb", dim=DIM))
@@ -366,12 +366,18 @@ class StillClock:
         return self.now
 
 
-@pytest.fixture
-def timed_server(tmp_path):
+@contextlib.contextmanager
+def timed_serving(tmp_path, **config) -> Iterator[tuple[Server, StillClock]]:
     """A server whose replies unread READ_TIMEOUT_S after they were built end their call, by a StillClock."""
-    with serving(tmp_path, metrics_port=0, reply_read_timeout_s=READ_TIMEOUT_S) as server:
+    with serving(tmp_path, metrics_port=0, reply_read_timeout_s=READ_TIMEOUT_S, **config) as server:
         clock = server._servicer.replies.unread.clock = StillClock()
         yield server, clock
+
+
+@pytest.fixture
+def timed_server(tmp_path):
+    with timed_serving(tmp_path) as server_and_clock:
+        yield server_and_clock
 
 
 def _pull_reply_bytes(n: int) -> int:
@@ -403,6 +409,29 @@ def test_a_reply_unread_past_the_read_timeout_ends_its_call_and_the_waiting_repl
         assert "(1 waited for room, 1 cancelled at --reply-read-timeout-s)" in capsys.readouterr().out
     finally:
         slow.close()
+
+
+def test_without_a_reply_room_an_unread_reply_still_ends_its_call_and_stats_say_so(tmp_path, capsys, caplog):
+    """--reply-bytes 0: no room to give back, but the unread reply holds the server's memory all the same."""
+    with timed_serving(tmp_path, reply_bytes=0) as (server, clock), caplog.at_level(logging.WARNING, "ps.replies"):
+        replies = server._servicer.replies
+        slow = SlowReader(server.port, "Pull", _pull(random_ids(IDS, seed=1)).SerializeToString())
+        try:
+            assert slow.built.wait(30), "the slow reader's reply was not built"
+            wait_until(lambda: replies.unread.watching == 1, 10, "the slow reader's reply watched")
+            clock.now += READ_TIMEOUT_S
+            assert slow.answered.wait(30), "the unread reply's call was not ended"
+            assert slow.received == 0
+            wait_until(lambda: replies.unread.cancelled == 1, 10, "the cancel counted")
+        finally:
+            slow.close()
+        assert worker_main(["stats", "--servers", f"127.0.0.1:{server.port}"]) == 0
+    assert "; outside it, replies being sent unbounded (--reply-bytes 0), 1 cancelled at --reply-read-timeout-s" in (
+        capsys.readouterr().out
+    )
+    said = [r.getMessage() for r in caplog.records if r.name == "ps.replies"]
+    assert len(said) == 1 and "its call ended at the limit (CANCELLED, unless its read completed" in said[0], said
+    assert said[0].endswith("), its reply freed (one line per caller's host every 60 s)"), said
 
 
 def test_a_reply_read_within_the_read_timeout_is_untouched(timed_server):

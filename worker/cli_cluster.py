@@ -56,10 +56,7 @@ def run_stats(args: argparse.Namespace) -> int:
                 if s.request_room_bytes else "")  # fmt: skip
         sync = (f", sync steps hold {_size(s.sync_steps_held_bytes)} of {_size(s.sync_steps_bytes)} (counted with "
                 "the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
-        unread = f", {s.reply_room_expired:,} cancelled at --reply-read-timeout-s" if s.reply_room_expired else ""
-        replies = (f"; outside it, replies being sent {_size(s.reply_room_used_bytes)} of "
-                   f"{_size(s.reply_room_bytes)} ({s.reply_room_waits:,} waited for room{unread})"
-                   if s.reply_room_bytes else "")  # fmt: skip
+        replies = _replies_clause(s)
         print(
             f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "
             f"{_size(s.block_cache_budget_bytes)}, memtables {_size(s.memtable_bytes)}, table readers "
@@ -74,6 +71,16 @@ def run_stats(args: argparse.Namespace) -> int:
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
     return _say(warnings, note)
+
+
+def _replies_clause(s: Any) -> str:
+    """The part of a shard's memory line on its replies of rows (StatsResponse s): its reply room, where it has one
+    (--reply-bytes), and the calls cancelled at --reply-read-timeout-s, where there were any, room or not."""
+    unread = f"{s.reply_room_expired:,} cancelled at --reply-read-timeout-s" if s.reply_room_expired else ""
+    if not s.reply_room_bytes:
+        return f"; outside it, replies being sent unbounded (--reply-bytes 0), {unread}" if unread else ""
+    return (f"; outside it, replies being sent {_size(s.reply_room_used_bytes)} of {_size(s.reply_room_bytes)} "
+            f"({s.reply_room_waits:,} waited for room{', ' + unread if unread else ''})")  # fmt: skip
 
 
 def _failing_flushes(shards: list) -> str:
