@@ -84,8 +84,10 @@ class HeldReply(Watchable):
         self._room, self.nbytes = room, nbytes
 
     def handed(self, method: str, end_call: Callable[[], None], peer: Callable[[], str]) -> None:
-        """The handler returns the reply to gRPC now; end_call: its context.cancel, peer: its context.peer."""
-        self._room.unread.watch(self, f"{method} reply of {self.nbytes:,} bytes", end_call, peer)
+        """The handler returns the reply to gRPC now; end_call: its context.cancel, peer: its context.peer. Returns at
+        once without a read timeout (every reply of rows passes here)."""
+        if self._room.unread.read_timeout_s:
+            self._room.unread.watch(self, method, self.nbytes, end_call, peer)
 
     def end(self) -> None:
         """The call ended: its room given back, and its reply watched no more."""

@@ -84,12 +84,19 @@ class Watchable:
 
 @dataclass
 class _Watched:
-    """A reply handed to gRPC: when its time is up, what it is (for the log), how to end its call, its peer."""
+    """A reply handed to gRPC: when its time is up, its method and size (for the log), how to end its call, its
+    peer."""
 
     due: float
-    what: str
+    method: str
+    nbytes: int
     end_call: Callable[[], None]
     peer: Callable[[], str]
+
+    @property
+    def what(self) -> str:
+        """The reply in the log's words ("Pull reply of 76,880 bytes"): made only for a call ended."""
+        return f"{self.method} reply of {self.nbytes:,} bytes"
 
 
 class UnreadReplies:
@@ -111,11 +118,12 @@ class UnreadReplies:
         """Replies handed to gRPC whose call has not ended, watched."""
         return len(self._watched)
 
-    def watch(self, reply: Watchable, what: str, end_call: Callable[[], None], peer: Callable[[], str]) -> None:
+    def watch(self, reply: Watchable, method: str, nbytes: int, end_call: Callable[[], None],
+              peer: Callable[[], str]) -> None:  # fmt: skip
         """reply was handed to gRPC: end_call() ends its call if forget(reply) has not come within read_timeout_s.
-        what: the reply in the log's words ("Pull reply of 76,880 bytes"); peer(): its caller's address, asked when
-        its time is up. Nothing when forget(reply) came already (its call ended while its handler ran), without a
-        limit, or once closed."""
+        method, nbytes: the reply's method and size, for the log; peer(): its caller's address, asked when its time
+        is up. Nothing when forget(reply) came already (its call ended while its handler ran), without a limit, or
+        once closed."""
         if not self.read_timeout_s:
             return
         with self._cond:
@@ -123,7 +131,7 @@ class UnreadReplies:
                 return
             if not self._watched:
                 self._cond.notify()  # the thread sleeps without a deadline
-            self._watched[reply] = _Watched(self.clock() + self.read_timeout_s, what, end_call, peer)
+            self._watched[reply] = _Watched(self.clock() + self.read_timeout_s, method, nbytes, end_call, peer)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ps-unread-replies", daemon=True)
                 self._thread.start()

@@ -471,7 +471,7 @@ def test_a_call_that_ended_before_its_reply_was_handed_over_is_not_watched():
     unread = UnreadReplies(60.0, logging.getLogger("test"))
     reply, ended = Watchable(), []
     unread.forget(reply)  # the caller left while the handler built its reply
-    unread.watch(reply, "Pull reply of 1 bytes", lambda: ended.append(1), lambda: "ipv4:127.0.0.1:1")
+    unread.watch(reply, "Pull", 1, lambda: ended.append(1), lambda: "ipv4:127.0.0.1:1")
     assert unread.watching == 0 and ended == []
     unread.close()
 
