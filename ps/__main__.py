@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "caller that never reads and sets no deadline cannot keep the room from every other caller; each "
                    "is counted as a call cancelled at the limit (ps-worker stats, sparseps_reply_room_expired_total; a "
                    "call whose read completes at that very moment may be counted too) and logged (a line per caller's "
-                   "host a minute at most); 0: no limit. Default: 600, 5 times the longest a ps-worker call lasts with "
+                   "host a minute at most); 0: no limit, else at least 1 (a shorter limit cancels the calls of large "
+                   "replies their callers are still reading). Default: 600, 5 times the longest a ps-worker call lasts with "
                    "its default deadlines (--timeout-s 60, and --barrier-timeout 60 for a sync or ssp wait), and "
                    "time to send its largest reply (64 MiB) at 1 Mbit/s; with ps-worker --timeout-s above it, give "
                    "at least as much")  # fmt: skip

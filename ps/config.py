@@ -34,6 +34,8 @@ DEFAULT_REPLY_READ_TIMEOUT_S = 600.0  # a reply of rows unread this long after i
 # (ps.unreadreplies): 5 times the longest a ps-worker call lasts with its default deadlines (--timeout-s 60, plus
 # --barrier-timeout 60 for a stamped call's wait, which comes before its reply is built), and its largest reply
 # (64 MiB, CLIENT_MESSAGE_BYTES) sent in that time at 1 Mbit/s
+MIN_REPLY_READ_TIMEOUT_S = 1.0  # the least limit but 0 (none): ps-worker's largest reply (64 MiB) takes half of it
+# to send at 1 Gbit/s, and a shorter one would cancel the calls of replies their callers are still reading
 CLIENT_MESSAGE_BYTES = 64 << 20  # the default largest message a worker.client.Client sends
 ROOM_SHARE = 16  # a client's message (its ids and rows) takes at most this share of a shard's request room
 MIN_CLIENT_MESSAGE_BYTES = 1 << 20
@@ -332,7 +334,8 @@ class ServerConfig:
     reply_bytes: int | None = None  # room for replies of rows built and not sent yet, each counted twice
     # (ps.replies.REPLY_COPIES); 0: no bound; None: 1 GiB, or the request room under memory_bytes (reply_room_bytes)
     reply_read_timeout_s: float = DEFAULT_REPLY_READ_TIMEOUT_S  # a reply of rows its caller has not read this long
-    # after it was handed to gRPC ends its call, its room given back (ps.unreadreplies); 0: no limit
+    # after it was handed to gRPC ends its call, its room given back (ps.unreadreplies); 0: no limit, else at least
+    # MIN_REPLY_READ_TIMEOUT_S
     cache_bytes: int | None = None  # RAM tier budget shared by all tables; None: 2 GiB, or what memory_bytes leaves
     memory_bytes: int | None = None  # one bound for the data: RAM tier, RocksDB, write-behind (ps.storage.memory)
     read_threads: int = 2  # threads reading a request's missed rows from RocksDB
@@ -378,9 +381,10 @@ class ServerConfig:
             raise ValueError(f"--max-queued-calls must be >= 1, got {self.max_queued_calls}")
         if self.reply_bytes is not None and self.reply_bytes < 0:
             raise ValueError(f"--reply-bytes must be >= 0 (0: no bound), got {self.reply_bytes:,}")
-        if not 0 <= self.reply_read_timeout_s <= MAX_INTERVAL_S:
-            raise ValueError(f"--reply-read-timeout-s must be >= 0 (0: no limit) and <= {MAX_INTERVAL_S:g} s, got "
-                             f"{self.reply_read_timeout_s}")  # fmt: skip
+        if self.reply_read_timeout_s and not MIN_REPLY_READ_TIMEOUT_S <= self.reply_read_timeout_s <= MAX_INTERVAL_S:
+            raise ValueError(f"--reply-read-timeout-s must be 0 (no limit) or from {MIN_REPLY_READ_TIMEOUT_S:g} to "
+                             f"{MAX_INTERVAL_S:g} s (a shorter limit cancels the calls of large replies their callers "
+                             f"are still reading), got {self.reply_read_timeout_s:g}")  # fmt: skip
         if not 0 < self.flush_interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"--flush-interval-s must be > 0 and <= {MAX_INTERVAL_S:g} s, got {self.flush_interval_s}")
         if len(self.cluster) > MAX_CLUSTER_CHARS or not all(

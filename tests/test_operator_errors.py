@@ -355,6 +355,12 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (["--reply-read-timeout-s", "-1"], {}, "--reply-read-timeout-s: expected a number >= 0 and <= 1e+07, got"),
         ([], {"PS_REPLY_READ_TIMEOUT_S": "nan"}, "expected a number >= 0 and <= 1e+07, got 'nan'"),
         (
+            ["--reply-read-timeout-s", "1e-9"],
+            {},
+            "--reply-read-timeout-s must be 0 (no limit) or from 1 to 1e+07 s (a shorter limit cancels the calls of "
+            "large replies their callers are still reading), got 1e-09",
+        ),
+        (
             ["--reply-bytes", "64M"],
             {},
             "--reply-bytes 67,108,864 is too small for one reply: ps-worker asks this server for up to 67,108,864 "

@@ -18,7 +18,7 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import ServerConfig, TableConfig
+from ps.config import MIN_REPLY_READ_TIMEOUT_S, ServerConfig, TableConfig
 from ps.errors import CallerGoneError
 from ps.replies import (
     REPLY_COPIES,
@@ -353,7 +353,8 @@ def test_a_sync_steps_rows_larger_than_the_room_wait_for_it_to_empty_and_run_alo
 
 
 # ---- replies unread past --reply-read-timeout-s -------------------------------------------------------------------
-READ_TIMEOUT_S = 0.2  # the watcher's sleep while a test's clock stands still: short, so that it sees the clock move
+READ_TIMEOUT_S = MIN_REPLY_READ_TIMEOUT_S  # the least the server takes; a test's StillClock moves past it, and the
+# watcher, which sleeps this long in real time while that clock stands still, sees it move within that sleep
 
 
 class StillClock:
