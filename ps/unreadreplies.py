@@ -35,9 +35,9 @@ EXPIRY_LOG_HOSTS = 10  # at most, per interval; the calls of other hosts are cou
 
 
 class ExpiryLog:
-    """The log lines of calls cancelled at the limit, their reply unread: the first of each peer host (a peer without its port) in an interval
-    of every_s seconds (clock: monotonic seconds), for at most max_hosts hosts; the others are counted, and the
-    count is told in the next line logged, or by close(). A caller that opens many connections, or never reads
+    """The log lines of calls cancelled at the limit, their reply unread: the first of each peer host (a peer
+    without its port) in an interval of every_s seconds (clock: monotonic seconds), for at most max_hosts hosts; the
+    others are counted, and the count is told in the next line logged, or by close(). A caller that opens many connections, or never reads
     at all, makes a line an interval. Not thread-safe: its UnreadReplies' thread is its one caller."""
 
     def __init__(self, log: logging.Logger, every_s: float = EXPIRY_LOG_S, max_hosts: int = EXPIRY_LOG_HOSTS,
@@ -178,8 +178,8 @@ class UnreadReplies:
     def _end(self, watched: _Watched) -> None:
         """Ends watched's call, outside the lock: gRPC runs the call's end callbacks, which forget() it."""
         peer = watched.peer()
+        self.cancelled += 1  # before the end: whoever sees the call end (its caller, the room) finds it counted
         watched.end_call()
-        self.cancelled += 1
         self.lines.ended(
             peer, f"{watched.what} to {peer} still unread {self.read_timeout_s:g} s after it was handed to gRPC "
             f"(--reply-read-timeout-s), as far as the server saw: its call ended at the limit (CANCELLED, unless its "
