@@ -52,6 +52,41 @@ def test_it_loads_the_kernels_of_large_requests_and_of_eviction(tmp_path):
     assert done.stdout.strip() == "[]", done.stdout  # none left for a request to load
 
 
+def test_requests_after_it_load_no_kernel_it_did_not(tmp_path):
+    """Pulls and pushes of a few ids and of LARGE_IDS ids, sent as requests to a server in the same process after
+    the warm-up, call no compiled kernel with argument types it did not (a request's ids and grads are read-only
+    views of its bytes: numba compiles, or loads, another specialization for those on their first call)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, tempfile, grpc, numba, numpy as np\n"
+        "from protos import ps_pb2, ps_pb2_grpc\n"
+        "from ps.config import ServerConfig, TableConfig\n"
+        "from ps.engine.warmup import LARGE_IDS, warm_up\n"
+        "from ps.server import Server\n"
+        "def kernels():\n"
+        "    found = {v for m in list(sys.modules.values()) if m.__name__.startswith('ps.') for v in vars(m).values()\n"
+        "             if isinstance(v, numba.core.registry.CPUDispatcher)}\n"
+        "    return {(k.py_func.__qualname__, str(s)) for k in found for s in k.signatures}\n"
+        "server = Server(ServerConfig(data_dir=tempfile.mkdtemp(dir=sys.argv[1]), port=0, flush_interval_s=3600.0))\n"
+        "stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(f'127.0.0.1:{server.start()}'))\n"
+        "assert warm_up()\n"
+        "server.shard.create_table(TableConfig(name='t', dim=16))\n"
+        "before = kernels()\n"
+        "for n in (3, LARGE_IDS):\n"
+        "    ids = np.arange(n, dtype=np.uint64).tobytes()\n"
+        "    stub.Pull(ps_pb2.PullRequest(table='t', ids=ids), timeout=60)\n"
+        "    grads = np.full((n, 16), 0.5, dtype=np.float32).tobytes()\n"
+        "    stub.Push(ps_pb2.PushRequest(table='t', dim=16, ids=ids, grads=grads), timeout=60)\n"
+        "print(sorted(kernels() - before))\n"
+        "server.stop()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout  # none left for a request to load
+
+
 def test_a_stop_set_ends_it_between_steps_and_its_directory_goes(tmp_path, monkeypatch, caplog):
     from ps.terminate import StopFlag
 
