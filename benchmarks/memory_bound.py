@@ -4,8 +4,10 @@
 
 Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits until it
 is idle (its compiled code loaded: ps/engine/warmup.py) plus --idle-s, reads its peak RSS (VmHWM) as the idle
-peak, runs the case, and reads VmHWM again. The reference is the limit issue 19 sets: the bound + the idle peak
-measured on that same server + 64 MiB. Tables are dim 16, Adagrad; pushes carry random gradients.
+peak, runs the case, and reads VmHWM again. The script runs that warm-up itself first, so that numba's cache holds
+the kernels and every server loads them alike: a server that compiles them (no cache yet: a fresh clone, an edited
+kernel) peaks about 110 MiB higher. The reference is the limit issue 19 sets: the bound + the idle peak measured on
+that same server + 64 MiB. Tables are dim 16, Adagrad; pushes carry random gradients.
 
     big          one client (ps-worker's Client, which sizes its messages by the room the shard reports) pulls
                  and pushes --big-ids new ids at once, twice
@@ -37,6 +39,7 @@ import harness  # before numpy: see its docstring
 import numpy as np
 
 from ps.config import TableConfig
+from ps.engine.warmup import warm_up
 from ps.errors import PsError
 from ps.settings import byte_size
 from worker.client import Client
@@ -167,6 +170,9 @@ def main() -> None:
         "replay": f"journal of {args.replay_rows:,} row updates written under 3G, replayed",
         "own-client": "as big, a client keeping 64 MiB messages: refused",
     }
+    progress("loading the servers' compiled kernels once here, into numba's cache")
+    if not warm_up():
+        raise SystemExit("the warm-up of the compiled kernels failed (its warning above)")
     results, idle_of_fresh = [], None
     try:
         for name, run in cases.items():
