@@ -2,12 +2,13 @@
 
     python benchmarks/memory_bound.py [--memory 256M] [--big-ids 1500000] [--clients 4] [--quick]
 
-Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits until it
-is idle (its compiled code loaded: ps/engine/warmup.py) plus --idle-s, reads its peak RSS (VmHWM) as the idle
-peak, runs the case, and reads VmHWM again. The script runs that warm-up itself first, so that numba's cache holds
-the kernels and every server loads them alike: a server that compiles them (no cache yet: a fresh clone, an edited
-kernel) peaks about 110 MiB higher. The reference is the limit issue 19 sets: the bound + the idle peak measured on
-that same server + 64 MiB. Tables are dim 16, Adagrad; pushes carry random gradients.
+Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits for the
+end of its warm-up (its compiled code loaded: the line ps/engine/warmup.py logs as it ends) and until it is idle,
+plus --idle-s, reads its peak RSS (VmHWM) as the idle peak, runs the case, and reads VmHWM again. The script runs
+that warm-up itself first, so that numba's cache holds the kernels and every server loads them alike: a server
+that compiles them (no cache yet: a fresh clone, an edited kernel) peaks about 110 MiB higher. The reference is
+the limit issue 19 sets: the bound + the idle peak measured on that same server + 64 MiB. Tables are dim 16,
+Adagrad; pushes carry random gradients.
 
     big          one client (ps-worker's Client, which sizes its messages by the room the shard reports) pulls
                  and pushes --big-ids new ids at once, twice
@@ -47,6 +48,8 @@ from worker.cluster import LocalCluster
 
 MiB = 1 << 20
 RSS_SLACK = 64 * MiB
+WARM_UP_LOGGED = " ps.engine.warmup: "  # in a shard log line: the warm-up's one line, written as it ends
+WARM_UP_LOADED = "compiled kernels loaded"  # in that line: it ran through
 OWN_CLIENT_CALLS = 4  # own-client's pulls and pushes, each larger than the room: all refused
 DIM = 16
 
@@ -60,11 +63,14 @@ class Served:
 
     def __init__(self, root: str, flags: list[str], idle_s: float):
         self.cluster = LocalCluster(1, root=root, start_timeout_s=600, extra_args=flags)
+        log_path = self.cluster.log_path(0)
+        log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # a restart appends to the log
         self.address = self.cluster.start()[0]
         self.pid = self.cluster.procs[0].pid
         with Client([self.address], timeout_s=600) as client:
             client.wait_ready()
-        harness.wait_idle(self.pid, timeout_s=120)
+        wait_warmed_up(log_path, log_start, timeout_s=600)
+        harness.wait_idle(self.pid, timeout_s=120)  # what the warm-up left behind (its write-behind): done
         time.sleep(idle_s)
         self.idle_peak = harness.peak_rss_bytes(self.pid)
 
@@ -80,6 +86,23 @@ class Served:
         peak = harness.peak_rss_bytes(self.pid)
         self.cluster.stop()
         return peak, stats.request_room_waits, sum(t.ids_pulled + t.ids_pushed for t in stats.tables)
+
+
+def wait_warmed_up(log_path: str, log_start: int, timeout_s: float) -> None:
+    """Waits for the warm-up's line in the shard log past byte log_start (a quiet CPU is no sign of its end: a
+    server starved of CPU looks idle); SystemExit if the warm-up did not load the kernels or no line came in
+    timeout_s, since the idle peak would then leave them out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(log_path, "rb") as f:
+            f.seek(log_start)
+            line = next((ln.decode() for ln in f if WARM_UP_LOGGED.encode() in ln and ln.endswith(b"\n")), None)
+        if line is not None:
+            if WARM_UP_LOADED not in line:
+                raise SystemExit(f"the server's warm-up did not load its compiled kernels: {line.strip()}")
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"the server's warm-up logged no end in {timeout_s:.0f} s (log: {log_path})")
 
 
 def big(served: Served, n: int, own_messages: bool) -> int:

@@ -4,7 +4,9 @@ the client that keeps 64 MiB messages has each of its requests refused."""
 
 import json
 
-from tests.benchscripts import run_benchmark
+import pytest
+
+from tests.benchscripts import load_benchmark, run_benchmark
 
 MiB = 1 << 20
 
@@ -27,3 +29,24 @@ def test_memory_bound_runs_quick_and_reports_every_case():
     assert cases["clients"]["ids_served"] > 0 and cases["large"]["ids_served"] > 0
     assert result["ok"] == all(r["ok"] for r in cases.values())
     assert "limit = the bound + the idle peak + 64 MiB" in done.stdout
+
+
+def test_the_idle_peak_waits_for_the_warm_up_line_this_server_logged(tmp_path):
+    """Served reads a server's idle peak once its warm-up logged its end (not once its CPU looks quiet, as a server
+    starved of CPU does mid warm-up); a restarted server's log holds the line of the server before it."""
+    memory_bound = load_benchmark("memory_bound")
+    log = tmp_path / "shard-0.log"
+    log.write_text("2026-12-07 09:00:00,000 INFO ps.engine.warmup: compiled kernels loaded in 1.20 s\n")
+    restart = log.stat().st_size
+    with log.open("a") as f:
+        f.write("2026-12-07 09:00:05,000 INFO ps.server: ps-server shard 0/1 listening on 127.0.0.1:1\n")
+    with pytest.raises(SystemExit, match="logged no end in 0 s"):
+        memory_bound.wait_warmed_up(str(log), restart, timeout_s=0.2)
+    with log.open("a") as f:
+        f.write(
+            "2026-12-07 09:00:06,000 WARNING ps.engine.warmup: warm-up of the compiled kernels failed (the first "
+            "request loads them instead): no space left on device\n"
+        )
+    with pytest.raises(SystemExit, match="did not load its compiled kernels: .*no space left on device"):
+        memory_bound.wait_warmed_up(str(log), restart, timeout_s=60)
+    memory_bound.wait_warmed_up(str(log), 0, timeout_s=60)  # the first server's line: it loaded them

@@ -13,6 +13,7 @@ scratch table has its own small RocksDB, journal (1 MiB segments) and RAM tier (
 directory, removed afterwards; the shard's own data is not touched. Optional: a failure is logged and changes nothing. A
 server that stops meanwhile sets `stop`: the warm-up ends after the step it is in, its directory removed, and the
 server waits for that (a thread cut off at exit could be inside RocksDB or compiled code, and abort the process).
+It logs one line (logger ps.engine.warmup) as it ends, saying how: benchmarks/memory_bound.py waits for it.
 """
 
 from __future__ import annotations
