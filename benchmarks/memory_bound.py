@@ -4,10 +4,11 @@
 
 Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits for the
 end of its warm-up (its compiled code loaded: the line ps/engine/warmup.py logs as it ends) and until it is idle,
-plus --idle-s, reads its peak RSS (VmHWM) as the idle peak, runs the case, and reads VmHWM again. The script runs
-that warm-up itself first, so that numba's cache holds the kernels and every server loads them alike: a server
-that compiles them (no cache yet: a fresh clone, an edited kernel) peaks about 110 MiB higher. The reference is
-the limit issue 19 sets: the bound + the idle peak measured on that same server + 64 MiB. Tables are dim 16,
+plus --idle-s, reads its peak RSS (VmHWM) as the idle peak, runs the case, and reads VmHWM again. Before the
+cases, unmeasured, the script rehearses the replay case on a journal of REHEARSAL_ROWS rows, so that numba's cache
+holds every kernel the servers run (a warm-up's, a replay's) and each server loads them alike: a server that
+compiles them (no cache yet: a fresh clone, an edited kernel) peaks 40 to 110 MiB higher. The reference is the
+limit issue 19 sets: the bound + the idle peak measured on that same server + 64 MiB. Tables are dim 16,
 Adagrad; pushes carry random gradients.
 
     big          one client (ps-worker's Client, which sizes its messages by the room the shard reports) pulls
@@ -40,7 +41,6 @@ import harness  # before numpy: see its docstring
 import numpy as np
 
 from ps.config import TableConfig
-from ps.engine.warmup import warm_up
 from ps.errors import PsError
 from ps.settings import byte_size
 from worker.client import Client
@@ -50,6 +50,7 @@ MiB = 1 << 20
 RSS_SLACK = 64 * MiB
 WARM_UP_LOGGED = " ps.engine.warmup: "  # in a shard log line: the warm-up's one line, written as it ends
 WARM_UP_LOADED = "compiled kernels loaded"  # in that line: it ran through
+REHEARSAL_ROWS = 100_000  # of the rehearsal's journal: records large enough for the parallel paths
 OWN_CLIENT_CALLS = 4  # own-client's pulls and pushes, each larger than the room: all refused
 DIM = 16
 
@@ -159,6 +160,14 @@ def write_journal(root: str, rows: int, idle_s: float) -> None:
     served.cluster.kill(0)
 
 
+def rehearse(root: str, flags: list[str]) -> None:
+    """A journal of REHEARSAL_ROWS row updates written by one server and replayed by another of flags, each
+    warmed up: every kernel a server of the cases runs is then in numba's cache (compiled here if it was not)."""
+    write_journal(root, REHEARSAL_ROWS, idle_s=0)
+    Served(root, flags, idle_s=0).finish()
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--memory", default="256M", help="--memory-bytes of the servers")
@@ -193,11 +202,10 @@ def main() -> None:
         "replay": f"journal of {args.replay_rows:,} row updates written under 3G, replayed",
         "own-client": "as big, a client keeping 64 MiB messages: refused",
     }
-    progress("loading the servers' compiled kernels once here, into numba's cache")
-    if not warm_up():
-        raise SystemExit("the warm-up of the compiled kernels failed (its warning above)")
     results, idle_of_fresh = [], None
     try:
+        progress(f"rehearsal: replay of {REHEARSAL_ROWS:,} row updates, unmeasured (the kernels into numba's cache)")
+        rehearse(os.path.join(work, "rehearsal"), flags)
         for name, run in cases.items():
             root = os.path.join(work, name)
             progress(f"{name}: {what[name]}")
