@@ -28,6 +28,7 @@ from worker.client import Client
 from worker.formats import read_batches
 from worker.metrics import auc, logloss, sigmoid
 from worker.models.spec import BIAS_FIELD
+from worker.recipe import SMALL
 from worker.schema_builtin import builtin_schema
 from worker.served import evaluate_servers
 from worker.train import train
@@ -89,6 +90,22 @@ def test_probabilities_are_a_reference_fms_and_give_evals_figures(servers, files
     assert BIAS_FIELD in batch.fields and rows.shape == (TEST_ROWS, 40, 9)
     expected = sigmoid(FactorizationMachine(8, None).logits(rows.astype(np.float64)) + logit_bias)
     np.testing.assert_allclose(got["probability"], expected, rtol=0, atol=2e-6)
+
+
+def test_a_small_data_fm_starts_its_rows_at_the_recipes_scale_and_is_scored_and_trained_on(servers, files, tmp_path):
+    """The small-data recipe's (--recipe auto) fm tables start their rows in +-SMALL.fm_init_scale (an id no line
+    holds pulls its initial row); eval, predict and a second training run read the tables it made."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    run = TrainConfig(servers=tuple(addresses), data=train_path, model="fm", epochs=2, progress=False,
+                      server_timeout_s=0)  # fmt: skip
+    train(run)
+    with Client(addresses) as client:
+        fresh = client.pull("fm", np.array([2**63 + 12345], np.uint64))
+    assert 0 < np.abs(fresh).max() <= SMALL.fm_init_scale < 0.01
+    assert predict(addresses[0], tmp_path / "p.csv", "--data", train_path, "--predict-data", test_path) == 0
+    assert 0.0 <= evaluate_servers(dataclasses.replace(run, eval_data=test_path))["eval_auc"] <= 1.0
+    assert train(run)["epochs_run"] == 2
 
 
 def exported_rows(folder, table: str, ids: np.ndarray) -> np.ndarray:

@@ -462,8 +462,11 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     )
     mlp_line = TrainConfig(local_shards=1, model="deepfm").with_recipe(10)[1]
     assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1, batch 256" in mlp_line
-    for no_mlp in ("lr", "fm"):  # no MLP: no dropout, no dense l2
-        assert "sparse ftrl 0.05 l2=300, batch 256" in TrainConfig(local_shards=1, model=no_mlp).with_recipe(10)[1]
+    assert "sparse ftrl 0.05 l2=300, batch 256" in TrainConfig(local_shards=1, model="lr").with_recipe(10)[1]
+    fm_line = TrainConfig(local_shards=1, model="fm").with_recipe(10)[1]  # no MLP: no dropout, no dense l2
+    assert "sparse ftrl 0.05 l2=300, fm rows starting in +-0.001, batch 256" in fm_line
+    assert "fm rows" not in TrainConfig(local_shards=1, model="fm").with_recipe(SMALL_DATA_EXAMPLES)[1]
+    assert (small.fm_init_scale, large.fm_init_scale) == (0.001, 0.01)
     chosen, _, _ = TrainConfig(local_shards=1, optimizer="adagrad").with_recipe(10)
     assert (chosen.optimizer, chosen.learning_rate, chosen.optimizer_params) == ("adagrad", 0.02, {})
     assert (large.optimizer, large.learning_rate, large.dropout) == ("adagrad", 0.02, 0.0)

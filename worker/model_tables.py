@@ -25,7 +25,7 @@ from ps.config import (
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
-from worker.recipe import WEAKER_L2_DIVISOR
+from worker.recipe import EMBEDDING_INIT_SCALE, WEAKER_L2_DIVISOR
 from worker.schema_toml import toml_key
 from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
@@ -39,14 +39,16 @@ def sparse_table_configs(
     spec: ModelSpec, cfg: TrainConfig, schema_overrides: dict[str, dict], warn: bool = True,
     file_overrides: dict[str, dict] | None = None,
 ) -> list[TableConfig]:  # fmt: skip
-    """One table per schema table: LR weights start at 0, embeddings small and random, --l2 as the table's lazy
+    """One table per schema table: LR weights start at 0, embeddings small and random (uniform in
+    +-EMBEDDING_INIT_SCALE; fm's in +-cfg.fm_init_scale, the recipe's, where set), --l2 as the table's lazy
     L2 (applied by the servers to the rows a push touches, for the steps since their last push); the schema's
     settings of a table (optimizer, initializer, l2, admission, ...) win over these defaults, and file_overrides
     (--table-config's) over those. --l2 is left out of a table whose optimizer, so chosen, is ftrl; warn: log that
     it is."""
     out = []
+    scale = (cfg.fm_init_scale or EMBEDDING_INIT_SCALE) if spec.name == "fm" else EMBEDDING_INIT_SCALE
     for name in spec.table_dims():
-        init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
+        init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", scale, seed=0)
         t = TableConfig(
             name,
             spec.row_dim(name),

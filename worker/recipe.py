@@ -10,6 +10,8 @@
 
     malformed lines skipped (and reported) before the run fails: small 0, large 1,000, while they are at most
     MAX_BAD_SHARE (1 in 100) of the lines read once more than 10 are malformed (readers/share.py's BadLines)
+    fm's rows (w and factors) start uniform in +-0.001 (small) or +-0.01 (large: EMBEDDING_INIT_SCALE, the start of
+    deepfm's and dnn's rows under either recipe)
 
 Small data overfits: most of its ids are seen once or twice, so several epochs of small steps help at first and
 then hurt, and the weights of rare ids are mostly noise. Evaluating a held-out split after every epoch and
@@ -36,6 +38,14 @@ is the sum over its examples, so an id seen once in a batch gets the same FTRL s
 out nearly the same in a fraction of the time (benchmarks/small_data.py --train-rows 100000 --against
 batch_size=256, rare ids, seeds 1-3: fm's test AUC -0.0027, 0.0000, +0.0007 in 22, 17, 19 s against 40, 36, 44 s;
 lr's (seed 1) the same in 22 s against 70 s; README, "Train on your own data").
+On small data fm's rows start 10 times smaller than elsewhere: FTRL's l2 of 300 (a denominator of 320 or more)
+moves a coordinate little from where it starts, so the factors of an id seen once or twice stay near their random
+start, and the pairwise products of those starts enter every prediction the id takes part in. Chosen on
+benchmarks/small_data.py's seeds 1-10, fm (--against fm_init_scale=0.01): per seed, a median test AUC 0.0008
+(rare ids), -0.0002 (frequent) and 0.0008 (imbalanced) above a start of 0.01's; judged on seeds 11-20, never tuned
+on: 0.0009, 0.0001 and 0.0005 above it, and fm's median gaps to the tuned LR -0.0025, -0.0024 and +0.0033 where a
+start of 0.01 has -0.0037, -0.0044 and +0.0033 (README). deepfm and dnn, whose MLP reads the rows too, and large
+data were not measured, and keep 0.01.
 Small data is held in memory and trained in a fresh random order each epoch (worker/data.py): a file sorted or
 grouped by its label, or by anything that goes with it, trains as well as a shuffled one (benchmarks/small_data.py's
 files with their lines sorted by label: fm's test AUC 0.0107 (rare ids), 0.0112 (frequent) and 0.0923 (imbalanced)
@@ -64,6 +74,7 @@ METRIC_NAMES = {"logloss": "logloss", "auc": "AUC"}  # as the run's output names
 WEAKER_L2_DIVISOR = 10  # a still-improving run's hint: its sparse l2 divided by this (model_tables.weaker_l2_toml)
 SMALL_DATA_EXAMPLES = 1_000_000
 BIG_BATCH_EXAMPLES = 100_000  # training examples from which the small recipe trains in LARGE's batches
+EMBEDDING_INIT_SCALE = 0.01  # the rows of fm, deepfm and dnn start uniform in +-this, unless a recipe says otherwise
 MAX_BAD_SHARE = 0.01  # of the lines read, malformed, at most (past readers.share.BAD_SHARE_AFTER), where
 # --max-bad-lines is the recipe's
 
@@ -84,11 +95,12 @@ class Recipe:
     max_bad_lines: int  # malformed lines skipped (and reported) before the run fails
     shuffle: bool  # each epoch in a fresh random order, the training examples held in memory
     early_stop_metric: str = "logloss"  # the validation figure early stopping and the best model kept go by
+    fm_init_scale: float = EMBEDDING_INIT_SCALE  # fm's rows (w and factors) start uniform in +-this
 
 
 SMALL = Recipe("small", batch_size=256, epochs=50, validation_fraction=0.1, early_stop=5, l2=0.0, dropout=0.7,
                dense_l2=1.0, optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 300.0},
-               max_bad_lines=0, shuffle=True)  # fmt: skip
+               max_bad_lines=0, shuffle=True, fm_init_scale=0.001)  # fmt: skip
 LARGE = Recipe("large", batch_size=2048, epochs=1, validation_fraction=0.0, early_stop=0, l2=0.0, dropout=0.0,
                dense_l2=0.0, optimizer="adagrad", learning_rate=0.02, optimizer_params={},
                max_bad_lines=1000, shuffle=False)  # fmt: skip
@@ -138,13 +150,15 @@ def describe(
     examples: int,
     auto: bool,
     mlp: bool = True,
+    fm: bool = False,
     unit: str = "training examples",
     files: bool = False,
     validation_file: str | None = None,
     at_least: bool = False,
 ) -> str:
     """One line saying which settings the recipe set, for the run's output (mlp: whether the model has an MLP,
-    which the dropout and dense l2 settings are for; unit: what `examples` counts, e.g. "lines of training data"
+    which the dropout and dense l2 settings are for; fm: whether the model is fm, whose rows start in
+    +-fm_init_scale, named where it is not EMBEDDING_INIT_SCALE; unit: what `examples` counts, e.g. "lines of training data"
     for a count made before the data is read, malformed lines included; files: whether the data is read from
     files, which may hold malformed lines; validation_file: --validation-data, evaluated instead of a split;
     at_least: the count stopped at `examples`, and the data holds more, e.g. "at least 1,000,000 lines of training
@@ -153,6 +167,7 @@ def describe(
     why = f"at least {why} (counted no further)" if at_least else why
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
     what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout and mlp else ""
+    what += f"fm rows starting in +-{r.fm_init_scale:g}, " if fm and r.fm_init_scale != EMBEDDING_INIT_SCALE else ""
     what += f"batch {r.batch_size}, "
     if r.early_stop:
         held_out = validation_file or f"a {r.validation_fraction:.0%} validation split"

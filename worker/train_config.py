@@ -81,6 +81,8 @@ class TrainConfig:
     learning_rate: float | None = None  # None: the recipe's, or DEFAULT_LEARNING_RATES of --optimizer
     optimizer_params: dict | None = None  # e.g. ftrl's l1, l2; None: the recipe's when it picks the optimizer
     l2: float | None = None  # the sparse tables' lazy L2 (TableConfig.l2, applied by the servers); None: the recipe's
+    fm_init_scale: float | None = None  # fm's rows start uniform in +-this (no flag: --table-config's initializer
+    # wins); None: the recipe's
     dense_optimizer: str = "adam"
     dense_learning_rate: float = 0.001
     dense_l2: float | None = None  # on the MLP weights; None: the recipe's
@@ -362,6 +364,7 @@ class TrainConfig:
             l2=r.l2 if self.l2 is None else self.l2,
             dropout=r.dropout if self.dropout is None else self.dropout,
             dense_l2=r.dense_l2 if self.dense_l2 is None else self.dense_l2,
+            fm_init_scale=r.fm_init_scale if self.fm_init_scale is None else self.fm_init_scale,
             optimizer=optimizer,
             learning_rate=rate,
             optimizer_params=dict(params or {}),
@@ -379,7 +382,7 @@ class TrainConfig:
                  ("--early-stop", self.early_stop), ("--early-stop-metric", self.early_stop_metric), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines),
                  ("--shuffle", None if self.shuffle is None else ("on" if self.shuffle else "off")))
                  if value is not None]  # fmt: skip
-        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
+        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, fm=self.model == "fm", unit=unit,
                         files=self.data is not None, validation_file=self.validation_data, at_least=at_least)  # fmt: skip
         if geo_instead:
             line += f"; sparse {r.optimizer}, not ftrl, in geo mode (see --mode)"
