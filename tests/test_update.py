@@ -217,6 +217,24 @@ def test_restamp_sets_the_lsn_of_the_rows_only():
     np.testing.assert_array_equal(s.arena.lsn[: s.arena.used], lsn)
 
 
+def read_only_copy(a: np.ndarray) -> np.ndarray:
+    """a as a request brings it: a read-only view of bytes."""
+    return np.frombuffer(a.tobytes(), a.dtype).reshape(a.shape)
+
+
+def test_writable_and_read_only_arrays_run_one_compiled_version():
+    """A push's arrays as a shard makes them (writable) and as a request brings them (read-only views of its bytes),
+    in any mix: the kernel is called with one array kind, so the second push loads no version the first did not."""
+    s = Setup("sgd", n=50, seed=5)
+    hp = update.hyper_params(s.opt, AdmissionConfig(), 0.0)
+    update.update(hp, s.push, s.state, update.buffered(s.n, s.width))
+    loaded = set(update.update_rows.signatures)
+    for which in (("shows", "clicks"), ("clicks",), ("ids", "grads", "shows", "clicks")):
+        sent = s.push._replace(**{f: read_only_copy(getattr(s.push, f)) for f in which})
+        update.update(hp, sent, s.state, update.buffered(s.n, s.width))
+        assert set(update.update_rows.signatures) == loaded, which
+
+
 @pytest.mark.parametrize("target", ["in_place", "buffered"])
 def test_the_first_row_that_would_not_be_finite_is_reported(target):
     s = Setup("sgd", seed=4)

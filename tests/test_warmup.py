@@ -53,9 +53,11 @@ def test_it_loads_the_kernels_of_large_requests_and_of_eviction(tmp_path):
 
 
 def test_requests_after_it_load_no_kernel_it_did_not(tmp_path):
-    """Pulls and pushes of a few ids and of LARGE_IDS ids, sent as requests to a server in the same process after
-    the warm-up, call no compiled kernel with argument types it did not (a request's ids and grads are read-only
-    views of its bytes: numba compiles, or loads, another specialization for those on their first call)."""
+    """Pulls and pushes of a few ids and of LARGE_IDS ids, sent as requests to a server given memory_bytes (as the
+    servers that run the warm-up are) in the same process after the warm-up, call no compiled kernel with argument
+    types it did not: pushes without shows and clicks, with both (as training sends them) and with clicks only. (A
+    request's ids, grads, shows and clicks are read-only views of its bytes: numba compiles, or loads, another
+    specialization for those on their first call.)"""
     import subprocess
     import sys
 
@@ -69,7 +71,8 @@ def test_requests_after_it_load_no_kernel_it_did_not(tmp_path):
         "    found = {v for m in list(sys.modules.values()) if m.__name__.startswith('ps.') for v in vars(m).values()\n"
         "             if isinstance(v, numba.core.registry.CPUDispatcher)}\n"
         "    return {(k.py_func.__qualname__, str(s)) for k in found for s in k.signatures}\n"
-        "server = Server(ServerConfig(data_dir=tempfile.mkdtemp(dir=sys.argv[1]), port=0, flush_interval_s=3600.0))\n"
+        "server = Server(ServerConfig(data_dir=tempfile.mkdtemp(dir=sys.argv[1]), port=0, flush_interval_s=3600.0,\n"
+        "                             memory_bytes=256 << 20))\n"
         "stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(f'127.0.0.1:{server.start()}'))\n"
         "assert warm_up()\n"
         "server.shard.create_table(TableConfig(name='t', dim=16))\n"
@@ -78,7 +81,9 @@ def test_requests_after_it_load_no_kernel_it_did_not(tmp_path):
         "    ids = np.arange(n, dtype=np.uint64).tobytes()\n"
         "    stub.Pull(ps_pb2.PullRequest(table='t', ids=ids), timeout=60)\n"
         "    grads = np.full((n, 16), 0.5, dtype=np.float32).tobytes()\n"
-        "    stub.Push(ps_pb2.PushRequest(table='t', dim=16, ids=ids, grads=grads), timeout=60)\n"
+        "    shows, clicks = np.full(n, 2, dtype=np.float32).tobytes(), np.ones(n, dtype=np.float32).tobytes()\n"
+        "    for counts in ({}, {'shows': shows, 'clicks': clicks}, {'clicks': np.zeros(n, np.float32).tobytes()}):\n"
+        "        stub.Push(ps_pb2.PushRequest(table='t', dim=16, ids=ids, grads=grads, **counts), timeout=60)\n"
         "print(sorted(kernels() - before))\n"
         "server.stop()\n"
     )

@@ -19,7 +19,10 @@ place). Per block of rows small enough to stay in cache, the kernel runs these s
 Inputs, packed so that no two arguments of one type can be swapped unnoticed:
     hp       float64[NUM_SLOTS] built by hyper_params() once per table, the clock step set per push by at_step();
              a slot holds a float32 value exactly where the kernel computes in float32
-    Push     ids u64 (n,), rows i64 (n,) (arena rows, unique), grads f32 (n, dim), shows f32 (n,), clicks f32 (n,)
+    Push     ids u64 (n,), rows i64 (n,) (arena rows, unique), grads f32 (n, dim), shows f32 (n,), clicks f32 (n,);
+             `update` hands the kernel read-only views of them all, whatever the caller brings (a request's views of
+             its bytes, a shard's default shows and clicks, a replay's copies): numba compiles one version per
+             array kind, so every push runs the one the warm-up (ps.engine.warmup) loaded
     RowState the arena: data f32 (capacity, line) and per row lsn u64, dirty u8, stored u8, ref u8
     Target   rows f32 (n, width), lsn u64 (n,), dirty u8 (n,), seq u64, in_place bool. In place: the undo copy
              of what the push overwrote (for `undo`), and seq the lsn the rows get. Buffered: the rows after the
@@ -368,6 +371,7 @@ def _set_lsn(lsn, rows, seq, lo, hi):
 # ---- callers' entry points (the work split over threads by ps.rows.parallel) -------------------------------------
 def update(hp: np.ndarray, push: Push, state: RowState, target: Target) -> Outcome:
     """Applies a push (unique rows) to target: the arena itself (in_place) or a buffer (buffered)."""
+    push = Push(*(_read_only(a) for a in push))  # one array kind, one compiled version (the module docstring)
     results = run_parts(lambda lo, hi: update_rows(hp, push, state, target, lo, hi), len(push.rows))
     return Outcome(
         admitted=sum(r[0] for r in results),
@@ -375,6 +379,15 @@ def update(hp: np.ndarray, push: Push, state: RowState, target: Target) -> Outco
         d_pending=sum(r[2] for r in results),
         first_bad=min((r[3] for r in results if r[3] >= 0), default=-1),
     )
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of a (no copy); a itself where it is read-only already."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def undo(state: RowState, rows: np.ndarray, target: Target) -> None:
