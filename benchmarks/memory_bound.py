@@ -3,7 +3,8 @@
     python benchmarks/memory_bound.py [--memory 256M] [--big-ids 1500000] [--clients 4] [--quick]
 
 Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits for the
-end of its warm-up (its compiled code loaded: the line ps/engine/warmup.py logs as it ends) and until it is idle,
+end of its warm-up (its compiled code loaded: the INFO line ps/engine/warmup.py logs as it ends, so every server is
+given --log-level INFO, whatever PS_LOG_LEVEL says) and until it is idle,
 plus --idle-s, reads its peak RSS (VmHWM) as the idle peak, runs the case, and reads VmHWM again. Before the
 cases, unmeasured, the script rehearses the replay case on a journal of REHEARSAL_ROWS rows, so that numba's cache
 holds every kernel the servers run (a warm-up's, a replay's) and each server loads them alike: a server that
@@ -33,6 +34,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +45,7 @@ import numpy as np
 from ps.config import TableConfig
 from ps.errors import PsError
 from ps.settings import byte_size
+from ps.terminate import how_it_ended
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -50,6 +53,8 @@ MiB = 1 << 20
 RSS_SLACK = 64 * MiB
 WARM_UP_LOGGED = " ps.engine.warmup: "  # in a shard log line: the warm-up's one line, written as it ends
 WARM_UP_LOADED = "compiled kernels loaded"  # in that line: it ran through
+LOGGED = ["--log-level", "INFO"]  # every server's: the warm-up's line is INFO
+LOG_TAIL_LINES = 20  # of a server's log, in the error when it died before its warm-up's line
 REHEARSAL_ROWS = 100_000  # of the rehearsal's journal: records large enough for the parallel paths
 OWN_CLIENT_CALLS = 4  # own-client's pulls and pushes, each larger than the room: all refused
 DIM = 16
@@ -70,7 +75,7 @@ class Served:
         self.pid = self.cluster.procs[0].pid
         with Client([self.address], timeout_s=600) as client:
             client.wait_ready()
-        wait_warmed_up(log_path, log_start, timeout_s=600)
+        wait_warmed_up(log_path, log_start, self.cluster.procs[0], timeout_s=600)
         harness.wait_idle(self.pid, timeout_s=120)  # what the warm-up left behind (its write-behind): done
         time.sleep(idle_s)
         self.idle_peak = harness.peak_rss_bytes(self.pid)
@@ -89,19 +94,26 @@ class Served:
         return peak, stats.request_room_waits, sum(t.ids_pulled + t.ids_pushed for t in stats.tables)
 
 
-def wait_warmed_up(log_path: str, log_start: int, timeout_s: float) -> None:
+def wait_warmed_up(log_path: str, log_start: int, proc: subprocess.Popen, timeout_s: float) -> None:
     """Waits for the warm-up's line in the shard log past byte log_start (a quiet CPU is no sign of its end: a
-    server starved of CPU looks idle); SystemExit if the warm-up did not load the kernels or no line came in
-    timeout_s, since the idle peak would then leave them out."""
+    server starved of CPU looks idle), written by the server process proc; SystemExit if the warm-up did not load
+    the kernels, if proc ended without the line (at once, with its exit and its log's last lines) or no line came
+    in timeout_s, since the idle peak would then leave them out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        ended = proc.poll()  # before the log is read: a line written before the exit is found there
         with open(log_path, "rb") as f:
             f.seek(log_start)
-            line = next((ln.decode() for ln in f if WARM_UP_LOGGED.encode() in ln and ln.endswith(b"\n")), None)
+            lines = f.read().decode(errors="replace").splitlines(keepends=True)
+        line = next((ln for ln in lines if WARM_UP_LOGGED in ln and ln.endswith("\n")), None)
         if line is not None:
             if WARM_UP_LOADED not in line:
                 raise SystemExit(f"the server's warm-up did not load its compiled kernels: {line.strip()}")
             return
+        if ended is not None:
+            tail = "".join(lines[-LOG_TAIL_LINES:]).rstrip()
+            raise SystemExit(f"the server (pid {proc.pid}) {how_it_ended(ended)} before its warm-up logged its end; "
+                             f"the last lines of its log ({log_path}):\n{tail}")  # fmt: skip
         time.sleep(0.05)
     raise SystemExit(f"the server's warm-up logged no end in {timeout_s:.0f} s (log: {log_path})")
 
@@ -150,7 +162,7 @@ def clients(served: Served, count: int, rows: int, batch: int, rounds: int) -> N
 
 def write_journal(root: str, rows: int, idle_s: float) -> None:
     """A server of a large bound takes rows row updates (none flushed) and is killed."""
-    served = Served(root, ["--memory-bytes", "3G", "--flush-interval-s", "3600"], idle_s=0)
+    served = Served(root, ["--memory-bytes", "3G", "--flush-interval-s", "3600", *LOGGED], idle_s=0)
     rng = np.random.default_rng(2)
     with served.client() as client:
         client.create_table(TableConfig(name="t", dim=DIM))
@@ -186,7 +198,7 @@ def main() -> None:
         args.big_ids, args.clients, args.rows, args.batch, args.rounds = 200_000, 2, 100_000, 20_000, 2
         args.large_batch, args.large_rounds, args.replay_rows, args.idle_s = 50_000, 1, 100_000, 0.0
     bound = byte_size(args.memory)
-    flags = ["--memory-bytes", args.memory]
+    flags = ["--memory-bytes", args.memory, *LOGGED]
     work = tempfile.mkdtemp(prefix="sparseps-memory-bound-")
     cases = {
         "big": lambda s: big(s, args.big_ids, own_messages=False),

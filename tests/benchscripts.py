@@ -12,10 +12,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 
 
-def run_benchmark(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python benchmarks/<name>.py args` from the repository root, its output captured as text."""
+def run_benchmark(
+    name: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python benchmarks/<name>.py args` from the repository root, its output captured as text; env: its
+    environment (None: this process's)."""
     script = os.path.join(BENCHMARKS, f"{name}.py")
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=env)  # fmt: skip
 
 
 def load_benchmark(name: str) -> ModuleType:
