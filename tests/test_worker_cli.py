@@ -1068,26 +1068,26 @@ def test_a_second_signal_while_the_first_unwinds_does_not_cut_its_cleanup_short(
 
 LOST_IN_A_FINALIZER = """import os, signal, threading, time
 from ps.terminate import sigterm_raises
-class Slow:
-    def __del__(self):
-        time.sleep(1.0)  # the first Ctrl-C lands here: printed as 'Exception ignored', and dropped
-signal.signal(signal.SIGINT, signal.default_int_handler)
-started = time.monotonic()
-sent = []  # when each Ctrl-C was sent (a loaded host runs the timers late)
+sent = []  # when each Ctrl-C was sent
 def interrupt():
     sent.append(time.monotonic())
-    os.kill(os.getpid(), signal.SIGINT)
+    if len(sent) == 1:  # the second, 1.5 s after the first (or later, on a loaded host)
+        threading.Timer(1.5, interrupt).start()
+    os.kill(os.getpid(), signal.SIGINT)  # to the main thread (the thread group's leader), whichever thread sends
+class Slow:
+    def __del__(self):
+        interrupt()  # the first Ctrl-C lands here: printed as 'Exception ignored', and dropped
+        time.sleep(1.0)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 try:
     with sigterm_raises(cleanup_limit_s=3):
-        threading.Timer(0.3, interrupt).start()
-        threading.Timer(1.8, interrupt).start()
         Slow()
-        while time.monotonic() - started < 6:
+        while time.monotonic() - sent[-1] < 30:
             time.sleep(0.05)
     print("not stopped", flush=True)
 except KeyboardInterrupt:
-    # past the first's watchdog (3 s after it), not the second's (3 s after the second, sent 1.5 s or more later)
-    time.sleep(max(0.0, sent[0] + 3.5 - time.monotonic()))
+    # past the first's watchdog (3 s after it: the second came 1.5 s or more after it), 1 s before the second's
+    time.sleep(max(0.0, sent[1] + 2.0 - time.monotonic()))
     print("stopped by the second", flush=True)
 """
 
