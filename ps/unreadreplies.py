@@ -37,8 +37,9 @@ EXPIRY_LOG_HOSTS = 10  # at most, per interval; the calls of other hosts are cou
 class ExpiryLog:
     """The log lines of calls cancelled at the limit, their reply unread: the first of each peer host (a peer
     without its port) in an interval of every_s seconds (clock: monotonic seconds), for at most max_hosts hosts; the
-    others are counted, and the count is told in the next line logged, or by close(). A caller that opens many connections, or never reads
-    at all, makes a line an interval. Not thread-safe: its UnreadReplies' thread is its one caller."""
+    others are counted, and the count is told in the next line logged, or by close(). A caller that opens many
+    connections, or never reads at all, makes a line an interval. Not thread-safe: its UnreadReplies' thread is its
+    one caller."""
 
     def __init__(self, log: logging.Logger, every_s: float = EXPIRY_LOG_S, max_hosts: int = EXPIRY_LOG_HOSTS,
                  clock: Callable[[], float] = time.monotonic):  # fmt: skip
