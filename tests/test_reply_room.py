@@ -477,6 +477,21 @@ def test_a_call_that_ended_before_its_reply_was_handed_over_is_not_watched():
     unread.close()
 
 
+def test_a_call_ended_at_the_limit_is_counted_before_its_end_is_seen():
+    """Whoever sees the call end (its caller, the reply room's callback) finds it in `cancelled` already."""
+    unread = UnreadReplies(0.01, logging.getLogger("test"))
+    seen, ended = [], threading.Event()
+
+    def end_call() -> None:
+        seen.append(unread.cancelled)
+        ended.set()
+
+    unread.watch(Watchable(), "Pull", 1, end_call, lambda: "ipv4:127.0.0.1:1")
+    assert ended.wait(30), "the unread reply's call was never ended"
+    unread.close()
+    assert seen == [1] and unread.cancelled == 1
+
+
 def test_replies_ended_unread_are_logged_once_per_host_an_interval_and_the_rest_counted(caplog):
     clock = StillClock()
     lines = ExpiryLog(logging.getLogger("test.expiry"), every_s=60.0, max_hosts=2, clock=clock)
