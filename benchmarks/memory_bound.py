@@ -2,15 +2,14 @@
 
     python benchmarks/memory_bound.py [--memory 256M] [--big-ids 1500000] [--clients 4] [--quick]
 
-Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits for the
-end of its warm-up (its compiled code loaded: the INFO line ps/engine/warmup.py logs as it ends, so every server is
-given --log-level INFO, whatever PS_LOG_LEVEL says) and until it is idle,
-plus --idle-s, reads its peak RSS (VmHWM) as the idle peak, runs the case, and reads VmHWM again. Before the
-cases, unmeasured, the script rehearses the replay case on a journal of REHEARSAL_ROWS rows, so that numba's cache
-holds every kernel the servers run (a warm-up's, a replay's) and each server loads them alike: a server that
-compiles them (no cache yet: a fresh clone, an edited kernel) peaks 40 to 110 MiB higher. The reference is the
-limit issue 19 sets: the bound + the idle peak measured on that same server + 64 MiB. Tables are dim 16,
-Adagrad; pushes carry random gradients.
+Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits for the end
+of its warm-up (its compiled code loaded: the INFO line ps/engine/warmup.py logs as it ends, so every server is
+given --log-level INFO, whatever PS_LOG_LEVEL says) and until it is idle, plus --idle-s, reads its peak RSS (VmHWM)
+as the idle peak, runs the case, and reads VmHWM again. Before the cases, unmeasured, the script rehearses the
+replay case on a journal of REHEARSAL_ROWS rows, so that numba's cache holds every kernel the servers run (a
+warm-up's, a replay's) and each server loads them alike: a server that compiles them (no cache yet: a fresh clone,
+an edited kernel) peaks 40 to 110 MiB higher. The reference is the limit issue 19 sets: the bound + the idle peak
+measured on that same server + 64 MiB. Tables are dim 16, Adagrad; pushes carry random gradients.
 
     big          one client (ps-worker's Client, which sizes its messages by the room the shard reports) pulls
                  and pushes --big-ids new ids at once, twice

@@ -105,8 +105,9 @@ def _as_sent(ids: np.ndarray) -> np.ndarray:
 
 
 def _push(table: Table, ids: np.ndarray) -> None:
-    """A push of ids as a request brings it: grads decoded from bytes, checked, then applied (shows and clicks
-    left out: the shard's defaults; the update kernel sees them read-only, as a request's, ps.rows.update.update)."""
+    """A push of ids as a request brings it: grads decoded from bytes, checked, then applied, with shows 1 and
+    clicks 0 (what a shard gives a push that leaves them out; the update kernel sees every array read-only,
+    ps.rows.update.update)."""
     grads = decode_rows(np.full((len(ids), DIM), 0.01, dtype=np.float32).tobytes(), len(ids), DIM, "grads")
     check_push_values(table.name, ids, grads, None, None)
     ones = np.ones(len(ids), dtype=np.float32)
