@@ -6,9 +6,9 @@ the durable tier of every row (store; the tables' configs, numbers and counts: t
 written: storedrows; the shard's own records: shardmeta), with the grammar of its row keys and values (rowformat)
 and of its meta values (meta), its data dir's checks and read-write open (datadir), the options it is opened and
 read with (options), read-only opening and damage text (readonly), and a checkpoint's rows and counts read
-(checkpointread): store, tablecatalog, storedrows, shardmeta, datadir, options and readonly are the only modules
-that import rocksdict. The small files that keep the shard's identity and the journal's mark beside them
-(sidefiles), and `ps-server verify`'s read of a whole data dir (verifyscan, reported on by verify).
+(checkpointread); they take the RocksDB binding's types from rocks, the one module that imports rocksdict. The
+small files that keep the shard's identity and the journal's mark beside them (sidefiles), and `ps-server
+verify`'s read of a whole data dir (verifyscan, reported on by verify).
 It may import the foundation (ps.errors, ps.hashing, ps.config, ...), ps.accel, ps.rows and its own modules;
 never ps.engine or the process modules (tests/test_layering.py holds this).
 """

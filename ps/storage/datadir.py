@@ -12,8 +12,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from rocksdict import AccessType, Options, Rdict, WriteOptions
-
 from ps.errors import (
     NOTHING_APPLIED,
     DataDirLostError,
@@ -27,6 +25,7 @@ from ps.sharding import NUM_SLOTS
 from ps.storage.atomicfile import make_dirs
 from ps.storage.meta import META_CF, meta_value, shard_record
 from ps.storage.readonly import is_damage, open_failure
+from ps.storage.rocks import AccessType, Options, Rdict, WriteOptions
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
 
 RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, where no remedy is given

@@ -60,7 +60,8 @@ from typing import Any
 
 from ps.config import MAX_CLOCK, TableConfig
 from ps.errors import StorageError, echo
-from ps.storage.options import ColumnFamily, iter_prefixed
+from ps.storage.options import iter_prefixed
+from ps.storage.rocks import ColumnFamily
 from ps.storage.sidefiles import IDENTITY_FIELDS, counts_object
 
 META_CF = "meta"

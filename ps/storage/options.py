@@ -9,7 +9,14 @@ import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from rocksdict import (
+from ps.storage.memory import (
+    DEFAULT_BLOCK_CACHE_BYTES,
+    DEFAULT_WRITE_BUFFER_BYTES,
+    INFO_LOG_BYTES,
+    KEEP_INFO_LOGS,
+    MAX_WAL_BYTES,
+)
+from ps.storage.rocks import (
     BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
@@ -20,14 +27,6 @@ from rocksdict import (
     ReadOptions,
 )
 
-from ps.storage.memory import (
-    DEFAULT_BLOCK_CACHE_BYTES,
-    DEFAULT_WRITE_BUFFER_BYTES,
-    INFO_LOG_BYTES,
-    KEEP_INFO_LOGS,
-    MAX_WAL_BYTES,
-)
-
 BLOCK_CACHE_BYTES = DEFAULT_BLOCK_CACHE_BYTES  # RocksDB's block cache per shard (uncompressed data blocks)
 MAX_WRITE_BUFFERS = 2  # memtables per column family (ps.storage.memory counts them)
 METADATA_BLOCK_BYTES = 4096  # index partitions of a bounded server's tables
@@ -36,7 +35,6 @@ MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
 BLOOM_BITS = 8  # per key of every file's filter: ~2% false positives; at 10^8 keys 100 MB of filters, not 125
 BLOOM_BITS_UPPER_LEVELS = 16  # ... where only the levels above the last keep filters (table_options): well under 1%
 MEMTABLE_BLOOM_RATIO = 0.02  # of a memtable's bytes, for the Bloom filter of its keys
-ColumnFamily = Rdict  # a RocksDB, or one of its column families, as rocksdict opens them
 
 
 def table_options(block_cache_bytes: int = BLOCK_CACHE_BYTES, index_in_cache: bool = False,

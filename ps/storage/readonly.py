@@ -14,10 +14,9 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 
-from rocksdict import AccessType, Options, Rdict
-
 from ps.errors import CheckpointDamagedError, PsError, StorageError
 from ps.rows.layout import RowLayout
+from ps.storage.rocks import AccessType, Options, Rdict
 
 log = logging.getLogger(__name__)
 

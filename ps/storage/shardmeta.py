@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
-from rocksdict import WriteBatch
 
 from ps.errors import StorageError
 from ps.storage.applied import AppliedChanges
@@ -42,6 +41,7 @@ from ps.storage.meta import (
     meta_value,
 )
 from ps.storage.options import iter_prefixed
+from ps.storage.rocks import WriteBatch
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, read_json, write_json
 
 log = logging.getLogger(__name__)

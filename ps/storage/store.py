@@ -32,8 +32,6 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from rocksdict import Checkpoint, Rdict, WriteBatch
-
 from ps.accel.threadnames import name_os_thread
 from ps.errors import CheckpointDamagedError
 from ps.rows.layout import RowLayout
@@ -59,6 +57,7 @@ from ps.storage.options import (
     rocksdb_options,
 )
 from ps.storage.readonly import OddRows, checkpoint_damaged, reading_checkpoint
+from ps.storage.rocks import Checkpoint, Rdict, WriteBatch
 from ps.storage.rowformat import PENDING_BYTES, ROWS_CF, AtRest
 from ps.storage.shardmeta import ShardMeta
 from ps.storage.sidefiles import remove_temporary_files

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from rocksdict import WriteBatch
 
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, stored_sizes
 from ps.sharding import slot_of
 from ps.storage.meta import COUNT_PREFIX
 from ps.storage.options import iter_items, iter_prefixed, read_in_calls
+from ps.storage.rocks import WriteBatch
 from ps.storage.rowformat import (
     ROWS_CF,
     as_stored,

@@ -13,8 +13,6 @@ import bisect
 import json
 import threading
 
-from rocksdict import Options, Rdict, WriteBatch
-
 from ps.config import TableConfig
 from ps.errors import StorageError, TableNumbersExhaustedError
 from ps.rows.layout import RowLayout, layout_of
@@ -32,6 +30,7 @@ from ps.storage.meta import (
     trained,
 )
 from ps.storage.options import iter_prefixed
+from ps.storage.rocks import Options, Rdict, WriteBatch
 from ps.storage.rowformat import ROWS_CF, AtRest
 
 # what Store.rows_of_no_table's rows are where every table's number reads: said by verify, a start and number_for

@@ -19,8 +19,9 @@ from ps.storage.meta import (
     key_name,
     meta_value,
 )
-from ps.storage.options import ColumnFamily, iter_items, rocksdb_options, scan_read_options
+from ps.storage.options import iter_items, rocksdb_options, scan_read_options
 from ps.storage.readonly import open_failure, opened_read_only
+from ps.storage.rocks import ColumnFamily
 from ps.storage.rowformat import KEY_DTYPE, ROWS_CF
 
 VERIFY_CHUNK_ROWS = 1 << 16  # "rows" values whose sizes verify_rocksdb counts with numpy at once
