@@ -295,8 +295,9 @@ HEALTH_STARTING = 3  # ps-server health's exit status for a shard that listens a
 def health_main(argv: list[str]) -> int:
     """`ps-server health HOST:PORT`: asks the shard's gRPC health service (for container health checks; the shard
     asks no token for it, but TLS and mutual TLS apply) and prints its answer. Exit 0: SERVING. Exit 3: the shard
-    listens but its start (a journal replay, --restore, --verify-on-start) is not done: NOT_SERVING, printed with
-    what it is doing and how far ("replaying its journal, 43% (12 s so far)"); with --starting-ok, 0. Exit 1:
+    listens but its start (a journal replay, --restore, --verify-on-start, the warm-up under --memory-bytes) is not
+    done: NOT_SERVING, printed with what it is doing and how far ("replaying its journal, 43% (12 s so far)"); with
+    --starting-ok, 0. Exit 1:
     anything else (nothing listens, no answer in --timeout-s, a TLS mismatch, NOT_SERVING while it stops).
     Exit 2: a flag is wrong."""
     args = _parse(build_health_parser(), argv)

@@ -6,10 +6,11 @@ cancelled Watch, which takes the same lock. Watch streams cancelled while a serv
 token is needed for health calls) so left the server hanging after SIGTERM, serving nothing. Here the lock only
 guards the state: the watchers to notify are copied under it and sent to after it is released.
 
-A shard listens while it starts (ps.server): its services are NOT_SERVING until the start is done, and a Check
-answered NOT_SERVING then carries what the start is doing in its trailing metadata, under STARTING_KEY (UTF-8:
-"shard 0 is starting: replaying its journal, 43% (12 s so far)"). The standard protocol has no field for a
-reason; probes that do not look for the key see a plain NOT_SERVING. check_health reads it. A shard that found its
+A shard listens while it starts (ps.server): its services are NOT_SERVING until the start is done (and, under
+--memory-bytes, its warm-up: ps.engine.warmup), and a Check answered NOT_SERVING then carries what the start is
+doing in its trailing metadata, under STARTING_KEY (UTF-8: "shard 0 is starting: replaying its journal, 43% (12 s
+so far)"). The standard protocol has no field for a reason; probes that do not look for the key see a plain
+NOT_SERVING. check_health reads it. A shard that found its
 data dir or journal segment deleted under it (ps.engine.writeguard) is NOT_SERVING for good, and says why under LOST_KEY.
 
 At most MAX_WATCHES Watch streams are open at once; one more is refused RESOURCE_EXHAUSTED. A stream holds no

@@ -62,7 +62,8 @@ class Server:
     Meanwhile health says NOT_SERVING (with what the start is doing, ps.health), every ParameterServer call is
     UNAVAILABLE saying the same (ps.service.StartGate), and the metrics port serves the start's gauges. A start
     that fails, or is stopped (StartStopped), stops listening before it raises. `start()` then serves: SERVING;
-    it returns the port."""
+    it returns the port. `start(warming=True)` serves the calls but leaves health NOT_SERVING, saying the kernels
+    are loading, until `warmed()`: a readiness probe sends traffic once the compiled kernels are in place."""
 
     def __init__(self, config: ServerConfig, progress: StartProgress | None = None,
                  on_listening: Callable[[Server], None] | None = None):  # fmt: skip
@@ -99,6 +100,9 @@ class Server:
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
         self.health = HealthServicer(starting=self._starting, lost=self._lost)
+        self._warming_since: float | None = None  # time.monotonic() of start(warming=True), until warmed()
+        self._health_lock = threading.Lock()  # SERVING from warmed() never undoes _not_serving()'s NOT_SERVING
+        self._gone = False  # _not_serving() was called: NOT_SERVING for good
         for name in ("", SERVICE_NAME):
             self.health.set(name, NOT_SERVING)
         self._gate = StartGate(lambda: self._starting() or "")
@@ -123,10 +127,14 @@ class Server:
             raise
 
     def _starting(self) -> str | None:
-        """What a shard that is starting says it does; None once it serves."""
-        if not self.progress.starting:
+        """What a shard that is starting says it does, its warm-up included; None once it serves."""
+        if self.progress.starting:
+            return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
+        since = self._warming_since
+        if since is None or self._gone:
             return None
-        return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
+        return (f"shard {self.config.shard_id} {SHARD_STARTING}: loading its compiled kernels (warm-up, "
+                f"{time.monotonic() - since:.0f} s so far; calls are served meanwhile)")  # fmt: skip
 
     def _lost(self) -> str | None:
         """What was deleted under the shard (ps.engine.writeguard: it takes no writes), or None."""
@@ -192,8 +200,9 @@ class Server:
         if self.metrics is not None:
             self.metrics.close()
 
-    def start(self) -> int:
-        """Serves the shard built: the calls go to it, health says SERVING, the metrics port serves its figures."""
+    def start(self, warming: bool = False) -> int:
+        """Serves the shard built: the calls go to it, health says SERVING (with warming: once warmed() is called),
+        the metrics port serves its figures."""
         servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes,
                                            reply_bytes=reply_room_bytes(self.config.reply_bytes,
                                                                         self.config.memory_bytes),
@@ -201,20 +210,35 @@ class Server:
         self._servicer = servicer
         if self.metrics is not None:
             self.metrics.attach(self.shard, servicer.replies)
+        self._warming_since = time.monotonic() if warming else None
         self._gate.open(servicer)
         self.progress.finish()
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, SERVING)
+        if not warming:
+            self._serving()
         self.shard.guard.listeners.append(self._not_serving)  # its data dir deleted under it, or broken
         if self.shard.journal.lost or self.shard.guard.broken:  # found before the listener was there
             self._not_serving()
         return self.port
 
+    def warmed(self) -> None:
+        """The warm-up that start(warming=True) waits for ended, however it went: health SERVING, unless the shard
+        is NOT_SERVING for good meanwhile (_not_serving) or stopping (health ignores it then)."""
+        self._serving()
+        self._warming_since = None  # after: a Check that read NOT_SERVING before still finds why
+
+    def _serving(self) -> None:
+        with self._health_lock:
+            if not self._gone:
+                for name in ("", SERVICE_NAME):
+                    self.health.set(name, SERVING)
+
     def _not_serving(self) -> None:
         """Health NOT_SERVING for good: the shard found its data dir or journal segment deleted under it, or
         broke (a journaled push only partly applied: ps.engine.writeguard)."""
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, NOT_SERVING)
+        with self._health_lock:
+            self._gone = True
+            for name in ("", SERVICE_NAME):
+                self.health.set(name, NOT_SERVING)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stops taking requests, lets running ones finish (up to grace_s), then flushes and closes the store.
@@ -354,14 +378,15 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         said.drained(SAID_WAIT_S)  # the signal's line first
         print(_stopped_start_line(where, e, progress.phase, config.restore_dir), file=sys.stderr, flush=True)
         return
-    port = server.start()
+    warms = config.memory_bytes is not None  # its fixed footprint in place before data arrives (ps.engine.warmup)
+    port = server.start(warming=warms)
     serving.append(server)
     _say(
         f"{where} listening on {host_port(config.host, port)} (data dir {config.data_dir}: {server.shard.describe_start()})"
     )
     warming = None
-    if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
-        warming = threading.Thread(target=warm_up, args=(stop,), name="ps-warm-up", daemon=True)
+    if warms:
+        warming = threading.Thread(target=_warm_up_then_serve, args=(server, stop), name="ps-warm-up", daemon=True)
         warming.start()
     while not stop.is_set():  # polled in slices (a SIGTERM another thread received: ps.terminate)
         time.sleep(SIGNAL_CHECK_S)
@@ -375,6 +400,15 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
             warming.join(SIGNAL_CHECK_S)
     if code:
         raise SystemExit(code)
+
+
+def _warm_up_then_serve(server: Server, stop: StopFlag) -> None:
+    """(ps-warm-up thread) The warm-up, then health SERVING however it ended: a failed one is logged by warm_up,
+    and the first requests load the kernels instead."""
+    try:
+        warm_up(stop)
+    finally:
+        server.warmed()
 
 
 def _exit_now(message: str, code: int, said: HandlerWork) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import tempfile
 
+import pytest
+
 from ps.engine import warmup
 from tests.server_process import ServerProcess
 
@@ -165,3 +167,61 @@ def test_a_second_signal_while_the_stopped_server_waits_for_its_warm_up_exits_no
     said = server.output()
     assert "stopped cleanly" in said and "received SIGTERM again after the stop: exiting now; the shard was " \
         "stopped first, its rows all written" in said, said  # fmt: skip
+
+
+def test_health_is_not_serving_while_the_warm_up_runs_and_calls_are_served_meanwhile(tmp_path):
+    """A --memory-bytes server held inside its warm-up's first push: health NOT_SERVING, saying the kernels load
+    (a starting shard: `ps-server health --starting-ok` takes it as alive), while a call is served; once the
+    warm-up ends, SERVING, its line ("compiled kernels loaded") logged before."""
+    import re
+
+    import grpc
+
+    from protos import ps_pb2, ps_pb2_grpc
+    from ps.health import check_health
+
+    server, gate = _held_in_its_warm_up(tmp_path, tmp_path)
+    try:
+        address = re.search(r"listening on (\S+:\d+)", server.output()).group(1)
+        serving, starting, text = check_health(address, 30)
+        assert (serving, starting) == (False, True) and "loading its compiled kernels (warm-up" in text, text
+        with grpc.insecure_channel(address) as channel:
+            ps_pb2_grpc.ParameterServerStub(channel).Stats(ps_pb2.StatsRequest(), timeout=30)
+        assert check_health(address, 30)[:2] == (False, True) and "compiled kernels loaded" not in server.output()
+        gate.touch()
+        _await(server, lambda: check_health(address, 30).serving, "SERVING once the warm-up ended")
+        assert check_health(address, 30) == (True, False, "SERVING")
+        assert "compiled kernels loaded in" in server.output(), server.output()
+        server.stop_cleanly()
+    finally:
+        gate.touch()
+        server.proc.kill()
+
+
+@pytest.mark.parametrize("ends", ["ran", "failed", "lost meanwhile"])
+def test_health_after_the_warm_up_whatever_it_did(tmp_path, monkeypatch, ends):
+    """A server started warming is NOT_SERVING until its warm-up thread's end, then SERVING, a failed warm-up too
+    (logged; the first requests load the kernels); a shard found lost meanwhile stays NOT_SERVING."""
+    from ps import server as server_module
+    from ps.config import ServerConfig
+    from ps.health import NOT_SERVING, SERVICE_NAME, SERVING
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    if ends == "failed":
+
+        def broken_store(*args, **kwargs):
+            raise OSError("no space left on device")
+
+        monkeypatch.setattr(warmup, "Store", broken_store)
+    server = server_module.Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=256 << 20))
+    try:
+        server.start(warming=True)
+        statuses = lambda: {server.health._server_status[name] for name in ("", SERVICE_NAME)}
+        assert statuses() == {NOT_SERVING} and "loading its compiled kernels" in server._starting()
+        if ends == "lost meanwhile":
+            server._not_serving()
+        server_module._warm_up_then_serve(server, None)
+        assert statuses() == ({NOT_SERVING} if ends == "lost meanwhile" else {SERVING})
+        assert server._starting() is None
+    finally:
+        server.stop()
