@@ -14,6 +14,7 @@ import threading
 
 from ps.engine.restore import ExportProgress
 from ps.progress import CountProgress
+from worker.progress_lines import ExamplesProgress
 from worker.scoring import ScoringProgress
 
 
@@ -24,8 +25,11 @@ class Counted(CountProgress):
 
 before = {t.ident for t in threading.enumerate()}
 for progress in (Counted(10, False, unit="row"), ExportProgress("t", 10, False), ScoringProgress(10, False),
-                 ScoringProgress(10, False, estimated=True)):
+                 ScoringProgress(10, False, estimated=True), ExamplesProgress(10, False, True, "skipping 4 examples")):
     progress.update(4)
+    if isinstance(progress, ExamplesProgress):  # training's bar: the first step after a skip, and its figures
+        progress.restart()
+        progress.postfix({"epoch": 1, "logloss": "0.6931"})
     progress.update(7)
     progress.close()
 print(sorted(t.name for t in threading.enumerate() if t.ident not in before))
@@ -33,8 +37,8 @@ print(sorted(t.name for t in threading.enumerate() if t.ident not in before))
 
 
 def test_a_progress_not_shown_starts_no_thread():
-    """Export and scoring with their bar off (every test, every log without a terminal) leave no thread behind.
-    Counted in a process of its own: a test process holds the threads of the tests before it."""
+    """Export, scoring and training with their bar off (every test, every log without a terminal) leave no thread
+    behind. Counted in a process of its own: a test process holds the threads of the tests before it."""
     child = subprocess.run(
         [sys.executable, "-c", _THREADS_OF_A_PROGRESS_OFF], cwd=ROOT, capture_output=True, text=True, timeout=60
     )  # ROOT: the ps that this test imports

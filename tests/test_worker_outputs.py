@@ -226,7 +226,7 @@ def bar_of_a_run(monkeypatch, cfg: TrainConfig) -> tuple[list[tuple[int, int]], 
                 closed.append((self.n, self.total))
             super().close()
 
-    monkeypatch.setattr("worker.loop.tqdm", Recording)
+    monkeypatch.setattr("ps.progress.tqdm", Recording)  # the bar of the loop's ExamplesProgress
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal's bar (a log file gets lines)
     with InProcessTables(cache_bytes=64 << 20) as tables:
         cfg, data, spec, backend, dense = open_job(cfg, tables)

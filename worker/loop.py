@@ -51,7 +51,7 @@ from worker.dense import DensePath
 from worker.metrics import RunningMean, logloss
 from worker.models.spec import ModelSpec
 from worker.pipeline import prefetched
-from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, advance, progress_line
+from worker.progress_lines import JSON_EVERY_S, ExamplesProgress, about_total, progress_line
 from worker.scoring import evaluate, field_tables
 from worker.step import Prepared, Step
 from worker.steprows import AsyncRows
@@ -126,14 +126,6 @@ def _read_errors_named(batches: Iterable, result: LoopResult) -> Iterator:
         raise
     except ValueError as e:
         raise TrainingDataError(str(e), result.steps, result.examples) from e
-
-
-def _close_at_count(bar: tqdm | None) -> None:
-    """Closes the bar (None: none shown) at the true count: its total set to the examples trained (fewer than the
-    estimate when lines were malformed or training stopped early)."""
-    if bar is not None:
-        bar.total = bar.n
-        bar.close()
 
 
 class _ProgressLines:
@@ -233,10 +225,9 @@ def run_epochs(
     skipping, limit = Skipping(s.skip_examples), Limit(s.max_examples)
     desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until the first step trains
     estimated = s.total_estimated and total > 0
-    bar = None  # a bar only where it is shown: tqdm starts its monitor thread for every bar, a disabled one too
-    if s.progress and not plain:
-        bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, smoothing=0.1,
-                   bar_format=ABOUT_BAR_FORMAT if estimated else None)  # fmt: skip
+    # the bar alone, on a terminal (no tqdm where it is not shown): the loop's lines, plain in a log or PROGRESS
+    # (--progress-lines), are _ProgressLines', whose rate leaves out evaluations and skipping
+    bar = ExamplesProgress(total, s.progress and sys.stderr.isatty(), estimated, desc)
     at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
     lines = (_ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
              if s.progress_lines or plain else None)  # fmt: skip
@@ -321,20 +312,17 @@ def run_epochs(
                     if telemetry is not None:
                         telemetry.step(n, step_s, running.value)
                     step_started, skipped_by, evaluated_by = now, skipping.seconds, eval_seconds
-                    if desc is not None and bar is not None:  # the first step after a skip: the bar's clock and
-                        bar.set_description_str(None, refresh=False)  # rate start here
-                        bar.reset(bar.total)
+                    if desc is not None:  # the first step after a skip: the bar's clock and rate start here
+                        bar.restart()
                     desc = None
-                    if bar is not None:
-                        advance(bar, n, estimated)
+                    bar.update(n)
                     cache = source.stats()
                     postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
                     if "cache_hit_rate" in cache:
                         postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
                     if "cache_bytes_saved" in cache:
                         postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
-                    if bar is not None:
-                        bar.set_postfix(postfix, refresh=False)
+                    bar.postfix(postfix)
                     if lines is not None:  # their rate leaves out evaluations and a resumed run's skipping
                         lines.update(result, running.value, training_s(), cache)
                     if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
@@ -386,7 +374,7 @@ def run_epochs(
             lines.update(result, running.value, training_s(), {}, stopped=True)  # after its last step)
         raise
     result.best_too_big_bytes = best_model.limit_bytes() if best_model is not None and best_model.too_big else 0
-    _close_at_count(bar)
+    bar.close()  # at the examples trained: fewer than the total when lines were malformed or training stopped early
     result.train_logloss = running.value
     result.stopped_early = stop
     result.stopped_at_limit = bool(s.max_examples) and s.skip_examples + result.examples >= s.max_examples

@@ -21,16 +21,17 @@ n: examples of the eval set scored so far; t: the eval set's examples (0: unknow
 last line, written when the scoring is done (one stopped by an error or a signal keeps the t it expected); r: n
 over the scoring's time. parse_progress reads training's lines only: a line that does not parse as one (an
 evaluation's among them) is output, not training progress.
-A bar over an estimated total (training's, worker/loop.py; scoring's, worker/scoring.py) shows it the same way:
-ABOUT_BAR_FORMAT, and advance, which keeps the share under 100% (about_total).
+The bar of a count of examples (training's, worker/loop.py; scoring's, worker/scoring.py) is an ExamplesProgress,
+which shows an estimated total the same way: ABOUT_BAR_FORMAT, and a share kept under 100% (about_total).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 
-from tqdm import tqdm
+from ps.progress import CountProgress
 
 PREFIX = "PROGRESS "
 JSON_EVERY_S = 2.0  # between a worker's lines
@@ -44,15 +45,48 @@ def about_total(done: int, total: int) -> int:
     return max(total, math.ceil(done / 0.99) + 1)
 
 
-def advance(bar: tqdm, n: int, estimated: bool = False) -> None:
-    """bar.update(n), its total grown to the new count first when n would take it past the total (an estimate:
-    the data's line count, the split's expected share), so that the bar never shows more than 100%; estimated
-    (a total from bytes): never 100% either, until the run's end (about_total)."""
-    if bar.total and estimated:
-        bar.total = about_total(bar.n + n, bar.total)
-    elif bar.total and bar.n + n > bar.total:
-        bar.total = bar.n + n
-    bar.update(n)
+class ExamplesProgress(CountProgress):
+    """A count of examples (training's, scoring's) as ps.progress shows it, over a total that may be an estimate:
+    the data's line count or the split's expected share, which the count may pass (the total then grows with it,
+    so that the bar never shows more than 100%), or, estimated, a total from bytes (worker/linecount.py: shown as
+    "about", with no time left, and never as 100% until close). postfix: figures shown after the bar's rate;
+    restart: the bar's count and clock start over (training's first step after a skip)."""
+
+    def __init__(self, total: int, on: bool, estimated: bool = False, desc: str | None = None):
+        self.estimated = estimated and total > 0
+        super().__init__(total, on, unit="ex", desc=desc, bar_format=ABOUT_BAR_FORMAT if self.estimated else None)
+
+    def advance_bar(self, n: int) -> None:
+        bar = self.bar
+        if bar is None:
+            return
+        if bar.total and self.estimated:
+            bar.total = about_total(bar.n + n, bar.total)
+        elif bar.total and bar.n + n > bar.total:
+            bar.total = bar.n + n
+        bar.update(n)
+
+    def shown_total(self) -> int:
+        """The total a line shows for the examples counted so far (an estimate grown past them: about_total)."""
+        return about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
+
+    def postfix(self, figures: dict) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(figures, refresh=False)
+
+    def restart(self) -> None:
+        """The count and the rate's clock start over, and the bar's description (what it waited for) goes."""
+        if self.bar is not None:
+            self.bar.set_description_str(None, refresh=False)
+            self.bar.reset(self.bar.total)
+        self.done, self.started = 0, time.perf_counter()
+
+    def close(self, finished: bool = True) -> None:
+        """finished: the count is the total (fewer than expected where lines were malformed or the run stopped
+        early); else an error or a signal stopped the count, and the total shown stays the one expected."""
+        if finished and self.bar is not None:
+            self.bar.total = self.bar.n
+        super().close()
 
 
 def progress_line(report: dict) -> str:

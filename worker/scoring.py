@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from ps.progress import CountProgress
 from worker.batch import Batch, TableIds, table_ids
 from worker.metrics import ScoreStream, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import prefetched
-from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, advance, progress_line
+from worker.progress_lines import JSON_EVERY_S, ExamplesProgress, progress_line
 from worker.steprows import pull_rows
 
 
@@ -52,7 +51,7 @@ def predictions(
         ahead.close()
 
 
-class ScoringProgress(CountProgress):
+class ScoringProgress(ExamplesProgress):
     """The progress of scoring a file (eval, predict) as train shows its own (ps.progress: a bar, or a plain
     'progress: ...' line). total: the lines of the file, an estimate (0: unknown); estimated: total is a guess from
     bytes (worker/linecount.py), shown with no time left and never as 100% until close(). worker: instead of
@@ -60,21 +59,10 @@ class ScoringProgress(CountProgress):
     --progress-lines: its final evaluation; the grammar in worker/progress_lines.py)."""
 
     def __init__(self, total: int, on: bool, estimated: bool = False, worker: int | None = None):
-        self.estimated = estimated and total > 0
         self.worker = worker
-        super().__init__(
-            total, on and worker is None, unit="ex", bar_format=ABOUT_BAR_FORMAT if self.estimated else None
-        )
+        super().__init__(total, on and worker is None, estimated)
         if on and worker is not None:
             self.plain, self.every_s = True, JSON_EVERY_S
-
-    def advance_bar(self, n: int) -> None:
-        if self.bar is not None:
-            advance(self.bar, n, self.estimated)
-
-    def shown_total(self) -> int:
-        """The total a line shows for the examples scored so far (an estimate grown past them: about_total)."""
-        return about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
 
     def line(self, rate: float) -> str:
         total = self.shown_total()
@@ -96,11 +84,9 @@ class ScoringProgress(CountProgress):
     def close(self, finished: bool = True) -> None:
         """finished: every example was scored (the count is the total); else an error or a signal stopped the
         scoring, and the total shown stays the one expected."""
-        if finished and self.bar is not None:
-            self.bar.total = self.bar.n
         if self.plain and self.worker is not None:
             self.say(self.done / max(time.perf_counter() - self.started, 1e-9), finished)
-        super().close()
+        super().close(finished)
 
 
 def evaluate(
