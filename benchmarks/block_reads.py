@@ -37,7 +37,7 @@ import harness  # before numpy: see its docstring
 import numpy as np
 from rocksdict import DataBlockIndexType, Options, Rdict
 
-from ps.__main__ import parse_bytes
+from ps.cli_server_flags import parse_bytes
 from ps.rows.layout import layout_of
 from ps.storage.memory import plan_memory
 from ps.storage.options import multi_get, rocksdb_options, table_options

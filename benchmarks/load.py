@@ -36,7 +36,7 @@ import time
 import harness  # before numpy: see its docstring
 import numpy as np
 
-from ps.__main__ import parse_bytes
+from ps.cli_server_flags import parse_bytes
 from ps.config import OptimizerConfig, TableConfig
 from ps.errors import PsError
 from ps.storage.options import BLOCK_CACHE_BYTES

@@ -20,7 +20,7 @@ import time
 import harness  # before numpy: see its docstring
 import numpy as np
 
-from ps.__main__ import parse_bytes
+from ps.cli_server_flags import parse_bytes
 from ps.config import TableConfig
 from worker.client import Client
 from worker.cluster import LocalCluster

@@ -98,8 +98,8 @@ import numpy as np
 from rocksdict import AccessType, Options, Rdict
 
 from protos import ps_pb2
-from ps.__main__ import build_parser, parse_bytes
 from ps.accel.malloc import tune_malloc
+from ps.cli_server_flags import build_parser, parse_bytes
 from ps.config import TableConfig
 from ps.errors import DataLossError
 from ps.rows.layout import ADMITTED, SHOW, layout_of

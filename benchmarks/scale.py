@@ -31,8 +31,8 @@ import time
 import harness  # before numpy: see its docstring
 import numpy as np
 
-from ps.__main__ import parse_bytes
 from ps.accel.malloc import tune_malloc
+from ps.cli_server_flags import parse_bytes
 from ps.config import TableConfig
 from ps.rows.layout import KEY_BYTES, layout_of
 from worker.client import Client

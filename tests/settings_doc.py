@@ -24,8 +24,8 @@ NAMES = ROOT / "ps" / "settings_names.py"
 
 def sections() -> dict[str, argparse.ArgumentParser]:
     """Heading -> parser: ps-server and its commands, then ps-worker's subcommands in their order."""
-    from ps.__main__ import COMMAND_PARSERS
-    from ps.__main__ import build_parser as server_parser
+    from ps.cli_commands import COMMAND_PARSERS
+    from ps.cli_server_flags import build_parser as server_parser
     from worker.__main__ import build_parser as worker_parser
 
     out = {"ps-server": server_parser()}

@@ -482,7 +482,7 @@ def test_create_table_is_refused_when_a_share_would_fall_under_the_floor(tmp_pat
 
 def test_the_cache_bytes_help_states_the_share_a_table_needs_as_the_budget_sets_it():
     """--cache-bytes' help says a share must hold N rows of the widest table, or B of rows over R: min_share_bytes."""
-    from ps.__main__ import build_parser, parse_bytes
+    from ps.cli_server_flags import build_parser, parse_bytes
 
     (action,) = [a for a in build_parser()._actions if "--cache-bytes" in a.option_strings]
     found = re.search(r"must hold (\d+) rows of the widest, or (\w+) of rows over (\w+):", action.help)

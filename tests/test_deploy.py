@@ -28,7 +28,7 @@ import urllib.request
 import pytest
 import yaml
 
-from ps.__main__ import build_parser as server_parser
+from ps.cli_server_flags import build_parser as server_parser
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.settings import apply_defaults, unknown_environment
 from tests.inprocess import InProcessTables

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ps.__main__ import build_parser
+from ps.cli_server_flags import build_parser
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from tests.readmodes import check_rows_read_back_the_same, options_say

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ps.__main__ import build_parser
+from ps.cli_server_flags import build_parser
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.storage.options import rocksdb_options

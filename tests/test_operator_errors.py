@@ -493,7 +493,7 @@ def test_a_memory_bound_past_the_machines_ram_is_warned_of(tmp_path):
 def test_the_memory_limit_is_a_containers_cgroup_limit_where_lower_than_the_ram(tmp_path):
     """A pod's limits.memory (cgroup v2 memory.max, v1 memory.limit_in_bytes) bounds what --memory-bytes may
     take; "max", or v1's huge number, leaves the machine's RAM."""
-    from ps.__main__ import memory_limit
+    from ps.cli_server import memory_limit
 
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ps.__main__ import build_parser as server_parser
+from ps.cli_server_flags import build_parser as server_parser
 from ps.settings import apply_defaults, settings_table
 from worker.__main__ import build_parser as worker_parser
 
@@ -190,7 +190,7 @@ def test_the_flag_tables_of_docs_configuration_md_are_the_parsers_own():
 
 
 def test_the_servers_settings_line_gives_what_differs_from_the_defaults_as_flags(tmp_path):
-    from ps.__main__ import _given_settings
+    from ps.cli_server import _given_settings
 
     parser = server_parser()
     argv = ["--data-dir", str(tmp_path), "--sync"]
@@ -263,7 +263,7 @@ def test_a_bad_ps_kernel_threads_names_the_variable(tmp_path, value):
 def test_a_size_is_bytes_or_a_number_with_a_binary_unit_and_takes_exponents(text, size):
     import argparse
 
-    from ps.__main__ import parse_bytes
+    from ps.cli_server_flags import parse_bytes
     from ps.config import MAX_MEMORY_BYTES
     from worker.cli_train_flags import _size
 
