@@ -16,7 +16,7 @@ The reference opens the same files read-only beside the restarted server (once i
 ps.storage.options.rocksdb_options (the server's block cache size, bloom filters, table format, direct reads; a
 block cache of its own, as empty), and reads the same keys (ps.storage.rowformat.encode_keys) with
 ps.storage.options.multi_get, the server's own read: MultiGet calls of at most 1,024 keys split over as many threads
-as the server's --read-threads (ps.config.ServerConfig's default, 2; --read-threads sets both). Each request goes
+as the server's --read-threads (ps.server_config.ServerConfig's default, 2; --read-threads sets both). Each request goes
 to both, the server first for even requests and the reference first for odd ones, so a change in the machine's
 or the disk's speed hits both alike. The server's rate counts the ids it fetched from RocksDB (the delta of its
 table's cache_misses in Stats around each PullBatch; request bytes built before the call, reply unparsed); the
@@ -39,9 +39,10 @@ import numpy as np
 from rocksdict import AccessType, Rdict
 
 from ps.accel.malloc import tune_malloc
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.errors import DataLossError
 from ps.rows.layout import layout_of
+from ps.server_config import ServerConfig
 from ps.sharding import slot_of
 from ps.storage.meta import table_ids
 from ps.storage.options import multi_get, rocksdb_options

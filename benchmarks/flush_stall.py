@@ -26,8 +26,9 @@ import numpy as np
 
 import ps.engine.table
 from ps.accel.malloc import tune_malloc
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.shard import Shard
+from ps.server_config import ServerConfig
 
 
 def push_latencies(shard: Shard, batches: list[np.ndarray], grads: np.ndarray, until: threading.Event,

@@ -35,7 +35,12 @@ FIGURES = ("push", "chunked", "replay")
 def child(args: argparse.Namespace) -> None:
     """Runs in the tree on PYTHONPATH: prints {figure: [seconds per call]} as one JSON line."""
     import ps
-    from ps.config import OptimizerConfig, ServerConfig, TableConfig
+    from ps.config import OptimizerConfig, TableConfig
+
+    try:
+        from ps.server_config import ServerConfig
+    except ImportError:  # a tree from before ServerConfig had a module of its own
+        from ps.config import ServerConfig
 
     tree = os.path.dirname(os.path.abspath(ps.__path__[0]))
     if os.path.isdir(os.path.join(tree, "ps", "engine")):  # the layered tree (asked by path: an editable install

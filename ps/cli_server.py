@@ -10,9 +10,9 @@ import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.cli_server_flags import build_parser
-from ps.config import ServerConfig
 from ps.errors import PsError
 from ps.replies import check_reply_bytes, reply_room_bytes
+from ps.server_config import ServerConfig
 from ps.storage.memory import plan_memory
 
 

@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from ps.accel.threadnames import name_os_thread
-from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.engine.startup import StartProgress, StartStopped
 from ps.engine.warmup import warm_up
@@ -36,6 +35,7 @@ from ps.security import (
     readable_by_all,
     server_credentials,
 )
+from ps.server_config import ServerConfig
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
 from ps.terminate import SIGNAL_CHECK_S, HandlerWork, StopFlag

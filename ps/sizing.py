@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ps.config import FULL_AT_REST, ServerConfig
+from ps.config import FULL_AT_REST
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, half_floats_of, layout_of
+from ps.server_config import ServerConfig
 from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, INFO_LOG_BYTES, KEEP_INFO_LOGS, MAX_WAL_BYTES
 
 LOG_BYTES = (ServerConfig.journal_flush_bytes + DEFAULT_JOURNAL_SEGMENT_BYTES + MAX_WAL_BYTES

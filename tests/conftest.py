@@ -15,9 +15,10 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.checkpoint import FORMAT, write_manifest
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import OptimizerConfig, TableConfig
 from ps.rows import parallel
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS
 from tests.waiting import join_thread
 from worker.synthetic import SyntheticConfig, write_synthetic

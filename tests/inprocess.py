@@ -11,8 +11,9 @@ import tempfile
 
 import numpy as np
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.shard import Shard
+from ps.server_config import ServerConfig
 from ps.stamp import WorkerStamp
 from worker.client import push_arrays
 

@@ -15,12 +15,13 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import AdmissionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import AdmissionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import DataLossError, InvalidArgumentError
 from ps.rows import update
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, layout_of
 from ps.server import grpc_options
+from ps.server_config import ServerConfig
 from ps.storage import budget as budget_module
 from ps.storage.journal import Journal
 from ps.storage.journalformat import Record

@@ -11,11 +11,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.readahead import ReadAhead
 from ps.engine.shard import Shard
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
+from ps.server_config import ServerConfig
 from ps.storage import budget as budget_module
 from tests.conftest import crash
 

@@ -16,10 +16,11 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.shard import Shard
 from ps.errors import CheckpointInProgressError, InvalidArgumentError, JobConflictError, TableNotFoundError
+from ps.server_config import ServerConfig
 from ps.stamp import WorkerStamp, job_hash
 
 JOB, OTHER = 0xA51C, 0xB0B

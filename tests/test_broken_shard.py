@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import ShardNeedsRestartError, StorageError
 from ps.rows.layout import layout_of
+from ps.server_config import ServerConfig
 
 DIM = 8
 TIER_ROWS = 256

@@ -23,11 +23,12 @@ import numpy as np
 import pytest
 
 from ps.accel import hugepages
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine import table as table_module
 from ps.engine.shard import Shard
 from ps.errors import DiskFullError, RamTierTooSmallError, StorageError, TableBusyError
 from ps.rows.layout import INDEX_BYTES_PER_ROW, layout_of
+from ps.server_config import ServerConfig
 from ps.storage import budget as budget_module
 from ps.storage.arena import Arena
 from ps.storage.budget import MemoryBudget
@@ -579,9 +580,10 @@ def test_a_reclaim_that_waited_for_a_table_replaced_meanwhile_takes_nothing_from
     import threading
     import time
 
-    from ps.config import OptimizerConfig, ServerConfig, TableConfig
+    from ps.config import OptimizerConfig, TableConfig
     from ps.engine.shard import Shard
     from ps.rows.layout import layout_of
+    from ps.server_config import ServerConfig
 
     shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=2048 * layout_of(8, "adagrad").ram_bytes,
                                flush_interval_s=3600))  # fmt: skip

@@ -10,11 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine import hold as hold_module
 from ps.engine.hold import PushHold
 from ps.engine.shard import Shard
 from ps.errors import CallerGoneError, CheckpointHoldError, CheckpointInProgressError
+from ps.server_config import ServerConfig
 from tests.callers import StandInCaller
 from tests.waiting import wait_until
 

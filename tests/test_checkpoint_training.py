@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.errors import CheckpointInProgressError
 from ps.rows.layout import SHOW
+from ps.server_config import ServerConfig
 from tests.test_train_modes import _run_job
 from tests.waiting import wait_until
 from worker.checkpoint import save

@@ -580,8 +580,8 @@ def test_call_threads_end_when_closed():
 def test_a_server_list_that_mixes_two_clusters_shards_is_refused(tmp_path):
     """Two 2-shard clusters named a and b: shard 0 of a with shard 1 of b passes every shard-id check but not the
     names; one cluster's list is fine, and so is an unnamed cluster."""
-    from ps.config import ServerConfig
     from ps.server import Server
+    from ps.server_config import ServerConfig
 
     started = {}
     for name in ("a", "b", ""):

@@ -36,12 +36,13 @@ import pytest
 
 import ps.engine.shard as shard_module
 from ps.checkpoint import FORMAT, write_manifest
-from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.room import RequestRoom, push_cost
 from ps.engine.shard import Shard
 from ps.errors import CheckpointInProgressError, PsError, ShardClosingError
 from ps.rows.layout import layout_of
+from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS
 from ps.storage import budget as budget_module
 from tests.conftest import crash

@@ -12,7 +12,7 @@ import pytest
 
 from protos import ps_pb2
 from ps import codec
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import (
     DataLossError,
@@ -24,6 +24,7 @@ from ps.errors import (
     TableNumbersExhaustedError,
 )
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage.store import Store
 from worker.client import Client
 

@@ -23,9 +23,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import PsError, StorageError
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage.rowformat import encode_keys
 from ps.storage.store import Store
 from ps.storage.tablecatalog import LOST_TABLE_ROWS

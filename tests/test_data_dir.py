@@ -14,9 +14,10 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
+from ps.server_config import ServerConfig
 from ps.storage.sidefiles import MARK_FILE
 from ps.storage.verify import verify_data_dir
 from tests import asnobody

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.config import ServerConfig
 from ps.errors import DataDirLostError
 from ps.health import check_health
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage.journal import Journal
 from tests.conftest import stop_servers
 from tests.server_process import ServerProcess

@@ -20,9 +20,9 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.accel.prefault import Prefaulter
-from ps.config import ServerConfig
 from ps.errors import DiskFullError, StorageError, disk_full_reason
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage import journal as journal_module
 from ps.storage import journalformat
 from ps.storage import store as store_module

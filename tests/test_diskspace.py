@@ -12,8 +12,9 @@ import grpc
 import numpy as np
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.shard import Shard
+from ps.server_config import ServerConfig
 from ps.storage import diskspace
 from ps.storage.diskspace import CHECK_S, REPEAT_S, DiskSpace, DiskWatch, low_bytes, measure
 from worker.client import Client

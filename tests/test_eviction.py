@@ -11,11 +11,12 @@ streams as the reference the policy must beat.
 import numpy as np
 import pytest
 
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.rows import update
 from ps.rows.layout import layout_of
 from ps.rows.update import USE_CAP, RowState
+from ps.server_config import ServerConfig
 from ps.storage import eviction as eviction_module
 from ps.storage.arena import Arena
 from ps.storage.budget import MemoryBudget

@@ -9,11 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError, ShardClosingError
 from ps.rows.layout import LAST_STEP
+from ps.server_config import ServerConfig
 from ps.storage.store import Store
 from tests.conftest import FLUSH_CRASH_POINTS, crash, random_ids
 from worker.client import Client

@@ -33,13 +33,14 @@ import grpc
 import numpy as np
 
 from protos import ps_pb2
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.shard import Shard
 from ps.engine.table import Table
 from ps.errors import PARTLY_APPLIED
 from ps.rows.initializers import init_rows
 from ps.rows.optim import get_optimizer
 from ps.server import Server, grpc_options
+from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
 from tests.fuzz_requests import METHODS, RequestSource

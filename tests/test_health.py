@@ -10,9 +10,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ps.config import ServerConfig
 from ps.health import MAX_WATCHES, check_health
 from ps.server import Server
+from ps.server_config import ServerConfig
 from tests.conftest import call_slots_taken
 from tests.waiting import wait_until
 

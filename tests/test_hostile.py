@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.config import MAX_CLOCK, ServerConfig
+from ps.config import MAX_CLOCK
 from ps.server import Server
+from ps.server_config import ServerConfig
 
 SUM_SPEC = ps_pb2.TableSpec(  # zeros and SGD with lr 1: a row is minus the sum of its grads
     name="sum",

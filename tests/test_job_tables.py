@@ -16,10 +16,11 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError, JobConflictError, TableExistsError, TableNotFoundError
+from ps.server_config import ServerConfig
 from ps.stamp import WorkerStamp
 from worker.client import Client
 

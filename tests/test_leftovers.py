@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine import restore
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage import leftovers
 from ps.storage.store import Store
 from tests.conftest import exported, one_table_checkpoint

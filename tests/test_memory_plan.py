@@ -9,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.shard import Shard
+from ps.server_config import ServerConfig
 from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, MIN_RAM_TIER_BYTES, MiB, plan_memory, smallest_memory_bytes
 
 

@@ -12,9 +12,10 @@ import urllib.request
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.metrics import MAX_CONNECTIONS, _Handler
 from ps.server import Server
+from ps.server_config import ServerConfig
 from tests.conftest import random_ids
 from worker.client import Client
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from ps.cli_server_flags import build_parser
-from ps.config import ServerConfig
 from ps.engine.shard import Shard
+from ps.server_config import ServerConfig
 from ps.storage.options import rocksdb_options
 from tests.readmodes import check_rows_read_back_the_same, options_say
 

@@ -16,7 +16,7 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.jobs import JobClocks
 from ps.engine.push import TablePush
 from ps.engine.shard import MAX_COUNT_PER_ID, Shard
@@ -35,6 +35,7 @@ from ps.errors import (
     WorkerDoneError,
 )
 from ps.rows.initializers import init_rows
+from ps.server_config import ServerConfig
 from ps.stamp import job_hash
 from ps.storage.shardmeta import JOB_DONE_REMEDY
 from tests.conftest import crash, random_ids

@@ -226,8 +226,8 @@ def test_the_start_up_wait_for_the_servers_is_server_timeout(command, dead_addre
 def test_a_data_dir_this_user_may_not_write_is_said_so_and_left_as_it_was(request):
     """An empty dir, or a shard's data dir, owned by another user. Before: "cannot open RocksDB at DIR:
     Permission denied (os error 13)", not saying whose the dir is or what to do."""
-    from ps.config import ServerConfig
     from ps.engine.shard import Shard
+    from ps.server_config import ServerConfig
     from tests import asnobody
 
     reason = asnobody.why_not()
@@ -508,8 +508,8 @@ def test_the_memory_limit_is_a_containers_cgroup_limit_where_lower_than_the_ram(
 
 
 def test_a_checkpoint_root_this_user_cannot_write_is_warned_of_at_start(tmp_path, monkeypatch, caplog):
-    from ps.config import ServerConfig
     from ps.server import Server
+    from ps.server_config import ServerConfig
 
     root = tmp_path / "ckpt"
     root.mkdir()

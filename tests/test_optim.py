@@ -105,9 +105,10 @@ import math  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from ps.config import InitializerConfig, ServerConfig, TableConfig  # noqa: E402
+from ps.config import InitializerConfig, TableConfig  # noqa: E402
 from ps.engine.shard import Shard  # noqa: E402
 from ps.rows.initializers import init_rows  # noqa: E402
+from ps.server_config import ServerConfig  # noqa: E402
 from worker.client import sum_duplicates  # noqa: E402
 
 DIM = 3

@@ -8,15 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig, table_configs_from_toml
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError
 from ps.rows import update
 from ps.rows.initializers import init_rows
 from ps.rows.layout import STATS_FLOATS, layout_of
 from ps.rows.optim import ADAGRAD_ROWWISE, get_optimizer
+from ps.server_config import ServerConfig
 from ps.sizing import size_report
 from ps.storage.budget import min_share_bytes
+from ps.table_toml import table_configs_from_toml
 from tests.conftest import one_shard_checkpoint
 from tests.inprocess import InProcessTables
 from worker.geo import GeoTables

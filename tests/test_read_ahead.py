@@ -7,9 +7,10 @@ import threading
 
 import numpy as np
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.readahead import ReadAhead
 from ps.engine.shard import Shard
+from ps.server_config import ServerConfig
 
 DIM = 4
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.config import ServerConfig
 from ps.server import Server
+from ps.server_config import ServerConfig
 
 TIMEOUT_S = 30
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import MODEL_STATE_REPLACED, ModelStateReplacedError
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
 from worker.checkpoint import save

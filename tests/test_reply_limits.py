@@ -13,9 +13,10 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.server import Server, grpc_options
+from ps.server_config import ServerConfig
 from ps.service import MAX_BATCH_ITEMS, ParameterServerServicer, handler
 from tests.conftest import random_ids
 from worker.client import Client

@@ -18,7 +18,7 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import MIN_REPLY_READ_TIMEOUT_S, ServerConfig, TableConfig
+from ps.config import MIN_REPLY_READ_TIMEOUT_S, TableConfig
 from ps.errors import CallerGoneError
 from ps.replies import (
     REPLY_COPIES,
@@ -29,6 +29,7 @@ from ps.replies import (
     reply_room_bytes,
 )
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.stamp import WorkerStamp
 from ps.storage.memory import MiB, plan_memory, request_room_bytes
 from ps.unreadreplies import ExpiryLog, UnreadReplies, Watchable, peer_host

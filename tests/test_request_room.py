@@ -18,13 +18,13 @@ from ps.config import (
     MIN_CLIENT_MESSAGE_BYTES,
     ROOM_SHARE,
     OptimizerConfig,
-    ServerConfig,
     TableConfig,
     message_bytes_for,
 )
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shard import Shard
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage.memory import MiB, plan_memory
 from tests.callers import StandInCaller
 from tests.waiting import wait_until

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from ps.checkpoint import write_manifest
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import CheckpointDamagedError, RamTierTooSmallError, StorageError
 from ps.rows.initializers import init_rows
+from ps.server_config import ServerConfig
 from ps.storage import atomicfile
 from ps.storage.datadir import OpenDataDir
 from ps.storage.store import Store

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from ps import server as server_module
-from ps.config import ServerConfig
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.service import RunningCalls
 from tests.waiting import join_thread, wait_until
 from worker.client import Client

@@ -7,10 +7,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import ShardClosingError
 from ps.server import grpc_options
+from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
 

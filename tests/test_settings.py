@@ -281,7 +281,8 @@ def test_the_servers_and_the_workers_size_bound_is_said_alike_and_parses_back_to
     import argparse
     import re
 
-    from ps.config import MAX_MEMORY_BYTES, ServerConfig
+    from ps.config import MAX_MEMORY_BYTES
+    from ps.server_config import ServerConfig
     from ps.settings import byte_size
     from worker.cli_train_flags import _size
 

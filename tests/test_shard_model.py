@@ -24,7 +24,6 @@ from ps.config import (
     EvictionConfig,
     InitializerConfig,
     OptimizerConfig,
-    ServerConfig,
     TableConfig,
 )
 from ps.engine.push import TablePush, ids_applied
@@ -32,6 +31,7 @@ from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError, TableNotFoundError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS, layout_of
+from ps.server_config import ServerConfig
 from ps.storage import applied as applied_module
 from ps.storage import budget as budget_module
 from tests.conftest import FLUSH_CRASH_POINTS, crash, one_shard_checkpoint

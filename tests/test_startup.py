@@ -22,13 +22,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.engine.startup import PHASES, StartProgress, StartStopped
 from ps.engine.table import Table
 from ps.errors import ServerUnavailableError
 from ps.health import NOT_SERVING, SERVING, check_health
 from ps.server import SERVICE_NAME, Server
+from ps.server_config import ServerConfig
 from tests.conftest import crash
 from tests.server_process import ServerProcess
 from tests.slow_start import hold_replay

@@ -11,12 +11,13 @@ import pytest
 
 from protos import ps_pb2
 from ps import codec
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.shard import MAX_COUNT_PER_ID, Shard
 from ps.engine.syncsum import SUM_COPIES, held_bytes, step_cost, sum_contributions
 from ps.errors import CallerGoneError, SyncStepTooLargeError
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage.memory import MiB, plan_memory
 from tests.test_modes import Concurrently
 from tests.waiting import wait_until

@@ -13,11 +13,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
+from ps.server_config import ServerConfig
 from ps.storage import budget as budget_module
 from ps.storage import journal as journal_module
 from ps.storage import journalformat

@@ -14,9 +14,9 @@ from ps.config import (
     EvictionConfig,
     OptimizerConfig,
     TableConfig,
-    table_configs_from_toml,
 )
 from ps.errors import InvalidArgumentError, TableExistsError
+from ps.table_toml import table_configs_from_toml
 from worker.client import Client
 from worker.train_config import TrainConfig
 

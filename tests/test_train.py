@@ -1133,7 +1133,8 @@ def test_the_still_improving_hint_gives_the_table_config_of_a_weaker_l2_for_the_
 def test_the_weaker_l2_file_keeps_a_tables_other_settings_and_leaves_out_tables_without_l2():
     """ftrl keeps its parameters that differ from the defaults; a lazy l2 is divided likewise; a table with no l2,
     and the dense tables, get no section."""
-    from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+    from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+    from ps.table_toml import table_configs_from_toml
     from worker.model_tables import weaker_l2_toml
 
     cfg, _, spec, _ = prepare(TrainConfig(local_shards=1, synthetic_rows=600, progress=False))
@@ -1154,7 +1155,8 @@ def test_the_weaker_l2_file_names_a_dotted_table_as_one_key():
     """A table named with a dot (as TABLE_NAME_RE allows) is one quoted key of the file, which reads back to it."""
     import dataclasses
 
-    from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+    from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+    from ps.table_toml import table_configs_from_toml
     from worker.model_tables import weaker_l2_toml
     from worker.models.spec import FieldSpec
 

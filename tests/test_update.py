@@ -6,13 +6,14 @@ threads, so the kernel runs in parts here."""
 import numpy as np
 import pytest
 
-from ps.config import AdmissionConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import AdmissionConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.hashing import mix64
 from ps.rows import update
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
 from ps.rows.optim import get_optimizer
 from ps.rows.update import Push, RowState
+from ps.server_config import ServerConfig
 from ps.storage.arena import Arena
 from ps.storage.budget import MemoryBudget
 from tests.conftest import crash

@@ -11,17 +11,19 @@ import numpy as np
 import pytest
 
 from ps.codec import table_config_from_proto, table_config_to_proto
-from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig, table_configs_from_toml
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.restore import export
 from ps.engine.shard import Shard
 from ps.engine.table import layout_for
 from ps.errors import CheckpointDamagedError, DataLossError, InvalidArgumentError, TableExistsError
 from ps.rows.layout import layout_of
+from ps.server_config import ServerConfig
 from ps.sharding import SlotMap, slot_of
 from ps.storage.readonly import OddRows
 from ps.storage.rowformat import encode_keys
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint, verify_data_dir
+from ps.table_toml import table_configs_from_toml
 from tests.conftest import exported, one_shard_checkpoint
 from worker.schema_file import schema_from_text
 

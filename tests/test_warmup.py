@@ -66,7 +66,8 @@ def test_requests_after_it_load_no_kernel_it_did_not(tmp_path):
     script = (
         "import sys, tempfile, grpc, numba, numpy as np\n"
         "from protos import ps_pb2, ps_pb2_grpc\n"
-        "from ps.config import ServerConfig, TableConfig\n"
+        "from ps.config import TableConfig\n"
+        "from ps.server_config import ServerConfig\n"
         "from ps.engine.warmup import LARGE_IDS, warm_up\n"
         "from ps.server import Server\n"
         "def kernels():\n"

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from tqdm import tqdm
 
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import OptimizerConfig, TableConfig
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.storage.diskspace import low_bytes
 from tests.conftest import exported
 from tests.inprocess import InProcessTables

@@ -161,8 +161,8 @@ def test_a_run_that_fails_after_making_its_tables_frees_the_shard_at_once(capsys
 
 
 def test_a_shard_replaces_a_table_only_while_it_was_never_trained(tmp_path):
-    from ps.config import ServerConfig
     from ps.engine.shard import Shard
+    from ps.server_config import ServerConfig
 
     shard = Shard(ServerConfig(data_dir=str(tmp_path)))
     shard.create_table(TableConfig("t", 4))
@@ -196,8 +196,9 @@ def test_a_table_a_shrink_emptied_stays_trained_across_a_restart_and_is_not_repl
     (with a warning), export and the lost-table check say it was trained."""
     from types import SimpleNamespace
 
-    from ps.config import EvictionConfig, ServerConfig
+    from ps.config import EvictionConfig
     from ps.engine.shard import Shard
+    from ps.server_config import ServerConfig
     from worker.export import check_rows
     from worker.served import check_trained
     from worker.tables import lost_tables, untrained_on_some_shards

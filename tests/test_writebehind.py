@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pytest
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
+from ps.server_config import ServerConfig
 from ps.storage.foreground import Foreground
 from ps.storage.options import multi_get
 from ps.storage.rowformat import encode_keys

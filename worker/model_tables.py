@@ -14,14 +14,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from ps.config import (
-    FULL_AT_REST,
-    OPTIMIZER_PARAMS,
-    InitializerConfig,
-    OptimizerConfig,
-    TableConfig,
-    table_configs_from_toml,
-)
+from ps.config import FULL_AT_REST, OPTIMIZER_PARAMS, InitializerConfig, OptimizerConfig, TableConfig
+from ps.table_toml import table_configs_from_toml
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import tomllib
 
-from ps.config import MAX_DIM, TABLE_NAME_RE, TableConfig, table_configs_from_dict
+from ps.config import MAX_DIM, TABLE_NAME_RE, TableConfig
+from ps.table_toml import table_configs_from_dict
 from worker.models.spec import BIAS_FIELD, POOLINGS
 from worker.schema import Schema, TableSchema
 from worker.schema_columns import (

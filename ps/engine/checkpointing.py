@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 
 from ps.checkpoint import file_checksums
-from ps.config import ServerConfig
 from ps.engine.hold import PushHold, save_into
 from ps.engine.table import rows_text
 from ps.errors import InvalidArgumentError
+from ps.server_config import ServerConfig
 from ps.storage import leftovers
 from ps.storage.store import Store
 

@@ -14,12 +14,13 @@ import traceback
 from collections.abc import Callable
 
 from ps.checkpoint import MANIFEST, checkpoint_folder_around, load_manifest, read_manifest, slot_range
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table, rows_text
 from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.rows.layout import layout_of
+from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS
 from ps.storage.budget import MemoryBudget
 from ps.storage.journal import Journal

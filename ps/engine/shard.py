@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import TableConfig
 from ps.engine.checkpointing import ShardCheckpoints
 from ps.engine.closing import close_data_dir
 from ps.engine.flusher import Flusher
@@ -78,6 +78,7 @@ from ps.errors import (
 )
 from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
+from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
 from ps.storage.diskspace import measure

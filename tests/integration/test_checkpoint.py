@@ -12,9 +12,10 @@ import threading
 import numpy as np
 import pytest
 
-from ps.config import AdmissionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.config import AdmissionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import StorageError
 from ps.server import Server
+from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
 from tests.conftest import exported, random_ids
 from tests.waiting import join_thread, wait_until
