@@ -1,4 +1,5 @@
-"""The gRPC servicer: decodes and validates requests, calls the Shard, maps every exception to a status.
+"""The gRPC servicer: decodes and validates requests, calls the Shard, maps every exception to a status (through
+ps.service_calls._rpc).
 
 No client ever sees UNKNOWN: a request whose bytes do not decode is INVALID_ARGUMENT (ps.codec reads every
 request), ps.errors exceptions map to their status, anything else is INTERNAL, logged. A full disk (ENOSPC,
@@ -46,13 +47,10 @@ before (a retry).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -66,89 +64,24 @@ from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.engine.syncsum import SYNC_KEY_BIT
 from ps.errors import (
-    ERROR_NAME_KEY,
     NOTHING_APPLIED,
-    CheckpointInProgressError,
     CheckpointOutsideRootError,
-    ClientTableFullError,
-    DiskFullError,
-    FileTooLargeError,
     InvalidArgumentError,
     NoCheckpointRootError,
-    PsError,
     ReplyTooLargeError,
     ShardStartingError,
-    clip,
-    disk_full_reason,
     echo,
 )
 from ps.refusals import RefusalLog
 from ps.replies import REPLY_FRAME_BYTES, ReplyRoom
+from ps.service_calls import CallerGone, RunningCalls, _rpc, refuse
 from ps.stamp import WorkerStamp
-from ps.terminate import SIGNAL_CHECK_S
 
 if TYPE_CHECKING:
     from ps.metrics import ServerMetrics
 
 log = logging.getLogger("ps.service")
 MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
-
-
-def refuse(context: grpc.ServicerContext, e: PsError) -> None:
-    """Ends the call with e's status and message, naming e's class in the trailing metadata (ERROR_NAME_KEY: the
-    client raises that class). context.abort raises: nothing after this runs."""
-    context.set_trailing_metadata(((ERROR_NAME_KEY, type(e).__name__),))
-    context.abort(grpc.StatusCode[e.status], clip(str(e)))
-
-
-def _rpc(method):
-    """Runs a servicer method; turns a request that did not decode and exceptions into a status code and message
-    (one place for all RPCs), records the call in the servicer's metrics (if any), and counts it as running
-    (RunningCalls) while it does."""
-
-    @functools.wraps(method)
-    def wrapper(self, request, context):
-        started, code, reply = time.perf_counter(), "OK", None
-        self.calls.enter()
-        try:
-            if isinstance(request, codec.Undecodable):
-                raise InvalidArgumentError(request.error)
-            reply = method(self, request, context)
-            return reply
-        except PsError as e:
-            code = e.status
-            # a client's mistake is routine; damage on this server's disk (DATA_LOSS), a failed write or a full
-            # disk is not
-            serious = e.status in ("DATA_LOSS", "INTERNAL") or isinstance(e, DiskFullError | FileTooLargeError)
-            level = logging.ERROR if serious else logging.INFO
-            if isinstance(e, CheckpointInProgressError):  # a hold's refusals: counted, told at its release
-                level = logging.DEBUG
-            if isinstance(e, ClientTableFullError):  # a caller making client ids up: the operator's to see
-                level = logging.WARNING
-            # the text, not e: a handler that keeps records (pytest's caplog) would keep e's traceback, and with it
-            # what its frames hold (a failed RocksDB write's: the RocksDB, open)
-            self.refusals.refused(level, method.__name__, e, f"rejected: {e}", code)
-            refuse(context, e)
-        except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
-            failed = f"{method.__name__} failed on the server: {type(e).__name__}: {e}"
-            reason = disk_full_reason(e)  # a full disk that no storage layer named (those raise DiskFullError)
-            full = DiskFullError.of(reason, failed, outcome="") if reason is not None else None
-            code = full.status if full is not None else "INTERNAL"
-            self.refusals.refused(logging.ERROR, method.__name__, e, f"failed: {type(e).__name__}: {e}", code,
-                                  exc_info=True)  # fmt: skip
-            if full is not None:
-                refuse(context, full)
-            else:
-                context.abort(grpc.StatusCode.INTERNAL, clip(failed))
-        finally:
-            try:
-                if self.metrics is not None:
-                    out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
-                    self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
-            finally:
-                self.calls.leave()  # last: Server.stop closes the metrics and the shard once none runs
-
-    return wrapper
 
 
 def _check_count(method: str, what: str, n: int) -> None:
@@ -209,24 +142,6 @@ def client_key(client_id: int, context: grpc.ServicerContext, shared: bool = Fal
     return (int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little") & ~SYNC_KEY_BIT) or 1
 
 
-class CallerGone:
-    """For a request's wait: a stamped request's (ps.engine.jobs), one for room for a request or its reply
-    (ps.engine.room, ps.replies) and the checkpoint hold's (ps.engine.hold). Called, whether the request's caller
-    is gone (its RPC cancelled, or past its deadline); watch(wake) has wake() called when the RPC ends, so that a
-    wait whose caller left frees its RPC thread at once (ps.engine.room.watch_caller). Only a wait watches: an RPC
-    that does not wait wakes no one as it ends."""
-
-    def __init__(self, context: grpc.ServicerContext):
-        self._context = context
-
-    def __call__(self) -> bool:
-        return not self._context.is_active()
-
-    def watch(self, wake: Callable[[], None]) -> bool:
-        """Registers wake for the RPC's end; False if it has ended already (wake will not be called)."""
-        return bool(self._context.add_callback(wake))
-
-
 def stamp_of(request: Any) -> WorkerStamp | None:
     """The WorkerStamp of a PullBatch, PushBatch or CreateTable request (a codec View, or a generated message), None
     without one."""
@@ -284,34 +199,6 @@ class StartGate(grpc.GenericRpcHandler):
 
     def _refuse(self, request: bytes, context: grpc.ServicerContext) -> None:
         refuse(context, ShardStartingError(self._starting()))
-
-
-class RunningCalls:
-    """How many servicer methods run now: gRPC's stop cancels the calls but leaves their handler threads running,
-    and the shard's store must not be closed under one (a checkpoint being written)."""
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._cond = threading.Condition()
-
-    def enter(self) -> None:
-        with self._cond:
-            self._count += 1
-
-    def leave(self) -> None:
-        with self._cond:
-            self._count -= 1
-            if not self._count:
-                self._cond.notify_all()
-
-    def wait_done(self, timeout_s: float) -> int:
-        """Waits up to timeout_s (in slices of SIGNAL_CHECK_S: the main thread's signals are handled) until none
-        runs; returns how many still run."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._count and time.monotonic() < deadline:
-                self._cond.wait(min(SIGNAL_CHECK_S, max(0.0, deadline - time.monotonic())))
-            return self._count
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

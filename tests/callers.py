@@ -1,4 +1,4 @@
-"""A stand-in for ps.service.CallerGone, the caller_gone that waits in the engine are given."""
+"""A stand-in for ps.service_calls.CallerGone, the caller_gone that waits in the engine are given."""
 
 from __future__ import annotations
 

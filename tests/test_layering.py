@@ -8,11 +8,11 @@ x`, relative, inside functions too), with no exemptions:
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
-      process     ps.service, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__,
+      process     ps.service, ps.service_calls, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__,
                   ps.cli_server_flags, ps.cli_server, ps.cli_commands
 - one module imports rocksdict, the RocksDB binding (ROCKSDB_MODULE, ps.storage.rocks); the other storage modules
   take its types from there;
-- in ps/, only the process modules that speak gRPC (service, server, health, security) import grpc, and only they and
+- in ps/, only the process modules that speak gRPC (service, service_calls, server, health, security) import grpc, and only they and
   the codec import the generated stubs (protos);
 - ps/ never imports worker/, tests/ or benchmarks/; worker/ never imports tests/ or benchmarks/;
 - worker/ imports only the pieces of ps/ that both sides share (WORKER_MAY_IMPORT).
@@ -44,10 +44,10 @@ FOUNDATION = {
     "ps.terminate",
     "ps.storage.atomicfile",
 }
-PROCESS = {"ps.service", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
+PROCESS = {"ps.service", "ps.service_calls", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__", "ps.cli_server_flags", "ps.cli_server", "ps.cli_commands"}  # fmt: skip
 ROCKSDB_MODULE = "ps.storage.rocks"  # benchmarks and tests may import rocksdict too: the raw binding is their reference
-GRPC_USERS = {"ps.service", "ps.server", "ps.health", "ps.security"}
+GRPC_USERS = {"ps.service", "ps.service_calls", "ps.server", "ps.health", "ps.security"}
 STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.hashing", "ps.config", "ps.table_toml", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",

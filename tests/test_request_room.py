@@ -275,7 +275,7 @@ def _recorded_waits(room: RequestRoom) -> tuple[list, threading.Event]:
 
 
 def test_a_wait_whose_watched_caller_leaves_is_woken_by_it_not_by_a_poll():
-    """A caller that can be watched (ps.service.CallerGone) wakes the wait for room as it leaves: the wait sleeps
+    """A caller that can be watched (ps.service_calls.CallerGone) wakes the wait for room as it leaves: the wait sleeps
     untimed, ends with CallerGoneError at the wake, and the take after it goes on."""
     from ps.errors import CallerGoneError
 

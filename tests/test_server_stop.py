@@ -12,7 +12,7 @@ import pytest
 from ps import server as server_module
 from ps.server import Server
 from ps.server_config import ServerConfig
-from ps.service import RunningCalls
+from ps.service_calls import RunningCalls
 from tests.waiting import join_thread, wait_until
 from worker.client import Client
 

@@ -86,9 +86,9 @@ class PushHold:
         and release need the token. Every push acknowledged before this returns is in the checkpoint, none after.
         One hold at a time: CheckpointHoldError while another lasts. InvalidArgumentError unless 0 < timeout_s <=
         MAX_HOLD_S. caller_gone: looked at as the wait wakes and once it ends (where it has watch(wake),
-        ps.service.CallerGone, the wait is woken as the caller leaves; else it looks every CALLER_CHECK_S); once true,
-        the hold is dropped (pushes taken again) and CallerGoneError raised: nobody would have its token to save or
-        release."""
+        ps.service_calls.CallerGone, the wait is woken as the caller leaves; else it looks every CALLER_CHECK_S);
+        once true, the hold is dropped (pushes taken again) and CallerGoneError raised: nobody would have its token
+        to save or release."""
         if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_HOLD_S):
             raise InvalidArgumentError(
                 f"hold_timeout_s must be finite, > 0 and <= {MAX_HOLD_S:g} seconds (0 in a request: "

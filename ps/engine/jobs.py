@@ -100,7 +100,7 @@ class JobClocks(FollowedJob):
         BarrierTimeoutError past the stamp's barrier timeout (counted from the end of a sync sum being applied, if
         one is), naming the workers it waited for;
         RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
-        the request's caller left (its RPC ended); where it has watch(wake) (ps.service.CallerGone), the wait has
+        the request's caller left (its RPC ended); where it has watch(wake) (ps.service_calls.CallerGone), the wait has
         wake() called when it turns true: the wait ends then, with CallerGoneError, freeing its thread."""
         need = stamp.step - stamp.staleness
         with self._cond:

@@ -36,7 +36,7 @@ CALLER_CHECK_S = 0.25  # how often a wait looks whether its caller left, where t
 
 def watch_caller(caller_gone: Callable[[], bool] | None, wake: Callable[[], None]) -> bool | None:
     """Before a wait's first sleep, with its lock held (a wake then waits for the sleep): has wake() called when the
-    caller leaves, where caller_gone has watch(wake) (ps.service.CallerGone). True: wake() will come; False: the
+    caller leaves, where caller_gone has watch(wake) (ps.service_calls.CallerGone). True: wake() will come; False: the
     caller left already (no wake will come); None: caller_gone cannot be watched (None, or without watch): the wait
     looks at it itself."""
     watch = getattr(caller_gone, "watch", None)
@@ -124,7 +124,7 @@ class RequestRoom:
     def acquire(self, nbytes: int, caller_gone: Callable[[], bool] | None = None) -> None:
         """Takes nbytes of room, for release(nbytes) to give back (from any thread): waits for its turn, then
         until nbytes fit (or the room is empty: a take larger than the room, a sync step's sum, runs alone).
-        caller_gone: looked at each time the wait wakes; where it has watch(wake) (ps.service.CallerGone), the
+        caller_gone: looked at each time the wait wakes; where it has watch(wake) (ps.service_calls.CallerGone), the
         caller's leaving wakes the wait (watch_caller), else the wait wakes every CALLER_CHECK_S to look. Once
         true, the wait ends with CallerGoneError (its caller cancelled, or past its deadline: nobody would read the
         reply), and the turn passes on. Nothing to take without a bound, or for 0 bytes."""
