@@ -18,7 +18,7 @@ COMMANDS = ("export", "size", "verify", "health")
 
 def main(argv: list[str] | None = None) -> int:
     """ps-server and its commands; the exit code. Once its arguments are read, a SIGTERM before the server's own
-    handler is in place (its imports, ps.server.serve) or during `export` or `verify` ends the program with its
+    handler is in place (its imports, ps.server_run.serve) or during `export` or `verify` ends the program with its
     cleanups run (a read-only view's temporary folder, an export's temporary files), 'ps-server: terminated' and
     EXIT_CODE (143): with no handler a process dies at once, or, as PID 1 of a container without an init, ignores
     the signal. (sigterm_raises imports numba for its guard: not before `--help`.)"""

@@ -77,7 +77,7 @@ def _run_server(args: argparse.Namespace) -> int:
                     "%s %.1f GiB is more than %s %.1f GiB: the server will not be held to it, and the RAM tier may "
                     "grow until the machine swaps or the kernel kills the server", flag, size / 2**30, whose,
                     limit / 2**30)  # fmt: skip
-        from ps.server import serve  # imported late: `--help` stays fast
+        from ps.server_run import serve  # imported late: `--help` stays fast
 
         serve(config, stop_with_stdin=args.stop_with_stdin)
     except (ValueError, PsError, OSError) as e:  # PsError: StorageError, DiskFullError (a replay's flush), ...

@@ -1,15 +1,10 @@
-"""Server process lifecycle: listen (ParameterServer + health), build the shard meanwhile, serve, stop cleanly."""
+"""`Server`: a shard's process lifecycle: listen (ParameterServer + health), build the shard meanwhile, serve, stop
+cleanly (the process run around it, until a signal: ps/server_run.py; where it listens: ps/binding.py)."""
 
 from __future__ import annotations
 
-import errno
-import functools
-import ipaddress
 import logging
 import os
-import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from ps.accel.threadnames import name_os_thread
+from ps.binding import bind_problems, exposure_warning, host_port
 from ps.engine.shard import Shard
-from ps.engine.startup import StartProgress, StartStopped
-from ps.engine.warmup import warm_up
-from ps.errors import SHARD_STARTING, DataDirLostError, DiskFullError, ShardNeedsRestartError, StorageError
+from ps.engine.startup import StartProgress
+from ps.errors import SHARD_STARTING, StorageError
 from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
@@ -38,13 +33,10 @@ from ps.security import (
 from ps.server_config import ServerConfig
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
-from ps.terminate import SIGNAL_CHECK_S, HandlerWork, StopFlag
 
 log = logging.getLogger("ps.server")
 
 CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
-SAID_WAIT_S = 5.0  # a stop's lines wait this long at most for the signal's line (logged by another thread)
-EXIT_SAID_WAIT_S = 1.0  # a second signal's exit waits this long at most for the lines handed over before it
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -261,254 +253,3 @@ class Server:
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
-
-
-def host_port(host: str, port: int) -> str:
-    """HOST:PORT as gRPC takes it: an IPv6 address in brackets ([::1]:5000), whether --host gave them or not."""
-    bare = host.strip("[]")
-    return f"[{bare}]:{port}" if ":" in bare else f"{host}:{port}"
-
-
-def bind_problems(host: str, port: int, only_in_use: bool = False) -> list[str]:
-    """What binding a socket to each of host's addresses at port meets, as gRPC binds (SO_REUSEADDR), each said
-    with what to do: the port in use, the host no address of this machine or no name that resolves ([] if every
-    bind succeeds). only_in_use: the port in use, nothing else (an address gRPC would skip, as localhost's ::1 on
-    a host without IPv6, is no problem)."""
-    try:
-        addresses = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
-                                       flags=socket.AI_PASSIVE)  # fmt: skip
-    except (socket.gaierror, UnicodeError) as e:
-        why = getattr(e, "strerror", None) or e
-        return [] if only_in_use else [f"the host {host!r} is no address or name that resolves ({why}): give --host "
-                                       "an address of this machine"]  # fmt: skip
-    problems = []
-    for family, kind, proto, _, sockaddr in addresses:
-        try:
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind(sockaddr)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                problems.append(f"port {port} of {sockaddr[0]} is in use ({e.strerror}): stop what listens there, or "
-                                "give another --port")  # fmt: skip
-            elif only_in_use:
-                continue
-            elif e.errno == errno.EACCES:
-                problems.append(f"this user may not listen on port {port} ({e.strerror}): give a --port of 1024 or "
-                                "more")  # fmt: skip
-            else:
-                problems.append(f"{sockaddr[0]} port {port}: {e.strerror or e}: is --host an address of this "
-                                "machine? (0.0.0.0: all of them)")  # fmt: skip
-    return problems
-
-
-def exposure_warning(host: str, tls: bool, token: bool) -> str | None:
-    """What a server listening on host says when others may reach it with neither TLS nor a token (None for a
-    loopback address, or when it has either)."""
-    if tls or token or host in ("localhost", "") or _is_loopback(host):
-        return None
-    return (f"listening on {host} with neither TLS nor a token: anyone who can reach this port can read and "
-            "overwrite every table; give --tls-cert/--tls-key and --auth-token-file (docs/security.md), or listen "
-            "on 127.0.0.1")  # fmt: skip
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: only its resolution would tell
-        return False
-
-
-def _stop_at_end_of_stdin(stop: StopFlag) -> None:
-    """(thread) Once standard input is closed, SIGTERM to the main thread: the stop is a SIGTERM's in every way,
-    a read-only phase of the start (--verify-on-start) ended where it is too. Nothing if serve's stop is set
-    already (a second SIGTERM would end that stop at once)."""
-    try:  # the raw descriptor: a daemon thread blocked inside sys.stdin's buffer aborts interpreter shutdown
-        while os.read(0, 4096):
-            pass
-    except OSError:  # no usable stdin: treat it as closed
-        pass
-    if stop.is_set():
-        log.info("standard input closed (the process that started this server is gone); the stop goes on")
-        return
-    log.info("standard input closed (the process that started this server is gone): stopping as on SIGTERM")
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
-
-
-def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
-    """Runs a shard until SIGTERM or SIGINT (or, with stop_with_stdin, until standard input is closed: the
-    parent that holds its other end is gone). Prints `starting on HOST:PORT` once it listens (health NOT_SERVING)
-    and `listening on HOST:PORT` once it serves. A stop during the start ends it at its next safe point
-    (ps.engine.startup) and returns, saying so."""
-    stop = StopFlag()  # on_signal sets it, counting the signals: the start's next check and the wait see it at once
-    progress = StartProgress(stop)
-    serving: list[Server] = []  # the server, once it serves
-    stopped_with: list[int] = []  # the stop's exit code, once the shard is stopped (a warm-up may still end)
-    said = HandlerWork("ps-signals")  # on_signal's log lines
-    said.start()
-
-    def on_signal(signum, frame):
-        """(main thread, wherever it is) Takes no lock, as the code it interrupted may hold it (HandlerWork): sets
-        `stop` (a StopFlag), tells a second signal by its count, and hands its log lines to the ps-signals thread;
-        a second signal that exits waits for those lines first, a bounded time (_exit_now)."""
-        sig = signal.Signals(signum)
-        stop.set(sig)
-        again = len(stop.received) > 1
-        if again and stopped_with:  # the shard is closed: nothing is left to write
-            _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0], said)
-            return
-        if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
-            why_not = _exit_now_unless_needed(serving[0], config.shard_id, sig, said)
-            said.run(functools.partial(log.warning, "received %s again: the stop goes on: %s", sig.name, why_not))
-            return
-        said.run(functools.partial(_shutting_down, sig, progress))
-        if progress.interruptible and not again:  # a read-only phase: stopped where it is (once: a second signal
-            raise StartStopped(progress.describe())  # must not interrupt the first one's way out)
-
-    signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
-    signal.signal(signal.SIGINT, on_signal)
-    if stop_with_stdin:
-        threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
-    where = f"ps-server shard {config.shard_id}/{config.num_shards}"
-    try:
-        server = Server(config, progress, on_listening=lambda server: _say(
-            f"{where} starting on {host_port(config.host, server.port)} (data dir {config.data_dir}; health says NOT_SERVING, "
-            "and what the start is doing, until it serves)"))  # fmt: skip
-    except StartStopped as e:
-        said.drained(SAID_WAIT_S)  # the signal's line first
-        print(_stopped_start_line(where, e, progress.phase, config.restore_dir), file=sys.stderr, flush=True)
-        return
-    warms = config.memory_bytes is not None  # its fixed footprint in place before data arrives (ps.engine.warmup)
-    port = server.start(warming=warms)
-    serving.append(server)
-    _say(
-        f"{where} listening on {host_port(config.host, port)} (data dir {config.data_dir}: {server.shard.describe_start()})"
-    )
-    warming = None
-    if warms:
-        warming = threading.Thread(target=_warm_up_then_serve, args=(server, stop), name="ps-warm-up", daemon=True)
-        warming.start()
-    while not stop.is_set():  # polled in slices (a SIGTERM another thread received: ps.terminate)
-        time.sleep(SIGNAL_CHECK_S)
-    said.drained(SAID_WAIT_S)  # the signal's line first
-    code = stop_server(server, config.shard_id)
-    stopped_with.append(code)  # before serving is cleared: a second signal from here on exits now (on_signal)
-    serving.clear()
-    if warming is not None and warming.is_alive():  # it ends after its current step, its scratch dir removed
-        log.info("waiting for the warm-up of the compiled kernels to end its current step")
-        while warming.is_alive():  # in slices: a second signal exits now (on_signal)
-            warming.join(SIGNAL_CHECK_S)
-    if code:
-        raise SystemExit(code)
-
-
-def _warm_up_then_serve(server: Server, stop: StopFlag) -> None:
-    """(ps-warm-up thread) The warm-up, then health SERVING however it ended: a failed one is logged by warm_up,
-    and the first requests load the kernels instead."""
-    try:
-        warm_up(stop)
-    finally:
-        server.warmed()
-
-
-def _exit_now(message: str, code: int, said: HandlerWork) -> None:
-    """Exits with code, message the last line on stderr, once the lines handed to `said` before are written
-    (EXIT_SAID_WAIT_S at most: its thread may wait for a lock that the main thread, interrupted, holds). Runs in a
-    signal handler: takes no lock, and raises nothing."""
-    said.drained(EXIT_SAID_WAIT_S)
-    try:  # os.write, not print: no buffer a signal could find half written, and a closed stderr raises nothing
-        os.write(2, message.encode())
-    except OSError:
-        pass
-    finally:
-        os._exit(code)
-
-
-def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int, said: HandlerWork) -> None:
-    """A second SIGTERM or SIGINT once the shard is stopped (its warm-up may still be ending): exits at once
-    (_exit_now), with the stop's exit code if it failed, else 128 + the signal's number."""
-    how = ("the shard was stopped first, its rows all written" if not code else
-           "its stop failed, as said above")  # fmt: skip
-    _exit_now(f"ps-server shard {shard_id}: received {sig.name} again after the stop: exiting now; {how} (a "
-              "warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)\n",
-              code or 128 + sig, said)  # fmt: skip
-
-
-def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals, said: HandlerWork) -> str:
-    """A second SIGTERM or SIGINT while a serving shard stops: the process exits at once (_exit_now; exit code 128
-    + the signal's number), as a kill -9 would end it, and the next start replays the journal. Not while what the
-    stop writes is the only copy of some pushes (the journal's segment or the data dir deleted:
-    Journal.seems_lost), nor while a checkpoint is being saved (its folder would be left half written): then the
-    stop goes on, and this returns why, for the log. Runs in a signal handler: takes no lock, and raises
-    nothing."""
-    shard = server.shard
-    why_not = ""
-    if shard is not None and shard.journal.seems_lost():
-        why_not = ("it must write the rows RocksDB lacks, as the journal's segment or the data dir was deleted: "
-                   "SIGKILL would lose the pushes since")  # fmt: skip
-    elif shard is not None and shard.saving_checkpoint:
-        why_not = ("a checkpoint is being saved, and cut short it would leave its folder half written; it ends by "
-                   "itself, or SIGKILL stops everything")  # fmt: skip
-    if not why_not:
-        _exit_now(f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without "
-                  "writing the rest of its rows to RocksDB; every acknowledged push is in its journal, which the next "
-                  "start replays\n", 128 + sig, said)  # fmt: skip
-    return why_not
-
-
-def _shutting_down(sig: signal.Signals, progress: StartProgress) -> None:
-    """(ps-signals thread) The line of a signal that asked for the stop."""
-    log.info("received %s, shutting down%s", sig.name, _stop_note(progress))
-
-
-def _stop_note(progress: StartProgress) -> str:
-    """What a stop asked for now does to the start, for the log line that says it was asked for."""
-    if not progress.starting:
-        return ""
-    if progress.phase == "restoring":
-        return (f" (the start stops now, its restore part way: {progress.describe()}; the next start with the same "
-                "--restore starts the restore over)")  # fmt: skip
-    return f" (the start stops now: {progress.describe()})"
-
-
-def _stopped_start_line(where: str, stopped: StartStopped, phase: str, restore_dir: str | None) -> str:
-    """The line that says a start was stopped (StartStopped) in phase: what the data dir is fit for now."""
-    if phase == "restoring":  # stopped inside the restore: the dir is marked until a restore finishes
-        return (f"{where}: stopped during its start ({stopped}); start it again with the same --restore "
-                f"{restore_dir}: a restore stopped part way leaves its data dir marked, and that start starts it "
-                "over (a start without that --restore is refused)")  # fmt: skip
-    return f"{where}: stopped during its start ({stopped}); its data dir is as the next start can use"
-
-
-def _say(line: str) -> None:
-    """line on standard output; a reader that is gone (a killed parent) leaves the rest of the lines unsaid."""
-    try:
-        print(line, flush=True)
-    except BrokenPipeError:  # whoever read this server's output is gone: serve, and stop as told
-        log.warning("standard output is a pipe nobody reads any more; its lines are dropped")
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
-
-
-def stop_server(server: Server, shard_id: int) -> int:
-    """Stops a serving shard and says how it went: 0, or 1 when its disk was too full to write its last rows
-    (the journal holds them: nothing acknowledged is lost), its data dir was deleted under it (DataDirLostError:
-    the message says what was lost), or it broke (a push journaled but applied in part: its last rows stay
-    unwritten, the journal replays them)."""
-    try:
-        server.stop()
-        broken = server.shard.guard.broken if server.shard is not None else ""
-    except ShardNeedsRestartError as e:  # broken by a push that failed while the stop flushed
-        broken = str(e)
-    except DataDirLostError as e:
-        print(f"ps-server shard {shard_id}: {e}", file=sys.stderr, flush=True)
-        return 1
-    except DiskFullError as e:
-        print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB: {e}. Every acknowledged "
-              "push is in its journal, replayed at the next start once the disk has room", file=sys.stderr, flush=True)  # fmt: skip
-        return 1
-    if broken:
-        print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB (its journal holds every "
-              f"acknowledged push and replays them at the next start): {broken}", file=sys.stderr, flush=True)  # fmt: skip
-        return 1
-    print(f"ps-server shard {shard_id}: stopped cleanly", file=sys.stderr, flush=True)
-    return 0

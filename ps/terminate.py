@@ -1,6 +1,6 @@
 """SIGTERM as an exception, so that a command (ps-worker's, ps-server's) stopped by `kill`, a container runtime or
 a launcher cleans up as on Ctrl-C: local shards stopped, temporary files and directories removed, a message, exit
-code 143. A running ps-server has its own handler (ps.server.serve), put in place within the block.
+code 143. A running ps-server has its own handler (ps.server_run.serve), put in place within the block.
 
     with sigterm_raises():   # main thread only; elsewhere it does nothing
         ...                  # the first SIGTERM raises Terminated here; later ones are ignored while it unwinds
@@ -362,7 +362,7 @@ def sigterm_raises(
         _GUARD.handling = False
         if sys.unraisablehook is lost:
             sys.unraisablehook = previous_hook
-        # a handler put in place within the block (ps.server.serve's) stays: a late signal is still its to handle
+        # a handler put in place within the block (ps.server_run.serve's) stays: a late signal is still its to handle
         if signal.getsignal(signal.SIGTERM) in (raise_terminated, signal.SIG_IGN):
             signal.signal(signal.SIGTERM, previous)
         signal.signal(RAISE_PENDING_SIGNAL, previous_nudge)

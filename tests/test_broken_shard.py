@@ -185,7 +185,7 @@ def test_a_server_whose_stop_meets_a_broken_shard_says_so_and_exits_1(capsys):
     start does, with exit 1, not a traceback."""
     from types import SimpleNamespace
 
-    from ps.server import stop_server
+    from ps.server_run import stop_server
 
     def stop():
         raise ShardNeedsRestartError("push 9 to table 't' is in the journal, but ... Restart the server")

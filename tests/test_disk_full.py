@@ -537,7 +537,7 @@ def test_a_request_stopped_part_way_by_a_stopped_background_writer_keeps_its_rem
 
 
 def test_a_server_whose_disk_is_full_at_its_stop_says_so_in_a_line(capsys):
-    from ps.server import stop_server
+    from ps.server_run import stop_server
 
     class FullAtStop:
         def stop(self):

@@ -593,7 +593,7 @@ def test_a_stop_asked_as_a_restore_ends_leaves_a_restored_dir_that_starts_withou
     says it is as the next start can use, and a start without --restore serves it."""
     import ps.engine.opening as opening
     from ps.engine.startup import StartProgress, StartStopped
-    from ps.server import _stopped_start_line
+    from ps.server_run import _stopped_start_line
 
     checkpoint = one_table_checkpoint(tmp_path, 5)
     progress, restore = StartProgress(), opening.restore_into

@@ -23,12 +23,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos import ps_pb2
+from ps.binding import exposure_warning
 from ps.codec import stamp_to_proto
 from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
 from ps.security import PEM_CERTIFICATE, READ_ONLY_METHODS, TokenHeader, not_after, read_token
-from ps.server import Server, exposure_warning
+from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.stamp import WorkerStamp
 from tests.server_process import ServerProcess

@@ -123,11 +123,11 @@ def test_a_stdin_closed_while_stopping_is_no_second_signal(tmp_path):
     assert "again while stopping" not in server.output()
 
 
-# ps-server whose main thread looks for the stop without pause (ps.server.SIGNAL_CHECK_S 0) while another thread
+# ps-server whose main thread looks for the stop without pause (ps.server_run.SIGNAL_CHECK_S 0) while another thread
 # keeps asking for Python's lock: the main thread is then often paused inside the look itself, where a signal that
 # arrives meanwhile has its handler run once the thread goes on
-SPINNING = ("-c", "import sys, threading\nimport ps.server\nfrom ps.__main__ import main\n\n\ndef busy():\n"
-            "    while True:\n        sum(range(100))\n\n\nps.server.SIGNAL_CHECK_S = 0\n"
+SPINNING = ("-c", "import sys, threading\nimport ps.server_run\nfrom ps.__main__ import main\n\n\ndef busy():\n"
+            "    while True:\n        sum(range(100))\n\n\nps.server_run.SIGNAL_CHECK_S = 0\n"
             "threading.Thread(target=busy, daemon=True).start()\nsys.exit(main(sys.argv[1:]))")  # fmt: skip
 
 
@@ -174,7 +174,7 @@ def said():
 
 
 def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(exits, capfd, said):
-    from ps.server import _exit_now_unless_needed
+    from ps.server_run import _exit_now_unless_needed
 
     _exit_now_unless_needed(_server(), 3, signal.SIGINT, said)
     assert exits == [130] and "shard 3: received SIGINT again while stopping: exiting now" in capfd.readouterr().err
@@ -186,7 +186,7 @@ def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(
 def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch, said):
     """stderr's reader gone (`ps-server ... | tee log`, tee stopped by the same Ctrl-C): the write fails, the exit
     still comes, and nothing is raised into the stop the handler interrupted."""
-    from ps.server import _exit_now_unless_needed
+    from ps.server_run import _exit_now_unless_needed
 
     def closed(fd: int, data: bytes) -> int:
         raise BrokenPipeError(32, "Broken pipe")
@@ -201,10 +201,10 @@ def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch,
 SECOND_SIGNAL_DURING_THE_FIRST_LINE = (
     "-c",
     """import os, signal, sys, time
-import ps.server
+import ps.server_run
 from ps.__main__ import main
 
-shutting_down = ps.server._shutting_down
+shutting_down = ps.server_run._shutting_down
 
 
 def slow_line(sig, progress):
@@ -215,7 +215,7 @@ def slow_line(sig, progress):
     shutting_down(sig, progress)
 
 
-ps.server._shutting_down = slow_line
+ps.server_run._shutting_down = slow_line
 sys.exit(main(sys.argv[1:]))
 """,
 )
@@ -240,11 +240,11 @@ def test_a_second_signal_exits_after_the_first_signals_line_is_written(tmp_path)
 SIGNAL_INSIDE_SET = (
     "-c",
     """import os, signal, sys, time
-import ps.server
+import ps.server_run
 from ps.__main__ import main
 
 
-class Probe(ps.server.StopFlag):
+class Probe(ps.server_run.StopFlag):
     sent = False
 
     def set(self, sig=None):
@@ -255,7 +255,7 @@ class Probe(ps.server.StopFlag):
             time.sleep(0.5)  # its handler runs meanwhile, in the main thread
 
 
-ps.server.StopFlag = Probe
+ps.server_run.StopFlag = Probe
 sys.exit(main(sys.argv[1:]))
 """,
 )

@@ -203,9 +203,10 @@ def test_health_is_not_serving_while_the_warm_up_runs_and_calls_are_served_meanw
 def test_health_after_the_warm_up_whatever_it_did(tmp_path, monkeypatch, ends):
     """A server started warming is NOT_SERVING until its warm-up thread's end, then SERVING, a failed warm-up too
     (logged; the first requests load the kernels); a shard found lost meanwhile stays NOT_SERVING."""
-    from ps import server as server_module
-    from ps.config import ServerConfig
     from ps.health import NOT_SERVING, SERVICE_NAME, SERVING
+    from ps.server import Server
+    from ps.server_config import ServerConfig
+    from ps.server_run import _warm_up_then_serve
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     if ends == "failed":
@@ -214,14 +215,14 @@ def test_health_after_the_warm_up_whatever_it_did(tmp_path, monkeypatch, ends):
             raise OSError("no space left on device")
 
         monkeypatch.setattr(warmup, "Store", broken_store)
-    server = server_module.Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=256 << 20))
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=256 << 20))
     try:
         server.start(warming=True)
         statuses = lambda: {server.health._server_status[name] for name in ("", SERVICE_NAME)}
         assert statuses() == {NOT_SERVING} and "loading its compiled kernels" in server._starting()
         if ends == "lost meanwhile":
             server._not_serving()
-        server_module._warm_up_then_serve(server, None)
+        _warm_up_then_serve(server, None)
         assert statuses() == ({NOT_SERVING} if ends == "lost meanwhile" else {SERVING})
         assert server._starting() is None
     finally:
