@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.security import read_token
+from ps.secretfiles import read_token
 from worker.client import Client
 
 DIM = 4

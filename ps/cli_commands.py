@@ -89,7 +89,7 @@ def health_main(argv: list[str]) -> int:
     Exit 2: a flag is wrong."""
     args = _parse(build_health_parser(), argv)
     from ps.health import check_health  # imported late: grpc stays out of `--help`
-    from ps.security import read_token
+    from ps.secretfiles import read_token
 
     try:
         token = read_token(args.auth_token_file) if args.auth_token_file else None

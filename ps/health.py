@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ps.errors import OVERLOADED
-from ps.security import tls_hint
+from ps.tlsprobe import tls_hint
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -21,15 +21,8 @@ from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
 from ps.replies import reply_room_bytes
-from ps.security import (
-    READ_ONLY_METHODS,
-    READ_TOKEN_FILE,
-    TOKEN_FILE,
-    TokenCheck,
-    read_token,
-    readable_by_all,
-    server_credentials,
-)
+from ps.secretfiles import READ_TOKEN_FILE, TOKEN_FILE, read_token, readable_by_all
+from ps.security import READ_ONLY_METHODS, TokenCheck, server_credentials
 from ps.server_config import ServerConfig
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir

@@ -27,7 +27,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Mapping
 
-from ps.security import GRPC_DNS
+from ps.tlsprobe import GRPC_DNS
 
 CONFIG_ENV = "PS_CONFIG"
 CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shrink", "checkpoint", "export",

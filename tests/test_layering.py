@@ -8,7 +8,7 @@ x`, relative, inside functions too), with no exemptions:
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
-      process     ps.service, ps.service_calls, ps.server_run, ps.binding, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__,
+      process     ps.service, ps.service_calls, ps.server_run, ps.binding, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.secretfiles, ps.tlsprobe, ps.metrics, ps.settings, ps.sizing, ps.__main__,
                   ps.cli_server_flags, ps.cli_server, ps.cli_commands
 - one module imports rocksdict, the RocksDB binding (ROCKSDB_MODULE, ps.storage.rocks); the other storage modules
   take its types from there;
@@ -44,7 +44,7 @@ FOUNDATION = {
     "ps.terminate",
     "ps.storage.atomicfile",
 }
-PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.binding", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
+PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.binding", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.secretfiles", "ps.tlsprobe", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__", "ps.cli_server_flags", "ps.cli_server", "ps.cli_commands"}  # fmt: skip
 ROCKSDB_MODULE = "ps.storage.rocks"  # benchmarks and tests may import rocksdict too: the raw binding is their reference
 GRPC_USERS = {"ps.service", "ps.service_calls", "ps.server", "ps.health", "ps.security"}
@@ -52,6 +52,8 @@ STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.hashing", "ps.config", "ps.table_toml", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
     "ps.security",  # TLS and token settings of a client channel
+    "ps.secretfiles",  # the token and TLS files, read and checked as the server reads its own
+    "ps.tlsprobe",  # what a client that cannot connect is told of the server's TLS
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
     "ps.settings_names",  # the PS_* names of both programs, for the warning of one that sets nothing
     "ps.stamp",  # WorkerStamp: the worker builds it, the shard reads it back

@@ -28,7 +28,8 @@ from ps.codec import stamp_to_proto
 from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
-from ps.security import PEM_CERTIFICATE, READ_ONLY_METHODS, TokenHeader, not_after, read_token
+from ps.secretfiles import PEM_CERTIFICATE, not_after, read_token
+from ps.security import READ_ONLY_METHODS, TokenHeader
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.stamp import WorkerStamp

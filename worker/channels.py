@@ -14,13 +14,15 @@ import grpc
 
 from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
-from ps.security import TOKEN_FILE, client_channel, host_and_port, read_token, readable_by_all, tls_hint
+from ps.secretfiles import TOKEN_FILE, read_token, readable_by_all
+from ps.security import client_channel
+from ps.tlsprobe import host_and_port, tls_hint
 
 log = logging.getLogger("worker.client")
 
 
 def client_token(token_file: str | None, tls_key: str | None = None) -> str | None:
-    """The token of --auth-token-file (None without one), read as a server reads its own (ps.security.read_token:
+    """The token of --auth-token-file (None without one), read as a server reads its own (ps.secretfiles.read_token:
     ValueError naming what is wrong with it); a warning logged for that file, and for --tls-key, where every user of
     the machine may read it, as a server warns of its own."""
     for what, path in ((TOKEN_FILE, token_file), ("TLS key (--tls-key)", tls_key)):
@@ -51,7 +53,7 @@ def open_channels(
 def why_not_ready(address: str, tls: tuple[str | None, str | None, str | None], timeout_s: float = 1.0) -> str:
     """A hint for a server whose gRPC channel did not become ready: NOTHING_LISTENS when no TCP connection can be
     made there (the server is down); the TLS flag the shard wants, or has not, or the file of tls (the client's
-    --tls-ca, --tls-cert, --tls-key) its TLS does not take, as a probe finds it (ps.security.tls_hint); else that
+    --tls-ca, --tls-cert, --tls-key) its TLS does not take, as a probe finds it (ps.tlsprobe.tls_hint); else that
     something listens but does not answer as a sparseps shard."""
     host, port = host_and_port(address)
     try:

@@ -1,0 +1,160 @@
+"""The files of a server's and a client's secrets, read and checked: tokens (one line of printable ASCII) and TLS
+certificates and keys (PEM, a matching pair, not expired), each error naming the flag and the file, never the
+secret; and the warning for a secret's file that every user may read."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import calendar
+import os
+import re
+import ssl
+import stat
+import time
+
+
+def read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
+    if not data.strip():
+        raise ValueError(f"{what} {path} is empty")
+    return data
+
+
+def readable_by_all(path: str) -> str | None:
+    """What a secret's file (a token, a private key) says when any user of the machine may read it: a warning
+    naming the file and its mode, or None (not readable by others, or no such file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not mode & stat.S_IROTH:
+        return None
+    return (f"{path} is readable by every user of this machine (mode {stat.S_IMODE(mode):04o}): anyone logged in can "
+            f"read the secret it holds; chmod o-r it (deploy/gen-secrets.sh writes its secrets 0600)")  # fmt: skip
+
+
+TOKEN_FILE = "auth token file (--auth-token-file)"
+READ_TOKEN_FILE = "read-only token file (--read-token-file)"
+_CONTROL_NAMES = {0x00: "a NUL byte", 0x09: "a tab", 0x0B: "a vertical tab", 0x0C: "a form feed", 0x1B: "an escape",
+                  0x7F: "a DEL"}  # fmt: skip
+
+
+def token_problem(token: bytes, offset: int = 0, of: str = "the token") -> str | None:
+    """What makes token unfit to send (None if nothing does): it must be one line of printable ASCII, 0x20-0x7E,
+    as gRPC metadata values and HTTP headers are, and not empty. Says where the first bad byte is (byte offset + N
+    of `of`, counting from 1) and what kind it is, never the token itself."""
+    if not token:
+        return "it is empty"
+    for i, byte in enumerate(token):
+        if 0x20 <= byte <= 0x7E:
+            continue
+        where = f"byte {offset + i + 1} of {of}"
+        if byte in (0x0A, 0x0D):
+            return f"it holds more than one line (a line break at {where})"
+        if byte >= 0x80:
+            return (f"{where} is not ASCII (a letter such as é, a typographic quote, a byte-order mark, or a binary "
+                    "file?)")  # fmt: skip
+        return f"{where} is a control character ({_CONTROL_NAMES.get(byte, f'0x{byte:02x}')})"
+    return None
+
+
+def read_token(path: str, what: str = TOKEN_FILE) -> str:
+    """The token in a file, surrounding whitespace (a trailing newline) ignored. ValueError naming the flag (what)
+    and the file, and what is wrong but never the token, for a file that cannot be read, is empty, or holds
+    anything but one line of printable ASCII (gRPC would refuse every call that carried it: "Invalid metadata")."""
+    data = read_file(path, what)
+    token = data.strip()  # bytes.strip: ASCII whitespace only
+    problem = token_problem(token, offset=len(data) - len(data.lstrip()), of="the file")
+    if problem:
+        raise ValueError(f"{what} {path} does not hold a usable token: {problem}; the token must be one line "
+                         "of printable ASCII (0x20-0x7E)")  # fmt: skip
+    return token.decode("ascii")
+
+
+def check_token(token: str) -> str:
+    """token, if it can be sent as `authorization: Bearer <token>`; else ValueError saying why (not showing it)."""
+    problem = token_problem(token.encode("utf-8", "surrogateescape"))
+    if problem:
+        raise ValueError(f"the auth token is unusable: {problem}; it must be one line of printable ASCII "
+                         "(0x20-0x7E)")  # fmt: skip
+    return token
+
+
+def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) -> None:
+    """ValueError naming the file that is wrong, and why, unless cert holds PEM certificates, the first of them
+    not expired, key the unencrypted PEM private key of that one, and ca PEM certificates, not all expired (each
+    where given). gRPC itself reports a bad pair only when it binds a port ("Failed to bind") or as a connection
+    that never comes up, and an expired certificate as a handshake the other side fails."""
+    for path, what in ((cert, "TLS certificate (--tls-cert)"), (ca, "TLS CA (--tls-ca)")):
+        if path:
+            pem = read_file(path, what)
+            try:
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+            except ssl.SSLError as e:
+                raise ValueError(f"{what} {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----' "
+                                 f"blocks; {e.reason or e})") from None  # fmt: skip
+            ends = [not_after(block) for block in PEM_CERTIFICATE.findall(pem)]
+            ends = ends[:1] if path == cert else ends  # a certificate's own, not its chain's; a CA: any may do
+            now = time.time()
+            if ends and all(end is not None and end < now for end in ends):
+                when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(max(ends)))
+                raise ValueError(f"{what} {path} expired on {when} (this machine's clock says "
+                                 f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(now))}): the other side of "
+                                 "every connection refuses it; make new certificates (deploy/gen-secrets.sh)")  # fmt: skip
+    if not (cert and key):
+        return
+    read_file(key, "TLS key (--tls-key)")
+
+    def encrypted() -> bytes:
+        raise ValueError(f"TLS key (--tls-key) {key} is encrypted; gRPC needs an unencrypted PEM private key")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=encrypted)
+    except ssl.SSLError as e:
+        if e.reason == "KEY_VALUES_MISMATCH":
+            raise ValueError(f"TLS key (--tls-key) {key} is not the private key of TLS certificate (--tls-cert) "
+                             f"{cert}: their public keys differ") from None  # fmt: skip
+        raise ValueError(f"TLS key (--tls-key) {key} holds no PEM private key (expected a '-----BEGIN ... PRIVATE "
+                         "KEY-----' block)") from None  # fmt: skip
+
+
+PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.DOTALL)
+
+
+def not_after(pem_body: bytes) -> float | None:
+    """The end of a certificate's validity (Unix time), from the base64 body of its PEM block: the DER of
+    Certificate { tbsCertificate { [0] version (optional), serial, signature, issuer, validity { notBefore,
+    notAfter } ... } ... } (RFC 5280); None where it does not parse so (ssl, which loaded it, is the judge)."""
+    try:
+        (_, certificate), *_ = _der_elements(base64.b64decode(pem_body))
+        (_, tbs), *_ = _der_elements(certificate)
+        fields = [(tag, value) for tag, value in _der_elements(tbs) if tag != 0xA0]  # the version, if any
+        (_, validity) = fields[3]
+        tag, end = _der_elements(validity)[1]
+        text = end.decode("ascii")
+        if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ: years 50-99 are 19xx (RFC 5280 4.1.2.5.1)
+            text = ("19" if int(text[:2]) >= 50 else "20") + text
+        return calendar.timegm(time.strptime(text, "%Y%m%d%H%M%SZ"))
+    except (ValueError, IndexError, binascii.Error):
+        return None
+
+
+def _der_elements(data: bytes) -> list[tuple[int, bytes]]:
+    """(tag, contents) of each DER element in data, in order."""
+    out, at = [], 0
+    while at < len(data):
+        tag, size = data[at], data[at + 1]
+        at += 2
+        if size & 0x80:  # the long form: the next size & 0x7F bytes hold the length
+            count = size & 0x7F
+            size, at = int.from_bytes(data[at : at + count], "big"), at + count
+        if at + size > len(data):
+            raise ValueError("a DER element longer than what holds it")
+        out.append((tag, data[at : at + size]))
+        at += size
+    return out

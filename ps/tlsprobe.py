@@ -1,0 +1,125 @@
+"""What a client that cannot connect tells its user: what listens at an address (TLS, mutual TLS, plain), what a
+TLS handshake with the client's own settings finds there, and the hint that follows for the flags to give."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+
+GRPC_DNS = "dns:///"  # gRPC's own name for a host:port resolved by DNS, which a channel takes as it is
+
+
+def host_and_port(address: str) -> tuple[str, str]:
+    """(host, port) of host:port or dns:///host:port, the host without IPv6 brackets; no check."""
+    host, _, port = address.removeprefix(GRPC_DNS).rpartition(":")
+    return host.strip("[]"), port
+
+
+def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
+    """What listens at host:port, as a TLS handshake that verifies nothing and presents no certificate finds it
+    within timeout_s: "tls" (a TLS server that took the connection), "mutual" (a TLS server that closed it after
+    the handshake: it wants a client certificate), "plain" (it answered, not in TLS), None (no connection, no
+    answer, or not host:port)."""
+    deadline = time.monotonic() + timeout_s
+    host, port = host_and_port(address)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        raw = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except (OSError, ValueError):
+        return None
+    with raw:
+        try:
+            raw.settimeout(max(deadline - time.monotonic(), 0.01))
+            tls = context.wrap_socket(raw)
+        except TimeoutError:
+            return None
+        except ssl.SSLError as e:  # an alert is the other side speaking TLS; any other failure: it does not
+            return "tls" if "ALERT" in str(e.reason or "") else "plain"
+        except OSError:  # reset or closed at our hello
+            return "plain"
+        with tls:  # gRPC sends its HTTP/2 settings at once to a client it took; one wanting a certificate closes
+            try:
+                tls.settimeout(max(deadline - time.monotonic(), 0.01))
+                return "tls" if tls.recv(1) else "mutual"
+            except TimeoutError:
+                return "tls"
+            except OSError:  # an alert (certificate required) or a reset
+                return "mutual"
+
+
+def verified_handshake(address: str, ca: str | None, cert: str | None, key: str | None,
+                       server_name: str | None = None, timeout_s: float = 1.0) -> str | None:  # fmt: skip
+    """What a TLS handshake with the client's own settings finds at host:port within timeout_s, as gRPC's would:
+    "untrusted: WHY" (the shard's certificate does not verify against ca, the system's roots without one, or does
+    not name server_name, else the address's host: WHY is the verifier's reason), "refused" (the shard closed the
+    connection after the handshake, or alerted during it, with cert presented: it does not accept that
+    certificate), "ok", or None (no connection, no answer, or files ssl cannot load)."""
+    deadline = time.monotonic() + timeout_s
+    host, port = host_and_port(address)
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        if cert and key:
+            context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key is refused, not prompted for
+        context.set_alpn_protocols(["h2"])
+        raw = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except (OSError, ValueError):  # ssl.SSLError is an OSError
+        return None
+    with raw:
+        try:
+            raw.settimeout(max(deadline - time.monotonic(), 0.01))
+            tls = context.wrap_socket(raw, server_hostname=server_name or host)
+        except ssl.SSLCertVerificationError as e:
+            return f"untrusted: {e.verify_message}"
+        except TimeoutError:
+            return None
+        except ssl.SSLError as e:
+            return "refused" if cert and "ALERT" in str(e.reason or "") else None
+        except OSError:
+            return "refused" if cert else None
+        with tls:  # gRPC sends its HTTP/2 settings at once to a client it took (speaks_tls)
+            try:
+                tls.settimeout(max(deadline - time.monotonic(), 0.01))
+                return "ok" if tls.recv(1) else "refused"
+            except TimeoutError:
+                return "ok"
+            except OSError:  # an alert (a certificate it does not accept) or a reset
+                return "refused"
+
+
+def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
+             server_name: str | None = None, timeout_s: float = 1.0) -> str:  # fmt: skip
+    """ "; ..." saying which TLS flag a probe of address that failed with UNAVAILABLE, made with the client's TLS
+    files (ca, cert, key: TLS is on with any of them; server_name: the name its certificate must give, by default
+    the address's host), lacks (or has too many), or which of its files the shard's TLS does not take (a CA that
+    did not sign the shard's certificate, a client certificate the shard's CA did not sign), as speaks_tls and
+    verified_handshake find the shard; "" where its TLS setting is not the cause, or is unknown (nothing listens)."""
+    tls, client_cert = bool(ca or cert or key), bool(cert)
+    found = speaks_tls(address, timeout_s)
+    if found in ("tls", "mutual") and not tls:
+        also = (" and --tls-cert/--tls-key (it requires a client certificate: mutual TLS)" if found == "mutual"
+                else "")  # fmt: skip
+        return (f"; the shard serves TLS: give --tls-ca (the CA that signed its certificate){also}, as its clients "
+                "do")  # fmt: skip
+    verdict = verified_handshake(address, ca, cert, key, server_name, timeout_s) if found in ("tls", "mutual") else None
+    if verdict and verdict.startswith("untrusted: "):
+        against = f"--tls-ca {ca}" if ca else "the system's CA certificates (no --tls-ca)"
+        return (f"; the shard's TLS certificate does not verify against {against}: {verdict.removeprefix('untrusted: ')}"
+                " (give --tls-ca the CA that signed the shard's certificate, and dial a name or address the "
+                "certificate names)")  # fmt: skip
+    if found == "mutual" and not client_cert:
+        return ("; the shard requires a client certificate (mutual TLS): give --tls-cert and --tls-key, a "
+                "certificate its CA signed")  # fmt: skip
+    if verdict == "refused" and client_cert:
+        return (f"; the shard does not accept the client certificate (--tls-cert) {cert}: under mutual TLS it takes "
+                "only certificates signed by its own --tls-ca, unexpired")  # fmt: skip
+    if found == "plain" and tls:
+        return ("; something listens there, but it does not serve TLS: if it is the shard, it runs without TLS "
+                "(drop --tls-ca, --tls-cert and --tls-key)")  # fmt: skip
+    if found == "plain":
+        return ("; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another "
+                "service's port (HTTP, a metrics endpoint), or a shard too busy to answer")  # fmt: skip
+    return ""
