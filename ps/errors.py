@@ -1,9 +1,10 @@
 """The exceptions a shard raises for bad requests and failures; each names the gRPC status it maps to.
 
-The service maps them to status codes in one place (`ps.service`); clients get the same classes back from
-`worker.client`. Messages say what was expected and what arrived; a value that came from a client is echoed
-through `echo`, so that no message grows with the request, and the service sends at most MAX_DETAILS_BYTES of a
-message (`clip`): gRPC carries it in a trailer, and refuses trailers over its metadata limit (8 KiB by default).
+The service maps them to status codes in one place (`ps.service_calls`); clients get the same classes back from
+`worker.client`, by the class name the refusal carries (`ps.errornames`). Messages say what was expected and what
+arrived; a value that came from a client is echoed through `echo`, so that no message grows with the request, and
+the service sends at most MAX_DETAILS_BYTES of a message (`clip`): gRPC carries it in a trailer, and refuses
+trailers over its metadata limit (8 KiB by default).
 
 A full disk is classified here, once (`disk_full_reason`): the journal, the store and the checkpoint save turn
 such a failure into a DiskFullError naming the path, and the service maps any other error that carries one to
@@ -408,44 +409,3 @@ class CheckpointDamagedError(StorageError):
     def __init__(self, message: str, checkpoint: str = "", where: str = "", what: str = ""):
         super().__init__(message)
         self.checkpoint, self.where, self.what = checkpoint, where, what
-
-
-ERROR_NAME_KEY = "sparseps-error"
-"""The trailing metadata of a refused call that names the PsError class the server raised (ps.service), so a
-client raises that class (error_class), not only its status's."""
-
-
-def error_class(status: str, name: str | None) -> type[PsError]:
-    """The PsError class a client raises for a call refused with gRPC status `status` whose server named the
-    class `name` (ERROR_NAME_KEY): that one of SERVER_ERRORS where it has that status, else the status's
-    (STATUS_TO_ERROR), else PsError."""
-    for cls in SERVER_ERRORS:
-        if cls.__name__ == name and cls.status == status:
-            return cls
-    return STATUS_TO_ERROR.get(status, PsError)
-
-
-STATUS_TO_ERROR = {
-    cls.status: cls
-    for cls in (
-        InvalidArgumentError,
-        TableNotFoundError,
-        TableExistsError,
-        WrongShardError,
-        ReplyTooLargeError,
-        ServerUnavailableError,
-        BarrierTimeoutError,
-        DataLossError,
-    )
-}
-
-SERVER_ERRORS = (
-    InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
-    RequestTooLargeError, SyncStepTooLargeError, RamTierTooSmallError, TableBusyError, WorkerDoneError,
-    JobConflictError, ClientTableFullError, TableNumbersExhaustedError, RpcThreadsExhaustedError, CheckpointDirError,
-    NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
-    CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
-    DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError, ModelStateReplacedError,
-)  # fmt: skip
-"""The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the
-client-side ones (ClientIdInUseError, JobIdReusedError, ServerUnavailableError, RequestOutcomeUnknownError)."""

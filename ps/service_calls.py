@@ -13,8 +13,8 @@ from collections.abc import Callable
 import grpc
 
 from ps import codec
+from ps.errornames import ERROR_NAME_KEY
 from ps.errors import (
-    ERROR_NAME_KEY,
     CheckpointInProgressError,
     ClientTableFullError,
     DiskFullError,

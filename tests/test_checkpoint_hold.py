@@ -103,7 +103,7 @@ def test_a_save_meeting_another_checkpoints_hold_fails_at_once_and_releases_what
             _, other = servers[1].shard.hold(60)
             started = time.monotonic()
             with pytest.raises(CheckpointHoldError, match="FAILED_PRECONDITION: shard 1 is held by another checkpoint"):
-                save(client, str(tmp_path / "c1"))  # the server's own class, which it names (ps.errors.error_class)
+                save(client, str(tmp_path / "c1"))  # the server's own class, which it names (ps.errornames.error_class)
             assert time.monotonic() - started < 5  # not the 30 s server timeout
             gate = servers[0].shard.checkpoints.gate
             assert gate.held_until == 0 and pushed(servers[0].shard, np.arange(3, dtype=np.uint64))

@@ -16,8 +16,8 @@ import pytest
 
 from protos import ps_pb2
 from ps.config import OptimizerConfig, TableConfig
+from ps.errornames import ERROR_NAME_KEY
 from ps.errors import (
-    ERROR_NAME_KEY,
     CallerGoneError,
     ClientIdInUseError,
     InvalidArgumentError,
@@ -669,6 +669,7 @@ def test_a_host_name_that_does_not_resolve_is_said_so():
 
 
 def test_a_refusal_is_raised_as_the_class_the_server_named_where_it_has_the_status():
+    from ps.errornames import error_class
     from ps.errors import (
         CheckpointHoldError,
         DataDirLostError,
@@ -676,7 +677,6 @@ def test_a_refusal_is_raised_as_the_class_the_server_named_where_it_has_the_stat
         PsError,
         TableNotFoundError,
         WrongShardError,
-        error_class,
     )
 
     assert error_class("FAILED_PRECONDITION", "DataDirLostError") is DataDirLostError
@@ -694,11 +694,11 @@ def test_every_server_side_error_class_can_be_named_to_the_client():
     WrongShardError, whose message is about slot maps)."""
     import inspect
 
-    from ps import errors
+    from ps import errornames, errors
 
     client_side = {"ClientIdInUseError", "JobIdReusedError", "ServerUnavailableError", "RequestOutcomeUnknownError"}
     classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PsError)}
-    named = {c.__name__ for c in errors.SERVER_ERRORS}
+    named = {c.__name__ for c in errornames.SERVER_ERRORS}
     assert classes - {"PsError"} - client_side == named, (classes - named, named - classes)
 
 

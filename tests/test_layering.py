@@ -2,8 +2,9 @@
 x`, relative, inside functions too), with no exemptions:
 
 - ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
-      foundation  ps.errors, ps.hashing, ps.config, ps.server_config, ps.table_toml, ps.sharding, ps.checkpoint, ps.wire,
-                  ps.codec, ps.storage.atomicfile (stdlib only: ps.checkpoint writes the manifest with it)
+      foundation  ps.errors, ps.errornames, ps.hashing, ps.config, ps.server_config, ps.table_toml, ps.sharding,
+                  ps.checkpoint, ps.wire, ps.codec, ps.storage.atomicfile (stdlib only: ps.checkpoint writes the
+                  manifest with it)
       accel       ps.accel.*    optional OS-level accelerations
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
@@ -31,6 +32,7 @@ LAYERS = ("foundation", "accel", "rows", "storage", "engine", "process")
 FOUNDATION = {
     "ps",
     "ps.errors",
+    "ps.errornames",
     "ps.hashing",
     "ps.config",
     "ps.server_config",
@@ -50,7 +52,7 @@ ROCKSDB_MODULE = "ps.storage.rocks"  # benchmarks and tests may import rocksdict
 GRPC_USERS = {"ps.service", "ps.service_calls", "ps.server", "ps.health", "ps.security"}
 STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
-    "ps", "ps.errors", "ps.hashing", "ps.config", "ps.table_toml", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
+    "ps", "ps.errors", "ps.errornames", "ps.hashing", "ps.config", "ps.table_toml", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
     "ps.security",  # TLS and token settings of a client channel
     "ps.secretfiles",  # the token and TLS files, read and checked as the server reads its own
     "ps.tlsprobe",  # what a client that cannot connect is told of the server's TLS

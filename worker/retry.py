@@ -25,9 +25,9 @@ import grpc
 
 from protos import ps_pb2
 from ps.config import REQUEST_RETENTION_S, RETRY_WINDOW_S
+from ps.errornames import ERROR_NAME_KEY, error_class
 from ps.errors import (
     CHECKPOINT_PAUSE,
-    ERROR_NAME_KEY,
     OVERLOADED,
     PARTLY_APPLIED,
     SHARD_STARTING,
@@ -44,14 +44,13 @@ from ps.errors import (
     ShardNeedsRestartError,
     StorageError,
     WorkerDoneError,
-    error_class,
 )
 
 log = logging.getLogger("worker.client")
 
 
 def error_name(e: grpc.RpcError) -> str | None:
-    """The PsError class a refusal's server named (ps.errors.ERROR_NAME_KEY), None if it named none."""
+    """The PsError class a refusal's server named (ps.errornames.ERROR_NAME_KEY), None if it named none."""
     try:
         metadata = e.trailing_metadata() or ()
     except Exception:  # an error raised by the client side itself has no call behind it
