@@ -36,7 +36,7 @@ from worker.formats import (
 )
 from worker.models.spec import BIAS_FIELD
 from worker.readers.csv_dialect import csv_delimiter
-from worker.readers.csv_reader import column_cells
+from worker.readers.csv_records import column_cells
 from worker.schema_builtin import builtin_schema, resolve_schema
 from worker.schema_file import load_schema
 from worker.schema_infer import infer_schema_text
@@ -956,7 +956,7 @@ def test_a_label_only_csv_whose_header_name_holds_a_bar_is_read(tmp_path):
 
 
 def test_a_header_read_as_one_column_that_a_tab_would_split_gets_a_hint():
-    from worker.readers.csv_reader import _csv_columns
+    from worker.readers.csv_header import _csv_columns
     from worker.schema_builtin import builtin_schema
 
     schema = builtin_schema("csv", default_table="t", default_dim=4, header=["clicked", "city"])
@@ -967,7 +967,7 @@ def test_a_header_read_as_one_column_that_a_tab_would_split_gets_a_hint():
 
 
 def test_a_header_hint_names_each_delimiter_as_the_other_messages_do():
-    from worker.readers.csv_reader import DELIMITERS, _csv_columns, delimiter_name
+    from worker.readers.csv_header import DELIMITERS, _csv_columns, delimiter_name
     from worker.schema_builtin import builtin_schema
 
     for delimiter in DELIMITERS:

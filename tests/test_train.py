@@ -159,7 +159,7 @@ def test_the_csv_and_criteo_counts_and_readers_agree_on_which_lines_hold_data(tm
     lines alike in every format. The shares' residues are the data lines' (idle_workers against the shares read);
     a CSV's, of its records, csv_data_places' alone."""
     from worker.formats import ReadStats, idle_workers, read_batches
-    from worker.readers.csv_reader import csv_data_places
+    from worker.readers.csv_records import csv_data_places
     from worker.schema_builtin import builtin_schema
 
     good = {"csv": ["1,x", "0,y"], "criteo": [CRITEO_LINE, "0" + CRITEO_LINE[1:]]}[fmt]
@@ -1577,8 +1577,8 @@ def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blan
     record the csv module cannot read holds no data either. Random files of data and blank records: the
     refused workers are those whose share reads no example."""
     from worker.formats import ReadStats, read_batches
-    from worker.readers import csv_reader
-    from worker.readers.csv_reader import CsvDataPlaces, csv_data_places
+    from worker.readers import csv_records
+    from worker.readers.csv_records import CsvDataPlaces, csv_data_places
 
     path = tmp_path / "gap.csv"
     path.write_text("label,a\n1,x\n\n0,y\n")
@@ -1586,8 +1586,8 @@ def test_the_idle_worker_check_of_a_csv_goes_by_its_records_of_data_not_its_blan
     assert [sum(map(len, read_batches(str(path), data.schema, 10, worker_id=i, num_workers=2))) for i in range(2)] == [
         2, 0]  # fmt: skip
     scans = []
-    records_hold_data = csv_reader._records_hold_data
-    monkeypatch.setattr(csv_reader, "_records_hold_data", lambda *a: scans.append(a) or records_hold_data(*a))
+    records_hold_data = csv_records._records_hold_data
+    monkeypatch.setattr(csv_records, "_records_hold_data", lambda *a: scans.append(a) or records_hold_data(*a))
     with pytest.raises(ValueError, match=r"gap.csv holds 2 records of data, shared by the job's 2 workers \(worker "
                                          r"i reads records i \+ 1, i \+ 3, i \+ 5, \.\.\. after the header\): worker 1 "
                                          r"would read none of them: it trains no example; start fewer workers$"):  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 from worker.datafiles import data_files
 from worker.formats import ReadStats, file_has_labels, first_with_content, idle_workers
 from worker.linecount import count_data_upto, count_files_upto
-from worker.readers.csv_reader import csv_data_places
+from worker.readers.csv_records import csv_data_places
 from worker.results import UNTRAINED
 
 WHOLE_EVAL_CHECK_LINES = 200_000  # an --eval-data of at most this many lines ...

@@ -95,7 +95,8 @@ from worker.datafiles import data_files
 from worker.encode import encode_examples
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
 from worker.readers.csv_dialect import csv_delimiter
-from worker.readers.csv_reader import DELIMITERS, delimiter_name, read_csv_header, read_header_cells
+from worker.readers.csv_header import DELIMITERS, delimiter_name
+from worker.readers.csv_records import read_csv_header, read_header_cells
 from worker.readers.csv_sample import read_csv_sample
 from worker.readers.libsvm_reader import libsvm_field_count
 from worker.readers.share import (
@@ -172,7 +173,7 @@ def read_batches(
 def idle_workers(file_residues: Sequence[Collection[int]], num_workers: int) -> list[int]:
     """The workers of num_workers whose shares (read_batches) of files, in reading order, hold no line of data:
     file_residues, of each file, the residues mod num_workers of its data lines' 0-based indices among its lines
-    (linecount.LineCount.per_file_residues; a CSV's, of records: csv_reader.csv_data_places); worker i reads
+    (linecount.LineCount.per_file_residues; a CSV's, of records: csv_records.csv_data_places); worker i reads
     line j of the k-th file when j % num_workers == (i + k) % num_workers."""
     reads = np.zeros(num_workers, dtype=bool)
     for k, residues in enumerate(file_residues):

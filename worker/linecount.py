@@ -9,7 +9,7 @@ bytes a line takes are known as it is read). A count to the end also gives each 
 given a modulus (the job's workers), the residues of its lines of data's places among its lines
 (LineCount.per_file_residues), by which worker/data_checks.py refuses data that leaves some worker's share
 (worker/formats.py: every num_workers-th line of each file) without a line of data (a CSV's shares are of records, not
-lines: its residues are csv_reader.csv_data_places', and none are given here); beyond the threshold nothing needs them:
+lines: its residues are csv_records.csv_data_places', and none are given here); beyond the threshold nothing needs them:
 the validation split is a hash of an example's index (worker/validation_split.py). Lines of data are counted
 (count_data_upto), in every format a line its reader skips as empty left out (no_data): a line of whitespace (criteo: of
 spaces), a libsvm line of a query id or a comment only, and a csv row of blank cells (`,,,`, `"",""`, by the file's
@@ -21,8 +21,8 @@ of its lines, by the rule of one line. The count is then an estimate of its exam
 is of every format's (malformed lines are counted too), and only estimates use it: the recipe's choice of small or large
 data and its few-steps warning, the validation split's expected size (worker/validation_split.py held_out), progress
 totals, and whether --eval-data is read whole before training. Nothing finds a record by a line's number: a CSV's shares
-and their residues are of records (csv_reader: csv_cells, csv_data_places), and the validation split picks by an
-example's index among the share's good examples."""
+and their residues are of records (csv_reader.csv_cells, csv_records.csv_data_places), and the validation split picks
+by an example's index among the share's good examples."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: 
     of no data, no_data's): a line its reader reads empty (whitespace; libsvm: a query id qid:N, a comment # ...;
     csv: blank cells) is no data line and not counted.
     modulus (>= 1): a count to the end of a file without a header gives LineCount.residues (a CSV's shares are of
-    records: csv_reader.csv_data_places). ValueError names a .gz file that does not read
+    records: csv_records.csv_data_places). ValueError names a .gz file that does not read
     as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
@@ -151,7 +151,7 @@ def count_data_upto(paths: Sequence[str], limit: int | None, fmt: str, modulus: 
     """count_files_upto of the data lines of files in format fmt (schema.format; a csv file's cells separated by
     delimiter, schema.delimiter): a csv file's header line left out, and the lines its reader reads empty
     (no_data); modulus: with each file's residues (LineCount.per_file_residues), but a csv file's
-    (csv_reader.csv_data_places)."""
+    (csv_records.csv_data_places)."""
     empty = no_data(fmt, delimiter)
     return count_files_upto(paths, limit, header=fmt == "csv", empty=empty, modulus=modulus)
 
@@ -248,7 +248,7 @@ NO_DATA = {
     "libsvm": NoData.of(rb"[ \t\x0b\x0c]*(?:qid:[0-9]+[ \t\x0b\x0c]*)?(?:#[^\r\n]*)?\r*", b" \t\x0b\x0cq#\r"),
     "criteo": NoData.of(rb" *\r?", b" \r"),  # criteo.shape_problem's EMPTY_LINE: spaces (a line of tabs is a bad line)
 }
-# the ASCII bytes a blank csv cell may hold, what str.strip() strips but line ends (made LF): csv_reader._blank_record
+# the ASCII bytes a blank csv cell may hold, what str.strip() strips but line ends (made LF): csv_records._blank_record
 _CSV_SPACE = b" \t\x0b\x0c\x1c\x1d\x1e\x1f"
 
 
@@ -265,7 +265,7 @@ def _blank_cell(delimiter: bytes) -> bytes:
 @functools.lru_cache(maxsize=8)
 def no_data(fmt: str, delimiter: str = ",") -> NoData:
     """A format's lines of no data: NO_DATA's; a csv file's, by its delimiter, a line of blank cells (,,, ; a blank
-    line; "",""), which its reader skips as empty (csv_reader._blank_record: every cell blank). A cell's blank is
+    line; "",""), which its reader skips as empty (csv_records._blank_record: every cell blank). A cell's blank is
     ASCII whitespace (_CSV_SPACE): a line whose cells hold a non-ASCII space (U+00A0, U+3000, ...), which the reader
     strips too, is a line of data to the count."""
     if fmt != "csv":

@@ -69,7 +69,8 @@ from worker.formats import (
     read_csv_header,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto
-from worker.readers.csv_reader import column_cells, header_positions
+from worker.readers.csv_header import header_positions
+from worker.readers.csv_records import column_cells
 from worker.schema import Schema
 from worker.schema_builtin import csv_label
 from worker.schema_columns import AUTO_FORMAT
@@ -250,7 +251,7 @@ def _scored(m: ServedModel, files: list[str], stats: ReadStats, kept: tuple[str,
     """(file, batch, probabilities, the kept columns' cells of each example as a row's tail: ",a,b", or "") of every
     batch of the files, in order, their bad lines counted into stats (each file read and pulled ahead on threads,
     which closing this generator stops). The kept cells are read beside, from a reading of the file of its own
-    (csv_reader.column_cells), matched to the batch's examples by their line numbers."""
+    (csv_records.column_cells), matched to the batch's examples by their line numbers."""
     for name in files:
         batches = m.data.read_whole(name, stats)
         records = column_cells(name, m.data.schema.delimiter, list(kept)) if kept else None

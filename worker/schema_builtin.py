@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from worker.csv_fast import BOOL_LABELS
 from worker.features import NUM_INT_FIELDS
-from worker.readers.csv_reader import delimiter_name, header_names, read_header_cells
+from worker.readers.csv_header import delimiter_name, header_names
+from worker.readers.csv_records import read_header_cells
 from worker.schema import Schema, TableSchema
 from worker.schema_columns import (
     AUTO_FORMAT,
@@ -89,7 +90,7 @@ def _csv_roles(
     header: list[str] | None, label_column: str | None, drop: tuple[str, ...], numeric: tuple[str, ...]
 ) -> tuple[str, list[str], list[str]]:
     """(label, numeric columns in the order given, categorical columns in header order) of a csv header (its
-    names trimmed, as csv_reader.header_names reads them; a cell with spaces around it is named by its trimmed
+    names trimmed, as csv_header.header_names reads them; a cell with spaces around it is named by its trimmed
     text too); the names given are trimmed alike (` clicked` names `clicked`) and name the header's column of
     that name."""
     if not header:

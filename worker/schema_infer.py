@@ -80,7 +80,7 @@ def _first_record_width(path: str, delimiter: str) -> int | None:
     """The column count of the first record after the header that holds more than blank cells (the first file
     with content of path), or None when there is none."""
     from worker.formats import first_with_content
-    from worker.readers.csv_reader import open_csv
+    from worker.readers.csv_records import open_csv
 
     try:
         with open_csv(first_with_content(path), delimiter) as reader:

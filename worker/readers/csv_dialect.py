@@ -2,7 +2,7 @@
 
     csv_delimiter(name) -> (delimiter, header) | None
 
-The delimiters told are csv_reader.DELIMITERS: comma, tab, ';' (spreadsheet exports in locales that write a
+The delimiters told are csv_header.DELIMITERS: comma, tab, ';' (spreadsheet exports in locales that write a
 decimal comma) and '|'. A delimiter is a candidate where it splits the header (the file's first record, read by the
 csv module: quotes and all) into two or more cells; the records under the header are those with content among the first
 CHECKED_RECORDS. A candidate matches them where most of them (more than MATCH_SHARE) have the header's cell count,
@@ -12,7 +12,7 @@ matching candidate, of several the one giving the most cells (`id;price, EUR;qty
 comma's 2). None: no delimiter splits the first line (one column, or a blank first line). ValueError where no
 candidate matches, or two match giving as many cells. The header's names are its cells trimmed, as the readers
 name columns; cells that name one column but for their spaces (`a` and ` a`) are no matter here: the readers
-refuse them (csv_reader.header_names), the probe does not.
+refuse them (csv_header.header_names), the probe does not.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from __future__ import annotations
 import csv
 import itertools
 
-from worker.readers.csv_reader import DELIMITERS, delimiter_name, open_csv, read_header_cells
+from worker.readers.csv_header import DELIMITERS, delimiter_name
+from worker.readers.csv_records import open_csv, read_header_cells
 
 CHECKED_RECORDS = 100  # records under the header a delimiter is checked against, at most
 MATCH_SHARE = 0.5  # of them with the header's cell count, more than, for a delimiter to match them (most)

@@ -2,8 +2,8 @@
 
 csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
         quoting; UTF-8, a leading BOM ignored), each cell with the spaces around it left out (`id, clicked`
-        names `clicked`; the readers refuse two cells that differ only so, `a` and ` a`: header_names, which
-        the delimiter probe does not call); the schema's sources and label must each be in it once. The
+        names `clicked`; the readers refuse two cells that differ only so, `a` and ` a`: csv_header.header_names,
+        which the delimiter probe does not call); the schema's sources and label must each be in it once. The
         label column (the built-in schema's: schema_builtin.csv_label) holds 0 or 1: any text that float() reads
         as 0 or 1, or true, false, yes or no in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label (a record equal to the header, as a
@@ -17,317 +17,36 @@ Empty: a file of no content (share.is_blank: no bytes, or whitespace only) holds
 Without labels: the header has no column named as the schema's label; the other rules hold. has_labels tells
         by the header: one naming the label column (a schema without a label takes the first column: always
         labeled).
+The header's names and label column are read by csv_header.py; the records, each at most MAX_RECORD_LINES physical
+lines, by csv_records.py; here they are cut into chunks of cells.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import itertools
 import math
-import os
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
-from worker.cells import is_missing_text
 from worker.criteo import BLANK_CELLS, EMPTY_LINE
-from worker.csv_fast import BOOL_LABELS, CsvLines, Plain, Scanned, label_value, scan_plain
+from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, parsed_sources
-from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
+from worker.readers.csv_header import _csv_columns, _Label, header_names
+from worker.readers.csv_records import BoundedReader, _blank_record, _header_record, read_csv_header
+from worker.readers.share import Cells, ReadStats, Share, open_data
 from worker.schema import Schema
-from worker.schema_columns import is_label_name, labels_by_name
 
 CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; False: the csv module alone
-MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
 CHUNK_CHARS = 1 << 22  # rows x longest cell of a CSV chunk at most (one row alone may pass it): numpy's string
 # arrays pad every cell to the longest, 4 bytes a character, so one 100 KB cell among 4,096 rows took 1.6 GB a column
-MAX_RECORD_LINES = 100  # physical lines of one CSV record at most: more is a quote left open (BoundedReader)
-DELIMITERS = (",", "\t", ";", "|")  # the delimiters --format auto tells (csv_dialect), and a one-column header's
-# hint names (_delimiter_hint)
-
-
-def delimiter_name(delimiter: str) -> str:
-    """How messages name a delimiter: comma, tab, ';'."""
-    return {",": "comma", "\t": "tab"}.get(delimiter, repr(delimiter))
-
-
-class RecordTooLongError(csv.Error):
-    """A CSV record cut at MAX_RECORD_LINES physical lines (BoundedReader)."""
-
-
-class BoundedReader:
-    """A csv.reader over lines (an iterable of text lines with their line ends) whose records span at most
-    MAX_RECORD_LINES physical lines. A quote left open makes the csv module read every line after it into one
-    field, up to MAX_CSV_FIELD characters (a 600 MB file took 3 GB of memory for one stray quote): here the
-    record is cut there and raises RecordTooLongError, a csv.Error like any unreadable record, and the next
-    record starts on the line after (the csv module starts each record afresh)."""
-
-    def __init__(self, lines: Iterable[str], delimiter: str):
-        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
-        self._lines = iter(lines)
-        self._taken = 0  # lines read so far
-        self._start = 0  # lines read before the record being read
-        # iter(callable, sentinel) ends at the lines' StopIteration; _RecordCut goes through the csv module
-        self._reader = csv.reader(iter(self._line, None), delimiter=delimiter)
-
-    def __iter__(self) -> BoundedReader:
-        return self
-
-    @property
-    def record_line(self) -> int:
-        """The line, from 1, of the lines given, that the record read last starts on."""
-        return self._start + 1
-
-    def __next__(self) -> list[str]:
-        self._start = self._taken
-        try:
-            return next(self._reader)
-        except _RecordCut:
-            raise RecordTooLongError(f"a record of more than {MAX_RECORD_LINES} lines, cut there") from None
-
-    def _line(self) -> str:
-        if self._taken - self._start >= MAX_RECORD_LINES:
-            raise _RecordCut
-        line = next(self._lines)  # StopIteration: the end of the lines
-        self._taken += 1
-        return line
-
-
-class _RecordCut(Exception):
-    """Raised through the csv module by BoundedReader's lines, to end a record."""
-
-
-class open_csv:
-    """A context manager giving a csv reader (BoundedReader) over a file (gzip read through), UTF-8 with a BOM
-    ignored; raw: the file in bytes."""
-
-    def __init__(self, name: str, delimiter: str):
-        self.raw = open_data(name)
-        text = io.TextIOWrapper(self.raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
-        self.reader = BoundedReader(text, delimiter)
-
-    def __enter__(self) -> Any:  # the csv.reader
-        return self.reader
-
-    def __exit__(self, *exc: object) -> None:
-        self.raw.close()
-
-
-def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None:
-    """The header's column names of a csv file (header_names: refused where two cells differ only by the spaces
-    around them), or None for a file of no content (share.is_blank: empty, or whitespace only)."""
-    cells = read_header_cells(path, delimiter)
-    return None if cells is None else header_names(os.fspath(path), cells)
-
-
-def read_header_cells(path: str | os.PathLike, delimiter: str) -> list[str] | None:
-    """The header line's cells of a csv file as the file writes them, the spaces around them kept, or None for a
-    file of no content (share.is_blank: empty, or whitespace only). Nothing is refused: the delimiter probe
-    (csv_dialect) reads every candidate's cells so, and the readers that use the names check them (header_names)."""
-    name = os.fspath(path)
-    if is_blank(name):
-        return None
-    with open_csv(name, delimiter) as reader:
-        return next(reader, None)
-
-
-def header_names(name: str, cells: list[str]) -> list[str]:
-    """The column names of the header line of file `name` (cells: as the csv module reads them): each cell with the
-    spaces around it left out, or ValueError where two cells that differ so name one column (` a` and `a`; two
-    cells written alike stay two of one name, refused where a column reads them: header_positions)."""
-    names = [c.strip() for c in cells]
-    written: dict[str, str] = {}
-    for cell, n in zip(cells, names):
-        if n and written.setdefault(n, cell) != cell:
-            raise ValueError(f"{name}: the header's cells {written[n]!r} and {cell!r} both name column {n!r} (the "
-                             "spaces around a name are no part of it): rename one of them")  # fmt: skip
-    return names
-
-
-def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tuple[int, list[str]]]:
-    """(first physical line, cells of columns) of each record of a csv file past its header, in file order and
-    numbered as csv_cells numbers them (the header is line 1), the cells as the csv module reads them; a record of
-    another width than the header's, or one the csv module cannot read (bad lines, to csv_cells), gives none. The
-    header must hold each of the columns once (header_positions' ValueError otherwise)."""
-    with open_data(name) as raw:
-        lines = CsvLines(raw)
-        reader = BoundedReader(lines.texts(), delimiter)
-        header = header_names(name, next(reader, None) or [])
-        at = header_positions(name, header, columns, delimiter)
-        while True:
-            start = lines.consumed + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error:
-                continue
-            if len(row) == len(header):
-                yield start, [row[i] for i in at]
-
-
-@dataclass(frozen=True)
-class CsvDataPlaces:
-    """Where a csv file's records of data (_records_hold_data) stand among its records past the header: residues,
-    the residues mod a modulus of their 0-based indices (where a worker's share, every modulus-th record, records of
-    no data included, finds data); records and data, its records and of them those of data, where the read went to
-    the end (some residue not found), else None."""
-
-    residues: frozenset[int]
-    records: int | None
-    data: int | None
-
-
-def csv_data_places(name: str, delimiter: str, modulus: int) -> CsvDataPlaces:
-    """CsvDataPlaces of a csv file, read once, until every residue mod `modulus` is found (then without the counts)
-    or to its end; no residue and no record for a file of no content."""
-    found: set[int] = set()
-    records = data = 0
-    for records, holds_data in enumerate(_records_hold_data(name, delimiter), start=1):
-        if holds_data:
-            data += 1
-            found.add((records - 1) % modulus)
-            if len(found) == modulus:
-                return CsvDataPlaces(frozenset(found), None, None)
-    return CsvDataPlaces(frozenset(found), records, data)
-
-
-def _records_hold_data(name: str, delimiter: str) -> Iterator[bool]:
-    """Whether each record of a csv file past its header holds data, in file order: the records split as csv_cells
-    splits them (BoundedReader: a quoted field may span lines), one of data when the csv module reads it and some
-    cell of it is not blank (not a blank line or a row of blank cells, ",,,", which the reader skips as empty;
-    nor a record it cannot read). Nothing for a file of no content. The places of a worker's share are these records,
-    those of no data included."""
-    with open_data(name) as raw:
-        reader = BoundedReader(CsvLines(raw).texts(), delimiter)
-        if _header_record(reader, name) is None:
-            return
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error:
-                yield False
-                continue
-            yield not _blank_record(row)
-
-
-def _header_record(reader: BoundedReader, name: str) -> list[str] | None:
-    """The first record of file `name` read from `reader`, its header; None for a file of no content (no record,
-    or a blank first record of a file that share.is_blank finds empty or whitespace only)."""
-    header = next(reader, None)
-    if header is None or (not "".join(header).strip() and is_blank(name)):
-        return None
-    return header
 
 
 def has_labels(name: str, schema: Schema) -> bool:
     """Whether a CSV file holds labels (see the module docstring); True for an empty file."""
     header = read_csv_header(name, schema.delimiter)
     return not header or schema.label is None or schema.label in header
-
-
-@dataclass(frozen=True)
-class _Label:
-    """The label column of a header as a file is read: at, its index (None: no label read), name, and origin,
-    where the schema took it (Schema.label_from); problem() says what is wrong with a bad label."""
-
-    at: int | None
-    name: str | None
-    origin: str
-    header: list[str]
-    blank_ok: bool = False  # a label cell other than 0 or 1 is no label, NaN (predict; but a repeated header's)
-
-    def good(self, cell: str) -> bool:
-        """Whether a label cell is a label (0 or 1), or, blank_ok, a blank one (empty, or NA, ?:
-        cells.MISSING_TEXTS)."""
-        return label_value(cell) in (0.0, 1.0) or (self.blank_ok and (not cell.strip() or is_missing_text(cell)))
-
-    def unread(self, row: list[str]) -> bool:
-        """Whether a record (row: its cells) whose label cell is not good is read all the same, its label NaN:
-        blank_ok, and not a repeated header (predict reads no label: a row of good features is scored)."""
-        return self.blank_ok and not self._repeated_header(row)
-
-    def _repeated_header(self, row: list[str]) -> bool:
-        return [c.strip() for c in ([row[0].removeprefix("\ufeff"), *row[1:]] if row else row)] == self.header
-
-    def problem(self, cell: str, row: list[str]) -> str:
-        """Why a record (row: its cells) whose label cell is `cell` is bad."""
-        if self._repeated_header(row):
-            return "a repeated header line (files concatenated?)"
-        what = f"label {cell!r}" if cell.strip() else "an empty label"
-        if self.origin in ("schema", "--label-column"):
-            given = "the schema's label" if self.origin == "schema" else "given by --label-column"
-            return f"{what}, expected 0 or 1 (column {self.name!r}, {given}){_other_coding(cell)}"
-        if self.origin != "first column":  # a column the built-in schema took for its name (schema_builtin.csv_label)
-            return (f"{what}, expected 0 or 1 (column {self.name!r}, {self.origin}: --label-column or the schema's "
-                    f"`label` names another){_other_coding(cell)}")  # fmt: skip
-        if is_label_name(self.name) and _other_coding(cell):  # the label it is, its values written otherwise
-            return f"{what}, expected 0 or 1 (column {self.name!r}, the first column){_other_coding(cell)}"
-        named = labels_by_name([h for h in self.header if h != self.name])
-        hint = f"; the header has {named[0]!r}: --label-column {named[0]}?" if len(named) == 1 else ""
-        if len(named) > 1:
-            shown = ", ".join(map(repr, named[:-1])) + f" and {named[-1]!r}"
-            hint = f"; the header has {shown}, named like a label: --label-column names the one to predict"
-        return (f"{what}, expected 0 or 1 (column {self.name!r}, the first column, the built-in default: "
-                f"--label-column or the schema's `label` names another{hint})")  # fmt: skip
-
-
-def _other_coding(cell: str) -> str:
-    """For a label cell of the label column that is -1 or a word (not a missing value's text), as labels coded -1
-    and 1, or with words other than label_value's (clicked and not), are: how to write them; else ""."""
-    value = label_value(cell)
-    if value != -1 and not (math.isnan(value) and cell.strip() and not is_missing_text(cell)):
-        return ""
-    return (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (" + BOOL_LABELS +
-            " are read as 1 and 0 too)")  # fmt: skip
-
-
-def _delimiter_hint(header: list[str], delimiter: str) -> str:
-    """A hint for a header read as one column that another delimiter would split, else ""."""
-    if len(header) != 1:
-        return ""
-    for other in DELIMITERS:
-        if other != delimiter and other in header[0]:
-            return (f" (the header looks {delimiter_name(other)}-separated: --format auto tells a header's delimiter, "
-                    "a schema's `delimiter` names it)")  # fmt: skip
-    return ""
-
-
-def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True, blank_ok: bool = False
-                 ) -> tuple[_Label, dict[str, int]]:  # fmt: skip
-    """(the label column, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
-    labeled=False: no label is read (index None); blank_ok: a blank label cell is no label (_Label)."""
-    if not header:
-        raise ValueError(f"{name}: the header line names no columns")
-    label = schema.label if schema.label is not None else (header[0] if header else None)
-    sources = list(dict.fromkeys(c.source for c in schema.columns))
-    if not labeled:
-        label = None
-    named = [label, *sources] if labeled else sources
-    at = header_positions(name, header, named, schema.delimiter)
-    if label in sources:
-        raise ValueError(f"{name}: column {label!r} is the label (the first column) and a column of the schema")
-    origin = schema.label_from if schema.label is not None else "first column"
-    label_at = at.pop(0) if labeled else None
-    return _Label(label_at, label, origin, header, blank_ok), dict(zip(sources, at))
-
-
-def header_positions(name: str, header: list[str], columns: list[str], delimiter: str) -> list[int]:
-    """The position in the header of file `name` of each of columns, or ValueError naming those it lacks (with
-    _delimiter_hint's hint) or names more than once."""
-    unknown = [c for c in columns if c not in header]
-    if unknown:
-        raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}"
-                         f"{_delimiter_hint(header, delimiter)}")  # fmt: skip
-    repeated = [c for c in columns if header.count(c) > 1]
-    if repeated:
-        raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
-    return [header.index(c) for c in columns]
 
 
 def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
@@ -524,11 +243,6 @@ def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: lis
 def _blank(line: str, delimiter: str) -> bool:
     """Whether a line holds nothing but the delimiter and whitespace."""
     return not line.replace(delimiter, "").strip()
-
-
-def _blank_record(row: list[str]) -> bool:
-    """Whether a record is empty to the reader: no cell, or only blank ones (a blank line, ",,,")."""
-    return not any(cell.strip() for cell in row)
 
 
 def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str | None:

@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from worker.readers.csv_reader import BoundedReader, header_names, open_csv
+from worker.readers.csv_header import header_names
+from worker.readers.csv_records import BoundedReader, open_csv
 from worker.readers.share import is_blank
 
 SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, past its first half-sample
