@@ -27,7 +27,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from worker.metrics import auc, logloss
-from worker.synthetic import SyntheticConfig, SyntheticData, schema_text, write_synthetic
+from worker.synthetic import SyntheticConfig, SyntheticData
+from worker.synthetic_files import schema_text, write_synthetic
 from worker.train import train
 from worker.train_config import TrainConfig
 

@@ -27,7 +27,8 @@ import worker.client as client_module
 from worker.cluster import LocalCluster
 from worker.predict import PredictConfig, predict_servers
 from worker.served import evaluate_servers
-from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.synthetic import SyntheticConfig
+from worker.synthetic_files import write_synthetic
 from worker.train import train
 from worker.train_config import TrainConfig
 

@@ -49,7 +49,8 @@ from worker.batch import Batch
 from worker.formats import read_batches
 from worker.metrics import auc
 from worker.schema_builtin import builtin_schema
-from worker.synthetic import SyntheticConfig, small_data_config, write_synthetic
+from worker.synthetic import SyntheticConfig, small_data_config
+from worker.synthetic_files import write_synthetic
 from worker.train import train
 from worker.train_config import TrainConfig
 

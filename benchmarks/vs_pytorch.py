@@ -3,10 +3,10 @@ one process, on the same rows, in the same run.
 
     python benchmarks/vs_pytorch.py [--rows 300000] [--test-rows 50000] [--repeats 2] [--sparseps-args "..."]
 
-Data: write_synthetic (worker/synthetic.py, the planted linear model, seed --seed) writes --rows training rows and
---test-rows test rows (the next range) as Criteo files. Both systems read the same ids: the built-in criteo schema's,
-features.example_ids (13 bucketed integer fields and 26 categorical fields, plus the bias id), checked here against
-the generator's ids, and its 13 numeric features log(1 + x).
+Data: write_synthetic (worker/synthetic_files.py, the planted linear model, seed --seed) writes --rows training rows
+and --test-rows test rows (the next range) as Criteo files. Both systems read the same ids: the built-in criteo
+schema's, features.example_ids (13 bucketed integer fields and 26 categorical fields, plus the bias id), checked here
+against the generator's ids, and its 13 numeric features log(1 + x).
 
 The model, in both (worker/models/spec.py, model dnn): 40 fields (the 39 above and the bias) x embedding dim 10,
 concatenated with the 13 numeric features (413 inputs), an MLP 400-400-400-1 with ReLU, batch 1000, one epoch
@@ -84,7 +84,8 @@ CHECKED_ROWS = 4096  # rows whose ids read through the schema are compared with 
 def write_data(tmp: str, rows: int, test_rows: int, seed: int) -> tuple[str, str, float]:
     """(train file, test file, the planted model's AUC on the test rows)."""
     from worker.metrics import auc
-    from worker.synthetic import SyntheticConfig, SyntheticData, write_synthetic
+    from worker.synthetic import SyntheticConfig, SyntheticData
+    from worker.synthetic_files import write_synthetic
 
     cfg = SyntheticConfig(rows=rows, seed=seed)
     train, test = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")

@@ -21,7 +21,8 @@ from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS
 from tests.waiting import join_thread
-from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.synthetic import SyntheticConfig
+from worker.synthetic_files import write_synthetic
 
 # A shell starts a command it runs in the background (`cmd &`) with SIGINT ignored, and Python started so installs
 # no KeyboardInterrupt handler, nor do the processes it starts: the tests of Ctrl-C would fail for how the suite

@@ -20,7 +20,8 @@ from tests.test_train_modes import _run_job
 from tests.waiting import wait_until
 from worker.checkpoint import save
 from worker.client import Client
-from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.synthetic import SyntheticConfig
+from worker.synthetic_files import write_synthetic
 from worker.train_config import TrainConfig
 
 State = dict[str, tuple[np.ndarray, np.ndarray]]  # table -> (ids, full rows), by id

@@ -22,7 +22,8 @@ from worker.readers import criteo_reader
 from worker.schema_builtin import builtin_schema
 from worker.schema_columns import CRITEO_COLUMNS
 from worker.schema_file import schema_from_text
-from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.synthetic import SyntheticConfig
+from worker.synthetic_files import write_synthetic
 
 SCHEMA = builtin_schema("criteo", default_table="t", default_dim=4)
 INTS, CATS, _ = parsed_sources(SCHEMA)

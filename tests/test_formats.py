@@ -994,7 +994,8 @@ def test_a_format_flag_a_schema_file_overrides_is_said_to_be_unused(tmp_path, ca
 
 def test_synthetic_settings_given_with_data_are_said_to_be_unused(tmp_path, caplog):
     from worker.job import prepare
-    from worker.synthetic import SyntheticConfig, write_synthetic
+    from worker.synthetic import SyntheticConfig
+    from worker.synthetic_files import write_synthetic
     from worker.train_config import TrainConfig
 
     data = str(tmp_path / "d.txt")

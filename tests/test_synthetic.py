@@ -34,11 +34,10 @@ from worker.synthetic import (
     SMALL_DATA_ROWS,
     SyntheticConfig,
     SyntheticData,
-    schema_text,
     small_data_config,
-    write_synthetic,
     zipf_ranks,
 )
+from worker.synthetic_files import schema_text, write_synthetic
 
 M64 = 2**64 - 1
 

@@ -17,7 +17,8 @@ from worker.client import Client
 from worker.job import loop_settings, open_job
 from worker.model_tables import table_configs
 from worker.step import Step
-from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.synthetic import SyntheticConfig
+from worker.synthetic_files import write_synthetic
 from worker.train_config import TrainConfig
 
 

@@ -318,7 +318,8 @@ def test_a_malformed_first_eval_data_line_or_no_example_fails_before_any_server_
 
 def _long_eval_file_with_a_bad_last_line(tmp_path: Path, rows: int = 5000) -> Path:
     """A Criteo eval file of `rows` examples (more than the first chunk check_eval reads) and a cut last line."""
-    from worker.synthetic import SyntheticConfig, write_synthetic
+    from worker.synthetic import SyntheticConfig
+    from worker.synthetic_files import write_synthetic
 
     path = tmp_path / "long_eval.tsv"
     write_synthetic(path, SyntheticConfig(rows=TRAIN_ROWS), TRAIN_ROWS, TRAIN_ROWS + rows)

@@ -26,7 +26,8 @@ from worker.client import Client
 from worker.job import loop_settings, open_job
 from worker.launch_report import format_summary, merge_metrics
 from worker.loop import run_epochs
-from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.synthetic import SyntheticConfig
+from worker.synthetic_files import write_synthetic
 from worker.train_config import TrainConfig
 
 
@@ -643,9 +644,9 @@ def test_synth_into_a_full_disk_names_out_and_leaves_no_part_of_the_file(tmp_pat
     complete data file of fewer rows (or end in a cut line)."""
     import errno
 
-    from worker import synthetic
+    from worker import synthetic_files
 
-    real = synthetic.format_criteo
+    real = synthetic_files.format_criteo
     calls = [0]
 
     def full_after_one_chunk(*a):
@@ -654,7 +655,7 @@ def test_synth_into_a_full_disk_names_out_and_leaves_no_part_of_the_file(tmp_pat
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*a)
 
-    monkeypatch.setattr(synthetic, "format_criteo", full_after_one_chunk)
+    monkeypatch.setattr(synthetic_files, "format_criteo", full_after_one_chunk)
     out = tmp_path / "data.tsv"
     code, _, err = worker(["synth", "--out", str(out), "--rows", "200000"], capsys)
     assert code == 2 and f"--out {out}: could not write it (No space left on device); nothing was written" in err, err

@@ -75,7 +75,8 @@ def run_synth(args: argparse.Namespace) -> int:
     import dataclasses
 
     from worker.results import auc_text
-    from worker.synthetic import SMALL_DATA_ROWS, SyntheticConfig, schema_text, small_data_config, write_synthetic
+    from worker.synthetic import SMALL_DATA_ROWS, SyntheticConfig, small_data_config
+    from worker.synthetic_files import schema_text, write_synthetic
 
     if args.rows is None:
         args.rows = SMALL_DATA_ROWS if args.small else 100_000

@@ -137,7 +137,7 @@ class DataSource(DataChecks, DataReports):
         self.stream_labels: LabelOrder | None = None  # of the first epoch read in file order, once read to its end
 
     def _synthetic_schema(self, default_table: str) -> Schema:
-        from worker.synthetic import schema_text
+        from worker.synthetic_files import schema_text
 
         return schema_from_text(schema_text(self.synthetic.config), "the synthetic data's schema",
                                 default_table=default_table, default_dim=self.cfg.embedding_dim)  # fmt: skip
