@@ -365,7 +365,7 @@ def test_an_ssp_job_resumed_in_part_launches_again_and_files_of_two_jobs_are_sti
     worker 1 was killed before its first step (its file still names j1, resuming as j2). The same launch again
     resumes them (under a new id), as it does after that launch (as j3) was refused before a step; a file of j1 with
     one of j2, unless the j1 file resumes as j2, is refused."""
-    from worker.resume import PositionWriter
+    from worker.resume_writer import PositionWriter
 
     j1, j2, j3 = job_hash("j1"), job_hash("j2"), job_hash("j3")
 
@@ -407,7 +407,8 @@ def test_a_chain_of_refused_restarts_keeps_every_job_a_file_was_started_as(tmp_p
     """An ssp job j1 of 2 workers resumed as j2: worker 0 trained a step under j2, worker 1 was refused before its
     first (worker 0's file names j2; worker 1's j1, resuming as j2). Worker 1 started again as j3, refused again, and
     again as j4: its file resumes as j2, j3 and j4, so a launch still takes the two files as one job's."""
-    from worker.resume import PositionWriter, recorded_resuming_as
+    from worker.resume import recorded_resuming_as
+    from worker.resume_writer import PositionWriter
 
     j1, j2, j3, j4 = (job_hash(name) for name in ("j1", "j2", "j3", "j4"))
 

@@ -15,14 +15,9 @@ import worker.loop
 from ps.stamp import job_hash
 from worker.__main__ import main as worker_main
 from worker.cluster import LocalCluster
-from worker.resume import (
-    RESUMING_AS_KEPT,
-    PositionWriter,
-    libsvm_reading,
-    read_position,
-    recorded_job,
-    recorded_resuming_as,
-)
+from worker.resume import RESUMING_AS_KEPT, read_position, recorded_job, recorded_resuming_as
+from worker.resume_settings import libsvm_reading
+from worker.resume_writer import PositionWriter
 from worker.schema_builtin import resolve_schema
 from worker.train_config import TrainConfig
 
@@ -454,7 +449,7 @@ def test_a_resume_file_another_run_still_uses_is_refused_and_free_once_it_ends(t
     import sys
 
     position = tmp_path / "position.json"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom worker.resume import held\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom worker.resume_writer import held\n"
                                f"with held({str(position)!r}):\n    print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -477,7 +472,7 @@ def test_a_resume_file_another_run_still_uses_is_refused_and_free_once_it_ends(t
 def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path):
     """The lock beside the file (its holder's process id written into it) is never a link's target: a link planted
     at .NAME.lock (a shared directory such as /tmp) would have the run cut the file it points to."""
-    from worker.resume import held
+    from worker.resume_writer import held
 
     elsewhere = tmp_path / "elsewhere.txt"
     elsewhere.write_text("not the run's\n")

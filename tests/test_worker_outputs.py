@@ -670,7 +670,7 @@ def test_predict_and_the_resume_file_into_a_full_disk_name_their_flag(tmp_path, 
     import errno
 
     from worker import predict
-    from worker.resume import PositionWriter
+    from worker.resume_writer import PositionWriter
     from worker.scoring import ScoringProgress
 
     def full(*_a, **_k):
@@ -681,7 +681,7 @@ def test_predict_and_the_resume_file_into_a_full_disk_name_their_flag(tmp_path, 
     with pytest.raises(OSError, match=rf"^--out {out}: could not write the predictions \(No space left on device\)"):
         predict._write(str(out), [], predict._Columns(False, False, ()), ScoringProgress(0, False))
     assert os.listdir(tmp_path) == []
-    monkeypatch.setattr("worker.resume.write_json_whole", full)
+    monkeypatch.setattr("worker.resume_writer.write_json_whole", full)
     position = tmp_path / "position.json"
     writer = PositionWriter(TrainConfig(servers=("h:1",), resume_file=str(position)))
     with pytest.raises(OSError, match=rf"^could not write --resume-file {position} \(No space left on device\)$"):

@@ -45,9 +45,10 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     telling it that it is done: resume_rejoins), as given when there is no file yet, without the file where one
     worker cannot resume alone (a warning says why); None (said) when the file says the run ended. ValueError for a
     file of another run, for a --skip-examples other than the one the file's run started from, and, with a stack,
-    for a file another run holds (the stack then holds it, worker.resume.held, until it closes)."""
+    for a file another run holds (the stack then holds it, worker.resume_writer.held, until it closes)."""
     from ps.stamp import job_named
-    from worker.resume import held, read_position, rejoins, resume_path, resumes_whole, unused_because
+    from worker.resume import read_position, rejoins, resume_path, resumes_whole, unused_because
+    from worker.resume_writer import held
 
     cfg.validate()
     why = unused_because(cfg)

@@ -45,7 +45,8 @@ from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import held_features, missing_shares, sparse_table_stats, weaker_l2_toml
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
-from worker.resume import PositionWriter, resumes_whole, state_changed
+from worker.resume import resumes_whole, state_changed
+from worker.resume_writer import PositionWriter
 from worker.row_source import row_source
 from worker.scoring import ScoringProgress, evaluate
 from worker.stopping import abandon

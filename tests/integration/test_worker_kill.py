@@ -24,7 +24,7 @@ FROZEN = """
 import functools, sys, threading
 import worker.loop, worker.train
 from worker.__main__ import main
-from worker.resume import PositionWriter
+from worker.resume_writer import PositionWriter
 worker.train.PositionWriter = functools.partial(PositionWriter, every_s=0.0)
 real, steps = worker.loop.logloss, [0]
 def logloss(labels, probs):
