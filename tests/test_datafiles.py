@@ -13,7 +13,8 @@ from tests.test_formats import SAMPLES, assert_same_batches, ids_matrix, join, r
 from tests.test_operator_errors import TINY_RUN, worker
 from worker.data_checks import count_lines
 from worker.datafiles import data_files
-from worker.formats import check_same_format, csv_records, file_has_labels, first_with_content
+from worker.format_detection import check_same_format
+from worker.formats import csv_records, file_has_labels, first_with_content
 from worker.linecount import LineCount, count_files_upto
 from worker.predict import _csv_label_unknown
 from worker.schema_infer import infer_schema

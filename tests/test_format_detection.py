@@ -1,4 +1,4 @@
-"""Tests for `--format auto`, the default (formats.detect_format), and the built-in csv schema's label
+"""Tests for `--format auto`, the default (format_detection.detect_format), and the built-in csv schema's label
 (schema_builtin.csv_label): each format told by its first line (plain, gzip'ed, CRLF, a directory of parts, quoted
 CSV cells) and read as the explicit flag reads it; what auto cannot tell refused naming --format; the label of an
 Avazu-like file, of a label column in the middle, two candidates refused; a run with no flags on an Avazu-like file
@@ -18,7 +18,8 @@ from tests.test_predict import predict, read_out
 from worker.__main__ import build_parser, main
 from worker.cli_predict import predict_config
 from worker.criteo import format_criteo
-from worker.formats import detect_format, file_has_labels, read_batches, read_csv_sample
+from worker.format_detection import detect_format
+from worker.formats import file_has_labels, read_batches, read_csv_sample
 from worker.metrics import auc
 from worker.readers.share import ReadStats
 from worker.schema_builtin import csv_label, resolve_schema
@@ -574,7 +575,7 @@ def test_held_out_data_of_another_format_than_the_auto_training_data_is_refused_
     """--eval-data or --validation-data of another format than the one auto told --data's is refused before a line
     is read, naming each file's format and what was seen (not the reader's first bad line, or a CSV header that
     lacks the training file's columns); one of the same format passes."""
-    from worker.formats import check_same_format
+    from worker.format_detection import check_same_format
 
     train_path, held = tmp_path / f"train.{train_fmt}", tmp_path / f"held.{held_fmt}"
     train_path.write_text(TEXTS[train_fmt])
@@ -592,7 +593,7 @@ def test_held_out_data_of_another_format_than_the_auto_training_data_is_refused_
 
 
 def test_held_out_data_of_another_delimiter_than_the_auto_training_data_is_refused_naming_both(tmp_path):
-    from worker.formats import check_same_format
+    from worker.format_detection import check_same_format
 
     train_path, held = tmp_path / "train.csv", tmp_path / "held.csv"
     write_csv(train_path, ",")

@@ -24,10 +24,10 @@ from worker.features import (
     field_ids,
     space_ids,
 )
+from worker.format_detection import detect_format
 from worker.formats import (
     ReadStats,
     column_stats,
-    detect_format,
     file_has_labels,
     libsvm_field_count,
     read_batches,

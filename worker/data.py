@@ -31,7 +31,8 @@ from worker.batch import Batch, rebatch
 from worker.data_checks import DataChecks
 from worker.data_reports import DataReports
 from worker.datafiles import data_files
-from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, read_batches
+from worker.format_detection import check_same_format
+from worker.formats import ReadStats, column_stats, file_has_labels, read_batches
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto
 from worker.schema import Schema
 from worker.schema_builtin import resolve_schema

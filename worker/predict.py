@@ -3,7 +3,7 @@
     predict_servers(cfg: PredictConfig) -> dict      # `ps-worker predict` (flags: worker/cli_predict.py)
 
 The input is a file, or many (worker/datafiles.py: a directory, a glob, a comma-separated list), scored in order,
-each the same format as the first (formats.check_same_format). The output file (UTF-8, "\n" line ends):
+each the same format as the first (format_detection.check_same_format). The output file (UTF-8, "\n" line ends):
 
     file        := header row*
     header      := ["file,"] "line,probability" [",label"] ("," kept)* "\n"   # "file," unless the input is named
@@ -59,15 +59,8 @@ from ps.storage import leftovers
 from worker.batch import Batch
 from worker.datafiles import check_data_input, data_files
 from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
-from worker.formats import (
-    ReadStats,
-    check_same_format,
-    csv_records,
-    detect_format,
-    file_has_labels,
-    first_with_content,
-    read_csv_header,
-)
+from worker.format_detection import check_same_format, detect_format
+from worker.formats import ReadStats, csv_records, file_has_labels, first_with_content, read_csv_header
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto
 from worker.readers.csv_header import header_positions
 from worker.readers.csv_records import column_cells
@@ -166,8 +159,8 @@ def _check_new_out(out: str, overwrite: bool) -> None:
 
 
 def _csv_label_unknown(fmt: str, path: str) -> bool:
-    """Whether a file read through the built-in schema of fmt (auto: the format formats.detect_format tells) is a
-    CSV whose label column the schema cannot tell from its first records (schema_builtin.csv_label)."""
+    """Whether a file read through the built-in schema of fmt (auto: the format format_detection.detect_format
+    tells) is a CSV whose label column the schema cannot tell from its first records (schema_builtin.csv_label)."""
     delimiter: str | None = ","
     if fmt == AUTO_FORMAT:
         fmt, delimiter, _ = detect_format(path)

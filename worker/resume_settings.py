@@ -43,14 +43,14 @@ def libsvm_reading(values: object, cfg: TrainConfig) -> object:
 
 
 def data_format(fmt: object, cfg: TrainConfig) -> object:
-    """The format cfg's data is read in under the --format value fmt: for auto, the one formats.detect_format tells,
-    with a CSV's delimiter other than a comma ("csv (delimiter ';')"; a file written as given holds auto, or the
-    default criteo of a version without auto); None where no --format is read (a --schema file's own format, or
-    synthetic data). ValueError where auto cannot tell it."""
+    """The format cfg's data is read in under the --format value fmt: for auto, the one
+    format_detection.detect_format tells, with a CSV's delimiter other than a comma ("csv (delimiter ';')"; a file
+    written as given holds auto, or the default criteo of a version without auto); None where no --format is read
+    (a --schema file's own format, or synthetic data). ValueError where auto cannot tell it."""
     if cfg.data is None or cfg.schema is not None:
         return None
     if fmt == AUTO_FORMAT:
-        from worker.formats import detect_format
+        from worker.format_detection import detect_format
 
         told, delimiter, _ = detect_format(cfg.data)
         return told if delimiter in (None, ",") else f"{told} (delimiter {delimiter!r})"

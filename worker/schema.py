@@ -2,9 +2,9 @@
 
 A schema is a TOML file (`--schema FILE`); `--format criteo|csv|libsvm` with the column flags are built-in
 schemas (worker/schema_builtin.py), so every run reads its data through one (`--format auto`, the default: the
-format of the data's first line, formats.detect_format). A file is read by worker/schema_file.py, its column kinds
-and Column are worker/schema_columns.py's, and Schema.to_toml writes one through worker/schema_toml.py. Grammar
-(keys not listed are errors):
+format of the data's first line, format_detection.detect_format). A file is read by worker/schema_file.py, its
+column kinds and Column are worker/schema_columns.py's, and Schema.to_toml writes one through worker/schema_toml.py.
+Grammar (keys not listed are errors):
 
     format    = "csv"              # csv (default) | criteo | libsvm: how a line splits into columns, and the
                                    # columns' names (worker/readers/): csv the header's (trimmed, as are the
@@ -95,7 +95,7 @@ class Schema:
     says where label came from, for messages about it: "schema" (a schema's `label`), "--label-column", or
     "first column" (the training file's first column, the built-in default), or why the built-in csv schema took
     another column (schema_builtin.csv_label); format_from, how the format was chosen, for the run's output: ""
-    (given: --format, or the schema file's `format`) or what formats.detect_format saw. Neither is part of the
+    (given: --format, or the schema file's `format`) or what format_detection.detect_format saw. Neither is part of the
     schema's value (equality, to_toml, fingerprint). label_written: a schema file's `label` as it writes it, where
     spaces around it make it differ from label (legacy_fingerprint). as_written: the built-in csv schema of a header
     whose names have spaces around them, with its cells as written in their place, spaces kept (names, sources,

@@ -163,7 +163,7 @@ def resolve_schema(
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
     column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first
     with content: formats.first_with_content; a csv's sample records from the first holding some:
-    formats.csv_records). fmt "auto": the format formats.detect_format tells by data's first
+    formats.csv_records). fmt "auto": the format format_detection.detect_format tells by data's first
     line (said in the schema's format_from); a column flag of another format is refused. csv without label_column:
     the label column csv_label picks (the first column by default). libsvm: libsvm_values (schema_columns.LIBSVM_VALUES)
     says whether its fields read values as weights; auto: where libsvm_sample finds a value other than 0 and 1."""
@@ -189,7 +189,8 @@ def resolve_schema(
             if header:
                 schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
-    from worker.formats import csv_records, detect_format
+    from worker.format_detection import detect_format
+    from worker.formats import csv_records
     from worker.readers.libsvm_reader import libsvm_sample, libsvm_values_read_as
 
     format_from, delimiter = "", ","

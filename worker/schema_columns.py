@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 
 FORMATS = ("criteo", "csv", "libsvm")
-AUTO_FORMAT = "auto"  # --format's value that takes the data's format from its first line (formats.detect_format)
+AUTO_FORMAT = "auto"  # --format's value: the data's format told by its first line (format_detection.detect_format)
 FORMAT_CHOICES = (AUTO_FORMAT, *FORMATS)  # --format's values
 DEFAULT_FORMAT = AUTO_FORMAT  # a run's --format when none is given (TrainConfig.format)
 LABEL_NAMES = ("label", "click", "clicked", "is_click", "y", "target", "conversion", "converted")  # a label's usual

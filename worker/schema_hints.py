@@ -1,8 +1,8 @@
 """What the built-in schema (worker/schema_builtin.py) may read wrong in a file, warned of as a run starts: a first
-line that reads like an example (a CSV without a header line: also formats.detect_format's refusal and `ps-worker
-schema`'s check), a label the header names elsewhere, columns of lists read as one id per cell, a row's own id read
-as a feature, columns of numbers read as ids (plain, or written as 1,234 or 0,5), --numeric-columns' logs of numbers
-below 0."""
+line that reads like an example (a CSV without a header line: also format_detection.detect_format's refusal and
+`ps-worker schema`'s check), a label the header names elsewhere, columns of lists read as one id per cell, a row's
+own id read as a feature, columns of numbers read as ids (plain, or written as 1,234 or 0,5), --numeric-columns'
+logs of numbers below 0."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def header_reads_like_an_example(data: str, header: list[str], label_column: str
         return ""
     columns = (" (if those are column numbers, as pandas writes for a frame without column names, name the columns "
                "before writing it: df.columns = [...])" if run else "")  # fmt: skip
-    from worker.formats import first_with_content  # (formats imports this module)
+    from worker.formats import first_with_content  # (format_detection imports this module)
 
     names = ["label", *(f"c{k}" for k in range(1, len(header)))]
     name = first_with_content(data)

@@ -102,8 +102,9 @@ def infer_schema(
     path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = SAMPLE_ROWS
 ) -> tuple[str, list[str]]:
     """(infer_schema_text's TOML, what a person must check before training: a label that is a guess). fmt "auto":
-    the format formats.detect_format tells (csv: and the delimiter), said in a comment."""
-    from worker.formats import detect_format, first_with_content
+    the format format_detection.detect_format tells (csv: and the delimiter), said in a comment."""
+    from worker.format_detection import detect_format
+    from worker.formats import first_with_content
     from worker.readers.libsvm_reader import libsvm_sample
 
     if fmt not in FORMAT_CHOICES:

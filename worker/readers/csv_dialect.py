@@ -1,4 +1,4 @@
-"""A CSV file's delimiter, told by its header line and the records under it (formats.detect_format: --format auto).
+"""A CSV file's delimiter, told by its header line and the records under it (--format auto: format_detection.py).
 
     csv_delimiter(name) -> (delimiter, header) | None
 
