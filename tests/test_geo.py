@@ -11,7 +11,7 @@ from ps.config import OptimizerConfig, TableConfig
 from ps.rows.layout import CLICK, LAST_STEP, SHOW
 from tests.inprocess import InProcessTables
 from worker.geo import GeoTables
-from worker.rowcache import SLOT_BYTES
+from worker.idslots import SLOT_BYTES
 
 F32 = np.float32
 SGD = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5), weight_bound=0.02)

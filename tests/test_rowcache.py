@@ -8,7 +8,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from worker.rowcache import SLOT_BYTES, IdSlots, RowCache, evict_lfu
+from worker.idslots import SLOT_BYTES, IdSlots, evict_lfu
+from worker.rowcache import RowCache
 
 DIMS = {"a": 3, "b": 5}
 

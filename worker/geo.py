@@ -21,12 +21,12 @@ and pushes the accumulated deltas every `every` steps; the servers add them with
                   of a run (or of a stopped one); so a run's pushes advance every shard's clock by each of its
                   steps (but trailing steps that changed no row).
     memory        after a push, past capacity_bytes, held rows leave least frequently used first
-                  (worker.rowcache.evict_lfu; frequencies count rows() requests and halve every DECAY_STEPS steps);
+                  (worker.idslots.evict_lfu; frequencies count rows() requests and halve every DECAY_STEPS steps);
                   a row coming back starts again from the pulled embedding and the initial optimizer state. Between
                   pushes every row changed since the last one stays (its delta is pending).
 
 Bytes of one held row (row_bytes): local 4 (dim + state floats), base 4 dim, shows and clicks 8, changed flag 1,
-and worker.rowcache.SLOT_BYTES of bookkeeping.
+and worker.idslots.SLOT_BYTES of bookkeeping.
 
 What the servers do and the local step does not: the lazy L2 of TableConfig.l2 (it decays rows at optimizer
 pushes; an add-delta push adds the delta as it is, so geo mode refuses tables with an l2: worker.model_tables); admission (an id that
@@ -47,7 +47,7 @@ from ps.config import TableConfig
 from ps.rows.optim import get_optimizer
 from ps.stamp import WorkerStamp
 from worker.client import PushItem
-from worker.rowcache import SLOT_BYTES, IdSlots, evict_lfu, grown
+from worker.idslots import SLOT_BYTES, IdSlots, evict_lfu, grown
 
 DECAY_STEPS = 64  # steps between halvings of the rows' use frequencies
 
