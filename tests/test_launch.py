@@ -41,7 +41,8 @@ from worker.launch_report import (
     merge_progress,
 )
 from worker.launch_workers import WorkerGroup, local_ranks, worker_commands, worker_environment
-from worker.loop import LoopResult, _ProgressLines
+from worker.loop import LoopResult
+from worker.loop_progress import _ProgressLines
 from worker.progress_lines import parse_progress
 from worker.results import NOT_EVALUATED, local_shards_gone
 from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs

@@ -1142,12 +1142,12 @@ def test_a_stopped_geo_workers_last_progress_line_counts_the_examples_it_pushed(
     """geo with --geo-every 3, Ctrl-C as step 9's batch is read: 8 steps trained, the deltas of steps 1-6 pushed
     at steps 3 and 6, those of 7 and 8 as it stops (the servers did not fail): the last line counts all 800 as
     pushed. A SIGKILL leaves the line before, whose "pushed" counts only what the servers held then."""
-    from worker import loop
+    from worker import loop_progress
 
     train_path, _ = files
     addresses, _ = servers(1)
     interrupt_at_batch(monkeypatch, 9)
-    monkeypatch.setattr(loop._ProgressLines, "JSON_EVERY_S", 0.0)  # a line after every step
+    monkeypatch.setattr(loop_progress._ProgressLines, "JSON_EVERY_S", 0.0)  # a line after every step
     with pytest.raises(KeyboardInterrupt):
         train(small_run(addresses, train_path, mode="geo", geo_every=3, epochs=2, prefetch=1, progress_lines=True))
     lines = [json.loads(line.removeprefix("PROGRESS ")) for line in capsys.readouterr().out.strip().splitlines()

@@ -257,9 +257,9 @@ def test_the_training_bar_never_passes_its_total_and_closes_at_the_examples_trai
 def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, capsys):
     """With stderr not a terminal, a run prints a plain 'progress:' line every PLAIN_EVERY_S (and one at its
     end) instead of a bar's carriage-return redraws."""
-    from worker import loop
+    from worker import loop_progress
 
-    monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    monkeypatch.setattr(loop_progress._ProgressLines, "PLAIN_EVERY_S", 0.0)
     path = tmp_path / "train.tsv"
     write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
     cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=1)
@@ -277,13 +277,13 @@ def _fake_clock(monkeypatch, *modules) -> list[float]:
     loop's progress lines printed at every step."""
     import types
 
-    from worker import loop
+    from worker import loop_progress
 
     now = [0.0]
     clock = types.SimpleNamespace(perf_counter=lambda: now[0])
     for module in modules:
         monkeypatch.setattr(module, "time", clock)
-    monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    monkeypatch.setattr(loop_progress._ProgressLines, "PLAIN_EVERY_S", 0.0)
     return now
 
 
@@ -308,10 +308,10 @@ def test_the_progress_rate_and_step_seconds_leave_out_evaluations_as_the_summary
     fake one: reading a batch takes 1 s, each evaluation of the validation set 100 s."""
     import dataclasses
 
-    from worker import loop
+    from worker import loop, loop_progress
     from worker.telemetry import TrainTelemetry
 
-    now = _fake_clock(monkeypatch, loop)
+    now = _fake_clock(monkeypatch, loop, loop_progress)
     evaluate = loop.evaluate
 
     def slow_evaluate(*args, **kwargs):
@@ -344,9 +344,9 @@ def test_a_plain_progress_line_gives_the_rate_since_the_line_before_and_the_time
     """A run that slows down (batches of 100 read in 1 s, then in 4 s from the 4th on) shows it in the rate since
     the line before, where the whole run's rate lags; the time left is at that recent rate, and the last line gives
     none."""
-    from worker import loop
+    from worker import loop, loop_progress
 
-    now = _fake_clock(monkeypatch, loop)
+    now = _fake_clock(monkeypatch, loop, loop_progress)
     with _lr_job_of_600_rows(tmp_path, epochs=1) as (tables, cfg, data, spec, backend, dense):
 
         def slowing(epoch: int):
@@ -373,9 +373,10 @@ def test_a_resumed_runs_progress_rate_leaves_out_the_time_it_spent_skipping(monk
     a skipped one 100 s."""
     import dataclasses
 
-    from worker import loop, train_stream
+    from worker import loop, loop_progress, train_stream
 
-    now = _fake_clock(monkeypatch, loop, train_stream)  # the loop's clock and its progress lines', and the skip's
+    # the loop's clock and its progress lines', and the skip's
+    now = _fake_clock(monkeypatch, loop, loop_progress, train_stream)
     with _lr_job_of_600_rows(tmp_path, epochs=1) as (tables, cfg, data, spec, backend, dense):
 
         def timed(epoch: int):

@@ -1,4 +1,4 @@
-"""The PROGRESS lines a worker writes on stdout under `ps-worker train --progress-lines` (worker/loop.py) and
+"""The PROGRESS lines a worker writes on stdout under `ps-worker train --progress-lines` (worker/loop_progress.py) and
 `ps-worker launch` reads (worker/launch_workers.py, merged by worker/launch_report.py):
 
     PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
