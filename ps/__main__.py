@@ -7,8 +7,8 @@ from ps.terminate import exit_code, interrupt_exits, sigterm_raises
 with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start's first 0.3 s)
     import sys
 
-    from ps.cli_commands import _parse, export_main, health_main, size_main, verify_main
-    from ps.cli_server import _run_server
+    from ps.cli_commands import export_main, health_main, parse_strictly, size_main, verify_main
+    from ps.cli_server import run_server
     from ps.cli_server_flags import build_parser
     from ps.settings import apply_defaults, reader_gone, warn_unknown_environment
 
@@ -42,9 +42,9 @@ def _main(argv: list[str] | None) -> int:
         apply_defaults(parser, argv, section="server")
     except ValueError as e:
         parser.error(str(e))
-    args = _parse(parser, argv)
+    args = parse_strictly(parser, argv)
     with sigterm_raises():  # until serve() puts its own handler in place (ps.terminate; main() says it)
-        return _run_server(args)
+        return run_server(args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from ps.settings import HelpFormatter, address, integer, number, unknown_argumen
 from ps.terminate import sigterm_raises
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+def parse_strictly(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """parser.parse_args(argv), naming a mistyped flag before a missing required one (settings.unknown_arguments);
     an abbreviated flag is refused, as in every command (settings.apply_defaults)."""
     parser.allow_abbrev = False
@@ -50,7 +50,7 @@ def size_main(argv: list[str]) -> int:
 
     from ps.sizing import format_report, size_report
 
-    args = _parse(build_size_parser(), argv)
+    args = parse_strictly(build_size_parser(), argv)
     try:
         r = size_report(int(args.ids), args.dim, args.optimizer, args.servers, args.hot_fraction, args.values_at_rest)
     except ValueError as e:
@@ -87,7 +87,7 @@ def health_main(argv: list[str]) -> int:
     --starting-ok, 0. Exit 1:
     anything else (nothing listens, no answer in --timeout-s, a TLS mismatch, NOT_SERVING while it stops).
     Exit 2: a flag is wrong."""
-    args = _parse(build_health_parser(), argv)
+    args = parse_strictly(build_health_parser(), argv)
     from ps.health import check_health  # imported late: grpc stays out of `--help`
     from ps.secretfiles import read_token
 
@@ -119,7 +119,7 @@ def verify_main(argv: list[str]) -> int:
     For a checkpoint (or a shard-<i> folder of one): its manifest's checksum, each shard's files against the
     manifest's sha256s, every block of each shard's RocksDB (damage saved into the checkpoint, which the sha256s
     cover, is found only so), and its rows against the manifest's counts."""
-    args = _parse(build_verify_parser(), argv)
+    args = parse_strictly(build_verify_parser(), argv)
     with sigterm_raises():  # a stop removes the read-only view (ps.terminate; main() says it)
         return _verify(args)
 
@@ -177,7 +177,7 @@ def export_main(argv: list[str]) -> int:
     folder it names ("dir") holding per table `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim),
     embeddings only), admitted rows only. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a
     message (143: stopped by SIGTERM, its temporary files removed)."""
-    args = _parse(build_export_parser(), argv)
+    args = parse_strictly(build_export_parser(), argv)
     with sigterm_raises():  # a stop removes the read-only view and the temporary files (ps.terminate)
         return _export(args)
 

@@ -29,7 +29,7 @@ def _given_settings(args: argparse.Namespace) -> str:
     return " ".join(out) or "none"
 
 
-def _run_server(args: argparse.Namespace) -> int:
+def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.memory_bytes is not None:
         tune_malloc(BOUNDED_TRIM_THRESHOLD, BOUNDED_MMAP_THRESHOLD)

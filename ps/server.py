@@ -1,5 +1,5 @@
 """`Server`: a shard's process lifecycle: listen (ParameterServer + health), build the shard meanwhile, serve, stop
-cleanly (the process run around it, until a signal: ps/server_run.py; where it listens: ps/binding.py)."""
+cleanly (the process run around it, until a signal: ps/server_run.py; where it listens: ps/listen_address.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from ps.accel.threadnames import name_os_thread
-from ps.binding import bind_problems, exposure_warning, host_port
 from ps.engine.shard import Shard
 from ps.engine.startup import StartProgress
 from ps.errors import SHARD_STARTING, StorageError
 from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
+from ps.listen_address import bind_problems, exposure_warning, host_port
 from ps.metrics import ServerMetrics
 from ps.replies import reply_room_bytes
 from ps.secretfiles import READ_TOKEN_FILE, TOKEN_FILE, read_token, readable_by_all
@@ -48,7 +48,7 @@ class Server:
     UNAVAILABLE saying the same (ps.service.StartGate), and the metrics port serves the start's gauges. A start
     that fails, or is stopped (StartStopped), stops listening before it raises. `start()` then serves: SERVING;
     it returns the port. `start(warming=True)` serves the calls but leaves health NOT_SERVING, saying the kernels
-    are loading, until `warmed()`: a readiness probe sends traffic once the compiled kernels are in place."""
+    are loading, until `warmed()`: a readiness probe finds it Ready once the compiled kernels are in place."""
 
     def __init__(self, config: ServerConfig, progress: StartProgress | None = None,
                  on_listening: Callable[[Server], None] | None = None):  # fmt: skip
@@ -116,7 +116,7 @@ class Server:
         if self.progress.starting:
             return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
         since = self._warming_since
-        if since is None or self._gone:
+        if since is None or self._gone or self.health._gracefully_shutting_down:  # stopping: not starting
             return None
         return (f"shard {self.config.shard_id} {SHARD_STARTING}: loading its compiled kernels (warm-up, "
                 f"{time.monotonic() - since:.0f} s so far; calls are served meanwhile)")  # fmt: skip

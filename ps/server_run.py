@@ -11,10 +11,10 @@ import sys
 import threading
 import time
 
-from ps.binding import host_port
 from ps.engine.startup import StartProgress, StartStopped
 from ps.engine.warmup import warm_up
 from ps.errors import DataDirLostError, DiskFullError, ShardNeedsRestartError
+from ps.listen_address import host_port
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.terminate import SIGNAL_CHECK_S, HandlerWork, StopFlag

@@ -1,5 +1,5 @@
 """The gRPC servicer: decodes and validates requests, calls the Shard, maps every exception to a status (through
-ps.service_calls._rpc).
+ps.service_calls.rpc_handler).
 
 No client ever sees UNKNOWN: a request whose bytes do not decode is INVALID_ARGUMENT (ps.codec reads every
 request), ps.errors exceptions map to their status, anything else is INTERNAL, logged. A full disk (ENOSPC,
@@ -74,7 +74,7 @@ from ps.errors import (
 )
 from ps.refusals import RefusalLog
 from ps.replies import REPLY_FRAME_BYTES, ReplyRoom
-from ps.service_calls import CallerGone, RunningCalls, _rpc, refuse
+from ps.service_calls import CallerGone, RunningCalls, refuse, rpc_handler
 from ps.stamp import WorkerStamp
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             spec=codec.table_config_to_proto(table.cfg), num_rows=table.num_rows, row_floats=table.width
         )
 
-    @_rpc
+    @rpc_handler
     def CreateTable(self, request: Any, context: grpc.ServicerContext) -> Message:
         cfg, stamp = codec.table_config_from_proto(request.spec), stamp_of(request)
         if request.check_only:
@@ -243,11 +243,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return ps_pb2.TableInfo(spec=codec.table_config_to_proto(cfg), num_rows=num_rows, row_floats=width)
         return self._info(self.shard.create_table(cfg, request.replace_untrained, stamp))
 
-    @_rpc
+    @rpc_handler
     def DescribeTable(self, request: Any, context: grpc.ServicerContext) -> Message:
         return self._info(self.shard.table(request.table))
 
-    @_rpc
+    @rpc_handler
     def Pull(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullResponse already serialized (see handler)."""
         ids = wire.decode_ids(request.ids)
@@ -278,13 +278,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return TablePush(name=request.table, ids=ids, grads=grads, shows=shows, clicks=clicks,
                          add_delta=request.add_delta)  # fmt: skip
 
-    @_rpc
+    @rpc_handler
     def Push(self, request: Any, context: grpc.ServicerContext) -> Message:
         push = self._decode_push(request)
         self.shard.push(**push._asdict(), caller_gone=CallerGone(context))
         return ps_pb2.PushResponse(num_applied=len(push.ids))
 
-    @_rpc
+    @rpc_handler
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullBatchResponse already serialized (see handler)."""
         _check_count("PullBatch", "pulls", len(request.pulls))
@@ -302,7 +302,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         held.handed("PullBatch", context.cancel, context.peer)
         return reply
 
-    @_rpc
+    @rpc_handler
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PushBatchResponse already serialized (see handler). A push that asks rows back (return_rows)
         is applied before its reply waits for reply room (ReplyRoom.hold), so a caller that leaves during that wait
@@ -340,7 +340,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         held.handed("PushBatch", context.cancel, context.peer)
         return reply
 
-    @_rpc
+    @rpc_handler
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:
         if request.phase == "hold":
             clock, token = self.shard.hold(request.hold_timeout_s or DEFAULT_HOLD_S, CallerGone(context))
@@ -354,15 +354,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return ps_pb2.CheckpointResponse(clock=self.shard.clock)
         raise InvalidArgumentError(f"checkpoint phase {echo(request.phase)} is unknown; expected hold, save or release")
 
-    @_rpc
+    @rpc_handler
     def AdvanceClock(self, request: Any, context: grpc.ServicerContext) -> Message:
         return ps_pb2.ClockResponse(step=self.shard.advance_clock(request.steps))
 
-    @_rpc
+    @rpc_handler
     def Shrink(self, request: Any, context: grpc.ServicerContext) -> Message:
         return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table))
 
-    @_rpc
+    @rpc_handler
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Message:
         s = {**self.shard.stats(), **self.replies.stats()}
         tables = [ps_pb2.TableStats(**t) for t in s.pop("tables")]

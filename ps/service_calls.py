@@ -1,5 +1,5 @@
 """A servicer call's course outside its handler: its refusal as a gRPC status (refuse), the wrapper that maps
-every exception of a handler to one and records the call (_rpc), the count of calls running (RunningCalls), and
+every exception of a handler to one and records the call (rpc_handler), the count of calls running (RunningCalls), and
 whether its caller is gone (CallerGone)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def refuse(context: grpc.ServicerContext, e: PsError) -> None:
     context.abort(grpc.StatusCode[e.status], clip(str(e)))
 
 
-def _rpc(method):
+def rpc_handler(method):
     """Runs a servicer method; turns a request that did not decode and exceptions into a status code and message
     (one place for all RPCs), records the call in the servicer's metrics (if any), and counts it as running
     (RunningCalls) while it does."""

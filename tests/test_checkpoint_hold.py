@@ -145,7 +145,7 @@ def test_a_save_on_a_shard_that_took_no_hold_since_it_started_says_why_it_may_be
 
 
 def test_save_running_is_true_inside_a_save_only():
-    """What a ps-server's second signal asks before it exits at once (ps.server): a save is running."""
+    """What a ps-server's second signal asks before it exits at once (ps.server_run): a save is running."""
     from ps.engine.hold import PushHold
 
     held = PushHold(0)

@@ -9,7 +9,7 @@ x`, relative, inside functions too), with no exemptions:
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
-      process     ps.service, ps.service_calls, ps.server_run, ps.binding, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.secretfiles, ps.tlsprobe, ps.metrics, ps.settings, ps.sizing, ps.__main__,
+      process     ps.service, ps.service_calls, ps.server_run, ps.listen_address, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.secretfiles, ps.tlsprobe, ps.metrics, ps.settings, ps.sizing, ps.__main__,
                   ps.cli_server_flags, ps.cli_server, ps.cli_commands
 - one module imports rocksdict, the RocksDB binding (ROCKSDB_MODULE, ps.storage.rocks); the other storage modules
   take its types from there;
@@ -46,7 +46,7 @@ FOUNDATION = {
     "ps.terminate",
     "ps.storage.atomicfile",
 }
-PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.binding", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.secretfiles", "ps.tlsprobe", "ps.metrics", "ps.settings", "ps.settings_names",
+PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.listen_address", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.secretfiles", "ps.tlsprobe", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__", "ps.cli_server_flags", "ps.cli_server", "ps.cli_commands"}  # fmt: skip
 ROCKSDB_MODULE = "ps.storage.rocks"  # benchmarks and tests may import rocksdict too: the raw binding is their reference
 GRPC_USERS = {"ps.service", "ps.service_calls", "ps.server", "ps.health", "ps.security"}

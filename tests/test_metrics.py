@@ -120,8 +120,8 @@ def test_an_ipv6_host_serves_grpc_and_metrics_with_or_without_brackets(tmp_path)
 
     import pytest
 
-    from ps.binding import host_port
     from ps.health import check_health
+    from ps.listen_address import host_port
 
     assert host_port("::1", 5) == host_port("[::1]", 5) == "[::1]:5" and host_port("10.0.0.1", 5) == "10.0.0.1:5"
     try:

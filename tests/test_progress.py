@@ -44,3 +44,15 @@ def test_a_progress_not_shown_starts_no_thread():
     )  # ROOT: the ps that this test imports
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "[]", f"threads started: {child.stdout.strip()}"
+
+
+def test_examples_progress_on_a_non_terminal_writes_plain_lines(capsys):
+    """Shown on stderr that is no terminal (a log file), a count of examples writes plain lines, no bar."""
+    from worker.progress_lines import ExamplesProgress
+
+    progress = ExamplesProgress(10, on=True)
+    progress.every_s = 0.0
+    progress.update(5)
+    progress.close()
+    assert progress.bar is None
+    assert capsys.readouterr().err.startswith("progress: 5 of 10 (50%) examples, ")

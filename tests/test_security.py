@@ -23,11 +23,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos import ps_pb2
-from ps.binding import exposure_warning
 from ps.codec import stamp_to_proto
 from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
+from ps.listen_address import exposure_warning
 from ps.secretfiles import PEM_CERTIFICATE, not_after, read_token
 from ps.security import READ_ONLY_METHODS, TokenHeader
 from ps.server import Server

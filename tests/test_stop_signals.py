@@ -303,9 +303,9 @@ sys.stderr = Buffered(sys.stderr)
 start = ps.server.Server.start
 
 
-def start_saying(self):
+def start_saying(self, *args, **kwargs):
     logging.getLogger("probe").warning("PROBE")
-    return start(self)
+    return start(self, *args, **kwargs)
 
 
 ps.server.Server.start = start_saying

@@ -52,6 +52,8 @@ class ExamplesProgress(CountProgress):
     "about", with no time left, and never as 100% until close). postfix: figures shown after the bar's rate;
     restart: the bar's count and clock start over (training's first step after a skip)."""
 
+    counted = "examples"  # what a plain line says was counted
+
     def __init__(self, total: int, on: bool, estimated: bool = False, desc: str | None = None):
         self.estimated = estimated and total > 0
         super().__init__(total, on, unit="ex", desc=desc, bar_format=ABOUT_BAR_FORMAT if self.estimated else None)
@@ -69,6 +71,12 @@ class ExamplesProgress(CountProgress):
     def shown_total(self) -> int:
         """The total a line shows for the examples counted so far (an estimate grown past them: about_total)."""
         return about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
+
+    def line(self, rate: float) -> str:
+        total = self.shown_total()
+        about = "about " if self.estimated else ""
+        of = f" of {about}{total:,} ({self.done / total:.0%})" if self.total else ""
+        return f"progress: {self.done:,}{of} {self.counted}, {rate:,.0f} examples/s"
 
     def postfix(self, figures: dict) -> None:
         if self.bar is not None:

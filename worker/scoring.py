@@ -64,11 +64,7 @@ class ScoringProgress(ExamplesProgress):
         if on and worker is not None:
             self.plain, self.every_s = True, JSON_EVERY_S
 
-    def line(self, rate: float) -> str:
-        total = self.shown_total()
-        about = "about " if self.estimated else ""
-        of = f" of {about}{total:,} ({self.done / total:.0%})" if self.total else ""
-        return f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s"
+    counted = "examples scored"
 
     def say(self, rate: float, finished: bool = False) -> None:
         if self.worker is None:

@@ -5,7 +5,7 @@ compile it where no cache is there: a new install, another CPU): about 0.9 s (th
 bound, says how it was measured) and 78 MB of RSS that otherwise land on the first requests. A server given
 --memory-bytes runs warm_up at start, on a background thread, so that its fixed footprint (code and runtime) is in
 place before data arrives: what grows afterwards is data; its health says NOT_SERVING until warm_up returns
-(ps.server; calls are served meanwhile), so a readiness probe holds traffic until then. So it takes
+(ps.server; calls are served meanwhile), so a readiness probe finds it Ready only then. So it takes
 the paths requests take, with the arrays requests bring (ids and grads decoded from bytes by ps.wire: read-only
 views, for which numba compiles kernels of their own; grads checked as a shard checks a push): a few ids; a pull
 of MISSES_IDS new ids (misses, split over the kernel threads, in one pass); then LARGE_IDS ids at once (a request
