@@ -3,7 +3,7 @@ one process, on the same rows, in the same run.
 
     python benchmarks/vs_pytorch.py [--rows 300000] [--test-rows 50000] [--repeats 2] [--sparseps-args "..."]
 
-Data: write_synthetic (worker/synthetic_files.py, the planted linear model, seed --seed) writes --rows training rows
+Data: write_synthetic (worker/synthetic_files.py; the planted linear model: worker/synthetic.py; seed --seed) writes --rows training rows
 and --test-rows test rows (the next range) as Criteo files. Both systems read the same ids: the built-in criteo
 schema's, features.example_ids (13 bucketed integer fields and 26 categorical fields, plus the bias id), checked here
 against the generator's ids, and its 13 numeric features log(1 + x).

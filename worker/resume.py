@@ -52,7 +52,7 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 It is written as the run starts (before its first CreateTable, which holds the shards for its job: the job id and
 token are kept from then on; a first start that fails before it trains, refused by the shards say, or given
 --skip-examples past its stream, removes the file it wrote: it records nothing),
-every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
+every resume_writer.WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
 training is over and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
 examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
 training takes a stale gradient). The MLP gradients a --dense ps run had not pushed yet (--dense-sync-every,

@@ -19,6 +19,8 @@ import numpy as np
 from worker.idslots import SATURATED, SLOT_BYTES, IdSlots, _bucket_of, evict_lfu, grown
 
 
+# numba caches this kernel by this file alone: an edit of idslots._bucket_of or SATURATED (compiled in as a
+# constant) alone leaves its cached machine code as it was; clear the cache (__pycache__/*.nbi, *.nbc) after one
 @numba.njit(nogil=True, cache=True)
 def _lookup(buckets, shift, ids, freq, stamps, rows, min_stamp, out, hit):
     """out[i], hit[i] = the row of ids[i] if held with stamp >= min_stamp; touches the ids held; returns hits.

@@ -12,6 +12,7 @@ import shlex
 from codecs import BOM_UTF8
 
 from worker.datafiles import data_files, takes_in
+from worker.formats import csv_records, first_with_content
 from worker.readers.share import open_data
 from worker.schema import Schema
 from worker.schema_columns import LABEL_NAMES, LABEL_WORDS
@@ -92,7 +93,6 @@ def _warn_of_lists_and_row_ids(data: str, header: list[str], rows: list[list[str
     list's items may not repeat yet; the other columns on rows (up to HINT_SAMPLE_ROWS records: fewer only where the
     file ends)."""
     from worker.column_infer import BAG_SEPARATORS, every_value_distinct, infer_column, written_numbers
-    from worker.formats import csv_records
     from worker.schema_infer import SAMPLE_ROWS
 
     at = {name: i for i, name in enumerate(header) if name in categorical}
@@ -163,8 +163,6 @@ def header_reads_like_an_example(data: str, header: list[str], label_column: str
         return ""
     columns = (" (if those are column numbers, as pandas writes for a frame without column names, name the columns "
                "before writing it: df.columns = [...])" if run else "")  # fmt: skip
-    from worker.formats import first_with_content  # (format_detection imports this module)
-
     names = ["label", *(f"c{k}" for k in range(1, len(header)))]
     name = first_with_content(data)
     with open_data(name) as f:
