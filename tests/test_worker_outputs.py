@@ -254,6 +254,14 @@ def test_the_training_bar_never_passes_its_total_and_closes_at_the_examples_trai
     assert closed == (1200, 1200)
 
 
+def test_the_bars_figures_are_the_epoch_the_train_logloss_and_the_cache_figures_the_source_has():
+    from worker.loop_progress import bar_postfix
+
+    assert bar_postfix(2, 0.51234, {}) == {"epoch": 2, "logloss": "0.5123"}  # a source without a row cache
+    cache = {"cache_hit_rate": 0.256, "cache_bytes_saved": 3 << 20, "rows_cached": 7}
+    assert bar_postfix(1, 0.5, cache) == {"epoch": 1, "logloss": "0.5000", "hits": "26%", "saved": "3MiB"}
+
+
 def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, capsys):
     """With stderr not a terminal, a run prints a plain 'progress:' line every PLAIN_EVERY_S (and one at its
     end) instead of a bar's carriage-return redraws."""

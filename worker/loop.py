@@ -46,7 +46,7 @@ from worker.allreduce_stop import save_dense_on_stop
 from worker.batch import Batch, table_ids
 from worker.best import BestModel
 from worker.dense import DensePath
-from worker.loop_progress import _ProgressLines
+from worker.loop_progress import _ProgressLines, bar_postfix
 from worker.metrics import RunningMean, logloss
 from worker.models.spec import ModelSpec
 from worker.pipeline import prefetched
@@ -154,173 +154,239 @@ def run_epochs(
     settings.max_examples: the stream (the skipped examples included) ends after that many examples, part way
     through an epoch if need be; the run then ends as at its last epoch's end (the validation set evaluated,
     result.stopped_at_limit)."""
-    s = settings
-    result = result if result is not None else LoopResult()
-    running = RunningMean(0.95)
-    started = time.perf_counter()
-    plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
-    planned = s.total_examples * s.epochs
-    total = max(0, (min(planned, s.max_examples) if s.max_examples else planned) - s.skip_examples)
-    skipping, limit = Skipping(s.skip_examples), Limit(s.max_examples)
-    desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until the first step trains
-    estimated = s.total_estimated and total > 0
-    # the bar alone, on a terminal (no tqdm where it is not shown): the loop's lines, plain in a log or PROGRESS
-    # (--progress-lines), are _ProgressLines', whose rate leaves out evaluations and skipping
-    bar = ExamplesProgress(total, s.progress and sys.stderr.isatty(), estimated, desc)
-    at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
-    lines = (_ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
-             if s.progress_lines or plain else None)  # fmt: skip
-    tmap = field_tables(spec)
-    source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
-    since_best = 0
-    best_model = (
-        BestModel(tables, spec, s.weight_bounds, source, s.half_at_rest) if s.restore_best and validation else None
-    )
-    step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as its batches are read
+    given = _LoopInputs(tables, spec, backend, dense, validation, telemetry, on_eval, source, on_pushed)
+    run = _EpochRun(given, settings, result if result is not None else LoopResult())
+    try:
+        for epoch in range(1, settings.epochs + 1):
+            if not run.train_epoch(epoch, train_batches):  # an early stop, or the stream's limit reached
+                break
+        run.finish_training()
+    except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
+        run.stopped(e)
+        raise
+    return run.result_at_end()
 
-    holding = getattr(source, "holding", lambda: False)  # geo: steps whose deltas it has not pushed yet
 
-    def prepare(batch: Batch) -> Prepared:  # on the prefetch thread when depth > 0
-        step = next(step_counter)
-        tids = table_ids(batch, tmap)
-        return Prepared(step, batch, tids, source.prepare(step, tids))
+@dataclass(frozen=True)
+class _LoopInputs:
+    """What run_epochs was given besides the batches and the settings (its docstring says what each is)."""
 
-    def evaluation(epoch: int) -> bool:
+    tables: Any
+    spec: ModelSpec
+    backend: Any
+    dense: DensePath
+    validation: list[Batch] | None
+    telemetry: Any
+    on_eval: Callable[[dict], None] | None
+    source: Any  # None: AsyncRows
+    on_pushed: Callable[[int], None] | None
+
+
+class _EpochRun:
+    """One run of run_epochs: the state its epochs share (the result filled as it goes, the running logloss, the
+    clocks, the evaluations' early-stop count, the bar and lines) and its parts: an epoch, a step's bookkeeping,
+    an evaluation and the stop it may call, the end of training, a stop by an exception, the result at the end."""
+
+    def __init__(self, given: _LoopInputs, settings: LoopSettings, result: LoopResult) -> None:
+        s = self.s = settings
+        self.given, self.result, self.dense, self.validation = given, result, given.dense, given.validation
+        self.running = RunningMean(0.95)
+        self.started = time.perf_counter()
+        plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
+        planned = s.total_examples * s.epochs
+        total = max(0, (min(planned, s.max_examples) if s.max_examples else planned) - s.skip_examples)
+        self.skipping, self.limit = Skipping(s.skip_examples), Limit(s.max_examples)
+        self.desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until a step trains
+        estimated = s.total_estimated and total > 0
+        # the bar alone, on a terminal (no tqdm where it is not shown): the loop's lines, plain in a log or PROGRESS
+        # (--progress-lines), are _ProgressLines', whose rate leaves out evaluations and skipping
+        self.bar = ExamplesProgress(total, s.progress and sys.stderr.isatty(), estimated, self.desc)
+        at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
+        self.lines = (_ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
+                      if s.progress_lines or plain else None)  # fmt: skip
+        self.tmap = field_tables(given.spec)
+        source = given.source if given.source is not None else AsyncRows(given.tables, given.spec, s.prefetch)
+        self.source = source
+        self.since_best = 0
+        self.best_model = (BestModel(given.tables, given.spec, s.weight_bounds, source, s.half_at_rest)
+                           if s.restore_best and given.validation else None)  # fmt: skip
+        self.step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as batches are read
+        self.holding = getattr(source, "holding", lambda: False)  # geo: steps whose deltas it has not pushed yet
+        self.stop = False
+        self.eval_seconds = 0.0  # evaluating the validation set (and putting the best back): not training time
+        self.marks = (self.started, 0.0, 0.0)  # the step's start: the clock, skipping.seconds and eval_seconds then
+        self.step = Step(given.spec, given.backend, self.dense, source, s.dense_l2)
+
+    def training_s(self) -> float:
+        """Seconds since the start less the evaluations and the skipping: result.seconds, and the lines' rate."""
+        return time.perf_counter() - self.started - self.eval_seconds - self.skipping.seconds
+
+    def _prepare(self, batch: Batch) -> Prepared:  # on the prefetch thread when depth > 0
+        step = next(self.step_counter)
+        tids = table_ids(batch, self.tmap)
+        return Prepared(step, batch, tids, self.source.prepare(step, tids))
+
+    def train_epoch(self, epoch: int, train_batches: Callable[[int], Iterable[Batch]]) -> bool:
+        """Trains epoch `epoch` (from 1), then evaluates the validation set unless its last step's evaluation was
+        the end's; False when the run ends with it (an early stop, or the stream's limit reached)."""
+        self.marks = (time.perf_counter(), self.skipping.seconds, self.eval_seconds)
+        self.result.epoch, steps_before = epoch, self.result.steps
+        self.source.start_epoch()
+        batches = prefetched(self.skipping(self.limit(train_batches(epoch))), self._prepare, self.s.prefetch)
+        try:
+            for _, item in _read_errors_named(batches, self.result):
+                if self._train_step(item, epoch):
+                    self.stop = True
+                    break
+        finally:  # an early stop: this worker is done, so that no other worker waits for it, nor its own prefetched
+            # stamped pull (with a best model to put back, or an MLP to write (allreduce): at the end, after that; the
+            # pull is left to the close)
+            if self.stop and self.best_model is None and not self.dense.collective:
+                self.source.finish()
+            batches.close()
+        return not self.stop and self._epoch_end(epoch, steps_before)
+
+    def _epoch_end(self, epoch: int, steps_before: int) -> bool:
+        """After an epoch: the validation set evaluated (unless the epoch was skipped whole, or its last step's
+        evaluation was the end's); False when the run ends there (an early stop, or the stream's limit reached)."""
+        s, result = self.s, self.result
+        validated = s.eval_every and result.steps % s.eval_every == 0  # its last step's evaluation was the end's
+        if result.steps == steps_before and s.skip_examples:  # an epoch skipped whole
+            return True
+        if not validated and self._evaluation(epoch) and epoch < s.epochs:  # (after the last epoch, a patience
+            self.stop = True  # run out there stops nothing early)
+            return False
+        return not self.limit.reached  # no epoch after it
+
+    def _train_step(self, item: Prepared, epoch: int) -> bool:
+        """One step and its bookkeeping: counts, timing, bar and lines; True when the evaluation due after it
+        (--eval-every) says to stop."""
+        result, batch = self.result, item.batch
+        if self.best_model is not None:
+            self.best_model.add(item.tids)
+        with signals_after_step(STEP_GRACE_S):  # a Ctrl-C or SIGTERM here waits for the step's count
+            n = result.in_flight = len(batch)  # a stop inside the step may come after its push arrived
+            probs = self.step(item)  # its push answered: counted below
+            result.examples += n
+            result.steps += 1
+            result.in_flight = 0
+            if not self.holding():
+                result.pushed = result.examples
+        if self.given.on_pushed is not None:
+            self.given.on_pushed(result.pushed)
+        self.running.update(logloss(batch.labels, probs))
+        self._timed(n)
+        self._shown(n, epoch)
+        every = self.s.eval_every
+        return bool(every) and result.steps % every == 0 and self._evaluation(epoch)
+
+    def _timed(self, n: int) -> None:
+        """The step's time, less the examples --skip-examples skips and an evaluation (--eval-every) since the step
+        before: the first step's in the result, every step's to telemetry."""
+        now = time.perf_counter()
+        step_started, skipped_by, evaluated_by = self.marks
+        step_s = now - step_started - (self.skipping.seconds - skipped_by) - (self.eval_seconds - evaluated_by)
+        if self.result.steps == 1:
+            self.result.first_step_seconds = step_s
+        if self.given.telemetry is not None:
+            self.given.telemetry.step(n, step_s, self.running.value)
+        self.marks = (now, self.skipping.seconds, self.eval_seconds)
+
+    def _shown(self, n: int, epoch: int) -> None:
+        """The step's n examples on the bar, and the progress lines when one is due."""
+        if self.desc is not None:  # the first step after a skip: the bar's clock and rate start here
+            self.bar.restart()
+        self.desc = None
+        self.bar.update(n)
+        cache = self.source.stats()
+        self.bar.postfix(bar_postfix(epoch, self.running.value, cache))
+        if self.lines is not None:  # their rate leaves out evaluations and a resumed run's skipping
+            self.lines.update(self.result, self.running.value, self.training_s(), cache)
+
+    def _evaluation(self, epoch: int) -> bool:
         """Evaluates the validation set; True when training should stop."""
-        nonlocal since_best, eval_seconds
-        if not validation:
+        if not self.validation:
             return False
         eval_started = time.perf_counter()
-        source.settle()  # geo: its pending deltas pushed, so that the model validated is the one trained so far
+        self.source.settle()  # geo: its pending deltas pushed, so that the model validated is the one trained so far
+        result, dense = self.result, self.dense
         result.pushed = result.examples
         if not dense.collective:  # the PS path: its pending gradients applied first (allreduce's values are
             dense.flush()  # current, and its flush is a step of every worker: not here)
-        figures = evaluate(tables, spec, backend, dense.values, validation, prefetch=s.prefetch)
+        figures = evaluate(self.given.tables, self.given.spec, self.given.backend, dense.values, self.validation,
+                           prefetch=self.s.prefetch)  # fmt: skip
         entry = {"epoch": epoch, "step": result.steps, "examples": result.examples,
-                 "train_logloss": running.value, "validation_auc": figures["eval_auc"],
+                 "train_logloss": self.running.value, "validation_auc": figures["eval_auc"],
                  "validation_logloss": figures["eval_logloss"]}  # fmt: skip
-        improved = result.best is None or better(entry, result.best, s.early_stop_metric)
+        improved = result.best is None or better(entry, result.best, self.s.early_stop_metric)
         if improved:
-            result.best, since_best = entry, 0
-            if best_model is not None:
-                best_model.keep(dense.values)
+            result.best, self.since_best = entry, 0
+            if self.best_model is not None:
+                self.best_model.keep(dense.values)
         else:
-            since_best += 1
+            self.since_best += 1
         entry["best"] = improved
         result.curve.append(entry)
-        if on_eval is not None:
-            on_eval(entry)
-        eval_seconds += time.perf_counter() - eval_started
-        return bool(s.early_stop) and since_best >= s.early_stop
+        if self.given.on_eval is not None:
+            self.given.on_eval(entry)
+        self.eval_seconds += time.perf_counter() - eval_started
+        return bool(self.s.early_stop) and self.since_best >= self.s.early_stop
 
-    stop = False
-    eval_seconds = 0.0  # evaluating the validation set (and putting the best back): not training time
-
-    def training_s() -> float:
-        """Seconds since the start less the evaluations and the skipping: result.seconds, and the lines' rate."""
-        return time.perf_counter() - started - eval_seconds - skipping.seconds
-
-    step = Step(spec, backend, dense, source, s.dense_l2)
-    try:
-        for epoch in range(s.epochs):
-            step_started, skipped_by, evaluated_by = time.perf_counter(), skipping.seconds, eval_seconds
-            result.epoch, steps_before = epoch + 1, result.steps
-            source.start_epoch()
-            batches = prefetched(skipping(limit(train_batches(epoch + 1))), prepare, s.prefetch)
-            try:
-                for _, item in _read_errors_named(batches, result):
-                    batch = item.batch
-                    if best_model is not None:
-                        best_model.add(item.tids)
-                    with signals_after_step(STEP_GRACE_S):  # a Ctrl-C or SIGTERM here waits for the step's count
-                        n = result.in_flight = len(batch)  # a stop inside the step may come after its push arrived
-                        probs = step(item)  # its push answered: counted below
-                        result.examples += n
-                        result.steps += 1
-                        result.in_flight = 0
-                        if not holding():
-                            result.pushed = result.examples
-                    if on_pushed is not None:
-                        on_pushed(result.pushed)
-                    running.update(logloss(batch.labels, probs))
-                    now = time.perf_counter()  # the step's time: less the examples --skip-examples skips, and
-                    # an evaluation (--eval-every) since the step before
-                    step_s = now - step_started - (skipping.seconds - skipped_by) - (eval_seconds - evaluated_by)
-                    if result.steps == 1:
-                        result.first_step_seconds = step_s
-                    if telemetry is not None:
-                        telemetry.step(n, step_s, running.value)
-                    step_started, skipped_by, evaluated_by = now, skipping.seconds, eval_seconds
-                    if desc is not None:  # the first step after a skip: the bar's clock and rate start here
-                        bar.restart()
-                    desc = None
-                    bar.update(n)
-                    cache = source.stats()
-                    postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
-                    if "cache_hit_rate" in cache:
-                        postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
-                    if "cache_bytes_saved" in cache:
-                        postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
-                    bar.postfix(postfix)
-                    if lines is not None:  # their rate leaves out evaluations and a resumed run's skipping
-                        lines.update(result, running.value, training_s(), cache)
-                    if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
-                        stop = True
-                        break
-            finally:  # this worker is done: no other worker waits for it, nor its own prefetched stamped pull (with
-                if stop and best_model is None and not dense.collective:  # a best model to put back, or an MLP
-                    source.finish()  # to write (allreduce): after that, below; the pull is left to the close)
-                batches.close()
-            if stop:
-                break
-            validated = s.eval_every and result.steps % s.eval_every == 0  # its last step's evaluation was the end's
-            if result.steps == steps_before and s.skip_examples:  # an epoch skipped whole
-                continue
-            if not validated and evaluation(epoch + 1) and epoch + 1 < s.epochs:  # (after the last epoch, a
-                stop = True  # patience run out there stops nothing early)
-                break
-            if limit.reached:  # no epoch after it
-                break
-        result.trained_all = True
-        step.pusher.shutdown()
-        if best_model is not None and result.curve and not result.curve[-1]["best"]:
-            # before the worker's end, while its job holds the shards (its pushes carry the job's stamp: after the
-            # end, another job may take the shards, and refuses them)
-            put_back = time.perf_counter()
-            if not dense.collective:  # the MLP's last gradients applied first (its stamped pushes)
-                dense.flush()
-            source.settle()  # geo: its last deltas pushed first
-            result.restored_best = best_model.restore(dense)
-            result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
-            eval_seconds += time.perf_counter() - put_back
+    def finish_training(self) -> None:
+        """Every step ran: the best model put back (restore_best), the MLP's last gradients applied, the servers
+        told this worker is done."""
+        self.result.trained_all = True
+        self.step.pusher.shutdown()
+        if self.best_model is not None and self.result.curve and not self.result.curve[-1]["best"]:
+            self._restore_best(self.best_model)
         # the MLP's last gradients applied, then source.finish (geo: its last deltas pushed); allreduce: with the
         # others', a worker that waits for them finishing first, the MLP written before the last ones finish
-        dense.finish(source.finish)
-        result.pushed = result.examples
-        result.seconds = training_s()
-    except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
+        self.dense.finish(self.source.finish)
+        self.result.pushed = self.result.examples
+        self.result.seconds = self.training_s()
+
+    def _restore_best(self, best_model: BestModel) -> None:
+        """The tables and the MLP put back to the best evaluation's model, before the worker's end, while its job
+        holds the shards (its pushes carry the job's stamp: after the end, another job may take the shards, and
+        refuses them)."""
+        put_back = time.perf_counter()
+        if not self.dense.collective:  # the MLP's last gradients applied first (its stamped pushes)
+            self.dense.flush()
+        self.source.settle()  # geo: its last deltas pushed first
+        self.result.restored_best = best_model.restore(self.dense)
+        self.result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
+        self.eval_seconds += time.perf_counter() - put_back
+
+    def stopped(self, e: BaseException) -> None:
+        """An error, Ctrl-C or SIGTERM `e` ended the run: the servers told this worker stopped, and the stopped
+        worker's last PROGRESS line."""
         try:  # the step's push and the MLP's background pushes end first (waited for a while): an async or geo
-            step.settle()  # one applied after the stop would mark the worker running again, holding the shards
-            if not dense.collective:  # for its job
-                dense.close()
+            self.step.settle()  # one applied after the stop would mark the worker running again, holding the
+            if not self.dense.collective:  # shards for its job
+                self.dense.close()
             else:  # allreduce: the writer writes the MLP of its last step, stamped, while its job holds the shards
-                save_dense_on_stop(dense, e, source.stamp)
+                save_dense_on_stop(self.dense, e, self.source.stamp)
         finally:
-            abandon(source, e)  # (geo: pushes the deltas it holds, unless they cannot land: GeoRows.abandon)
-        if not holding():
-            result.pushed = result.examples
-        if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line; also
-            lines.update(result, running.value, training_s(), {}, stopped=True)  # after its last step)
-        raise
-    result.best_too_big_bytes = best_model.limit_bytes() if best_model is not None and best_model.too_big else 0
-    bar.close()  # at the examples trained: fewer than the total when lines were malformed or training stopped early
-    result.train_logloss = running.value
-    result.stopped_early = stop
-    result.stopped_at_limit = bool(s.max_examples) and s.skip_examples + result.examples >= s.max_examples
-    result.source_stats = source.stats()
-    if lines is not None:
-        lines.update(result, running.value, result.seconds, result.source_stats, final=True)
-    return result
+            abandon(self.source, e)  # (geo: pushes the deltas it holds, unless they cannot land: GeoRows.abandon)
+        if not self.holding():
+            self.result.pushed = self.result.examples
+        if self.lines is not None and not self.lines.plain:  # how far it got, for launch (a stopped worker's last
+            # line; also after its last step)
+            self.lines.update(self.result, self.running.value, self.training_s(), {}, stopped=True)
+
+    def result_at_end(self) -> LoopResult:
+        """The result of a run that ended without an exception, its bar closed and its last progress line."""
+        result, best_model = self.result, self.best_model
+        result.best_too_big_bytes = best_model.limit_bytes() if best_model is not None and best_model.too_big else 0
+        self.bar.close()  # at the examples trained: fewer than the total when lines were malformed, or on a stop
+        result.train_logloss = self.running.value
+        result.stopped_early = self.stop
+        s = self.s
+        result.stopped_at_limit = bool(s.max_examples) and s.skip_examples + result.examples >= s.max_examples
+        result.source_stats = self.source.stats()
+        if self.lines is not None:
+            self.lines.update(result, self.running.value, result.seconds, result.source_stats, final=True)
+        return result
 
 
 def better(entry: dict, best: dict, metric: str) -> bool:

@@ -1,4 +1,5 @@
-"""A training run's progress lines as run_epochs (worker/loop.py) trains: PROGRESS lines or plain ones."""
+"""A training run's progress lines as run_epochs (worker/loop.py) trains: PROGRESS lines or plain ones; its bar's
+figures."""
 
 from __future__ import annotations
 
@@ -73,3 +74,14 @@ class _ProgressLines:
         if not no_time_left and rate > 0 and total > examples:
             text += f", {tqdm.format_interval((total - examples) / rate)} left"
         return text
+
+
+def bar_postfix(epoch: int, logloss: float, cache: dict) -> dict:
+    """The figures beside the bar after a step: the epoch, the running train logloss, and the row source's cache
+    hit rate and bytes saved where it has them (cache: its stats())."""
+    postfix = {"epoch": epoch, "logloss": f"{logloss:.4f}"}
+    if "cache_hit_rate" in cache:
+        postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
+    if "cache_bytes_saved" in cache:
+        postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
+    return postfix
