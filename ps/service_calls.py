@@ -34,7 +34,7 @@ def refuse(context: grpc.ServicerContext, e: PsError) -> None:
     context.abort(grpc.StatusCode[e.status], clip(str(e)))
 
 
-def rpc_handler(method):
+def rpc_handler(method: Callable) -> Callable:
     """Runs a servicer method; turns a request that did not decode and exceptions into a status code and message
     (one place for all RPCs), records the call in the servicer's metrics (if any), and counts it as running
     (RunningCalls) while it does."""
