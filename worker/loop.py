@@ -32,6 +32,7 @@ the evaluations.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -155,7 +156,7 @@ def run_epochs(
     through an epoch if need be; the run then ends as at its last epoch's end (the validation set evaluated,
     result.stopped_at_limit)."""
     given = _LoopInputs(tables, spec, backend, dense, validation, telemetry, on_eval, source, on_pushed)
-    run = _EpochRun(given, settings, result if result is not None else LoopResult())
+    run = _TrainingRun(given, settings, result if result is not None else LoopResult())
     try:
         for epoch in range(1, settings.epochs + 1):
             if not run.train_epoch(epoch, train_batches):  # an early stop, or the stream's limit reached
@@ -182,7 +183,14 @@ class _LoopInputs:
     on_pushed: Callable[[int], None] | None
 
 
-class _EpochRun:
+def _prepare(step_counter: Iterator[int], tmap: Any, source: Any, batch: Batch) -> Prepared:
+    """A batch's step number, table ids and its rows' request started (source.prepare)."""
+    step = next(step_counter)
+    tids = table_ids(batch, tmap)
+    return Prepared(step, batch, tids, source.prepare(step, tids))
+
+
+class _TrainingRun:
     """One run of run_epochs: the state its epochs share (the result filled as it goes, the running logloss, the
     clocks, the evaluations' early-stop count, the bar and lines) and its parts: an epoch, a step's bookkeeping,
     an evaluation and the stop it may call, the end of training, a stop by an exception, the result at the end."""
@@ -204,35 +212,33 @@ class _EpochRun:
         at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
         self.lines = (_ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
                       if s.progress_lines or plain else None)  # fmt: skip
-        self.tmap = field_tables(given.spec)
         source = given.source if given.source is not None else AsyncRows(given.tables, given.spec, s.prefetch)
         self.source = source
         self.since_best = 0
         self.best_model = (BestModel(given.tables, given.spec, s.weight_bounds, source, s.half_at_rest)
                            if s.restore_best and given.validation else None)  # fmt: skip
-        self.step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as batches are read
+        # the worker's steps over all epochs, numbered as batches are read (on the prefetch thread when depth > 0);
+        # the prefetch thread holds only what it needs: a pull it leaves to end on its own keeps no more alive
+        self.prepare = functools.partial(_prepare, iter(range(1 << 62)), field_tables(given.spec), source)
         self.holding = getattr(source, "holding", lambda: False)  # geo: steps whose deltas it has not pushed yet
         self.stop = False
         self.eval_seconds = 0.0  # evaluating the validation set (and putting the best back): not training time
         self.marks = (self.started, 0.0, 0.0)  # the step's start: the clock, skipping.seconds and eval_seconds then
+        # (train_epoch sets them at each epoch's start)
         self.step = Step(given.spec, given.backend, self.dense, source, s.dense_l2)
 
     def training_s(self) -> float:
         """Seconds since the start less the evaluations and the skipping: result.seconds, and the lines' rate."""
         return time.perf_counter() - self.started - self.eval_seconds - self.skipping.seconds
 
-    def _prepare(self, batch: Batch) -> Prepared:  # on the prefetch thread when depth > 0
-        step = next(self.step_counter)
-        tids = table_ids(batch, self.tmap)
-        return Prepared(step, batch, tids, self.source.prepare(step, tids))
-
     def train_epoch(self, epoch: int, train_batches: Callable[[int], Iterable[Batch]]) -> bool:
         """Trains epoch `epoch` (from 1), then evaluates the validation set unless its last step's evaluation was
-        the end's; False when the run ends with it (an early stop, or the stream's limit reached)."""
+        the end's or the epoch was skipped whole; False when the run ends with it (an early stop, or the stream's
+        limit reached)."""
         self.marks = (time.perf_counter(), self.skipping.seconds, self.eval_seconds)
         self.result.epoch, steps_before = epoch, self.result.steps
         self.source.start_epoch()
-        batches = prefetched(self.skipping(self.limit(train_batches(epoch))), self._prepare, self.s.prefetch)
+        batches = prefetched(self.skipping(self.limit(train_batches(epoch))), self.prepare, self.s.prefetch)
         try:
             for _, item in _read_errors_named(batches, self.result):
                 if self._train_step(item, epoch):
