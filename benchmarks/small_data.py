@@ -212,13 +212,18 @@ def order_effect(
 
 def settings(pairs: list[str]) -> dict:
     """TrainConfig settings from key=value strings, each value of its field's type (a dict's as name:number pairs
-    split by commas: optimizer_params=l2:1000,l1:1)."""
+    split by commas: optimizer_params=l2:1000,l1:1; a bool's true or false: mlp_output_zeros=false)."""
     out: dict = {}
     types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
     for kv in pairs:
         key, value = kv.split("=", 1)
         if "dict" in types[key]:
             out[key] = {name: float(number) for name, number in (pair.split(":", 1) for pair in value.split(","))}
+            continue
+        if "bool" in types[key]:
+            if value not in ("true", "false"):
+                raise ValueError(f"{key}={value}: expected {key}=true or {key}=false")
+            out[key] = value == "true"
             continue
         out[key] = tuple(int(x) for x in value.split(",")) if "tuple" in types[key] else (
             float(value) if "float" in types[key] else int(value) if "int" in types[key] else value)  # fmt: skip
