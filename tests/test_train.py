@@ -461,7 +461,11 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
         0.7,
     )
     mlp_line = TrainConfig(local_shards=1, model="deepfm").with_recipe(10)[1]
-    assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1, batch 256" in mlp_line
+    assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1, MLP output layer starting at 0, batch 256" in mlp_line
+    large_mlp = TrainConfig(local_shards=1, model="deepfm").with_recipe(SMALL_DATA_EXAMPLES)
+    assert "MLP output layer" not in large_mlp[1] and large_mlp[0].mlp_output_zeros is False
+    dnn = TrainConfig(local_shards=1, model="dnn").with_recipe(10)  # deepfm's alone (recipe.py says why)
+    assert "MLP output layer" not in dnn[1] and dnn[0].mlp_output_zeros is False
     assert "sparse ftrl 0.05 l2=300, batch 256" in TrainConfig(local_shards=1, model="lr").with_recipe(10)[1]
     fm_line = TrainConfig(local_shards=1, model="fm").with_recipe(10)[1]  # no MLP: no dropout, no dense l2
     assert "sparse ftrl 0.05 l2=300, fm rows starting in +-0.001, batch 256" in fm_line

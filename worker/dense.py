@@ -94,10 +94,11 @@ def start_key(table: str) -> int:
     return (int.from_bytes(digest, "little") & ((1 << 63) - 1)) or 1
 
 
-def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZER) -> TableConfig:
-    """The server table that holds one dense parameter."""
+def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZER, zeros: bool = False) -> TableConfig:
+    """The server table that holds one dense parameter; zeros: it starts at zeros whatever param.init says (the
+    MLP's output layer under the small-data recipe: worker/recipe.py)."""
     seed = zlib.crc32(param.name.encode())  # tables of equal shape must not start equal
-    if param.init == "zeros":
+    if param.init == "zeros" or zeros:
         init = InitializerConfig("zeros", 0.0)
     else:
         init = InitializerConfig("uniform", param.glorot_scale, seed=seed)

@@ -76,7 +76,8 @@ def table_configs(
     if cfg.table_config:
         with open(cfg.table_config) as f:
             overrides = table_configs_from_toml(f.read(), cfg.table_config)
-    dense = [dense_table_config(p, OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate))
+    dense_opt, zero_output = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate), bool(cfg.mlp_output_zeros)
+    dense = [dense_table_config(p, dense_opt, zeros=zero_output and p.name == spec.mlp_output)
              for p in spec.dense_params()]  # fmt: skip
     dims = {**{name: spec.row_dim(name) for name in spec.table_dims()}, **{t.name: t.dim for t in dense}}
     unknown = sorted(set(overrides) - set(dims))

@@ -2,8 +2,9 @@
 
     recipe  used when                     batch  epochs (at most)  validation  early stop  sparse optimizer     MLP
     small   under SMALL_DATA_EXAMPLES      256*   50                10% split   5           ftrl a=0.05, l2=300  dropout 0.7,
-            training examples,                                                                                  dense l2 1
-            each epoch shuffled
+            training examples,                                                                                  dense l2 1,
+            each epoch shuffled                                                                                 output layer
+                                                                                                                at 0
     large   otherwise, in file order      2048   1                 none        none        adagrad 0.02         -
 
     * 2048 (large's) from BIG_BATCH_EXAMPLES (100,000) training examples on
@@ -46,6 +47,23 @@ benchmarks/small_data.py's seeds 1-10, fm (--against fm_init_scale=0.01): per se
 on: 0.0009, 0.0001 and 0.0005 above it, and fm's median gaps to the tuned LR -0.0025, -0.0024 and +0.0033 where a
 start of 0.01 has -0.0037, -0.0044 and +0.0033 (README). deepfm and dnn, whose MLP reads the rows too, and large
 data were not measured, and keep 0.01.
+On small data deepfm's MLP output layer (its last weight, the last hidden width by 1) starts at zeros, not uniform
+as the MLP's other weights do (mlp_output_zeros; the layer's bias and the logit bias start at 0 under either
+recipe): the model starts as its FM part, and the MLP's share of the logit grows from 0 as it trains, where a
+uniform output layer adds a random function of the rows to every prediction from the first step. Small data's
+epochs are few, and early stopping on a split of 20-30 positives keeps an epoch by chance: a uniform start
+collapsed some runs (benchmarks/small_data.py's imbalanced regime, seeds 12 and 14: test AUC 0.0253 and 0.0423
+under the tuned LR, -0.0044 and +0.0039 from zeros). Judged on seeds 11-20, never tuned on (--models deepfm
+--against mlp_output_zeros=false): per seed, a median test AUC 0.0008 (rare ids), 0.0000 (frequent: -0.0035 to
++0.0016) and 0.0016 (imbalanced) above a uniform start's, and deepfm's median gaps to the tuned LR -0.0037, -0.0045
+and +0.0033 where a uniform start has -0.0054, -0.0034 and -0.0002; its worst seed -0.0081, a uniform start's
+-0.0423 (README).
+dnn keeps a uniform one: from zeros its imbalanced seeds 11-13 scored -0.0165, -0.0105 and +0.0081 against a
+uniform start, its rare seeds 11 and 12 +0.0121 and +0.0014 (median gaps to the tuned LR: imbalanced -0.0820 from
+zeros against -0.0715, rare -0.1147 against -0.1215). Large data keeps a uniform output layer for both: the large recipe's tables are the
+configs they were (tests/test_worker_tables.py holds them byte for byte); it was not measured. A model trained with
+the other start trains on under either recipe: its MLP tables hold every row, so their initializer makes none, and
+the run takes each with the initializer it was made with (worker/tables.py keep_held_initializers).
 Small data is held in memory and trained in a fresh random order each epoch (worker/data.py): a file sorted or
 grouped by its label, or by anything that goes with it, trains as well as a shuffled one (benchmarks/small_data.py's
 files with their lines sorted by label: fm's test AUC 0.0107 (rare ids), 0.0112 (frequent) and 0.0923 (imbalanced)
@@ -96,11 +114,14 @@ class Recipe:
     shuffle: bool  # each epoch in a fresh random order, the training examples held in memory
     early_stop_metric: str = "logloss"  # the validation figure early stopping and the best model kept go by
     fm_init_scale: float = EMBEDDING_INIT_SCALE  # fm's rows (w and factors) start uniform in +-this
+    mlp_output_zeros: tuple[str, ...] = ()  # the models whose MLP output layer (its last weight) starts at zeros,
+    # not uniform (glorot) as the MLP's other weights
 
 
 SMALL = Recipe("small", batch_size=256, epochs=50, validation_fraction=0.1, early_stop=5, l2=0.0, dropout=0.7,
                dense_l2=1.0, optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 300.0},
-               max_bad_lines=0, shuffle=True, fm_init_scale=0.001)  # fmt: skip
+               max_bad_lines=0, shuffle=True, fm_init_scale=0.001,
+               mlp_output_zeros=("deepfm",))  # fmt: skip
 LARGE = Recipe("large", batch_size=2048, epochs=1, validation_fraction=0.0, early_stop=0, l2=0.0, dropout=0.0,
                dense_l2=0.0, optimizer="adagrad", learning_rate=0.02, optimizer_params={},
                max_bad_lines=1000, shuffle=False)  # fmt: skip
@@ -155,6 +176,7 @@ def describe(
     files: bool = False,
     validation_file: str | None = None,
     at_least: bool = False,
+    zero_output: bool = False,
 ) -> str:
     """One line saying which settings the recipe set, for the run's output (mlp: whether the model has an MLP,
     which the dropout and dense l2 settings are for; fm: whether the model is fm, whose rows start in
@@ -162,11 +184,13 @@ def describe(
     for a count made before the data is read, malformed lines included; files: whether the data is read from
     files, which may hold malformed lines; validation_file: --validation-data, evaluated instead of a split;
     at_least: the count stopped at `examples`, and the data holds more, e.g. "at least 1,000,000 lines of training
-    data (counted no further)": worker/linecount.py)."""
+    data (counted no further)": worker/linecount.py); zero_output: whether the MLP's output layer starts at zeros
+    (TrainConfig.mlp_output_zeros), named for a model with an MLP."""
     why = f"{examples:,} {unit}" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r.name == "small" else "")
     why = f"at least {why} (counted no further)" if at_least else why
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
     what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout and mlp else ""
+    what += "MLP output layer starting at 0, " if mlp and zero_output else ""
     what += f"fm rows starting in +-{r.fm_init_scale:g}, " if fm and r.fm_init_scale != EMBEDDING_INIT_SCALE else ""
     what += f"batch {r.batch_size}, "
     if r.early_stop:

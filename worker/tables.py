@@ -7,10 +7,14 @@ with the right settings, is refused by. check_tables finds every difference firs
 no shard ever trained (TableStats.trained: made by a run stopped before it trained: Ctrl-C at its start, a flag
 refused after the tables were made) do not bind a run of one worker: it replaces them (CreateTable's
 replace_untrained; a shard refuses the replace of a table it trained, even one a Shrink has emptied since).
+An MLP parameter table the servers hold trained and whole (every row pushed) is taken with the initializer it was
+made with (keep_held_initializers): no row of it is made any more, so a run whose recipe starts a new one otherwise
+(the small-data recipe's MLP output layer at zeros) trains it further.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,6 +146,29 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
     if differ and find_untrained:  # never trained on any shard (a table a Shrink emptied was trained)
         untrained = {name for name in differ if all(name in tables and not tables[name].trained for tables in held)}
     return differ, missing, untrained
+
+
+def keep_held_initializers(client: Any, wanted: list[TableConfig], dense_rows: dict[str, int],
+                           shard_stats: list) -> list[TableConfig]:  # fmt: skip
+    """wanted, with each MLP parameter table (of dense_rows {table: the rows of its dense parameter}) that the
+    servers hold trained and whole (every row on some shard) given the initializer they hold it with. An
+    initializer makes the rows never pushed, and such a table has none left: a run trains it further whatever
+    initializer its recipe gives a new one (the small-data recipe starts deepfm's MLP output layer at zeros, the
+    large one uniform: worker/recipe.py). A sparse table's initializer makes the rows of ids not seen yet: another
+    is refused (check_tables), and so is an MLP table of another shape or not held whole. shard_stats: the shards'
+    StatsResponses."""
+    held = [{s.name: s for s in shard.tables} for shard in shard_stats]
+    out = []
+    for t in wanted:
+        stats = [tables[t.name] for tables in held if t.name in tables]
+        whole = (t.name in dense_rows and len(stats) == len(held) and any(s.trained for s in stats)
+                 and sum(s.num_rows for s in stats) == dense_rows[t.name])  # fmt: skip
+        try:
+            init = codec.table_config_from_proto(client.describe_table(t.name)[0].spec).initializer if whole else None
+        except TableNotFoundError:  # dropped since the Stats: check_tables finds it missing
+            init = None
+        out.append(t if init is None else dataclasses.replace(t, initializer=init))
+    return out
 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,

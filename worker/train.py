@@ -40,6 +40,7 @@ from ps.errors import ModelStateReplacedError, PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
 from worker.dense import dense_norm, start_logit_bias
+from worker.dense import table_name as dense_table
 from worker.job import check_training, dense_path, job_client, job_lines, loop_settings, make_backend
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import held_features, missing_shares, sparse_table_stats, weaker_l2_toml
@@ -50,7 +51,7 @@ from worker.resume_writer import PositionWriter
 from worker.row_source import row_source
 from worker.scoring import ScoringProgress, evaluate
 from worker.stopping import abandon
-from worker.tables import check_tables, replaced_warning
+from worker.tables import check_tables, keep_held_initializers, replaced_warning
 from worker.train_config import TrainConfig
 from worker.train_messages import (
     mode_line,
@@ -98,6 +99,8 @@ def train(cfg: TrainConfig) -> dict:
             position.state_ids = client.state_ids
         features = held_features(client, data.schema, [t.name for t in tables_cfg], shard_stats)
         tables_cfg = [dataclasses.replace(t, features=features) for t in tables_cfg]
+        dense_rows = {dense_table(p): p.shape[0] for p in spec.dense_params()}  # trained whole: its initializer kept
+        tables_cfg = keep_held_initializers(client, tables_cfg, dense_rows, shard_stats)
         # the job's stamp goes with the creation of its tables: each shard holds itself for the job from its first
         # table on, and refuses another job's create (ps.engine.tenancy); a run that trains nothing (one that
         # creates the tables only, or only evaluates) holds nothing

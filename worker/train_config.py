@@ -83,6 +83,8 @@ class TrainConfig:
     l2: float | None = None  # the sparse tables' lazy L2 (TableConfig.l2, applied by the servers); None: the recipe's
     fm_init_scale: float | None = None  # fm's rows start uniform in +-this (no flag: --table-config's initializer
     # wins); None: the recipe's
+    mlp_output_zeros: bool | None = None  # the MLP's output layer (its last weight) starts at zeros; None: the
+    # recipe's, for this model (no flag: --table-config's initializer wins)
     dense_optimizer: str = "adam"
     dense_learning_rate: float = 0.001
     dense_l2: float | None = None  # on the MLP weights; None: the recipe's
@@ -365,6 +367,8 @@ class TrainConfig:
             dropout=r.dropout if self.dropout is None else self.dropout,
             dense_l2=r.dense_l2 if self.dense_l2 is None else self.dense_l2,
             fm_init_scale=r.fm_init_scale if self.fm_init_scale is None else self.fm_init_scale,
+            mlp_output_zeros=self.model in r.mlp_output_zeros if self.mlp_output_zeros is None
+            else self.mlp_output_zeros,
             optimizer=optimizer,
             learning_rate=rate,
             optimizer_params=dict(params or {}),
@@ -383,7 +387,8 @@ class TrainConfig:
                  ("--shuffle", None if self.shuffle is None else ("on" if self.shuffle else "off")))
                  if value is not None]  # fmt: skip
         line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, fm=self.model == "fm", unit=unit,
-                        files=self.data is not None, validation_file=self.validation_data, at_least=at_least)  # fmt: skip
+                        files=self.data is not None, validation_file=self.validation_data, at_least=at_least,
+                        zero_output=bool(resolved.mlp_output_zeros))  # fmt: skip
         if geo_instead:
             line += f"; sparse {r.optimizer}, not ftrl, in geo mode (see --mode)"
         if given:

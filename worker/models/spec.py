@@ -172,6 +172,12 @@ class ModelSpec:
     def mlp_input(self) -> int:
         return sum(f.dim for f in self.fields) + self.num_dense
 
+    @property
+    def mlp_output(self) -> str | None:
+        """The dense parameter of the MLP's output layer's weight ("mlp.{L}.weight", (hidden[-1], 1)); None
+        without an MLP."""
+        return f"mlp.{len(self.hidden)}.weight" if self.has_mlp else None
+
     def dense_params(self) -> list[DenseParam]:
         """FM's projections ("proj.<table>", for tables narrower than fm_width), then the MLP's weights and
         biases in layer order, then the logit bias (LOGIT_BIAS); for lr, and fm over tables of one width, the
