@@ -104,8 +104,6 @@ def infer_schema(
     """(infer_schema_text's TOML, what a person must check before training: a label that is a guess). fmt "auto":
     the format format_detection.detect_format tells (csv: and the delimiter), said in a comment."""
     from worker.format_detection import detect_format
-    from worker.formats import first_with_content
-    from worker.readers.libsvm_reader import libsvm_sample
 
     if fmt not in FORMAT_CHOICES:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMAT_CHOICES)}")
@@ -115,69 +113,78 @@ def infer_schema(
         delimiter = told or delimiter
         lines.append(f"# Format {fmt} (detected: {seen}; --format sets it).")
     if fmt != "csv":
-        # as train counts their fields and reads their values
-        k, weighted = libsvm_sample(first_with_content(path)) if fmt == "libsvm" else (None, False)
-        schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k,
-                                libsvm_weighted=weighted)  # fmt: skip
-        fields = f" ({k} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"
-        lines += [f"# The built-in {fmt} schema{fields if k is not None else ''}.", f'format = "{fmt}"']
-        for c in schema.columns:
-            lines += ["", "[[columns]]", *_entry(c, with_table=False)]
-        return "\n".join(lines) + "\n", []
+        return _builtin_schema_text(path, fmt, lines), []
+    return _csv_schema(path, delimiter, sample_rows, lines)
+
+
+def _builtin_schema_text(path: str, fmt: str, lines: list[str]) -> str:
+    """lines, then the built-in schema of a criteo or libsvm file (libsvm: its field count and whether its values
+    are weighted, as train counts their fields and reads their values), as TOML."""
+    from worker.formats import first_with_content
+    from worker.readers.libsvm_reader import libsvm_sample
+
+    k, weighted = libsvm_sample(first_with_content(path)) if fmt == "libsvm" else (None, False)
+    schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k,
+                            libsvm_weighted=weighted)  # fmt: skip
+    fields = f" ({k} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"
+    lines = [*lines, f"# The built-in {fmt} schema{fields if k is not None else ''}.", f'format = "{fmt}"']
+    for c in schema.columns:
+        lines += ["", "[[columns]]", *_entry(c, with_table=False)]
+    return "\n".join(lines) + "\n"
+
+
+def _csv_schema(path: str, delimiter: str, sample_rows: int, lines: list[str]) -> tuple[str, list[str]]:
+    """infer_schema of a csv file: lines, then the label and each column's entries inferred from a sample of
+    sample_rows records, and what a person must check."""
     header, rows, whole, misfit_warnings = _sample_files(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
     _check_utf8_header(path, header)
     if not rows:
-        width = _first_record_width(path, delimiter)
-        if width is not None:
-            raise ValueError(f"{path}: no sampled row has the header's {len(header)} columns (the first has {width}"
-                             f"{': a delimiter at the end of each row?' if width == len(header) + 1 else ''}): "
-                             "nothing to tell each column's kind from")  # fmt: skip
-        raise ValueError(f"{path}: a header and no data rows: nothing to tell each column's kind (or the label) "
-                         "from; give a file with rows")  # fmt: skip
+        raise ValueError(_no_rows(path, header, delimiter))
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
-    binary = [h for h in header if is_binary(columns[h])]
-    label = next(iter(labels_by_name(binary)), None)
+    label, guess = _pick_label(header, columns, len(rows))
     sample = f"{len(rows)} row{'s' * (len(rows) != 1)}"
     lines.append(f"# Inferred from the header and a sample of {sample} (worker/formats.py read_csv_sample).")
     lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
-    guess = None
+    checks = [*misfit_warnings, *([guess] if guess else [])]
+    no_header = header_reads_like_an_example(path, header, delimiter=delimiter)
+    if no_header:
+        checks.insert(0, no_header)
+    if guess:
+        lines.append(f"# CHECK: {guess}.")
+    lines.append(f"label = {_toml(label)}")
+    entries, column_checks = _column_lines(header, label, columns, whole)
+    lines += entries
+    checks += column_checks
+    if "[[columns]]" not in lines:  # load_schema refuses a schema of no column: said now, with why
+        raise ValueError(_no_columns(path, header, label, delimiter))
+    return "\n".join(lines) + "\n", checks
+
+
+def _no_rows(path: str, header: list[str], delimiter: str) -> str:
+    """Why a csv file whose sample holds no record gives no schema: its records have another column count than
+    the header (a delimiter at the end of each row, say), or it has none."""
+    width = _first_record_width(path, delimiter)
+    if width is not None:
+        return (f"{path}: no sampled row has the header's {len(header)} columns (the first has {width}"
+                f"{': a delimiter at the end of each row?' if width == len(header) + 1 else ''}): "
+                "nothing to tell each column's kind from")  # fmt: skip
+    return (f"{path}: a header and no data rows: nothing to tell each column's kind (or the label) "
+            "from; give a file with rows")  # fmt: skip
+
+
+def _pick_label(header: list[str], columns: dict[str, list[str]], num_rows: int) -> tuple[str, str | None]:
+    """(the label column, what a person must check of it or None): a column named like a label of only 0 and 1,
+    else the first that holds them but in empty cells, else the first of two other values, else a guess
+    (_guessed_label); a note where several columns are named like a label, or the label is one value."""
+    binary = [h for h in header if is_binary(columns[h])]
+    label, guess = next(iter(labels_by_name(binary)), None), None
     if label is None:  # a label column with some cells empty (rows not labelled yet, say) is still the label
-        blank = [h for h in header if is_label_name(h)]
-        blank = [h for h in blank if is_binary([c for c in columns[h] if c.strip()])]
-        if blank:
-            label = blank[0]
-            empty = sum(not c.strip() for c in columns[label])
-            guess = (f"{empty:,} of the sample's {len(rows):,} rows have no label (an empty {label!r} cell): training "
-                     "stops at the first such line, unless --max-bad-lines lets it skip them: remove those rows")  # fmt: skip
-    # a label named so whose two values are other words: said (label_value reads 0/1, true/false, yes/no)
+        label, guess = _label_with_blanks(header, columns, num_rows)
     if label is None:
-        words = [h for h in header if is_label_name(h)
-                 and len({c.strip() for c in columns[h] if c.strip()}) == 2]  # fmt: skip
-        if words:
-            label = words[0]
-            values = " and ".join(repr(v) for v in sorted({c.strip() for c in columns[label] if c.strip()}))
-            guess = (f"{label!r} holds {values}, not 0 and 1: the readers take a label as 0 or 1 (or {BOOL_LABELS}) "
-                     "only, so training stops at its first line: write its values as 1 for the outcome the model "
-                     "predicts and 0 for the other")  # fmt: skip
-    if label is None and binary:
-        label = binary[0]
-        others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
-        named_so = [h for h in header if is_label_name(h)]
-        if named_so:  # named like a label, of other values (0, 1 and 2, say)
-            values = sorted({c.strip() for c in columns[named_so[0]] if c.strip()})
-            shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
-            why = (f"{named_so[0]!r}, named like a label, holds {len(values):,} distinct values ({shown}), not only "
-                   "0 and 1 (a label is 0 or 1: write the outcome the model predicts as 1, the others as 0)"
-                   if values else f"{named_so[0]!r}, named like a label, is empty in every row of the sample")  # fmt: skip
-        else:
-            why = "no column is named like a label (click, label, target, ...)"
-        guess = (f"the label is a guess: {label!r} is the first column holding only 0 and 1{others}, and {why}: "
-                 "check `label`, the column the model predicts")  # fmt: skip
-    elif label is None:
-        label = header[0]
-        guess = (f"the label is a guess: no column holds only 0 and 1, so the first column, {label!r}, is taken: "
-                 "check `label`, the column the model predicts (its values must be 0 or 1)")  # fmt: skip
+        label, guess = _label_of_two_words(header, columns)
+    if label is None:
+        label, guess = _guessed_label(header, columns, binary)
     named = [h for h in binary if is_label_name(h)]
     if guess is None and len(named) > 1:
         guess = (f"the label is {label!r}, the first of the columns named like a label that hold only 0 and 1 "
@@ -187,13 +194,66 @@ def infer_schema(
     if len(kept) == 1:
         guess = (f"{label!r} is {next(iter(kept)):g} in every row of the sample: a model learns nothing but that "
                  "rate unless the file holds the other label further on (train refuses a file of one label)")  # fmt: skip
-    checks = [*misfit_warnings, *([guess] if guess else [])]
-    no_header = header_reads_like_an_example(path, header, delimiter=delimiter)
-    if no_header:
-        checks.insert(0, no_header)
-    if guess:
-        lines.append(f"# CHECK: {guess}.")
-    lines.append(f"label = {_toml(label)}")
+    return label, guess
+
+
+def _label_with_blanks(
+    header: list[str], columns: dict[str, list[str]], num_rows: int
+) -> tuple[str | None, str | None]:
+    """The first column named like a label whose non-empty cells are 0 and 1, with a check counting its empty
+    cells; (None, None) when there is none."""
+    blank = [h for h in header if is_label_name(h)]
+    blank = [h for h in blank if is_binary([c for c in columns[h] if c.strip()])]
+    if not blank:
+        return None, None
+    label = blank[0]
+    empty = sum(not c.strip() for c in columns[label])
+    return label, (f"{empty:,} of the sample's {num_rows:,} rows have no label (an empty {label!r} cell): training "
+                   "stops at the first such line, unless --max-bad-lines lets it skip them: remove those rows")  # fmt: skip
+
+
+def _label_of_two_words(header: list[str], columns: dict[str, list[str]]) -> tuple[str | None, str | None]:
+    """The first column named like a label whose two values are other words than label_value reads (0/1,
+    true/false, yes/no), with a check saying so; (None, None) when there is none."""
+    words = [h for h in header if is_label_name(h)
+             and len({c.strip() for c in columns[h] if c.strip()}) == 2]  # fmt: skip
+    if not words:
+        return None, None
+    label = words[0]
+    values = " and ".join(repr(v) for v in sorted({c.strip() for c in columns[label] if c.strip()}))
+    return label, (f"{label!r} holds {values}, not 0 and 1: the readers take a label as 0 or 1 (or {BOOL_LABELS}) "
+                   "only, so training stops at its first line: write its values as 1 for the outcome the model "
+                   "predicts and 0 for the other")  # fmt: skip
+
+
+def _guessed_label(header: list[str], columns: dict[str, list[str]], binary: list[str]) -> tuple[str, str]:
+    """(a guessed label, the check saying why): the first column of only 0 and 1 (binary), else the first column."""
+    if not binary:
+        return header[0], (f"the label is a guess: no column holds only 0 and 1, so the first column, {header[0]!r}, "
+                           "is taken: check `label`, the column the model predicts (its values must be 0 or 1)")  # fmt: skip
+    label = binary[0]
+    others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
+    named_so = [h for h in header if is_label_name(h)]
+    if named_so:  # named like a label, of other values (0, 1 and 2, say)
+        values = sorted({c.strip() for c in columns[named_so[0]] if c.strip()})
+        shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
+        why = (f"{named_so[0]!r}, named like a label, holds {len(values):,} distinct values ({shown}), not only "
+               "0 and 1 (a label is 0 or 1: write the outcome the model predicts as 1, the others as 0)"
+               if values else f"{named_so[0]!r}, named like a label, is empty in every row of the sample")  # fmt: skip
+    else:
+        why = "no column is named like a label (click, label, target, ...)"
+    return label, (f"the label is a guess: {label!r} is the first column holding only 0 and 1{others}, and {why}: "
+                   "check `label`, the column the model predicts")  # fmt: skip
+
+
+def _column_lines(
+    header: list[str], label: str, columns: dict[str, list[str]], whole: bool
+) -> tuple[list[str], list[str]]:
+    """(the TOML lines of every column but the label, what a person must check of them): column_entries' of each,
+    a comment for a name the header gives twice (left out: the reader cannot tell such columns apart), and a
+    check for a column of no name (read as column<k>)."""
+    lines: list[str] = []
+    checks: list[str] = []
     repeated: set[str] = set()
     for j, h in enumerate(header):
         if h == label:
@@ -214,9 +274,7 @@ def infer_schema(
             column_checks.append(note)
         lines += entries
         checks += column_checks
-    if "[[columns]]" not in lines:  # load_schema refuses a schema of no column: said now, with why
-        raise ValueError(_no_columns(path, header, label, delimiter))
-    return "\n".join(lines) + "\n", checks
+    return lines, checks
 
 
 def _no_columns(path: str, header: list[str], label: str, delimiter: str) -> str:
