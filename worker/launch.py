@@ -117,59 +117,16 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
 
 def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] | None, grace_s: float,
          progress_every_s: float) -> int:  # fmt: skip
+    """run_launch's job in its temporary metrics dir: the servers, the workers watched to their end, their figures
+    read back, the final evaluation (on the servers, before local shards stop) and the summary; the exit code."""
     remove_stale_temp_dirs()  # those of earlier runs killed by SIGKILL
     metrics_dir, lock_fd = make_temp_dir("launch")
     try:
         with _servers(plan) as (addresses, shard_died):
-            commands = worker_commands(plan, addresses, metrics_dir, program)
-            port, base = free_port(), dict(os.environ)
-            if plan.local_shards:  # shards with no TLS or token (worker/cluster.py): the workers' client uses none
-                base = without_security_variables(base)
-            local = local_ranks(plan.backends)
-            envs = [worker_environment(i, plan.workers, port, base, local[i]) for i in range(plan.workers)]
-            bar = plan.progress_bar and sys.stderr.isatty()  # a log file gets the plain lines, not a bar's redraws
-            progress = MergedProgress(plan.workers, bar, progress_every_s)
-            group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
-            failure: tuple[int, int] | None = None
-            finished = interrupted = False
-            died: str | None = None
-
-            def tick(now: float) -> None:
-                progress.tick(now)
-                why = shard_died()
-                if why:  # the workers would wait for it for their --server-timeout: it never comes back
-                    raise LocalShardDied(why)
-
-            try:
-                group.start()
-                progress.open()
-                group.read_output()
-                failure = group.wait(tick)
-                finished = failure is None
-            except LocalShardDied as e:
-                died = str(e)
-            except (KeyboardInterrupt, Terminated):  # said by run_launch, after what the workers had trained
-                interrupted = True
-                raise
-            finally:
-                try:
-                    group.stop(grace_s)
-                finally:
-                    progress.close()
-                    said = [line for tail in group.tails for line in tail]
-                    # no position to resume from where the servers hold a checkpoint's model, not those counts
-                    # (replaced), or where a worker's share left it no example: a job of other workers or another
-                    # split reads other shares (untrained)
-                    replaced = any(MODEL_STATE_REPLACED in line for line in said)
-                    untrained = any(UNTRAINED in line for line in said)
-                    if not finished and not replaced and not untrained:
-                        say_where_to_resume(plan, progress.latest(), interrupted)
-            if died is not None:
-                print(f"ps-worker launch: {died}; the workers were stopped", file=sys.stderr, flush=True)
-                return 1
-            if failure is not None:
-                report_failure(*failure, group.tails)
-                return 1
+            group, progress = _worker_group(plan, addresses, metrics_dir, program, progress_every_s)
+            failed = _watch(plan, group, progress, shard_died, grace_s)
+            if failed is not None:
+                return failed
             per_worker = read_worker_metrics(metrics_dir, plan)
             if per_worker is None:
                 return 1
@@ -177,41 +134,128 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                 print("ps-worker launch: every worker's --resume-file says its run ended before: nothing to do "
                       "(remove the files to train again)", flush=True)  # fmt: skip
                 return 0
-            backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
-            cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
-                                      num_workers=1, backend=backend, device=device or "cpu",
-                                      metrics_out=None,
-                                      **workers_bad_lines(plan.train_config, per_worker))  # fmt: skip
-            died = shard_died()  # after the workers exited: the final evaluation would wait for it
-            stopped: BaseException | None = None  # a Ctrl-C or SIGTERM in the final evaluation
-            try:
-                evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None) if died is None else {
-                    "eval_error": f"{died}, after every worker had finished training (the model went with the local "
-                                  "shards; the job was not evaluated)"}  # fmt: skip
-            except (KeyboardInterrupt, Terminated) as e:  # the training is done: reported below, as for a failure
-                stopped, evaluation = e, {"eval_error": evaluation_stopped(e, plan.local_shards is not None, addresses)}
-        mode = getattr(plan.train_config, "mode", "async")
-        merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
-        print(format_summary(merged), flush=True)
-        metrics_error = None
-        if plan.metrics_out:  # a failure (a full disk) is said after the rest of the summary; launch then fails
-            metrics_error = write_metrics(plan.metrics_out, merged, "the job's figures")
-            if metrics_error is None:
-                print(f"metrics written to {plan.metrics_out}", flush=True)
-        if plan.local_shards is not None:
-            print(local_shards_gone("launch"), flush=True)
-        else:
-            print(model_kept(",".join(addresses)), flush=True)
-        if "eval_error" in evaluation:  # the training is done and reported; its evaluation is not
-            said = "ps-worker launch" if stopped is not None else "ps-worker: error"
-            print(f"{said}: {evaluation['eval_error']}", file=sys.stderr, flush=True)
-        if metrics_error is not None:
-            print(f"ps-worker: error: {metrics_error}", file=sys.stderr, flush=True)
-        if stopped is not None:
-            return 130 if isinstance(stopped, KeyboardInterrupt) else TERMINATED_EXIT_CODE
-        if "eval_error" in evaluation or metrics_error is not None:
-            return 2 if died is None else 1
-        return 0
+            died, stopped, evaluation = _evaluate(plan, addresses, shard_died, evaluate, per_worker)
+        return _summary(plan, per_worker, evaluation, addresses, died, stopped)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         os.close(lock_fd)
+
+
+def _worker_group(plan: LaunchPlan, addresses: list[str], metrics_dir: str, program: list[str],
+                  progress_every_s: float) -> tuple[WorkerGroup, MergedProgress]:  # fmt: skip
+    """The job's workers (not started yet): their commands and environments, their lines printed through the
+    merged progress (a bar on a terminal, plain lines in a log)."""
+    commands = worker_commands(plan, addresses, metrics_dir, program)
+    port, base = free_port(), dict(os.environ)
+    if plan.local_shards:  # shards with no TLS or token (worker/cluster.py): the workers' client uses none
+        base = without_security_variables(base)
+    local = local_ranks(plan.backends)
+    envs = [worker_environment(i, plan.workers, port, base, local[i]) for i in range(plan.workers)]
+    bar = plan.progress_bar and sys.stderr.isatty()  # a log file gets the plain lines, not a bar's redraws
+    progress = MergedProgress(plan.workers, bar, progress_every_s)
+    group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
+    return group, progress
+
+
+def _watch(plan: LaunchPlan, group: WorkerGroup, progress: MergedProgress, shard_died: Callable[[], str | None],
+           grace_s: float) -> int | None:  # fmt: skip
+    """The workers started and watched until they all exit, one fails or a local shard dies; then stopped (after
+    grace_s), and where to resume said unless they finished. None when every worker exited 0, else the exit code
+    (1), the failure reported. A Ctrl-C or SIGTERM propagates, the workers stopped."""
+    failure: tuple[int, int] | None = None
+    finished = interrupted = False
+    died: str | None = None
+
+    def tick(now: float) -> None:
+        progress.tick(now)
+        why = shard_died()
+        if why:  # the workers would wait for it for their --server-timeout: it never comes back
+            raise LocalShardDied(why)
+
+    try:
+        group.start()
+        progress.open()
+        group.read_output()
+        failure = group.wait(tick)
+        finished = failure is None
+    except LocalShardDied as e:
+        died = str(e)
+    except (KeyboardInterrupt, Terminated):  # said by run_launch, after what the workers had trained
+        interrupted = True
+        raise
+    finally:
+        try:
+            group.stop(grace_s)
+        finally:
+            progress.close()
+            if not finished:
+                _say_where_to_resume(plan, group, progress, interrupted)
+    if died is not None:
+        print(f"ps-worker launch: {died}; the workers were stopped", file=sys.stderr, flush=True)
+        return 1
+    if failure is not None:
+        report_failure(*failure, group.tails)
+        return 1
+    return None
+
+
+def _say_where_to_resume(plan: LaunchPlan, group: WorkerGroup, progress: MergedProgress, interrupted: bool) -> None:
+    """Where a job that did not finish can resume from (say_where_to_resume), unless the workers' lines say there
+    is no such position."""
+    said = [line for tail in group.tails for line in tail]
+    # no position to resume from where the servers hold a checkpoint's model, not those counts (replaced), or where
+    # a worker's share left it no example: a job of other workers or another split reads other shares (untrained)
+    replaced = any(MODEL_STATE_REPLACED in line for line in said)
+    untrained = any(UNTRAINED in line for line in said)
+    if not replaced and not untrained:
+        say_where_to_resume(plan, progress.latest(), interrupted)
+
+
+def _evaluate(plan: LaunchPlan, addresses: list[str], shard_died: Callable[[], str | None],
+              evaluate: Callable[[Any], dict] | None,
+              per_worker: list[dict]) -> tuple[str | None, BaseException | None, dict]:  # fmt: skip
+    """(why a local shard died, the Ctrl-C or SIGTERM that stopped the evaluation, the evaluation's figures or its
+    "eval_error"): the job's final evaluation as worker 0's backend runs it, on the servers, after the workers
+    exited; none where a local shard died."""
+    backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
+    cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
+                              num_workers=1, backend=backend, device=device or "cpu",
+                              metrics_out=None,
+                              **workers_bad_lines(plan.train_config, per_worker))  # fmt: skip
+    died = shard_died()  # after the workers exited: the final evaluation would wait for it
+    stopped: BaseException | None = None  # a Ctrl-C or SIGTERM in the final evaluation
+    try:
+        evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None) if died is None else {
+            "eval_error": f"{died}, after every worker had finished training (the model went with the local "
+                          "shards; the job was not evaluated)"}  # fmt: skip
+    except (KeyboardInterrupt, Terminated) as e:  # the training is done: reported below, as for a failure
+        stopped, evaluation = e, {"eval_error": evaluation_stopped(e, plan.local_shards is not None, addresses)}
+    return died, stopped, evaluation
+
+
+def _summary(plan: LaunchPlan, per_worker: list[dict], evaluation: dict, addresses: list[str], died: str | None,
+             stopped: BaseException | None) -> int:  # fmt: skip
+    """The job's summary printed, --metrics-out written, where the model is and what failed said; the exit code:
+    130 or 143 where the evaluation was stopped, 2 where it or the metrics file failed (1 after a shard died)."""
+    mode = getattr(plan.train_config, "mode", "async")
+    merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
+    print(format_summary(merged), flush=True)
+    metrics_error = None
+    if plan.metrics_out:  # a failure (a full disk) is said after the rest of the summary; launch then fails
+        metrics_error = write_metrics(plan.metrics_out, merged, "the job's figures")
+        if metrics_error is None:
+            print(f"metrics written to {plan.metrics_out}", flush=True)
+    if plan.local_shards is not None:
+        print(local_shards_gone("launch"), flush=True)
+    else:
+        print(model_kept(",".join(addresses)), flush=True)
+    if "eval_error" in evaluation:  # the training is done and reported; its evaluation is not
+        said = "ps-worker launch" if stopped is not None else "ps-worker: error"
+        print(f"{said}: {evaluation['eval_error']}", file=sys.stderr, flush=True)
+    if metrics_error is not None:
+        print(f"ps-worker: error: {metrics_error}", file=sys.stderr, flush=True)
+    if stopped is not None:
+        return 130 if isinstance(stopped, KeyboardInterrupt) else TERMINATED_EXIT_CODE
+    if "eval_error" in evaluation or metrics_error is not None:
+        return 2 if died is None else 1
+    return 0
