@@ -26,8 +26,9 @@ as applied before (a second run under the job's id) raises JobIdReusedError.
 The pieces, each in its own module: worker/dedup.py (unique ids, summed duplicates), worker/routing.py (ids to
 shards, requests to batches), worker/fanout.py (a batch of calls at once), worker/retry.py (what is sent again,
 the waits for a shard, the errors), worker/shard_calls.py (the calls to the shards, sent again as retry.py says),
-worker/request_numbers.py (client id and request numbers), worker/channels.py (channels, readiness, the server
-list's check), ps/stamp.py (WorkerStamp). This module is the API over them.
+worker/request_numbers.py (client id and request numbers), worker/push_waves.py (a push's batches in waves, their
+replies checked), worker/channels.py (channels, readiness, the server list's check), ps/stamp.py (WorkerStamp).
+This module is the API over them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from ps.sharding import SlotMap
 from ps.stamp import WorkerStamp
 from worker.channels import check_cluster, wait_connected
 from worker.dedup import PushItem, per_item, push_arrays, segment_sum, sum_duplicates
-from worker.request_numbers import RequestNumbers, check_applied, check_contributed
+from worker.push_waves import check_wave, push_waves, scatter_rows
+from worker.request_numbers import RequestNumbers
 from worker.retry import push_left, why_failed
 from worker.routing import Router
 from worker.shard_calls import ShardCalls
@@ -236,6 +238,29 @@ class Client(ShardCalls):
         its size (the worker's contribution to the step), sent without this client's id: the shard applies the
         step's sum under the job's key. Unclocked (an async or geo job's): every batch carries it, and this returns
         what it returns without one."""
+        requests, plans = self._push_requests(items, return_rows, add_delta)
+        sync = stamp is not None and stamp.sync
+        clocked = stamp is not None and not stamp.unclocked
+        groups = self._router.group(
+            requests, self.max_request_bytes, every_shard=advance_clock > 0 or clocked, whole=sync
+        )
+        with self._numbers.lock:
+            waves = push_waves(groups, advance_clock, stamp, self.client_id, self._state_ids, self._numbers)
+            min_clock = self._send_waves(waves, Counter(shard for shard, _ in groups), stamp, return_rows)
+        out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
+        if not clocked:
+            return out
+        if not stamp.apart:
+            worker = stamp.job, stamp.worker
+            self._acked[worker] = max(self._acked.get(worker, 0), stamp.step + 1)  # every shard answered
+        if return_rows and len(waves) > 1:  # rows of a shard's batch before its last were read before the
+            min_clock = 0  # clock its reply gave: they are known fresh at none
+        return out, min_clock or 0
+
+    def _push_requests(self, items: Sequence[PushItem | tuple], return_rows: bool,
+                       add_delta: bool | Sequence[bool]) -> tuple[list, list]:  # fmt: skip
+        """(push_many's requests as (shard, PushRequest, bytes, (rows, positions, dim)), per item (its rows array
+        where return_rows, else None; the order that gives its ids' rows))."""
         requests, plans = [], []
         for item, delta in zip(items, per_item(add_delta, len(items)), strict=True):
             table, ids, grads, clicks, shows = PushItem(*item)
@@ -247,58 +272,24 @@ class Client(ShardCalls):
                 size = len(request.ids) + len(request.grads) + len(request.shows) + len(request.clicks)
                 requests.append((shard, request, size, (rows, sel, dim)))
             plans.append((rows, order))
-        sync = stamp is not None and stamp.sync
-        clocked = stamp is not None and not stamp.unclocked
-        groups = self._router.group(
-            requests, self.max_request_bytes, every_shard=advance_clock > 0 or clocked, whole=sync
-        )
-        last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
-        proto = None if stamp is None else codec.stamp_to_proto(stamp)
-        before = proto  # the stamp of a shard's batches before its last: apart where clocked (they move no clock)
-        if clocked and not sync and not stamp.apart and len(last) < len(groups):  # a shard gets two batches
-            before = codec.stamp_to_proto(replace(stamp, apart=True))
-        with self._numbers.lock:
-            waves: list[list] = []  # wave k: the k-th batch of each shard; a shard's batches go in order
-            for i, (shard, g) in enumerate(groups):
-                request = ps_pb2.PushBatchRequest(
-                    pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0,
-                    stamp=proto if last[shard] == i else before,
-                )  # fmt: skip
-                request.client_id = self.client_id  # a sync batch's tells two workers of one worker id apart
-                request.state_id = self._state_ids[shard]
-                if not sync:  # a sync batch is applied under the job's key, not this client's request numbers
-                    request.seq = self._numbers.next(shard)
-                k = sum(1 for s, _ in groups[:i] if s == shard)
-                waves += [[] for _ in range(k + 1 - len(waves))]
-                waves[k].append((("PushBatch", shard, request), g))
-            min_clock = None
-            batches = Counter(shard for shard, _ in groups)  # each shard's batches, one per wave
-            for w, wave in enumerate(waves):
-                retried: set[int] = set()
-                replies = self._outcomes([call for call, _ in wave], retried, timeout_s=self._deadline(stamp))
-                failed = {shard: o for ((_, shard, _), _), o in zip(wave, replies) if isinstance(o, PsError)}
-                if failed:  # the waves after it are not sent
-                    raise push_left(next(iter(failed.values())), batches, w, failed)
-                for k, (((_, shard, request), _), reply) in enumerate(zip(wave, replies)):
-                    if k not in retried and sync:  # a retry's reply counts only what the lost attempts left
-                        check_contributed(self._where(shard), request, reply, stamp)  # undone
-                    elif k not in retried:
-                        check_applied(self._where(shard), self.client_id, request, reply)
-                    if request.HasField("stamp"):
-                        min_clock = reply.min_clock if min_clock is None else min(min_clock, reply.min_clock)
-                if return_rows:
-                    for (_, group), batch in zip(wave, replies):
-                        for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
-                            rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
-        out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
-        if not clocked:
-            return out
-        if not stamp.apart:
-            worker = stamp.job, stamp.worker
-            self._acked[worker] = max(self._acked.get(worker, 0), stamp.step + 1)  # every shard answered
-        if return_rows and len(waves) > 1:  # rows of a shard's batch before its last were read before the
-            min_clock = 0  # clock its reply gave: they are known fresh at none
-        return out, min_clock or 0
+        return requests, plans
+
+    def _send_waves(self, waves: list[list], batches: Counter, stamp: WorkerStamp | None,
+                    return_rows: bool) -> int | None:  # fmt: skip
+        """push_many's waves sent one after the other (batches: each shard's count, one per wave), each reply
+        checked and its rows scattered where return_rows; the smallest min_clock the stamped ones answered. A
+        wave with a failed call raises (push_left) and the waves after it are not sent."""
+        min_clock = None
+        for w, wave in enumerate(waves):
+            retried: set[int] = set()
+            replies = self._outcomes([call for call, _ in wave], retried, timeout_s=self._deadline(stamp))
+            failed = {shard: o for ((_, shard, _), _), o in zip(wave, replies) if isinstance(o, PsError)}
+            if failed:  # the waves after it are not sent
+                raise push_left(next(iter(failed.values())), batches, w, failed)
+            min_clock = check_wave(wave, replies, retried, stamp, self.client_id, self._where, min_clock)
+            if return_rows:
+                scatter_rows(wave, replies)
+        return min_clock
 
     def _routed_pushes(self, table: str, dim: int, uniq: np.ndarray, grads: np.ndarray, shows: np.ndarray | None,
                        clicks: np.ndarray | None, return_rows: bool,
