@@ -19,10 +19,11 @@ from worker.features import MISSING_CAT, space_ids
 from worker.formats import read_batches, read_csv_header
 from worker.metrics import auc
 from worker.schema import Schema, TableSchema
-from worker.schema_builtin import columns_line, resolve_schema
+from worker.schema_builtin import resolve_schema
 from worker.schema_columns import Column
 from worker.schema_file import load_schema, schema_from_text
 from worker.schema_infer import infer_schema_text
+from worker.schema_notes import columns_line
 from worker.served import evaluate_servers
 from worker.timestamps import iso_parts, time_format, time_parts, untold_time
 from worker.train import train

@@ -30,7 +30,7 @@ from worker.model_tables import check_allreduce_tables, check_geo_tables, table_
 from worker.models.spec import MLP_MODELS, ModelSpec
 from worker.recipe import few_steps
 from worker.schema import Schema
-from worker.schema_builtin import columns_line, format_note, libsvm_note
+from worker.schema_notes import columns_line, format_note, libsvm_note
 from worker.temp_dirs import remove_stale_temp_dirs
 from worker.train_config import TrainConfig
 from worker.validation_split import held_out

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from worker.csv_fast import BOOL_LABELS
 from worker.features import NUM_INT_FIELDS
-from worker.readers.csv_header import delimiter_name, header_names
+from worker.readers.csv_header import header_names
 from worker.readers.csv_records import read_header_cells
 from worker.schema import Schema, TableSchema
 from worker.schema_columns import (
@@ -18,7 +18,6 @@ from worker.schema_columns import (
     CRITEO_COLUMNS,
     FORMATS,
     MAX_LIBSVM_FIELDS,
-    TIME_TRANSFORMS,
     Column,
     labels_by_name,
     libsvm_column,
@@ -176,57 +175,20 @@ def resolve_schema(
         flags = {"--label-column": label_column is not None, "--drop-columns": bool(drop_columns),
                  "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None,
                  "--libsvm-values": libsvm_values != "auto"}  # fmt: skip
-        given = [flag for flag, on in flags.items() if on]
-        if given:
-            raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
-        schema = load_schema(schema_path, default_table=default_table, default_dim=default_dim)
-        if fmt != schema.format and fmt != AUTO_FORMAT:  # the default is no choice of the user's
-            log.warning("--format %s is not used: --schema %s says format = %r", fmt, schema_path, schema.format)
-        if schema.format == "csv" and schema.label is None and data is not None:  # the training file's first
-            from worker.formats import read_csv_header  # column, for every file read through it (eval's too)
-
-            header = read_csv_header(data, schema.delimiter)
-            if header:
-                schema = dataclasses.replace(schema, label=header[0], label_from="first column")
-        return schema
-    from worker.format_detection import detect_format
-    from worker.formats import csv_records
-    from worker.readers.libsvm_reader import libsvm_sample, libsvm_values_read_as
-
+        return _schema_file(schema_path, data, fmt, [flag for flag, on in flags.items() if on], default_table,
+                            default_dim)  # fmt: skip
     format_from, delimiter = "", ","
     if fmt == AUTO_FORMAT:
-        if data is None:
-            raise ValueError("--format auto tells the format by the data file's first line; none given")
-        fmt, told, seen = detect_format(spec)
-        format_from, delimiter = f"detected: {seen}", told or ","
+        fmt, seen, delimiter = _detected_format(spec, data)
+        format_from = f"detected: {seen}"
         _check_column_flags(data, fmt, seen, label_column, drop_columns, numeric_columns, libsvm_fields, libsvm_values)
-    header, cells, rows, picked = None, None, [], None  # cells: the header's as written; picked: csv_label's
     if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
         raise ValueError(f"the built-in {fmt} schema needs the data file (its header or field count); none given")
-    if fmt == "csv":
-        cells = read_header_cells(data, delimiter)
-        if cells is None:
-            raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
-        header = header_names(data, cells)
-        _, rows = csv_records(spec, delimiter, HINT_SAMPLE_ROWS)  # past header-only files
-        other = separator_of_one_column(header, rows[0] if rows else [], ",", "\t;|")  # a label-only file's row: none
-        if other:
-            raise ValueError(
-                f"{data}: its header line is one column holding {other!r} and no ',': a {other!r}-separated "
-                "file? --format csv reads commas; --format auto (the default) tells the delimiter of a header line "
-                "of names (or --format criteo for Criteo TSV, which has no header)"
-            )
-        if label_column is None and header:
-            picked = csv_label(header, rows)
-            if picked is None:
-                _check_a_label_is_named(data, header, rows)
-    sampled = False  # whether the libsvm sample holds a value other than 0 and 1 (none taken without data)
-    if fmt == "libsvm" and (libsvm_fields is None or data is not None):
-        counted, sampled = libsvm_sample(data)
-        libsvm_fields = counted if libsvm_fields is None else libsvm_fields
-    weighted = libsvm_values_read_as(libsvm_values, sampled) == "weights"
-    if fmt != "libsvm" and libsvm_values != "auto":
-        raise ValueError(f"--libsvm-values is for libsvm data, not {fmt}; leave it out")
+    # cells: the header's as written; picked: csv_label's
+    header, cells, rows, picked = (
+        _csv_header(data, spec, delimiter, label_column) if fmt == "csv" else (None, None, [], None)
+    )
+    libsvm_fields, weighted = _libsvm_fields(fmt, data, libsvm_fields, libsvm_values)
     named = picked is not None and picked[1] != "first column"  # a column taken for its name
     label_column = picked[0] if named else label_column
     try:
@@ -243,6 +205,80 @@ def resolve_schema(
     if fmt == "csv":
         warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns)
     return schema
+
+
+def _detected_format(spec: str | None, data: str | None) -> tuple[str, str, str]:
+    """(the format, why, the delimiter: a csv's told, else ",") format_detection.detect_format tells of spec's
+    files; refused without data."""
+    from worker.format_detection import detect_format
+
+    if data is None:
+        raise ValueError("--format auto tells the format by the data file's first line; none given")
+    fmt, told, seen = detect_format(spec)
+    return fmt, seen, told or ","
+
+
+def _schema_file(schema_path: str, data: str | None, fmt: str, given: list[str], default_table: str,
+                 default_dim: int) -> Schema:  # fmt: skip
+    """resolve_schema of a --schema file: refused with column flags given; --format other than its format said
+    unused; a csv schema of no label takes the first column of data's header (for every file read through it)."""
+    if given:
+        raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
+    schema = load_schema(schema_path, default_table=default_table, default_dim=default_dim)
+    if fmt != schema.format and fmt != AUTO_FORMAT:  # the default is no choice of the user's
+        log.warning("--format %s is not used: --schema %s says format = %r", fmt, schema_path, schema.format)
+    if schema.format == "csv" and schema.label is None and data is not None:  # the training file's first
+        from worker.formats import read_csv_header  # column, for every file read through it (eval's too)
+
+        header = read_csv_header(data, schema.delimiter)
+        if header:
+            schema = dataclasses.replace(schema, label=header[0], label_from="first column")
+    return schema
+
+
+def _csv_header(data: str, spec: str, delimiter: str, label_column: str | None) -> tuple[
+    list[str], list[str], list[list[str]], tuple[str, str] | None
+]:  # fmt: skip
+    """(the header's names, its cells as written, sample records of spec's files, csv_label's pick or None) of a
+    csv file read with delimiter; refused where it is empty, its header reads as of another separator, or no column
+    can be the label (_check_a_label_is_named)."""
+    from worker.formats import csv_records
+
+    cells = read_header_cells(data, delimiter)
+    if cells is None:
+        raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
+    header = header_names(data, cells)
+    _, rows = csv_records(spec, delimiter, HINT_SAMPLE_ROWS)  # past header-only files
+    other = separator_of_one_column(header, rows[0] if rows else [], ",", "\t;|")  # a label-only file's row: none
+    if other:
+        raise ValueError(
+            f"{data}: its header line is one column holding {other!r} and no ',': a {other!r}-separated "
+            "file? --format csv reads commas; --format auto (the default) tells the delimiter of a header line "
+            "of names (or --format criteo for Criteo TSV, which has no header)"
+        )
+    picked = None
+    if label_column is None and header:
+        picked = csv_label(header, rows)
+        if picked is None:
+            _check_a_label_is_named(data, header, rows)
+    return header, cells, rows, picked
+
+
+def _libsvm_fields(
+    fmt: str, data: str | None, libsvm_fields: int | None, libsvm_values: str
+) -> tuple[int | None, bool]:
+    """(the libsvm field count: libsvm_fields, else counted in data's sample; whether the fields read values as
+    weights, as libsvm_values says of that sample); --libsvm-values refused for another format."""
+    from worker.readers.libsvm_reader import libsvm_sample, libsvm_values_read_as
+
+    sampled = False  # whether the libsvm sample holds a value other than 0 and 1 (none taken without data)
+    if fmt == "libsvm" and (libsvm_fields is None or data is not None):
+        counted, sampled = libsvm_sample(data)
+        libsvm_fields = counted if libsvm_fields is None else libsvm_fields
+    weighted = libsvm_values_read_as(libsvm_values, sampled) == "weights"
+    if fmt != "libsvm" and libsvm_values != "auto":
+        raise ValueError(f"--libsvm-values is for libsvm data, not {fmt}; leave it out")
+    return libsvm_fields, weighted
 
 
 def _as_written(schema: Schema, header: list[str], cells: list[str]) -> Schema | None:
@@ -344,58 +380,3 @@ def _not_labels(cells: list[str]) -> str:
     if len(values) > _SHOWN_VALUES:
         return f"holds {', '.join(shown)} and {len(values) - _SHOWN_VALUES:,} others"
     return "holds " + (f"{', '.join(shown[:-1])} and {shown[-1]}" if len(shown) > 1 else shown[0])
-
-
-_SHOWN_NAMES = 6  # names of a kind the columns line shows, at most
-
-
-def format_note(schema: Schema) -> str:
-    """What a run says of its format where --format auto chose it (schema.format_from), else ""."""
-    return f"format {schema.format} ({schema.format_from}; --format sets it)" if schema.format_from else ""
-
-
-def libsvm_note(schema: Schema) -> str:
-    """What a run says of a libsvm schema whose fields are weighted (the built-in one of a file whose values are
-    not all 0 and 1), else ""."""
-    weighted = [c.name for c in schema.columns if schema.format == "libsvm" and c.kind == "weighted"]
-    if not weighted:
-        return ""
-    return (f"libsvm fields {weighted[0]}..{weighted[-1]} weighted: each feature's value is its weight (the file's "
-            "values are not all 0 and 1); a value of 0 is a missing feature")  # fmt: skip
-
-
-def columns_line(schema: Schema, header: list[str] | None) -> str:
-    """One line of a csv run's story saying how it reads the file's columns (header: the training file's): the
-    format where --format auto chose it (format_note, which names the delimiter), else a delimiter other than a
-    comma, the label and where it was taken from, the fields by kind
-    and transform (names shown up to _SHOWN_NAMES a kind), the columns of times read only as their hours of day
-    and weekdays (not as numbers), and the header's columns no field reads."""
-    origin = {"first column": "the first column, the built-in default", "schema": "the schema's `label`",
-              "--label-column": "--label-column"}  # fmt: skip
-    label = schema.label if schema.label is not None else (header or ["?"])[0]
-    why = origin.get(schema.label_from, f"{schema.label_from}; --label-column sets it")
-    parts = [f"label {label!r} ({why})"]
-    if schema.format_from:  # (a detected delimiter said in it)
-        parts.insert(0, format_note(schema))
-    elif schema.delimiter != ",":
-        parts.insert(0, f"{delimiter_name(schema.delimiter)}-separated")
-    kinds: dict[str, list[str]] = {}
-    for c in schema.columns:
-        kind = "categorical, each value an id" if c.kind == "categorical" else c.kind
-        if c.kind == "numeric":
-            kind = f"{'bucketized' if c.is_sparse else 'numeric'} ({c.transform})"
-        if c.transform in TIME_TRANSFORMS:
-            kind = "hour of day or weekday of a time, each an id"
-        kinds.setdefault(kind, []).append(c.name)
-    for kind, names in kinds.items():
-        more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
-        parts.append(f"{len(names)} {kind}: {', '.join(names[:_SHOWN_NAMES])}{more}")
-    times = {c.source for c in schema.columns if c.transform in TIME_TRANSFORMS}
-    times -= {c.source for c in schema.columns if c.transform not in TIME_TRANSFORMS}
-    if times:
-        parts.append(f"time{'s' if len(times) > 1 else ''} {', '.join(sorted(times))} read as hour of day and "
-                     "weekday only, not as a number")  # fmt: skip
-    read = {label} | {c.source for c in schema.columns}
-    unread = [h for h in header or [] if h not in read]
-    parts.append(f"not read: {', '.join(unread) if unread else 'none'}")
-    return "columns  " + "; ".join(parts)
