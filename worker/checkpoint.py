@@ -108,6 +108,38 @@ def save(
     fresh checkpoint, whose leftovers the next export removes), so the error says nothing of what is in it."""
     directory = os.path.abspath(directory)
     parts_in = None if temporary else directory  # where a failure's error says what the shards left
+    _check_before_holding(client, directory, tables)
+    n = len(client.servers)
+    started = time.monotonic()
+    held, replies = _hold_and_save(client, directory, n, hold_timeout_s, parts_in)
+    shards = [json.loads(r.shard_json) for r in replies]
+    _check_parts_seen(directory, shards)
+    configs = _table_configs(client, n, shards, tables, parts_in)
+    manifest = {
+        "format": FORMAT,
+        "num_shards": n,
+        "num_slots": NUM_SLOTS,
+        "clock": max(s["clock"] for s in shards),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "pushes_held_s": round(time.monotonic() - held, 3),
+        "tables": configs,
+        "shards": shards,
+    }
+    try:
+        manifest = write_manifest(directory, manifest)
+    except OSError as e:
+        raise OSError(
+            f"the shards saved their files in {directory}, but writing its {MANIFEST} failed ({e}): "
+            "without it the checkpoint cannot be restored; remove the directory and save again"
+        ) from e
+    manifest["seconds"] = round(time.monotonic() - started, 3)
+    return manifest
+
+
+def _check_before_holding(client: Client, directory: str, tables: set[str] | None) -> None:
+    """save's refusals before any shard is held: ValueError for a directory that holds a checkpoint or any other
+    file, for shards that lost a trained table or were restored from different checkpoints, or for a table some
+    shards lack (of tables, where given)."""
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
@@ -118,8 +150,13 @@ def save(
     partial = untrained_on_some_shards(shard_stats, tables)
     if partial:  # refused now, not by a shard lacking it once every shard has saved
         raise ValueError(f"{partial}; nothing was saved")
-    n = len(client.servers)
-    started = time.monotonic()
+
+
+def _hold_and_save(client: Client, directory: str, n: int, hold_timeout_s: float,
+                   parts_in: str | None) -> tuple[float, list]:  # fmt: skip
+    """(when shard 0 was held (time.monotonic), every shard's save reply): shard 0 held first, alone (of two
+    saves at once, one gets it), then the others at once; every shard saved into directory; every hold taken
+    released, whatever failed. parts_in: where a failure's error says what the shards left (see save)."""
     tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
     saving = saved = False  # the save phase was sent (from here on a failure leaves parts in directory); it ended
     try:
@@ -143,7 +180,12 @@ def save(
         saved = True
     finally:  # every hold taken is released, whatever failed
         _release(client, tokens, parts_in if saving else None, saved)
-    shards = [json.loads(r.shard_json) for r in replies]
+    return held, replies
+
+
+def _check_parts_seen(directory: str, shards: list[dict]) -> None:
+    """PermissionError or ValueError, no manifest written, where this machine cannot read directory or sees no
+    shard-<i> folder the servers saved (their DIR is another machine's, another mount)."""
     if not os.access(directory, os.R_OK | os.X_OK):
         raise PermissionError(f"the servers saved their parts into {directory}, which this user cannot read (the "
                               "servers' user made it): no manifest was written; save as a user that can read the "
@@ -155,36 +197,25 @@ def save(
                          "written. The servers' shard-<i> folders stay in their DIR (hard links to their files): "
                          "delete them there. Save from a machine that sees the servers' --checkpoint-root at the "
                          "same path")  # fmt: skip
+
+
+def _table_configs(
+    client: Client, n: int, shards: list[dict], tables: set[str] | None, parts_in: str | None
+) -> list[dict]:
+    """The config of every table the n shards saved, as the manifest holds it: described by every shard, but a
+    table left out of tables, by the shards that hold it. A failure says what the shards left in
+    parts_in (all of their parts), where given."""
     names = sorted({name for s in shards for name in s["rows"]})
     every = list(range(n))  # a table left out of `tables` is described by the shards that hold it: it may be lost
     asked = {name: every if tables is None or name in tables else [i for i in every if name in shards[i]["rows"]]
              for name in names}  # fmt: skip
     try:
-        configs = [codec.table_config_from_proto(client.describe_table(name, asked[name])[0].spec).to_dict()
-                   for name in names]  # fmt: skip
+        return [codec.table_config_from_proto(client.describe_table(name, asked[name])[0].spec).to_dict()
+                for name in names]  # fmt: skip
     except PsError as e:  # a table made on some shards since the Stats above, or a shard gone
         if parts_in is not None:
             _note_parts_left(e, parts_in, all_saved=True)
         raise
-    manifest = {
-        "format": FORMAT,
-        "num_shards": n,
-        "num_slots": NUM_SLOTS,
-        "clock": max(s["clock"] for s in shards),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "pushes_held_s": round(time.monotonic() - held, 3),
-        "tables": configs,
-        "shards": shards,
-    }
-    try:
-        manifest = write_manifest(directory, manifest)
-    except OSError as e:
-        raise OSError(
-            f"the shards saved their files in {directory}, but writing its {MANIFEST} failed ({e}): "
-            "without it the checkpoint cannot be restored; remove the directory and save again"
-        ) from e
-    manifest["seconds"] = round(time.monotonic() - started, 3)
-    return manifest
 
 
 def _release(client: Client, tokens: dict[int, str], saved_into: str | None, all_saved: bool) -> None:
