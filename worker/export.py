@@ -64,82 +64,22 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     Returns the exit code."""
     fresh = export_checkpoint_dir(args.out)
     patterns = None if args.tables is None else table_patterns(args.tables)  # ValueError: none, before any server
-    if os.path.lexists(args.out) and not os.path.isdir(args.out):
-        raise ValueError(f"OUT {args.out} exists and is not a directory; give a new or empty directory")
-    # OUT itself, before the check of what it holds (--overwrite would not help); the servers check its parents
-    if inside_a_checkpoint(args.out, os.path.dirname(os.path.abspath(args.out))):
-        raise ValueError(f"OUT {args.out} is a checkpoint or a RocksDB directory: export has the servers save the "
-                         "model as a checkpoint into a folder of OUT first, and they save none inside another; give a "
-                         "directory of its own; nothing was written")  # fmt: skip
-    where = args.out if os.path.isdir(args.out) else os.path.dirname(os.path.abspath(args.out))
-    if os.path.isdir(where) and not os.access(where, os.W_OK):
-        raise ValueError(f"OUT {args.out}: {where} is not writable by this user; nothing was written")
+    _check_out(args.out)
     made = _missing_dirs(args.out)  # OUT and the parents this export creates, deepest first
     make_dirs(args.out, "OUT")
-
-    def undo() -> None:
-        shutil.rmtree(fresh, ignore_errors=True)
-        for directory in made:  # the folders this export created, if nothing else came into them
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break
-
-    def check() -> None:  # under the claim on OUT: no export put in place meanwhile is written over
-        if not args.overwrite:
-            only_leftovers = re.compile(f"{leftovers.EXPORT_OWN.pattern}|{leftovers.EXPORT_CHECKPOINT_NAME.pattern}")
-            earlier = os.path.exists(os.path.join(args.out, "export.json"))
-            check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
-                "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip
-        leftovers.check_no_named_checkpoint_left(args.out)  # its export reads its fresh checkpoint, never that one
-
     try:  # the claim on OUT is held to the end: ps-server export claims OUT through it (--claim-fd)
-        with export_claim(args.out, check) as claim:
+        with export_claim(args.out, lambda: _check_out_claimed(args)) as claim:
             with client(args) as servers:
-                shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
-                held = sorted({t.name for shard in shard_stats for t in shard.tables})
-                if not held:
-                    raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
-                                     "the model's tables); nothing was saved")  # fmt: skip
-                if patterns is not None:
-                    for pattern in patterns:
-                        if not fnmatch.filter(held, pattern):
-                            raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
-                                             f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
-                exported = held if patterns is None else sorted({n for p in patterns for n in fnmatch.filter(held, p)})
-                check_rows(shard_stats, exported)
-                only = None  # the tables a lost one refuses the save: every one, unless the checkpoint is read for
-                if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
-                    only = set(exported)
-                try:
-                    save(servers, fresh, tables=only, temporary=True)  # undo() removes it on a failure
-                except NoCheckpointRootError as e:  # a server started without --checkpoint-root
-                    raise NoCheckpointRootError(
-                        "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
-                        "server saves only inside its --checkpoint-root: restart the servers with --checkpoint-root "
-                        f"DIR (their data dirs keep the model) and give an OUT inside DIR; nothing was saved. The "
-                        f"server said: {e}"
-                    ) from None
-                except CheckpointOutsideRootError as e:
-                    raise InvalidArgumentError(
-                        f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
-                        f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
-                        f"give an OUT inside it. The server said: {e}"
-                    ) from None
-            command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
-            command += [] if args.since is None else ["--since", str(args.since)]
-            command += [] if args.tables is None else ["--tables", args.tables]
-            command += ["--no-progress"] if args.no_progress else []
-            command += ["--move-checkpoint"] if args.keep_checkpoint else ["--remove-checkpoint"]
-            command += ["--unclaimed"] if claim is None else ["--claim-fd", str(claim)]  # None: no lock, said so
+                _save_checkpoint(args, servers, patterns, fresh)
+            command = _server_export_command(args, fresh, claim)
             earlier = leftovers.export_in_place(args.out)
             done = subprocess.run(command, preexec_fn=child_setup(own_group=False),  # dies with this process
                                   pass_fds=() if claim is None else (claim,))  # fmt: skip
     except BaseException:
-        undo()
+        _undo(fresh, made)
         raise
     if done.returncode != 0:  # an earlier export in OUT is as it was
-        undo()
+        _undo(fresh, made)
         if done.returncode > 0:  # ps-server export said why
             return done.returncode
         now = leftovers.export_in_place(args.out)
@@ -149,6 +89,98 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
               "(the next export into it removes any temporary files the child left there)", file=sys.stderr)  # fmt: skip
         return 128 - done.returncode  # as a shell gives a child's death by signal N: 128 + N
     return 0
+
+
+def _check_out(out: str) -> None:
+    """ValueError, before anything is written, for an OUT that is no directory, is a checkpoint or a RocksDB
+    directory, or (or its nearest parent) is not writable by this user."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(f"OUT {out} exists and is not a directory; give a new or empty directory")
+    # OUT itself, before the check of what it holds (--overwrite would not help); the servers check its parents
+    if inside_a_checkpoint(out, os.path.dirname(os.path.abspath(out))):
+        raise ValueError(f"OUT {out} is a checkpoint or a RocksDB directory: export has the servers save the "
+                         "model as a checkpoint into a folder of OUT first, and they save none inside another; give a "
+                         "directory of its own; nothing was written")  # fmt: skip
+    where = out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(where) and not os.access(where, os.W_OK):
+        raise ValueError(f"OUT {out}: {where} is not writable by this user; nothing was written")
+
+
+def _undo(fresh: str, made: list[str]) -> None:
+    """A failed export's traces removed: its fresh checkpoint, and the folders it created (made, deepest first),
+    if nothing else came into them."""
+    shutil.rmtree(fresh, ignore_errors=True)
+    for directory in made:  # the folders this export created, if nothing else came into them
+        try:
+            os.rmdir(directory)
+        except OSError:
+            break
+
+
+def _check_out_claimed(args: Any) -> None:
+    """Under the claim on OUT: no export put in place meanwhile is written over (OUT new or empty but for what
+    exports killed mid-way left, unless --overwrite), and no checkpoint its export.json names is left behind."""
+    if not args.overwrite:
+        only_leftovers = re.compile(f"{leftovers.EXPORT_OWN.pattern}|{leftovers.EXPORT_CHECKPOINT_NAME.pattern}")
+        earlier = os.path.exists(os.path.join(args.out, "export.json"))
+        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write " + (
+            "over the export there" if earlier else "beside those files"), ignore=only_leftovers)  # fmt: skip
+    leftovers.check_no_named_checkpoint_left(args.out)  # its export reads its fresh checkpoint, never that one
+
+
+def _save_checkpoint(args: Any, servers: Any, patterns: list[str] | None, fresh: str) -> None:
+    """The servers' model saved as a checkpoint into fresh (worker/checkpoint.py save), once they answer and the
+    tables to export (_exported_tables) hold a row (check_rows); a server's refusal to save there said in the
+    terms of OUT."""
+    shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
+    exported = _exported_tables(shard_stats, patterns)
+    check_rows(shard_stats, exported)
+    only = None  # the tables a lost one refuses the save: every one, unless the checkpoint is read for
+    if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
+        only = set(exported)
+    try:
+        save(servers, fresh, tables=only, temporary=True)  # _undo removes it on a failure
+    except NoCheckpointRootError as e:  # a server started without --checkpoint-root
+        raise NoCheckpointRootError(
+            "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
+            "server saves only inside its --checkpoint-root: restart the servers with --checkpoint-root "
+            f"DIR (their data dirs keep the model) and give an OUT inside DIR; nothing was saved. The "
+            f"server said: {e}"
+        ) from None
+    except CheckpointOutsideRootError as e:
+        raise InvalidArgumentError(
+            f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
+            f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
+            f"give an OUT inside it. The server said: {e}"
+        ) from None
+
+
+def _exported_tables(shard_stats: list, patterns: list[str] | None) -> list[str]:
+    """The names of the tables the servers hold that --tables' patterns match (every one without patterns),
+    sorted; ValueError where they hold none, or a pattern matches none."""
+    held = sorted({t.name for shard in shard_stats for t in shard.tables})
+    if not held:
+        raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
+                         "the model's tables); nothing was saved")  # fmt: skip
+    if patterns is not None:
+        for pattern in patterns:
+            if not fnmatch.filter(held, pattern):
+                raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
+                                 f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
+    return held if patterns is None else sorted({n for p in patterns for n in fnmatch.filter(held, p)})
+
+
+def _server_export_command(args: Any, fresh: str, claim: int | None) -> list[str]:
+    """The `ps-server export` command of fresh into OUT (OUT checked already: --overwrite), --since and --tables
+    passed on; the fresh checkpoint moved into the export (--keep-checkpoint) or removed after; OUT claimed through
+    the descriptor claim, or --unclaimed where it is None (no lock, said so)."""
+    command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
+    command += [] if args.since is None else ["--since", str(args.since)]
+    command += [] if args.tables is None else ["--tables", args.tables]
+    command += ["--no-progress"] if args.no_progress else []
+    command += ["--move-checkpoint"] if args.keep_checkpoint else ["--remove-checkpoint"]
+    command += ["--unclaimed"] if claim is None else ["--claim-fd", str(claim)]  # None: no lock, said so
+    return command
 
 
 def check_rows(shard_stats: list, tables: list[str]) -> None:
