@@ -284,6 +284,29 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
     present = [c for c in cells if c.strip()]  # a categorical's NA is a value; a number's is missing
     numbers = [c for c in present if not is_missing_text(c)]
     values = _floats(numbers) if numbers else None
+    seen = _seen(source, cells, present, numbers, values, sampled)
+    present = numbers if values is not None else present
+    if present and values is not None:
+        return _numeric_column(name, source, present, values, seen)
+    written = written_numbers(present)
+    if written:
+        what, fix, aside = written
+        return Column(name, source, "categorical"), (
+            f"{what} ({seen}): categorical, as text; {fix} and infer the schema again{aside}"
+        )
+    bag = _bag_column(name, source, present, seen)
+    if bag is not None:
+        return bag
+    note = _junk_making_text(name, source, numbers, sampled)
+    comment = f"text ({seen}): categorical" + (f". CHECK {note}" if note else "")
+    return Column(name, source, "categorical"), comment
+
+
+def _seen(source: str, cells: list[str], present: list[str], numbers: list[str], values: list[float] | None,
+          sampled: bool) -> str:  # fmt: skip
+    """What infer_column's comment says was seen of a column's cells: how many are non-empty (and NA, of a number
+    column) and distinct, and what a person should do of one that carries nothing, holds dates or times, or whose
+    values are (nearly) all distinct."""
     distinct = len(set(present))
     seen = f"{len(present)} of {len(cells)} cells non-empty, {distinct} distinct"
     if values is not None and len(numbers) < len(present):  # a number column: its NA cells are missing values
@@ -307,38 +330,42 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
         seen += "; every value distinct: an identifier? then delete this entry"
     elif values is None and len(present) >= 100 and distinct >= 0.9 * len(present):
         seen += "; nearly every value distinct: an identifier or a time? such ids rarely come back"
-    present = numbers if values is not None else present
-    if present and values is not None:
-        if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
-            return Column(name, source, "categorical"), f"few distinct integers ({seen}): categorical"
-        if _leading_zeros(present):
-            return Column(name, source, "categorical"), f"integers with leading zeros, codes ({seen}): categorical"
-        if all(v.is_integer() for v in values) and (_ID_NAME.search(source) or _ID_WORD.fullmatch(source)):
-            return Column(name, source, "categorical"), f"integers in a column named like an id ({seen}): categorical"
-        n = len(values)
-        mean = sum(values) / n
-        deviations = [v - mean for v in values]
-        scale = max(map(abs, deviations))  # powers of deviations scaled to at most 1: 1e-110 cubed is no 0.0
-        std = scale * math.sqrt(sum((d / scale) ** 2 for d in deviations) / n) if scale > 0 else 0.0
-        skew = sum((d / std) ** 3 for d in deviations) / n if std > 0 else 0.0
-        if all(v.is_integer() for v in values):  # counts, or codes? a person knows
-            seen += '; if these integers are codes or ids, not quantities, make it kind = "categorical"'
-        if min(values) >= 0 and skew > _HEAVY_SKEW:
-            return Column(
-                name, source, "numeric", transform="log"
-            ), f"non-negative numbers, skewness {skew:.1f} ({seen}): log"
-        return (
-            Column(name, source, "numeric", transform="standardize", mean=mean, std=std if std > 0 else 1.0),
-            f"numbers, skewness {skew:.1f} ({seen}): standardize with the sample's mean and std below (if you "
-            "delete them, train computes them in a pass over its whole file before training and prints them: eval "
-            "and predict need them back in the schema)",
-        )
-    written = written_numbers(present)
-    if written:
-        what, fix, aside = written
-        return Column(name, source, "categorical"), (
-            f"{what} ({seen}): categorical, as text; {fix} and infer the schema again{aside}"
-        )
+    return seen
+
+
+def _numeric_column(name: str, source: str, present: list[str], values: list[float], seen: str) -> tuple[Column, str]:
+    """infer_column of a column of numbers (present: its cells, values: theirs): categorical where they are few
+    distinct integers, codes with leading zeros or integers named like an id; else numeric, log where non-negative
+    and skewed, else standardized with the sample's mean and std."""
+    if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
+        return Column(name, source, "categorical"), f"few distinct integers ({seen}): categorical"
+    if _leading_zeros(present):
+        return Column(name, source, "categorical"), f"integers with leading zeros, codes ({seen}): categorical"
+    if all(v.is_integer() for v in values) and (_ID_NAME.search(source) or _ID_WORD.fullmatch(source)):
+        return Column(name, source, "categorical"), f"integers in a column named like an id ({seen}): categorical"
+    n = len(values)
+    mean = sum(values) / n
+    deviations = [v - mean for v in values]
+    scale = max(map(abs, deviations))  # powers of deviations scaled to at most 1: 1e-110 cubed is no 0.0
+    std = scale * math.sqrt(sum((d / scale) ** 2 for d in deviations) / n) if scale > 0 else 0.0
+    skew = sum((d / std) ** 3 for d in deviations) / n if std > 0 else 0.0
+    if all(v.is_integer() for v in values):  # counts, or codes? a person knows
+        seen += '; if these integers are codes or ids, not quantities, make it kind = "categorical"'
+    if min(values) >= 0 and skew > _HEAVY_SKEW:
+        comment = f"non-negative numbers, skewness {skew:.1f} ({seen}): log"
+        return Column(name, source, "numeric", transform="log"), comment
+    return (
+        Column(name, source, "numeric", transform="standardize", mean=mean, std=std if std > 0 else 1.0),
+        f"numbers, skewness {skew:.1f} ({seen}): standardize with the sample's mean and std below (if you "
+        "delete them, train computes them in a pass over its whole file before training and prints them: eval "
+        "and predict need them back in the schema)",
+    )
+
+
+def _bag_column(name: str, source: str, present: list[str], seen: str) -> tuple[Column, str] | None:
+    """infer_column of a column of lists: the first of BAG_SEPARATORS that at least _BAG_SHARE of the cells hold
+    and whose ids repeat (weighted where each token is id:number, else multi_hot); None where none is (prose, with
+    ", ", is no list)."""
     for sep in BAG_SEPARATORS:
         holding = [c for c in present if sep in c]
         if sep == "," and holding and sum(", " in c for c in holding) >= 0.5 * len(holding):
@@ -351,6 +378,4 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
             longest = max(len(c.split(sep)) for c in present)
             comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest} tokens): {kind}"
             return Column(name, source, kind, separator=sep), comment
-    note = _junk_making_text(name, source, numbers, sampled)
-    comment = f"text ({seen}): categorical" + (f". CHECK {note}" if note else "")
-    return Column(name, source, "categorical"), comment
+    return None
