@@ -140,6 +140,32 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
                 train_config: Callable[[list[str]], Any] | None = None) -> LaunchPlan:  # fmt: skip
     """The checked plan of `launch` arguments; ValueError naming the flag at fault. train_config(argv): the
     TrainConfig `ps-worker train ARGV` would run with (default: worker.cli_train_config.train_config_from_argv)."""
+    backends, servers = _check_launch_flags(args)
+    config = getattr(args, "config", None)
+    flags = [*passthrough, *(["--config", config] if config else [])]
+    check_train_flags(flags)
+    if args.barrier_timeout is not None:
+        flags += ["--barrier-timeout", repr(args.barrier_timeout)]
+    job_id = new_job_name()
+    cfg = _worker_config(args, flags, servers, job_id, train_config)
+    workers = resolve_workers(backends, cfg)
+    check_devices(workers, getattr(cfg, "dense", "ps"))
+    _check_dense_and_resume_file(cfg)
+    kept = kept_job(cfg, args.workers)
+    if kept is not None:  # the job launched again: its workers go on under its id, named by its name
+        job_id, cfg = kept[1] or str(kept[0]), dataclasses.replace(cfg, job_id=kept[0], job_name=kept[1])
+    _check_against_launch(args, cfg, config)
+    log_level = getattr(args, "log_level", None)
+    return LaunchPlan(
+        workers=args.workers, backends=workers, servers=servers, local_shards=args.local_shards,
+        train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
+        global_flags=("--log-level", log_level) if log_level else (), job_lines=checked_job_lines(cfg, workers[0]),
+    )  # fmt: skip
+
+
+def _check_launch_flags(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(each worker's --backends entry, the --servers list) of launch's own flags, checked: --workers, the
+    backends (torch needs PyTorch here), --servers or --local-shards (one of them), --metrics-out."""
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: expected an integer >= 1")
     backends = expand_backends(args.backends, args.workers)
@@ -156,11 +182,14 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
     if args.local_shards is not None and args.local_shards < 1:
         raise ValueError(f"--local-shards {args.local_shards}: expected an integer >= 1")
     check_output_file("--metrics-out", args.metrics_out)
-    config = getattr(args, "config", None)
-    flags = [*passthrough, *(["--config", config] if config else [])]
-    check_train_flags(flags)
-    if args.barrier_timeout is not None:
-        flags += ["--barrier-timeout", repr(args.barrier_timeout)]
+    return backends, servers
+
+
+def _worker_config(args: argparse.Namespace, flags: list[str], servers: tuple[str, ...], job_id: str,
+                   train_config: Callable[[list[str]], Any] | None) -> Any:  # fmt: skip
+    """The TrainConfig worker 0 of the job job_id would run with (train_config, by default train's own, in the
+    workers' environment), its servers the --servers list or a stand-in address of the local shards; ValueError
+    where train refuses the flags."""
     if train_config is None:
         from worker.cli_train_config import train_config_from_argv
 
@@ -169,14 +198,16 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         train_config = functools.partial(train_config_from_argv, environ=environ)
     # the workers get the local shards' addresses: checked with a stand-in address
     where = ["--servers", ",".join(servers) if servers else "127.0.0.1:1"]
-    job_id = new_job_name()
     try:
-        cfg = train_config([*flags, *where, "--worker-id", "0", "--num-workers", str(args.workers), "--job-id",
-                            job_id])  # fmt: skip
+        return train_config([*flags, *where, "--worker-id", "0", "--num-workers", str(args.workers), "--job-id",
+                             job_id])  # fmt: skip
     except SystemExit:
         raise ValueError("the train flags were refused (see the message above)") from None
-    workers = resolve_workers(backends, cfg)
-    check_devices(workers, getattr(cfg, "dense", "ps"))
+
+
+def _check_dense_and_resume_file(cfg: Any) -> None:
+    """ValueError where --dense allreduce lacks PyTorch here, or a --resume-file has no RESUME_WORKER in its name
+    (the workers would share one)."""
     if getattr(cfg, "dense", "ps") == "allreduce" and importlib.util.find_spec("torch") is None:
         from worker.job import TORCH_HINT
 
@@ -187,9 +218,12 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError(f"--resume-file {resume_file} (a flag, PS_RESUME_FILE or the config file) keeps one "
                          f"worker's position, and launch's workers would share it: put {RESUME_WORKER} in its name "
                          "(each worker's id takes its place), or leave it out")  # fmt: skip
-    kept = kept_job(cfg, args.workers)
-    if kept is not None:  # the job launched again: its workers go on under its id, named by its name
-        job_id, cfg = kept[1] or str(kept[0]), dataclasses.replace(cfg, job_id=kept[0], job_name=kept[1])
+
+
+def _check_against_launch(args: argparse.Namespace, cfg: Any, config: str | None) -> None:
+    """ValueError where the train flags (cfg) conflict with launch's: security settings or --skip-examples with
+    --local-shards; --metrics-out one of the inputs (config: the --config file) or a worker's --resume-file."""
+    resume_file = getattr(cfg, "resume_file", None)
     if args.local_shards is not None:
         check_no_security(cfg)
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
@@ -201,12 +235,6 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
             raise ValueError(f"--metrics-out {args.metrics_out} is worker {i}'s --resume-file ({resume_file}): "
                              "each would replace the other (the job's figures lost, or the worker's position read "
                              "from them); give another file name")  # fmt: skip
-    log_level = getattr(args, "log_level", None)
-    return LaunchPlan(
-        workers=args.workers, backends=workers, servers=servers, local_shards=args.local_shards,
-        train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
-        global_flags=("--log-level", log_level) if log_level else (), job_lines=checked_job_lines(cfg, workers[0]),
-    )  # fmt: skip
 
 
 def new_job_name() -> str:
