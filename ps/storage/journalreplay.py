@@ -25,6 +25,7 @@ accept_loss, replay logs what it cannot find or read instead of refusing, and go
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections.abc import Callable, Generator
 from typing import NamedTuple
@@ -54,6 +55,21 @@ class ReadEnd(NamedTuple):
     mark: int  # the mark (0: none)
     written: int  # the last record known to be written: the larger of the mark and rows_seq
     tail: tuple[str, int, int, int] | None  # (path, size, pos, data_end) of a torn end to cut, or None
+
+
+class _ReadState:
+    """What one read of the journal carries from segment to segment."""
+
+    __slots__ = ("after_seq", "accept_loss", "mark", "last", "expect", "tail", "damaged", "whole")
+
+    def __init__(self, after_seq: int, accept_loss: bool, mark: int):
+        self.after_seq = after_seq  # the last record RocksDB holds
+        self.accept_loss = accept_loss
+        self.mark = mark  # the mark (0: none)
+        self.last = self.expect = after_seq  # last: the last seq read; expect: the last record yielded so far
+        self.tail: tuple[str, int, int, int] | None = None  # (path, size, pos, data_end) of a torn end to cut
+        self.damaged: tuple[str, int] | None = None  # (segment, byte) of damage gone past, until the next record
+        self.whole = False  # whether the bad bytes at the torn end are as long as the record their header announces
 
 
 class JournalReader:
@@ -92,89 +108,102 @@ class JournalReader:
         mark, marked = self._read_mark(accept_loss, after_seq)
         self._rows_seq = rows_seq  # what the messages name (_witnesses)
         written = max(mark, rows_seq)
-        last = expect = after_seq  # expect: the last record after after_seq yielded so far
-        tail = None
-        damaged = None  # (segment, byte) of damage replay went on past (accept_loss), until the next record
-        whole = False  # whether the bad bytes at the torn end are as long as the record their header announces
+        state = _ReadState(after_seq, accept_loss, mark)
         segs = list_segments(self.dir)
         sizes = [_file_size(path) for _, path in segs]
-        for i, (first, path) in enumerate(segs):
-            segment = SegmentReader(path)
-            try:
-                sizes[i] = segment.end_of_data()  # a prepared tail of zeros is no work
-                done, total = sum(sizes[:i]), sum(sizes)
-                pos = 0
-                seg_last = first - 1  # the seq of the segment's last record so far
-                while pos < segment.size:
-                    rec, end = segment.record_at(pos) if pos < sizes[i] else (None, pos)  # after sizes[i]: zeros
-                    if rec is None:
-                        newest = i == len(segs) - 1
-                        if pos >= sizes[i] and (newest or segs[i + 1][0] == seg_last + 1):  # zeros to the end: unused
-                            if newest:  # space prepared ahead, nothing read; cut off as the rule below would
-                                tail = (path, segment.size, pos, pos)
-                            break
-                        data = segment.read_from(pos)  # what follows a bad record: judged on the segment from here on
-                        data_end = end_of_data(data, pos, sizes[i])  # zeros after sizes[i]: not looked at
-                        unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
-                        if data[pos : pos + 4] in OLDER_MAGICS:
-                            self._lose(JournalCorruptError(
-                                f"journal segment {path} holds a record of an older journal format "
-                                f"({data[pos:pos + 4].decode('ascii', 'replace')}) at byte {pos}; this server reads "
-                                "PSJ5. Refusing to start; stop the server version that wrote it cleanly (a clean stop "
-                                "writes every push to RocksDB), or start with --accept-journal-loss to go on without "
-                                "those pushes"
-                            ), accept_loss)  # fmt: skip
-                        elif not unused and (not newest or not torn_tail(data, pos, data_end)):
-                            self._lose(JournalCorruptError(
-                                f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record "
-                                f"{last}), with "
-                                f"{'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
-                                ": that is damage, not the torn last record of a crash. Refusing to start (cut there, "
-                                "the journal would lose the acknowledged pushes after it); restore the data dir, or "
-                                "start with --accept-journal-loss to go on without the pushes in the damaged bytes"
-                            ), accept_loss)  # fmt: skip
-                            damaged = (path, pos)  # accepted: replay goes on with the next intact record
-                            resume = next_intact(data, pos + 1, sizes[i])  # a record starts before the zeros
-                            if resume is not None:
-                                pos = resume
-                                continue
-                        elif newest:
-                            tail = (path, len(data), pos, data_end)
-                            whole = holds_a_whole_record(data, pos, len(data))  # its own zeros count: a push's last
-                            # floats are often 0.0
+        for i in range(len(segs)):
+            yield from self._read_segment(state, segs, sizes, i)
+        self._check_end(state, written, marked, segs)
+        return ReadEnd(state.last, mark, written, state.tail)
+
+    def _read_segment(
+        self, state: _ReadState, segs: list[tuple[int, str]], sizes: list[int], i: int
+    ) -> Generator[Record, None, None]:
+        """Yields the intact records of segment segs[i] with seq > state.after_seq, checking each against the one
+        before it (an overlap is damage, a gap a loss); at a bad record, _bad_record says where (or whether) the
+        read goes on. sizes: the segments' sizes, sizes[i] set to the segment's end of data here."""
+        first, path = segs[i]
+        segment = SegmentReader(path)
+        try:
+            sizes[i] = segment.end_of_data()  # a prepared tail of zeros is no work
+            done, total = sum(sizes[:i]), sum(sizes)
+            pos = 0
+            seg_last = first - 1  # the seq of the segment's last record so far
+            while pos < segment.size:
+                rec, end = segment.record_at(pos) if pos < sizes[i] else (None, pos)  # after sizes[i]: zeros
+                if rec is None:
+                    newest = i == len(segs) - 1
+                    follows = newest or segs[i + 1][0] == seg_last + 1  # the next segment starts after seg_last
+                    resume = self._bad_record(state, segment, pos, sizes[i], follows, len(segs) - 1 - i)
+                    if resume is None:
                         break
-                    pos = end
-                    self.progress = (done + pos, total)
-                    seg_last = rec.seq
-                    last = max(last, rec.seq)
-                    self._note_applied(rec.origin)
-                    if rec.seq > after_seq:
-                        if rec.seq <= expect:
-                            raise JournalCorruptError(f"journal segment {path} holds record {rec.seq} after record "
-                                                      f"{expect}: segments overlap; refusing to start")  # fmt: skip
-                        if rec.seq > expect + 1:
-                            self._lose(
-                                self._in_damage(expect + 1, rec.seq - 1, damaged)
-                                if damaged
-                                else self._missing(expect + 1, rec.seq - 1, after_seq, mark, path),
-                                accept_loss,
-                            )
-                        damaged = None
-                        expect = rec.seq
-                        yield rec
-            finally:  # also when a refusal or the caller ends the read mid-segment
-                segment.close()
-        if expect < written:
-            if damaged:
-                error = self._in_damage(expect + 1, written, damaged)
-            elif whole:
-                error = self._damaged_end(tail, expect + 1, written, mark)
+                    pos = resume
+                    continue
+                pos = end
+                self.progress = (done + pos, total)
+                seg_last = rec.seq
+                state.last = max(state.last, rec.seq)
+                self._note_applied(rec.origin)
+                if rec.seq > state.after_seq:
+                    expect = state.expect
+                    if rec.seq <= expect:
+                        raise JournalCorruptError(f"journal segment {path} holds record {rec.seq} after record "
+                                                  f"{expect}: segments overlap; refusing to start")  # fmt: skip
+                    if rec.seq > expect + 1:
+                        self._lose(
+                            self._in_damage(expect + 1, rec.seq - 1, state.damaged)
+                            if state.damaged
+                            else self._missing(expect + 1, rec.seq - 1, state.after_seq, state.mark, path),
+                            state.accept_loss,
+                        )
+                    state.damaged = None
+                    state.expect = rec.seq
+                    yield rec
+        finally:  # also when a refusal or the caller ends the read mid-segment
+            segment.close()
+
+    def _bad_record(
+        self, state: _ReadState, segment: SegmentReader, pos: int, size: int, follows: bool, segments_after: int
+    ) -> int | None:
+        """Judges the bytes at pos of segment, where no intact record starts (size: the segment's end of data;
+        follows: whether the segment is the newest or the next one starts right after its last record so far;
+        segments_after: how many segments follow it). Returns where the read of the segment goes on (the next
+        intact record, after damage accept_loss went past), or None where it ends; notes a torn end of the newest
+        segment in state.tail, and raises or logs damage (_lose)."""
+        path, newest = segment.path, segments_after == 0
+        if pos >= size and follows:  # zeros to the end: unused
+            if newest:  # space prepared ahead, nothing read; cut off as the rule below would
+                state.tail = (path, segment.size, pos, pos)
+            return None
+        data = segment.read_from(pos)  # what follows a bad record: judged on the segment from here on
+        data_end = end_of_data(data, pos, size)  # zeros after size: not looked at
+        unused = data_end == pos and follows
+        if data[pos : pos + 4] in OLDER_MAGICS:
+            self._lose(_older_format(path, data, pos), state.accept_loss)
+        elif not unused and (not newest or not torn_tail(data, pos, data_end)):
+            self._lose(_corrupt(path, data, pos, state.last, segments_after), state.accept_loss)
+            state.damaged = (path, pos)  # accepted: replay goes on with the next intact record
+            return next_intact(data, pos + 1, size)  # a record starts before the zeros
+        elif newest:
+            state.tail = (path, len(data), pos, data_end)
+            state.whole = holds_a_whole_record(data, pos, len(data))  # its own zeros count: a push's last floats
+            # are often 0.0
+        return None
+
+    def _check_end(self, state: _ReadState, written: int, marked: bool, segs: list[tuple[int, str]]) -> None:
+        """Once every segment was read: the records missing up to `written` (lost in damage, a damaged whole record
+        at the end, or missing), and a mark missing where the journal holds data (_unmarked), raised or logged."""
+        if state.expect < written:
+            if state.damaged:
+                error = self._in_damage(state.expect + 1, written, state.damaged)
+            elif state.whole:
+                error = self._damaged_end(state.tail, state.expect + 1, written, state.mark)
             else:
-                error = self._missing(expect + 1, written, after_seq, mark, None)
-            self._lose(error, accept_loss)
-        if not marked and after_seq == 0 and (last > 0 or (tail is not None and tail[3] > tail[2])):
-            self._lose(self._unmarked(last, segs), accept_loss)
-        return ReadEnd(last, mark, written, tail)
+                error = self._missing(state.expect + 1, written, state.after_seq, state.mark, None)
+            self._lose(error, state.accept_loss)
+        tail = state.tail
+        if not marked and state.after_seq == 0 and (state.last > 0 or (tail is not None and tail[3] > tail[2])):
+            self._lose(self._unmarked(state.last, segs), state.accept_loss)
 
     @staticmethod
     def _in_damage(lo: int, hi: int, damaged: tuple[str, int]) -> JournalCorruptError:
@@ -300,3 +329,27 @@ def _file_size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:  # reading it says what is wrong
         return 0
+
+
+def _older_format(path: str, data: mmap.mmap | bytes, pos: int) -> JournalCorruptError:
+    """The refusal of a record of an older journal format at pos of segment path."""
+    return JournalCorruptError(
+        f"journal segment {path} holds a record of an older journal format "
+        f"({data[pos:pos + 4].decode('ascii', 'replace')}) at byte {pos}; this server reads "
+        "PSJ5. Refusing to start; stop the server version that wrote it cleanly (a clean stop "
+        "writes every push to RocksDB), or start with --accept-journal-loss to go on without "
+        "those pushes"
+    )  # fmt: skip
+
+
+def _corrupt(path: str, data: mmap.mmap | bytes, pos: int, last: int, segments_after: int) -> JournalCorruptError:
+    """The refusal of damage at pos of segment path (data: the segment), after record `last`, with segments_after
+    segments after it (0: the newest, with data after the damage)."""
+    return JournalCorruptError(
+        f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record "
+        f"{last}), with "
+        f"{'data after it' if segments_after == 0 else f'{segments_after} segments after it'}"
+        ": that is damage, not the torn last record of a crash. Refusing to start (cut there, "
+        "the journal would lose the acknowledged pushes after it); restore the data dir, or "
+        "start with --accept-journal-loss to go on without the pushes in the damaged bytes"
+    )  # fmt: skip
