@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from ps.config import TableConfig
-from ps.engine import restore
+from ps.engine import exportout, restore
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.storage import leftovers
@@ -131,7 +131,7 @@ def test_the_files_an_export_replaces_are_read_from_one_read_of_export_json(tmp_
         else:
             (out / "export.json").write_text(info if isinstance(info, str) else json.dumps(info))
         reads.clear()
-        assert restore._earlier_files(str(out)) == [str(out / f) for f in files]
+        assert exportout.earlier_files(str(out)) == [str(out / f) for f in files]
         assert reads == [str(out / "export.json")], reads
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ import numpy as np
 
 from ps.checkpoint import read_manifest, slot_range
 from ps.config import TableConfig
+from ps.engine.exportout import check_holds_no_export, check_out_of_checkpoint, chosen_tables, earlier_files, holding
 from ps.errors import CheckpointDamagedError, StorageError
 from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
@@ -189,10 +189,21 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     check_out_of_checkpoint(directory, out)  # first: overwrite does not help there
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
+    killed, check = _claim_calls(directory, out, overwrite)
+    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, check, unclaimed):
+        summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
+    if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
+        _remove_exported(directory)
+    return summary
+
+
+def _claim_calls(directory: str, out: str, overwrite: bool) -> tuple[Callable[[], list[str]], Callable[[], None]]:
+    """What export's claim on out calls (leftovers.claimed): the leftovers of killed exports to remove, and the
+    checks made under the claim."""
 
     def killed() -> list[str]:  # never a folder that holds the checkpoint read (one a killed export moved there)
         found = leftovers.export_leftovers(out)
-        held = _holding(found, directory)
+        held = holding(found, directory)
         leftovers.report(held, f"it holds the checkpoint exported, {directory}")
         return [p for p in found if p not in held]
 
@@ -201,178 +212,136 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
             check_holds_no_export(out)
         leftovers.check_no_named_checkpoint_left(out, directory)
 
-    with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, check, unclaimed):
-        summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
-    if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
-        try:
-            shutil.rmtree(directory)
-        except OSError as e:
-            log.warning("the checkpoint exported, %s, could not be removed (%s): remove it", directory, e)
-    return summary
+    return killed, check
 
 
-def check_out_of_checkpoint(directory: str, out: str) -> None:
-    """ValueError if out is the checkpoint directory or lies inside it (symbolic links resolved): an export there
-    would change the checkpoint."""
-    source, target = os.path.realpath(directory), os.path.realpath(out)
-    if os.path.commonpath([source, target]) == source:
-        raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
-                         "checkpoint; give a directory outside it")  # fmt: skip
-
-
-def check_holds_no_export(out: str) -> None:
-    """ValueError if out holds an earlier export or other files: what only an export writing over them (overwrite)
-    may go into. An export's folders and temporary files count as its export.json does (without one, they are a
-    killed export's, removed as an export starts)."""
-    held = sorted(os.listdir(out)) if os.path.isdir(out) else []
-    held = [n for n in held if not leftovers.EXPORT_OWN.fullmatch(n)]
-    if held:
-        what = "an earlier export" if "export.json" in held else "files of no export"
-        raise ValueError(f"--out {out} holds {what} ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): give "
-                         "a new or empty directory, or --overwrite")  # fmt: skip
-
-
-def chosen_tables(specs: list[dict], patterns: Sequence[str]) -> list[dict]:
-    """The manifest table specs whose names match one of patterns (exact names or fnmatch patterns), in the
-    manifest's order; ValueError naming a pattern that matches none, with the names there are."""
-    names = [t["name"] for t in specs]
-    for pattern in patterns:
-        if not fnmatch.filter(names, pattern):
-            raise ValueError(f"--tables {pattern!r} matches no table of the checkpoint; it holds "
-                             f"{', '.join(names) or 'none'}")  # fmt: skip
-    return [t for t in specs if any(fnmatch.fnmatchcase(t["name"], p) for p in patterns)]
-
-
-def left_out_of_models(specs: list[dict], chosen: list[dict]) -> list[str]:
-    """For an export of `chosen` among the checkpoint's table specs: per model (the tables that share a non-empty
-    `features`: one schema's fingerprint) of which some tables are chosen and some not, a line naming those left
-    out, in the manifest's order. [] when every chosen table's model is whole."""
-    names = {t["name"] for t in chosen}
-    lines = []
-    for features in dict.fromkeys(t.get("features", "") for t in chosen):
-        if not features:  # a table whose creator named no features: its model is not known
-            continue
-        model = [t["name"] for t in specs if t.get("features", "") == features]
-        out = [n for n in model if n not in names]
-        if out:
-            lines.append(f"{', '.join(out)} of the model of {', '.join(n for n in model if n in names)} "
-                         f"(features {features!r})")  # fmt: skip
-    return lines
+def _remove_exported(directory: str) -> None:
+    """Removes the checkpoint exported (remove_checkpoint); a failure is logged."""
+    try:
+        shutil.rmtree(directory)
+    except OSError as e:
+        log.warning("the checkpoint exported, %s, could not be removed (%s): remove it", directory, e)
 
 
 def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool,
                  move_checkpoint: bool, remove_checkpoint: bool) -> dict:  # fmt: skip
     """export's writing, into out (new_out: this export made it), under its claim on out."""
+    name = f"export-{secrets.token_hex(4)}"  # leftovers.EXPORT_FILES
+    summary = _summary(directory, manifest, since, remove_checkpoint, name)
+    earlier = earlier_files(out)
+    inside = holding(earlier, directory)
+    if inside and not move_checkpoint:  # (moved, it leaves that folder before it goes)
+        raise ValueError(f"the checkpoint {directory} lies inside the export in {out} that this export replaces, "
+                         f"whose folder {inside[0]} is removed once the new one is in place; move or copy the "
+                         "checkpoint out of it first (or have it moved into the new export: --move-checkpoint)")  # fmt: skip
+    writing = _ExportWrite(directory, out, name, new_out, move_checkpoint)
+    writing.write(manifest, since, progress, summary)
+    writing.put_in_place(earlier)
+    return summary
+
+
+def _summary(directory: str, manifest: dict, since: int | None, remove_checkpoint: bool, name: str) -> dict:
+    """export.json's content but its tables (filled as they are written), for an export into the folder `name`."""
     # the clock a delta that follows this export takes as --since: the smallest shard's. A checkpoint's shards are
     # held one after another, so a step's pushes can land before the cut on one shard and after it on another,
     # stamped there with that shard's lower clock; the manifest's clock (the largest) would leave them out of both
     shard_clocks = [int(s["clock"]) for s in manifest["shards"] if "clock" in s]
     clock = min(shard_clocks) if shard_clocks else int(manifest["clock"])
-    name = f"export-{secrets.token_hex(4)}"  # leftovers.EXPORT_FILES
-    summary = {"clock": clock, "checkpoint_clock": int(manifest["clock"]), "since": since,
-               "checkpoint": None if remove_checkpoint else os.path.abspath(directory), "dir": name,
-               "tables": {}}  # fmt: skip
-    files, final = os.path.join(out, name), os.path.join(out, "export.json")
-    earlier = _earlier_files(out)
-    inside = _holding(earlier, directory)
-    if inside and not move_checkpoint:  # (moved, it leaves that folder before it goes)
-        raise ValueError(f"the checkpoint {directory} lies inside the export in {out} that this export replaces, "
-                         f"whose folder {inside[0]} is removed once the new one is in place; move or copy the "
-                         "checkpoint out of it first (or have it moved into the new export: --move-checkpoint)")  # fmt: skip
-    shown: ExportProgress | None = None
-    made: list[str] = []  # what this export has created in out: its folder, then its export.json.tmp
-    moved = os.path.join(files, "checkpoint")
+    return {"clock": clock, "checkpoint_clock": int(manifest["clock"]), "since": since,
+            "checkpoint": None if remove_checkpoint else os.path.abspath(directory), "dir": name,
+            "tables": {}}  # fmt: skip
 
-    def undo() -> None:
-        if move_checkpoint and os.path.isdir(moved):
-            try:
-                os.rename(moved, directory)
-            except OSError:  # the folder stays, checkpoint and all: the user's is kept by the next export, as
-                made.remove(files)  # its note says (leftovers.MOVED_CHECKPOINT); ps-worker export's is removed
-        for path in made:
-            with contextlib.suppress(OSError):  # what is left goes with the next export's leftovers
-                if path == files:
+
+class _ExportWrite:
+    """One export's writes into out: its folder (`files`, out/<name>) and export.json.tmp, what of them it made
+    (`made`, removed again by undo), the progress shown, then the rename that puts the export in place."""
+
+    def __init__(self, directory: str, out: str, name: str, new_out: bool, move_checkpoint: bool):
+        self.directory, self.out, self.new_out, self.move_checkpoint = directory, out, new_out, move_checkpoint
+        self.files, self.final = os.path.join(out, name), os.path.join(out, "export.json")
+        self.moved = os.path.join(self.files, "checkpoint")
+        self.shown: ExportProgress | None = None
+        self.made: list[str] = []  # what this export has created in out: its folder, then its export.json.tmp
+
+    def write(self, manifest: dict, since: int | None, progress: bool, summary: dict) -> None:
+        """The folder, every table's .npy files in it (their entries in summary["tables"]), the checkpoint moved
+        in (move_checkpoint), fsynced, then export.json.tmp; on a failure, what it made is undone."""
+        try:
+            os.mkdir(self.files)
+            self.made.append(self.files)
+            for t in manifest["tables"]:
+                cfg = TableConfig.from_dict(t)
+                summary["tables"][cfg.name] = self._table(manifest, cfg, since, progress)
+            if self.move_checkpoint:
+                # a kill leaves the folder naming where it came from
+                leftovers.note_moved_checkpoint(self.files, self.directory)
+                os.rename(self.directory, self.moved)
+                summary["checkpoint"] = os.path.abspath(self.moved)
+            sync_directory(self.files)
+            sync_directory(self.out)  # the folder's own entry, on disk before export.json names it
+            with leftovers.open_temporary(self.final + ".tmp", "w") as f:
+                self.made.append(self.final + ".tmp")
+                json.dump(summary, f, indent=1)
+                sync_file(f)
+        except BaseException:
+            if self.shown is not None:
+                self.shown.close()
+            self.undo()
+            raise
+
+    def _table(self, manifest: dict, cfg: TableConfig, since: int | None, progress: bool) -> dict:
+        """Writes a table's ids (sorted) and rows (in that order) into the folder; its entry in export.json."""
+        total = sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"])
+        self.shown = ExportProgress(cfg.name, total, progress)
+        ids, rows = _table_rows(self.directory, manifest, cfg, total, since, self.shown.update)
+        self.shown.close()
+        n, order = len(ids), np.argsort(ids, kind="stable")
+        _write_npy(os.path.join(self.files, f"{cfg.name}.ids.npy"), ids[order])
+        del ids
+        self.shown = ExportProgress(cfg.name, n, progress, phase="written")
+        _write_npy(os.path.join(self.files, f"{cfg.name}.rows.npy"), rows, order, self.shown.update)
+        self.shown.close()
+        del rows, order
+        return {"dim": cfg.dim, "rows": int(n), "features": cfg.features, "optimizer": cfg.optimizer.name,
+                "initializer": dataclasses.asdict(cfg.initializer)}  # fmt: skip
+
+    def put_in_place(self, earlier: list[str]) -> None:
+        """Renames export.json.tmp over export.json (undo on a failure), then removes the earlier export's files."""
+        try:
+            os.replace(self.final + ".tmp", self.final)  # the new export, whole, in place of the earlier one
+        except OSError:
+            self.undo()
+            raise
+        sync_directory(self.out)  # the rename, after a power loss too
+        with contextlib.suppress(OSError):  # the checkpoint is the export's now, which a later export replaces whole
+            os.replace(os.path.join(self.files, leftovers.MOVED_CHECKPOINT),
+                       os.path.join(self.files, leftovers.EXPORTED_CHECKPOINT))  # fmt: skip
+        # an earlier folder left (a kill, an error) is one export.json does not name, which the next export removes
+        for path in earlier:
+            with contextlib.suppress(OSError):
+                if os.path.isdir(path) and not os.path.islink(path):
                     leftovers.remove_folder(path)
                 else:
                     os.remove(path)
-        if new_out:  # an out this export made, if nothing else came into it
+        sync_directory(self.out)
+
+    def undo(self) -> None:
+        """Removes what this export made in out (and out, if it made it and nothing else came in), the checkpoint
+        moved back first."""
+        if self.move_checkpoint and os.path.isdir(self.moved):
+            try:
+                os.rename(self.moved, self.directory)
+            except OSError:  # the folder stays, checkpoint and all: the user's is kept by the next export, as its
+                self.made.remove(self.files)  # note says (leftovers.MOVED_CHECKPOINT); ps-worker export's is removed
+        for path in self.made:
+            with contextlib.suppress(OSError):  # what is left goes with the next export's leftovers
+                if path == self.files:
+                    leftovers.remove_folder(path)
+                else:
+                    os.remove(path)
+        if self.new_out:  # an out this export made, if nothing else came into it
             with contextlib.suppress(OSError):
-                os.rmdir(out)
-
-    try:
-        os.mkdir(files)
-        made.append(files)
-        for t in manifest["tables"]:
-            cfg = TableConfig.from_dict(t)
-            total = sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"])
-            shown = ExportProgress(cfg.name, total, progress)
-            ids, rows = _table_rows(directory, manifest, cfg, total, since, shown.update)
-            shown.close()
-            n, order = len(ids), np.argsort(ids, kind="stable")
-            _write_npy(os.path.join(files, f"{cfg.name}.ids.npy"), ids[order])
-            del ids
-            shown = ExportProgress(cfg.name, n, progress, phase="written")
-            _write_npy(os.path.join(files, f"{cfg.name}.rows.npy"), rows, order, shown.update)
-            shown.close()
-            del rows, order
-            summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n), "features": cfg.features,
-                                           "optimizer": cfg.optimizer.name,
-                                           "initializer": dataclasses.asdict(cfg.initializer)}  # fmt: skip
-        if move_checkpoint:
-            leftovers.note_moved_checkpoint(files, directory)  # a kill leaves the folder naming where it came from
-            os.rename(directory, moved)
-            summary["checkpoint"] = os.path.abspath(moved)
-        sync_directory(files)
-        sync_directory(out)  # the folder's own entry, on disk before export.json names it
-        with leftovers.open_temporary(final + ".tmp", "w") as f:
-            made.append(final + ".tmp")
-            json.dump(summary, f, indent=1)
-            sync_file(f)
-    except BaseException:
-        if shown is not None:
-            shown.close()
-        undo()
-        raise
-    try:
-        os.replace(final + ".tmp", final)  # the new export, whole, in place of the earlier one
-    except OSError:
-        undo()
-        raise
-    sync_directory(out)  # the rename, after a power loss too
-    with contextlib.suppress(OSError):  # the checkpoint is the export's now, which a later export replaces whole
-        os.replace(os.path.join(files, leftovers.MOVED_CHECKPOINT), os.path.join(files, leftovers.EXPORTED_CHECKPOINT))
-    # an earlier folder left (a kill, an error) is one export.json does not name, which the next export removes
-    for path in earlier:
-        with contextlib.suppress(OSError):
-            if os.path.isdir(path) and not os.path.islink(path):
-                leftovers.remove_folder(path)
-            else:
-                os.remove(path)
-    sync_directory(out)
-    return summary
-
-
-def _holding(paths: list[str], directory: str) -> list[str]:
-    """Those of paths that are directory or a folder it lies in (links resolved)."""
-    source = os.path.realpath(directory)
-    return [p for p in paths if os.path.commonpath([source, os.path.realpath(p)]) == os.path.realpath(p)]
-
-
-def _earlier_files(out: str) -> list[str]:
-    """The paths of the files of the export in out that a new one replaces: the folder its export.json names, or,
-    where it has no "dir", the .npy files in out itself of the tables it lists; [] without one, and where its "dir"
-    names no folder of export files or its "tables" is neither an object nor a list (damaged: no file is removed
-    on a guess)."""
-    info = leftovers.read_export_json(out)
-    named = leftovers.export_files_dir(info)
-    if named is not None:
-        return [os.path.join(out, named)]
-    if "dir" in info:
-        return []
-    tables = info.get("tables")
-    listed = tables if isinstance(tables, (dict, list)) else ()
-    names = [n for n in listed if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")]
-    return [os.path.join(out, f"{n}.{kind}.npy") for n in names for kind in ("ids", "rows")]
+                os.rmdir(self.out)
 
 
 def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, since: int | None,
