@@ -186,70 +186,104 @@ class JobClocks(FollowedJob):
         caller_gone: as for wait_for_pull; a contribution whose caller left stays in the step (a retry replaces it,
         and the step is applied once complete)."""
         key, seq = sync_key(stamp.job), stamp.step + 1
+        self._check_seq_jump(stamp, key, seq)
+        with self._cond:
+            self._check_not_done(stamp)
+            generation = self._enter(stamp)
+            step = self._join_step(stamp, seq, pushes, advance_clock, client)
+            if step is None:  # a step applied before
+                return 0, self._min_clock()
+            low = self._wait_for_step(step, stamp, generation, caller_gone)
+            if low is not None:  # another contributor's thread applied it
+                return sum(len(p.ids) for p in pushes), low
+        return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
+
+    def _check_seq_jump(self, stamp: WorkerStamp, key: int, seq: int) -> None:
+        """InvalidArgumentError for a step too far past the newest applied (seq: the request number of its sum),
+        refused as the PushBatch that applies its sum would be."""
         newest = self._sync_steps_applied(key)
-        if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
+        if newest and seq > newest + MAX_SEQ_JUMP:
             raise InvalidArgumentError(
                 f"bad worker stamp: sync step {stamp.step:,} is more than {MAX_SEQ_JUMP:,} steps past the newest "
                 f"step of job {self.tenancy.named(stamp)} applied on shard {self.shard_id} ({newest - 1:,}); a job's "
                 f"workers count their steps 0, 1, 2, ...; {NOTHING_APPLIED}"
             )
-        with self._cond:
-            self._check_not_done(stamp)
-            generation = self._enter(stamp)
-            step = self.sync.steps.get(stamp.step)
-            if step is None and self.sync.known_applied(stamp.step, self._journaled_step(), self._acked):
-                self._reach(seq, range(self.num_workers))  # a step applied before: every worker contributed
-                return 0, self._min_clock()
-            # this worker had its reply to every earlier step
-            self.sync.prove_below(stamp.step, self._journaled_step(), self.num_workers)
-            if step is None:
-                step = self.sync.open(stamp)
-            if not step.applying:
-                too_large = self.sync.contribute(step, stamp, pushes, advance_clock, client, self.num_workers)
-                if too_large is not None:  # its step could not complete: the job stops
-                    self.tenancy.stop(too_large)
-                    raise again(self.tenancy.stopped)
-            started, waiting = time.monotonic(), False
-            step.waiters += 1
-            try:
-                while True:
-                    if step.error is not None:
-                        raise again(step.error)
-                    if step.applied:
-                        return sum(len(p.ids) for p in pushes), self._min_clock()
-                    self._check_alive(generation, stopping=not step.applying)  # a sum being applied ends as applied
-                    if not step.applying and self._complete(step):
-                        step.applying = True
-                        break
-                    _check_caller(caller_gone, stamp, "sync push")
-                    waited = time.monotonic() - started
-                    if waited >= stamp.timeout_s and not step.applying:  # a sum being applied waits for no worker
-                        missing = [
-                            w for w in range(self.num_workers) if not self._done[w] and w not in step.contributions
-                        ]
-                        self.sync.fail(step, BarrierTimeoutError(
-                            f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
-                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job "
-                            f"{self.tenancy.named(stamp)}; {NOTHING_OF_THE_STEP_APPLIED}; is it alive? the job stops"
-                        ))  # fmt: skip
-                        raise again(step.error)
-                    if not waiting:
-                        refused = self._threads_refusal(stamp, f"sync push of step {stamp.step}")
-                        if refused is not None:
-                            self.sync.fail(step, refused)
-                            raise again(refused)
-                        if watch_caller(caller_gone, self.wake) is False:  # left already: no wake would come
-                            raise _caller_left(stamp, "sync push")
-                        self._waiting, waiting = self._waiting + 1, True
-                    self._cond.wait(None if step.applying else stamp.timeout_s - waited)  # _apply notifies
-            finally:
-                if waiting:
-                    self._waiting -= 1
-                step.waiters -= 1
-                if not step.waiters and not step.applying and step.error is None:  # its caller left
-                    step.deadline = max(step.deadline, started + stamp.timeout_s)
-                    self.sync.drop_unless_waited_for(step, stamp)
-        return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
+
+    def _join_step(
+        self, stamp: WorkerStamp, seq: int, pushes: list[TablePush], advance_clock: int, client: int
+    ) -> SyncStep | None:
+        """The stamp's step with this contribution in it (opened if it is the first; none added to a step whose sum
+        is being applied), or None for a step applied before (every worker's clock moved past it). Lock held."""
+        step = self.sync.steps.get(stamp.step)
+        if step is None and self.sync.known_applied(stamp.step, self._journaled_step(), self._acked):
+            self._reach(seq, range(self.num_workers))  # a step applied before: every worker contributed
+            return None
+        # this worker had its reply to every earlier step
+        self.sync.prove_below(stamp.step, self._journaled_step(), self.num_workers)
+        if step is None:
+            step = self.sync.open(stamp)
+        if not step.applying:
+            too_large = self.sync.contribute(step, stamp, pushes, advance_clock, client, self.num_workers)
+            if too_large is not None:  # its step could not complete: the job stops
+                self.tenancy.stop(too_large)
+                raise again(self.tenancy.stopped)
+        return step
+
+    def _wait_for_step(
+        self, step: SyncStep, stamp: WorkerStamp, generation: int, caller_gone: Callable[[], bool] | None
+    ) -> int | None:
+        """Waits until the step is applied (returns min_clock then) or complete, when this thread claims its sum
+        to apply (step.applying; returns None); raises the step's error, the end of the wait (_check_alive, its
+        caller left), or its deadline's BarrierTimeoutError. A step its caller left, none waiting for it, is
+        dropped at its deadline. Lock held (released while it waits)."""
+        started, waiting = time.monotonic(), False
+        step.waiters += 1
+        try:
+            while True:
+                if step.error is not None:
+                    raise again(step.error)
+                if step.applied:
+                    return self._min_clock()
+                self._check_alive(generation, stopping=not step.applying)  # a sum being applied ends as applied
+                if not step.applying and self._complete(step):
+                    step.applying = True
+                    return None
+                _check_caller(caller_gone, stamp, "sync push")
+                waited = time.monotonic() - started
+                if waited >= stamp.timeout_s and not step.applying:  # a sum being applied waits for no worker
+                    raise self._timed_out(step, stamp, waited)
+                if not waiting:
+                    self._check_may_wait(step, stamp, caller_gone)
+                    self._waiting, waiting = self._waiting + 1, True
+                self._cond.wait(None if step.applying else stamp.timeout_s - waited)  # _apply notifies
+        finally:
+            if waiting:
+                self._waiting -= 1
+            step.waiters -= 1
+            if not step.waiters and not step.applying and step.error is None:  # its caller left
+                step.deadline = max(step.deadline, started + stamp.timeout_s)
+                self.sync.drop_unless_waited_for(step, stamp)
+
+    def _timed_out(self, step: SyncStep, stamp: WorkerStamp, waited: float) -> BaseException:
+        """Fails the step at its deadline (BarrierTimeoutError naming the workers it waited for); the error to
+        raise. Lock held."""
+        missing = [w for w in range(self.num_workers) if not self._done[w] and w not in step.contributions]
+        self.sync.fail(step, BarrierTimeoutError(
+            f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
+            f"{waited:.3g} s for the pushes of {self._named(missing)} of job "
+            f"{self.tenancy.named(stamp)}; {NOTHING_OF_THE_STEP_APPLIED}; is it alive? the job stops"
+        ))  # fmt: skip
+        return again(step.error)
+
+    def _check_may_wait(self, step: SyncStep, stamp: WorkerStamp, caller_gone: Callable[[], bool] | None) -> None:
+        """Before a contribution's first wait: the step failed for a wait that would hold the last free RPC
+        thread (RpcThreadsExhaustedError), CallerGoneError if its caller left already. Lock held."""
+        refused = self._threads_refusal(stamp, f"sync push of step {stamp.step}")
+        if refused is not None:
+            self.sync.fail(step, refused)
+            raise again(refused)
+        if watch_caller(caller_gone, self.wake) is False:  # left already: no wake would come
+            raise _caller_left(stamp, "sync push")
 
     def _complete(self, step: SyncStep) -> bool:
         return all(self._done[w] or w in step.contributions for w in range(self.num_workers))
