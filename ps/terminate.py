@@ -298,76 +298,91 @@ def sigterm_raises(
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    stopping = False  # a signal has raised (or will, at a step's end): later ones are ignored while it unwinds
-    watchdog: threading.Timer | None = None
-
-    def stop_with(error: type[BaseException], exit_code: int) -> None:
-        nonlocal stopping, watchdog
-        if stopping:  # a second Ctrl-C (or SIGTERM after one) would cut the cleanup short with a traceback
-            limit = "" if cleanup_limit_s is None else f", {cleanup_limit_s:g} s after the first at most"
-            with contextlib.suppress(OSError):  # os.write: a print here could meet the main thread's own
-                os.write(2, f"stopping already: this signal is ignored while the stop finishes{limit} (SIGKILL "
-                            "ends it at once)\n".encode())  # fmt: skip
-            return
-        stopping = True
-        if cleanup_limit_s is not None:  # later signals are ignored: a cleanup that hangs must not keep the
-            watchdog = threading.Timer(cleanup_limit_s, os._exit, args=(exit_code,))  # process for good
-            watchdog.daemon = True
-            watchdog.start()
-        _GUARD.raise_now(error)
-
-    def raise_terminated(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_with(Terminated, EXIT_CODE)
-
-    def lost(unraisable: Any) -> None:
-        """sys.unraisablehook: a signal's exception raised inside a finalizer (a __del__, a generator's close) is
-        printed there and dropped, so no stop is under way: the next signal raises again, and no watchdog ends the
-        process meanwhile."""
-        nonlocal stopping, watchdog
-        previous_hook(unraisable)
-        if not stopping or not isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
-            return
-        if threading.current_thread() is not threading.main_thread():
-            return
-        stopping = False
-        if watchdog is not None:
-            watchdog.cancel()
-            watchdog = None
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, raise_terminated)
-
-    def raise_interrupt(signum: int, frame: Any) -> None:
-        if ctrl_c_again_raises:
-            _GUARD.raise_now(KeyboardInterrupt)
-        else:
-            stop_with(KeyboardInterrupt, 128 + signal.SIGINT)
-
-    def raise_pending(signum: int, frame: Any) -> None:
-        error = _GUARD.take_pending()
-        if error is not None:
-            raise error
-
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    interrupting = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
-    previous_int = signal.signal(signal.SIGINT, raise_interrupt) if interrupting else None
-    previous_nudge = signal.signal(RAISE_PENDING_SIGNAL, raise_pending)
-    previous_hook, sys.unraisablehook = sys.unraisablehook, lost
+    stop = _SignalStop(cleanup_limit_s, ctrl_c_again_raises)
+    stop.install()
     try:
         _GUARD.install()  # after the handlers: importing numba takes a second, in which a SIGTERM counts too
         _GUARD.handling = True
         yield
     finally:
         _GUARD.handling = False
-        if sys.unraisablehook is lost:
-            sys.unraisablehook = previous_hook
+        stop.uninstall()
+
+
+class _SignalStop:
+    """sigterm_raises' handlers of one block and what they share: whether a stop is under way (`stopping`), its
+    watchdog, the handlers and the unraisable hook they replace. The handlers are bound once (`on_term`, `on_int`,
+    `on_lost`): the block's end tells them by identity."""
+
+    def __init__(self, cleanup_limit_s: float | None, ctrl_c_again_raises: bool):
+        self.cleanup_limit_s, self.ctrl_c_again_raises = cleanup_limit_s, ctrl_c_again_raises
+        self.stopping = False  # a signal has raised (or will, at a step's end): later ones are ignored while it unwinds
+        self.watchdog: threading.Timer | None = None
+        self.on_term, self.on_int, self.on_lost = self._raise_terminated, self._raise_interrupt, self._lost
+
+    def install(self) -> None:
+        self.previous = signal.signal(signal.SIGTERM, self.on_term)
+        interrupting = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+        self.previous_int = signal.signal(signal.SIGINT, self.on_int) if interrupting else None
+        self.previous_nudge = signal.signal(RAISE_PENDING_SIGNAL, _raise_pending)
+        self.previous_hook, sys.unraisablehook = sys.unraisablehook, self.on_lost
+
+    def uninstall(self) -> None:
+        if sys.unraisablehook is self.on_lost:
+            sys.unraisablehook = self.previous_hook
         # a handler put in place within the block (ps.server_run.serve's) stays: a late signal is still its to handle
-        if signal.getsignal(signal.SIGTERM) in (raise_terminated, signal.SIG_IGN):
-            signal.signal(signal.SIGTERM, previous)
-        signal.signal(RAISE_PENDING_SIGNAL, previous_nudge)
-        if previous_int is not None and signal.getsignal(signal.SIGINT) is raise_interrupt:
-            signal.signal(signal.SIGINT, previous_int)
+        if signal.getsignal(signal.SIGTERM) in (self.on_term, signal.SIG_IGN):
+            signal.signal(signal.SIGTERM, self.previous)
+        signal.signal(RAISE_PENDING_SIGNAL, self.previous_nudge)
+        if self.previous_int is not None and signal.getsignal(signal.SIGINT) is self.on_int:
+            signal.signal(signal.SIGINT, self.previous_int)
+
+    def _stop_with(self, error: type[BaseException], exit_code: int) -> None:
+        if self.stopping:  # a second Ctrl-C (or SIGTERM after one) would cut the cleanup short with a traceback
+            limit = "" if self.cleanup_limit_s is None else f", {self.cleanup_limit_s:g} s after the first at most"
+            with contextlib.suppress(OSError):  # os.write: a print here could meet the main thread's own
+                os.write(2, f"stopping already: this signal is ignored while the stop finishes{limit} (SIGKILL "
+                            "ends it at once)\n".encode())  # fmt: skip
+            return
+        self.stopping = True
+        if self.cleanup_limit_s is not None:  # later signals are ignored: a cleanup that hangs must not keep the
+            self.watchdog = threading.Timer(self.cleanup_limit_s, os._exit, args=(exit_code,))  # process for good
+            self.watchdog.daemon = True
+            self.watchdog.start()
+        _GUARD.raise_now(error)
+
+    def _raise_terminated(self, signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self._stop_with(Terminated, EXIT_CODE)
+
+    def _raise_interrupt(self, signum: int, frame: Any) -> None:
+        if self.ctrl_c_again_raises:
+            _GUARD.raise_now(KeyboardInterrupt)
+        else:
+            self._stop_with(KeyboardInterrupt, 128 + signal.SIGINT)
+
+    def _lost(self, unraisable: Any) -> None:
+        """sys.unraisablehook: a signal's exception raised inside a finalizer (a __del__, a generator's close) is
+        printed there and dropped, so no stop is under way: the next signal raises again, and no watchdog ends the
+        process meanwhile."""
+        self.previous_hook(unraisable)
+        if not self.stopping or not isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.stopping = False
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+            self.watchdog = None
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, self.on_term)
+
+
+def _raise_pending(signum: int, frame: Any) -> None:
+    """RAISE_PENDING_SIGNAL's handler: raises the signal's exception that a training step held back."""
+    error = _GUARD.take_pending()
+    if error is not None:
+        raise error
 
 
 def how_it_ended(returncode: int) -> str:
