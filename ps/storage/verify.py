@@ -21,19 +21,15 @@ import os
 
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
 from ps.errors import StorageError
-from ps.rows.layout import KEY_BYTES, layout_of
 from ps.storage.checkpointread import admitted_counts
-from ps.storage.datadir import RESTORE_DIR
 from ps.storage.journal import Journal
-from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
+from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX
 from ps.storage.readonly import damage_at
-from ps.storage.shardmeta import JOB_DONE_REMEDY
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.tablecatalog import LOST_TABLE_ROWS
+from ps.storage.verifymeta import VerifyReport, meta_values, table_rows
 from ps.storage.verifyscan import verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
-_READ_REFUSED = "a restore or an export of the checkpoint is refused"  # what damage that both read makes fail
 
 
 def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str], bool]:
@@ -60,7 +56,7 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
         raise StorageError(f"{path} is not a shard's data dir: it holds no RocksDB CURRENT file, {IDENTITY_FILE} or "
                            f"{MARK_FILE}; nor a checkpoint: it holds no {MANIFEST}")  # fmt: skip
     _check_readable(path)
-    report = _Report()
+    report = VerifyReport()
     found = report.found
 
     meta = None
@@ -81,8 +77,8 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
         report.note(f"shard identity, journal and row sizes: not checked against RocksDB, whose {META_CF} column "
                     "family (the shard record, the flushed position, the tables) could not be read whole")  # fmt: skip
     else:
-        _meta_values(meta, report, checkpoint=False)
-        dims = _rows(meta, report, checkpoint=False)
+        meta_values(meta, report, checkpoint=False)
+        dims = table_rows(meta, report, checkpoint=False)
         unreadable = meta["unreadable"]
         if b"shard" not in unreadable:  # else named above, not compared
             _identity(path, meta["shard"], report)
@@ -100,40 +96,18 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
     return report.finish(f"verify {path}")
 
 
-class _Report:
-    """The lines of a verify report, and whether any says DAMAGED."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.damaged = False
-
-    def found(self, ok: bool, text: str) -> None:
-        self.damaged |= not ok
-        self.lines.append(f"{'ok     ' if ok else 'DAMAGED'} {text}")
-
-    def note(self, text: str) -> None:
-        """A finding that is no damage."""
-        self.lines.append(f"note    {text}")
-
-    def finish(self, title: str) -> tuple[list[str], bool]:
-        """(the lines with a last one, `title: N damaged` or `title: nothing damaged`, whether anything is)."""
-        problems = sum(line.startswith("DAMAGED") for line in self.lines)
-        self.lines.append(f"{title}: {f'{problems} damaged' if self.damaged else 'nothing damaged'}")
-        return self.lines, self.damaged
-
-
 def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str], bool]:
     """(report lines, whether anything is damaged) of the checkpoint at directory, changing nothing: its manifest
     against its own sha256; per shard (only: that shard's folder alone, e.g. "shard-0"), every file against the
     manifest's sha256 and no file it does not list (what a restore checks first), then every key of its RocksDB
     read with every block's checksum verified (what a restore and an export read; a block damaged before the save
-    has sha256s that match), each table's number and its rows' sizes (_rows), and its admitted rows per table
+    has sha256s that match), each table's number and its rows' sizes (table_rows), and its admitted rows per table
     against the manifest's counts (an export refuses a difference). A damaged manifest is reported, and the
     shard-<i> folders there are read as RocksDB still.
     StorageError if this user cannot read it (nothing was checked)."""
     directory = os.path.abspath(directory)
     _check_readable(directory)
-    report = _Report()
+    report = VerifyReport()
     found = report.found
 
     try:
@@ -153,7 +127,7 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     return report.finish(f"verify checkpoint {directory if only is None else os.path.join(directory, only)}")
 
 
-def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, report: _Report) -> None:
+def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, report: VerifyReport) -> None:
     """The findings of one shard's folder; tables: the manifest's (None: it does not read)."""
     found, name = report.found, shard["dir"]
     path = os.path.join(directory, name)
@@ -177,9 +151,10 @@ def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, rep
         else:
             found(True, f"{name}: column family {cf}: {count:,} keys read, every block's checksum verified")
     if meta is not None and not read.get(META_CF, (0, ""))[1]:
-        _meta_values(meta, report, True, f"{name}: ")
-        _rows(meta, report, True, f"{name}: ")
-        missing = [t for t in tables or () if t not in meta["tables"] and t not in meta["numbers"]]  # (else: _rows)
+        meta_values(meta, report, True, f"{name}: ")
+        table_rows(meta, report, True, f"{name}: ")
+        # (a table whose config is stored: table_rows)
+        missing = [t for t in tables or () if t not in meta["tables"] and t not in meta["numbers"]]
         if missing:
             found(False, f"{name}: its meta holds no table number for table(s) {', '.join(map(repr, missing[:10]))} "
                          "of the manifest (meta key tid/<table>): a restore of the checkpoint is refused")  # fmt: skip
@@ -198,119 +173,7 @@ def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, rep
     found(not differ, f"{name}: admitted rows {'; '.join(differ) or f'as the manifest counts ({counted})'}")
 
 
-def _follows(key: bytes, checkpoint: bool) -> str | None:
-    """What a meta value that does not read as ps.storage.meta's grammar says makes fail, in a data dir or a
-    checkpoint; None where nothing reads it (a checkpoint's values other than its tables' numbers and counts:
-    a restore takes the rest from the manifest)."""
-    if checkpoint:
-        if key.startswith(TABLE_ID_PREFIX):
-            return _READ_REFUSED
-        return "a restore of the checkpoint is refused" if key.startswith(COUNT_PREFIX) else None
-    if key.startswith(TABLE_ID_PREFIX):
-        return (
-            "a request that reads its rows fails with DATA_LOSS, as do a start replaying a push to it, a "
-            "checkpoint save, a Shrink of every table and the creation of a new table (the number it held is not "
-            "known); the other tables serve"
-        )
-    return "Stats, and a start given --restore, fail with DATA_LOSS" if key == b"restored" else (
-        "a server refuses to start on it")  # fmt: skip
-
-
-def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> None:
-    """A finding for each meta value that does not read as ps.storage.meta's grammar says (as the server reads
-    it), but the number of a table whose config is stored: _rows names that with the table."""
-    for key, what in sorted(meta["unreadable"].items()):
-        if key.startswith(TABLE_ID_PREFIX) and key_name(key) in meta["tables"]:
-            continue
-        if key == b"job_done" and not checkpoint:  # read by a shard that follows a job (ps.engine.followedjob)
-            report.note(f"{at}{what}: {JOB_DONE_REMEDY}")
-            continue
-        follows = _follows(key, checkpoint)
-        if key.startswith(COUNT_PREFIX) and not checkpoint and key_name(key) not in meta["tables"]:
-            follows = (f"no table {key_name(key)!r} is stored, so a start and every request leave it unread but a "
-                       "CreateTable of that name, which fails with DATA_LOSS")  # fmt: skip
-        if follows is None:
-            report.note(f"{at}{what}: no restore or export reads it")
-        else:
-            report.found(False, f"{at}{what}: {follows}")
-
-
-def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[str, int | None]:
-    """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
-    or a pending id's (ps.rows.layout.RowLayout.sizes_at_rest; Store.get_rows refuses a row of another size with DATA_LOSS;
-    a size the other values_at_rest makes is said to be one, RowLayout.written_with, as a pull's and a restore's are);
-    the rows of a table number no table config has (a lost table's, which no server reads: damage in a data dir, a
-    note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
-    number is absent or does not read, if there is one (with several such tables, said to be most likely theirs).
-    meta: verify_rocksdb's, of a meta column family read whole. Returns {table: its dim, None where its config does
-    not read}."""
-    found = report.found
-    rows, checked, bad_tables = meta["rows"], {}, 0
-    dims = {table: cfg.dim if cfg is not None else None for table, cfg in meta["tables"].items()}
-    numbers: set[int] = set()  # of the tables whose config is stored (readable or not) and whose number reads
-    lost = []  # (table, why, what follows) of the tables whose config is stored and whose number is absent or not read
-    for table, cfg in sorted(meta["tables"].items()):
-        number = meta["numbers"].get(table)
-        if number is None:  # (_meta_values leaves a number that does not read to this finding)
-            why = meta["unreadable"].get(TABLE_ID_PREFIX + table.encode())
-            why = why or f"its config is stored without its number (meta key tid/{table})"  # (the line names it)
-            lost.append((table, why, _follows(TABLE_ID_PREFIX, checkpoint)))
-            bad_tables += 1
-            continue
-        numbers.add(number)
-        if cfg is None:  # named by _meta_values
-            continue
-        layout = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest)
-        sizes = layout.sizes_at_rest
-        mine = {size: seen for (t, size), seen in rows.sizes.items() if t == number}
-        checked[table] = sum(n for n, _ in mine.values())
-        bad = {size: seen for size, seen in sorted(mine.items()) if size not in sizes}
-        if bad:
-            bad_tables += 1
-            first = min(key for _, key in bad.values())
-            shown = ", ".join(f"{n:,} of {size:,} bytes{layout.written_with(size)}"
-                              for size, (n, _) in list(bad.items())[:5])  # fmt: skip
-            refused = _READ_REFUSED if checkpoint else "a pull of them is refused with DATA_LOSS"
-            found(False, f"{at}table {table!r}: {sum(n for n, _ in bad.values()):,} stored rows of a size its layout "
-                         f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes.trained} bytes, "
-                         f"a pending id {sizes.pending}), the first of id {int.from_bytes(first[6:], 'big')} (key "
-                         f"{first.hex()}): {refused}")  # fmt: skip
-    orphans = {}  # {table number: [rows, the first one's key]}
-    for (number, _), (n, key) in rows.sizes.items():
-        if number not in numbers:
-            seen = orphans.setdefault(number, [0, key])
-            seen[0], seen[1] = seen[0] + n, min(seen[1], key)
-    shown = ", ".join(f"{number} ({n:,} rows)" for number, (n, _) in sorted(orphans.items())[:5])
-    orphan_rows = (f"{sum(n for n, _ in orphans.values()):,} stored rows of table number(s) {shown}"
-                   f"{', ...' if len(orphans) > 5 else ''}")  # fmt: skip
-    first_orphan = min((key for _, key in orphans.values()), default=b"").hex()
-    for table, why, follows in lost:  # the rows of the one such table are among the orphans: said here, once
-        among = (f". Its rows, if it has any, are among the {orphan_rows}, which no other table has; the first key "
-                 f"{first_orphan}" if orphans and len(lost) == 1 else "")  # fmt: skip
-        found(False, f"{at}table {table!r}: {why}: none of its rows can be found; {follows}{among}")
-    if orphans and len(lost) != 1:  # with two tables or more without their numbers, whose rows are whose is unknown
-        said = (f"{at}rows of no table: {orphan_rows}, which no readable table config has (meta keys table/<name>, "
-                f"tid/<name>); the first key {first_orphan}")  # fmt: skip
-        if checkpoint:
-            report.note(f"{said}: no restore or export reads them")
-        elif lost:  # the tables above without a number that reads hold them, or some of them
-            found(False, f"{said}: most likely the rows of the tables above whose numbers are missing or do not read "
-                         f"({', '.join(repr(t) for t, _, _ in lost)}), which of them whose is not known")  # fmt: skip
-        else:  # nothing but a table's lost meta keys leaves rows without their table
-            found(False, f"{said}: {LOST_TABLE_ROWS}; {RESTORE_DIR} to get the table back, or, to drop them, save "
-                         "a checkpoint and restore it into a new data dir (a restore copies only the tables it "
-                         "names)")  # fmt: skip
-    odd, first = rows.odd_keys
-    if odd:
-        found(False, f"{at}column family rows: {odd:,} keys of another size than {KEY_BYTES} bytes (table, slot, id), "
-                     f"the first {first.hex()}")  # fmt: skip
-    if checked and not bad_tables and not odd:
-        found(True, f"{at}row sizes: {sum(checked.values()):,} stored rows of {len(checked)} table(s), each of its "
-                    "table's trained row or pending id size")  # fmt: skip
-    return dims
-
-
-def _identity(path: str, in_db: dict | None, report: _Report) -> None:
+def _identity(path: str, in_db: dict | None, report: VerifyReport) -> None:
     found = report.found
     try:
         in_file = read_json(os.path.join(path, IDENTITY_FILE), IDENTITY_FIELDS)
@@ -357,7 +220,7 @@ LIVE = ("a server runs on this data dir (RocksDB's LOCK is held): its flushes cu
         "verify reads it, so this may be no damage at all; verify the dir with its server stopped")  # fmt: skip
 
 
-def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | None], report: _Report) -> None:
+def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | None], report: VerifyReport) -> None:
     """The journal records after flushed_seq as start-up reads and replays them, against the tables (their dims:
     None where unknown) RocksDB holds."""
     found = report.found
