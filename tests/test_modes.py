@@ -1611,3 +1611,16 @@ def test_calls_on_two_threads_that_find_a_shard_back_note_it_once(servers):
         client._outages.down = SeenByBoth({0: time.monotonic()})
         Concurrently(client.stats, client.stats).join()
         assert dict(client._outages.down) == {}
+
+
+def test_a_retry_of_a_step_the_journal_holds_moves_the_clocks_and_wakes_a_waiting_pull():
+    """A contribution to a step the shard applied before (its journal holds it: a retry after a restart) applies
+    nothing, yet moves every worker's clock to it: the push's reply carries the new min clock, and a pull that
+    waited for that step is served."""
+    held = {sync_key(JOB): 4}  # the journal holds step 3: clocks start at 3
+    jobs = JobClocks(0, lambda key: held.get(key, 0), threads=8, max_count=MAX_COUNT_PER_ID)
+    pull = Concurrently(lambda: jobs.wait_for_pull(stamp(1, 4, acked=4, sync=True, barrier_timeout_s=20)))
+    wait_until(lambda: jobs._waiting == 1, 10, "worker 1's pull to wait")
+    one = [push(A[:3], np.ones((3, 4)), np.ones(3, np.float32), np.zeros(3, np.float32))]
+    assert jobs.push_sync(stamp(0, 3, acked=3, sync=True), one, 1, lambda *a: pytest.fail("applied again")) == (0, 4)
+    assert pull.join(5) == [4]

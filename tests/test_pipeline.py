@@ -4,6 +4,7 @@ overlay of the rows the last pushes returned on rows pulled ahead (RecentRows), 
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import signal
 import threading
@@ -216,3 +217,24 @@ def test_a_sigterm_another_thread_receives_stops_a_consumer_waiting_for_a_batch(
         finally:
             release.set()
     assert raised_while_the_pull_held
+
+
+def test_sigterm_raises_puts_the_handler_before_it_back():
+    """The block's SIGTERM handler is the caller's again after it, whether the block ended by itself or by a
+    SIGTERM (not the SIG_IGN the first SIGTERM sets, so that a second one waits for the cleanup)."""
+    from ps.terminate import Terminated, sigterm_raises
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with sigterm_raises(cleanup_limit_s=None):
+            assert signal.getsignal(signal.SIGTERM) is not mine
+        assert signal.getsignal(signal.SIGTERM) is mine  # the block ended with no signal
+        with pytest.raises(Terminated), sigterm_raises(cleanup_limit_s=None):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
