@@ -17,7 +17,8 @@ from ps.errors import DataDirLostError, DiskFullError, ShardNeedsRestartError
 from ps.listen_address import host_port
 from ps.server import Server
 from ps.server_config import ServerConfig
-from ps.terminate import SIGNAL_CHECK_S, HandlerWork, StopFlag
+from ps.signalsafe import HandlerWork, StopFlag
+from ps.terminate import SIGNAL_CHECK_S
 
 log = logging.getLogger("ps.server")  # the logger of the server's lines, whichever module says them
 

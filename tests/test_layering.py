@@ -44,6 +44,7 @@ FOUNDATION = {
     "ps.progress",
     "ps.stamp",
     "ps.terminate",
+    "ps.signalsafe",
     "ps.storage.atomicfile",
 }
 PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.listen_address", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.secretfiles", "ps.tlsprobe", "ps.metrics", "ps.settings", "ps.settings_names",

@@ -166,7 +166,7 @@ def exits(monkeypatch):
 @pytest.fixture
 def said():
     """The ps-signals thread's HandlerWork, started."""
-    from ps.terminate import HandlerWork
+    from ps.signalsafe import HandlerWork
 
     work = HandlerWork("ps-signals-test")
     work.start()

@@ -96,7 +96,7 @@ def test_requests_after_it_load_no_kernel_it_did_not(tmp_path):
 
 
 def test_a_stop_set_ends_it_between_steps_and_its_directory_goes(tmp_path, monkeypatch, caplog):
-    from ps.terminate import StopFlag
+    from ps.signalsafe import StopFlag
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     stop = StopFlag()

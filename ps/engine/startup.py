@@ -7,8 +7,8 @@ read describe() (the health service's reason and the UNAVAILABLE of every call, 
 snapshot() (the metrics port, ps.metrics) at any time; the writer replaces one tuple, so a reader never sees half a
 change.
 
-Stopping: a SIGTERM (or a closed stdin, ps.server_run) sets the `stop` flag, in its handler (a ps.terminate.StopFlag: no
-lock). check(), and every enter(), raise StartStopped once it is set, so a start stops only where stopping leaves
+Stopping: a SIGTERM (or a closed stdin, ps.server_run) sets the `stop` flag, in its handler (a ps.signalsafe.StopFlag:
+no lock). check(), and every enter(), raise StartStopped once it is set, so a start stops only where stopping leaves
 the data dir as the next start can use: before RocksDB is opened, between journal records (replayed again next time:
 a row's lsn says which records it has), before the flush that ends a replay. A read-only phase run under read_only()
 (--verify-on-start) may be stopped anywhere inside it: the signal handler raises StartStopped itself while
@@ -23,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
-from ps.terminate import StopFlag
+from ps.signalsafe import StopFlag
 
 PHASES = {  # phase -> what the shard is doing, as describe() says it
     "verifying": "verifying every block of its data dir (--verify-on-start)",

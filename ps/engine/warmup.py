@@ -32,11 +32,11 @@ from ps.engine.table import Table
 from ps.rows.layout import layout_of
 from ps.rows.parallel import MIN_PART
 from ps.rows.pushcheck import check_push_values
+from ps.signalsafe import StopFlag
 from ps.storage.budget import MemoryBudget
 from ps.storage.checksum import PARALLEL_BYTES
 from ps.storage.journal import Journal
 from ps.storage.store import Store
-from ps.terminate import StopFlag
 from ps.wire import decode_ids, decode_rows
 
 log = logging.getLogger("ps.engine.warmup")
