@@ -40,7 +40,7 @@ from ps.accel.prefetch import AHEAD, prefetch_row
 from ps.rows import update
 from ps.rows.layout import layout_of
 from ps.rows.parallel import parts, run_each, run_parts
-from ps.rows.update import RowState
+from ps.rows.updateio import RowState
 from ps.storage import eviction as eviction_module
 from ps.storage.arena import Arena
 from ps.storage.arenalookups import _group_by_home

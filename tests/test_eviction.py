@@ -15,7 +15,8 @@ from ps.config import OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.rows import update
 from ps.rows.layout import layout_of
-from ps.rows.update import USE_CAP, RowState
+from ps.rows.update import USE_CAP
+from ps.rows.updateio import RowState
 from ps.server_config import ServerConfig
 from ps.storage import eviction as eviction_module
 from ps.storage.arena import Arena

@@ -9,10 +9,10 @@ import pytest
 from ps.config import AdmissionConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.hashing import mix64
-from ps.rows import update
+from ps.rows import update, updateio
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
 from ps.rows.optim import get_optimizer
-from ps.rows.update import Push, RowState
+from ps.rows.updateio import Push, RowState
 from ps.server_config import ServerConfig
 from ps.storage.arena import Arena
 from ps.storage.budget import MemoryBudget
@@ -159,7 +159,7 @@ def test_kernel_matches_the_per_row_oracle_in_place_and_buffered(name, probabili
     assert 0 < (want[:, s.sc + ADMITTED] > old[:, s.sc + ADMITTED]).sum() < s.n  # some rows admitted now, not all
     assert (want[:, :DIM] == np.float32(0.4)).any()  # and the bound clips some
 
-    buf = update.buffered(s.n, s.width)
+    buf = updateio.buffered(s.n, s.width)
     before = s.snapshot()
     out = update.update(hp, s.push, s.state, buf)
     for a, b in zip(before, s.snapshot()):
@@ -170,7 +170,7 @@ def test_kernel_matches_the_per_row_oracle_in_place_and_buffered(name, probabili
     assert (out.admitted, out.first_bad) == (admitted_now, -1)
 
     t = Setup(name)  # the same arena and push again, updated in place this time
-    out_in_place = update.update(hp, t.push, t.state, update.in_place(t.n, t.width, 77))
+    out_in_place = update.update(hp, t.push, t.state, updateio.in_place(t.n, t.width, 77))
     np.testing.assert_array_equal(t.rows_of_push(), buf.rows)  # bit for bit the buffered result
     assert (out_in_place.admitted, out_in_place.d_admitted, out_in_place.d_pending) == (admitted_now, d_admitted, d_pending)  # fmt: skip
     assert (t.arena.lsn[t.push.rows] == 77).all() and (t.arena.dirty[t.push.rows] == 1).all()
@@ -188,9 +188,9 @@ def test_probabilistic_admission_decides_alike_in_place_and_buffered():
         x.arena.data[x.push.rows, x.sc + ADMITTED] = 0
         x.arena.data[x.push.rows, x.sc + SHOW] = 0
     hp = update.at_step(update.hyper_params(s.opt, adm, 0.0), 2)
-    buf = update.buffered(s.n, s.width)
+    buf = updateio.buffered(s.n, s.width)
     a = update.update(hp, s.push, s.state, buf)
-    b = update.update(hp, t.push, t.state, update.in_place(t.n, t.width, 9))
+    b = update.update(hp, t.push, t.state, updateio.in_place(t.n, t.width, 9))
     got = t.rows_of_push()[:, t.sc + ADMITTED]
     np.testing.assert_array_equal(buf.rows[:, s.sc + ADMITTED], got)
     assert a.admitted == b.admitted == int(got.sum())
@@ -202,7 +202,7 @@ def test_probabilistic_admission_decides_alike_in_place_and_buffered():
 def test_undo_puts_back_rows_lsn_and_dirty_flags():
     s = Setup("adam", seed=1)
     before = s.snapshot()
-    target = update.in_place(s.n, s.width, 1234)
+    target = updateio.in_place(s.n, s.width, 1234)
     update.update(update.hyper_params(s.opt, AdmissionConfig(), 0.0), s.push, s.state, target)
     assert not np.array_equal(before[0], s.snapshot()[0])
     update.undo(s.state, s.push.rows, target)
@@ -228,11 +228,11 @@ def test_writable_and_read_only_arrays_run_one_compiled_version():
     in any mix: the kernel is called with one array kind, so the second push loads no version the first did not."""
     s = Setup("sgd", n=50, seed=5)
     hp = update.hyper_params(s.opt, AdmissionConfig(), 0.0)
-    update.update(hp, s.push, s.state, update.buffered(s.n, s.width))
+    update.update(hp, s.push, s.state, updateio.buffered(s.n, s.width))
     loaded = set(update.update_rows.signatures)
     for which in (("shows", "clicks"), ("clicks",), ("ids", "grads", "shows", "clicks")):
         sent = s.push._replace(**{f: read_only_copy(getattr(s.push, f)) for f in which})
-        update.update(hp, sent, s.state, update.buffered(s.n, s.width))
+        update.update(hp, sent, s.state, updateio.buffered(s.n, s.width))
         assert set(update.update_rows.signatures) == loaded, which
 
 
@@ -243,7 +243,7 @@ def test_the_first_row_that_would_not_be_finite_is_reported(target):
     s.push.grads[[123, 400, 77]] = np.float32(3e38)  # w - 0.1 g is finite; the stats keep the row finite too
     s.push.grads[[400, 500], 1] = -np.inf  # w + inf
     hp = update.hyper_params(s.opt, AdmissionConfig(), 0.0)
-    tgt = update.in_place(s.n, s.width, 5) if target == "in_place" else update.buffered(s.n, s.width)
+    tgt = updateio.in_place(s.n, s.width, 5) if target == "in_place" else updateio.buffered(s.n, s.width)
     assert update.update(hp, s.push, s.state, tgt).first_bad == 400
     if target == "in_place":
         update.undo(s.state, s.push.rows, tgt)
@@ -256,7 +256,7 @@ def test_add_delta_leaves_the_optimizer_state_alone():  # FTRL's z aside: the or
     s.arena.data[s.push.rows, s.sc + ADMITTED] = 1
     old = s.rows_of_push().copy()
     hp = update.hyper_params(s.opt, AdmissionConfig(), 0.0, rule=update.ADD_DELTA)
-    update.update(hp, s.push, s.state, update.in_place(s.n, s.width, 3))
+    update.update(hp, s.push, s.state, updateio.in_place(s.n, s.width, 3))
     new = s.rows_of_push()
     np.testing.assert_array_equal(new[:, :DIM], old[:, :DIM] + s.push.grads)
     np.testing.assert_array_equal(new[:, DIM : s.sc], old[:, DIM : s.sc])
@@ -320,9 +320,9 @@ class L2History:
         for seq, (step, k, push) in enumerate(self.pushes, 1):
             hp = update.at_step(base, step)
             if how == "in_place":
-                out = update.update(hp, push, s.state, update.in_place(len(k), s.width, seq))
+                out = update.update(hp, push, s.state, updateio.in_place(len(k), s.width, seq))
             else:
-                buf = update.buffered(len(k), s.width)
+                buf = updateio.buffered(len(k), s.width)
                 out = update.update(hp, push, s.state, buf)
                 update.commit(s.state, push.rows, buf.rows, seq)
             assert out.first_bad == -1

@@ -2,7 +2,7 @@
 
 ps.service decodes each push of a Push or PushBatch request into a TablePush; Shard.check_push validates it into a
 CheckedPush, which Shard.apply_push applies; a sync step's contributions and their sum (ps.engine.syncsum) are
-TablePushes too. (The update kernel's packed input, ps.rows.update.Push, is another thing: arena rows, no table.)
+TablePushes too. (The update kernel's packed input, ps.rows.updateio.Push, is another thing: arena rows, no table.)
 """
 
 from __future__ import annotations

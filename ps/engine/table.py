@@ -39,11 +39,11 @@ from ps.engine.rowwriter import RowWriter
 from ps.engine.shrinkprogress import ShrinkProgress
 from ps.engine.shrinkrule import rule_is_off, shrink_chunk
 from ps.errors import NOTHING_APPLIED, DataLossError, InvalidArgumentError, ShardClosingError, ShardNeedsRestartError
-from ps.rows import update
+from ps.rows import update, updateio
 from ps.rows.layout import ADMITTED, RowLayout, half_floats_of
 from ps.rows.optim import get_optimizer
 from ps.rows.rowcopy import gather
-from ps.rows.update import Push, RowState
+from ps.rows.updateio import Push, RowState
 from ps.storage.arena import Arena
 from ps.storage.budget import MemoryBudget
 from ps.storage.foreground import Foreground
@@ -208,7 +208,7 @@ class Table:
             for lo, hi in chunks:
                 rows = self.loader.resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
                 push = Push(ids[lo:hi], rows, grads[lo:hi], shows[lo:hi], clicks[lo:hi])
-                target = update.buffered(hi - lo, self.width)
+                target = updateio.buffered(hi - lo, self.width)
                 out = update.update(hp, push, self.row_state, target)
                 if out.first_bad >= 0:
                     self._raise_non_finite(ids, grads, lo + out.first_bad)
@@ -239,7 +239,7 @@ class Table:
         held), and the push is acknowledged only after the journal write, so a crash in between loses nothing
         acknowledged."""
         expected = self.journal.next_seq  # the seq append() gives unless another table appends first
-        target = update.in_place(len(rows), self.width, expected)
+        target = updateio.in_place(len(rows), self.width, expected)
         out = update.update(update.at_step(self.hyper[rule], step), push, self.row_state, target)
         if out.first_bad >= 0:
             update.undo(self.row_state, rows, target)
@@ -285,7 +285,7 @@ class Table:
                     record.shows[lo:hi][todo], record.clicks[lo:hi][todo],
                 )  # fmt: skip
                 # in place: the record was accepted when it was journaled, so the same step on the same rows is too
-                out = update.update(hp, push, self.row_state, update.in_place(len(todo), self.width, record.seq))
+                out = update.update(hp, push, self.row_state, updateio.in_place(len(todo), self.width, record.seq))
                 self.arena.pushed(rows)
                 self.num_rows += out.d_admitted
                 self.num_pending += out.d_pending

@@ -16,7 +16,7 @@ place). Per block of rows small enough to stay in cache, the kernel runs these s
              which eviction reads, goes up: see `touch`);
              buffered: the result row := new, the arena is untouched
 
-Inputs, packed so that no two arguments of one type can be swapped unnoticed:
+Inputs, packed so that no two arguments of one type can be swapped unnoticed (ps.rows.updateio):
     hp       float64[NUM_SLOTS] built by hyper_params() once per table, the clock step set per push by at_step();
              a slot holds a float32 value exactly where the kernel computes in float32
     Push     ids u64 (n,), rows i64 (n,) (arena rows, unique), grads f32 (n, dim), shows f32 (n,), clicks f32 (n,);
@@ -49,8 +49,6 @@ rule, account and check staying as they are.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -62,6 +60,7 @@ from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
 from ps.rows.optim import FTRL, OPTIMIZERS, Optimizer, apply_kernel, ftrl_match_state
 from ps.rows.parallel import run_parts
 from ps.rows.rowcopy import gather_for_update
+from ps.rows.updateio import Outcome, Push, RowState, Target
 
 UPDATE_BLOCK = 256  # rows updated per block: loaded, stepped and accounted while the block is in cache
 BLOCK_FLOATS = 8192  # ... and at most this many floats (32 KB, about L1): wide rows (dense tables) take fewer
@@ -140,51 +139,6 @@ def describe(hp: np.ndarray) -> dict:
     out["rule"] = {v: k for k, v in RULES.items()}[int(hp[RULE])]
     out["optimizer"] = {cls.CODE: name for name, cls in OPTIMIZERS.items()}[int(hp[OPTIMIZER])]
     return out
-
-
-# ---- the packed inputs (NamedTuples: compiled code reads their fields by name) ----------------------------------
-class Push(NamedTuple):
-    ids: np.ndarray  # uint64 (n,)
-    rows: np.ndarray  # int64 (n,): arena row of each id, unique
-    grads: np.ndarray  # float32 (n, dim)
-    shows: np.ndarray  # float32 (n,)
-    clicks: np.ndarray  # float32 (n,)
-
-
-class RowState(NamedTuple):
-    data: np.ndarray  # float32 (capacity, line): each row's floats first
-    lsn: np.ndarray  # uint64 (capacity,)
-    dirty: np.ndarray  # uint8 (capacity,)
-    stored: np.ndarray  # uint8 (capacity,): 0 not in RocksDB, 1 statistics only, 2 the full row
-    ref: np.ndarray  # uint8 (capacity,): use count, 0..USE_CAP (see touch; ps.storage.eviction reads it)
-
-
-class Target(NamedTuple):
-    rows: np.ndarray  # float32 (n, width): undo copy (in place) or the updated rows (buffered)
-    lsn: np.ndarray  # uint64 (n,) in place: each row's lsn before the push
-    dirty: np.ndarray  # uint8 (n,) in place: each row's dirty flag before the push
-    seq: np.uint64  # in place: the lsn the updated rows get
-    in_place: bool
-
-
-def in_place(n: int, width: int, seq: int) -> Target:
-    """Target of a push of n rows applied to the arena itself at lsn seq, keeping what it overwrites for undo()."""
-    rows = np.empty((n, width), np.float32)
-    return Target(rows, np.empty(n, np.uint64), np.empty(n, np.uint8), np.uint64(seq), True)
-
-
-def buffered(n: int, width: int) -> Target:
-    """Target of a push of n rows computed into a new buffer (Target.rows) for commit(); the arena is untouched."""
-    rows = np.empty((n, width), np.float32)
-    return Target(rows, np.empty(0, np.uint64), np.empty(0, np.uint8), np.uint64(0), False)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    admitted: int  # ids admitted by this push
-    d_admitted: int  # in place: change in the table's admitted ids (rows with a trained row)
-    d_pending: int  # in place: change in its ids pushed but not admitted yet
-    first_bad: int  # first position of the push whose row would not be finite, or -1
 
 
 # ---- the kernel ------------------------------------------------------------------------------------------------
