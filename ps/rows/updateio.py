@@ -21,7 +21,7 @@ class RowState(NamedTuple):
     lsn: np.ndarray  # uint64 (capacity,)
     dirty: np.ndarray  # uint8 (capacity,)
     stored: np.ndarray  # uint8 (capacity,): 0 not in RocksDB, 1 statistics only, 2 the full row
-    ref: np.ndarray  # uint8 (capacity,): use count, 0..USE_CAP (see touch; ps.storage.eviction reads it)
+    ref: np.ndarray  # uint8 (capacity,): use count, 0..USE_CAP (see ps.rows.update.touch; ps.storage.eviction reads it)
 
 
 class Target(NamedTuple):
