@@ -41,7 +41,7 @@ from worker.client import Client
 from worker.data import DataSource
 from worker.dense import dense_norm, start_logit_bias
 from worker.dense import table_name as dense_table
-from worker.job import check_training, dense_path, job_client, job_lines, loop_settings, make_backend
+from worker.job import CheckedJob, check_training, dense_path, job_client, job_lines, loop_settings, make_backend
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import held_features, missing_shares, sparse_table_stats, weaker_l2_toml
 from worker.models.spec import ModelSpec
@@ -53,6 +53,7 @@ from worker.scoring import ScoringProgress, evaluate
 from worker.stopping import abandon
 from worker.tables import check_tables, keep_held_initializers, replaced_warning
 from worker.train_config import TrainConfig
+from worker.train_figures import training_figures
 from worker.train_messages import (
     mode_line,
     one_class_labels,
@@ -70,106 +71,169 @@ def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
     position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
     job = check_training(cfg, warn=not cfg.launched)  # launch said the job's warnings before it started it
-    cfg, data, spec, tables_cfg = job.cfg, job.data, job.spec, job.tables
+    cfg = job.cfg
     if position is not None:  # the run's ids (given, the file's, or made up by with_recipe)
-        position.job_id, position.job_name, position.token = cfg.job_id, cfg.job_name, cfg.worker_token
-        if resumes_whole(cfg) and cfg.resume_started_from is not None:  # the file's job until the new one trained
-            position.keep_job_until_past(cfg.skip_examples)
-    labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
-    if not cfg.create_tables_only:  # this worker's share, read before any server is touched
-        no_auc = validation_auc_undefined(data.validation(), cfg.early_stop_metric)  # a split's examples
-        if no_auc:  # (--validation-data was read by check_training)
-            raise ValueError(f"{no_auc}; nothing was trained")
-        labels = data.labels_before_training()  # a split's read, or the examples held in memory
-        one_class = one_class_labels(data.schema.label, labels, cfg.data, cfg.num_workers)  # (held or split)
-        if one_class and cfg.num_workers == 1:
-            raise ValueError(f"{one_class}; nothing was trained")
-        if one_class:  # another worker's share may hold the other label
-            log.warning("%s", one_class)
-        grouped = sorted_by_label(data.share_labels, cfg.data)
-        if grouped and not one_class and not cfg.shuffle:  # shuffled, the file's order does not reach training
-            log.warning("%s", grouped)
-    backend = make_backend(spec, cfg)
+        _take_ids(position, cfg)
+    # the labels' figures where they are known before training (the logit bias starts from them)
+    labels = None if cfg.create_tables_only else _labels_before_training(cfg, job.data)
+    backend = make_backend(job.spec, cfg)
     with served_metrics(cfg) as telemetry, job_client(cfg) as client:
-        shard_stats = client.wait_ready()  # the one Stats round every check before the tables are made reads
+        run = _Run(job, client, position, labels)
+        run.ready_tables()
+        try:
+            run.create_tables()
+            if cfg.create_tables_only:
+                return {"model": cfg.model, "created_tables": [t.name for t in run.tables]}
+            run.say_start()
+            dense, validation, settings = run.before_the_loop()
+        except BaseException as e:  # before training (its tables' check included): the shards hold the job no
+            run.forget_start(e)  # more for this worker
+            raise
+        loop = run.run_loop(backend, dense, validation, settings, telemetry)
+        run.check_trained(loop)
+        results = training_figures(cfg, job.recipe_line, len(client.servers), loop, dense.syncs,
+                                   weaker_l2_toml(run.tables, job.spec))  # fmt: skip
+        run.evaluate_at_end(loop, backend, dense, results)
+    _finish(cfg, job.data, position, loop, results)
+    return results
+
+
+def _take_ids(position: PositionWriter, cfg: TrainConfig) -> None:
+    """The run's ids kept in its --resume-file position."""
+    position.job_id, position.job_name, position.token = cfg.job_id, cfg.job_name, cfg.worker_token
+    if resumes_whole(cfg) and cfg.resume_started_from is not None:  # the file's job until the new one trained
+        position.keep_job_until_past(cfg.skip_examples)
+
+
+def _labels_before_training(cfg: TrainConfig, data: DataSource) -> Any:
+    """This worker's share's labels, read before any server is touched: ValueError where the validation set has no
+    AUC or the one worker's data one class; the warnings of a class another worker may hold, and of a file sorted
+    by label."""
+    no_auc = validation_auc_undefined(data.validation(), cfg.early_stop_metric)  # a split's examples
+    if no_auc:  # (--validation-data was read by check_training)
+        raise ValueError(f"{no_auc}; nothing was trained")
+    labels = data.labels_before_training()  # a split's read, or the examples held in memory
+    one_class = one_class_labels(data.schema.label, labels, cfg.data, cfg.num_workers)  # (held or split)
+    if one_class and cfg.num_workers == 1:
+        raise ValueError(f"{one_class}; nothing was trained")
+    if one_class:  # another worker's share may hold the other label
+        log.warning("%s", one_class)
+    grouped = sorted_by_label(data.share_labels, cfg.data)
+    if grouped and not one_class and not cfg.shuffle:  # shuffled, the file's order does not reach training
+        log.warning("%s", grouped)
+    return labels
+
+
+class _Run:
+    """train()'s steps on the servers, in its order; each keeps what the later ones read (the tables, the row
+    source and the job's stamp, the rows the servers held)."""
+
+    def __init__(self, job: CheckedJob, client: Client, position: PositionWriter | None, labels: Any) -> None:
+        self.job, self.cfg, self.data, self.spec = job, job.cfg, job.data, job.spec
+        self.client, self.position, self.labels = client, position, labels
+        self.tables = job.tables
+        self.held, self.alone_so_far = 0, False
+
+    def ready_tables(self) -> None:
+        """The servers waited for, the position's state ids checked, and the tables' configs as the shards hold
+        them; the row source and the job's stamp."""
+        cfg, client, spec, position = self.cfg, self.client, self.spec, self.position
+        self.shard_stats = client.wait_ready()  # the one Stats round every check before the tables are made reads
         if position is not None:
             changed = state_changed(cfg.resume_file, cfg.resume_state_ids, client.state_ids, client.servers)
             if changed:
                 raise ValueError(changed)
             position.state_ids = client.state_ids
-        features = held_features(client, data.schema, [t.name for t in tables_cfg], shard_stats)
-        tables_cfg = [dataclasses.replace(t, features=features) for t in tables_cfg]
+        features = held_features(client, self.data.schema, [t.name for t in self.tables], self.shard_stats)
+        tables = [dataclasses.replace(t, features=features) for t in self.tables]
         dense_rows = {dense_table(p): p.shape[0] for p in spec.dense_params()}  # trained whole: its initializer kept
-        tables_cfg = keep_held_initializers(client, tables_cfg, dense_rows, shard_stats)
+        self.tables = keep_held_initializers(client, tables, dense_rows, self.shard_stats)
         # the job's stamp goes with the creation of its tables: each shard holds itself for the job from its first
         # table on, and refuses another job's create (ps.engine.tenancy); a run that trains nothing (one that
         # creates the tables only, or only evaluates) holds nothing
-        source = row_source(cfg, client, spec, tables_cfg)
-        trains = not cfg.create_tables_only and not cfg.resume_trained
-        stamp = source.stamp if trains else None
-        try:
-            # one worker replaces tables of other settings that were never trained (a run that stopped first made
-            # them); a job's workers do not: one worker's other settings would silently replace the others' tables
-            replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
-                                    recipe_line=job.recipe_line if job.recipe_optimizer else "",
-                                    shard_stats=shard_stats)  # fmt: skip
-            held = 0
-            # rows trained before this worker's first push are an earlier run's where no other worker of the job
-            # can have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
-            alone_so_far = cfg.num_workers == 1 or cfg.mode == "sync"
-            if alone_so_far and not cfg.create_tables_only:
-                held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
-                for warning in missing_shares(shard_stats, spec, client.servers):
-                    log.warning("%s", warning)
-            if position is not None and trains:  # kept before the job holds the shards: a restart after a kill
-                position.update(cfg.skip_examples)  # is the same job and process, and pushes on at once
-            for i, table in enumerate(tables_cfg):
-                try:
-                    client.create_table(table, replace_untrained=table.name in replaced, stamp=stamp)
-                except RamTierTooSmallError as e:
-                    raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
-            if replaced:  # said once done: a shard that holds another job refuses the replace (ps.engine.tenancy)
-                log.warning("%s", replaced_warning(replaced))
-            if cfg.create_tables_only:
-                return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
-            if not cfg.launched:  # launch said them once for its job
-                for line in job_lines(job):
-                    _say(line, cfg)
-            if cfg.skip_examples:
-                _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
-                if held == 0 and alone_so_far:
-                    log.warning("--skip-examples %d, but the servers hold no trained row of this model: those examples "
-                                "will not be trained (is --servers the cluster of the run this resumes?)",
-                                cfg.skip_examples)  # fmt: skip
-            elif held and cfg.worker_id == 0:  # a sync job's workers all read it: worker 0 says it for the job
-                _say(f"the servers hold this model's tables with {held:,} trained rows already: this run trains that "
-                     "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
-            if cfg.num_workers > 1 or cfg.mode != "async":
-                _say(mode_line(cfg), cfg)
-            if labels is not None:
-                trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(client, spec))
-                started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained,
-                                           stamp)  # fmt: skip
-                if started is not None:
-                    _say(f"logit bias started at {started:.3f}, the log-odds of the {labels.positives / labels.examples:.2%} "
-                         "positives of this worker's share of the data (a new model)", cfg)  # fmt: skip
-            dense = dense_path(cfg, client, spec, source)
-            dense.pull()
-            validation = data.validation()
-            if validation:
-                named = f" of {cfg.validation_data}" if cfg.validation_data else ""
-                held_out = sum(len(b) for b in validation)
-                _say(f"validating on {held_out:,} held-out example{'s' * (held_out != 1)}{named}", cfg)
-                few = validation_too_small(validation)
-                if few:
-                    log.warning("%s", few)
-            settings = loop_settings(cfg, data, tables_cfg)
-        except BaseException as e:  # before training (its tables' check included): the shards hold the job no
-            if trains:  # more for this worker
-                abandon(source, e)  # (sync and ssp: the job stops, so that no other worker waits for this one)
-            if position is not None and cfg.resume_started_from is None:  # the file this start wrote: a start
-                position.forget()  # refused (another job, another process of its worker) records nothing
-            raise
+        self.source = row_source(cfg, client, spec, self.tables)
+        self.trains = not cfg.create_tables_only and not cfg.resume_trained
+        self.stamp = self.source.stamp if self.trains else None
+
+    def create_tables(self) -> None:
+        """The tables checked and created (with the job's stamp), the position kept just before."""
+        cfg, client, position = self.cfg, self.client, self.position
+        # one worker replaces tables of other settings that were never trained (a run that stopped first made
+        # them); a job's workers do not: one worker's other settings would silently replace the others' tables
+        replaced = check_tables(client, self.tables, "nothing was created", replace_untrained=cfg.num_workers == 1,
+                                recipe_line=self.job.recipe_line if self.job.recipe_optimizer else "",
+                                shard_stats=self.shard_stats)  # fmt: skip
+        # rows trained before this worker's first push are an earlier run's where no other worker of the job
+        # can have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
+        self.alone_so_far = cfg.num_workers == 1 or cfg.mode == "sync"
+        if self.alone_so_far and not cfg.create_tables_only:
+            self.held = sum(t.num_rows for t in sparse_table_stats(client, self.spec, self.shard_stats))
+            for warning in missing_shares(self.shard_stats, self.spec, client.servers):
+                log.warning("%s", warning)
+        if position is not None and self.trains:  # kept before the job holds the shards: a restart after a kill
+            position.update(cfg.skip_examples)  # is the same job and process, and pushes on at once
+        for i, table in enumerate(self.tables):
+            try:
+                client.create_table(table, replace_untrained=table.name in replaced, stamp=self.stamp)
+            except RamTierTooSmallError as e:
+                raise ValueError(too_small_for_the_model(str(e), len(self.tables) - i - 1)) from None
+        if replaced:  # said once done: a shard that holds another job refuses the replace (ps.engine.tenancy)
+            log.warning("%s", replaced_warning(replaced))
+
+    def say_start(self) -> None:
+        """The job's lines, what the servers hold of the model, the mode, and the logit bias's start."""
+        cfg, held = self.cfg, self.held
+        if not cfg.launched:  # launch said them once for its job
+            for line in job_lines(self.job):
+                _say(line, cfg)
+        if cfg.skip_examples:
+            _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
+            if held == 0 and self.alone_so_far:
+                log.warning("--skip-examples %d, but the servers hold no trained row of this model: those examples "
+                            "will not be trained (is --servers the cluster of the run this resumes?)",
+                            cfg.skip_examples)  # fmt: skip
+        elif held and cfg.worker_id == 0:  # a sync job's workers all read it: worker 0 says it for the job
+            _say(f"the servers hold this model's tables with {held:,} trained rows already: this run trains that "
+                 "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
+        if cfg.num_workers > 1 or cfg.mode != "async":
+            _say(mode_line(cfg), cfg)
+        labels, spec = self.labels, self.spec
+        if labels is not None:
+            trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(self.client, spec))
+            started = start_logit_bias(self.client, spec.dense_params(), labels.positives, labels.examples, trained,
+                                       self.stamp)  # fmt: skip
+            if started is not None:
+                _say(f"logit bias started at {started:.3f}, the log-odds of the "
+                     f"{labels.positives / labels.examples:.2%} positives of this worker's share of the data (a new "
+                     "model)", cfg)  # fmt: skip
+
+    def before_the_loop(self) -> tuple[Any, Any, Any]:
+        """The dense path (its first pull), the validation set (said), and the loop's settings."""
+        cfg = self.cfg
+        dense = dense_path(cfg, self.client, self.spec, self.source)
+        dense.pull()
+        validation = self.data.validation()
+        if validation:
+            named = f" of {cfg.validation_data}" if cfg.validation_data else ""
+            held_out = sum(len(b) for b in validation)
+            _say(f"validating on {held_out:,} held-out example{'s' * (held_out != 1)}{named}", cfg)
+            few = validation_too_small(validation)
+            if few:
+                log.warning("%s", few)
+        return dense, validation, loop_settings(cfg, self.data, self.tables)
+
+    def forget_start(self, e: BaseException) -> None:
+        """A start that failed before training: the job abandoned where this run holds it, and the position the
+        start wrote forgotten."""
+        if self.trains:
+            abandon(self.source, e)  # (sync and ssp: the job stops, so that no other worker waits for this one)
+        if self.position is not None and self.cfg.resume_started_from is None:  # the file this start wrote: a start
+            self.position.forget()  # refused (another job, another process of its worker) records nothing
+
+    def run_loop(self, backend: Any, dense: Any, validation: Any, settings: Any, telemetry: Any) -> LoopResult:
+        """run_epochs (or, training over, the final evaluation's start); a stop writes the position and says how
+        to resume; the dense path and the telemetry closed."""
+        cfg, position, source = self.cfg, self.position, self.source
         loop = LoopResult()
         try:
             if cfg.resume_trained:  # a --resume-file run whose training was over: its final evaluation only
@@ -177,7 +241,7 @@ def train(cfg: TrainConfig) -> dict:
                 if cfg.resume_rejoins:  # the job's other workers, resumed under a new job id, wait for nobody
                     source.finish()
             else:
-                run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
+                run_epochs(self.client, self.spec, backend, dense, self.data.train, settings, validation, telemetry,
                            on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
                            on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (stopping.abandon)
@@ -197,11 +261,18 @@ def train(cfg: TrainConfig) -> dict:
             dense.close()
             if telemetry is not None:
                 telemetry.close()
+        return loop
+
+    def check_trained(self, loop: LoopResult) -> None:
+        """The warnings of the labels as they were trained; ValueError where --skip-examples skipped every
+        example; the position's record that training is over."""
+        cfg, data, position = self.cfg, self.data, self.position
         grouped = sorted_by_label(data.stream_labels, cfg.data, read_as_trained=True)
         if grouped:
             log.warning("%s", grouped)
-        one_class = None if labels is not None else one_class_labels(data.schema.label, data.stream_labels, cfg.data,
-                                                                     cfg.num_workers)  # read as it trained  # fmt: skip
+        one_class = None  # the labels as read while training, where none were known before
+        if self.labels is None:
+            one_class = one_class_labels(data.schema.label, data.stream_labels, cfg.data, cfg.num_workers)
         if one_class:
             log.warning("%s: the model learned only that rate", one_class)
         # a --resume-file position may be the whole stream (a kill between the last step and the record that
@@ -213,46 +284,16 @@ def train(cfg: TrainConfig) -> dict:
                              f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}: nothing was trained")  # fmt: skip
         if position is not None:  # training is over: a restart trains nothing, and evaluates
             position.write(cfg.skip_examples + loop.examples, trained=True)
-        results = {
-            "model": cfg.model,
-            "backend": cfg.backend,
-            "device": cfg.device,
-            "worker": f"{cfg.worker_id}/{cfg.num_workers}",
-            "shards": len(client.servers),
-            "recipe": job.recipe_line,
-            "batch_size": cfg.batch_size,
-            "epochs_run": loop.curve[-1]["epoch"] if loop.curve else loop.epoch,
-            "train_examples": loop.examples,
-            "skipped_examples": cfg.skip_examples,
-            "train_seconds": loop.seconds,
-            "first_step_seconds": loop.first_step_seconds,
-            "examples_per_s": loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
-            "train_logloss": loop.train_logloss,
-            "mode": cfg.mode,
-            "dense": cfg.dense,
-            "dense_syncs": dense.syncs,
-            **loop.source_stats,
-            "stopped_early": loop.stopped_early,
-            "max_examples": cfg.max_examples,
-            "stopped_at_max_examples": loop.stopped_at_limit,
-            "eval_every": cfg.eval_every,
-            "restored_best": loop.restored_best,
-            **({"best_copy_limit_bytes": loop.best_too_big_bytes} if loop.best_too_big_bytes else {}),
-            **({"best_ids_not_restored": loop.best_not_restored} if loop.best_not_restored else {}),
-            "model_is_best": loop.restored_best or bool(cfg.num_workers == 1 and loop.curve and loop.curve[-1]["best"]),
-            "curve": loop.curve,
-            "weaker_l2_toml": weaker_l2_toml(tables_cfg, spec),  # the hint of a run whose last epoch was its best
-        }
-        if loop.best is not None:
-            results.update(best_validation_auc=loop.best["validation_auc"],
-                           best_validation_logloss=loop.best["validation_logloss"], best_epoch=loop.best["epoch"],
-                           best_step=loop.best["step"], early_stop_metric=cfg.early_stop_metric)  # fmt: skip
+
+    def evaluate_at_end(self, loop: LoopResult, backend: Any, dense: Any, results: dict) -> None:
+        """The final dense values, the final evaluation, and the tables' rows, into results."""
+        cfg, client, spec = self.cfg, self.client, self.spec
         try:
             final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
             if final_dense:  # the MLP this worker ended with
                 results["dense_norm"] = dense_norm(final_dense)
             if cfg.final_eval:
-                results.update(final_evaluation(cfg, data, client, spec, backend, final_dense))
+                results.update(final_evaluation(cfg, self.data, client, spec, backend, final_dense))
             else:  # --no-final-eval: ps-worker launch scores the job's model once, after all its workers
                 results["final_eval_skipped"] = True
             stats = sparse_table_stats(client, spec)
@@ -264,6 +305,11 @@ def train(cfg: TrainConfig) -> dict:
             raise
         results["table_rows"] = sum(t.num_rows for t in stats)  # ids with a trained row
         results["pending_ids"] = sum(t.pending_ids for t in stats)  # ids seen but not admitted
+
+
+def _finish(cfg: TrainConfig, data: DataSource, position: PositionWriter | None, loop: LoopResult,
+            results: dict) -> None:  # fmt: skip
+    """The bad lines' report and counts, the figures' file, and the position's record that the run ended."""
     for line in data.bad_lines_report():
         log.warning(line)
     results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)  # every file's: training, validation, eval
@@ -276,7 +322,6 @@ def train(cfg: TrainConfig) -> dict:
     # the run ended: a restart does nothing (after a failed evaluation or figures' file, it does those again)
     if position is not None and not {"eval_error", "metrics_error"} & results.keys():
         position.write(cfg.skip_examples + loop.examples, finished=True)
-    return results
 
 
 def too_small_for_the_model(refusal: str, tables_after: int) -> str:
