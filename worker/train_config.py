@@ -9,17 +9,17 @@ Eval and predict take the same config (worker/served.py); launch's workers are `
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import secrets
 from dataclasses import dataclass
 
-from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S
+from ps.config import DEFAULT_LEARNING_RATES
 from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file, same_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, Recipe, choose, describe
 from worker.schema_columns import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, LIBSVM_VALUES, MAX_LIBSVM_FIELDS
+from worker.train_numbers import check_numbers
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
@@ -142,6 +142,24 @@ class TrainConfig:
     def validate(self, needs_servers: bool = True) -> None:
         """ValueError naming the flag at fault (and what it expects) for the first setting that is wrong
         (needs_servers: that --servers or --local-shards is given)."""
+        self._check_choices()
+        self._check_modes()
+        self._check_data_flags()
+        self._check_files()
+        check_numbers(self)
+        self._check_workers()
+        self._check_libsvm()
+        if self.servers and self.local_shards is not None:
+            raise ValueError("give --servers or --local-shards, not both (either may come from its flag, its variable "
+                             "PS_SERVERS or PS_LOCAL_SHARDS, or a config file)")  # fmt: skip
+        self._check_shares()
+        if self.resume_file is not None:
+            self._check_resume_file()
+        self._check_servers(needs_servers)
+
+    def _check_choices(self) -> None:
+        """ValueError for a --model, --backend, --device, --format, --mode or --dense that is unknown, or cuda without
+        torch."""
         if self.model not in MODEL_NAMES:
             raise ValueError(f"--model {self.model!r} is unknown; expected one of {list(MODEL_NAMES)}")
         if self.backend not in ("numpy", "torch"):
@@ -156,6 +174,9 @@ class TrainConfig:
             raise ValueError(f"--mode {self.mode!r} is unknown; expected one of {list(MODES)}")
         if self.dense not in DENSE_PATHS:
             raise ValueError(f"--dense {self.dense!r} is unknown; expected one of {list(DENSE_PATHS)}")
+
+    def _check_modes(self) -> None:
+        """ValueError for a setting the --mode or --dense of this run refuses or would ignore."""
         if self.dense == "allreduce" and self.mode == "sync":
             raise ValueError("--mode sync sums every worker's gradients on the servers; its MLP goes with them: "
                              "use --dense ps (the default) with --mode sync")  # fmt: skip
@@ -183,6 +204,10 @@ class TrainConfig:
         if self.row_cache_bytes and self.mode != "ssp":
             raise ValueError(f"--row-cache-bytes serves rows within ssp's staleness bound; --mode {self.mode} "
                              "has none (geo keeps its own local rows)")  # fmt: skip
+
+    def _check_data_flags(self) -> None:
+        """ValueError for an unknown --recipe or --early-stop-metric, or a data flag that needs --data or excludes
+        another."""
         if self.recipe not in RECIPES:
             raise ValueError(f"--recipe {self.recipe!r} is unknown; expected one of {list(RECIPES)}")
         if self.early_stop_metric is not None and self.early_stop_metric not in EARLY_STOP_METRICS:
@@ -194,6 +219,10 @@ class TrainConfig:
             raise ValueError("--schema needs --data (synthetic data has its own schema)")
         if self.validation_data and self.validation_fraction:
             raise ValueError("give --validation-data or --validation-fraction, not both")
+
+    def _check_files(self) -> None:
+        """ValueError for a data, schema or table config file that cannot be read, or a --metrics-out that cannot be
+        written."""
         data_file = "a data file" if self.schema or self.format == AUTO_FORMAT else f"a {self.format} data file"
         data_file += " (.gz read through gzip), or a directory, glob or comma-separated list of them"
         check_data_input("--data", self.data, data_file)
@@ -203,13 +232,18 @@ class TrainConfig:
         check_input_file("--table-config", self.table_config, "a TOML file of table settings")
         check_output_file("--metrics-out", self.metrics_out)
         check_not_an_input("--metrics-out", self.metrics_out, self.input_files())
-        self._check_numbers()
+
+    def _check_workers(self) -> None:
+        """ValueError for a --worker-id outside --num-workers, or a job of several workers without a --job-id."""
         if not 0 <= self.worker_id < self.num_workers:
             raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
         if self.num_workers > 1 and not self.job_id:
             raise ValueError(f"--num-workers {self.num_workers} needs --job-id: the same for all the job's workers, "
                              "a new one per job (the shards train one job at a time, and tell its workers by it; "
                              "`ps-worker launch` gives one, and so does torchrun given a --rdzv-id, or --standalone)")  # fmt: skip
+
+    def _check_libsvm(self) -> None:
+        """ValueError for a --libsvm-fields or --libsvm-values out of range or given for another format."""
         if self.libsvm_fields is not None and self.format not in ("libsvm", AUTO_FORMAT) and not self.schema:
             # (--schema: its own refusal; auto: resolve_schema's, once the format is known)
             raise ValueError(f"--libsvm-fields is for --format libsvm data only (the format here is {self.format!r}): "
@@ -221,9 +255,10 @@ class TrainConfig:
                              "leave it out")  # fmt: skip
         if self.libsvm_fields is not None and not 1 <= self.libsvm_fields <= MAX_LIBSVM_FIELDS:
             raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected 1..{MAX_LIBSVM_FIELDS}")
-        if self.servers and self.local_shards is not None:
-            raise ValueError("give --servers or --local-shards, not both (either may come from its flag, its variable "
-                             "PS_SERVERS or PS_LOCAL_SHARDS, or a config file)")  # fmt: skip
+
+    def _check_shares(self) -> None:
+        """ValueError for a --max-examples or --synthetic-rows that leaves a worker none, or a --skip-examples past this
+        worker's limit."""
         limit = self.worker_max_examples()
         if self.max_examples and self.max_examples < self.num_workers:
             raise ValueError(f"--max-examples {self.max_examples} is the job's total, shared by its {self.num_workers} "
@@ -234,20 +269,26 @@ class TrainConfig:
         if limit and self.skip_examples >= limit and self.resume_started_from is None:
             raise ValueError(f"--skip-examples {self.skip_examples:,} reaches this worker's --max-examples limit "
                              f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
-        if self.resume_file is not None:
-            check_output_file("--resume-file", self.worker_resume_file())
-            if os.path.exists(self.worker_resume_file()) and not os.path.isfile(self.worker_resume_file()):
-                raise ValueError(f"--resume-file {self.worker_resume_file()} is not a regular file (a device, a FIFO): "
-                                 "it is read as the position and replaced by it; give the name of a regular file, or "
-                                 "a new one")  # fmt: skip
-            if self.local_shards is not None:
-                raise ValueError("--resume-file resumes training a model that servers hold; --local-shards starts new, "
-                                 "empty ones (give --servers)")  # fmt: skip
-            check_not_an_input("--resume-file", self.resume_file, self.input_files())
-            if self.metrics_out is not None and same_file(self.metrics_out, self.worker_resume_file()):
-                raise ValueError(f"--metrics-out {self.metrics_out} is the file of --resume-file {self.resume_file}: "
-                                 "each would replace the other (the run's figures lost, or its position read from "
-                                 "them); give two file names")  # fmt: skip
+
+    def _check_resume_file(self) -> None:
+        """ValueError for a --resume-file that cannot be read and replaced as the position, or one --local-shards or
+        --metrics-out rules out."""
+        check_output_file("--resume-file", self.worker_resume_file())
+        if os.path.exists(self.worker_resume_file()) and not os.path.isfile(self.worker_resume_file()):
+            raise ValueError(f"--resume-file {self.worker_resume_file()} is not a regular file (a device, a FIFO): "
+                             "it is read as the position and replaced by it; give the name of a regular file, or "
+                             "a new one")  # fmt: skip
+        if self.local_shards is not None:
+            raise ValueError("--resume-file resumes training a model that servers hold; --local-shards starts new, "
+                             "empty ones (give --servers)")  # fmt: skip
+        check_not_an_input("--resume-file", self.resume_file, self.input_files())
+        if self.metrics_out is not None and same_file(self.metrics_out, self.worker_resume_file()):
+            raise ValueError(f"--metrics-out {self.metrics_out} is the file of --resume-file {self.resume_file}: "
+                             "each would replace the other (the run's figures lost, or its position read from "
+                             "them); give two file names")  # fmt: skip
+
+    def _check_servers(self, needs_servers: bool) -> None:
+        """ValueError for a flag of servers that outlive the run given --local-shards, or (needs_servers) no servers."""
         if self.skip_examples and self.local_shards is not None:
             raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                              "empty ones (give --servers)")  # fmt: skip
@@ -285,52 +326,6 @@ class TrainConfig:
         return [f"--{f.name.replace('_', '-')} {getattr(self, f.name)}" for f in dataclasses.fields(self)
                 if f.name.startswith("synthetic_") and f.name != "synthetic_seed"
                 and getattr(self, f.name) != f.default]  # fmt: skip
-
-    def _check_numbers(self) -> None:
-        """ValueError naming the flag of a count, a rate, a time or a port out of its range (NaN included)."""
-
-        def unset_or(value, default):
-            return default if value is None else value
-
-        at_least = [("--batch-size", unset_or(self.batch_size, 1), 1), ("--epochs", unset_or(self.epochs, 1), 1),
-                    ("--dense-sync-every", self.dense_sync_every, 1), ("--prefetch", self.prefetch, 0),
-                    ("--num-workers", self.num_workers, 1), ("--embedding-dim", self.embedding_dim, 1),
-                    ("--max-bad-lines", unset_or(self.max_bad_lines, 0), 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
-                    ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
-                    ("--eval-every", self.eval_every, 0), ("--skip-examples", self.skip_examples, 0), ("--max-examples", self.max_examples, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
-                    ("--staleness", unset_or(self.staleness, 0), 0), ("--geo-every", unset_or(self.geo_every, 1), 1),
-                    ("--dense-staleness", unset_or(self.dense_staleness, 0), 0),
-                    ("--row-cache-bytes", unset_or(self.row_cache_bytes, 0), 0),
-                    ("--local-shards", 1 if self.local_shards is None else self.local_shards, 1)]  # fmt: skip
-        for flag, value, lowest in at_least:
-            if value < lowest:
-                raise ValueError(f"{flag} {value}: expected an integer >= {lowest}")
-        if any(width < 1 for width in self.hidden):
-            raise ValueError(f"--hidden {','.join(map(str, self.hidden))}: expected widths >= 1")
-        ranges = [("--validation-fraction", unset_or(self.validation_fraction, 0.0), 0.0, 0.5),
-                  ("--dropout", unset_or(self.dropout, 0.0), 0.0, 0.95), ("--l2", unset_or(self.l2, 0.0), 0.0, 1e6),
-                  ("--dense-l2", unset_or(self.dense_l2, 0.0), 0.0, 1e6), ("--synthetic-history", self.synthetic_history, 0.0, 1e3)]  # fmt: skip
-        for flag, value, low, high in ranges:
-            if not (math.isfinite(value) and low <= value <= high):
-                raise ValueError(f"{flag} {value}: expected a number in [{low}, {high}]")
-        rates = [
-            ("--learning-rate", unset_or(self.learning_rate, 1.0)),
-            ("--dense-learning-rate", self.dense_learning_rate),
-        ]
-        for flag, value in rates:
-            if not (math.isfinite(value) and 0 < value <= MAX_HYPERPARAMETER):
-                raise ValueError(f"{flag} {value}: expected a number > 0 and <= {MAX_HYPERPARAMETER:g}")
-        if not 0 < self.timeout_s <= MAX_INTERVAL_S:
-            raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}")
-        if not 0 < self.barrier_timeout_s <= MAX_BARRIER_S:
-            raise ValueError(
-                f"--barrier-timeout {self.barrier_timeout_s}: expected seconds > 0 and <= {MAX_BARRIER_S:g}"
-            )
-        if not 0 <= self.server_timeout_s <= MAX_INTERVAL_S:
-            raise ValueError(f"--server-timeout {self.server_timeout_s}: expected seconds >= 0 (0: no retries) and <= "
-                             f"{MAX_INTERVAL_S:g}")  # fmt: skip
-        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
-            raise ValueError(f"--metrics-port {self.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
     def with_recipe(
         self, examples: int, unit: str = "training examples", at_least: bool = False
