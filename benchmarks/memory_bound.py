@@ -43,7 +43,7 @@ import numpy as np
 
 from ps.config import TableConfig
 from ps.errors import PsError
-from ps.settings import byte_size
+from ps.flagtypes import byte_size
 from ps.terminate import how_it_ended
 from worker.client import Client
 from worker.cluster import LocalCluster

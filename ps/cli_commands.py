@@ -10,7 +10,8 @@ import sys
 
 from ps.config import FULL_AT_REST, MAX_DIM, VALUES_AT_REST
 from ps.errors import StorageError
-from ps.settings import HelpFormatter, address, integer, number, unknown_arguments, unrecognized
+from ps.flagtypes import HelpFormatter, address, integer, number
+from ps.settings import unknown_arguments, unrecognized
 from ps.terminate import sigterm_raises
 
 

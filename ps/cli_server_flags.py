@@ -7,7 +7,8 @@ import argparse
 import math
 
 from ps.config import DEFAULT_REPLY_READ_TIMEOUT_S, MAX_INTERVAL_S
-from ps.settings import LOG_LEVELS, HelpFormatter, add_config_flag, byte_size, integer, number
+from ps.flagtypes import HelpFormatter, byte_size, integer, number
+from ps.settings import LOG_LEVELS, add_config_flag
 
 
 def parse_bytes(text: str, least: int = 1) -> int:

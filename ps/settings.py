@@ -19,15 +19,11 @@ accept true/false, 1/0, yes/no. Positional arguments (a checkpoint dir) only com
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 import signal
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
-
-from ps.tlsprobe import GRPC_DNS
+from collections.abc import Mapping
 
 CONFIG_ENV = "PS_CONFIG"
 CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shrink", "checkpoint", "export",
@@ -314,102 +310,3 @@ def reader_gone() -> int:
     exit code, 141 (SIGPIPE's)."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 128 + signal.SIGPIPE
-
-
-# ---- argparse types and help of both CLIs (ps-server, ps-worker) --------------------------------------------
-SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def byte_size(text: str) -> int:
-    """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
-    and "1.5G" alike; a fraction of a byte that a unit leaves is dropped: "1.1G"), or a whole number of bytes
-    ("67108864", "1e9"). ValueError for anything else (text, inf, nan, "1.5" bytes); the sign is the caller's to
-    check."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = SIZE_UNITS.get(t[-1:], 1)
-    digits = t[:-1] if unit > 1 else t
-    try:
-        return int(digits) * unit  # exact, however large
-    except ValueError:
-        try:
-            value = float(digits) * unit
-            if unit == 1 and value != int(value):  # "1.5": bytes come whole (a fraction is a slip, not a size)
-                raise ValueError(f"not a whole number of bytes: {text!r}")
-            return int(value)
-        except OverflowError:
-            raise ValueError(f"not a size: {text!r}") from None
-
-
-def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer in lowest..highest (argparse puts the flag before its message)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < lowest or (highest is not None and value > highest):
-            span = f">= {lowest}" if highest is None else f"in {lowest}..{highest}"
-            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
-        return value
-
-    return parse
-
-
-ADDRESS = re.compile(r"([^\s/@]+):(\d{1,5})")  # host:port (a port in 1..65535: see is_address); no scheme, path
-
-
-def is_address(text: str) -> bool:
-    """text is host:port with a port in 1..65535, or gRPC's dns:///host:port (no other scheme such as http://, no
-    path, no user part)."""
-    m = ADDRESS.fullmatch(text.removeprefix(GRPC_DNS))
-    return m is not None and 1 <= int(m.group(2)) <= 65535
-
-
-def address_hint(text: str) -> str:
-    """What to write instead of text, an address with a scheme or a path (a URL), for a message; else ""."""
-    if text.startswith(GRPC_DNS):
-        return " (dns:///host:port: a port is needed)" if ":" not in text.removeprefix(GRPC_DNS) else ""
-    m = re.fullmatch(r"[A-Za-z][\w+.-]*://([^/\s]+)/?", text)
-    if m is not None and is_address(m.group(1)):
-        return f" (no scheme: {m.group(1)})"
-    return " (no scheme, path or user part: host:port alone)" if "/" in text or "@" in text else ""
-
-
-def address(text: str) -> str:
-    """An argparse type: host:port with a port in 1..65535."""
-    if not is_address(text):
-        raise argparse.ArgumentTypeError(
-            f"expected host:port with a port in 1..65535, got {text!r}{address_hint(text)}"
-        )
-    return text
-
-
-def number(lowest: float, highest: float = math.inf, *, above: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number in lowest..highest (above: lowest itself excluded)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        low_ok = value > lowest if above else value >= lowest
-        if not (math.isfinite(value) and low_ok and value <= highest):
-            low = f"{'>' if above else '>='} {lowest:g}"
-            span = low if highest == math.inf else f"{low} and <= {highest:g}"
-            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}")
-        return value
-
-    return parse
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's help with each option's default appended, "(default: X)", unless the help already speaks of its
-    default, the default is None or empty (the help says what happens without the flag), or the option takes no
-    value (--json)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if "default" in text.lower() or action.default in (None, "", argparse.SUPPRESS) or action.nargs == 0:
-            return action.help
-        return super()._get_help_string(action)

@@ -9,7 +9,7 @@ x`, relative, inside functions too), with no exemptions:
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
-      process     ps.service, ps.service_calls, ps.server_run, ps.listen_address, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.secretfiles, ps.tlsprobe, ps.metrics, ps.settings, ps.sizing, ps.__main__,
+      process     ps.service, ps.service_calls, ps.server_run, ps.listen_address, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.secretfiles, ps.tlsprobe, ps.metrics, ps.settings, ps.flagtypes, ps.sizing, ps.__main__,
                   ps.cli_server_flags, ps.cli_server, ps.cli_commands
 - one module imports rocksdict, the RocksDB binding (ROCKSDB_MODULE, ps.storage.rocks); the other storage modules
   take its types from there;
@@ -47,7 +47,7 @@ FOUNDATION = {
     "ps.signalsafe",
     "ps.storage.atomicfile",
 }
-PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.listen_address", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.secretfiles", "ps.tlsprobe", "ps.metrics", "ps.settings", "ps.settings_names",
+PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.listen_address", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.secretfiles", "ps.tlsprobe", "ps.metrics", "ps.settings", "ps.flagtypes", "ps.settings_names",
            "ps.sizing", "ps.__main__", "ps.cli_server_flags", "ps.cli_server", "ps.cli_commands"}  # fmt: skip
 ROCKSDB_MODULE = "ps.storage.rocks"  # benchmarks and tests may import rocksdict too: the raw binding is their reference
 GRPC_USERS = {"ps.service", "ps.service_calls", "ps.server", "ps.health", "ps.security"}
@@ -58,6 +58,7 @@ WORKER_MAY_IMPORT = {
     "ps.secretfiles",  # the token and TLS files, read and checked as the server reads its own
     "ps.tlsprobe",  # what a client that cannot connect is told of the server's TLS
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
+    "ps.flagtypes",  # the flags' argparse types and help formatter, both programs'
     "ps.settings_names",  # the PS_* names of both programs, for the warning of one that sets nothing
     "ps.stamp",  # WorkerStamp: the worker builds it, the shard reads it back
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages

@@ -282,8 +282,8 @@ def test_the_servers_and_the_workers_size_bound_is_said_alike_and_parses_back_to
     import re
 
     from ps.config import MAX_MEMORY_BYTES
+    from ps.flagtypes import byte_size
     from ps.server_config import ServerConfig
-    from ps.settings import byte_size
     from worker.cli_train_flags import _size
 
     over = str(MAX_MEMORY_BYTES + 1)
@@ -301,7 +301,7 @@ def test_the_servers_and_the_workers_size_bound_is_said_alike_and_parses_back_to
 
 @pytest.mark.parametrize("text", ["lots", "infG", "nan", "1E", "", "G", "1e999", "1.5", "300000.9", "2.5e-1"])
 def test_a_size_that_is_no_number_is_refused(text):
-    from ps.settings import byte_size
+    from ps.flagtypes import byte_size
 
     with pytest.raises(ValueError):
         byte_size(text)

@@ -11,9 +11,9 @@ with interrupt_exits("ps-worker"):  # a Ctrl-C while these load (most of a start
 
     from ps.accel.malloc import tune_malloc
     from ps.errors import PsError
+    from ps.flagtypes import HelpFormatter
     from ps.settings import (
         LOG_LEVELS,
-        HelpFormatter,
         add_config_flag,
         apply_defaults,
         command_parser,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
-from ps.settings import HelpFormatter, integer, number
+from ps.flagtypes import HelpFormatter, integer, number
 from worker.cli_flags import SECONDS, SECONDS_OR_0, add_security_args
 
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from ps.settings import HelpFormatter, integer, number
+from ps.flagtypes import HelpFormatter, integer, number
 from worker.flags import check_new_file, check_not_an_input, check_output_file, delimiter
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ps.config import MAX_INTERVAL_S
-from ps.settings import integer, number
+from ps.flagtypes import integer, number
 from worker.models.spec import MODEL_NAMES
 from worker.readers.share import BAD_SHARE_AFTER
 from worker.recipe import LARGE, MAX_BAD_SHARE, SMALL

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from ps.settings import HelpFormatter
+from ps.flagtypes import HelpFormatter
 from worker.cli_flags import add_served_model_args
 from worker.cli_train_config import common_config, names
 from worker.predict import STDOUT, PredictConfig, predict_servers

@@ -13,7 +13,7 @@ from ps.config import (
     MAX_MEMORY_TEXT,
     OPTIMIZER_PARAMS,
 )
-from ps.settings import HelpFormatter, byte_size, integer, number
+from ps.flagtypes import HelpFormatter, byte_size, integer, number
 from worker.cli_flags import (
     SECONDS,
     SECONDS_OR_0,
@@ -30,7 +30,7 @@ RATE = number(0, MAX_HYPERPARAMETER, above=True)
 
 
 def _size(text: str) -> int:
-    """Bytes of a size flag, 0 to MAX_MEMORY_BYTES, spelled as the server's sizes are (ps.settings.byte_size)."""
+    """Bytes of a size flag, 0 to MAX_MEMORY_BYTES, spelled as the server's sizes are (ps.flagtypes.byte_size)."""
     try:
         value = byte_size(text)
     except ValueError:

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from ps.settings import address_hint, is_address
+from ps.flagtypes import address_hint, is_address
 
 
 def server_list(text: str | None, flag: str = "--servers") -> tuple[str, ...]:
