@@ -133,6 +133,8 @@ class _Run:
         self.client, self.position, self.labels = client, position, labels
         self.tables = job.tables
         self.held, self.alone_so_far = 0, False
+        self.shard_stats: list = []  # these four: ready_tables' (the row source and the job's stamp)
+        self.source, self.trains, self.stamp = None, False, None
 
     def ready_tables(self) -> None:
         """The servers waited for, the position's state ids checked, and the tables' configs as the shards hold
