@@ -167,6 +167,11 @@ class HealthServicer(health.HealthServicer):
             watchers = list(self._send_response_callbacks.get(service, ()))
         self._send(watchers, status)
 
+    @property
+    def shutting_down(self) -> bool:
+        """enter_graceful_shutdown was called: NOT_SERVING for good."""
+        return self._gracefully_shutting_down
+
     def enter_graceful_shutdown(self) -> None:
         """Sets every service NOT_SERVING for good (later set calls are ignored) and tells their watchers."""
         with self._lock:

@@ -116,7 +116,7 @@ class Server:
         if self.progress.starting:
             return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
         since = self._warming_since
-        if since is None or self._gone or self.health._gracefully_shutting_down:  # stopping: not starting
+        if since is None or self._gone or self.health.shutting_down:  # stopping: not starting
             return None
         return (f"shard {self.config.shard_id} {SHARD_STARTING}: loading its compiled kernels (warm-up, "
                 f"{time.monotonic() - since:.0f} s so far; calls are served meanwhile)")  # fmt: skip

@@ -227,3 +227,20 @@ def test_health_after_the_warm_up_whatever_it_did(tmp_path, monkeypatch, ends):
         assert server._starting() is None
     finally:
         server.stop()
+
+
+def test_a_shard_stopping_during_its_warm_up_says_nothing_of_starting(tmp_path, monkeypatch):
+    """Once its health shuts down (the stop), a shard still warming up is stopping, not starting: ps-server health
+    reads a plain NOT_SERVING (exit 1), not 'starting' (exit 3)."""
+    from ps.server import Server
+    from ps.server_config import ServerConfig
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=256 << 20))
+    try:
+        server.start(warming=True)
+        assert "loading its compiled kernels" in server._starting()
+        server.health.enter_graceful_shutdown()
+        assert server._starting() is None
+    finally:
+        server.stop()
