@@ -9,8 +9,10 @@ Prometheus scrapes that with `scheme: https`, `tls_config: {ca_file, cert_file, 
 `authorization: {credentials_file}` (docs/security.md).
 
 The port serves from before the shard opens its data dir (ps.server), while it starts:
-    sparseps_starting                               1 while the shard starts (calls UNAVAILABLE), 0 once it serves calls
-    sparseps_start_phase{phase}                     1 for the phase the start is in (ps.engine.startup.PHASES)
+    sparseps_starting                               1 while the shard starts (calls UNAVAILABLE) and warms up (phase
+                                                    "warming": calls served), health NOT_SERVING; 0 once that is done
+    sparseps_start_phase{phase}                     1 for the phase the start is in (ps.engine.startup.PHASES:
+                                                    "warming", the warm-up under --memory-bytes, ps.engine.warmup)
     sparseps_start_progress                         the fraction of that phase done (replaying: of the journal's
                                                     bytes); absent for a phase that has no measure
     sparseps_start_seconds                          seconds the start has taken so far, or took
@@ -315,8 +317,8 @@ class _StartCollector:
     def collect(self):
         phase, fraction, took_s = self.progress.snapshot()
         starting = GaugeMetricFamily("sparseps_starting", "1 while the shard starts (health NOT_SERVING, every call "
-                                     "UNAVAILABLE), 0 once it serves calls (under --memory-bytes health says "
-                                     "NOT_SERVING until its warm-up ends)")  # fmt: skip
+                                     "UNAVAILABLE) and, under --memory-bytes, while it warms up (phase warming: health "
+                                     "NOT_SERVING, the calls served); 0 once that is done")  # fmt: skip
         starting.add_metric([], float(phase != "serving"))
         phases = GaugeMetricFamily("sparseps_start_phase", "1 for the phase the shard's start is in",
                                    labels=["phase"])  # fmt: skip

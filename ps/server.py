@@ -85,7 +85,7 @@ class Server:
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
         self.health = HealthServicer(starting=self._starting, lost=self._lost)
-        self._warming_since: float | None = None  # time.monotonic() of start(warming=True), until warmed()
+        self._warming_since = 0.0  # time.monotonic() of start(): its warm-up, the phase "warming" (if any), began
         self._health_lock = threading.Lock()  # SERVING from warmed() never undoes _not_serving()'s NOT_SERVING
         self._gone = False  # _not_serving() was called: NOT_SERVING for good
         for name in ("", SERVICE_NAME):
@@ -116,7 +116,7 @@ class Server:
         if self.progress.starting:
             return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
         since = self._warming_since
-        if since is None or self._gone or self.health.shutting_down:  # stopping: not starting
+        if self.progress.phase != "warming" or self._gone or self.health.shutting_down:  # stopping: not starting
             return None
         return (f"shard {self.config.shard_id} {SHARD_STARTING}: loading its compiled kernels (warm-up, "
                 f"{time.monotonic() - since:.0f} s so far; calls are served meanwhile)")  # fmt: skip
@@ -195,9 +195,9 @@ class Server:
         self._servicer = servicer
         if self.metrics is not None:
             self.metrics.attach(self.shard, servicer.replies)
-        self._warming_since = time.monotonic() if warming else None
+        self._warming_since = time.monotonic()
         self._gate.open(servicer)
-        self.progress.finish()
+        self.progress.finish(warming)
         if not warming:
             self._serving()
         self.shard.guard.listeners.append(self._not_serving)  # its data dir deleted under it, or broken
@@ -209,7 +209,7 @@ class Server:
         """The warm-up that start(warming=True) waits for ended, however it went: health SERVING, unless the shard
         is NOT_SERVING for good meanwhile (_not_serving) or stopping (health ignores it then)."""
         self._serving()
-        self._warming_since = None  # after: a Check that read NOT_SERVING before still finds why
+        self.progress.warmed()  # after: a Check that read NOT_SERVING before still finds why
 
     def _serving(self) -> None:
         with self._health_lock:

@@ -244,3 +244,39 @@ def test_a_shard_stopping_during_its_warm_up_says_nothing_of_starting(tmp_path, 
         assert server._starting() is None
     finally:
         server.stop()
+
+
+def test_metrics_say_the_shard_starts_while_it_warms_up_and_serves_its_calls(tmp_path):
+    """Started warming, a shard's metrics say it starts (sparseps_starting 1, phase "warming", its seconds counting)
+    while a call is served, as the gauge's text says; a stop asked for meanwhile ends no start (the calls are
+    served). Once warmed(): 0, phase "serving", the seconds the start took, its warm-up included."""
+    import time
+
+    import grpc
+
+    from protos import ps_pb2, ps_pb2_grpc
+    from ps.engine.startup import PHASES
+    from ps.server import Server
+    from ps.server_config import ServerConfig
+    from tests.test_metrics import scrape
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, metrics_port=0, memory_bytes=256 << 20))
+    try:
+        server.start(warming=True)
+        m = scrape(server.metrics_port)
+        assert m[("sparseps_starting", ())] == 1 and m[("sparseps_start_phase", (("phase", "warming"),))] == 1
+        assert sum(m[("sparseps_start_phase", (("phase", p),))] for p in PHASES) == 1
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            ps_pb2_grpc.ParameterServerStub(channel).Stats(ps_pb2.StatsRequest(), timeout=30)
+        server.progress.stop.set()
+        server.progress.check()  # served calls: no start left to stop
+        time.sleep(0.05)  # the start's seconds go on through the warm-up
+        assert scrape(server.metrics_port)[("sparseps_start_seconds", ())] > m[("sparseps_start_seconds", ())]
+        server.warmed()
+        done = scrape(server.metrics_port)
+        assert done[("sparseps_starting", ())] == 0 and done[("sparseps_start_phase", (("phase", "serving"),))] == 1
+        took = done[("sparseps_start_seconds", ())]
+        time.sleep(0.05)
+        assert scrape(server.metrics_port)[("sparseps_start_seconds", ())] == took
+    finally:
+        server.stop()

@@ -1,8 +1,10 @@
 """StartProgress: what a shard's start is doing (its phase, how far along), for whoever asks meanwhile, and the
 stop that ends a start at its next safe point.
 
-A start moves through PHASES in order (some are skipped): ps.server runs the first and the last, the Shard's
-constructor (ps.engine.shard, through ps.engine.opening) the others, calling enter() as each begins. Other threads
+A start moves through PHASES in order (some are skipped): ps.server runs "verifying" and those from "ready" on, the
+Shard's constructor (ps.engine.shard, through ps.engine.opening) the others, calling enter() as each begins. The
+calls are served from finish() on: in SERVED_PHASES, "warming" (the warm-up under --memory-bytes, ps.engine.warmup:
+health NOT_SERVING still) until warmed(), then "serving". Other threads
 read describe() (the health service's reason and the UNAVAILABLE of every call, ps.server and ps.service) and
 snapshot() (the metrics port, ps.metrics) at any time; the writer replaces one tuple, so a reader never sees half a
 change.
@@ -34,8 +36,10 @@ PHASES = {  # phase -> what the shard is doing, as describe() says it
     "replaying": "replaying its journal",
     "flushing": "writing the replayed rows to RocksDB",
     "ready": "about to serve",
+    "warming": "loading its compiled kernels (warm-up; calls are served meanwhile)",
     "serving": "serving",
 }
+SERVED_PHASES = ("warming", "serving")  # the shard serves its calls: no stop ends the start any more
 
 
 class StartStopped(BaseException):
@@ -49,7 +53,7 @@ class StartProgress:
         self.stop = stop if stop is not None else StopFlag()
         self.started = time.monotonic()
         self._state: tuple[str, Callable[[], float | None] | None, bool] = ("checking", None, False)
-        self._took_s: float | None = None  # once serving: how long the start took
+        self._took_s: float | None = None  # once serving: how long the start took, its warm-up included
 
     def enter(self, phase: str, fraction: Callable[[], float | None] | None = None, check: bool = True) -> None:
         """Begins a phase of PHASES, after check(): callers enter a phase where stopping is safe. fraction: how
@@ -74,12 +78,19 @@ class StartProgress:
             self._state = (phase, None, False)
 
     def check(self) -> None:
-        """Raises StartStopped if a stop was asked for (and the shard does not serve yet)."""
-        if self.stop.is_set() and self._took_s is None:
+        """Raises StartStopped if a stop was asked for (and the shard does not serve its calls yet)."""
+        if self.stop.is_set() and self.starting:
             raise StartStopped(self.describe())
 
-    def finish(self) -> None:
-        """The start is done: the shard serves."""
+    def finish(self, warming: bool = False) -> None:
+        """The shard serves its calls: the start is done, or with warming, its warm-up runs until warmed()."""
+        if warming:
+            self._state = ("warming", None, False)
+        else:
+            self.warmed()
+
+    def warmed(self) -> None:
+        """The start is done, its warm-up (if any) ended: "serving"."""
         self._took_s = time.monotonic() - self.started
         self._state = ("serving", None, False)
 
@@ -89,11 +100,13 @@ class StartProgress:
 
     @property
     def interruptible(self) -> bool:
-        return self._state[2] and self._took_s is None
+        phase, _, interruptible = self._state
+        return interruptible and phase not in SERVED_PHASES
 
     @property
     def starting(self) -> bool:
-        return self._took_s is None
+        """The shard does not serve its calls yet (every call UNAVAILABLE): a stop ends the start."""
+        return self.phase not in SERVED_PHASES
 
     def snapshot(self) -> tuple[str, float | None, float]:
         """(phase, fraction of it done or None, seconds the start has taken so far, or took)."""
