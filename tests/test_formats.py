@@ -956,24 +956,24 @@ def test_a_label_only_csv_whose_header_name_holds_a_bar_is_read(tmp_path):
 
 
 def test_a_header_read_as_one_column_that_a_tab_would_split_gets_a_hint():
-    from worker.readers.csv_header import _csv_columns
+    from worker.readers.csv_header import csv_columns
     from worker.schema_builtin import builtin_schema
 
     schema = builtin_schema("csv", default_table="t", default_dim=4, header=["clicked", "city"])
     with pytest.raises(ValueError, match=r"its columns are \['city\\tclicked'\] \(the header looks tab-separated: "):
-        _csv_columns("t.tsv", ["city\tclicked"], schema)
+        csv_columns("t.tsv", ["city\tclicked"], schema)
     with pytest.raises(ValueError, match=r"its columns are \['town', 'clicked'\]$"):  # two columns: no hint
-        _csv_columns("t.csv", ["town", "clicked"], schema)
+        csv_columns("t.csv", ["town", "clicked"], schema)
 
 
 def test_a_header_hint_names_each_delimiter_as_the_other_messages_do():
-    from worker.readers.csv_header import DELIMITERS, _csv_columns, delimiter_name
+    from worker.readers.csv_header import DELIMITERS, csv_columns, delimiter_name
     from worker.schema_builtin import builtin_schema
 
     for delimiter in DELIMITERS:
         schema = builtin_schema("csv", default_table="t", default_dim=4, header=["clicked", "city"], delimiter="^")
         with pytest.raises(ValueError) as e:
-            _csv_columns("t.txt", [f"city{delimiter}clicked"], schema)
+            csv_columns("t.txt", [f"city{delimiter}clicked"], schema)
         assert f"(the header looks {delimiter_name(delimiter)}-separated: --format auto" in str(e.value)
     assert [delimiter_name(d) for d in DELIMITERS] == ["comma", "tab", "';'", "'|'"]
 

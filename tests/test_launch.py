@@ -42,7 +42,7 @@ from worker.launch_report import (
 )
 from worker.launch_workers import WorkerGroup, local_ranks, worker_commands, worker_environment
 from worker.loop import LoopResult
-from worker.loop_progress import _ProgressLines
+from worker.loop_progress import ProgressLines
 from worker.progress_lines import parse_progress
 from worker.results import NOT_EVALUATED, local_shards_gone
 from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs
@@ -596,29 +596,29 @@ def test_merge_progress_against_sums_and_means():
 
 def test_progress_lines_never_count_past_their_total_and_end_at_the_examples_trained(capsys):
     """A worker's total is an estimate (its share of the lines, less the validation split's expected share)."""
-    lines = _ProgressLines(worker=0, total=90, every_s=0.0)
+    lines = ProgressLines(worker=0, total=90, every_s=0.0)
     result = LoopResult()
     for examples, final in ((50, False), (92, False), (92, True)):
         result.examples = examples
         lines.update(result, 0.5, seconds=1.0, extra={}, final=final)
     reports = [parse_progress(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["examples"], r["total"]) for r in reports] == [(50, 90), (92, 92), (92, 92)]
-    early = _ProgressLines(worker=0, total=900, every_s=60.0)
+    early = ProgressLines(worker=0, total=900, every_s=60.0)
     result.examples = 300
     early.update(result, 0.5, seconds=1.0, extra={}, final=True)  # stopped early: done at what it trained
     assert parse_progress(capsys.readouterr().out)["total"] == 300
-    bounded = _ProgressLines(worker=0, total=900, every_s=0.0, at_most=True)  # --early-stop over several epochs
+    bounded = ProgressLines(worker=0, total=900, every_s=0.0, at_most=True)  # --early-stop over several epochs
     bounded.update(result, 0.5, seconds=1.0, extra={})
     bounded.update(result, 0.5, seconds=1.0, extra={}, final=True)
     assert [parse_progress(line).get("at_most") for line in capsys.readouterr().out.splitlines()] == [True, None]
-    plain = _ProgressLines(worker=0, total=900, plain=True, every_s=0.0, at_most=True)
+    plain = ProgressLines(worker=0, total=900, plain=True, every_s=0.0, at_most=True)
     plain.update(result, 0.5, seconds=1.0, extra={})
     assert "progress: 300 of at most 900 examples (33%)" in capsys.readouterr().err
 
 
 def test_an_estimated_total_is_marked_about_and_never_reads_100_percent_before_the_end(capsys):
     """A large file's total is an estimate from its bytes (worker/linecount.py): the count may pass it."""
-    lines = _ProgressLines(worker=0, total=1000, every_s=0.0, estimated=True)
+    lines = ProgressLines(worker=0, total=1000, every_s=0.0, estimated=True)
     result = LoopResult()
     for examples, final in ((400, False), (1000, False), (1500, False), (1500, True)):
         result.examples = examples
@@ -627,7 +627,7 @@ def test_an_estimated_total_is_marked_about_and_never_reads_100_percent_before_t
     assert [r.get("estimated") for r in reports] == [True, True, True, None]
     assert reports[0]["total"] == 1000 and reports[-1]["total"] == 1500  # the end: the examples trained
     assert all(round(100 * r["examples"] / r["total"]) <= 99 for r in reports[:-1]), reports
-    plain = _ProgressLines(worker=0, total=1000, plain=True, every_s=0.0, estimated=True)
+    plain = ProgressLines(worker=0, total=1000, plain=True, every_s=0.0, estimated=True)
     result.examples = 1000
     plain.update(result, 0.5, seconds=1.0, extra={})
     assert "progress: 1,000 of about 1,012 examples (99%)" in capsys.readouterr().err

@@ -1147,7 +1147,7 @@ def test_a_stopped_geo_workers_last_progress_line_counts_the_examples_it_pushed(
     train_path, _ = files
     addresses, _ = servers(1)
     interrupt_at_batch(monkeypatch, 9)
-    monkeypatch.setattr(loop_progress._ProgressLines, "JSON_EVERY_S", 0.0)  # a line after every step
+    monkeypatch.setattr(loop_progress.ProgressLines, "JSON_EVERY_S", 0.0)  # a line after every step
     with pytest.raises(KeyboardInterrupt):
         train(small_run(addresses, train_path, mode="geo", geo_every=3, epochs=2, prefetch=1, progress_lines=True))
     lines = [json.loads(line.removeprefix("PROGRESS ")) for line in capsys.readouterr().out.strip().splitlines()

@@ -267,7 +267,7 @@ def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, caps
     end) instead of a bar's carriage-return redraws."""
     from worker import loop_progress
 
-    monkeypatch.setattr(loop_progress._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    monkeypatch.setattr(loop_progress.ProgressLines, "PLAIN_EVERY_S", 0.0)
     path = tmp_path / "train.tsv"
     write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
     cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=1)
@@ -291,7 +291,7 @@ def _fake_clock(monkeypatch, *modules) -> list[float]:
     clock = types.SimpleNamespace(perf_counter=lambda: now[0])
     for module in modules:
         monkeypatch.setattr(module, "time", clock)
-    monkeypatch.setattr(loop_progress._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    monkeypatch.setattr(loop_progress.ProgressLines, "PLAIN_EVERY_S", 0.0)
     return now
 
 

@@ -50,7 +50,7 @@ import re
 
 from worker.cells import FLOAT32_MAX, is_missing_text
 from worker.schema_columns import Column
-from worker.schema_toml import _entry
+from worker.schema_toml import column_entry
 from worker.timestamps import time_format, untold_time
 
 BAG_SEPARATORS = "|;,"  # of a list in a cell: multi_hot (weighted) where its tokens repeat
@@ -94,7 +94,7 @@ def column_entries(
     if times is not None:
         return ["", *_time_entries(name, source, times, cells, taken)], []
     column, comment = infer_column(name, source, cells, sampled=sampled)
-    lines = ["", f"# {source!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
+    lines = ["", f"# {source!r}: {comment}", "[[columns]]", *column_entry(column, with_table=False)]
     checks: list[str] = []
     written = written_numbers(cells)
     if written:
@@ -108,13 +108,13 @@ def column_entries(
         values = _floats([c for c in cells if not is_missing_text(c)])
         twin = _bucket_twin(column, values, taken)
         lines += [f"# {source!r} bucketized at the sample's quantiles: a sparse field (lr and fm use no numeric "
-                  "feature)", "[[columns]]", *_entry(twin, with_table=False)]  # fmt: skip
+                  "feature)", "[[columns]]", *column_entry(twin, with_table=False)]  # fmt: skip
         code = _code_twin(column, values, taken | {twin.name})
         if code is not None:
             seen = len(values) / len(set(values))
             lines += [f"# {source!r}: {len(set(values))} distinct integers, each seen {seen:.0f} times on average: "
                       "codes or small counts; each value its own id too (delete this entry if they are plain "
-                      "quantities)", "[[columns]]", *_entry(code, with_table=False)]  # fmt: skip
+                      "quantities)", "[[columns]]", *column_entry(code, with_table=False)]  # fmt: skip
     return lines, checks
 
 
@@ -135,7 +135,10 @@ def _time_entries(name: str, source: str, fmt: str, cells: list[str], taken: set
         while field in taken:
             field, k = f"{name}_{suffix}{k}", k + 1
         taken = taken | {field}
-        out += ["[[columns]]", *_entry(Column(field, source, "numeric", transform=f"{fmt}_{part}"), with_table=False)]
+        out += [
+            "[[columns]]",
+            *column_entry(Column(field, source, "numeric", transform=f"{fmt}_{part}"), with_table=False),
+        ]
     return out
 
 

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from worker.batch import Bags, Batch
-from worker.encode_cells import _cells, _Problems
-from worker.encode_ids import _bags, _cat_values_by_source, _ids, _one_id_bags
-from worker.encode_numbers import _Numbers, _text_time
+from worker.encode_cells import ExampleProblems, source_cells
+from worker.encode_ids import cat_values_by_source, cell_bags, one_id_bags, token_ids
+from worker.encode_numbers import NumericSources, reads_text_time
 from worker.features import BIAS_ID, space_ids
 from worker.models.spec import BIAS_FIELD
 from worker.schema import Schema
@@ -83,7 +83,7 @@ def parsed_sources(schema: Schema) -> tuple[set[str], set[str], set[str]]:
     other numeric columns, less the int ones and those of text times: iso_*), which a Parsed may hold."""
     ints = {c.source for c in schema.columns if c.transform == "log_buckets"}
     cats = {c.source for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"}
-    floats = {c.source for c in schema.columns if c.kind == "numeric" and not _text_time(c)} - ints
+    floats = {c.source for c in schema.columns if c.kind == "numeric" and not reads_text_time(c)} - ints
     return ints, cats, floats
 
 
@@ -102,18 +102,18 @@ def encode_examples(
     labels = np.asarray(labels, dtype=np.float32)
     n = len(labels)
     parsed = parsed if parsed is not None else Parsed()
-    problems = _Problems(n)
+    problems = ExampleProblems(n)
     floats = {s: (values, missing) for s, (values, missing) in parsed.floats.items()}
     _checked({s: v for s, (v, _) in floats.items()}, np.float64, n)
     _checked({s: m for s, (_, m) in floats.items()}, np.bool_, n)
-    numbers = _Numbers(schema, cells, n, problems, _checked(parsed.ints, np.int64, n), floats)
+    numbers = NumericSources(schema, cells, n, problems, _checked(parsed.ints, np.int64, n), floats)
     spaces = schema.id_spaces()
     fields: dict[str, Bags] = {}
     dense_columns = schema.dense_columns()
     dense = np.empty((n, len(dense_columns)), dtype=np.float32) if dense_columns else None
     truncated = np.zeros(n, dtype=np.int64)
     one_id = set(_checked(parsed.weights, np.float32, n))  # weighted columns of one id an example
-    hashed = _cat_values_by_source(
+    hashed = cat_values_by_source(
         [c for c in schema.columns if c.ids == "hashed" and (c.kind == "categorical" or c.source in one_id)],
         cells,
         n,
@@ -129,11 +129,11 @@ def encode_examples(
         elif c.source in hashed and c.kind == "categorical":
             hashed_values[c.name] = (space, hashed[c.source])
         elif c.kind == "categorical":
-            fields[c.name] = Bags.one_per_example(_ids(c, space, _cells(cells, c, n), problems, None))
+            fields[c.name] = Bags.one_per_example(token_ids(c, space, source_cells(cells, c, n), problems, None))
         elif c.kind == "weighted" and c.source in one_id:
-            fields[c.name] = _one_id_bags(c, space, hashed, cells, parsed.weights[c.source], problems)
+            fields[c.name] = one_id_bags(c, space, hashed, cells, parsed.weights[c.source], problems)
         else:
-            fields[c.name] = _bags(c, space, _cells(cells, c, n), problems, truncated)
+            fields[c.name] = cell_bags(c, space, source_cells(cells, c, n), problems, truncated)
     if hashed_values:
         ids = space_ids(
             [space for space, _ in hashed_values.values()], np.stack([v for _, v in hashed_values.values()])

@@ -9,12 +9,12 @@ import numpy as np
 
 from worker.batch import Bags
 from worker.cells import empty_cell, float_values, raw_ids
-from worker.encode_cells import _cells, _Problems, _shown
+from worker.encode_cells import ExampleProblems, shown_cell, source_cells
 from worker.features import cat_values, space_ids
 from worker.schema_columns import Column
 
 
-def _cat_values_by_source(
+def cat_values_by_source(
     columns: list[Column], cells: Mapping[str, np.ndarray], n: int, parsed: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     """{source: features.cat_values of its cells} for the sources of the columns, taken from parsed where it
@@ -25,7 +25,7 @@ def _cat_values_by_source(
     for c in columns:
         if c.source in parsed:
             continue
-        arr = _cells(cells, c, n)
+        arr = source_cells(cells, c, n)
         by_kind.setdefault(arr.dtype.kind, {})[c.source] = arr
     for group in by_kind.values():
         values = cat_values(np.stack(list(group.values()), axis=1))
@@ -33,7 +33,9 @@ def _cat_values_by_source(
     return out
 
 
-def _ids(c: Column, space: int, tokens: np.ndarray, problems: _Problems, example: np.ndarray | None) -> np.ndarray:
+def token_ids(
+    c: Column, space: int, tokens: np.ndarray, problems: ExampleProblems, example: np.ndarray | None
+) -> np.ndarray:
     """uint64 ids of tokens (cells, or bag tokens of the given examples): hashed in `space`, or raw decimals."""
     if c.ids == "hashed":
         return space_ids(space, cat_values(tokens))
@@ -45,14 +47,14 @@ def _ids(c: Column, space: int, tokens: np.ndarray, problems: _Problems, example
         problems.add(
             examples,
             [
-                f"column {c.source!r} {what} {_shown(tokens[i])}, expected a decimal id below 2**64 - 1"
+                f"column {c.source!r} {what} {shown_cell(tokens[i])}, expected a decimal id below 2**64 - 1"
                 for i in at.tolist()
             ],
         )
     return ids
 
 
-def _bags(c: Column, space: int, cells: np.ndarray, problems: _Problems, truncated: np.ndarray) -> Bags:
+def cell_bags(c: Column, space: int, cells: np.ndarray, problems: ExampleProblems, truncated: np.ndarray) -> Bags:
     """A bag per cell (see the module docstring); truncated[i] += 1 for each example whose bag was cut."""
     n = len(cells)
     if n == 0:
@@ -80,11 +82,11 @@ def _bags(c: Column, space: int, cells: np.ndarray, problems: _Problems, truncat
     weights = None
     if c.kind == "weighted":
         tokens, weights = _weighted(c, tokens, example, problems)
-    return Bags(_ids(c, space, tokens, problems, example), offsets, weights)
+    return Bags(token_ids(c, space, tokens, problems, example), offsets, weights)
 
 
-def _one_id_bags(c: Column, space: int, hashed: dict[str, np.ndarray], cells: Mapping[str, np.ndarray],
-                 weights: np.ndarray, problems: _Problems) -> Bags:  # fmt: skip
+def one_id_bags(c: Column, space: int, hashed: dict[str, np.ndarray], cells: Mapping[str, np.ndarray],
+                 weights: np.ndarray, problems: ExampleProblems) -> Bags:  # fmt: skip
     """The bags of a weighted column whose source Parsed.weights holds: example i's one id (its hashed value, or
     its raw cell) with weights[i], or an empty bag where that is 0."""
     present = np.flatnonzero(weights != 0)
@@ -93,11 +95,13 @@ def _one_id_bags(c: Column, space: int, hashed: dict[str, np.ndarray], cells: Ma
     if c.ids == "hashed":
         ids = space_ids(space, hashed[c.source][present])
     else:
-        ids = _ids(c, space, _cells(cells, c, len(weights))[present], problems, present)
+        ids = token_ids(c, space, source_cells(cells, c, len(weights))[present], problems, present)
     return Bags(ids, offsets, weights[present])
 
 
-def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Problems) -> tuple[np.ndarray, np.ndarray]:
+def _weighted(
+    c: Column, tokens: np.ndarray, example: np.ndarray, problems: ExampleProblems
+) -> tuple[np.ndarray, np.ndarray]:
     """(id tokens, float32 weights) of id:weight tokens; bad tokens reported (their ids and weights unused)."""
     if len(tokens) == 0:  # every bag empty (np.strings.rpartition fails on an empty array)
         return tokens, np.zeros(0, dtype=np.float32)
@@ -109,6 +113,6 @@ def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Pro
         at = np.flatnonzero(~ok)
         message = "expected id:weight with a finite weight"
         problems.add(
-            example[at], [f"column {c.source!r} has the token {_shown(tokens[i])}, {message}" for i in at.tolist()]
+            example[at], [f"column {c.source!r} has the token {shown_cell(tokens[i])}, {message}" for i in at.tolist()]
         )
     return ids, np.where(ok, values, 0.0).astype(np.float32)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from worker.cells import FLOAT32_MAX, float_values, int_values
-from worker.encode_cells import _cells, _Problems, _shown
+from worker.encode_cells import ExampleProblems, shown_cell, source_cells
 from worker.features import MISSING_CAT, MISSING_INT, int_bucket
 from worker.schema import Schema
 from worker.schema_columns import TIME_TRANSFORMS, Column
@@ -24,19 +24,19 @@ _TIME_EXPECTED = {"yymmddhh": "a time YYMMDDHH (14102100: 2014-10-21, hour 00; a
                          "optional; a valid date, an hour 00-23)"}  # fmt: skip
 
 
-def _text_time(c: Column) -> bool:
+def reads_text_time(c: Column) -> bool:
     """Whether a column reads its cells as a time written as text (timestamps.TEXT_TIME_FORMATS), not a number."""
     return c.transform in TIME_TRANSFORMS and c.transform.rpartition("_")[0] in TEXT_TIME_FORMATS
 
 
-class _Numbers:
+class NumericSources:
     """The parsed numeric sources of one call, each parsed once: as integers where a log_buckets column reads
     the source (taken from `ints` where it holds them, else all of them in one int_values call per dtype kind; a
     float view of them then serves the other transforms), else as floats. A source's problems are reported
     when a column first reads it. The integer sources' buckets and float views are computed for all of them
     at once, when a column first needs one. Float sources in `floats` are taken from it (all ok)."""
 
-    def __init__(self, schema: Schema, cells: Mapping[str, np.ndarray], n: int, problems: _Problems,
+    def __init__(self, schema: Schema, cells: Mapping[str, np.ndarray], n: int, problems: ExampleProblems,
                  ints: dict[str, np.ndarray], floats: dict[str, tuple[np.ndarray, np.ndarray]]):  # fmt: skip
         self.cells, self.n, self.problems = cells, n, problems
         self.parsed_ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -45,7 +45,7 @@ class _Numbers:
             if c.transform == "log_buckets" and c.source in ints:
                 self.parsed_ints[c.source] = (ints[c.source], np.ones(n, dtype=bool))
             elif c.transform == "log_buckets":
-                arr = _cells(cells, c, n)
+                arr = source_cells(cells, c, n)
                 by_kind.setdefault(arr.dtype.kind, {})[c.source] = arr
         for group in by_kind.values():
             values, ok = int_values(np.stack(list(group.values()), axis=1))
@@ -62,7 +62,9 @@ class _Numbers:
             if not ok.all():
                 cells, at = self.cells[c.source], np.flatnonzero(~ok)
                 expected = f"expected empty, NA (missing) or a base-10 integer in {_INT_RANGE}"
-                self.problems.add(at, [f"integer column {c.source!r} is {_shown(cells[i])}, {expected}" for i in at])
+                self.problems.add(
+                    at, [f"integer column {c.source!r} is {shown_cell(cells[i])}, {expected}" for i in at]
+                )
             self.ints[c.source] = values
         return self.ints[c.source]
 
@@ -82,14 +84,14 @@ class _Numbers:
                     self.int_floats = {s: (floats[j], missing[j]) for j, s in enumerate(self.parsed_ints)}
                 self.floats[c.source] = self.int_floats[c.source]
             else:
-                cells = _cells(self.cells, c, self.n)
+                cells = source_cells(self.cells, c, self.n)
                 values, missing, ok = float_values(cells)
                 if not ok.all():
                     at = np.flatnonzero(~ok)
                     self.problems.add(
                         at,
                         [
-                            f"numeric column {c.source!r} is {_shown(cells[i])}, expected a finite float32 number "
+                            f"numeric column {c.source!r} is {shown_cell(cells[i])}, expected a finite float32 number "
                             "(|x| <= 3.4e38) or empty"
                             for i in at.tolist()
                         ],
@@ -113,9 +115,9 @@ class _Numbers:
 
     def _time_values(self, c: Column) -> np.ndarray:
         fmt, _, part = c.transform.rpartition("_")
-        if _text_time(c):
+        if reads_text_time(c):
             if c.source not in self.text_times:
-                self.text_times[c.source] = iso_parts(_cells(self.cells, c, self.n))
+                self.text_times[c.source] = iso_parts(source_cells(self.cells, c, self.n))
             hour, weekday, ok, missing = self.text_times[c.source]
         else:
             x, missing = self._float(c)
@@ -124,7 +126,7 @@ class _Numbers:
         if bad.any():
             at, cells = np.flatnonzero(bad), self.cells.get(c.source)
             expected = _TIME_EXPECTED[fmt]
-            self.problems.add(at, [f"time column {c.source!r} is {_shown(cells[i]) if cells is not None else x[i]}, "
+            self.problems.add(at, [f"time column {c.source!r} is {shown_cell(cells[i]) if cells is not None else x[i]}, "
                                    f"expected {expected} or empty" for i in at])  # fmt: skip
         out = (hour if part == "hour" else weekday).astype(np.uint64)
         out[missing | bad] = MISSING_CAT
@@ -146,7 +148,7 @@ class _Numbers:
         if too_big.any():
             at = np.flatnonzero(too_big)
             cells = self.cells.get(c.source)
-            self.problems.add(at, [f"numeric column {c.source!r} is {_shown(cells[i]) if cells is not None else x[i]}:"
+            self.problems.add(at, [f"numeric column {c.source!r} is {shown_cell(cells[i]) if cells is not None else x[i]}:"
                                    f" its {c.transform} feature {out[i]:.3g} is past float32's range" for i in at])  # fmt: skip
             out[too_big] = 0.0
         return out

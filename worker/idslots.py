@@ -34,7 +34,7 @@ SAMPLES = 1024  # frequencies sampled to choose an eviction threshold
 
 
 @numba.njit(inline="always")
-def _bucket_of(buckets, shift, k):
+def bucket_of(buckets: np.ndarray, shift: int, k: np.uint64) -> np.int64:
     """The bucket holding id k, or the empty bucket ending its probe run."""
     mask = buckets.shape[0] - 1
     h = np.int64(mix64_scalar(k) >> shift)
@@ -64,13 +64,13 @@ def _unlink(buckets, shift, i):
 @numba.njit(nogil=True, cache=True)
 def _find(buckets, shift, ids, out):
     for i in range(ids.shape[0]):
-        out[i] = np.int64(buckets[_bucket_of(buckets, shift, ids[i]), 1]) - 1
+        out[i] = np.int64(buckets[bucket_of(buckets, shift, ids[i]), 1]) - 1
 
 
 @numba.njit(nogil=True, cache=True)
 def _link(buckets, shift, ids, slots):
     for i in range(ids.shape[0]):
-        h = _bucket_of(buckets, shift, ids[i])
+        h = bucket_of(buckets, shift, ids[i])
         buckets[h, 0] = ids[i]
         buckets[h, 1] = np.uint64(slots[i] + 1)
 
@@ -86,7 +86,7 @@ def _add(buckets, shift, ids, keys, freq, live, free, meta, out):
             s = meta[HIGH]
             meta[HIGH] += 1
         keys[s], freq[s], live[s], out[i] = ids[i], 1, 1, s
-        h = _bucket_of(buckets, shift, ids[i])
+        h = bucket_of(buckets, shift, ids[i])
         buckets[h, 0] = ids[i]
         buckets[h, 1] = np.uint64(s + 1)
     meta[LIVE] += ids.shape[0]
@@ -94,7 +94,7 @@ def _add(buckets, shift, ids, keys, freq, live, free, meta, out):
 
 @numba.njit(inline="always")
 def _drop(buckets, shift, keys, live, free, meta, s):
-    _unlink(buckets, shift, _bucket_of(buckets, shift, keys[s]))
+    _unlink(buckets, shift, bucket_of(buckets, shift, keys[s]))
     live[s] = 0
     free[meta[FREE]] = s
     meta[FREE] += 1
@@ -105,7 +105,7 @@ def _drop(buckets, shift, keys, live, free, meta, s):
 def _remove(buckets, shift, ids, keys, live, free, meta):
     removed = 0
     for i in range(ids.shape[0]):
-        v = buckets[_bucket_of(buckets, shift, ids[i]), 1]
+        v = buckets[bucket_of(buckets, shift, ids[i]), 1]
         if v != 0:
             _drop(buckets, shift, keys, live, free, meta, np.int64(v) - 1)
             removed += 1

@@ -248,7 +248,7 @@ NO_DATA = {
     "libsvm": NoData.of(rb"[ \t\x0b\x0c]*(?:qid:[0-9]+[ \t\x0b\x0c]*)?(?:#[^\r\n]*)?\r*", b" \t\x0b\x0cq#\r"),
     "criteo": NoData.of(rb" *\r?", b" \r"),  # criteo.shape_problem's EMPTY_LINE: spaces (a line of tabs is a bad line)
 }
-# the ASCII bytes a blank csv cell may hold, what str.strip() strips but line ends (made LF): csv_records._blank_record
+# the ASCII bytes a blank csv cell may hold, what str.strip() strips but line ends (made LF): csv_records.blank_record
 _CSV_SPACE = b" \t\x0b\x0c\x1c\x1d\x1e\x1f"
 
 
@@ -265,7 +265,7 @@ def _blank_cell(delimiter: bytes) -> bytes:
 @functools.lru_cache(maxsize=8)
 def no_data(fmt: str, delimiter: str = ",") -> NoData:
     """A format's lines of no data: NO_DATA's; a csv file's, by its delimiter, a line of blank cells (,,, ; a blank
-    line; "",""), which its reader skips as empty (csv_records._blank_record: every cell blank). A cell's blank is
+    line; "",""), which its reader skips as empty (csv_records.blank_record: every cell blank). A cell's blank is
     ASCII whitespace (_CSV_SPACE): a line whose cells hold a non-ASCII space (U+00A0, U+3000, ...), which the reader
     strips too, is a line of data to the count."""
     if fmt != "csv":

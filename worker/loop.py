@@ -47,7 +47,7 @@ from worker.allreduce_stop import save_dense_on_stop
 from worker.batch import Batch, table_ids
 from worker.best import BestModel
 from worker.dense import DensePath
-from worker.loop_progress import _ProgressLines, bar_postfix
+from worker.loop_progress import ProgressLines, bar_postfix
 from worker.metrics import RunningMean, logloss
 from worker.models.spec import ModelSpec
 from worker.pipeline import prefetched
@@ -207,10 +207,10 @@ class _TrainingRun:
         self.desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until a step trains
         estimated = s.total_estimated and total > 0
         # the bar alone, on a terminal (no tqdm where it is not shown): the loop's lines, plain in a log or PROGRESS
-        # (--progress-lines), are _ProgressLines', whose rate leaves out evaluations and skipping
+        # (--progress-lines), are ProgressLines', whose rate leaves out evaluations and skipping
         self.bar = ExamplesProgress(total, s.progress and sys.stderr.isatty(), estimated, self.desc)
         at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
-        self.lines = (_ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
+        self.lines = (ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
                       if s.progress_lines or plain else None)  # fmt: skip
         source = given.source if given.source is not None else AsyncRows(given.tables, given.spec, s.prefetch)
         self.source = source

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from worker.loop import LoopResult
 
 
-class _ProgressLines:
+class ProgressLines:
     """PROGRESS lines on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch; grammar in
     worker/progress_lines.py); or, plain, 'progress: ...' lines for a person on stderr (a bar's redraws would fill
     a log file), which also give the rate since the line before (a run slowing down shows there first, not in the

@@ -92,11 +92,11 @@ from ps.stamp import job_named, names_job
 from worker.resume_settings import (
     RECORDED_LATER,
     RUN_SETTINGS,
-    _given_settings,
-    _setting,
     data_format,
+    given_settings,
     libsvm_reading,
     run_settings,
+    shown_setting,
 )
 from worker.train_config import RESUME_WORKER, TrainConfig
 
@@ -180,8 +180,8 @@ def read_position(cfg: TrainConfig) -> Position | None:
     ours, given = run_settings(cfg), {**RECORDED_LATER, **run}
     run = {**given, "format": data_format(run.get("format"), cfg),
            "libsvm_values": libsvm_reading(given["libsvm_values"], cfg)}  # fmt: skip
-    now = _given_settings(cfg)
-    differ = [f"{name}: {_setting(given.get(name), run.get(name))} in the file != {_setting(now[name], ours[name])} "
+    now = given_settings(cfg)
+    differ = [f"{name}: {shown_setting(given.get(name), run.get(name))} in the file != {shown_setting(now[name], ours[name])} "
               "now" for name in RUN_SETTINGS if run.get(name) != ours[name]]  # fmt: skip
     if position.job_id and cfg.job_id and position.job_id != cfg.job_id and not resumes_whole(cfg):
         differ.append(f"job_id: {position.job_id} in the file != {cfg.job_id} now")  # (not given: the file's is taken)

@@ -21,10 +21,10 @@ def run_settings(cfg: TrainConfig) -> dict:
     """The settings a position belongs to (RUN_SETTINGS), as JSON reads them back (tuples as lists); format as
     data_format reads it."""
     read_as = {"format": data_format(cfg.format, cfg), "libsvm_values": libsvm_reading(cfg.libsvm_values, cfg)}
-    return {**_given_settings(cfg), **read_as}
+    return {**given_settings(cfg), **read_as}
 
 
-def _given_settings(cfg: TrainConfig) -> dict:
+def given_settings(cfg: TrainConfig) -> dict:
     """cfg's RUN_SETTINGS as given, as JSON reads them back (tuples as lists)."""
     return json.loads(json.dumps({name: getattr(cfg, name) for name in RUN_SETTINGS}))
 
@@ -57,7 +57,7 @@ def data_format(fmt: object, cfg: TrainConfig) -> object:
     return fmt
 
 
-def _setting(value: object, read_as: object) -> str:
+def shown_setting(value: object, read_as: object) -> str:
     """A run setting as a mismatch names it, given as value and read as read_as: None (a flag not given, its
     default or the recipe's; a format no --format gives) as 'not given'; a value the data resolves (--format auto,
     --libsvm-values auto) with what it is read as."""

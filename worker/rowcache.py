@@ -16,10 +16,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from worker.idslots import SATURATED, SLOT_BYTES, IdSlots, _bucket_of, evict_lfu, grown
+from worker.idslots import SATURATED, SLOT_BYTES, IdSlots, bucket_of, evict_lfu, grown
 
 
-# numba caches this kernel by this file alone: an edit of idslots._bucket_of or SATURATED (compiled in as a
+# numba caches this kernel by this file alone: an edit of idslots.bucket_of or SATURATED (compiled in as a
 # constant) alone leaves its cached machine code as it was; clear the cache (__pycache__/*.nbi, *.nbc) after one
 @numba.njit(nogil=True, cache=True)
 def _lookup(buckets, shift, ids, freq, stamps, rows, min_stamp, out, hit):
@@ -28,7 +28,7 @@ def _lookup(buckets, shift, ids, freq, stamps, rows, min_stamp, out, hit):
     n = ids.shape[0]
     slots = np.empty(n, np.int64)
     for i in range(n):
-        slots[i] = np.int64(buckets[_bucket_of(buckets, shift, ids[i]), 1]) - 1
+        slots[i] = np.int64(buckets[bucket_of(buckets, shift, ids[i]), 1]) - 1
     hits = 0
     for i in range(n):
         s = slots[i]

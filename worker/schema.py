@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 
 from worker.models.spec import BIAS_FIELD, FieldSpec
 from worker.schema_columns import Column, libsvm_column
-from worker.schema_toml import _entry, _toml, toml_key
+from worker.schema_toml import column_entry, toml_key, toml_value
 
 
 @dataclass(frozen=True)
@@ -212,17 +212,17 @@ class Schema:
 
     def to_toml(self) -> str:
         """The schema as a TOML file that load_schema reads back to an equal Schema (every table spelled out)."""
-        lines = [f"format = {_toml(self.format)}"]
+        lines = [f"format = {toml_value(self.format)}"]
         if self.format == "csv":
-            lines.append(f"delimiter = {_toml(self.delimiter)}")
+            lines.append(f"delimiter = {toml_value(self.delimiter)}")
         if self.label is not None:
-            lines.append(f"label = {_toml(self.label)}")
-        lines.append(f"bias_table = {_toml(self.bias_table)}")
+            lines.append(f"label = {toml_value(self.label)}")
+        lines.append(f"bias_table = {toml_value(self.bias_table)}")
         for name, t in self.tables.items():
             lines += ["", f"[tables.{toml_key(name)}]", f"dim = {t.dim}"]
             for key, value in t.overrides.items():
                 value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-                lines.append(f"{key} = {_toml(value)}")
+                lines.append(f"{key} = {toml_value(value)}")
         for c in self.columns:
-            lines += ["", "[[columns]]", *_entry(c, with_table=True)]
+            lines += ["", "[[columns]]", *column_entry(c, with_table=True)]
         return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from worker.readers.csv_sample import Misfits
 from worker.schema_builtin import builtin_schema, separator_of_one_column
 from worker.schema_columns import AUTO_FORMAT, FORMAT_CHOICES, is_label_name, labels_by_name
 from worker.schema_hints import header_reads_like_an_example
-from worker.schema_toml import _entry, _toml
+from worker.schema_toml import column_entry, toml_value
 
 SAMPLE_ROWS = 10_000  # rows of a csv sample a schema is inferred from, where not told (`ps-worker schema --rows`)
 SAMPLED_FILES = 8  # files of many a csv sample is taken from, at most (spread evenly over their list)
@@ -129,7 +129,7 @@ def _builtin_schema_text(path: str, fmt: str, lines: list[str]) -> str:
     fields = f" ({k} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"
     lines = [*lines, f"# The built-in {fmt} schema{fields if k is not None else ''}.", f'format = "{fmt}"']
     for c in schema.columns:
-        lines += ["", "[[columns]]", *_entry(c, with_table=False)]
+        lines += ["", "[[columns]]", *column_entry(c, with_table=False)]
     return "\n".join(lines) + "\n"
 
 
@@ -145,14 +145,14 @@ def _csv_schema(path: str, delimiter: str, sample_rows: int, lines: list[str]) -
     label, guess = _pick_label(header, columns, len(rows))
     sample = f"{len(rows)} row{'s' * (len(rows) != 1)}"
     lines.append(f"# Inferred from the header and a sample of {sample} (worker/formats.py read_csv_sample).")
-    lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
+    lines += ['format = "csv"'] + ([f"delimiter = {toml_value(delimiter)}"] if delimiter != "," else [])
     checks = [*misfit_warnings, *([guess] if guess else [])]
     no_header = header_reads_like_an_example(path, header, delimiter=delimiter)
     if no_header:
         checks.insert(0, no_header)
     if guess:
         lines.append(f"# CHECK: {guess}.")
-    lines.append(f"label = {_toml(label)}")
+    lines.append(f"label = {toml_value(label)}")
     entries, column_checks = _column_lines(header, label, columns, whole)
     lines += entries
     checks += column_checks

@@ -10,7 +10,7 @@ import re
 from worker.schema_columns import Column
 
 
-def _toml(value: object) -> str:
+def toml_value(value: object) -> str:
     """A TOML value: strings, numbers, booleans, lists and inline tables."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -21,9 +21,9 @@ def _toml(value: object) -> str:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{toml_key(k)} = {_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
     raise ValueError(f"cannot write {value!r} as TOML")
 
 
@@ -33,7 +33,7 @@ def toml_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
 
 
-def _entry(c: Column, with_table: bool) -> list[str]:
+def column_entry(c: Column, with_table: bool) -> list[str]:
     """The TOML lines of one [[columns]] entry: name, kind, the table if with_table, other keys not at their
     defaults (source and id_space are the name's by default)."""
     defaults = dataclasses.replace(Column(c.name, c.source, c.kind), source=c.name, id_space=c.name)
@@ -43,5 +43,5 @@ def _entry(c: Column, with_table: bool) -> list[str]:
         if value is None or (f.name == "table" and not with_table):
             continue
         if f.name in ("name", "kind", "table") or value != getattr(defaults, f.name):
-            out.append(f"{f.name} = {_toml(value)}")
+            out.append(f"{f.name} = {toml_value(value)}")
     return out

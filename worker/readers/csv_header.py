@@ -33,7 +33,7 @@ def header_names(name: str, cells: list[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _Label:
+class LabelColumn:
     """The label column of a header as a file is read: at, its index (None: no label read), name, and origin,
     where the schema took it (Schema.label_from); problem() says what is wrong with a bad label."""
 
@@ -99,10 +99,10 @@ def _delimiter_hint(header: list[str], delimiter: str) -> str:
     return ""
 
 
-def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True, blank_ok: bool = False
-                 ) -> tuple[_Label, dict[str, int]]:  # fmt: skip
+def csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True, blank_ok: bool = False
+                ) -> tuple[LabelColumn, dict[str, int]]:  # fmt: skip
     """(the label column, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
-    labeled=False: no label is read (index None); blank_ok: a blank label cell is no label (_Label)."""
+    labeled=False: no label is read (index None); blank_ok: a blank label cell is no label (LabelColumn)."""
     if not header:
         raise ValueError(f"{name}: the header line names no columns")
     label = schema.label if schema.label is not None else (header[0] if header else None)
@@ -115,7 +115,7 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
         raise ValueError(f"{name}: column {label!r} is the label (the first column) and a column of the schema")
     origin = schema.label_from if schema.label is not None else "first column"
     label_at = at.pop(0) if labeled else None
-    return _Label(label_at, label, origin, header, blank_ok), dict(zip(sources, at))
+    return LabelColumn(label_at, label, origin, header, blank_ok), dict(zip(sources, at))
 
 
 def header_positions(name: str, header: list[str], columns: list[str], delimiter: str) -> list[int]:

@@ -33,8 +33,8 @@ import numpy as np
 from worker.criteo import BLANK_CELLS, EMPTY_LINE
 from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, parsed_sources
-from worker.readers.csv_header import _csv_columns, _Label, header_names
-from worker.readers.csv_records import BoundedReader, _blank_record, _header_record, read_csv_header
+from worker.readers.csv_header import LabelColumn, csv_columns, header_names
+from worker.readers.csv_records import BoundedReader, blank_record, header_record, read_csv_header
 from worker.readers.share import Cells, ReadStats, Share, open_data
 from worker.schema import Schema
 
@@ -58,12 +58,12 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
     with open_data(name) as raw:
         lines = CsvLines(raw)
         reader = BoundedReader(lines.texts(), schema.delimiter)
-        header = _header_record(reader, name)
+        header = header_record(reader, name)
         if header is None:
             return
         header = header_names(name, header)
         share.bad.stats.headers += 1
-        label, sources = _csv_columns(name, header, schema, labeled, blank_labels)
+        label, sources = csv_columns(name, header, schema, labeled, blank_labels)
         parsed = parsed_sources(schema)
         scan = CSV_SCAN and ord(schema.delimiter) < 128
         n, index = share.num_workers, 0  # index: the records read so far
@@ -120,13 +120,13 @@ def _utf8(plain: Plain) -> bool:
 class _CsvRecords:
     """A chunk's records as the csv module reads them: the good ones' labels, rows and first lines; problems."""
 
-    def __init__(self, stats: ReadStats, width: int, label: _Label):
+    def __init__(self, stats: ReadStats, width: int, label: LabelColumn):
         self.stats, self.width, self.label = stats, width, label
         self.labels: list[float] = []
         self.rows: list[list[str]] = []
         self.line_nos: list[int] = []
         self.problems: list[tuple] = []
-        self.unread: dict[int, str] = {}  # of the good records: the label cells read as no label (_Label.unread)
+        self.unread: dict[int, str] = {}  # of the good records: the label cells read as no label (LabelColumn.unread)
         self.lines = 0  # records of the chunk, bad ones included
 
     def add(self, row: list[str] | csv.Error, start: int, end: int) -> None:
@@ -153,7 +153,7 @@ class _CsvRecords:
             self.line_nos.append(start)
 
 
-def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _Label, delimiter: str
+def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: LabelColumn, delimiter: str
                     ) -> Iterator[Cells]:  # fmt: skip
     """The chunk of a scanned run (the rules of _csv_problem), cut as _csv_chunks cuts."""
     columns, problems, unread = scanned.columns, [], {}
@@ -245,11 +245,11 @@ def _blank(line: str, delimiter: str) -> bool:
     return not line.replace(delimiter, "").strip()
 
 
-def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str | None:
+def _csv_problem(row: list[str] | csv.Error, width: int, label: LabelColumn) -> str | None:
     """What is wrong with a record (label.at None: it has no label), or None."""
     if isinstance(row, csv.Error):
         return f"unreadable CSV: {row}"
-    if _blank_record(row):  # no cell or one blank (a blank line), or blank cells
+    if blank_record(row):  # no cell or one blank (a blank line), or blank cells
         return EMPTY_LINE if len(row) <= 1 else BLANK_CELLS
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"

@@ -154,7 +154,7 @@ def _records_hold_data(name: str, delimiter: str) -> Iterator[bool]:
     those of no data included."""
     with open_data(name) as raw:
         reader = BoundedReader(CsvLines(raw).texts(), delimiter)
-        if _header_record(reader, name) is None:
+        if header_record(reader, name) is None:
             return
         while True:
             try:
@@ -164,10 +164,10 @@ def _records_hold_data(name: str, delimiter: str) -> Iterator[bool]:
             except csv.Error:
                 yield False
                 continue
-            yield not _blank_record(row)
+            yield not blank_record(row)
 
 
-def _header_record(reader: BoundedReader, name: str) -> list[str] | None:
+def header_record(reader: BoundedReader, name: str) -> list[str] | None:
     """The first record of file `name` read from `reader`, its header; None for a file of no content (no record,
     or a blank first record of a file that share.is_blank finds empty or whitespace only)."""
     header = next(reader, None)
@@ -176,6 +176,6 @@ def _header_record(reader: BoundedReader, name: str) -> list[str] | None:
     return header
 
 
-def _blank_record(row: list[str]) -> bool:
+def blank_record(row: list[str]) -> bool:
     """Whether a record is empty to the reader: no cell, or only blank ones (a blank line, ",,,")."""
     return not any(cell.strip() for cell in row)
