@@ -9,7 +9,8 @@ refused after the tables were made) do not bind a run of one worker: it replaces
 replace_untrained; a shard refuses the replace of a table it trained, even one a Shrink has emptied since).
 An MLP parameter table the servers hold trained and whole (every row pushed) is taken with the initializer it was
 made with (keep_held_initializers): no row of it is made any more, so a run whose recipe starts a new one otherwise
-(the small-data recipe's MLP output layer at zeros) trains it further.
+(the small-data recipe's MLP output layer at zeros) trains it further. A job's start describes each table the
+shards hold once (held_specs) and hands the specs to keep_held_initializers and check_tables alike.
 """
 
 from __future__ import annotations
@@ -107,9 +108,26 @@ def cluster_damage(shard_stats: list, names: set[str] | None = None) -> str:
     return "; ".join(m for m in (lost_tables(shard_stats, names), mixed_restores(shard_stats)) if m)
 
 
+def held_specs(client: Any, names: list[str], shard_stats: list) -> dict[str, TableConfig]:
+    """{name: the spec the servers hold it with (DescribeTable of every shard, shard 0's spec)} of each table of
+    names that every shard holds by shard_stats (the shards' StatsResponses); one some shard lacks, or dropped
+    since the Stats, is left out."""
+    held = [{s.name for s in shard.tables} for shard in shard_stats]
+    out = {}
+    for name in dict.fromkeys(names):
+        if not all(name in tables for tables in held):  # a table's absence is no refused call
+            continue
+        try:
+            out[name] = codec.table_config_from_proto(client.describe_table(name)[0].spec)
+        except TableNotFoundError:  # dropped since the Stats
+            continue
+    return out
+
+
 def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None,
                 find_untrained: bool = False, dense_rows: dict[str, int] | None = None,
-                shard_stats: list | None = None) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
+                shard_stats: list | None = None,
+                specs: dict[str, TableConfig] | None = None) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim and features alone), [names of the tables some
     shard lacks], {names of the tables of `differ` that no shard ever trained (TableStats.trained): with
@@ -117,22 +135,20 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
     table whose shards hold trained rows must hold exactly that many ("rows: ..." otherwise; one untrained is
     compared by its initializer's scale, which its shape sets). ValueError (cluster_damage) for a table of
     `wanted` that some shards hold trained and others lack, or shards restored from different checkpoints.
-    shard_stats: the shards' StatsResponses when the caller has them (else asked for here)."""
+    shard_stats: the shards' StatsResponses when the caller has them (else asked for here); specs: held_specs of
+    them when the caller has them (else asked for here)."""
     differ, missing, untrained = {}, [], set()
     shard_stats = shard_stats or client.stats()
     lost = cluster_damage(shard_stats, {t.name for t in wanted})
     if lost:
         raise ValueError(lost)
-    held = [{s.name: s for s in shard.tables} for shard in shard_stats]  # a table's absence is no refused call
+    held = [{s.name: s for s in shard.tables} for shard in shard_stats]
+    specs = held_specs(client, [t.name for t in wanted], shard_stats) if specs is None else specs
     for t in wanted:
-        try:
-            if not all(t.name in tables for tables in held):
-                raise TableNotFoundError(t.name)
-            infos = client.describe_table(t.name)
-        except TableNotFoundError:  # also one dropped since the Stats
+        if t.name not in specs:
             missing.append(t.name)
             continue
-        diff = codec.table_config_from_proto(infos[0].spec).normalized().differences(t.normalized())
+        diff = specs[t.name].normalized().differences(t.normalized())
         if fields is not None:
             keep = fields
             if dense_rows is not None and t.name in dense_rows:
@@ -148,32 +164,31 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
     return differ, missing, untrained
 
 
-def keep_held_initializers(client: Any, wanted: list[TableConfig], dense_rows: dict[str, int],
-                           shard_stats: list) -> list[TableConfig]:  # fmt: skip
+def keep_held_initializers(wanted: list[TableConfig], dense_rows: dict[str, int], shard_stats: list,
+                           specs: dict[str, TableConfig]) -> list[TableConfig]:  # fmt: skip
     """wanted, with each MLP parameter table (of dense_rows {table: the rows of its dense parameter}) that the
     servers hold trained and whole (every row on some shard) given the initializer they hold it with. An
     initializer makes the rows never pushed, and such a table has none left: a run trains it further whatever
     initializer its recipe gives a new one (the small-data recipe starts deepfm's MLP output layer at zeros, the
     large one uniform: worker/recipe.py). A sparse table's initializer makes the rows of ids not seen yet: another
     is refused (check_tables), and so is an MLP table of another shape or not held whole. shard_stats: the shards'
-    StatsResponses."""
+    StatsResponses; specs: held_specs of them."""
     held = [{s.name: s for s in shard.tables} for shard in shard_stats]
     out = []
     for t in wanted:
         stats = [tables[t.name] for tables in held if t.name in tables]
         whole = (t.name in dense_rows and len(stats) == len(held) and any(s.trained for s in stats)
                  and sum(s.num_rows for s in stats) == dense_rows[t.name])  # fmt: skip
-        try:
-            init = codec.table_config_from_proto(client.describe_table(t.name)[0].spec).initializer if whole else None
-        except TableNotFoundError:  # dropped since the Stats: check_tables finds it missing
-            init = None
+        init = specs[t.name].initializer if whole and t.name in specs else None  # (one dropped since the Stats:
+        # check_tables finds it missing)
         out.append(t if init is None else dataclasses.replace(t, initializer=init))
     return out
 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,
                  replace_untrained: bool = False, recipe_line: str = "", dense_rows: dict[str, int] | None = None,
-                 shard_stats: list | None = None) -> dict[str, list[str]]:  # fmt: skip
+                 shard_stats: list | None = None, specs: dict[str, TableConfig] | None = None
+                 ) -> dict[str, list[str]]:  # fmt: skip
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
     created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS, and the dense parameters'
     rows where dense_rows gives them: see held_tables), and a missing table is an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
@@ -182,9 +197,9 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     holds it), and once they are, replaced_warning says so; else {}. recipe_line: the run's
     recipe line (worker/recipe.py describe), quoted where an optimizer differs, for a run whose optimizer is its
     recipe's (none given): a recipe picks it by the data's size, so a run on more or less data than the first picks
-    another. shard_stats: the shards' StatsResponses when the caller has them (held_tables)."""
+    another. shard_stats, specs: the shards' StatsResponses and held_specs when the caller has them (held_tables)."""
     differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained,
-                                             dense_rows, shard_stats)  # fmt: skip
+                                             dense_rows, shard_stats, specs)  # fmt: skip
     if replace_untrained and differ and set(differ) <= untrained:
         return dict(sorted(differ.items()))
     parts = []

@@ -51,7 +51,7 @@ from worker.resume_writer import PositionWriter
 from worker.row_source import row_source
 from worker.scoring import ScoringProgress, evaluate
 from worker.stopping import abandon
-from worker.tables import check_tables, keep_held_initializers, replaced_warning
+from worker.tables import check_tables, held_specs, keep_held_initializers, replaced_warning
 from worker.train_config import TrainConfig
 from worker.train_figures import training_figures
 from worker.train_messages import (
@@ -133,12 +133,14 @@ class _Run:
         self.client, self.position, self.labels = client, position, labels
         self.tables = job.tables
         self.held, self.alone_so_far = 0, False
-        self.shard_stats: list = []  # these four: ready_tables' (the row source and the job's stamp)
+        self.shard_stats: list = []  # these five: ready_tables' (held_specs, the row source and the job's stamp)
+        self.specs: dict = {}
         self.source, self.trains, self.stamp = None, False, None
 
     def ready_tables(self) -> None:
         """The servers waited for, the position's state ids checked, and the tables' configs as the shards hold
-        them; the row source and the job's stamp."""
+        them (each described once, for keep_held_initializers and create_tables' check); the row source and the
+        job's stamp."""
         cfg, client, spec, position = self.cfg, self.client, self.spec, self.position
         self.shard_stats = client.wait_ready()  # the one Stats round every check before the tables are made reads
         if position is not None:
@@ -149,7 +151,8 @@ class _Run:
         features = held_features(client, self.data.schema, [t.name for t in self.tables], self.shard_stats)
         tables = [dataclasses.replace(t, features=features) for t in self.tables]
         dense_rows = {dense_table(p): p.shape[0] for p in spec.dense_params()}  # trained whole: its initializer kept
-        self.tables = keep_held_initializers(client, tables, dense_rows, self.shard_stats)
+        self.specs = held_specs(client, [t.name for t in tables], self.shard_stats)
+        self.tables = keep_held_initializers(tables, dense_rows, self.shard_stats, self.specs)
         # the job's stamp goes with the creation of its tables: each shard holds itself for the job from its first
         # table on, and refuses another job's create (ps.engine.tenancy); a run that trains nothing (one that
         # creates the tables only, or only evaluates) holds nothing
@@ -164,7 +167,7 @@ class _Run:
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
         replaced = check_tables(client, self.tables, "nothing was created", replace_untrained=cfg.num_workers == 1,
                                 recipe_line=self.job.recipe_line if self.job.recipe_optimizer else "",
-                                shard_stats=self.shard_stats)  # fmt: skip
+                                shard_stats=self.shard_stats, specs=self.specs)  # fmt: skip
         # rows trained before this worker's first push are an earlier run's where no other worker of the job
         # can have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
         self.alone_so_far = cfg.num_workers == 1 or cfg.mode == "sync"

@@ -1,0 +1,71 @@
+"""A training job's start against the tables the servers hold (worker/tables.py held_specs, keep_held_initializers):
+each table described once, and an MLP table held whole keeping the initializer it was made with."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ps import codec
+from ps.config import InitializerConfig
+from worker.__main__ import main as worker_main
+from worker.client import Client
+from worker.cluster import LocalCluster
+
+SMALL = ["--synthetic-rows", "2000", "--synthetic-eval-rows", "500", "--batch-size", "256"]
+OUTPUT = "dense.deepfm.mlp.1.weight"  # deepfm's MLP output layer under --hidden 4: 4 rows
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    """worker_main's exit code, and what it wrote to stderr."""
+    try:
+        code = worker_main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def held(servers: str) -> tuple[dict[str, int], InitializerConfig]:
+    """({table: rows over the shards}, the output layer's initializer) as the servers hold them."""
+    with Client(servers.split(",")) as client:
+        rows = Counter()
+        for shard in client.stats():
+            for t in shard.tables:
+                rows[t.name] += t.num_rows
+        init = codec.table_config_from_proto(client.describe_table(OUTPUT)[0].spec).initializer
+    return dict(rows), init
+
+
+def recorded(monkeypatch) -> list[str]:
+    """The calls of Client.describe_table ("describe <table>") and of Client.create_table ("create"), in order."""
+    events: list[str] = []
+    real_describe, real_create = Client.describe_table, Client.create_table
+
+    def describe(self: Client, name: str, *args, **kwargs) -> list:
+        events.append(f"describe {name}")
+        return real_describe(self, name, *args, **kwargs)
+
+    def create(self: Client, *args, **kwargs) -> None:
+        events.append("create")
+        return real_create(self, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "describe_table", describe)
+    monkeypatch.setattr(Client, "create_table", create)
+    return events
+
+
+def test_a_jobs_start_describes_each_table_it_holds_once(capsys, monkeypatch):
+    """A run on a trained deepfm (its MLP tables held whole, whose initializers the run takes) asks DescribeTable of
+    each of its tables once before it makes them: keep_held_initializers and check_tables read one held_specs."""
+    events = recorded(monkeypatch)
+    with LocalCluster(2) as cluster:
+        servers = ",".join(cluster.addresses)
+        argv = ["train", "--servers", servers, "--model", "deepfm", "--hidden", "4", "--epochs", "1", "--no-progress",
+                *SMALL]  # fmt: skip
+        assert run(argv, capsys)[0] == 0
+        rows, _ = held(servers)
+        assert rows[OUTPUT] == 4 and len(rows) == 6, rows  # deepfm, 4 MLP tables, the logit bias: all trained
+        events.clear()
+        code, err = run(argv, capsys)
+        assert code == 0, err
+    start = events[: events.index("create")]
+    assert Counter(start) == Counter(f"describe {name}" for name in rows), start
