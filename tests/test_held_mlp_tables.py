@@ -69,3 +69,38 @@ def test_a_jobs_start_describes_each_table_it_holds_once(capsys, monkeypatch):
         assert code == 0, err
     start = events[: events.index("create")]
     assert Counter(start) == Counter(f"describe {name}" for name in rows), start
+
+
+def test_a_table_config_initializer_of_an_mlp_table_held_whole_is_refused_unless_it_is_the_held_one(
+    capsys, tmp_path, monkeypatch
+):
+    """--table-config's initializer of an MLP table is taken where the table is new; once the servers hold it
+    trained and whole, another is refused before anything is created, naming the file, the table, the key, both
+    initializers and what to do; the one it was made with is taken, as is no initializer at all."""
+    events = recorded(monkeypatch)
+    given = tmp_path / "given.toml"
+    given.write_text(f'["{OUTPUT}"]\ninitializer = {{ name = "uniform", scale = 0.5, seed = 7 }}\n')
+    other = tmp_path / "other.toml"
+    other.write_text(f'["{OUTPUT}"]\ninitializer = {{ name = "uniform", scale = 0.25, seed = 7 }}\n')
+    with LocalCluster(1) as cluster:
+        servers = cluster.addresses[0]
+        base = ["train", "--servers", servers, "--model", "deepfm", "--hidden", "4", "--epochs", "1", "--no-progress",
+                *SMALL]  # fmt: skip
+        assert run([*base, "--table-config", str(given)], capsys)[0] == 0  # a new table: the file's is taken
+        rows, init = held(servers)
+        assert rows[OUTPUT] == 4 and init == InitializerConfig("uniform", 0.5, 7), (rows, init)
+        events.clear()
+        code, err = run([*base, "--table-config", str(other)], capsys)
+        assert code == 2 and "create" not in events, (code, events, err)
+        assert (
+            f'{other}: table {OUTPUT}: initializer {{ name = "uniform", scale = 0.25, seed = 7 }} would make no '
+            "row: the servers hold this MLP parameter table trained and whole (all 4 rows pushed, made with "
+            f'initializer {{ name = "uniform", scale = 0.5, seed = 7 }}), and this run trains those rows further. '
+            f'Leave `initializer` out of ["{OUTPUT}"] in {other} (the run takes the table as held), or train a new '
+            "model with it (other servers, or servers started on new data dirs); nothing was created"
+        ) in err, err
+        assert "Traceback" not in err and held(servers) == (rows, init)
+        for ok in ([], ["--table-config", str(given)]):  # the held initializer, given or not
+            code, err = run([*base, *ok], capsys)
+            assert code == 0, err
+            assert held(servers)[1] == init

@@ -2,6 +2,7 @@
 
 table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter (float32 at rest)
 table_config_note                what --table-config changed of the recipe's and the flags' choice
+initializers_given               the tables whose initializer --table-config sets
 check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
 check_allreduce_tables           --dense allreduce refuses MLP tables' settings only the servers would apply
 weaker_l2_toml                   a --table-config file dividing the sparse tables' l2 by WEAKER_L2_DIVISOR
@@ -99,6 +100,15 @@ def table_configs(
                              f"not for an MLP table: {DENSE_AT_REST}; leave it out (the MLP's tables are "
                              f"{FULL_AT_REST!r})")  # fmt: skip
     return [dataclasses.replace(t, features=features) for t in tables]
+
+
+def initializers_given(cfg: TrainConfig) -> frozenset[str]:
+    """The names of the tables whose initializer cfg's --table-config file sets (none without one)."""
+    if not cfg.table_config:
+        return frozenset()
+    with open(cfg.table_config) as f:
+        overrides = table_configs_from_toml(f.read(), cfg.table_config)
+    return frozenset(name for name, fields in overrides.items() if "initializer" in fields)
 
 
 def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict],

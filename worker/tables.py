@@ -9,8 +9,9 @@ refused after the tables were made) do not bind a run of one worker: it replaces
 replace_untrained; a shard refuses the replace of a table it trained, even one a Shrink has emptied since).
 An MLP parameter table the servers hold trained and whole (every row pushed) is taken with the initializer it was
 made with (keep_held_initializers): no row of it is made any more, so a run whose recipe starts a new one otherwise
-(the small-data recipe's MLP output layer at zeros) trains it further. A job's start describes each table the
-shards hold once (held_specs) and hands the specs to keep_held_initializers and check_tables alike.
+(the small-data recipe's MLP output layer at zeros) trains it further; one whose --table-config gives it another
+initializer is refused (INITIALIZER_UNUSED). A job's start describes each table the shards hold once (held_specs)
+and hands the specs to keep_held_initializers and check_tables alike.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ps import codec
-from ps.config import TableConfig
+from ps.config import InitializerConfig, TableConfig
 from ps.errors import TableNotFoundError
 from worker.dense import TABLE_PREFIX
+from worker.schema_toml import toml_key
 
 SHAPE_FIELDS = ("dim", "features")  # what a forward pass depends on (features: the schema that gave the rows their
 # meaning); a dense parameter's rows, its input width, are compared too (check_tables' dense_rows)
@@ -165,14 +167,16 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
 
 
 def keep_held_initializers(wanted: list[TableConfig], dense_rows: dict[str, int], shard_stats: list,
-                           specs: dict[str, TableConfig]) -> list[TableConfig]:  # fmt: skip
+                           specs: dict[str, TableConfig], given: str = "", given_names: frozenset[str] = frozenset()
+                           ) -> list[TableConfig]:  # fmt: skip
     """wanted, with each MLP parameter table (of dense_rows {table: the rows of its dense parameter}) that the
     servers hold trained and whole (every row on some shard) given the initializer they hold it with. An
     initializer makes the rows never pushed, and such a table has none left: a run trains it further whatever
     initializer its recipe gives a new one (the small-data recipe starts deepfm's MLP output layer at zeros, the
     large one uniform: worker/recipe.py). A sparse table's initializer makes the rows of ids not seen yet: another
     is refused (check_tables), and so is an MLP table of another shape or not held whole. shard_stats: the shards'
-    StatsResponses; specs: held_specs of them."""
+    StatsResponses; specs: held_specs of them. given_names: the tables whose initializer the --table-config file
+    `given` sets: ValueError (INITIALIZER_UNUSED) for one held whole with another initializer."""
     held = [{s.name: s for s in shard.tables} for shard in shard_stats]
     out = []
     for t in wanted:
@@ -181,8 +185,25 @@ def keep_held_initializers(wanted: list[TableConfig], dense_rows: dict[str, int]
                  and sum(s.num_rows for s in stats) == dense_rows[t.name])  # fmt: skip
         init = specs[t.name].initializer if whole and t.name in specs else None  # (one dropped since the Stats:
         # check_tables finds it missing)
+        if init is not None and t.name in given_names and t.initializer != init:
+            raise ValueError(INITIALIZER_UNUSED.format(file=given, table=t.name, section=toml_key(t.name),
+                                                       rows=dense_rows[t.name],
+                                                       given=_toml(t.initializer), held=_toml(init)))  # fmt: skip
         out.append(t if init is None else dataclasses.replace(t, initializer=init))
     return out
+
+
+INITIALIZER_UNUSED = (
+    "{file}: table {table}: initializer {given} would make no row: the servers hold this MLP parameter table "
+    "trained and whole (all {rows:,} rows pushed, made with initializer {held}), and this run trains those rows "
+    "further. Leave `initializer` out of [{section}] in {file} (the run takes the table as held), or train a new model "
+    "with it (other servers, or servers started on new data dirs); nothing was created"
+)
+
+
+def _toml(init: InitializerConfig) -> str:
+    """An initializer as a --table-config file writes it."""
+    return f'{{ name = "{init.name}", scale = {init.scale!r}, seed = {init.seed} }}'
 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,

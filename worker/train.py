@@ -43,7 +43,7 @@ from worker.dense import dense_norm, start_logit_bias
 from worker.dense import table_name as dense_table
 from worker.job import CheckedJob, check_training, dense_path, job_client, job_lines, loop_settings, make_backend
 from worker.loop import LoopResult, TrainingDataError, run_epochs
-from worker.model_tables import held_features, missing_shares, sparse_table_stats, weaker_l2_toml
+from worker.model_tables import held_features, initializers_given, missing_shares, sparse_table_stats, weaker_l2_toml
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import resumes_whole, state_changed
@@ -152,7 +152,8 @@ class _Run:
         tables = [dataclasses.replace(t, features=features) for t in self.tables]
         dense_rows = {dense_table(p): p.shape[0] for p in spec.dense_params()}  # trained whole: its initializer kept
         self.specs = held_specs(client, [t.name for t in tables], self.shard_stats)
-        self.tables = keep_held_initializers(tables, dense_rows, self.shard_stats, self.specs)
+        self.tables = keep_held_initializers(tables, dense_rows, self.shard_stats, self.specs, cfg.table_config or "",
+                                             initializers_given(cfg))  # fmt: skip
         # the job's stamp goes with the creation of its tables: each shard holds itself for the job from its first
         # table on, and refuses another job's create (ps.engine.tenancy); a run that trains nothing (one that
         # creates the tables only, or only evaluates) holds nothing
