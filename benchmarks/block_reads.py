@@ -15,12 +15,20 @@ the block cache), except where the variant says:
     1K blocks    data blocks of 1 KB
     hash index   a hash index in each data block beside its binary-search restart points
     mmap         the server's options with mmap reads (ps-server --mmap-reads): blocks read from memory maps
+    plain table  RocksDB's PlainTable format instead of blocks (mmap reads, a hash index of each file's (table,
+                 slot) prefixes in memory), written by puts and one full compaction (SstFileWriter's PlainTable
+                 files are refused at ingestion: "does not match existing comparator")
 Every dir's files are read once first, so every variant reads from the page cache. Each request reads --ids
 random keys (unique, sorted) with ps.storage.options.multi_get on --threads threads (the server's read: MultiGet
 calls of at most 1,024 keys); the same keys go to every variant in turn (harness.alternate), so a change in this
 shared machine's speed hits all alike. The figure is microseconds per key, median over --reps requests, and each
 variant's ratio to pread. The process's RssFile after the reads shows what mmap reads leave resident (file pages).
 No target: it informs the server's options. The last line is one JSON object.
+
+PlainTable is not the server's format, whatever it reads at: it reads fast only through memory maps (its pages in
+the server's RSS, outside --memory-bytes), keeps no checksums (it has no blocks), and a scan that seeks to a key
+outside its prefix extractor's domain, as a scan of one table's rows does (4 bytes, not 6), ends early without an
+error: 61,538 of 100,000 rows in a check with rocksdict 0.3.29, where total-order seeks are refused outright.
 """
 
 from __future__ import annotations
@@ -35,22 +43,31 @@ from concurrent.futures import ThreadPoolExecutor
 
 import harness  # before numpy: see its docstring
 import numpy as np
-from rocksdict import DataBlockIndexType, Options, Rdict
+from rocksdict import DataBlockIndexType, Options, PlainTableFactoryOptions, Rdict, SliceTransform, WriteBatch
 
 from ps.cli_server_flags import parse_bytes
 from ps.rows.layout import layout_of
 from ps.storage.memory import plan_memory
 from ps.storage.options import multi_get, rocksdb_options, table_options
-from ps.storage.rowformat import encode_keys, value_dtype
+from ps.storage.rowformat import KEY_DTYPE, encode_keys, value_dtype
 
 TABLE_NUMBER = 1
 FILE_ROWS = 500_000
-VARIANTS = ("pread", "2K blocks", "1K blocks", "hash index", "mmap")
+VARIANTS = ("pread", "2K blocks", "1K blocks", "hash index", "mmap", "plain table")
+SLOT_PREFIX_BYTES = 6  # a key's table (u32) and slot (u16): ps.storage.rowformat.KEY_DTYPE
 
 
 def options(variant: str, block_cache_bytes: int) -> Options:
     """The server's options under --memory-bytes, changed as the variant says (see the module)."""
-    opts = rocksdb_options(block_cache_bytes, index_in_cache=True, mmap_reads=variant == "mmap")
+    opts = rocksdb_options(block_cache_bytes, index_in_cache=True, mmap_reads=variant in ("mmap", "plain table"))
+    if variant == "plain table":
+        plain = PlainTableFactoryOptions()
+        plain.user_key_length = KEY_DTYPE.itemsize
+        plain.bloom_bits_per_key = 0  # its filter is of prefixes, and nearly every file holds every slot
+        plain.hash_table_ratio = 0.75
+        plain.index_sparseness = 16
+        opts.set_prefix_extractor(SliceTransform.create_fixed_prefix(SLOT_PREFIX_BYTES))
+        opts.set_plain_table_factory(plain)
     if variant in ("2K blocks", "1K blocks", "hash index"):
         table = table_options(block_cache_bytes, index_in_cache=True)
         if variant == "hash index":
@@ -61,14 +78,25 @@ def options(variant: str, block_cache_bytes: int) -> Options:
     return opts
 
 
-def build(path: str, opts: Options, rows: int, values: list[bytes]) -> float:
-    """Writes and ingests the table (see the module); returns the seconds it took."""
+def build(path: str, opts: Options, rows: int, values: list[bytes], by_puts: bool) -> float:
+    """Writes and ingests the table (see the module), or with by_puts writes it in batches of FILE_ROWS and
+    compacts it into one sorted run; returns the seconds it took."""
     t0 = time.perf_counter()
     os.makedirs(path)
     db = Rdict(os.path.join(path, "db"), opts)
+    ids = np.arange(rows, dtype=np.uint64)
     try:
-        harness.ingest_in_key_order(db, opts, TABLE_NUMBER, np.arange(rows, dtype=np.uint64),
-                                    lambda k, part: values[: len(part)], path, FILE_ROWS)  # fmt: skip
+        if by_puts:
+            for lo in range(0, rows, FILE_ROWS):
+                batch = WriteBatch(raw_mode=True)
+                for key, value in zip(encode_keys(TABLE_NUMBER, ids[lo : lo + FILE_ROWS]), values, strict=False):
+                    batch.put(key, value)
+                db.write(batch)
+            db.flush()
+            db.compact_range(None, None)
+        else:
+            harness.ingest_in_key_order(db, opts, TABLE_NUMBER, ids, lambda k, part: values[: len(part)], path,
+                                        FILE_ROWS)  # fmt: skip
     finally:
         db.close()
     return time.perf_counter() - t0
@@ -103,12 +131,12 @@ def main() -> None:
         for variant in variants:
             opts = options(variant, cache)
             path = os.path.join(tmp, variant.replace(" ", "-"))
-            took = build(path, opts, args.rows, values)
+            took = build(path, opts, args.rows, values, variant == "plain table")
             dbs[variant] = Rdict(os.path.join(path, "db"), opts)
             blocks[variant] = data_blocks(dbs[variant])
             disk[variant], _ = harness.read_into_page_cache(path)
             size = disk[variant] / 2**30
-            print(f"{variant}: {args.rows:,} rows written and ingested in {took:.0f} s, {size:.2f} GiB", flush=True)
+            print(f"{variant}: {args.rows:,} rows written in {took:.0f} s, {size:.2f} GiB", flush=True)
         keys: list = []
 
         def prepare() -> None:
