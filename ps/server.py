@@ -14,7 +14,7 @@ import grpc
 
 from ps.accel.threadnames import name_os_thread
 from ps.engine.shard import Shard
-from ps.engine.startup import StartProgress
+from ps.engine.startup import PHASES, StartProgress, StartStopped
 from ps.errors import SHARD_STARTING, StorageError
 from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
@@ -47,8 +47,9 @@ class Server:
     Meanwhile health says NOT_SERVING (with what the start is doing, ps.health), every ParameterServer call is
     UNAVAILABLE saying the same (ps.service.StartGate), and the metrics port serves the start's gauges. A start
     that fails, or is stopped (StartStopped), stops listening before it raises. `start()` then serves: SERVING;
-    it returns the port. `start(warming=True)` serves the calls but leaves health NOT_SERVING, saying the kernels
-    are loading, until `warmed()`: a readiness probe finds it Ready once the compiled kernels are in place."""
+    it returns the port (a stop asked for until then ends the start there instead: StartStopped, nothing served).
+    `start(warming=True)` serves the calls but leaves health NOT_SERVING, saying the kernels are loading, until
+    `warmed()`: a readiness probe finds it Ready once the compiled kernels are in place."""
 
     def __init__(self, config: ServerConfig, progress: StartProgress | None = None,
                  on_listening: Callable[[Server], None] | None = None):  # fmt: skip
@@ -90,7 +91,8 @@ class Server:
         self._gone = False  # _not_serving() was called: NOT_SERVING for good
         for name in ("", SERVICE_NAME):
             self.health.set(name, NOT_SERVING)
-        self._gate = StartGate(lambda: self._starting() or "")
+        about_to_serve = f"shard {config.shard_id} {SHARD_STARTING}: {PHASES['ready']}"  # start() ended the start
+        self._gate = StartGate(lambda: self._starting() or about_to_serve)  # and has not opened the gate yet
         self._servicer: ParameterServerServicer | None = None  # once start() serves the shard
         self._grpc.add_generic_rpc_handlers((self._gate,))
         add_health_to_server(self.health, self._grpc)
@@ -104,11 +106,7 @@ class Server:
             self.shard = self._build_shard()
             self.progress.enter("ready")  # a stop asked for meanwhile: the shard just built is closed cleanly
         except BaseException:
-            try:
-                if self.shard is not None:
-                    self.shard.close()
-            finally:
-                self._stop_listening()
+            self._close_unserved()
             raise
 
     def _starting(self) -> str | None:
@@ -178,6 +176,14 @@ class Server:
                 raise StorageError(f"{c.data_dir} is damaged (--verify-on-start); refusing to start:\n{found}")
         return Shard(c, self.progress)
 
+    def _close_unserved(self) -> None:
+        """After a failed or stopped start: the shard built (if any) closed, then _stop_listening."""
+        try:
+            if self.shard is not None:
+                self.shard.close()
+        finally:
+            self._stop_listening()
+
     def _stop_listening(self) -> None:
         """After a failed or stopped start: both ports closed, and no gRPC thread left running a call."""
         self.health.enter_graceful_shutdown()
@@ -187,17 +193,23 @@ class Server:
 
     def start(self, warming: bool = False) -> int:
         """Serves the shard built: the calls go to it, health says SERVING (with warming: once warmed() is called),
-        the metrics port serves its figures."""
+        the metrics port serves its figures. A stop asked for before (StartProgress.finish) ends the start instead:
+        no call served, health NOT_SERVING, the shard closed and both ports too (as a stopped start in __init__),
+        and StartStopped raised."""
         servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes,
                                            reply_bytes=reply_room_bytes(self.config.reply_bytes,
                                                                         self.config.memory_bytes),
                                            reply_read_timeout_s=self.config.reply_read_timeout_s)  # fmt: skip
+        self._warming_since = time.monotonic()
+        try:
+            self.progress.finish(warming)
+        except StartStopped:
+            self._close_unserved()
+            raise
         self._servicer = servicer
         if self.metrics is not None:
             self.metrics.attach(self.shard, servicer.replies)
-        self._warming_since = time.monotonic()
         self._gate.open(servicer)
-        self.progress.finish(warming)
         if not warming:
             self._serving()
         self.shard.guard.listeners.append(self._not_serving)  # its data dir deleted under it, or broken

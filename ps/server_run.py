@@ -45,13 +45,15 @@ def _stop_at_end_of_stdin(stop: StopFlag) -> None:
 
 def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     """Runs a shard until SIGTERM or SIGINT (or, with stop_with_stdin, until standard input is closed: the
-    parent that holds its other end is gone). Prints `starting on HOST:PORT` once it listens (health NOT_SERVING)
-    and `listening on HOST:PORT` once it serves. A stop during the start ends it at its next safe point
-    (ps.engine.startup) and returns, saying so."""
+    parent that holds its other end is gone). Prints `starting on HOST:PORT` once it listens (health NOT_SERVING,
+    every call UNAVAILABLE) and `listening on HOST:PORT` once its calls are served: health SERVING then, or, under
+    --memory-bytes, once the warm-up that starts then ends (_warm_up_then_serve). A stop during the start, up to the
+    instant the calls are served, ends it at its next safe point (ps.engine.startup) and returns, saying so."""
     stop = StopFlag()  # on_signal sets it, counting the signals: the start's next check and the wait see it at once
     progress = StartProgress(stop)
     serving: list[Server] = []  # the server, once it serves
     stopped_with: list[int] = []  # the stop's exit code, once the shard is stopped (a warm-up may still end)
+    warming_up = threading.Event()  # set while a warm-up runs, its scratch dir in place (read by on_signal: no lock)
     said = HandlerWork("ps-signals")  # on_signal's log lines
     said.start()
 
@@ -63,13 +65,14 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         stop.set(sig)
         again = len(stop.received) > 1
         if again and stopped_with:  # the shard is closed: nothing is left to write
-            _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0], said)
+            _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0], said, warming_up.is_set())
             return
         if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
-            why_not = _exit_now_unless_needed(serving[0], config.shard_id, sig, said)
+            why_not = _exit_now_unless_needed(serving[0], config.shard_id, sig, said, warming_up.is_set())
             said.run(functools.partial(log.warning, "received %s again: the stop goes on: %s", sig.name, why_not))
             return
-        said.run(functools.partial(_shutting_down, sig, progress))
+        ends_start = progress.stop_asked()  # before the calls are served: the start stops (StartProgress.finish)
+        said.run(functools.partial(_shutting_down, sig, progress, ends_start))
         if progress.interruptible and not again:  # a read-only phase: stopped where it is (once: a second signal
             raise StartStopped(progress.describe())  # must not interrupt the first one's way out)
 
@@ -78,23 +81,26 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     if stop_with_stdin:
         threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
     where = f"ps-server shard {config.shard_id}/{config.num_shards}"
+    warms = config.memory_bytes is not None  # its fixed footprint in place before data arrives (ps.engine.warmup)
+    until = "its calls are served and its warm-up of the compiled kernels ends" if warms else "it serves"
     try:
         server = Server(config, progress, on_listening=lambda server: _say(
             f"{where} starting on {host_port(config.host, server.port)} (data dir {config.data_dir}; health says NOT_SERVING, "
-            "and what the start is doing, until it serves)"))  # fmt: skip
+            f"and what the start is doing, until {until})"))  # fmt: skip
+        port = server.start(warming=warms)
     except StartStopped as e:
         said.drained(SAID_WAIT_S)  # the signal's line first
         print(_stopped_start_line(where, e, progress.phase, config.restore_dir), file=sys.stderr, flush=True)
         return
-    warms = config.memory_bytes is not None  # its fixed footprint in place before data arrives (ps.engine.warmup)
-    port = server.start(warming=warms)
     serving.append(server)
     _say(
         f"{where} listening on {host_port(config.host, port)} (data dir {config.data_dir}: {server.shard.describe_start()})"
     )
     warming = None
     if warms:
-        warming = threading.Thread(target=_warm_up_then_serve, args=(server, stop), name="ps-warm-up", daemon=True)
+        warming_up.set()
+        warming = threading.Thread(target=_warm_up_then_serve, args=(server, stop, warming_up), name="ps-warm-up",
+                                   daemon=True)  # fmt: skip
         warming.start()
     while not stop.is_set():  # polled in slices (a SIGTERM another thread received: ps.terminate)
         time.sleep(SIGNAL_CHECK_S)
@@ -110,12 +116,16 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         raise SystemExit(code)
 
 
-def _warm_up_then_serve(server: Server, stop: StopFlag) -> None:
-    """(ps-warm-up thread) The warm-up, then health SERVING however it ended: a failed one is logged by warm_up,
-    and the first requests load the kernels instead."""
+def _warm_up_then_serve(server: Server, stop: StopFlag | None, running: threading.Event | None = None) -> None:
+    """(ps-warm-up thread) The warm-up, then running cleared (its scratch dir is removed) and Server.warmed():
+    health SERVING however the warm-up ended (a failed one is logged by warm_up, and the first requests load the
+    kernels instead), unless the shard is stopping or NOT_SERVING for good (its data dir or journal segment deleted
+    under it, or broken): then it stays NOT_SERVING."""
     try:
         warm_up(stop)
     finally:
+        if running is not None:
+            running.clear()
         server.warmed()
 
 
@@ -132,19 +142,28 @@ def _exit_now(message: str, code: int, said: HandlerWork) -> None:
         os._exit(code)
 
 
-def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int, said: HandlerWork) -> None:
-    """A second SIGTERM or SIGINT once the shard is stopped (its warm-up may still be ending): exits at once
-    (_exit_now), with the stop's exit code if it failed, else 128 + the signal's number."""
+def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int, said: HandlerWork,
+                             warm_up_running: bool) -> None:  # fmt: skip
+    """A second SIGTERM or SIGINT once the shard is stopped (its warm-up may still be ending: warm_up_running):
+    exits at once (_exit_now), with the stop's exit code if it failed, else 128 + the signal's number."""
     how = ("the shard was stopped first, its rows all written" if not code else
            "its stop failed, as said above")  # fmt: skip
-    _exit_now(f"ps-server shard {shard_id}: received {sig.name} again after the stop: exiting now; {how} (a "
-              "warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)\n",
-              code or 128 + sig, said)  # fmt: skip
+    _exit_now(f"ps-server shard {shard_id}: received {sig.name} again after the stop: exiting now; {how}"
+              f"{_scratch_note(warm_up_running)}\n", code or 128 + sig, said)  # fmt: skip
 
 
-def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals, said: HandlerWork) -> str:
+def _scratch_note(warm_up_running: bool) -> str:
+    """What an exit now leaves of a warm-up that runs: its scratch directory."""
+    if not warm_up_running:
+        return ""
+    return " (the warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)"
+
+
+def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals, said: HandlerWork,
+                            warm_up_running: bool) -> str:  # fmt: skip
     """A second SIGTERM or SIGINT while a serving shard stops: the process exits at once (_exit_now; exit code 128
-    + the signal's number), as a kill -9 would end it, and the next start replays the journal. Not while what the
+    + the signal's number), as a kill -9 would end it, and the next start replays the journal (a warm-up that runs,
+    warm_up_running, may leave its scratch directory: the line says so). Not while what the
     stop writes is the only copy of some pushes (the journal's segment or the data dir deleted:
     Journal.seems_lost), nor while a checkpoint is being saved (its folder would be left half written): then the
     stop goes on, and this returns why, for the log. Runs in a signal handler: takes no lock, and raises
@@ -160,18 +179,19 @@ def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals, 
     if not why_not:
         _exit_now(f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without "
                   "writing the rest of its rows to RocksDB; every acknowledged push is in its journal, which the next "
-                  "start replays\n", 128 + sig, said)  # fmt: skip
+                  f"start replays{_scratch_note(warm_up_running)}\n", 128 + sig, said)  # fmt: skip
     return why_not
 
 
-def _shutting_down(sig: signal.Signals, progress: StartProgress) -> None:
-    """(ps-signals thread) The line of a signal that asked for the stop."""
-    log.info("received %s, shutting down%s", sig.name, _stop_note(progress))
+def _shutting_down(sig: signal.Signals, progress: StartProgress, ends_start: bool) -> None:
+    """(ps-signals thread) The line of a signal that asked for the stop; ends_start: StartProgress.stop_asked's."""
+    log.info("received %s, shutting down%s", sig.name, _stop_note(progress, ends_start))
 
 
-def _stop_note(progress: StartProgress) -> str:
-    """What a stop asked for now does to the start, for the log line that says it was asked for."""
-    if not progress.starting:
+def _stop_note(progress: StartProgress, ends_start: bool) -> str:
+    """What a stop asked for does to the start (ends_start: it ends it), for the log line that says it was asked
+    for."""
+    if not ends_start:
         return ""
     if progress.phase == "restoring":
         return (f" (the start stops now, its restore part way: {progress.describe()}; the next start with the same "

@@ -1,5 +1,6 @@
 """A server's stop: gRPC cancels the calls still running at the grace's end but not their handlers, which may still
-use the store (a checkpoint being written); the store is closed once they returned, or CALLS_DRAIN_S after."""
+use the store (a checkpoint being written); the store is closed once they returned, or CALLS_DRAIN_S after. A stop
+asked for before start() serves the shard ends the start: nothing is served."""
 
 from __future__ import annotations
 
@@ -65,3 +66,27 @@ def test_the_store_is_closed_after_the_handlers_of_cancelled_calls_returned(tmp_
         assert events == ["stats done", "store closed"]
     else:  # the drain gave up first: the store was closed under the handler, which then failed
         assert events == ["store closed", "stats done"]
+
+
+@pytest.mark.parametrize("warming", [False, True])
+def test_a_stop_asked_for_before_start_serves_nothing_and_closes_the_shard(tmp_path, warming):
+    """As a signal's handler does (StartProgress.stop_asked) while the shard is "about to serve": start() raises
+    StartStopped, its gate never opened, health never SERVING, the shard closed, the port closed."""
+    from ps.engine.startup import StartStopped
+    from ps.health import SERVICE_NAME, SERVING, check_health
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=(256 << 20) if warming else None))
+    address = f"127.0.0.1:{server.port}"
+    assert check_health(address, 10).starting  # listening, "about to serve"
+    seen: list = []
+    set_status, close = server.health.set, server.shard.close
+    server.health.set = lambda name, status: (seen.append(status), set_status(name, status))
+    server.shard.close = lambda: (seen.append("closed"), close())
+    server.progress.stop.set()
+    assert server.progress.stop_asked()
+    with pytest.raises(StartStopped, match="about to serve"):
+        server.start(warming=warming)
+    assert server._gate._open is None and server._servicer is None and SERVING not in seen
+    assert server.health._server_status[SERVICE_NAME] != SERVING and seen.count("closed") == 1
+    health = check_health(address, 10)
+    assert not health.serving and "connection refused" in health.text, health

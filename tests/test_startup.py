@@ -171,10 +171,31 @@ def test_start_progress_describes_its_phase_and_stops_only_when_asked():
     with progress.read_only("verifying"):
         assert progress.interruptible and progress.phase == "verifying"
     assert not progress.interruptible  # a stop after the read-only part waits for the next check
+    assert not progress.stop_asked()  # not set: the start goes on
     progress.finish()
     progress.stop.set()
     progress.check()  # a shard that serves is stopped by Server.stop, not by its start's checks
+    assert not progress.stop_asked()  # a stop asked for now stops a shard that serves
     assert not progress.starting and progress.describe() == "serving" and not progress.interruptible
+
+
+@pytest.mark.parametrize("warming", [False, True])
+def test_a_stop_asked_for_just_before_the_shard_serves_ends_the_start(warming):
+    """A signal whose handler runs once finish()'s check has passed, before the phase changes (simulated: the check
+    returns into it) ends the start all the same: StartStopped, the start still "about to serve"."""
+    progress = StartProgress()
+    progress.enter("ready")
+    check = progress.check
+
+    def signalled_after() -> None:
+        check()
+        progress.stop.set()
+        assert progress.stop_asked()  # what the handler's line says: the start stops
+
+    progress.check = signalled_after
+    with pytest.raises(StartStopped, match="about to serve"):
+        progress.finish(warming)
+    assert progress.starting and progress.phase == "ready" and progress.describe().startswith("about to serve (")
 
 
 def slow_server(tmp_path, gate, at: int | str, *flags: str, stdin: int | None = None) -> ServerProcess:
@@ -360,3 +381,46 @@ def test_a_closed_stdin_stops_verify_on_start_at_once_as_sigterm_does(tmp_path):
         server.proc.kill()
     out = server.output()
     assert "standard input closed" in out and "stopped during its start (verifying every block" in out, out
+
+
+# ps-server whose Server.start, once called (the start "about to serve"), makes the file GATE.reached, then waits
+# until the file GATE exists
+HELD_ABOUT_TO_SERVE = """import sys
+import ps.server
+from ps.__main__ import main
+from tests.slow_start import wait_for
+
+gate = sys.argv[1]
+start = ps.server.Server.start
+
+
+def start_later(self, *args, **kwargs):
+    open(gate + ".reached", "w").close()
+    wait_for(gate)
+    return start(self, *args, **kwargs)
+
+
+ps.server.Server.start = start_later
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_sigterm_when_the_shard_is_about_to_serve_stops_the_start(tmp_path):
+    """The shard built, not serving yet ("about to serve"): the signal's line says the start stops, and it does: no
+    call served, no `listening on`, the line of a start stopped, exit 0."""
+    crashed_with_a_journal(tmp_path / "d")
+    gate = tmp_path / "gate"
+    server = ServerProcess(tmp_path / "d", launcher=("-c", HELD_ABOUT_TO_SERVE, str(gate)))
+    try:
+        server.answering()
+        wait_until(lambda: os.path.exists(f"{gate}.reached") or server.proc.poll() is not None, 60, "about to serve")
+        server.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM" in server.output(), 30, "the server to take the signal")
+        gate.touch()
+        assert server.proc.wait(60) == 0, server.output()
+    finally:
+        server.proc.kill()
+    out = server.output()
+    assert "received SIGTERM, shutting down (the start stops now: about to serve (" in out, out
+    assert "stopped during its start (about to serve (" in out and "its data dir is as the next start can use" in out
+    assert "listening on" not in out and "stopped cleanly" not in out and "Traceback" not in out, out

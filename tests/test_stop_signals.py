@@ -176,11 +176,32 @@ def said():
 def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(exits, capfd, said):
     from ps.server_run import _exit_now_unless_needed
 
-    _exit_now_unless_needed(_server(), 3, signal.SIGINT, said)
-    assert exits == [130] and "shard 3: received SIGINT again while stopping: exiting now" in capfd.readouterr().err
-    assert "must write the rows RocksDB lacks" in _exit_now_unless_needed(_server(lost=True), 3, signal.SIGTERM, said)
-    assert "a checkpoint is being saved" in _exit_now_unless_needed(_server(saving=True), 3, signal.SIGTERM, said)
+    _exit_now_unless_needed(_server(), 3, signal.SIGINT, said, False)
+    err = capfd.readouterr().err
+    assert exits == [130] and "shard 3: received SIGINT again while stopping: exiting now" in err
+    assert "ps-warm-up-" not in err, err  # no warm-up runs: no scratch directory to leave
+    lost = _exit_now_unless_needed(_server(lost=True), 3, signal.SIGTERM, said, True)
+    assert "must write the rows RocksDB lacks" in lost
+    assert "a checkpoint is being saved" in _exit_now_unless_needed(_server(saving=True), 3, signal.SIGTERM, said, True)
     assert exits == [130]
+
+
+def test_a_second_signal_says_a_warm_up_may_leave_its_scratch_directory_only_while_one_runs(exits, capfd, said):
+    """Exiting now, during the stop or after it, cuts a warm-up that runs short: its scratch directory may be left,
+    and the last line says so; without a warm-up running (none, or ended) it says nothing of one."""
+    from ps.server_run import _exit_now_after_the_stop, _exit_now_unless_needed
+
+    scratch = "(the warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)"
+    for warm_up_running in (True, False):
+        _exit_now_unless_needed(_server(), 1, signal.SIGTERM, said, warm_up_running)
+        during = capfd.readouterr().err
+        _exit_now_after_the_stop(1, signal.SIGTERM, 0, said, warm_up_running)
+        after = capfd.readouterr().err
+        assert "which the next start replays" in during and "its rows all written" in after, (during, after)
+        assert (scratch in during, scratch in after) == (warm_up_running, warm_up_running), (during, after)
+    _exit_now_after_the_stop(1, signal.SIGINT, 1, said, False)
+    assert "its stop failed, as said above\n" in capfd.readouterr().err
+    assert exits == [143, 143, 143, 143, 1]
 
 
 def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch, said):
@@ -192,7 +213,7 @@ def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch,
         raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr(os, "write", closed)
-    _exit_now_unless_needed(_server(), 0, signal.SIGTERM, said)
+    _exit_now_unless_needed(_server(), 0, signal.SIGTERM, said, False)
     assert exits == [143]
 
 
@@ -207,12 +228,12 @@ from ps.__main__ import main
 shutting_down = ps.server_run._shutting_down
 
 
-def slow_line(sig, progress):
+def slow_line(sig, progress, ends_start):
     os.kill(os.getpid(), signal.SIGTERM)
     while len(progress.stop.received) < 2:  # the second signal's handler has begun, in the main thread
         time.sleep(0.001)
     time.sleep(0.3)
-    shutting_down(sig, progress)
+    shutting_down(sig, progress, ends_start)
 
 
 ps.server_run._shutting_down = slow_line
@@ -271,6 +292,7 @@ def test_a_second_signal_while_the_stop_is_being_set_exits_at_once(tmp_path):
 
 # ps-server whose stderr behaves as its io.BufferedWriter does (a write that the thread inside one enters again
 # raises RuntimeError), and whose main thread, once the handlers are in place, is sent a SIGTERM inside a log line
+# (Server.start's first: the shard about to serve, its start is stopped)
 STDERR_IN_USE = (
     "-c",
     """import logging, os, signal, sys, threading, time
@@ -315,15 +337,16 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_signal_inside_a_log_line_of_the_main_thread_is_said_and_stops_the_shard(tmp_path):
-    """The handler writes nothing itself: its line comes from another thread, once the main thread's is done."""
+    """The handler writes nothing itself: its line comes from another thread, once the main thread's is done. (The
+    signal comes as the shard is about to serve: it ends the start, as its line says.)"""
     server = ServerProcess(tmp_path / "d", launcher=STDERR_IN_USE)
     try:
-        assert server.started(), server.output()
         assert server.proc.wait(TIMEOUT_S) == 0, server.output()
     finally:
         server.proc.kill()
     out = server.output()
-    assert "received SIGTERM, shutting down" in out and "stopped cleanly" in out, out
+    assert "received SIGTERM, shutting down (the start stops now: about to serve" in out, out
+    assert "stopped during its start (about to serve" in out and "listening on" not in out, out
     assert "Logging error" not in out and "Traceback" not in out, out
 
 

@@ -10,13 +10,14 @@ snapshot() (the metrics port, ps.metrics) at any time; the writer replaces one t
 change.
 
 Stopping: a SIGTERM (or a closed stdin, ps.server_run) sets the `stop` flag, in its handler (a ps.signalsafe.StopFlag:
-no lock). check(), and every enter(), raise StartStopped once it is set, so a start stops only where stopping leaves
-the data dir as the next start can use: before RocksDB is opened, between journal records (replayed again next time:
-a row's lsn says which records it has), before the flush that ends a replay. A read-only phase run under read_only()
-(--verify-on-start) may be stopped anywhere inside it: the signal handler raises StartStopped itself while
-`interruptible` is true. A restore (--restore) stops after the batch of rows it is writing: its data dir stays
-marked as an unfinished restore, which the next start with the same --restore starts over, and any other start
-refuses (ps.engine.opening.check_store).
+no lock), then tells stop_asked(). check(), and every enter(), raise StartStopped once it is set, so a start stops
+only where stopping leaves the data dir as the next start can use: before RocksDB is opened, between journal records
+(replayed again next time: a row's lsn says which records it has), before the flush that ends a replay, before the
+shard serves its calls (finish(): a stop_asked() up to the instant its phase changes ends the start, one after it
+stops a shard that serves). A read-only phase run under read_only() (--verify-on-start) may be stopped anywhere
+inside it: the signal handler raises StartStopped itself while `interruptible` is true. A restore (--restore) stops
+after the batch of rows it is writing: its data dir stays marked as an unfinished restore, which the next start with
+the same --restore starts over, and any other start refuses (ps.engine.opening.check_store).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class StartProgress:
         self.started = time.monotonic()
         self._state: tuple[str, Callable[[], float | None] | None, bool] = ("checking", None, False)
         self._took_s: float | None = None  # once serving: how long the start took, its warm-up included
+        self._stopped_in: tuple[str, Callable[[], float | None] | None, bool] | None = None  # stop_asked()'s state
 
     def enter(self, phase: str, fraction: Callable[[], float | None] | None = None, check: bool = True) -> None:
         """Begins a phase of PHASES, after check(): callers enter a phase where stopping is safe. fraction: how
@@ -82,11 +84,27 @@ class StartProgress:
         if self.stop.is_set() and self.starting:
             raise StartStopped(self.describe())
 
+    def stop_asked(self) -> bool:
+        """(a signal handler, after it set `stop`, in the thread that runs the start and calls finish(): it reads
+        and writes attributes only) True if the stop ends the start: the shard serves no call yet, and finish() will
+        raise StartStopped instead of serving; False if it stops a shard that serves its calls (or `stop` is not
+        set)."""
+        if not (self.stop.is_set() and self.starting):
+            return False
+        self._stopped_in = self._current()
+        return True
+
     def finish(self, warming: bool = False) -> None:
-        """The shard serves its calls: the start is done, or with warming, its warm-up runs until warmed()."""
-        if warming:
-            self._state = ("warming", None, False)
-        else:
+        """The shard serves its calls: the start is done, or with warming, its warm-up runs until warmed(). Raises
+        StartStopped instead, the start left in its phase, if a stop was asked for before: set (check()) or told
+        (stop_asked()) up to the instant the phase changes."""
+        self.check()
+        before = self._state
+        self._state = ("warming" if warming else "serving", None, False)  # from here stop_asked() says False
+        if self._stopped_in is not None:  # told between check() and the line above
+            self._state = before
+            raise StartStopped(self.describe())
+        if not warming:
             self.warmed()
 
     def warmed(self) -> None:
@@ -94,13 +112,19 @@ class StartProgress:
         self._took_s = time.monotonic() - self.started
         self._state = ("serving", None, False)
 
+    def _current(self) -> tuple[str, Callable[[], float | None] | None, bool]:
+        """The state, as every reader sees it: where a stop_asked() found the start while finish() takes the start
+        back (its phase changed, for an instant, to one that serves), never a served phase."""
+        state, stopped_in = self._state, self._stopped_in
+        return stopped_in if stopped_in is not None and state[0] in SERVED_PHASES else state
+
     @property
     def phase(self) -> str:
-        return self._state[0]
+        return self._current()[0]
 
     @property
     def interruptible(self) -> bool:
-        phase, _, interruptible = self._state
+        phase, _, interruptible = self._current()
         return interruptible and phase not in SERVED_PHASES
 
     @property
@@ -110,7 +134,7 @@ class StartProgress:
 
     def snapshot(self) -> tuple[str, float | None, float]:
         """(phase, fraction of it done or None, seconds the start has taken so far, or took)."""
-        phase, fraction, _ = self._state
+        phase, fraction, _ = self._current()
         took = self._took_s if self._took_s is not None else time.monotonic() - self.started
         return phase, _clamped(fraction), took
 
