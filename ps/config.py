@@ -95,6 +95,11 @@ class InitializerConfig:
     scale: float = 0.01  # uniform: [-scale, scale]; normal: standard deviation
     seed: int = 0
 
+    def normalized(self) -> InitializerConfig:
+        """The same initializer spelled one way: zeros without a scale or seed (it makes the same rows whatever
+        they are), for a worker comparing the initializer it was given with one a table is held with."""
+        return InitializerConfig("zeros", 0.0, 0) if self.name == "zeros" else self
+
     def validate(self) -> None:
         if self.name not in INITIALIZERS:
             raise InvalidArgumentError(f"initializer {echo(self.name)} is unknown; expected one of {INITIALIZERS}")

@@ -4,12 +4,16 @@ each table described once, and an MLP table held whole keeping the initializer i
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
+
+import pytest
 
 from ps import codec
-from ps.config import InitializerConfig
+from ps.config import InitializerConfig, TableConfig
 from worker.__main__ import main as worker_main
 from worker.client import Client
 from worker.cluster import LocalCluster
+from worker.tables import keep_held_initializers
 
 SMALL = ["--synthetic-rows", "2000", "--synthetic-eval-rows", "500", "--batch-size", "256"]
 OUTPUT = "dense.deepfm.mlp.1.weight"  # deepfm's MLP output layer under --hidden 4: 4 rows
@@ -104,3 +108,19 @@ def test_a_table_config_initializer_of_an_mlp_table_held_whole_is_refused_unless
             code, err = run([*base, *ok], capsys)
             assert code == 0, err
             assert held(servers)[1] == init
+
+
+def test_an_initializer_that_makes_the_held_rows_is_not_refused():
+    """zeros makes zeros whatever its scale and seed: a file's `{ name = "zeros" }` (scale 0.01 by default) against a
+    table held with zeros of scale 0 is the held initializer; uniform against it is not."""
+    name = OUTPUT
+    stats = [SimpleNamespace(tables=[SimpleNamespace(name=name, trained=True, num_rows=4)])]
+    specs = {name: TableConfig(name, 1, InitializerConfig("zeros", 0.0))}
+    given = [TableConfig(name, 1, InitializerConfig("zeros", 0.01, 7))]
+    (kept,) = keep_held_initializers(given, {name: 4}, stats, specs, "f.toml", frozenset([name]))
+    assert kept.initializer == InitializerConfig("zeros", 0.0)
+    other = [TableConfig(name, 1, InitializerConfig("uniform", 0.01))]
+    with pytest.raises(
+        ValueError, match=r'initializer \{ name = "uniform", scale = 0.01, seed = 0 \} would make no row'
+    ):
+        keep_held_initializers(other, {name: 4}, stats, specs, "f.toml", frozenset([name]))

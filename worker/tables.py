@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ps import codec
-from ps.config import InitializerConfig, TableConfig
+from ps.config import TableConfig
 from ps.errors import TableNotFoundError
 from worker.dense import TABLE_PREFIX
-from worker.schema_toml import toml_key
+from worker.schema_toml import toml_key, toml_value
 
 SHAPE_FIELDS = ("dim", "features")  # what a forward pass depends on (features: the schema that gave the rows their
 # meaning); a dense parameter's rows, its input width, are compared too (check_tables' dense_rows)
@@ -185,10 +185,11 @@ def keep_held_initializers(wanted: list[TableConfig], dense_rows: dict[str, int]
                  and sum(s.num_rows for s in stats) == dense_rows[t.name])  # fmt: skip
         init = specs[t.name].initializer if whole and t.name in specs else None  # (one dropped since the Stats:
         # check_tables finds it missing)
-        if init is not None and t.name in given_names and t.initializer != init:
+        if init is not None and t.name in given_names and t.initializer.normalized() != init.normalized():
             raise ValueError(INITIALIZER_UNUSED.format(file=given, table=t.name, section=toml_key(t.name),
                                                        rows=dense_rows[t.name],
-                                                       given=_toml(t.initializer), held=_toml(init)))  # fmt: skip
+                                                       given=toml_value(dataclasses.asdict(t.initializer)),
+                                                       held=toml_value(dataclasses.asdict(init))))  # fmt: skip
         out.append(t if init is None else dataclasses.replace(t, initializer=init))
     return out
 
@@ -199,11 +200,6 @@ INITIALIZER_UNUSED = (
     "further. Leave `initializer` out of [{section}] in {file} (the run takes the table as held), or train a new model "
     "with it (other servers, or servers started on new data dirs); nothing was created"
 )
-
-
-def _toml(init: InitializerConfig) -> str:
-    """An initializer as a --table-config file writes it."""
-    return f'{{ name = "{init.name}", scale = {init.scale!r}, seed = {init.seed} }}'
 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,
