@@ -6,6 +6,7 @@ read a file through them alike."""
 from __future__ import annotations
 
 import datetime as dt
+import tracemalloc
 from dataclasses import replace
 
 import numpy as np
@@ -211,6 +212,41 @@ def test_the_grammar_reads_the_time_transforms_as_sparse_and_round_trips(tmp_pat
 )
 def test_a_time_is_told_by_its_name_and_every_value(name, cells, fmt):
     assert time_format(name, cells) == fmt
+
+
+def test_a_long_cell_costs_the_time_test_its_own_size_not_the_column_padded_to_it(tmp_path, capsys):
+    """One long cell (a blob, a long list) among a sample's: time_format tells it no time by its text, without the
+    column as a numpy array of cells each padded to it (so padded, 1,000 cells with one of 8 MB are 31 GiB: a
+    MemoryError out of `ps-worker train` and `ps-worker schema`)."""
+    cells = ["2024-01-05 13:22:00"] * 199 + ["x" * 50_000]
+    path = tmp_path / "d.csv"
+    rows = [f"{i % 2},w{i % 7},{i}" for i in range(200)]
+    rows[100] = "1," + "x" * 50_000 + ",5"
+    path.write_text("y,c,n\n" + "\n".join(rows) + "\n")
+    peaks = []
+    tracemalloc.start()
+    try:
+        for run in (
+            lambda: time_format("created", cells),
+            lambda: main(["schema", "--data", str(path)]),
+            lambda: resolve_schema(
+                str(path),
+                schema_path=None,
+                fmt="auto",
+                label_column=None,
+                drop_columns=(),
+                numeric_columns=(),
+                libsvm_fields=None,
+                default_table="t",
+                default_dim=4,
+            ),
+        ):
+            tracemalloc.reset_peak()
+            peaks.append((run(), tracemalloc.get_traced_memory()[1]))
+    finally:
+        tracemalloc.stop()
+    assert peaks[0][0] is None and peaks[1][0] == 0 and 'name = "c"' in capsys.readouterr().out
+    assert all(peak < 8 << 20 for _, peak in peaks), peaks  # padded: 200 x 50,000 x 4 bytes, 40 MB, a few times
 
 
 @pytest.mark.parametrize(

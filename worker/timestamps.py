@@ -38,6 +38,7 @@ _UNIX_MS = re.compile(r"[1-9][0-9]{12}")  # 13 digits: milliseconds, 2001-09-09 
 _ISO_HEAD = 13  # YYYY-MM-DDTHH: what the hour and weekday are read from
 _ISO_DIGITS = (0, 1, 2, 3, 5, 6, 8, 9, 11, 12)  # the head's digits, at these offsets
 _ISO_TAIL = re.compile(r"(?::[0-5][0-9](?::(?:[0-5][0-9]|60)(?:\.[0-9]+)?)?)?(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?")
+_ISO_SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}" + _ISO_TAIL.pattern)  # iso_parts' layout, unchecked
 
 
 def time_parts(values: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -109,7 +110,8 @@ def time_format(name: str, cells: list[str]) -> str | None:
     (a `date` of 2012-03-01 to 2012-03-23, 20120301..20120323, reads as 2020-12-03 at hours 01..23, and its later
     days as no time), or ten digits, the first not 0 ("unix"); else None."""
     present = [c.strip() for c in cells if not is_missing_text(c)]
-    if present and iso_parts(np.array(present, dtype=np.str_))[2].all():
+    shaped = all(_ISO_SHAPE.fullmatch(c) for c in present)  # first: the array pads every cell to the longest
+    if present and shaped and iso_parts(np.array(present, dtype=np.str_))[2].all():
         return "iso"
     if not present or not _time_name(name):
         return None
