@@ -597,6 +597,28 @@ def test_the_spread_sample_reads_no_record_twice_even_of_long_lines(tmp_path):
     assert rows[-1] == ["1", "last", "x"], rows[-1]
 
 
+def test_a_file_of_quoted_fields_over_lines_is_sampled_from_its_start_not_at_spots_inside_them(tmp_path):
+    """A spot of the spread sample that starts inside a quoted field over two lines read the field's second line as a
+    record of the header's 4 cells ('z3', ' k', ...): its label and price no label and no number, so `ps-worker
+    schema` guessed the label (CHECK) and read price as text. Such a file is sampled from its start: every sampled
+    record is one of the file's."""
+    import csv
+
+    from worker.formats import read_csv_sample
+    from worker.readers.csv_sample import SPREAD_MIN_BYTES
+
+    rows = [[str(i % 2), str(i % 500 + 1), f'w{i % 13} x, y\nz{i % 7}, k, "ok"', f"s{i % 40}"] for i in range(80_000)]
+    path = tmp_path / "ads.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([["click", "price", "desc", "site"], *rows])
+    assert path.stat().st_size > 2 * SPREAD_MIN_BYTES  # (a file the spots would sample)
+    header, sample = read_csv_sample(path, ",", 10_000)
+    assert header == ["click", "price", "desc", "site"] and sample == rows[:10_000]
+    text, checks = infer_schema(str(path))
+    kinds = {c.name: c.kind for c in schema_from_text(text, "inferred", default_table="t", default_dim=4).columns}
+    assert 'label = "click"' in text and checks == [] and kinds["price"] == "numeric", (checks, kinds)
+
+
 def test_infer_gives_repeated_integer_codes_a_categorical_twin_and_not_a_wide_quantity(tmp_path):
     """150 category codes over 3,000 rows lost 0.05 AUC as a standardized number with 15 buckets: such a column
     gets `<name>_code` too (each value its own id); integers of many values (cents) do not."""

@@ -64,7 +64,8 @@ def add_schema_parser(sub: argparse._SubParsersAction) -> None:
         "--rows",
         type=integer(1),
         default=10_000,
-        help="rows of the sample: half the file's first, half spread over the rest (all from the start of a .gz file)",
+        help="rows of the sample: half the file's first, half spread over the rest (all from the start of a .gz file, "
+        "or of one whose quoted fields hold line ends)",
     )
     p.add_argument("--out", default=None, help="write the schema here instead of printing it")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (a schema you edited, say); "

@@ -27,13 +27,15 @@ class BoundedReader:
     MAX_RECORD_LINES physical lines. A quote left open makes the csv module read every line after it into one
     field, up to MAX_CSV_FIELD characters (a 600 MB file took 3 GB of memory for one stray quote): here the
     record is cut there and raises RecordTooLongError, a csv.Error like any unreadable record, and the next
-    record starts on the line after (the csv module starts each record afresh)."""
+    record starts on the line after (the csv module starts each record afresh). spanned: whether a record read
+    so far took more than one line (a quoted field holding a line end, or a quote left open)."""
 
     def __init__(self, lines: Iterable[str], delimiter: str):
         csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
         self._lines = iter(lines)
         self._taken = 0  # lines read so far
         self._start = 0  # lines read before the record being read
+        self.spanned = False
         # iter(callable, sentinel) ends at the lines' StopIteration; _RecordCut goes through the csv module
         self._reader = csv.reader(iter(self._line, None), delimiter=delimiter)
 
@@ -51,6 +53,8 @@ class BoundedReader:
             return next(self._reader)
         except _RecordCut:
             raise RecordTooLongError(f"a record of more than {MAX_RECORD_LINES} lines, cut there") from None
+        finally:
+            self.spanned = self.spanned or self._taken - self._start > 1
 
     def _line(self) -> str:
         if self._taken - self._start >= MAX_RECORD_LINES:

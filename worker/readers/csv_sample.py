@@ -42,9 +42,11 @@ def read_csv_sample(
     content (share.is_blank: empty, or whitespace only). The first
     half are the file's first records; the other half follow them, or, in an uncompressed file with at least
     SPREAD_MIN_BYTES more, come from SAMPLE_SPOTS places spread evenly over the rest (each from the line after a
-    byte offset), so that a file sorted by time or by label is seen whole. A record cut by a spot's start (a quoted
-    field over lines) is dropped with the others of the wrong column count. misfits, where given, counts the
-    records of the wrong column count read in order from the file's start (not a spot's, which may be cut)."""
+    byte offset), so that a file sorted by time or by label is seen whole. A spot's start may fall inside a quoted
+    field over lines, whose rest reads as a record of made-up cells, perhaps of the header's count: a file whose
+    half-sample, or one of whose spots, holds a record over lines (BoundedReader.spanned) is sampled from its
+    start only. misfits, where given, counts the records of the wrong column count read in order from the file's
+    start (not a spot's, which may be cut)."""
     name = os.fspath(path)
     if is_blank(name):
         raise ValueError(f"{name}: the file is empty; expected a header line")
@@ -56,12 +58,10 @@ def read_csv_sample(
         header = header_names(name, header)
         sample = _good_records(reader, len(header), rows - rows // 2, misfits)
         start = opened.raw.tell()  # past the half-sample (by at most the text layer's read-ahead)
-        spread = len(sample) == rows - rows // 2 and not name.endswith(".gz")
+        spread = len(sample) == rows - rows // 2 and not name.endswith(".gz") and not reader.spanned
         spread = spread and os.path.getsize(name) - start >= SPREAD_MIN_BYTES
-        if not spread:
-            sample += _good_records(reader, len(header), rows - len(sample), misfits)
-    if spread:
-        sample += _spread_records(name, delimiter, len(header), rows - len(sample), start)
+        spots = _spread_records(name, delimiter, len(header), rows - len(sample), start) if spread else None
+        sample += spots if spots is not None else _good_records(reader, len(header), rows - len(sample), misfits)
     return header, sample
 
 
@@ -89,10 +89,11 @@ def _good_records(reader: Any, width: int, limit: int, misfits: Misfits | None =
     return out
 
 
-def _spread_records(name: str, delimiter: str, width: int, want: int, start: int) -> list[list[str]]:
+def _spread_records(name: str, delimiter: str, width: int, want: int, start: int) -> list[list[str]] | None:
     """Up to `want` records of `width` columns from SAMPLE_SPOTS spans spread evenly over bytes [start, end): each
     span's whole lines (the one its start cuts into, and the one its end cuts, left out), at most want/SAMPLE_SPOTS
-    records of it, so no record is read twice."""
+    records of it, so no record is read twice. None where a span's records read hold one over lines: where a
+    record starts is then not told by a line's start."""
     size = os.path.getsize(name)
     out: list[list[str]] = []
     per_spot = -(-want // SAMPLE_SPOTS)
@@ -106,8 +107,10 @@ def _spread_records(name: str, delimiter: str, width: int, want: int, start: int
             span = span[first + 1 :] if first >= 0 else b""
             if end < size:
                 span = span[: span.rfind(b"\n") + 1]  # a line the span's end cuts is the next span's
-            text = io.StringIO(span.decode("utf-8", errors="surrogateescape"), newline="")
-            out += _good_records(BoundedReader(text, delimiter), width, min(per_spot, want - len(out)))
+            reader = BoundedReader(io.StringIO(span.decode("utf-8", errors="surrogateescape"), newline=""), delimiter)
+            out += _good_records(reader, width, min(per_spot, want - len(out)))
+            if reader.spanned:
+                return None
             if len(out) >= want:
                 break
     return out
