@@ -522,21 +522,22 @@ def test_infer_a_column_empty_in_the_whole_sample_is_categorical(tmp_path):
     assert kinds == {"a": "categorical", "b": "categorical"}
 
 
-@pytest.mark.parametrize("gz", [False, True])
-def test_the_schema_sample_of_a_file_sorted_by_time_sees_its_later_rows(tmp_path, gz):
+@pytest.mark.parametrize("gz, end", [(False, "\n"), (True, "\n"), (False, "\r\n"), (False, "\r")])
+def test_the_schema_sample_of_a_file_sorted_by_time_sees_its_later_rows(tmp_path, gz, end):
     """A log sorted by time whose 'promo' column is filled only in its last third: the sample takes half the file's
-    first records and half from spots spread over the rest, so it sees them (a .gz file: the first records only)."""
+    first records and half from spots spread over the rest, so it sees them (a .gz file: the first records only).
+    Lines end in LF, CRLF or a lone CR (a spreadsheet's "CSV (Macintosh)"): a spot finds each kind."""
     import gzip
     import re
 
     from worker.formats import read_csv_sample
 
     n = 250_000
-    text = "click,promo,price\n" + "".join(
-        f"{i % 5 == 0:d},{f'p{i % 7}' if i >= 2 * n // 3 else ''},{i % 100}\n" for i in range(n)
+    text = f"click,promo,price{end}" + "".join(
+        f"{i % 5 == 0:d},{f'p{i % 7}' if i >= 2 * n // 3 else ''},{i % 100}{end}" for i in range(n)
     )
     path = tmp_path / ("log.csv.gz" if gz else "log.csv")
-    with gzip.open(path, "wt") if gz else open(path, "w") as f:
+    with gzip.open(path, "wt", newline="") if gz else open(path, "w", newline="") as f:
         f.write(text)
     header, rows = read_csv_sample(path, ",", 2000)
     assert header == ["click", "promo", "price"] and len(rows) == 2000

@@ -6,6 +6,7 @@ import csv
 import io
 import itertools
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, 
 SPREAD_MIN_BYTES = SAMPLE_SPOTS << 15  # ... when at least this much of the file lies past that half-sample
 SAMPLE_EXAMINED = 10  # records read at most per record sampled (see _good_records)
 MAX_SPOT_BYTES = 4 << 20  # read of one spot's span, at most
+_LINE_END = re.compile(rb"\r\n|\r|\n")  # a physical line's end, as csv_fast.CsvLines splits lines
 
 
 @dataclass
@@ -91,9 +93,9 @@ def _good_records(reader: Any, width: int, limit: int, misfits: Misfits | None =
 
 def _spread_records(name: str, delimiter: str, width: int, want: int, start: int) -> list[list[str]] | None:
     """Up to `want` records of `width` columns from SAMPLE_SPOTS spans spread evenly over bytes [start, end): each
-    span's whole lines (the one its start cuts into, and the one its end cuts, left out), at most want/SAMPLE_SPOTS
-    records of it, so no record is read twice. None where a span's records read hold one over lines: where a
-    record starts is then not told by a line's start."""
+    span's whole lines (ended by LF, CRLF or a lone CR, as the readers end them; the one its start cuts into, and
+    the one its end cuts, left out), at most want/SAMPLE_SPOTS records of it, so no record is read twice. None
+    where a span's records read hold one over lines: where a record starts is then not told by a line's start."""
     size = os.path.getsize(name)
     out: list[list[str]] = []
     per_spot = -(-want // SAMPLE_SPOTS)
@@ -103,10 +105,10 @@ def _spread_records(name: str, delimiter: str, width: int, want: int, start: int
             f.seek(lo)
             span = f.read(min(hi - lo, MAX_SPOT_BYTES))
             end = lo + len(span)
-            first = span.find(b"\n")  # the line the offset fell in is the span before's
-            span = span[first + 1 :] if first >= 0 else b""
-            if end < size:
-                span = span[: span.rfind(b"\n") + 1]  # a line the span's end cuts is the next span's
+            first = _LINE_END.search(span)  # the line the offset fell in is the span before's
+            span = span[first.end() :] if first else b""
+            if end < size:  # a line the span's end cuts is the next span's
+                span = span[: max(span.rfind(b"\n"), span.rfind(b"\r")) + 1]
             reader = BoundedReader(io.StringIO(span.decode("utf-8", errors="surrogateescape"), newline=""), delimiter)
             out += _good_records(reader, width, min(per_spot, want - len(out)))
             if reader.spanned:
