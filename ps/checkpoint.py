@@ -191,9 +191,10 @@ def load_manifest(directory: str) -> dict:
 def read_manifest(directory: str) -> dict:
     """load_manifest, with every file of every shard checked against its checksum, and no other file there
     (StorageError if not)."""
-    manifest = load_manifest(directory)
+    path = os.path.realpath(directory)  # the manifest and the files of one checkpoint, though a link moves
+    manifest = load_manifest(path)
     for shard in manifest["shards"]:
-        shard_dir = os.path.join(directory, shard["dir"])
+        shard_dir = os.path.join(path, shard["dir"])
         try:
             have = file_checksums(shard_dir) if os.path.isdir(shard_dir) else {}
         except OSError as e:
@@ -211,6 +212,22 @@ def read_manifest(directory: str) -> dict:
                                f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}): files were added after "
                                "the save; remove them (or restore from another checkpoint)")  # fmt: skip
     return manifest
+
+
+def pinned(directory: str, manifest: dict | None = None) -> tuple[str, dict]:
+    """(the path of the checkpoint at directory with every symbolic link resolved, its manifest): a restore or an
+    export reads every file from that path, so that it reads one checkpoint whole where directory is a link that
+    moves to another meanwhile (a "latest" each save moves). manifest: the one read_manifest read at directory
+    before (as a start checks it), which must be the one there now: StorageError, naming where directory leads
+    now, if not; None: read_manifest there."""
+    path = os.path.realpath(directory)
+    if manifest is None:
+        return path, read_manifest(path)
+    if os.path.isdir(path) and load_manifest(path)["sha256"] != manifest["sha256"]:  # (gone: the copy says so)
+        raise StorageError(f"--restore {directory} names another checkpoint than the one checked as the start began "
+                           f"(it names {path} now: a link moved?); nothing was restored: start again, which "
+                           "checks the checkpoint it names then")  # fmt: skip
+    return path, manifest
 
 
 def table_patterns(text: str) -> list[str]:

@@ -946,3 +946,113 @@ def test_a_checkpoint_deleted_while_it_is_restored_is_said_gone_not_damaged(tmp_
         assert store.load_tables() == [] and not store.meta.restore_pending()  # the data dir as it was
     finally:
         store.close()
+
+
+def two_saves_behind_a_link(tmp_path) -> tuple[str, np.ndarray]:
+    """(tmp_path/latest, ids): two checkpoints of 2 shards, tmp_path/one (tables a and b: every id's row -1) and
+    tmp_path/two (-2, pushed once more), and a link `latest` to one, as a job that saves every hour keeps one to
+    its newest save (`ln -sfn`)."""
+    from ps.checkpoint import FORMAT
+    from ps.sharding import NUM_SLOTS, SlotMap
+
+    ids = np.arange(1, 201, dtype=np.uint64)
+    owner = SlotMap.contiguous(2).shard_of(ids)
+    specs = [table("a"), table("b")]
+    shards = [Shard(ServerConfig(data_dir=str(tmp_path / f"source-{i}"), shard_id=i, num_shards=2)) for i in range(2)]
+    try:
+        for name in ("one", "two"):
+            infos, clocks = [], []
+            for i, shard in enumerate(shards):
+                for spec in specs:
+                    shard.create_table(spec)
+                    shard.push(spec.name, ids[owner == i], np.ones((int(np.sum(owner == i)), 2), np.float32))
+                clock, token = shard.hold(60)
+                try:
+                    infos.append(shard.save_checkpoint(str(tmp_path / name), token))
+                finally:
+                    shard.release(token)
+                clocks.append(clock)
+            write_manifest(str(tmp_path / name), {"format": FORMAT, "num_shards": 2, "num_slots": NUM_SLOTS,
+                                                  "clock": max(clocks), "created": "now",
+                                                  "tables": [t.to_dict() for t in specs], "shards": infos})  # fmt: skip
+    finally:
+        for shard in shards:
+            shard.close()
+    os.symlink("one", tmp_path / "latest")
+    return str(tmp_path / "latest"), ids
+
+
+def move_link(link: str, target: str) -> None:
+    """Points link at target in one rename, as `ln -sfn target link` does."""
+    os.symlink(target, link + ".new")
+    os.replace(link + ".new", link)
+
+
+def test_a_restore_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_link_moves(tmp_path, monkeypatch):
+    """--restore latest, a link that a save moves to a newer checkpoint while the restore copies: every row is the
+    checkpoint's the restore began from (its manifest, its files checked). Before: the shards copied after the move
+    came from the other checkpoint, a mix of two cuts that no save took, restored as if whole."""
+    latest, ids = two_saves_behind_a_link(tmp_path)
+    import_slots = Store.import_slots
+
+    def import_then_move(self, *args, **kwargs):
+        copied = import_slots(self, *args, **kwargs)
+        move_link(latest, "two")  # a save finished meanwhile: once moved, it stays on two
+        return copied
+
+    monkeypatch.setattr(Store, "import_slots", import_then_move)
+    restored = Shard(ServerConfig(data_dir=str(tmp_path / "to"), restore_dir=latest))
+    try:
+        for name in ("a", "b"):
+            np.testing.assert_array_equal(restored.pull(name, ids), -np.ones((len(ids), 2), np.float32), name)
+    finally:
+        restored.close()
+
+
+def test_an_export_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_link_moves(tmp_path, monkeypatch):
+    """ps-server export latest, the link moved to a newer checkpoint once the first shard's rows of table a were
+    read: every row exported is the first checkpoint's. Before: the rest came from the other checkpoint."""
+    from ps.engine import restore
+
+    latest, ids = two_saves_behind_a_link(tmp_path)
+    read_table = restore.read_table
+
+    def read_then_move(*args, **kwargs):
+        yield from read_table(*args, **kwargs)
+        move_link(latest, "two")
+
+    monkeypatch.setattr(restore, "read_table", read_then_move)
+    restore.export(latest, str(tmp_path / "out"))
+    for name in ("a", "b"):
+        got, rows = exported(tmp_path / "out", name)
+        np.testing.assert_array_equal(got, ids)
+        np.testing.assert_array_equal(rows, -np.ones((len(ids), 2), np.float32), name)
+
+
+def test_a_link_moved_between_the_restores_check_and_its_copy_is_refused_changing_nothing(tmp_path, monkeypatch):
+    """The manifest and files are checked before RocksDB opens; the link moved before the copy began: the start is
+    refused, nothing restored, and a start again restores the checkpoint the link names then, whole."""
+    from ps.engine import opening
+
+    latest, ids = two_saves_behind_a_link(tmp_path)
+    check_room_for = opening.check_room_for
+
+    def check_then_move(*args, **kwargs):
+        check_room_for(*args, **kwargs)
+        move_link(latest, "two")
+
+    monkeypatch.setattr(opening, "check_room_for", check_then_move)
+    with pytest.raises(StorageError, match=rf"--restore {latest} names another checkpoint than the one checked as the "
+                                           rf"start began \(it names {tmp_path / 'two'} now: a link moved\?\)"):  # fmt: skip
+        Shard(ServerConfig(data_dir=str(tmp_path / "to"), restore_dir=latest))
+    monkeypatch.undo()
+    store = Store(str(tmp_path / "to"))
+    try:
+        assert store.load_tables() == [] and not store.meta.restore_pending()
+    finally:
+        store.close()
+    restored = Shard(ServerConfig(data_dir=str(tmp_path / "to"), restore_dir=latest))
+    try:
+        np.testing.assert_array_equal(restored.pull("a", ids), -2 * np.ones((len(ids), 2), np.float32))
+    finally:
+        restored.close()

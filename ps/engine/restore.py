@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ps.checkpoint import read_manifest, slot_range
+from ps.checkpoint import pinned, slot_range
 from ps.config import TableConfig
 from ps.engine.exportout import check_holds_no_export, check_out_of_checkpoint, chosen_tables, earlier_files, holding
 from ps.errors import CheckpointDamagedError, StorageError
@@ -53,7 +53,10 @@ def restore_into(
 ) -> dict:
     """Fills an empty store (one that holds no table: its caller, ps.engine.opening.check_store, refuses a dir
     with tables before) with this shard's part of the checkpoint at directory; returns a summary. manifest:
-    the checkpoint's, from read_manifest (None: read here, before anything is written). From its first write, the
+    the checkpoint's, from read_manifest (None: read here, before anything is written). Every file is read from
+    directory with its links resolved once, so a link that moves meanwhile (a "latest") mixes no other checkpoint
+    in; a manifest given must be the one there then (ps.checkpoint.pinned: a StorageError before anything is
+    written, if not). From its first write, the
     store is marked as holding a restore that did not finish (check_restored) until every row is in.
     on_written: told the admitted rows of each batch written (Store.import_slots); it may raise to stop the
     restore there, which leaves that mark.
@@ -65,7 +68,7 @@ def restore_into(
     is the checkpoint's, and a start with another checkpoint must not be refused for it. Only when that deletion
     fails too does the mark stay (the error says so, and check_restored what to do)."""
     check_restored(store)
-    manifest = manifest if manifest is not None else read_manifest(directory)
+    source, manifest = pinned(directory, manifest)  # every file read from there: one checkpoint, though a link moves
     store.meta.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
     tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
     for cfg in tables:
@@ -76,7 +79,7 @@ def restore_into(
     for shard in manifest["shards"]:
         lo, hi = slot_range(int(shard["shard_id"]), int(manifest["num_shards"]))  # the slots it owned
         try:
-            copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables],
+            copied = store.import_slots(os.path.join(source, shard["dir"]), slots, [t.name for t in tables],
                                         layouts, on_written, trained_from=lo < slots[1] and slots[0] < hi)  # fmt: skip
         except CheckpointDamagedError as e:
             raise _undone(store, e) from None
@@ -183,7 +186,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     """
     if move_checkpoint and remove_checkpoint:
         raise ValueError("the checkpoint exported is either moved into the export's folder or removed, not both")
-    manifest = read_manifest(directory)
+    source, manifest = pinned(directory)  # every file read from there: one checkpoint, though a link moves
     if tables:
         manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
     check_out_of_checkpoint(directory, out)  # first: overwrite does not help there
@@ -191,7 +194,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     make_dirs(out, "--out")
     killed, check = _claim_calls(directory, out, overwrite)
     with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, check, unclaimed):
-        summary = _export_into(directory, manifest, out, new_out, since, progress, move_checkpoint, remove_checkpoint)
+        summary = _export_into(directory, (source, manifest), out, new_out, since, progress, move_checkpoint,
+                               remove_checkpoint)  # fmt: skip
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
         _remove_exported(directory)
     return summary
@@ -223,9 +227,11 @@ def _remove_exported(directory: str) -> None:
         log.warning("the checkpoint exported, %s, could not be removed (%s): remove it", directory, e)
 
 
-def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool,
-                 move_checkpoint: bool, remove_checkpoint: bool) -> dict:  # fmt: skip
-    """export's writing, into out (new_out: this export made it), under its claim on out."""
+def _export_into(directory: str, read: tuple[str, dict], out: str, new_out: bool, since: int | None,
+                 progress: bool, move_checkpoint: bool, remove_checkpoint: bool) -> dict:  # fmt: skip
+    """export's writing, into out (new_out: this export made it), under its claim on out; read: (the path its files
+    are read from, its manifest), ps.checkpoint.pinned's."""
+    source, manifest = read
     name = f"export-{secrets.token_hex(4)}"  # leftovers.EXPORT_FILES
     summary = _summary(directory, manifest, since, remove_checkpoint, name)
     earlier = earlier_files(out)
@@ -235,7 +241,7 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
                          f"whose folder {inside[0]} is removed once the new one is in place; move or copy the "
                          "checkpoint out of it first (or have it moved into the new export: --move-checkpoint)")  # fmt: skip
     writing = _ExportWrite(directory, out, name, new_out, move_checkpoint)
-    writing.write(manifest, since, progress, summary)
+    writing.write(source, manifest, since, progress, summary)
     writing.put_in_place(earlier)
     return summary
 
@@ -263,15 +269,16 @@ class _ExportWrite:
         self.shown: ExportProgress | None = None
         self.made: list[str] = []  # what this export has created in out: its folder, then its export.json.tmp
 
-    def write(self, manifest: dict, since: int | None, progress: bool, summary: dict) -> None:
-        """The folder, every table's .npy files in it (their entries in summary["tables"]), the checkpoint moved
-        in (move_checkpoint), fsynced, then export.json.tmp; on a failure, what it made is undone."""
+    def write(self, source: str, manifest: dict, since: int | None, progress: bool, summary: dict) -> None:
+        """The folder, every table's .npy files in it (their entries in summary["tables"], read from source: the
+        checkpoint's path, links resolved), the checkpoint moved in (move_checkpoint), fsynced, then
+        export.json.tmp; on a failure, what it made is undone."""
         try:
             os.mkdir(self.files)
             self.made.append(self.files)
             for t in manifest["tables"]:
                 cfg = TableConfig.from_dict(t)
-                summary["tables"][cfg.name] = self._table(manifest, cfg, since, progress)
+                summary["tables"][cfg.name] = self._table(source, manifest, cfg, since, progress)
             if self.move_checkpoint:
                 # a kill leaves the folder naming where it came from
                 leftovers.note_moved_checkpoint(self.files, self.directory)
@@ -289,11 +296,11 @@ class _ExportWrite:
             self.undo()
             raise
 
-    def _table(self, manifest: dict, cfg: TableConfig, since: int | None, progress: bool) -> dict:
+    def _table(self, source: str, manifest: dict, cfg: TableConfig, since: int | None, progress: bool) -> dict:
         """Writes a table's ids (sorted) and rows (in that order) into the folder; its entry in export.json."""
         total = sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"])
         self.shown = ExportProgress(cfg.name, total, progress)
-        ids, rows = _table_rows(self.directory, manifest, cfg, total, since, self.shown.update)
+        ids, rows = _table_rows(source, manifest, cfg, total, since, self.shown.update)
         self.shown.close()
         n, order = len(ids), np.argsort(ids, kind="stable")
         _write_npy(os.path.join(self.files, f"{cfg.name}.ids.npy"), ids[order])
