@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 from ps.errors import StorageError
 from ps.sharding import NUM_SLOTS, SlotMap
@@ -45,6 +46,36 @@ from ps.storage.atomicfile import write_text_whole
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+# what a save writes into its directory before its manifest: the shards' folders, RocksDB's shard-<i>.tmp while it
+# writes one, write_manifest's temporary file
+SAVE_PARTS = re.compile(r"shard-\d+(?:\.tmp)?|manifest\.json\.(?:\w+\.)?tmp")
+
+
+def unfinished_save(directory: str) -> str | None:
+    """What directory holds, where it holds what a save writes and no manifest (a save into it runs now, or one was
+    killed or failed there), said as "holds an unfinished checkpoint (...)"; else None (no such dir, an empty one,
+    a checkpoint, or one holding anything else)."""
+    try:
+        entries = sorted(os.listdir(directory))
+    except OSError:
+        return None
+    if not entries or MANIFEST in entries or not all(SAVE_PARTS.fullmatch(e) for e in entries):
+        return None
+    shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+    return (f"holds an unfinished checkpoint ({shown}; no {MANIFEST}, which a save writes last, once every shard saved "
+            "its part): a save into it runs now, or one was killed or failed there. Nothing can restore, export or "
+            "verify it: give a checkpoint whose save finished")  # fmt: skip
+
+
+def unfinished_part(path: str) -> str | None:
+    """unfinished_save's words, naming the checkpoint, where path is a shard's folder (shard-<i>, no journal in
+    it) of a directory holding an unfinished checkpoint; else None."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    if not re.fullmatch(r"shard-\d+", name) or os.path.exists(os.path.join(path, "journal")):
+        return None
+    said = unfinished_save(parent)
+    return None if said is None else f"is a shard's folder of {parent}, which {said}"
 
 
 def file_checksums(path: str) -> dict[str, str]:
@@ -167,6 +198,9 @@ def load_manifest(directory: str) -> dict:
     except FileNotFoundError:
         if not os.path.isdir(directory):
             raise StorageError(f"checkpoint {directory} does not exist (or is not a directory)") from None
+        unfinished = unfinished_save(directory)
+        if unfinished is not None:
+            raise StorageError(f"checkpoint {directory} {unfinished}") from None
         raise StorageError(f"{directory} is not a checkpoint: it has no {MANIFEST}") from None
     except ValueError as e:  # not JSON (UnicodeDecodeError included): cut short, or empty
         raise StorageError(f"checkpoint manifest {path} is not whole JSON ({e}); the checkpoint is damaged (or its "

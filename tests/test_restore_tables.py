@@ -1056,3 +1056,25 @@ def test_a_link_moved_between_the_restores_check_and_its_copy_is_refused_changin
         np.testing.assert_array_equal(restored.pull("a", ids), -2 * np.ones((len(ids), 2), np.float32))
     finally:
         restored.close()
+
+
+def test_a_checkpoint_whose_save_has_not_finished_is_named_so_by_restore_export_and_verify(tmp_path):
+    """A save still running (or killed mid-way) has written shard-0/ and no manifest.json yet: a restore, an export
+    and `ps-server verify`, of it or of its shard's folder, say it is an unfinished save, not "not a checkpoint", and
+    verify does not read the shard's folder as a data dir (before: DAMAGED, its journal mark missing, and advice to
+    start with --accept-journal-loss, which would start a server on the checkpoint's files)."""
+    ckpt = one_table_checkpoint(tmp_path, 10)
+    os.remove(os.path.join(ckpt, "manifest.json"))
+    unfinished = r"holds an unfinished checkpoint \(shard-0; no manifest.json, which a save writes last"
+    with pytest.raises(StorageError, match=rf"--restore {ckpt} {unfinished}.*the data dir was not touched"):
+        Shard(ServerConfig(data_dir=str(tmp_path / "new"), restore_dir=ckpt))
+    assert not os.path.exists(tmp_path / "new")
+    Shard(ServerConfig(data_dir=str(tmp_path / "used"))).close()
+    with pytest.raises(StorageError, match=rf"checkpoint {ckpt} {unfinished}"):  # a dir with data: read later
+        Shard(ServerConfig(data_dir=str(tmp_path / "used"), restore_dir=ckpt))
+    for argv in (["export", ckpt, "--out", str(tmp_path / "out")], ["verify", ckpt],
+                 ["verify", os.path.join(ckpt, "shard-0")]):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "ps", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "unfinished checkpoint (shard-0; no manifest.json" in done.stderr, (argv, done)
+        assert "DAMAGED" not in done.stdout and "accept-journal-loss" not in done.stdout, (argv, done.stdout)
+    assert not os.path.exists(tmp_path / "out")

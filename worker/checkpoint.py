@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from protos import ps_pb2
 from ps import codec
-from ps.checkpoint import FORMAT, MANIFEST, write_manifest
+from ps.checkpoint import FORMAT, MANIFEST, SAVE_PARTS, write_manifest
 from ps.config import DEFAULT_HOLD_S
 from ps.errors import PsError
 from ps.sharding import NUM_SLOTS
@@ -41,8 +40,6 @@ def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, s
 
 
 NEW_DIR = "give a new or empty directory (a checkpoint is never written over another, nor beside other files)"
-# a save's folders and files (RocksDB's shard-<i>.tmp, write_manifest's temporary file)
-_SAVED = re.compile(r"shard-\d+(?:\.tmp)?|manifest\.json\.(?:\w+\.)?tmp")
 
 
 def check_save_dir(name: str, directory: str) -> None:
@@ -51,7 +48,7 @@ def check_save_dir(name: str, directory: str) -> None:
     size: a save killed mid-way left it, or one runs into it now (which nobody can tell from here, so it is left as
     it is); nothing can restore it, and its hard links keep the shards' old SST files on disk."""
     entries = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
-    if entries and all(_SAVED.fullmatch(e) for e in entries):
+    if entries and all(SAVE_PARTS.fullmatch(e) for e in entries):
         size = sum(size_bytes(os.path.join(directory, e)) for e in entries)
         shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
         raise ValueError(

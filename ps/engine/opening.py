@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from ps.checkpoint import MANIFEST, checkpoint_folder_around, load_manifest, read_manifest, slot_range
+from ps.checkpoint import MANIFEST, checkpoint_folder_around, load_manifest, read_manifest, slot_range, unfinished_save
 from ps.config import TableConfig
 from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
@@ -87,6 +87,9 @@ def restore_manifest(config: ServerConfig) -> dict | None:
         raise StorageError(f"--restore {config.restore_dir} does not exist (or is not a directory): give the "
                            "directory ps-worker checkpoint save wrote; the data dir was not touched")  # fmt: skip
     if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
+        unfinished = unfinished_save(config.restore_dir)
+        if unfinished is not None:
+            raise StorageError(f"--restore {config.restore_dir} {unfinished}; the data dir was not touched")
         raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
                            "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
+from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest, unfinished_part, unfinished_save
 from ps.errors import StorageError
 from ps.storage.checkpointread import admitted_counts
 from ps.storage.journal import Journal
@@ -37,7 +37,8 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
     shard's folder of one is verified as such (verify_checkpoint). A data dir holding a restore that did not finish
     is damaged (a server refuses to start on it), unless `restoring` (--restore of the start verifying it) names
     that restore's checkpoint: the start begins it over. StorageError if path is neither a shard's data dir nor a
-    checkpoint."""
+    checkpoint, naming a checkpoint whose save has not finished (ps.checkpoint.unfinished_save), or a shard's
+    folder of one, as such: it is no data dir, and no checkpoint yet."""
     if not os.path.isdir(path):
         try:
             os.stat(path)
@@ -49,6 +50,9 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
     checkpoint = checkpoint_holding(path)
     if checkpoint is not None:
         return verify_checkpoint(checkpoint, only=os.path.basename(os.path.abspath(path)))
+    unfinished = unfinished_save(path) or unfinished_part(path)
+    if unfinished is not None:
+        raise StorageError(f"{path} {unfinished}")
     names = set(os.listdir(path))
     if MANIFEST in names and "CURRENT" not in names:
         return verify_checkpoint(path)
