@@ -21,8 +21,10 @@ from ps.server_config import ServerConfig
 from ps.storage.sidefiles import MARK_FILE
 from ps.storage.verify import verify_data_dir
 from tests import asnobody
-from tests.conftest import crash
+from tests.conftest import crash, one_table_checkpoint
 from tests.server_process import ServerProcess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root, where ps is
 
 
 @pytest.fixture
@@ -388,7 +390,6 @@ def test_a_restore_started_over_passes_verify_on_start(tmp_path):
     without --verify-on-start (its verify does not count the mark as damage)."""
     from ps.server import Server
     from ps.storage.store import Store
-    from tests.conftest import one_table_checkpoint
 
     ckpt = one_table_checkpoint(tmp_path, 20)
     data = str(tmp_path / "restored")
@@ -419,3 +420,47 @@ def test_verify_names_a_row_key_of_another_size_and_counts_the_rows_around_it(go
     assert damaged and "DAMAGED column family rows: 1 keys of another size than 14 bytes (table, slot, id), the " \
                        f"first {ODD_KEY.hex()}" in lines, lines  # fmt: skip
     assert "ok      column family rows: 51 keys read, every block's checksum verified" in lines, lines
+
+
+# A first start with --restore (argv[1]: data dir, argv[2]: checkpoint) killed by SIGKILL at a point of its first
+# steps (argv[3]): once RocksDB made its files, before the shard record is written into it ("record"), or once it
+# is, before shard.json is written beside it ("shard.json").
+_KILLED_FIRST_START = """
+import os, signal, sys
+from ps.engine.shard import Shard
+from ps.server_config import ServerConfig
+from ps.storage import shardmeta
+die = lambda *a, **kw: os.kill(os.getpid(), signal.SIGKILL)
+if sys.argv[3] == "record":
+    shardmeta.ShardMeta.check_identity = die
+else:
+    shardmeta.write_json = die
+Shard(ServerConfig(data_dir=sys.argv[1], restore_dir=sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("killed_at", ["record", "shard.json"])
+def test_a_first_start_killed_before_it_wrote_shard_json_leaves_a_dir_the_next_start_takes(tmp_path, killed_at):
+    """kill -9 of a first start (with --restore, as a container starts) between RocksDB making its files and
+    shard.json: the dir holds RocksDB's files, which hold nothing (or the shard record alone). The next start, with
+    the same --restore, restores. Before: it was refused as 'RocksDB's files and nothing else of a shard's: a
+    checkpoint's shard-<i> folder?', at every restart, for a dir that never held anything."""
+    ckpt = one_table_checkpoint(tmp_path, 10)
+    data = str(tmp_path / "new")
+    done = subprocess.run([sys.executable, "-c", _KILLED_FIRST_START, data, ckpt, killed_at], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == -9, done.stderr
+    assert "CURRENT" in os.listdir(data) and "shard.json" not in os.listdir(data)
+    ids = np.arange(1, 11, dtype=np.uint64)
+    clean = Shard(ServerConfig(data_dir=str(tmp_path / "clean"), restore_dir=ckpt))
+    try:
+        want = clean.pull("a", ids)
+    finally:
+        clean.close()
+    shard = Shard(ServerConfig(data_dir=data, restore_dir=ckpt))
+    try:
+        assert shard.describe_start().startswith(f"restored from {ckpt}, tables a 10 rows"), shard.describe_start()
+        np.testing.assert_array_equal(shard.pull("a", ids), want)
+    finally:
+        shard.close()
+    assert "shard.json" in os.listdir(data)

@@ -23,6 +23,7 @@ from ps.rows.layout import layout_of
 from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS
 from ps.storage.budget import MemoryBudget
+from ps.storage.datadir import first_start_cut_short
 from ps.storage.journal import Journal
 from ps.storage.memory import MemoryPlan
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
@@ -50,11 +51,17 @@ def start_error(e: Exception, data_dir: str) -> PsError | None:
 
 def refuse_lone_rocksdb(config: ServerConfig) -> None:
     """StorageError, before RocksDB is opened (which writes), for a data dir that holds RocksDB's files and nothing
-    else of a shard's: most likely a checkpoint's shard folder copied in (unless config.accept_journal_loss)."""
+    else of a shard's: most likely a checkpoint's shard folder copied in (unless config.accept_journal_loss). One
+    whose RocksDB holds nothing but the shard record, what a first start killed before it wrote shard.json leaves
+    (first_start_cut_short), is started on, with a warning: it holds nothing to lose."""
     path = config.data_dir
     if config.accept_journal_loss or not os.path.exists(os.path.join(path, "CURRENT")):
         return
     if not any(os.path.exists(os.path.join(path, n)) for n in (IDENTITY_FILE, MARK_FILE, "journal")):
+        if first_start_cut_short(path):
+            log.warning("data dir %s holds RocksDB's files, which hold nothing, and no %s: a first start on it was "
+                        "killed before it wrote %s; starting on it as a new one", path, IDENTITY_FILE, IDENTITY_FILE)  # fmt: skip
+            return
         raise StorageError(
             f"data dir {path} holds RocksDB's files and nothing else of a shard's (no {IDENTITY_FILE}, journal or "
             "journal mark): a checkpoint's shard-<i> folder? To start from a checkpoint, give --restore CHECKPOINT "

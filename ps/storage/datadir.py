@@ -24,7 +24,8 @@ from ps.errors import (
 from ps.sharding import NUM_SLOTS
 from ps.storage.atomicfile import make_dirs
 from ps.storage.meta import META_CF, meta_value, shard_record
-from ps.storage.readonly import is_damage, open_failure
+from ps.storage.options import iter_items
+from ps.storage.readonly import is_damage, open_failure, opened_read_only
 from ps.storage.rocks import AccessType, Options, Rdict, WriteOptions
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
 
@@ -71,6 +72,22 @@ def checked_entries(path: str) -> list[str]:
         raise StorageError(f"data dir {path} is in use by {by}: is a server already running on it? Nothing was "
                            "changed")  # fmt: skip
     return entries
+
+
+def first_start_cut_short(path: str) -> bool:
+    """Whether the RocksDB at data dir path holds no key but, at most, the meta column family's shard record: all a
+    server's first start writes before shard.json beside it, so a first start killed there (kill -9, a power loss)
+    left it, and it holds nothing to keep. Read through a read-only view (opened_read_only), writing nothing into
+    path; False where it does not open or read (the read-write open then says why)."""
+    try:  # rocksdict raises plain Exception
+        with opened_read_only(path) as (db, names, _):
+            for name in names:
+                keys = [key for key, _ in zip(iter_items(db.get_column_family(name)), range(2))]
+                if keys and (name != META_CF or [key for key, _ in keys] != [b"shard"]):
+                    return False
+    except Exception:
+        return False
+    return True
 
 
 def open_rocksdb(path: str, opts: Options, entries: list[str], shard: tuple[int, int] | None) -> Rdict:
