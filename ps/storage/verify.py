@@ -107,9 +107,11 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     read with every block's checksum verified (what a restore and an export read; a block damaged before the save
     has sha256s that match), each table's number and its rows' sizes (table_rows), and its admitted rows per table
     against the manifest's counts (an export refuses a difference). A damaged manifest is reported, and the
-    shard-<i> folders there are read as RocksDB still.
+    shard-<i> folders there are read as RocksDB still. Every file is read from directory with its links resolved
+    once, as a restore and an export read it (ps.checkpoint.pinned): through a link a save moves (a "latest"), the
+    report is of the one checkpoint it led to then, named in its last line.
     StorageError if this user cannot read it (nothing was checked)."""
-    directory = os.path.abspath(directory)
+    given, directory = os.path.abspath(directory), os.path.realpath(directory)
     _check_readable(directory)
     report = VerifyReport()
     found = report.found
@@ -128,7 +130,8 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     for shard in shards:
         if only is None or shard["dir"] == only:
             _checkpoint_shard(directory, shard, tables, report)
-    return report.finish(f"verify checkpoint {directory if only is None else os.path.join(directory, only)}")
+    title = given if only is None else os.path.join(given, only)
+    return report.finish(f"verify checkpoint {title}" + ("" if given == directory else f" (read at {directory})"))
 
 
 def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, report: VerifyReport) -> None:
