@@ -229,8 +229,12 @@ def read_manifest(directory: str) -> dict:
     manifest = load_manifest(path)
     for shard in manifest["shards"]:
         shard_dir = os.path.join(path, shard["dir"])
+        if not os.path.isdir(shard_dir):  # the folder named, as verify names it, not its first file
+            what = "is not a directory" if os.path.lexists(shard_dir) else "is missing"
+            raise StorageError(f"checkpoint {directory}: {shard['dir']} {what} (the manifest lists it as shard "
+                               f"{shard['shard_id']}'s folder); the checkpoint is damaged")  # fmt: skip
         try:
-            have = file_checksums(shard_dir) if os.path.isdir(shard_dir) else {}
+            have = file_checksums(shard_dir)
         except OSError as e:
             raise StorageError(f"checkpoint {directory}: cannot read {shard['dir']}: {e}") from None
         if not shard["files"]:
