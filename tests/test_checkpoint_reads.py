@@ -1,19 +1,23 @@
 """What restore, export and `ps-server verify` read of a checkpoint, and what they say of one they cannot: a link that
-moves read as the one checkpoint it led to, a shard's folder gone named whole."""
+moves read as the one checkpoint it led to, a shard's folder gone named whole, and a restore into a dir with data
+checked against the RAM tier before a row is copied."""
 
 from __future__ import annotations
 
 import os
 import shutil
 
+import numpy as np
 import pytest
 
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.restore import export
 from ps.engine.shard import Shard
-from ps.errors import StorageError
+from ps.errors import RamTierTooSmallError, StorageError
 from ps.server_config import ServerConfig
 from ps.storage import verify
-from tests.conftest import one_table_checkpoint
+from ps.storage.store import Store
+from tests.conftest import one_shard_checkpoint, one_table_checkpoint
 from tests.test_restore_tables import move_link, two_saves_behind_a_link
 
 
@@ -62,3 +66,32 @@ def test_a_shard_folder_gone_is_named_whole_by_restore_export_and_verify(tmp_pat
     assert not os.path.exists(tmp_path / "out")
     lines, damaged = verify.verify_checkpoint(ckpt)
     assert damaged and "DAMAGED shard-0: missing (the manifest lists it)" in lines, lines
+
+
+def test_a_restore_into_a_dir_with_data_and_no_table_is_refused_for_the_ram_tier_before_a_row_is_copied(tmp_path):
+    """A data dir a server ran on and made no table in, --restore of a checkpoint whose tables the RAM tier cannot
+    hold: refused before a row is copied, as for a new dir. Before: the whole restore ran, and open_tables refused the
+    start after it, leaving the dir restored."""
+    wide = TableConfig("wide", 512, InitializerConfig("zeros"), OptimizerConfig("adagrad", 0.1))
+    source = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        source.create_table(wide)
+        source.push("wide", np.arange(1, 101, dtype=np.uint64), np.ones((100, 512), np.float32))
+        one_shard_checkpoint(source, str(tmp_path / "ckpt"), [wide])
+        saved = source.pull("wide", np.arange(1, 101, dtype=np.uint64))
+    finally:
+        source.close()
+    used = str(tmp_path / "used")
+    Shard(ServerConfig(data_dir=used)).close()  # data, no table
+    with pytest.raises(RamTierTooSmallError, match=r"cannot hold the 1 tables of checkpoint .*ckpt: "):
+        Shard(ServerConfig(data_dir=used, restore_dir=str(tmp_path / "ckpt"), cache_bytes=40_000))
+    store = Store(used)
+    try:
+        assert store.load_tables() == [] and store.meta.restored() is None and not store.meta.restore_pending()
+    finally:
+        store.close()
+    restored = Shard(ServerConfig(data_dir=used, restore_dir=str(tmp_path / "ckpt")))
+    try:  # the default RAM tier holds it: restored whole
+        np.testing.assert_array_equal(restored.pull("wide", np.arange(1, 101, dtype=np.uint64)), saved)
+    finally:
+        restored.close()

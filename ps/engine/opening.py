@@ -163,7 +163,8 @@ def check_store(
     holds tables and was not restored from that checkpoint before. The restore checks for a stop after every batch
     of rows it writes: a stop leaves the dir marked as an unfinished restore, which the next start with the same
     --restore starts over. Returns (whether this start restored the dir, the table configs it holds now). The
-    store's shard and cluster are checked before (Shard._start)."""
+    store's shard and cluster are checked before (Shard._start). The checkpoint's files and the RAM tier's room
+    for its tables are checked before a row is restored: here, where check_data_dir did not (a dir with data)."""
     pending = store.meta.restore_pending()
     if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
         manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
@@ -179,13 +180,16 @@ def check_store(
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "
                            "restored from that checkpoint): leave --restore (PS_RESTORE) out to start on what it "
                            "holds, or give a new data dir")  # fmt: skip
+    if manifest is None:  # a dir with data and no table (check_data_dir checks a new one): checked before a row is in
+        manifest = read_manifest(config.restore_dir)
+        check_room_for(memory, manifest, config.restore_dir)
     written = [0]
 
     def on_written(n: int) -> None:
         written[0] += n
         progress.check()  # a stop here leaves the dir marked: the next start starts the restore over
 
-    progress.enter("restoring", None if manifest is None else _restore_share(config, manifest, written))
+    progress.enter("restoring", _restore_share(config, manifest, written))
     started = time.monotonic()
     summary = restore_into(store, config.restore_dir, config.shard_id, config.num_shards, manifest, on_written)
     progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
