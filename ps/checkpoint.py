@@ -13,7 +13,7 @@ tables: every table of the shards, in name order. shards: one entry per shard_id
 per table, as its checkpoint records them (ps.storage.checkpointread.admitted_counts); files: every file under its
 dir. sha256: of the manifest without it (manifest_digest). Reading (load_manifest) checks format, num_slots,
 sha256 (a manifest without it is refused: every save writes it), and that num_shards, clock, tables and shards hang
-together;
+together (each shard entry's clock and rows too: integers >= 0);
 read_manifest checks every file too, and that a shard's dir holds no file its entry does not list (RocksDB would
 read it: a stray write-ahead log replays into the rows). created and pushes_held_s are informational: no reader
 checks them (`ps-worker checkpoint save` prints pushes_held_s).
@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 
 from ps.errors import StorageError
 from ps.sharding import NUM_SLOTS, SlotMap
@@ -182,9 +183,30 @@ def _check_structure(manifest: dict, path: str) -> None:
         if shard.get("dir") != f"shard-{shard_id}":
             raise bad(f"has shard entry {i} of shard_id {shard_id} in dir {shard.get('dir')!r}, "
                       "expected shard-<shard_id>")  # fmt: skip
+        wrong = _wrong_counts(shard)
+        if wrong:
+            raise bad(f"has shard entry {i} (shard_id {shard_id}) with {wrong}")
     ids = sorted(shard["shard_id"] for shard in shards)
     if ids != list(range(n)):
         raise bad(f"lists shards {ids[:20]} for num_shards {n}, expected each of 0..{n - 1} once")
+
+
+def _wrong_counts(shard: dict) -> str | None:
+    """What is wrong with a shard entry's clock and rows (the grammar: an integer >= 0, and {table name: an integer
+    >= 0}), said as "<field> <value>, expected ..."; None where nothing is."""
+
+    def count(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    clock, rows = shard.get("clock"), shard.get("rows")
+    if not count(clock):
+        return f"clock {reprlib.repr(clock)}, expected an integer >= 0"
+    if not isinstance(rows, dict):
+        return f"rows {reprlib.repr(rows)}, expected an object {{table name: rows}}"
+    wrong = [(name, n) for name, n in rows.items() if not count(n)]
+    if wrong:
+        return f"rows {reprlib.repr(wrong[0][1])} of table {wrong[0][0]!r}, expected an integer >= 0"
+    return None
 
 
 def load_manifest(directory: str) -> dict:

@@ -1,15 +1,20 @@
 """What restore, export and `ps-server verify` read of a checkpoint, and what they say of one they cannot: a link that
-moves read as the one checkpoint it led to, a shard's folder gone named whole, and a restore into a dir with data
-checked against the RAM tier before a row is copied."""
+moves read as the one checkpoint it led to, a shard's folder gone named whole, a manifest's shard entry of the wrong
+types refused naming it, and a restore into a dir with data checked against the RAM tier before a row is copied."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from ps.checkpoint import write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.restore import export
 from ps.engine.shard import Shard
@@ -19,6 +24,8 @@ from ps.storage import verify
 from ps.storage.store import Store
 from tests.conftest import one_shard_checkpoint, one_table_checkpoint
 from tests.test_restore_tables import move_link, two_saves_behind_a_link
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root, where ps is
 
 
 @pytest.mark.parametrize("what", ["checkpoint", "shard folder"])
@@ -95,3 +102,45 @@ def test_a_restore_into_a_dir_with_data_and_no_table_is_refused_for_the_ram_tier
         np.testing.assert_array_equal(restored.pull("wide", np.arange(1, 101, dtype=np.uint64)), saved)
     finally:
         restored.close()
+
+
+BAD_ENTRIES = [  # (the edit of shard entry 0, what the error says of it)
+    (("clock", "7"), "clock '7', expected an integer >= 0"),
+    (("clock", -1), "clock -1, expected an integer >= 0"),
+    (("clock", None), "clock None, expected an integer >= 0"),  # (None: the key removed)
+    (("rows", None), "rows None, expected an object {table name: rows}"),
+    (("rows", [10]), "rows [10], expected an object {table name: rows}"),
+    (("rows", {"a": "x"}), "rows 'x' of table 'a', expected an integer >= 0"),
+    (("rows", {"a": -1}), "rows -1 of table 'a', expected an integer >= 0"),
+    (("rows", {"a": True}), "rows True of table 'a', expected an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize(("edit", "said"), BAD_ENTRIES)
+def test_a_shard_entry_whose_clock_or_rows_do_not_read_is_refused_naming_it(tmp_path, edit, said):
+    """A manifest edited, its sha256 made again, so that shard entry 0's clock or rows are no counts: restore,
+    export and verify refuse it naming the manifest and the entry, changing nothing. Before: export failed with a
+    traceback (AttributeError, ValueError), or took '7' as 7."""
+    ckpt = one_table_checkpoint(tmp_path, 10)
+    path = os.path.join(ckpt, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    key, value = edit
+    manifest["shards"][0][key] = value
+    if value is None:
+        del manifest["shards"][0][key]
+    write_manifest(ckpt, manifest)
+    error = rf"checkpoint manifest {path} has shard entry 0 \(shard_id 0\) with {re.escape(said)}; the checkpoint is "
+    with pytest.raises(StorageError, match=rf"^{error}damaged \(or was edited\)$"):
+        export(ckpt, str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out")
+    with pytest.raises(StorageError, match=rf"^{error}.*the data dir was not touched$"):
+        Shard(ServerConfig(data_dir=str(tmp_path / "new"), restore_dir=ckpt))
+    assert not os.path.exists(tmp_path / "new")
+    lines, damaged = verify.verify_checkpoint(ckpt)
+    assert damaged and lines[0].startswith("DAMAGED manifest: checkpoint manifest") and said in lines[0], lines
+    if edit == ("rows", [10]):  # the command: a message, no traceback
+        argv = [sys.executable, "-m", "ps", "export", ckpt, "--out", str(tmp_path / "out")]
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert said in done.stderr, done.stderr

@@ -251,8 +251,7 @@ def _summary(directory: str, manifest: dict, since: int | None, remove_checkpoin
     # the clock a delta that follows this export takes as --since: the smallest shard's. A checkpoint's shards are
     # held one after another, so a step's pushes can land before the cut on one shard and after it on another,
     # stamped there with that shard's lower clock; the manifest's clock (the largest) would leave them out of both
-    shard_clocks = [int(s["clock"]) for s in manifest["shards"] if "clock" in s]
-    clock = min(shard_clocks) if shard_clocks else int(manifest["clock"])
+    clock = min(s["clock"] for s in manifest["shards"])  # (load_manifest: one shard at least, each with its clock)
     return {"clock": clock, "checkpoint_clock": int(manifest["clock"]), "since": since,
             "checkpoint": None if remove_checkpoint else os.path.abspath(directory), "dir": name,
             "tables": {}}  # fmt: skip
