@@ -15,6 +15,7 @@ import pytest
 
 from worker import cells_fast, csv_fast, formats
 from worker.cells import float_values, int_values
+from worker.column_infer import infer_column
 from worker.features import cat_values
 from worker.formats import ReadStats, read_batches
 from worker.readers import csv_reader
@@ -361,6 +362,20 @@ def test_a_row_of_blank_cells_is_an_empty_line_on_both_paths(tmp_path, labeled):
     (batches, stats, _) = assert_same_reads(path, s, labeled=labeled, max_bad_lines=0)
     assert sum(len(b) for b in batches) == 2
     assert (stats.bad_lines, stats.empty_lines) == ((0, 4) if labeled else (0, 5))
+
+
+def test_a_blank_categorical_cell_is_missing_on_both_paths_as_inference_takes_it(tmp_path, small_chunks):
+    """A cell of spaces (a tab, U+00A0) is a missing value, the column's missing id, as an empty one: in a plain run
+    (the scan) and a quoted one (the csv module), as schema inference's count of non-empty cells takes it."""
+    path = tmp_path / "d.csv"
+    cells = ["x", "", "  ", "\t", "\u00a0", '" "', "y"]
+    path.write_text("y,a\n" + "".join(f"1,{c}\n" for c in cells * 3))
+    s = load_schema_text(tmp_path, 'format = "csv"\nlabel = "y"\n[[columns]]\nname = "a"\nkind = "categorical"\n')
+    batches, stats, _ = assert_same_reads(path, s, max_bad_lines=0)
+    ids = np.concatenate([b.fields["a"].ids for b in batches]).reshape(3, len(cells))
+    assert (ids[:, 1:6] == ids[0, 1]).all() and len(set(ids[0].tolist())) == 3  # x, missing, y
+    column, comment = infer_column("a", "a", [c.strip('"') for c in cells], sampled=True)
+    assert column.kind == "categorical" and "2 of 7 cells non-empty, 2 distinct" in comment, comment
 
 
 def load_schema_text(tmp_path, text):

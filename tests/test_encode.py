@@ -97,6 +97,23 @@ def test_bag_edge_cases():
     assert len(empty.batch) == 0 and empty.batch.fields["h"].offsets.tolist() == [0]
 
 
+@pytest.mark.parametrize("kind", ["U", "S"])
+def test_a_blank_cell_is_missing_as_an_empty_one(kind):
+    """Whitespace only is no value: a categorical cell's missing id (hashed or raw), no token of a bag."""
+    s = schema_of(cat("a"), cat("r", ids="raw"), bag("h"), bag("w", kind="weighted"))
+    cells = {"a": ["", "  ", "\t", "x"], "r": ["", "  ", "\t", "7"], "h": ["", "  ", "x| |\t|y", "x|y"],
+             "w": ["", " ", "x:2| ", "x:2"]}  # fmt: skip
+    b = encode(s, np.zeros(4, np.float32), {k: np.array(v, dtype=kind) for k, v in cells.items()})
+    missing = space_ids(0, np.array([MISSING_CAT]))[0]
+    assert b.fields["a"].ids.tolist() == [missing] * 3 + [space_ids(0, cat_values(np.array(["x"])))[0]]
+    assert b.fields["r"].ids.tolist() == [2**64 - 1] * 3 + [7]
+    assert (
+        b.fields["h"].offsets.tolist() == [0, 0, 0, 2, 4]
+        and b.fields["h"].ids[2:].tolist() == b.fields["h"].ids[:2].tolist()
+    )
+    assert b.fields["w"].offsets.tolist() == [0, 0, 0, 1, 2] and b.fields["w"].weights.tolist() == [2, 2]
+
+
 def test_id_spaces_decide_which_values_share_ids():
     s = schema_of(cat("a", space="item"), bag("b", space="item"), cat("c"), cat("d", source="a", space="item"))
     b = encode(

@@ -17,6 +17,7 @@ from worker.features import (
     NUM_CAT_FIELDS,
     NUM_FIELDS,
     NUM_INT_FIELDS,
+    blank_strings,
     cat_values,
     dense_features,
     example_ids,
@@ -53,7 +54,7 @@ def int_bucket_py(v: int) -> int:
 def cat_value_py(s: str | bytes) -> int:
     """A cell's raw value from its bytes in the file (a str: its UTF-8, as a reader found it)."""
     raw = s if isinstance(s, bytes) else s.encode("utf-8")
-    if raw == b"":
+    if raw == b"" or raw.decode("utf-8", "surrogateescape").isspace():  # empty or blank: missing
         return 2**64 - 1
     if re.fullmatch(rb"[0-9a-fA-F]{1,16}", raw) and int(raw, 16) != M64:
         return int(raw, 16)
@@ -168,6 +169,30 @@ def test_cat_values_specific_strings_and_shapes():
     assert cat_values(np.array(["a\ud800"], dtype=object))[0] == cat_value_py(b"a\xed\xa0\x80")  # no reader's text
     assert cat_values(np.array([], dtype=str)).shape == (0,)
     assert np.all(cat_values(np.array(["", ""])) == MISSING_CAT)
+
+
+def test_a_blank_string_is_missing_as_an_empty_one_in_both_kinds():
+    """Whitespace only, by str.isspace of the text (what str.strip() strips: \\x1c, U+00A0, U+3000 too), is
+    MISSING_CAT; a string with anything else in it is a value of its own."""
+    blank = [" ", "  ", "\t", " \r\n", "\x1c", "\u00a0", "\u3000 ", "\u2003\x85"]
+    other = ["", " a", "\u00a0x", "\u200b", "0 ", "\udc80 "]  # U+200B is no whitespace to str.isspace
+    strings = np.array(blank + other)
+    cells = np.array([s.encode("utf-8", "surrogateescape") for s in blank + other])
+    want = [True] * len(blank) + [False] * len(other)
+    assert blank_strings(strings).tolist() == want == blank_strings(cells).tolist()
+    assert all(s.isspace() == w for s, w in zip(blank + other, want))
+    assert blank_strings(strings.reshape(2, 7)).shape == (2, 7) and blank_strings(np.array([], "S")).shape == (0,)
+    for values in (cat_values(strings), cat_values(cells)):
+        assert (values[: len(blank)] == MISSING_CAT).all() and (values[len(blank) + 1 :] != MISSING_CAT).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=6).map(lambda b: b.rstrip(b"\0")) | st.text(" \t\x1c\x85\xa0\u3000a", max_size=4)
+                .map(lambda t: t.encode()), max_size=30))  # fmt: skip
+def test_blank_strings_match_str_isspace(cells):
+    text = [c.decode("utf-8", "surrogateescape") for c in cells]
+    want = [t.isspace() for t in text]
+    assert blank_strings(np.array(cells, dtype="S")).tolist() == want == blank_strings(np.array(text, "U")).tolist()
 
 
 def space_id_py(space: int, value: int) -> int:

@@ -11,7 +11,8 @@ encoder (worker/encode.py), the readers and schema inference take a numeric, int
     number   Python float() syntax, |x| <= FLOAT32_MAX (3.4e38: a larger one would be inf in the float32
              features); one float() reads as nan is missing
     integer  Python int() syntax, within int64, not -2**63 (MISSING_INT, which a missing cell gives)
-    raw id   ASCII digits only, below 2**64 - 1 (leading zeros allowed); an empty cell gives 2**64 - 1 (MISSING_CAT)
+    raw id   ASCII digits only, below 2**64 - 1 (leading zeros allowed); an empty or blank cell (whitespace only,
+             features.blank_strings) gives 2**64 - 1 (MISSING_CAT), as it gives a hashed one (features.cat_values)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 
 import numpy as np
 
-from worker.features import MISSING_CAT, MISSING_INT
+from worker.features import MISSING_CAT, MISSING_INT, blank_strings
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest numeric cell (float32 features)
 _MAX_RAW = "18446744073709551614"  # the largest raw id, 2**64 - 2: 2**64 - 1 is the missing one
@@ -112,7 +113,7 @@ def _int64_or_missing(s: str | bytes) -> int:
 
 
 def raw_ids(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(uint64 ids, ok) of decimal cells: digits only and < 2**64 - 1; an empty cell gives 2**64 - 1, ok."""
+    """(uint64 ids, ok) of decimal cells: digits only and < 2**64 - 1; an empty or blank cell gives 2**64 - 1, ok."""
     cells = np.asarray(cells)
     if len(cells) == 0:
         return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=bool)
@@ -127,4 +128,6 @@ def raw_ids(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ids = np.full(len(cells), MISSING_CAT, dtype=np.uint64)
     ids[ok] = cells[ok].astype(np.uint64)
     ok |= lengths == 0
+    if not ok.all():
+        ok[~ok] = blank_strings(cells[~ok])
     return ids, ok

@@ -5,7 +5,8 @@
     parsed_sources(schema) -> (int, cat, float sources)     # what a Parsed may hold
 
     labels  float32 (n,) in {0, 1}
-    cells   {source column: str or bytes array (n,)}, one cell per example; "" is an empty (missing) cell
+    cells   {source column: str or bytes array (n,)}, one cell per example; "" is an empty (missing) cell, and so
+            is a blank one (whitespace only: features.blank_strings)
     parsed  Parsed: sources the caller has already read as integers (cells.int_values), categorical values
             (features.cat_values) or numbers (cells.float_values); their cells are not read
 
@@ -13,8 +14,9 @@ Per column, in schema order (the Batch's fields: the sparse columns, then BIAS_F
 Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric features, None when D = 0); a
 number, an integer, a raw id and a missing cell are what worker/cells.py says they are:
 
-    categorical  hashed: features.space_ids(space, features.cat_values(cell)); raw: the raw id (cells.raw_ids)
-    multi_hot    the cell split at the separator; empty tokens dropped; the first max_length tokens kept (a bag
+    categorical  hashed: features.space_ids(space, features.cat_values(cell)); raw: the raw id (cells.raw_ids);
+                 an empty or blank cell: the value MISSING_CAT, the column's missing id
+    multi_hot    the cell split at the separator; empty and blank tokens dropped; the first max_length tokens kept (a bag
                  cut so counts in truncated_bags); each token an id as for categorical; an empty bag is allowed
     weighted     as multi_hot, each token id:weight split at its last ":", the id non-empty, the weight a
                  finite number (weights float32); a source in parsed.weights: one id an example (read as for

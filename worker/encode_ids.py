@@ -10,7 +10,7 @@ import numpy as np
 from worker.batch import Bags
 from worker.cells import empty_cell, float_values, raw_ids
 from worker.encode_cells import ExampleProblems, shown_cell, source_cells
-from worker.features import cat_values, space_ids
+from worker.features import blank_strings, cat_values, space_ids
 from worker.schema_columns import Column
 
 
@@ -66,6 +66,7 @@ def cell_bags(c: Column, space: int, cells: np.ndarray, problems: ExampleProblem
     tokens = np.array(sep.join(cells.tolist()).split(sep), dtype=cells.dtype.kind)
     example = np.repeat(np.arange(n, dtype=np.int64), per_cell)
     present = tokens != empty_cell(tokens)
+    present[present] = ~blank_strings(tokens[present])  # a blank token is no token, as an empty one
     tokens, example = tokens[present], example[present]
     lengths = np.bincount(example, minlength=n)
     starts = np.zeros(n + 1, dtype=np.int64)

@@ -13,7 +13,8 @@ Missing values are ordinary reserved values (INT_MISSING_BUCKET, MISSING_CAT), s
 "missing" id. The same raw value in two fields gives two different ids.
 
 Categorical strings -> raw values (`cat_values`): a string of 1..16 hex digits is its number
-(int(s, 16); case-insensitive); the empty string is MISSING_CAT; any other string (and the one hex string
+(int(s, 16); case-insensitive); the empty string, and a blank one (whitespace only, `blank_strings`: str.isspace
+of its text), is MISSING_CAT; any other string (and the one hex string
 "ffffffffffffffff", whose number is reserved) is the little-endian 8-byte blake2b digest of its bytes as they
 are in the file, in every format: a reader's text with bytes that are not UTF-8 (decoded as surrogate escapes)
 hashes as those bytes, as a reader of bytes (Criteo's) hashes them. Strings pass through numpy str/bytes arrays,
@@ -180,5 +181,31 @@ def cat_values(strings: np.ndarray) -> np.ndarray:
     if other.any():
         uniq, inverse = np.unique(flat[other], return_inverse=True)
         hashed = np.fromiter((_blake64(s) for s in uniq.tolist()), dtype=np.uint64, count=len(uniq))
+        hashed[blank_strings(uniq)] = MISSING_CAT
         out[other] = hashed[inverse.reshape(-1)]
+    return out.reshape(arr.shape)
+
+
+# byte -> whether it may be part of a blank bytes string: NUL (a bytes array's padding), ASCII whitespace
+# (str.isspace's: \t..\r, \x1c..\x1f, space) and every byte >= 0x80 (of U+0085, U+00A0, U+3000, ... in UTF-8)
+_BLANK_BYTE = np.zeros(256, dtype=bool)
+_BLANK_BYTE[[0, *range(9, 14), *range(28, 33), *range(128, 256)]] = True
+
+
+def blank_strings(strings: np.ndarray) -> np.ndarray:
+    """bool, the shape of strings: where a string is blank, not empty and whitespace only: str.isspace of its text
+    (a bytes string's text: its UTF-8, bytes that are not UTF-8 read as surrogate escapes, as cat_values reads it).
+    What schema inference's str.strip() takes for no value (worker/column_infer.py)."""
+    arr = np.asarray(strings)
+    if arr.dtype.kind != "S":
+        return np.strings.isspace(arr.astype(np.str_))
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    out = np.zeros(len(flat), dtype=bool)
+    if len(flat) == 0 or arr.dtype.itemsize == 0:
+        return out.reshape(arr.shape)
+    codes = flat.view(np.uint8).reshape(len(flat), arr.dtype.itemsize)
+    maybe = np.flatnonzero(_BLANK_BYTE[codes].all(axis=1) & (np.strings.str_len(flat) > 0))
+    if len(maybe):  # the few strings of such bytes only, told by their text
+        texts = [s.decode("utf-8", "surrogateescape") for s in flat[maybe].tolist()]
+        out[maybe] = [t.isspace() for t in texts]
     return out.reshape(arr.shape)

@@ -55,7 +55,7 @@ Sparse fields come in column order, numeric features too.
 
 Values and ids (see worker/encode.py for the arrays): a categorical or bag token's value is
 features.cat_values of its text (hex of 1..16 digits is its number, else a hash of its bytes in the file, UTF-8 or
-not; empty = missing); a hashed id
+not; empty or blank, whitespace only: missing, a categorical cell's missing id and a bag's no token); a hashed id
 is features' field hash of the value with the salt of its id space: id spaces are numbered in the order their
 first column appears among the schema's sparse columns, and space i takes salt index i (skipping 39, the
 bias's), so the Criteo schema gives exactly features.example_ids. log_buckets is features.int_bucket (Criteo's
