@@ -1232,6 +1232,31 @@ def test_numeric_columns_below_0_are_warned_of_as_lost_to_the_log(tmp_path, capl
     assert not warned or "every x below 0 as 0" in said[0]
 
 
+@pytest.mark.parametrize("shift, warned", [(-10.0, True), (10.0, False)])
+def test_a_schema_files_log_columns_below_0_are_warned_of_as_numeric_columns_are(tmp_path, caplog, shift, warned):
+    """A --schema file's transform = "log" reads x below 0 as 0 too: said once per column (two fields of one column:
+    once), with how many of the sample, and what to change in the file; a column of standardize is not said."""
+    rng = np.random.default_rng(0)
+    rows = [f"{c},{rng.normal() + shift:.3f},{rng.normal() - 10:.3f}" for c in rng.integers(0, 2, 300)]
+    data = tmp_path / "d.csv"
+    data.write_text("click,price,delta\n" + "\n".join(rows) + "\n")
+    path = tmp_path / "s.toml"
+    path.write_text('label = "click"\n' + "".join(f'[[columns]]\nname = "{n}"\nsource = "{s}"\nkind = "numeric"\n'
+                                                f'transform = "{t}"\n' for n, s, t in [("p", "price", "log"),
+                    ("p2", "price", "log"), ("d", "delta", "standardize")]))  # fmt: skip
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="worker.schema_hints"):
+        resolve_schema(str(data), schema_path=str(path), fmt="auto", label_column=None, drop_columns=(),
+                       numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4)  # fmt: skip
+    hints = [r.getMessage() for r in caplog.records if r.name == "worker.schema_hints"]
+    assert len(hints) == warned, hints
+    assert not warned or hints[0].startswith(
+        f"{data}: column 'price' holds numbers below 0 (300 of a sample of 300 rows, the least -1"
+    ) and f'the schema {path} (transform = "log") reads a number as log(1 + x) and every x below 0 as 0, so those ' \
+        f'values are lost to the model. Shift the column to 0 and above, or give it transform = "standardize" in ' \
+        f"{path}" in hints[0]  # fmt: skip
+
+
 @pytest.mark.parametrize("name, taken", [("is_click", True), ("converted", True), ("clicks_7d", False)])
 def test_the_builtin_csv_schema_takes_a_column_of_0_and_1_named_like_a_label(tmp_path, caplog, name, taken):
     """is_click, converted: named like a label (schema_columns.labels_by_name) and holding only 0 and 1: the label,

@@ -23,7 +23,7 @@ from worker.schema_columns import (
     libsvm_column,
 )
 from worker.schema_file import load_schema
-from worker.schema_hints import HINT_SAMPLE_ROWS, warn_of_csv_columns
+from worker.schema_hints import HINT_SAMPLE_ROWS, warn_of_csv_columns, warn_of_negative_logs_in_schema
 
 log = logging.getLogger("worker.schema_builtin")
 
@@ -165,7 +165,9 @@ def resolve_schema(
     formats.csv_records). fmt "auto": the format format_detection.detect_format tells by data's first
     line (said in the schema's format_from); a column flag of another format is refused. csv without label_column:
     the label column csv_label picks (the first column by default). libsvm: libsvm_values (schema_columns.LIBSVM_VALUES)
-    says whether its fields read values as weights; auto: where libsvm_sample finds a value other than 0 and 1."""
+    says whether its fields read values as weights; auto: where libsvm_sample finds a value other than 0 and 1.
+    A csv --schema file's log columns holding numbers below 0 in a sample of data are warned of, as --numeric-columns'
+    are (schema_hints.warn_of_negative_logs_in_schema)."""
     spec = data  # the data's files, where it names many (their hints name them all)
     if data is not None:
         from worker.formats import first_with_content
@@ -175,8 +177,11 @@ def resolve_schema(
         flags = {"--label-column": label_column is not None, "--drop-columns": bool(drop_columns),
                  "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None,
                  "--libsvm-values": libsvm_values != "auto"}  # fmt: skip
-        return _schema_file(schema_path, data, fmt, [flag for flag, on in flags.items() if on], default_table,
-                            default_dim)  # fmt: skip
+        schema = _schema_file(schema_path, data, fmt, [flag for flag, on in flags.items() if on], default_table,
+                              default_dim)  # fmt: skip
+        if data is not None:
+            warn_of_negative_logs_in_schema(spec, schema, schema_path)
+        return schema
     format_from, delimiter = "", ","
     if fmt == AUTO_FORMAT:
         fmt, seen, delimiter = _detected_format(spec, data)

@@ -2,7 +2,7 @@
 line that reads like an example (a CSV without a header line: also format_detection.detect_format's refusal and
 `ps-worker schema`'s check), a label the header names elsewhere, columns of lists read as one id per cell, a row's
 own id read as a feature, columns of numbers read as ids (plain, or written as 1,234 or 0,5), --numeric-columns'
-logs of numbers below 0."""
+logs of numbers below 0; and of a csv --schema file, its logs of numbers below 0."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
     categorical = {c.source for c in schema.columns if c.kind == "categorical"}
     told = _warn_of_lists_and_row_ids(data, header, rows, categorical, schema.delimiter)
     if not no_numeric:
-        _warn_of_negative_logs(data, header, schema, rows)
+        _warn_of_negative_logs(data, header, schema, rows, "--numeric-columns",
+                               f"Shift the column to 0 and above, or write a schema (`ps-worker schema --data {data} "
+                               "> schema.toml`, then --schema schema.toml), which standardizes such columns")  # fmt: skip
         return
     cells = {name: [row[i] for row in rows] for i, name in enumerate(header) if name in categorical - told}
     times = [name for name, column in cells.items() if time_format(name, column)]
@@ -211,23 +213,32 @@ def _is_number(cell: str) -> bool:
     return True
 
 
-def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: list[list[str]]) -> None:
-    """A warning for each --numeric-columns column (transform log: log(1 + x), x below 0 read as 0) holding
-    numbers below 0 in the sample rows: those values all read as one. A cell that is no number is the encoder's
-    to refuse."""
+def warn_of_negative_logs_in_schema(data: str, schema: Schema, schema_path: str) -> None:
+    """A warning for each column a csv --schema file reads with transform = "log" that holds numbers below 0 in a
+    sample of data's records (formats.csv_records), as --numeric-columns' columns are warned of."""
+    if schema.format != "csv" or not any(c.kind == "numeric" and c.transform == "log" for c in schema.columns):
+        return
+    header, rows = csv_records(data, schema.delimiter, HINT_SAMPLE_ROWS)
+    _warn_of_negative_logs(data, header, schema, rows, f'the schema {schema_path} (transform = "log")',
+                           f'Shift the column to 0 and above, or give it transform = "standardize" in {schema_path} '
+                           f"(as `ps-worker schema --data {data}` writes such a column)")  # fmt: skip
+
+
+def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: list[list[str]], reader: str,
+                           fix: str) -> None:  # fmt: skip
+    """A warning for each column read with transform log (log(1 + x), x below 0 read as 0) holding numbers below 0
+    in the sample rows: those values all read as one. reader: what reads it so; fix: what to do. A cell that is no
+    number is the encoder's to refuse; a source the header lacks the reader's."""
     from worker.cells import float_or_nan
 
-    for c in schema.columns:
-        if c.kind != "numeric" or c.transform != "log":
-            continue
-        i = header.index(c.source)
+    sources = dict.fromkeys(c.source for c in schema.columns if c.kind == "numeric" and c.transform == "log")
+    for source in (s for s in sources if s in header):
+        i = header.index(source)
         negative = [v for v in (float_or_nan(row[i]) for row in rows) if v < 0]
         if negative:
-            log.warning("%s: column %r holds numbers below 0 (%d of a sample of %s, the least %g): "
-                        "--numeric-columns reads a number as log(1 + x) and every x below 0 as 0, so those values "
-                        "are lost to the model. Shift the column to 0 and above, or write a schema (`ps-worker "
-                        "schema --data %s > schema.toml`, then --schema schema.toml), which standardizes such "
-                        "columns", data, c.source, len(negative), _rows(rows), min(negative), data)  # fmt: skip
+            log.warning("%s: column %r holds numbers below 0 (%d of a sample of %s, the least %g): %s reads a "
+                        "number as log(1 + x) and every x below 0 as 0, so those values are lost to the model. %s",
+                        data, source, len(negative), _rows(rows), min(negative), reader, fix)  # fmt: skip
 
 
 def _rows(rows: list) -> str:
