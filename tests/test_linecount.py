@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import os
 import tempfile
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from worker import linecount
 from worker.linecount import count_data_upto, count_files_upto, no_data
+from worker.readers.share import open_data
 
 # every byte a line of no data may start with (NoData.first), line ends of each kind, and pieces of data lines; a
 # csv file's delimiter joins them
@@ -138,3 +140,28 @@ def test_a_csv_cell_of_the_ascii_separators_str_strip_strips_is_blank(tmp_path):
     path = tmp_path / "data.csv"
     path.write_text("\n".join(lines) + "\n")
     assert count_data_upto([str(path)], None, "csv").lines == 2
+
+
+@pytest.mark.parametrize("keep", [3, 12, 0.5, -4])  # in the header, past it, half way, in the trailer
+def test_a_gz_file_cut_short_is_said_so_alike_by_the_count_and_the_readers(tmp_path, keep):
+    """A .gz file cut short (a copy that stopped) is named cut short, with what to do, by the count and by a reader
+    (share.open_data) in the same words; a damaged one (a CRC flipped) does not read as gzip, to both."""
+    packed = gzip.compress(b"1,a\n" * 5000)
+    at = int(len(packed) * keep) if isinstance(keep, float) else keep % len(packed)
+    cases = {"cut": packed[:at], "damaged": packed[:-6] + bytes([packed[-6] ^ 0xFF]) + packed[-5:]}
+    said = {}
+    for case, data in cases.items():
+        path = tmp_path / f"{case}.csv.gz"
+        path.write_bytes(data)
+        with pytest.raises(ValueError) as counted:
+            linecount.count_lines_upto(str(path), None)
+        with pytest.raises(ValueError) as read, open_data(str(path)) as f:
+            f.read()
+        said[case] = (str(counted.value), str(read.value), str(path))
+    counted, read, path = said["cut"]
+    assert counted == read == (f"{path}: the gzip file is cut short (its compressed data stops part way, as a copy or "
+                               "download that did not finish leaves it): copy it again from its source (`gzip -t` "
+                               "checks a copy), or leave it out of the data")  # fmt: skip
+    counted, read, path = said["damaged"]
+    assert counted.startswith(f"{path}: its name ends in .gz, but it does not read as gzip: ")
+    assert read.startswith(f"{path}: its name ends in .gz, but it does not read as gzip: ")

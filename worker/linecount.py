@@ -36,6 +36,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from worker.readers.share import gzip_error
+
 SCORING_COUNT_LINES = 1_000_000  # eval and predict: lines counted for a progress total, an estimate past them
 CHUNK_BYTES = 1 << 16  # read at a time: past the limit's line, at most this many bytes more are read
 
@@ -67,7 +69,7 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False, empty: 
     csv: blank cells) is no data line and not counted.
     modulus (>= 1): a count to the end of a file without a header gives LineCount.residues (a CSV's shares are of
     records: csv_records.csv_data_places). ValueError names a .gz file that does not read
-    as gzip."""
+    as gzip, or is cut short (share.gzip_error)."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
     after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
@@ -204,9 +206,9 @@ def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
                 if chunk:
                     yield chunk, used
     except zlib.error as e:
-        raise ValueError(f"{path}: its name ends in .gz, but it does not read as gzip: {e}") from None
+        raise gzip_error(path, e) from None
     if open_member:
-        raise ValueError(f"{path}: its name ends in .gz, but it does not read as gzip: it is cut short")
+        raise gzip_error(path, None)
 
 
 _ANY_LINE_END = re.compile(rb"\r\n|\r|\n")

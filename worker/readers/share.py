@@ -144,7 +144,18 @@ class _GzipData(gzip.GzipFile):
         try:
             return method(arg)
         except (OSError, EOFError, zlib.error) as e:
-            raise ValueError(f"{self.name}: its name ends in .gz, but it does not read as gzip: {e}") from None
+            raise gzip_error(self.name, e) from None
+
+
+def gzip_error(name: str, error: Exception | None) -> ValueError:
+    """The ValueError of a .gz file that does not read to its end, for every reader of one (this module's, and
+    worker/linecount.py's count): error None or an EOFError (gzip's: its data ends inside a member) is a file cut
+    short, a copy or download that stopped; any other (gzip's or zlib's words) a file that is not gzip, or damaged."""
+    if error is None or isinstance(error, EOFError):
+        return ValueError(f"{name}: the gzip file is cut short (its compressed data stops part way, as a copy or "
+                          "download that did not finish leaves it): copy it again from its source (`gzip -t` "
+                          "checks a copy), or leave it out of the data")  # fmt: skip
+    return ValueError(f"{name}: its name ends in .gz, but it does not read as gzip: {error}")
 
 
 class BadLines:
