@@ -620,6 +620,27 @@ def test_a_file_of_quoted_fields_over_lines_is_sampled_from_its_start_not_at_spo
     assert 'label = "click"' in text and checks == [] and kinds["price"] == "numeric", (checks, kinds)
 
 
+def test_a_file_whose_quoted_fields_over_lines_start_past_its_first_rows_is_sampled_without_invented_records(tmp_path):
+    """Fields over two lines only from row 20,000 on (every third row): the sample's first half, read from the
+    start, holds none, and a spot inside such a field must not read its second line as a record (5 of 10,000
+    sampled records were invented so)."""
+    import csv
+
+    from worker.formats import read_csv_sample
+
+    def desc(i: int) -> str:
+        return f'w{i % 13} x, y\nz{i % 7}, k, "ok"' if i >= 20_000 and i % 3 == 0 else f"w{i % 13} x"
+
+    rows = [[str(i % 2), str(i % 500 + 1), desc(i), f"s{i % 40}"] for i in range(200_000)]
+    path = tmp_path / "ads.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([["click", "price", "desc", "site"], *rows])
+    header, sample = read_csv_sample(path, ",", 10_000)
+    in_file = {tuple(r) for r in rows}
+    invented = [r for r in sample if tuple(r) not in in_file]
+    assert header == ["click", "price", "desc", "site"] and len(sample) == 10_000 and invented == [], invented[:3]
+
+
 def test_infer_gives_repeated_integer_codes_a_categorical_twin_and_not_a_wide_quantity(tmp_path):
     """150 category codes over 3,000 rows lost 0.05 AUC as a standardized number with 15 buckets: such a column
     gets `<name>_code` too (each value its own id); integers of many values (cents) do not."""
