@@ -68,12 +68,20 @@ def unfinished_save(directory: str) -> str | None:
             "verify it: give a checkpoint whose save finished")  # fmt: skip
 
 
+# what a data dir holds and a checkpoint's shard folder never does (a RocksDB checkpoint holds RocksDB's files only):
+# its journal, its shard identity (shard.json, written as a start begins, before a restore copies), its journal mark
+# (ps.storage.sidefiles' IDENTITY_FILE and MARK_FILE: named here, as this module imports no storage layer)
+DATA_DIR_PARTS = ("journal", "shard.json", "journal-mark.json")
+
+
 def unfinished_part(path: str) -> str | None:
-    """unfinished_save's words, naming the checkpoint, where path is a shard's folder (shard-<i>, no journal in
-    it) of a directory holding an unfinished checkpoint; else None."""
+    """unfinished_save's words, naming the checkpoint, where path is a shard's folder (shard-<i>, holding none of
+    DATA_DIR_PARTS) of a directory holding an unfinished checkpoint; else None. A data dir named shard-<i> alone in
+    its parent (/data/shard-0) whose start stopped before it made its journal (a --restore killed mid-copy) holds
+    shard.json: it is a data dir."""
     path = os.path.abspath(path)
     parent, name = os.path.split(path)
-    if not re.fullmatch(r"shard-\d+", name) or os.path.exists(os.path.join(path, "journal")):
+    if not re.fullmatch(r"shard-\d+", name) or any(os.path.exists(os.path.join(path, n)) for n in DATA_DIR_PARTS):
         return None
     said = unfinished_save(parent)
     return None if said is None else f"is a shard's folder of {parent}, which {said}"

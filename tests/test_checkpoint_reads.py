@@ -144,3 +144,32 @@ def test_a_shard_entry_whose_clock_or_rows_do_not_read_is_refused_naming_it(tmp_
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert said in done.stderr, done.stderr
+
+
+def test_a_data_dir_named_shard_0_whose_restore_was_stopped_gets_the_unfinished_restore_advice(tmp_path):
+    """/data/shard-0 (the layout docs/reliability.md's examples use), its --restore stopped mid-copy: shard.json, no
+    journal yet. `ps-server verify` reads it as a data dir holding an unfinished restore, and says to start that
+    restore over. Before: it called it a shard's folder of an unfinished checkpoint (its name, no journal/)."""
+    from ps.engine.startup import StartProgress, StartStopped
+    from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
+
+    ckpt = one_table_checkpoint(tmp_path, 300)
+    held = set(os.listdir(os.path.join(ckpt, "shard-0")))
+    assert not held & {"journal", IDENTITY_FILE, MARK_FILE}, held  # what tells a data dir from a checkpoint's folder
+
+    class StopAfterABatch(StartProgress):
+        def check(self) -> None:
+            if self.phase == "restoring":  # the first check in the phase: after the restore's first batch
+                self.stop.set()
+            super().check()
+
+    data_dir = tmp_path / "data" / "shard-0"
+    with pytest.raises(StartStopped, match="restoring from its checkpoint"):
+        Shard(ServerConfig(data_dir=str(data_dir), restore_dir=ckpt), StopAfterABatch())
+    assert "journal" not in os.listdir(data_dir) and IDENTITY_FILE in os.listdir(data_dir)
+    lines, damaged = verify.verify_data_dir(str(data_dir))
+    assert damaged and lines[-2] == (f"DAMAGED restore: a restore from {ckpt} did not finish (a crash or a stop during "
+                                     f"it): start with --restore {ckpt} to start it over, or delete the dir"), lines  # fmt: skip
+    from ps.checkpoint import DATA_DIR_PARTS
+
+    assert set(DATA_DIR_PARTS) == {"journal", IDENTITY_FILE, MARK_FILE}  # the names the data dir's files have
