@@ -22,8 +22,8 @@ from ps.errors import RamTierTooSmallError, StorageError
 from ps.server_config import ServerConfig
 from ps.storage import verify
 from ps.storage.store import Store
+from tests.checkpointlinks import move_link, two_saves_behind_a_link
 from tests.conftest import one_shard_checkpoint, one_table_checkpoint
-from tests.test_restore_tables import move_link, two_saves_behind_a_link
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root, where ps is
 

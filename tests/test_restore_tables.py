@@ -26,6 +26,7 @@ from ps.storage import atomicfile
 from ps.storage.datadir import OpenDataDir
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint
+from tests.checkpointlinks import move_link, two_saves_behind_a_link
 from tests.conftest import exported, one_shard_checkpoint, one_table_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root, where ps is
@@ -946,46 +947,6 @@ def test_a_checkpoint_deleted_while_it_is_restored_is_said_gone_not_damaged(tmp_
         assert store.load_tables() == [] and not store.meta.restore_pending()  # the data dir as it was
     finally:
         store.close()
-
-
-def two_saves_behind_a_link(tmp_path) -> tuple[str, np.ndarray]:
-    """(tmp_path/latest, ids): two checkpoints of 2 shards, tmp_path/one (tables a and b: every id's row -1) and
-    tmp_path/two (-2, pushed once more), and a link `latest` to one, as a job that saves every hour keeps one to
-    its newest save (`ln -sfn`)."""
-    from ps.checkpoint import FORMAT
-    from ps.sharding import NUM_SLOTS, SlotMap
-
-    ids = np.arange(1, 201, dtype=np.uint64)
-    owner = SlotMap.contiguous(2).shard_of(ids)
-    specs = [table("a"), table("b")]
-    shards = [Shard(ServerConfig(data_dir=str(tmp_path / f"source-{i}"), shard_id=i, num_shards=2)) for i in range(2)]
-    try:
-        for name in ("one", "two"):
-            infos, clocks = [], []
-            for i, shard in enumerate(shards):
-                for spec in specs:
-                    shard.create_table(spec)
-                    shard.push(spec.name, ids[owner == i], np.ones((int(np.sum(owner == i)), 2), np.float32))
-                clock, token = shard.hold(60)
-                try:
-                    infos.append(shard.save_checkpoint(str(tmp_path / name), token))
-                finally:
-                    shard.release(token)
-                clocks.append(clock)
-            write_manifest(str(tmp_path / name), {"format": FORMAT, "num_shards": 2, "num_slots": NUM_SLOTS,
-                                                  "clock": max(clocks), "created": "now",
-                                                  "tables": [t.to_dict() for t in specs], "shards": infos})  # fmt: skip
-    finally:
-        for shard in shards:
-            shard.close()
-    os.symlink("one", tmp_path / "latest")
-    return str(tmp_path / "latest"), ids
-
-
-def move_link(link: str, target: str) -> None:
-    """Points link at target in one rename, as `ln -sfn target link` does."""
-    os.symlink(target, link + ".new")
-    os.replace(link + ".new", link)
 
 
 def test_a_restore_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_link_moves(tmp_path, monkeypatch):
