@@ -155,10 +155,12 @@ def build_export_parser() -> argparse.ArgumentParser:
     kept.add_argument("--move-checkpoint", action="store_true", help="move CHECKPOINT (on --out's filesystem) into the "
                    "export's folder, as checkpoint, before export.json is put in place, which names it there: the "
                    "export and its checkpoint appear together, and a later export into --out removes both (ps-worker "
-                   "export --keep-checkpoint)")  # fmt: skip
+                   "export --keep-checkpoint). Through a symbolic link (a `latest`), the checkpoint it leads to is moved, not the "
+                   "link")  # fmt: skip
     kept.add_argument("--remove-checkpoint", action="store_true", help="remove CHECKPOINT once the export is in "
                       "place; export.json names no checkpoint (ps-worker export without --keep-checkpoint). A kill "
-                      "before that leaves it where it is")  # fmt: skip
+                      "before that leaves it where it is. Through a symbolic link, the checkpoint it leads to is removed, not the "
+                      "link")  # fmt: skip
     claim = p.add_mutually_exclusive_group()
     claim.add_argument("--claim-fd", type=int, metavar="FD", help="an open descriptor of --out by which the caller "
                        "holds the flock that claims it and passes it on: the export claims --out through it (ps-worker "

@@ -23,7 +23,7 @@ from ps.server_config import ServerConfig
 from ps.storage import verify
 from ps.storage.store import Store
 from tests.checkpointlinks import move_link, two_saves_behind_a_link
-from tests.conftest import one_shard_checkpoint, one_table_checkpoint
+from tests.conftest import exported, one_shard_checkpoint, one_table_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository's root, where ps is
 
@@ -173,3 +173,35 @@ def test_a_data_dir_named_shard_0_whose_restore_was_stopped_gets_the_unfinished_
     from ps.checkpoint import DATA_DIR_PARTS
 
     assert set(DATA_DIR_PARTS) == {"journal", IDENTITY_FILE, MARK_FILE}  # the names the data dir's files have
+
+
+@pytest.mark.parametrize("kept", ["named", "moved", "removed"])
+def test_an_export_through_a_link_names_moves_or_removes_the_checkpoint_it_read_not_the_link(tmp_path, caplog, kept):
+    """ps-server export latest (a link to one): export.json names one, the checkpoint read, not the link (which a
+    save moves on); --move-checkpoint moves one into the export, --remove-checkpoint removes one; the link stays as it
+    is, and a warning names it. Before: export.json named the link, --move-checkpoint moved the link (the export's
+    checkpoint a dangling relative link) and --remove-checkpoint removed nothing ("Cannot call rmtree on a symbolic
+    link")."""
+    latest, ids = two_saves_behind_a_link(tmp_path)
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", "ps.engine.restore"):
+        summary = export(latest, str(out), move_checkpoint=kept == "moved", remove_checkpoint=kept == "removed")
+    with open(out / "export.json") as f:
+        assert json.load(f)["checkpoint"] == summary["checkpoint"]
+    assert os.readlink(latest) == "one" and os.path.isdir(tmp_path / "two")  # the link and the other save stay
+    link_said = f"the link {latest} led to the checkpoint exported, {tmp_path / 'one'}, which was "
+    if kept == "named":
+        assert summary["checkpoint"] == str(tmp_path / "one") and os.path.isdir(tmp_path / "one")
+        assert link_said not in caplog.text, caplog.text
+    elif kept == "moved":
+        moved = out / summary["dir"] / "checkpoint"
+        assert summary["checkpoint"] == str(moved) and not os.path.islink(moved), summary
+        assert os.path.isfile(moved / "manifest.json") and not os.path.lexists(tmp_path / "one")
+        assert f"{link_said}moved into the export; the link is left as it is" in caplog.text, caplog.text
+    else:
+        assert summary["checkpoint"] is None and not os.path.lexists(tmp_path / "one")
+        assert f"{link_said}removed; the link is left as it is" in caplog.text, caplog.text
+        assert "could not be removed" not in caplog.text, caplog.text
+    got, rows = exported(out, "a")
+    np.testing.assert_array_equal(got, ids)
+    np.testing.assert_array_equal(rows, -np.ones((len(ids), 2), np.float32))  # one's rows

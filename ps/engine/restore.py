@@ -183,6 +183,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     lock on out can be had, and said so (ps-worker export's, where out's file system refuses flock): the flock is
     still tried, and where it fails this export goes ahead holding none, saying nothing of it again
     (leftovers.claimed).
+    Through a symbolic link (a "latest" a save moves), export.json names, and move_checkpoint and remove_checkpoint
+    move or remove, the checkpoint the link led to as the export began (pinned), never the link (a warning names it).
     """
     if move_checkpoint and remove_checkpoint:
         raise ValueError("the checkpoint exported is either moved into the export's folder or removed, not both")
@@ -192,12 +194,15 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     check_out_of_checkpoint(directory, out)  # first: overwrite does not help there
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
-    killed, check = _claim_calls(directory, out, overwrite)
+    killed, check = _claim_calls(source, out, overwrite)
     with leftovers.claimed(out, killed, "an export killed mid-write", claim_fd, check, unclaimed):
-        summary = _export_into(directory, (source, manifest), out, new_out, since, progress, move_checkpoint,
+        summary = _export_into(source, (source, manifest), out, new_out, since, progress, move_checkpoint,
                                remove_checkpoint)  # fmt: skip
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
-        _remove_exported(directory)
+        _remove_exported(source)
+    if os.path.islink(directory.rstrip(os.sep) or os.sep) and not os.path.lexists(source):  # moved or removed
+        log.warning("the link %s led to the checkpoint exported, %s, which was %s; the link is left as it is",
+                    directory, source, "moved into the export" if move_checkpoint else "removed")  # fmt: skip
     return summary
 
 
