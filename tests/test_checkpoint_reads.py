@@ -205,3 +205,28 @@ def test_an_export_through_a_link_names_moves_or_removes_the_checkpoint_it_read_
     got, rows = exported(out, "a")
     np.testing.assert_array_equal(got, ids)
     np.testing.assert_array_equal(rows, -np.ones((len(ids), 2), np.float32))  # one's rows
+
+
+def test_a_restart_with_restore_latest_after_the_link_moved_starts_on_what_the_dir_holds(tmp_path, caplog):
+    """--restore latest (PS_RESTORE kept set), the dir restored from one and trained, the link moved to two by a
+    later save: the restart starts on what the dir holds (its trained rows), with a warning that latest leads to
+    another checkpoint now. Before: refused ("has tables already (and was not restored from that checkpoint)")."""
+    latest, ids = two_saves_behind_a_link(tmp_path)
+    cfg = ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=latest)
+    restored = Shard(cfg)
+    try:
+        restored.push("a", ids, np.ones((len(ids), 2), np.float32))  # trained since: -1 - 1
+    finally:
+        restored.close()
+    move_link(latest, "two")
+    with caplog.at_level("INFO", "ps.engine.shard"):
+        again = Shard(cfg)
+    try:
+        np.testing.assert_array_equal(again.pull("a", ids), -2 * np.ones((len(ids), 2), np.float32))
+        np.testing.assert_array_equal(again.pull("b", ids), -np.ones((len(ids), 2), np.float32))  # one's, not two's
+        assert again.describe_start().startswith("existing, tables"), again.describe_start()
+    finally:
+        again.close()
+    assert (f"data dir {tmp_path / 'd'} was restored from {latest}, which leads to another checkpoint now "
+            f"({tmp_path / 'two'}: a link moved, or a save replaced it); the dir keeps what it restored") in caplog.text  # fmt: skip
+    assert "starting on what it holds" in caplog.text

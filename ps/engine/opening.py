@@ -220,16 +220,25 @@ def _restore_share(config: ServerConfig, manifest: dict, written: list[int]) -> 
 
 
 def _restored_already(store: Store, config: ServerConfig, checkpoint: str) -> bool:
-    """True (logged) when this dir was restored from that checkpoint (the same manifest) before, whether or not it
-    holds tables: a restart with --restore still given (PS_RESTORE kept in a container's environment) starts on what the
-    dir holds."""
+    """True (logged) when this dir was restored from that checkpoint before, whether or not it holds tables: a
+    restart with --restore still given (PS_RESTORE kept in a container's environment) starts on what the dir holds.
+    That checkpoint: the same manifest, or the same path as given (the record's, links unresolved: restore_into),
+    whatever it holds now: gone (old checkpoints pruned), or another checkpoint (a link a save moves, a "latest"),
+    which a warning names; the dir keeps what it restored."""
     done = store.meta.restored()
     if done is None:
         return False
+    same_path = done["checkpoint"] == os.path.abspath(checkpoint)
     try:
         same = load_manifest(checkpoint)["sha256"] == done["sha256"]
-    except StorageError:  # gone since (old checkpoints pruned): the same path is the same restore
-        same = done["checkpoint"] == os.path.abspath(checkpoint)
+    except StorageError:  # gone since: the same path is the same restore
+        same = same_path
+    else:
+        if not same and same_path:
+            log.warning("data dir %s was restored from %s, which leads to another checkpoint now (%s: a link moved, "
+                        "or a save replaced it); the dir keeps what it restored. To restore that one, start on a new "
+                        "data dir", config.data_dir, checkpoint, os.path.realpath(checkpoint))  # fmt: skip
+            same = True
     if same:
         log.info("data dir %s was restored from %s before: starting on what it holds (--restore is done; leave it "
                  "out)", config.data_dir, checkpoint)  # fmt: skip
