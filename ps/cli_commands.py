@@ -186,7 +186,7 @@ def export_main(argv: list[str]) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ps.checkpoint import read_manifest, table_patterns
+    from ps.checkpoint import pinned, table_patterns
     from ps.engine.exportout import left_out_of_models
     from ps.engine.restore import export
 
@@ -195,11 +195,12 @@ def _export(args: argparse.Namespace) -> int:
         return 2
     try:
         tables = None if args.tables is None else table_patterns(args.tables)
-        specs = read_manifest(args.checkpoint)["tables"] if tables else []  # read before --move-checkpoint
+        read = pinned(args.checkpoint) if tables else None  # the manifest exported: read once, before a move
+        specs = read[1]["tables"] if read else []
         summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables,
                          move_checkpoint=args.move_checkpoint, overwrite=args.overwrite,
                          remove_checkpoint=args.remove_checkpoint, claim_fd=args.claim_fd,
-                         unclaimed=args.unclaimed)  # fmt: skip
+                         unclaimed=args.unclaimed, read=read)  # fmt: skip
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2

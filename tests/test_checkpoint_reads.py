@@ -230,3 +230,27 @@ def test_a_restart_with_restore_latest_after_the_link_moved_starts_on_what_the_d
     assert (f"data dir {tmp_path / 'd'} was restored from {latest}, which leads to another checkpoint now "
             f"({tmp_path / 'two'}: a link moved, or a save replaced it); the dir keeps what it restored") in caplog.text  # fmt: skip
     assert "starting on what it holds" in caplog.text
+
+
+def test_ps_server_export_with_tables_reads_the_checkpoints_files_once_from_the_one_it_exports(tmp_path, monkeypatch):
+    """`ps-server export latest --tables a`, the link moved to two once the first shard's files were hashed: every
+    file is hashed once, of one, and one is exported (its manifest is what the "left out" warning reads). Before: the
+    warning's manifest was read through the link first, every file hashed, then export read the checkpoint again,
+    through the moved link: another checkpoint than the one the warning described, and each file hashed twice."""
+    from ps import checkpoint
+    from ps.__main__ import main as server_main
+
+    latest, ids = two_saves_behind_a_link(tmp_path)
+    hashed, file_checksums = [], checkpoint.file_checksums
+
+    def hash_then_move(path: str) -> dict[str, str]:
+        hashed.append(os.path.relpath(path, tmp_path))
+        move_link(latest, "two")  # a save finished meanwhile
+        return file_checksums(path)
+
+    monkeypatch.setattr(checkpoint, "file_checksums", hash_then_move)
+    assert server_main(["export", latest, "--out", str(tmp_path / "out"), "--tables", "a", "--no-progress"]) == 0
+    assert hashed == ["one/shard-0", "one/shard-1"]
+    got, rows = exported(tmp_path / "out", "a")
+    np.testing.assert_array_equal(got, ids)
+    np.testing.assert_array_equal(rows, -np.ones((len(ids), 2), np.float32))  # one's rows

@@ -133,8 +133,8 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
            tables: Sequence[str] | None = None, move_checkpoint: bool = False, overwrite: bool = True,
-           remove_checkpoint: bool = False, claim_fd: int | None = None,
-           unclaimed: bool = False) -> dict:  # fmt: skip
+           remove_checkpoint: bool = False, claim_fd: int | None = None, unclaimed: bool = False,
+           read: tuple[str, dict] | None = None) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: `export.json`, and the folder it names
     (its "dir": out/export-<8 hex>) holding per table `<table>.ids.npy` (uint64, sorted) and `<table>.rows.npy`
     (float32 (n, dim): embeddings only, no optimizer state, row i of id i), admitted rows only. export.json: {clock,
@@ -185,10 +185,11 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     (leftovers.claimed).
     Through a symbolic link (a "latest" a save moves), export.json names, and move_checkpoint and remove_checkpoint
     move or remove, the checkpoint the link led to as the export began (pinned), never the link (a warning names it).
+    read: what pinned(directory) returned to a caller that read the manifest first (None: pinned here).
     """
     if move_checkpoint and remove_checkpoint:
         raise ValueError("the checkpoint exported is either moved into the export's folder or removed, not both")
-    source, manifest = pinned(directory)  # every file read from there: one checkpoint, though a link moves
+    source, manifest = read or pinned(directory)  # every file read from there: one checkpoint, though a link moves
     if tables:
         manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
     check_out_of_checkpoint(directory, out)  # first: overwrite does not help there
