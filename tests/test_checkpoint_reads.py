@@ -254,3 +254,27 @@ def test_ps_server_export_with_tables_reads_the_checkpoints_files_once_from_the_
     got, rows = exported(tmp_path / "out", "a")
     np.testing.assert_array_equal(got, ids)
     np.testing.assert_array_equal(rows, -np.ones((len(ids), 2), np.float32))  # one's rows
+
+
+def test_a_manifest_without_its_sha256_is_refused_by_restore_export_and_verify_as_the_docs_say(tmp_path):
+    """A manifest with no sha256 of itself (edited, or from a save before manifests carried one) is refused, not
+    read with its other checks only, and docs/reliability.md quotes the refusal. Before: the doc said such a
+    manifest got the structure checks only."""
+    ckpt = one_table_checkpoint(tmp_path, 10)
+    path = os.path.join(ckpt, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    del manifest["sha256"]
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    said = "has no checksum of itself (sha256)"
+    with pytest.raises(StorageError, match=re.escape(said)):
+        Shard(ServerConfig(data_dir=str(tmp_path / "new"), restore_dir=ckpt))
+    assert not os.path.exists(tmp_path / "new")
+    with pytest.raises(StorageError, match=re.escape(said)):
+        export(ckpt, str(tmp_path / "out"))
+    lines, damaged = verify.verify_checkpoint(ckpt)
+    assert damaged and said in lines[0], lines
+    with open(os.path.join(ROOT, "docs", "reliability.md")) as f:
+        doc = " ".join(f.read().split())
+    assert f"is refused: `{said}`" in doc and "gets these checks only" not in doc
