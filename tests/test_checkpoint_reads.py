@@ -1,6 +1,8 @@
 """What restore, export and `ps-server verify` read of a checkpoint, and what they say of one they cannot: a link that
-moves read as the one checkpoint it led to, a shard's folder gone named whole, a manifest's shard entry of the wrong
-types refused naming it, and a restore into a dir with data checked against the RAM tier before a row is copied."""
+moves read as the one checkpoint it led to (and an export's checkpoint named, moved or removed, and a restart's
+--restore taken as done, by it), a shard's folder gone named whole, a manifest's shard entry of the wrong types or
+without its sha256 refused naming it, a restore into a dir with data checked against the RAM tier before a row is
+copied, and a data dir named shard-<i> told from a checkpoint's folder."""
 
 from __future__ import annotations
 
