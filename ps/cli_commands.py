@@ -187,8 +187,8 @@ def export_main(argv: list[str]) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from ps.checkpoint import pinned, table_patterns
+    from ps.engine.export import export
     from ps.engine.exportout import left_out_of_models
-    from ps.engine.restore import export
 
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         print(f"ps-server export: error: --out {args.out} exists and is not a directory", file=sys.stderr)

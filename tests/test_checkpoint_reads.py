@@ -18,7 +18,7 @@ import pytest
 
 from ps.checkpoint import write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.engine.restore import export
+from ps.engine.export import export
 from ps.engine.shard import Shard
 from ps.errors import RamTierTooSmallError, StorageError
 from ps.server_config import ServerConfig
@@ -186,7 +186,7 @@ def test_an_export_through_a_link_names_moves_or_removes_the_checkpoint_it_read_
     link")."""
     latest, ids = two_saves_behind_a_link(tmp_path)
     out = tmp_path / "out"
-    with caplog.at_level("WARNING", "ps.engine.restore"):
+    with caplog.at_level("WARNING", "ps.engine.export"):
         summary = export(latest, str(out), move_checkpoint=kept == "moved", remove_checkpoint=kept == "removed")
     with open(out / "export.json") as f:
         assert json.load(f)["checkpoint"] == summary["checkpoint"]

@@ -750,7 +750,7 @@ def odd_rows_said(ckpt: pathlib.Path, ids: np.ndarray, number: int) -> str:
 def test_export_of_a_checkpoint_holding_rows_of_no_layouts_size_names_them(tmp_path):
     """Rows of neither a trained row's nor a pending id's size, saved into a checkpoint (its sha256s match): an
     export refuses it, naming the table, how many and the first one, instead of dropping them."""
-    from ps.engine.restore import export
+    from ps.engine.export import export
     from ps.errors import CheckpointDamagedError
 
     ckpt, _, ids, _ = odd_rows_checkpoint(tmp_path)

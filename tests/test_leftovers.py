@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from ps.config import TableConfig
-from ps.engine import exportout, restore
+from ps.engine import export as engine_export
+from ps.engine import exportout
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.storage import leftovers
@@ -102,7 +103,7 @@ def test_an_export_removes_what_a_killed_export_left_in_out(ckpt, tmp_path, capl
     write(out / "export-89abcdef", 4)  # a file, not a folder
     (out / "export.json").write_text(json.dumps({"dir": "export-4567cdef", "tables": {"a": {}}}))
     caplog.set_level("INFO", LOGGER)
-    summary = restore.export(ckpt, str(out))
+    summary = engine_export.export(ckpt, str(out))
     assert sorted(os.listdir(out)) == sorted([summary["dir"], "export-89abcdef", "export-mine", "export.json",
                                               "notes.tmp"])  # fmt: skip
     lines = removed_lines(caplog)
@@ -150,13 +151,13 @@ def test_an_export_over_an_export_json_naming_no_folder_there_removes_no_folder(
     caplog.set_level("INFO", LOGGER)
     with export_claim(str(out)):
         pass
-    summary = restore.export(ckpt, str(out))
+    summary = engine_export.export(ckpt, str(out))
     assert all((f / "a.rows.npy").read_bytes() == b"xxxxx" for f in folders) and removed_lines(caplog) == []
     assert (out / "b.ids.npy").exists() == (not isinstance(info, dict) or "dir" in info), os.listdir(out)
     left = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"left {folders[0]} ")]
     assert len(left) == 2 and "names no folder of export files there" in left[0], left
     assert json.loads((out / "export.json").read_text())["dir"] == summary["dir"]
-    restore.export(ckpt, str(out))
+    engine_export.export(ckpt, str(out))
     assert not any(f.exists() for f in folders) and len(removed_lines(caplog)) == 2
 
 
@@ -165,11 +166,11 @@ def test_an_export_of_the_checkpoint_a_killed_export_moved_into_its_folder_keeps
     """ps-server export --move-checkpoint killed before its export.json was in place leaves the checkpoint in an
     unnamed folder: exporting it from there removes no folder that holds it."""
     out = tmp_path / "out"
-    restore.export(ckpt, str(out))
+    engine_export.export(ckpt, str(out))
     moved = out / "export-0123abcd" / "checkpoint"
     os.makedirs(moved.parent)
     os.rename(ckpt, moved)
-    summary = restore.export(str(moved), str(out), move_checkpoint=move)
+    summary = engine_export.export(str(moved), str(out), move_checkpoint=move)
     assert len(exported(out, "a")[0]) == 10
     kept = out / summary["dir"] / "checkpoint" if move else moved
     assert summary["checkpoint"] == str(kept) and sorted(os.listdir(kept)) == ["manifest.json", "shard-0"]
@@ -214,7 +215,7 @@ def test_a_users_checkpoint_a_killed_export_moved_into_its_folder_is_kept_by_eve
     caplog.set_level("INFO", LOGGER)
     with export_claim(str(out)):  # ps-worker export's claim
         pass
-    summary = restore.export(one_table_checkpoint(tmp_path / "other", 4), str(out))
+    summary = engine_export.export(one_table_checkpoint(tmp_path / "other", 4), str(out))
     assert len(exported(out, "a")[0]) == 4 and not workers.exists()
     assert any(str(workers) in x for x in removed_lines(caplog)), removed_lines(caplog)
     assert sorted(os.listdir(out)) == sorted([mine.name, summary["dir"], "export.json"])
@@ -222,7 +223,7 @@ def test_a_users_checkpoint_a_killed_export_moved_into_its_folder_is_kept_by_eve
     left = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"left {mine} ")]
     assert len(left) == 2 and all(f"moved there from {users}: it is never removed" in x for x in left), left
     os.rename(mine / "checkpoint", users)  # as the log says: moved back, it exports as it was
-    restore.export(users, str(out), overwrite=True)
+    engine_export.export(users, str(out), overwrite=True)
     assert len(exported(out, "a")[0]) == 10 and not mine.exists()
 
 
@@ -231,7 +232,7 @@ def test_a_checkpoint_an_export_of_an_earlier_version_left_in_a_folder_without_a
     and before its export.json was in place) left the user's checkpoint in an unnamed folder with no note: no later
     export into OUT removes it (its origin unknown, the log says so), while a folder of .npy files alone goes."""
     out = tmp_path / "out"
-    restore.export(one_table_checkpoint(tmp_path, 10), str(out))
+    engine_export.export(one_table_checkpoint(tmp_path, 10), str(out))
     kept = out / "export-0123abcd"
     os.makedirs(kept)
     os.rename(one_table_checkpoint(tmp_path / "users", 7), kept / "checkpoint")
@@ -239,7 +240,7 @@ def test_a_checkpoint_an_export_of_an_earlier_version_left_in_a_folder_without_a
     gone = out / "export-4567cdef"
     write(gone / "a.rows.npy", 100)
     caplog.set_level("INFO", LOGGER)
-    summary = restore.export(one_table_checkpoint(tmp_path / "other", 4), str(out), overwrite=True)
+    summary = engine_export.export(one_table_checkpoint(tmp_path / "other", 4), str(out), overwrite=True)
     assert len(exported(out, "a")[0]) == 4 and not gone.exists()
     assert sorted(os.listdir(out)) == sorted([kept.name, summary["dir"], "export.json"])
     assert sorted(os.listdir(kept / "checkpoint")) == ["manifest.json", "shard-0"]
@@ -254,19 +255,19 @@ def test_a_checkpoint_moved_on_out_of_a_kept_folder_is_noted_as_from_where_that_
     that folder goes as a leftover once the checkpoint has left it. A checkpoint of the export in place, or of
     anywhere else, is noted as from its own path."""
     out, users = tmp_path / "out", one_table_checkpoint(tmp_path / "users", 7)
-    restore.export(one_table_checkpoint(tmp_path, 10), str(out))
+    engine_export.export(one_table_checkpoint(tmp_path, 10), str(out))
     kept = out / "export-0123abcd"
     os.makedirs(kept)
     os.rename(users, kept / "checkpoint")
     if note:
         (kept / leftovers.MOVED_CHECKPOINT).write_text(json.dumps({"from": users}))
-    summary = restore.export(str(kept / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
+    summary = engine_export.export(str(kept / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
     noted = out / summary["dir"] / leftovers.EXPORTED_CHECKPOINT  # the note, once export.json names the folder
     assert json.loads(noted.read_text()) == {"from": users if note else None}
     assert leftovers.checkpoint_origin(summary["checkpoint"]) == summary["checkpoint"]  # the export in place's
     elsewhere = one_table_checkpoint(tmp_path / "elsewhere", 4)
     assert leftovers.checkpoint_origin(elsewhere) == elsewhere
-    restore.export(elsewhere, str(out), overwrite=True)
+    engine_export.export(elsewhere, str(out), overwrite=True)
     assert not kept.exists()  # a leftover now that the checkpoint has left it
 
 
@@ -284,7 +285,7 @@ def test_a_users_folder_named_like_one_of_export_files_is_no_kept_folder_and_its
     write(ckpts / "notes.txt", 3)
     assert leftovers.checkpoint_origin(str(dated)) == str(dated)
     out = tmp_path / "out"
-    summary = restore.export(str(dated), str(out), move_checkpoint=True)
+    summary = engine_export.export(str(dated), str(out), move_checkpoint=True)
     noted = out / summary["dir"] / leftovers.EXPORTED_CHECKPOINT
     assert json.loads(noted.read_text()) == {"from": str(dated)} and len(exported(out, "a")[0]) == 7
     kept = out / "export-0123abcd"
@@ -294,7 +295,7 @@ def test_a_users_folder_named_like_one_of_export_files_is_no_kept_folder_and_its
     write(out / "notes.txt", 3)
     os.remove(out / "export.json")  # OUT: a kept folder and the user's files, no export's folder
     assert leftovers.checkpoint_origin(str(kept / "checkpoint")) == str(kept / "checkpoint")
-    summary = restore.export(str(kept / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
+    summary = engine_export.export(str(kept / "checkpoint"), str(out), move_checkpoint=True, overwrite=True)
     noted = out / summary["dir"] / leftovers.EXPORTED_CHECKPOINT
     assert json.loads(noted.read_text()) == {"from": str(dated)}  # the kept folder's, not that folder
 
@@ -342,7 +343,7 @@ def test_an_export_over_one_that_names_out_checkpoint_is_refused_as_it_would_lea
     before = listing(out)
     other = one_table_checkpoint(tmp_path / "other", 4)
     with pytest.raises(ValueError, match=f"{out / 'checkpoint'} is the checkpoint {out / 'export.json'} names") as e:
-        restore.export(other, str(out), overwrite=True)
+        engine_export.export(other, str(out), overwrite=True)
     way_out = re.search(r"`ps-server (export [^`]+)`", str(e.value))  # the third way out, besides a move or removal
     nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
     assert main(["export", str(out), "--overwrite", *nowhere]) == 2
@@ -360,7 +361,7 @@ def test_an_export_over_one_that_names_out_checkpoint_is_refused_as_it_would_lea
 def test_an_export_over_one_that_names_another_checkpoint_leaves_a_users_out_checkpoint_as_it_is(tmp_path):
     out = an_earlier_layouts_export(tmp_path, with_dir=False)
     (out / "export.json").write_text(json.dumps({"checkpoint": str(tmp_path / "checkpoint"), "tables": {"a": {}}}))
-    summary = restore.export(one_table_checkpoint(tmp_path / "other", 4), str(out), overwrite=True)
+    summary = engine_export.export(one_table_checkpoint(tmp_path / "other", 4), str(out), overwrite=True)
     assert sorted(os.listdir(out)) == ["checkpoint", summary["dir"], "export.json"]
     assert sorted(os.listdir(out / "checkpoint")) == ["manifest.json", "shard-0"]
 
@@ -372,7 +373,7 @@ def test_an_export_into_an_out_another_export_writes_into_now_is_refused_and_cha
     fd = held(out, how)  # another export's claim on OUT
     try:
         with pytest.raises(leftovers.ClaimedError, match=f"another export into {out} runs now"):
-            restore.export(ckpt, str(out))
+            engine_export.export(ckpt, str(out))
         done = subprocess.run([sys.executable, "-m", "ps", "export", ckpt, "--out", str(out), "--no-progress"],
                               capture_output=True, text=True)  # fmt: skip
     finally:
@@ -397,7 +398,7 @@ def test_an_export_into_an_out_whose_file_system_refuses_flock_says_it_goes_ahea
     write(out / "export-0123abcd" / "a.rows.npy", 9)  # a killed export's
     monkeypatch.setattr(leftovers.fcntl, "flock", refused)
     caplog.set_level("INFO", LOGGER)
-    summary = restore.export(ckpt, str(out))
+    summary = engine_export.export(ckpt, str(out))
     assert sorted(os.listdir(out)) == sorted([summary["dir"], "export-0123abcd", "export.json"])
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert f"no lock on {out} can be had (its file system refuses flock: {os.strerror(errno.ENOSYS)}): this " \
@@ -414,12 +415,12 @@ def test_an_unclaimed_export_still_takes_the_flock_where_it_is_had(ckpt, tmp_pat
     fd = held(out, fcntl.LOCK_EX)  # another export's claim on OUT
     try:
         with pytest.raises(leftovers.ClaimedError, match=f"another export into {out} runs now"):
-            restore.export(ckpt, str(out), unclaimed=True)
+            engine_export.export(ckpt, str(out), unclaimed=True)
     finally:
         os.close(fd)
     assert os.listdir(out) == ["export-0123abcd"]
     caplog.set_level("INFO", LOGGER)
-    summary = restore.export(ckpt, str(out), unclaimed=True)
+    summary = engine_export.export(ckpt, str(out), unclaimed=True)
     assert sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"])
     assert len(removed_lines(caplog)) == 1 and not [r for r in caplog.records if "no lock on" in r.getMessage()]
 
@@ -485,9 +486,9 @@ def test_an_export_without_overwrite_checks_out_under_its_claim_and_its_refusal_
     out = tmp_path / "out"
     write(out / "export-0123abcd" / "gone.rows.npy", 1000)  # a killed export's: out holds no export yet
     write(out / "export.json.tmp", 9)
-    monkeypatch.setattr(restore, "make_dirs", an_export_ends_meanwhile(out, restore.make_dirs))
+    monkeypatch.setattr(engine_export, "make_dirs", an_export_ends_meanwhile(out, engine_export.make_dirs))
     with pytest.raises(ValueError, match=re.escape(f"--out {out} holds an earlier export (export.json): give")):
-        restore.export(ckpt, str(out), overwrite=False)
+        engine_export.export(ckpt, str(out), overwrite=False)
     assert sorted(os.listdir(out)) == ["export-0123abcd", "export-4567cdef", "export.json", "export.json.tmp"]
     assert (out / "export-0123abcd" / "gone.rows.npy").stat().st_size == 1000 and free(out)
     assert sorted(os.listdir(ckpt)) == ["manifest.json", "shard-0"]
@@ -496,7 +497,7 @@ def test_an_export_without_overwrite_checks_out_under_its_claim_and_its_refusal_
 def test_while_an_export_writes_into_out_another_cannot_claim_it_alone(ckpt, tmp_path, monkeypatch):
     out = tmp_path / "out"
     seen = []
-    real = restore._export_into
+    real = engine_export._export_into
 
     def probe(*args, **kwargs):
         fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
@@ -508,8 +509,8 @@ def test_while_an_export_writes_into_out_another_cannot_claim_it_alone(ckpt, tmp
             os.close(fd)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(restore, "_export_into", probe)
-    restore.export(ckpt, str(out))
+    monkeypatch.setattr(engine_export, "_export_into", probe)
+    engine_export.export(ckpt, str(out))
     assert seen == [True]
 
 
@@ -708,29 +709,29 @@ def test_a_removed_checkpoint_is_named_by_no_export_json_and_one_left_by_a_kill_
     one_table_checkpoint(tmp_path, 10)
     os.makedirs(out)
     os.rename(tmp_path / "ckpt", fresh)
-    real = restore.shutil.rmtree
+    real = engine_export.shutil.rmtree
 
     def killed(path, *args, **kwargs):
         if str(path) == str(fresh):
             raise KeyboardInterrupt  # as a kill there: nothing after it runs
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(restore.shutil, "rmtree", killed)
+    monkeypatch.setattr(engine_export.shutil, "rmtree", killed)
     with pytest.raises(KeyboardInterrupt):
-        restore.export(str(fresh), str(out), remove_checkpoint=True)
+        engine_export.export(str(fresh), str(out), remove_checkpoint=True)
     summary = json.loads((out / "export.json").read_text())
     assert summary["checkpoint"] is None and len(exported(out, "a")[0]) == 10 and fresh.exists()
-    monkeypatch.setattr(restore.shutil, "rmtree", real)
+    monkeypatch.setattr(engine_export.shutil, "rmtree", real)
     caplog.set_level("INFO", LOGGER)
     with export_claim(str(out)):
         pass
     assert not fresh.exists() and any(str(fresh) in x for x in removed_lines(caplog))
     assert sorted(os.listdir(out)) == sorted([summary["dir"], "export.json"])
     one_table_checkpoint(tmp_path, 10)
-    restore.export(str(tmp_path / "ckpt"), str(out), remove_checkpoint=True)
+    engine_export.export(str(tmp_path / "ckpt"), str(out), remove_checkpoint=True)
     assert not (tmp_path / "ckpt").exists() and json.loads((out / "export.json").read_text())["checkpoint"] is None
     with pytest.raises(ValueError, match="either moved into the export's folder or removed, not both"):
-        restore.export(str(fresh), str(out), move_checkpoint=True, remove_checkpoint=True)
+        engine_export.export(str(fresh), str(out), move_checkpoint=True, remove_checkpoint=True)
 
 
 # --- ps-worker checkpoint save: an unfinished checkpoint is named, never removed -----------------------------------
@@ -950,7 +951,7 @@ def test_a_link_at_a_temporary_name_is_refused_and_never_written_through(ckpt, t
     out.mkdir()
     os.symlink(decoy, out / "export.json.tmp")
     with pytest.raises(OSError, match=r"export\.json\.tmp is a link, where this writer keeps its temporary file"):
-        restore.export(ckpt, str(out))
+        engine_export.export(ckpt, str(out))
     assert decoy.read_bytes() == b"precious" and os.path.islink(out / "export.json.tmp")
     assert sorted(os.listdir(out)) == ["export.json.tmp"]  # nothing else left
 
@@ -964,7 +965,7 @@ def test_a_folder_named_like_a_temporary_file_is_the_users(ckpt, tmp_path, caplo
     write(out / "export.json", 2)  # an earlier export's folder: its leftovers would go, but no folder is one
     caplog.set_level("INFO", LOGGER)
     with pytest.raises(OSError, match=r"export\.json\.tmp is a folder, where this writer keeps its temporary"):
-        restore.export(ckpt, str(out))
+        engine_export.export(ckpt, str(out))
     assert (out / "export.json.tmp" / "data").exists() and removed_lines(caplog) == []
     assert sorted(os.listdir(out)) == ["export.json", "export.json.tmp"]  # its own folder removed again
 
@@ -994,8 +995,8 @@ def test_ps_server_export_checks_its_out_against_the_checkpoint_once(ckpt, tmp_p
     from ps.__main__ import main as server_main
 
     calls = []
-    real = restore.check_out_of_checkpoint
-    monkeypatch.setattr(restore, "check_out_of_checkpoint", lambda *a: calls.append(a) or real(*a))
+    real = engine_export.check_out_of_checkpoint
+    monkeypatch.setattr(engine_export, "check_out_of_checkpoint", lambda *a: calls.append(a) or real(*a))
     out = str(tmp_path / "out")
     assert server_main(["export", ckpt, "--out", out, "--no-progress"]) == 0
     assert calls == [(ckpt, out)]
@@ -1057,7 +1058,7 @@ def test_an_export_over_an_export_json_whose_tables_is_damaged_goes_ahead_and_re
     for name in ("a.ids.npy", "a.rows.npy", "b.ids.npy"):
         write(out / name, 3)
     (out / "export.json").write_text(json.dumps({"tables": tables}))
-    summary = restore.export(ckpt, str(out))
+    summary = engine_export.export(ckpt, str(out))
     assert sorted(os.listdir(out)) == ["a.ids.npy", "a.rows.npy", "b.ids.npy", summary["dir"], "export.json"]
     assert len(exported(out, "a")[0]) == 10
 

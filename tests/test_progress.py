@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 _THREADS_OF_A_PROGRESS_OFF = """
 import threading
 
-from ps.engine.restore import ExportProgress
+from ps.engine.export import ExportProgress
 from ps.progress import CountProgress
 from worker.progress_lines import ExamplesProgress
 from worker.scoring import ScoringProgress

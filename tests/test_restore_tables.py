@@ -141,10 +141,10 @@ _EXPORT_PEAKS = """
 import functools, json, sys, tracemalloc
 from tqdm import tqdm
 tqdm.monitor_interval = 0
-from ps.engine import restore
+from ps.engine import export as engine_export
 from ps.storage.checkpointread import read_table
-restore.read_table = functools.partial(read_table, chunk=1024)
-restore.WRITE_ROWS = 4096
+engine_export.read_table = functools.partial(read_table, chunk=1024)
+engine_export.WRITE_ROWS = 4096
 root, names = sys.argv[1], json.loads(sys.argv[2])
 peaks = dict.fromkeys(names, float("inf"))
 tracemalloc.start()
@@ -152,7 +152,7 @@ for _ in range(3):
     for name in names:
         held = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        restore.export(f"{root}/ckpt", f"{root}/{name}", tables=[name])
+        engine_export.export(f"{root}/ckpt", f"{root}/{name}", tables=[name])
         peaks[name] = min(peaks[name], tracemalloc.get_traced_memory()[1] - held)
 print(json.dumps(peaks))
 """
@@ -201,7 +201,7 @@ def test_export_json_names_each_tables_features_and_optimizer(tmp_path):
     """What a serving system needs to read the rows: the schema fingerprint the tables carry and the optimizer."""
     import json
 
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     made = TableConfig("emb", 4, optimizer=OptimizerConfig("adagrad", 0.05), features="schema:0123456789abcdef",
                        initializer=InitializerConfig("normal", 0.5, 7))  # fmt: skip
@@ -235,7 +235,7 @@ def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_pr
     """A plain progress line (stderr no terminal) per table, rows read of the manifest's count; none with
     --no-progress; the files written are the same either way."""
     from ps.__main__ import main
-    from ps.engine.restore import ExportProgress
+    from ps.engine.export import ExportProgress
 
     monkeypatch.setattr(ExportProgress, "PLAIN_EVERY_S", 0.0)
     specs = [TableConfig("a", 2), TableConfig("b", 3)]
@@ -265,7 +265,7 @@ def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_pr
 def test_export_refuses_a_shard_holding_more_rows_than_its_manifest_says_and_writes_nothing(tmp_path):
     """The arrays are sized by the manifest's counts: a shard with more rows stops the read before any lands past
     them, and is named as damaged."""
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     spec = TableConfig("emb", 2)
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
@@ -372,25 +372,25 @@ def test_starting_a_restore_over_deletes_keys_not_files_so_a_checkpoint_inside_t
 def test_an_export_stopped_while_it_writes_rows_leaves_no_partial_file(tmp_path, monkeypatch):
     """Ctrl-C (or a MemoryError) while the sorted rows are written removes the file being written, as an OSError
     does."""
-    from ps.engine import restore
+    from ps.engine import export as engine_export
 
     one_table_checkpoint(tmp_path, 100)
-    update = restore.ExportProgress.update
+    update = engine_export.ExportProgress.update
 
     def interrupted(self, n: int) -> None:
         if self.phase == "written":
             raise KeyboardInterrupt
         update(self, n)
 
-    monkeypatch.setattr(restore.ExportProgress, "update", interrupted)
+    monkeypatch.setattr(engine_export.ExportProgress, "update", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        restore.export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+        engine_export.export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()  # nor the out it made
 
 
 def test_export_writes_the_tables_named_or_matched_only(tmp_path, capsys):
     from ps.__main__ import main as server_main
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     specs = [table("fm"), table("dense.fm.w"), table("lr")]
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
@@ -469,7 +469,7 @@ def test_an_export_over_an_earlier_one_leaves_no_file_of_a_table_it_does_not_lis
     """--overwrite: the files in out are those of the new export.json; the earlier export's folder goes whole, its
     other tables too (a loader that globs *.npy, or a delta applied over out, would read them as this export's),
     and so do the .npy files in out itself of an earlier export.json that names no folder."""
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
     try:
@@ -500,7 +500,7 @@ def test_an_export_over_an_earlier_one_leaves_no_file_of_a_table_it_does_not_lis
 def test_an_exports_clock_for_the_next_delta_is_the_smallest_shard_clock(tmp_path):
     """A checkpoint whose shards were held at clocks 1 and 2 (a step straddling the cut): rows that step pushed
     after the cut on the lagging shard are stamped 1, so the next delta must take --since 1, not the manifest's 2."""
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
     try:
@@ -561,7 +561,7 @@ def test_a_manifest_is_fsynced_and_so_is_its_directory_after_the_rename(tmp_path
 
 
 def test_an_exports_files_are_fsynced_and_so_is_out_after_the_rename(tmp_path, monkeypatch):
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     one_table_checkpoint(tmp_path, 10)
     events = recorded_syncs(monkeypatch)
@@ -574,7 +574,7 @@ def test_an_exports_files_are_fsynced_and_so_is_out_after_the_rename(tmp_path, m
 
 @pytest.mark.parametrize("cut", ["half", "empty"])
 def test_a_manifest_cut_short_is_called_damaged_by_restore_and_export(tmp_path, cut):
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     one_table_checkpoint(tmp_path, 10)
     path = tmp_path / "ckpt" / "manifest.json"
@@ -678,7 +678,7 @@ def test_a_restore_keeps_trained_a_table_a_shrink_emptied_on_the_shards_that_tak
 
 FORK_SERVER = """
 import json, os, re, runpy, sys, threading
-import ps.__main__, ps.engine.restore  # imported once, here: each run is a process forked from this one
+import ps.__main__, ps.engine.export, ps.engine.restore  # imported once, here: each run is a process forked from this one
 from ps.storage import leftovers
 del sys.modules["ps.__main__"]  # run as a script by each run, as `python -m ps` runs it
 assert threading.active_count() == 1, "a fork copies no thread but its caller"
@@ -848,7 +848,7 @@ def test_an_export_killed_at_any_point_leaves_the_earlier_one_whole_or_the_new_o
     names, finds the earlier export or the new one, each whole, never a mix; the next export removes what the killed
     ones left, and only that."""
 
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
@@ -881,7 +881,7 @@ def test_an_export_that_moves_its_checkpoint_killed_at_any_point_leaves_one_whol
     import shutil
 
     from ps.checkpoint import read_manifest
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
@@ -973,17 +973,17 @@ def test_a_restore_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_
 def test_an_export_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_link_moves(tmp_path, monkeypatch):
     """ps-server export latest, the link moved to a newer checkpoint once the first shard's rows of table a were
     read: every row exported is the first checkpoint's. Before: the rest came from the other checkpoint."""
-    from ps.engine import restore
+    from ps.engine import export as engine_export
 
     latest, ids = two_saves_behind_a_link(tmp_path)
-    read_table = restore.read_table
+    read_table = engine_export.read_table
 
     def read_then_move(*args, **kwargs):
         yield from read_table(*args, **kwargs)
         move_link(latest, "two")
 
-    monkeypatch.setattr(restore, "read_table", read_then_move)
-    restore.export(latest, str(tmp_path / "out"))
+    monkeypatch.setattr(engine_export, "read_table", read_then_move)
+    engine_export.export(latest, str(tmp_path / "out"))
     for name in ("a", "b"):
         got, rows = exported(tmp_path / "out", name)
         np.testing.assert_array_equal(got, ids)

@@ -12,7 +12,7 @@ import pytest
 
 from ps.codec import table_config_from_proto, table_config_to_proto
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.engine.restore import export
+from ps.engine.export import export
 from ps.engine.shard import Shard
 from ps.engine.table import layout_for
 from ps.errors import CheckpointDamagedError, DataLossError, InvalidArgumentError, TableExistsError

@@ -13,7 +13,7 @@
        through it, or --unclaimed where no lock on OUT can be had, which this one said), --since and --tables passed
        on; its exit code is this one's,
        and one killed by signal N is said so, exit code 128 + N. It puts the new export in place of an earlier one
-       whole, by the rename of its export.json (ps.engine.restore.export), and removes the earlier one's files.
+       whole, by the rename of its export.json (ps.engine.export.export), and removes the earlier one's files.
        With --keep-checkpoint it moves the fresh checkpoint into the export's folder first (--move-checkpoint), so
        that rename puts the export and its checkpoint, `OUT/<dir>/checkpoint`, in place together; without, the
        export.json it puts in place names no checkpoint, and it removes the fresh one after (--remove-checkpoint):

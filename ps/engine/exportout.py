@@ -1,4 +1,4 @@
-"""What an export checks and reads in OUT and the checkpoint before it writes (ps.engine.restore.export): an out
+"""What an export checks and reads in OUT and the checkpoint before it writes (ps.engine.export.export): an out
 inside the checkpoint or holding files of no export, the tables chosen and the models they leave in part, the
 folders that hold the checkpoint, and the files of the export in out that a new one replaces.
 """

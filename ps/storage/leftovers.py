@@ -2,7 +2,7 @@
 next writer once it can prove that no writer uses them, with one log line naming each and its size.
 
 Each temp-then-rename writer names its temporary files with a pattern of its own, beside the final file; each
-pattern is described where it is produced (ps.storage.sidefiles, ps.engine.restore.export, worker/export.py,
+pattern is described where it is produced (ps.storage.sidefiles, ps.engine.export.export, worker/export.py,
 worker/temp_dirs). What proves that none is in use:
 - in a data dir: this server holds RocksDB's LOCK on it (one server a dir), so Store removes them once it opened it;
 - in an export's OUT: a flock on the directory OUT itself. Every writer into OUT (`ps-server export`, `ps-worker
@@ -35,7 +35,7 @@ if os.name == "posix":
     import fcntl
 
 log = logging.getLogger(__name__)
-# An export's OUT (ps.engine.restore.export): export.json names ("dir") the folder export-<8 hex> of the export's
+# An export's OUT (ps.engine.export.export): export.json names ("dir") the folder export-<8 hex> of the export's
 # .npy files; export.json.tmp is the export.json an export writes before it renames it into place (worker/export.py's
 # too). The temporary file, and every export-<8 hex> folder that export.json does not name (an export killed before
 # its export.json was in place, or before it removed the folder of the export it replaced), are what killed exports

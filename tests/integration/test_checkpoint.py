@@ -198,7 +198,7 @@ def files_of(root) -> dict:
 def test_restore_export_and_verify_write_nothing_into_what_they_read(tmp_path):
     """rocksdict writes a file at every open, read-only ones too: a checkpoint on a read-only disk could not be
     read, and one read by another rocksdict version would fail its own checksums."""
-    from ps.engine.restore import export
+    from ps.engine.export import export
     from ps.engine.shard import Shard
     from ps.storage.verify import verify_data_dir
 
@@ -302,7 +302,7 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
     import json
 
     from ps.checkpoint import read_manifest
-    from ps.engine import restore
+    from ps.engine import export as engine_export
     from tests.test_worker_outputs import tree
     from worker.__main__ import main
 
@@ -343,19 +343,21 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
 
     monkeypatch.setattr(np.lib.format, "write_array_header_1_0", failing_header)
     with pytest.raises(OSError, match=r"busy.rows.npy failed .*; nothing of an earlier export there was changed"):
-        restore.export(str(kept), str(out), move_checkpoint=True)  # moved after the files: never moved here
+        engine_export.export(str(kept), str(out), move_checkpoint=True)  # moved after the files: never moved here
     assert tree(out) == earlier
     monkeypatch.undo()
 
     def no_room(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(restore.leftovers, "open_temporary", no_room)  # export.json.tmp, once the checkpoint moved
+    monkeypatch.setattr(
+        engine_export.leftovers, "open_temporary", no_room
+    )  # export.json.tmp, once the checkpoint moved
     with pytest.raises(OSError, match="No space left"):
-        restore.export(str(kept), str(out), move_checkpoint=True)
+        engine_export.export(str(kept), str(out), move_checkpoint=True)
     assert tree(out) == earlier  # the checkpoint moved back, the new folder removed
     with pytest.raises(ValueError, match="lies inside the checkpoint"):
-        restore.export(str(kept), str(kept / "shard-0"))
+        engine_export.export(str(kept), str(kept / "shard-0"))
 
 
 def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(tmp_path):
@@ -416,7 +418,7 @@ def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(
                     assert shard.tables == {}
                 finally:
                     shard.close()
-                from ps.engine.restore import export  # which reads every row, and names those of no size it makes
+                from ps.engine.export import export  # which reads every row, and names those of no size it makes
 
                 with pytest.raises(StorageError, match=r"shard-0: table 'busy' holds \d+ stored rows of neither a "
                                    r"trained row's size by the config read with \(its manifest's: 92 bytes\)"):  # fmt: skip
@@ -438,7 +440,7 @@ def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(
     added = r"shard-1 holds files its manifest does not list \(000099.log\): files were added after the save"
     with pytest.raises(StorageError, match=added):
         Server(ServerConfig(data_dir=str(tmp_path / "stray"), restore_dir=str(tmp_path / "ckpt")))
-    from ps.engine.restore import export
+    from ps.engine.export import export
 
     with pytest.raises(StorageError, match=added):
         export(str(tmp_path / "ckpt"), str(tmp_path / "stray-export"))
