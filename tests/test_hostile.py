@@ -305,6 +305,27 @@ def test_a_request_answered_as_applied_before_is_still_refused_when_it_repeats_i
     assert (rows(stub) == -2).all()
 
 
+def test_a_request_answered_as_applied_before_is_still_refused_when_its_clock_advance_is_out_of_range(serve):
+    """An old or retried request (its seq applied) whose clock advance no clock could take (past MAX_CLOCK) is
+    refused as a new one is; a retry of a request whose advance brought the clock to MAX_CLOCK is not: its advance
+    is checked against MAX_CLOCK alone, not against the clock it moved."""
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    client = 0xADC0
+    first = ps_pb2.PushBatchRequest(pushes=[push_request(1.0)], advance_clock=1, client_id=client, seq=1)
+    assert stub.PushBatch(first, timeout=TIMEOUT_S).num_applied == len(IDS)
+    assert stub.PushBatch(batch(client, 2, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    for seq, advance in ((1, 2**64 - 1), (1, MAX_CLOCK + 1), (2, 2**64 - 1)):  # older (advance applied); a retry
+        request = ps_pb2.PushBatchRequest(pushes=[push_request(1.0)], advance_clock=advance, client_id=client, seq=seq)
+        code, details = refused(stub.PushBatch, request)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "out of range" in details, (seq, advance, code, details)
+    assert (rows(stub) == -2).all() and clock(stub) == 1
+    to_the_top = ps_pb2.PushBatchRequest(advance_clock=MAX_CLOCK - 1, client_id=client, seq=3)
+    assert stub.PushBatch(to_the_top, timeout=TIMEOUT_S).step == MAX_CLOCK
+    assert stub.PushBatch(to_the_top, timeout=TIMEOUT_S).step == MAX_CLOCK  # its retry: applied before, not refused
+    assert (rows(stub) == -2).all()
+
+
 def test_a_client_id_with_its_top_bit_set_is_a_client_of_its_own(serve):
     """The top bit of a key is the server's (the jobs' sync sums), but a client_id with it set is not masked into
     the key of the id without it, whose requests would then drop its pushes as retries: each is applied, once."""

@@ -94,7 +94,8 @@ class PushPath:
         Exactly once: a request with a client id is applied at most once however often it is retried. The
         journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of
         its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
-        older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
+        older one applies nothing, nor advances the clock; either is still refused where it is malformed (a push
+        that repeats ids, a clock advance past MAX_CLOCK), as a new one is. A client sends one request at a time to a shard, in
         client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still runs
         waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of
         a request is stored together with the note that this request made it (ShardMeta.set_clock), so a retry
@@ -135,6 +136,7 @@ class PushPath:
             done = client_seq == done_seq and done_parts >= len(pushes) and not advance_clock
             if whole or done or client_seq < done_seq:
                 self._check_batch(pushes, every_push=True)  # still a bad request if it is one
+                _check_answered_advance(advance_clock)
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
             out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip, caller_gone, step_sum)
@@ -274,6 +276,17 @@ class PushPath:
                 self._store.meta.forget_advanced(gone)
                 for c in gone:
                     del self.advanced[c]
+
+
+def _check_answered_advance(steps: int) -> None:
+    """InvalidArgumentError for the clock advance of a request answered as applied before (a retry, or an older
+    request) that no clock can take: past MAX_CLOCK. It is not checked against the clock, which moved since the
+    request's first attempt (by that advance too, where it was applied)."""
+    if steps > MAX_CLOCK:
+        raise InvalidArgumentError(
+            f"a clock advance of {steps:,} steps is out of range: a shard's clock stays <= {MAX_CLOCK:,} (the "
+            f"request's seq was applied before, but this advance could never be); {NOTHING_APPLIED}"
+        )
 
 
 def _partly_applied(e: PsError, failed: str, applied: range, where: str, request: tuple[int, int],
