@@ -361,6 +361,46 @@ def test_two_processes_first_pushes_as_one_worker_reaching_a_free_shard_together
     assert rows(shard) == -1.0
 
 
+def test_a_request_refused_for_its_content_takes_no_worker_for_its_process(servers):
+    """Requests of worker 1 from process B (token 0xB) whose stamp passes, while no process holds worker 1, but
+    that are refused for what they carry (a push of a NaN gradient, one that repeats an id, a table spec with dim
+    0): INVALID_ARGUMENT, and worker 1 stays free, so its own process (token 0xC) pushes on at once."""
+    addresses, _ = servers(1)
+    with grpc.insecure_channel(addresses[0]) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD)))
+
+        def batch(stamp: WorkerStamp, ids: np.ndarray = IDS, grad: float = 1.0, seq: int = 1) -> bytes:
+            grads = np.full((len(ids), 4), grad, np.float32)
+            one = ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(ids), grads=wire.encode_rows(grads), dim=4)
+            request = ps_pb2.PushBatchRequest(pushes=[one], client_id=30 + stamp.token, seq=seq,
+                                              stamp=codec.stamp_to_proto(stamp))  # fmt: skip
+            return request.SerializeToString()
+
+        push_batch = channel.unary_unary("/sparseps.ParameterServer/PushBatch")
+        create_table = channel.unary_unary("/sparseps.ParameterServer/CreateTable")
+        push_batch(batch(unclocked(0, token=0xA)), timeout=30)
+        b = unclocked(1, token=0xB)
+        bad_spec = ps_pb2.TableSpec(name="emb2", dim=0)
+        for call, request, words in (
+            (push_batch, batch(b, grad=float("nan")), "non-finite"),
+            (push_batch, batch(b, ids=np.array([3, 5, 3], np.uint64)), "repeats id"),
+            (create_table, ps_pb2.CreateTableRequest(spec=bad_spec, stamp=codec.stamp_to_proto(b)).SerializeToString(),
+             "dim must be in"),
+        ):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as refused:
+                call(request, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+            assert words in refused.value.details()
+        push_batch(batch(unclocked(1, token=0xC)), timeout=30)  # worker 1's own process: not held by B
+        with pytest.raises(grpc.RpcError) as refused:  # and now it holds worker 1: B is refused for that
+            push_batch(batch(b, seq=2), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "another process" in refused.value.details()
+        pulled = stub.Pull(ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(IDS)))
+        assert (wire.decode_rows(pulled.rows, len(IDS), 4) == -2).all()
+
+
 def test_a_token_comes_on_unclocked_stamps_only(shard):
     with pytest.raises(InvalidArgumentError, match=r"token .* is said by an unclocked stamp, not a sync or ssp one"):
         push(shard, WorkerStamp(JOB, 0, 1, 0, staleness=1, setup="mode=ssp", token=0xA))

@@ -140,7 +140,9 @@ class FollowedJob:
         holding nothing: it claims no shard, is not heard from (the tenancy does not last for it) and takes no token
         (returns False). Returns whether the stamp claims the shard: a push (not sync, not done) or a create that
         starts its job here; the claim refuses every other job until pushed(claimed=True) or created(claimed=True)
-        starts the job, or release() drops it (the push or create failed)."""
+        starts the job, or release() drops it (the push or create failed). An unclocked push or create of the job
+        followed whose token its worker's stamps did not carry here claims the worker the same way (returns True):
+        the token is the worker's once the request is applied, not where it fails (JobTenancy.take)."""
         check_stamp(stamp, pull, create)
         with self._cond:
             if stamp.unclocked and stamp.done and not self.tenancy.follows(stamp):

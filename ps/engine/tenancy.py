@@ -34,7 +34,8 @@ start, kept in its --resume-file: a worker started again with that file after a 
 and pushes on at once). A push, done stamp or CreateTable of the worker with another token is refused
 (JobConflictError, FAILED_PRECONDITION, changing nothing; the job goes on) while the token its stamps carried here
 holds it: heard within the job's barrier timeout, and not done or stopped since (a stop stamp of the other token
-changes nothing); then the new token takes it. So two processes given one --worker-id do not both train its share
+changes nothing); then the new token takes it, with a push or CreateTable that is applied (its worker is claimed
+for it meanwhile, other tokens refused; one refused for what it carries takes nothing) or a done stamp. So two processes given one --worker-id do not both train its share
 (and another share never); a token 0 is not known and checked against nothing. An unclocked job whose every worker is
 done, or that was not heard from for its barrier timeout, holds the shard no more; a push of it then starts it anew
 (a new run under the same id, its setup that push's), as a push of another job would; so does a job a worker of
@@ -148,12 +149,18 @@ class JobTenancy:
 
     def take(self, stamp: WorkerStamp, pull: bool, create: bool) -> bool:
         """After the stamp passed the checks (JobClocks.check): one of the job followed is heard from (its tenancy
-        of the shard lasts, its token is taken) and claims nothing; a push (not sync, not done) or a create of a job not
-        followed claims the shard (returns True): every other job is refused until drop_claim drops it."""
-        if self.follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
+        of the shard lasts) and takes its worker for its process (its token) where the worker's stamps carried that
+        token already, claiming nothing; where they carried another token or none, its push or create claims the
+        worker (returns True): another token's is refused until drop_claim drops it, and the token is the worker's
+        once the request is applied (heard), not where it is refused. A push (not sync, not done) or a create of a
+        job not followed claims the shard (returns True): every other job is refused until drop_claim drops it."""
+        if self.follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save) or refused
             self._heard = time.monotonic()
-            self._take_token(stamp)
-            return False
+            if not self._takes_worker(stamp):
+                self._take_token(stamp)
+                return False
+            self._claims.append((stamp, "creating a table" if create else "applying the first push of a process"))
+            return True
         if not create and (pull or stamp.sync or stamp.done):  # these start their job under the lock (JobClocks)
             return False
         self._claims.append((stamp, "creating a table" if create else "applying the first push"))
@@ -286,6 +293,13 @@ class JobTenancy:
         if token in (0, stamp.token) or self._done()[stamp.worker] or silent > self._patience_s:
             return None
         return silent
+
+    def _takes_worker(self, stamp: WorkerStamp) -> bool:
+        """Whether an unclocked push or create of the job followed (not a done stamp, which is answered at once)
+        would take its worker for another token than the one the worker's stamps carried here, or for one where
+        none was known."""
+        return (stamp.unclocked and bool(stamp.token) and not stamp.done and stamp.num_workers == self.num_workers
+                and self._tokens[stamp.worker] != stamp.token)  # fmt: skip
 
     def _take_token(self, stamp: WorkerStamp) -> None:
         """Notes the token of an unclocked stamp of the job followed, passed by check_token, as its worker's, heard
