@@ -96,16 +96,19 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
     """The directory a Checkpoint save of `requested` writes to: requested relative to root, or an absolute path
     inside it, resolved (symlinks followed) to an absolute path strictly inside root's own resolved path.
     NoCheckpointRootError when the server has no root; InvalidArgumentError for an empty path, one with a '..'
-    part or a NUL, or one that resolves to root itself or outside it (CheckpointOutsideRootError, a subclass)."""
+    part or a character that does not print (a NUL, a line break, a terminal escape: the path reaches the server's
+    log and every tool that prints it as it is), or one that resolves to root itself or outside it
+    (CheckpointOutsideRootError, a subclass)."""
     if not root:
         raise NoCheckpointRootError(
             "this server takes no checkpoints: start ps-server with --checkpoint-root DIR (PS_CHECKPOINT_ROOT) to let "
             "it write checkpoints inside DIR"
         )
-    if not requested or "\0" in requested or ".." in requested.split("/"):
+    if not requested or not requested.isprintable() or ".." in requested.split("/"):
         raise InvalidArgumentError(
             f"checkpoint dir {echo(requested)} is not a usable path: give a new directory relative to the server's "
-            "checkpoint root, or absolute inside it, with no '..' part"
+            "checkpoint root, or absolute inside it, with no '..' part and only characters that print (no control "
+            "characters, no line breaks)"
         )
     base = os.path.realpath(root)
     try:

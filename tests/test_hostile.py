@@ -262,6 +262,32 @@ def test_checkpoints_are_written_only_inside_the_root(tmp_path, serve):
     assert os.listdir(outside) == []
 
 
+def test_a_checkpoint_dir_with_control_characters_is_refused_and_forges_no_log_line(tmp_path, serve, caplog):
+    """A save to a dir whose name holds a line break, a terminal escape or another character that does not print is
+    refused (INVALID_ARGUMENT), making no directory: the name would reach the server's log as it is (a line break
+    starts a forged log line), and every listing and tool that prints the checkpoint's path."""
+    root = tmp_path / "root"
+    root.mkdir()
+    _, stub = serve(checkpoint_root=str(root))
+    token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
+    forged = "2026-01-01 00:00:00,000 ERROR ps.engine.shard: forged"
+    try:
+        with caplog.at_level("INFO"):
+            for bad in (f"c\n{forged}", "c\r1", "c\x1b[2J", "c\t1", "c\x7f", "c\u2028x", "c\x85", "ok/c\nx"):
+                request = ps_pb2.CheckpointRequest(phase="save", dir=bad, token=token)
+                code, details = refused(stub.Checkpoint, request)
+                assert code == grpc.StatusCode.INVALID_ARGUMENT and "is not a usable path" in details, (bad, details)
+                assert ascii(bad) in details and "\n" not in details, details
+        assert os.listdir(root) == []
+        logged = [r.getMessage() for r in caplog.records]
+        assert any("is not a usable path" in m for m in logged) and not [m for m in logged if "\n" in m], logged
+        save = ps_pb2.CheckpointRequest(phase="save", dir="runs/\u00e9t\u00e9 1", token=token)  # prints: saved
+        assert stub.Checkpoint(save, timeout=TIMEOUT_S).clock == 0
+        assert os.listdir(root / "runs") == ["\u00e9t\u00e9 1"]
+    finally:
+        stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)
+
+
 def batch(client_id: int, seq: int, grads: float) -> ps_pb2.PushBatchRequest:
     return ps_pb2.PushBatchRequest(pushes=[push_request(grads)], client_id=client_id, seq=seq)
 
