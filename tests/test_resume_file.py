@@ -805,3 +805,46 @@ def test_the_recorded_libsvm_values_name_how_the_built_in_schema_reads_the_data(
                             libsvm_values=values)  # fmt: skip
     read_as = "weights" if any(c.kind == "weighted" for c in schema.columns) else "one-hot"
     assert libsvm_reading(values, cfg) == read_as
+
+
+def test_a_position_names_its_files_by_their_full_path_so_another_directorys_same_named_files_are_refused(
+    tmp_path, monkeypatch
+):
+    """The data, validation and schema files of a position are the files the run read, not the text typed: one
+    spelled otherwise (./train.tsv, the full path) resumes, another directory's file of the same name is refused,
+    and a file holding the name as typed (relative) reads it from the directory of the start that reads it."""
+    for folder in ("a", "b"):
+        for name in ("train.tsv", "more.tsv", "valid.tsv", "s.toml"):
+            (tmp_path / folder).mkdir(exist_ok=True)
+            (tmp_path / folder / name).write_text("1\t2\n")
+    monkeypatch.chdir(tmp_path / "a")
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), data="train.tsv,more.tsv",
+                      format="criteo", validation_data="valid.tsv")  # fmt: skip
+    PositionWriter(cfg).write(100)
+    record = json.loads((tmp_path / "p.json").read_text())
+    a = tmp_path / "a"
+    assert record["run"]["data"] == f"{a / 'train.tsv'},{a / 'more.tsv'}"
+    assert record["run"]["validation_data"] == str(a / "valid.tsv")
+    for data in ("./train.tsv, more.tsv", f"{a / 'train.tsv'},../a/more.tsv"):
+        assert read_position(dataclasses.replace(cfg, data=data)).examples == 100, data
+    monkeypatch.chdir(tmp_path / "b")
+    b = tmp_path / "b"
+    with pytest.raises(ValueError) as refused:
+        read_position(cfg)
+    assert (f"data: '{a / 'train.tsv'},{a / 'more.tsv'}' in the file != 'train.tsv,more.tsv' (read as "
+            f"'{b / 'train.tsv'},{b / 'more.tsv'}') now") in str(refused.value)  # fmt: skip
+    assert f"validation_data: '{a / 'valid.tsv'}' in the file != 'valid.tsv' (read as '{b / 'valid.tsv'}')" in str(
+        refused.value
+    )
+    schema = dataclasses.replace(cfg, resume_file=str(tmp_path / "s.json"), schema="s.toml")
+    PositionWriter(schema).write(7)
+    assert read_position(dataclasses.replace(schema, schema=str(b / "s.toml"))).examples == 7
+    monkeypatch.chdir(a)
+    with pytest.raises(ValueError, match=re.escape(f"schema: '{b / 's.toml'}' in the file != 's.toml' (read as ")):
+        read_position(schema)
+    record["run"].update(data="train.tsv,more.tsv", validation_data="valid.tsv")  # as typed, relative
+    (tmp_path / "p.json").write_text(json.dumps(record))
+    assert read_position(cfg).examples == 100
+    monkeypatch.chdir(b)
+    with pytest.raises(ValueError, match=re.escape(f"'train.tsv,more.tsv' (read as '{b / 'train.tsv'},")):
+        read_position(dataclasses.replace(cfg, data="train.tsv"))

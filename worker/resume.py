@@ -12,10 +12,13 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
   is the one it detects, a CSV's delimiter other than a comma with it; null where no --format is read, with
   --schema or on synthetic data), and libsvm_values: how the data is read under it (libsvm_reading: --libsvm-values
-  auto's is what the built-in schema chooses for libsvm data, one-hot or weights). A start whose settings differ
-  is refused: the position would be another stream's; format and libsvm_values are compared as the data is read
-  under each (a file's auto, as a file written before they were resolved holds, resolved by the data now). A
-  setting a file lacks (written before it was recorded: RECORDED_LATER) reads as its value then.
+  auto's is what the built-in schema chooses for libsvm data, one-hot or weights), and data, schema and
+  validation_data: the files by their full paths (full_paths: train.tsv and ./train.tsv are one file, train.tsv
+  run from another directory another). A start whose settings differ is refused: the position would be another
+  stream's; format and libsvm_values are compared as the data is read under each (a file's auto, as a file
+  written before they were resolved holds, resolved by the data now), the files by their full paths (a relative
+  one, as a file written before they were resolved holds, taken from the working directory now). A setting a
+  file lacks (written before it was recorded: RECORDED_LATER) reads as its value then.
 - started_from: the --skip-examples the first start of the run was given (0: none); a start given that same
   value again (the same command) resumes from the file, another value is refused.
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
@@ -90,9 +93,11 @@ import os
 from ps.errors import echo
 from ps.stamp import job_named, names_job
 from worker.resume_settings import (
+    PATH_SETTINGS,
     RECORDED_LATER,
     RUN_SETTINGS,
     data_format,
+    full_paths,
     given_settings,
     libsvm_reading,
     run_settings,
@@ -179,7 +184,8 @@ def read_position(cfg: TrainConfig) -> Position | None:
                          "the start, or give --skip-examples N yourself") from None  # fmt: skip
     ours, given = run_settings(cfg), {**RECORDED_LATER, **run}
     run = {**given, "format": data_format(run.get("format"), cfg),
-           "libsvm_values": libsvm_reading(given["libsvm_values"], cfg)}  # fmt: skip
+           "libsvm_values": libsvm_reading(given["libsvm_values"], cfg),
+           **{name: full_paths(given.get(name)) for name in PATH_SETTINGS}}  # fmt: skip
     now = given_settings(cfg)
     differ = [f"{name}: {shown_setting(given.get(name), run.get(name))} in the file != {shown_setting(now[name], ours[name])} "
               "now" for name in RUN_SETTINGS if run.get(name) != ours[name]]  # fmt: skip

@@ -1,9 +1,10 @@
-"""The run settings a --resume-file position belongs to (worker/resume.py): each as given, and format and
-libsvm_values as the data is read under them."""
+"""The run settings a --resume-file position belongs to (worker/resume.py): each as given, but format and
+libsvm_values as the data is read under them, and the files (data, schema, validation_data) by their full paths."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from worker.schema_columns import AUTO_FORMAT
 from worker.train_config import TrainConfig
@@ -15,12 +16,26 @@ RUN_SETTINGS = ("data", "format", "schema", "label_column", "drop_columns", "num
 
 
 RECORDED_LATER = {"libsvm_values": "auto"}  # settings a file written before they were recorded lacks: their value then
+PATH_SETTINGS = ("data", "schema", "validation_data")  # settings that name files: compared by full_paths
+
+
+def full_paths(spec: object) -> object:
+    """A file setting's value (PATH_SETTINGS: a data flag's file, or comma-separated files, directories and globs,
+    worker/datafiles.py; a --schema file) with each path made full against the working directory and normalized
+    (os.path.abspath: train.tsv, ./train.tsv and /data/train.tsv, run from /data, are one; train.tsv run from
+    another directory is another file). None (not given) as None."""
+    if not isinstance(spec, str):
+        return spec
+    if os.path.isfile(spec):  # a file, even if its name holds ',' (datafiles.data_files takes it whole)
+        return os.path.abspath(spec)
+    return ",".join(os.path.abspath(entry.strip()) if entry.strip() else entry for entry in spec.split(","))
 
 
 def run_settings(cfg: TrainConfig) -> dict:
     """The settings a position belongs to (RUN_SETTINGS), as JSON reads them back (tuples as lists); format as
-    data_format reads it."""
-    read_as = {"format": data_format(cfg.format, cfg), "libsvm_values": libsvm_reading(cfg.libsvm_values, cfg)}
+    data_format reads it, libsvm_values as libsvm_reading does, the files' by their full_paths."""
+    read_as = {"format": data_format(cfg.format, cfg), "libsvm_values": libsvm_reading(cfg.libsvm_values, cfg),
+               **{name: full_paths(getattr(cfg, name)) for name in PATH_SETTINGS}}  # fmt: skip
     return {**given_settings(cfg), **read_as}
 
 
