@@ -429,6 +429,34 @@ def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, 
 @pytest.mark.parametrize(
     "argv, message",
     [
+        (["--model", "fm", "--embedding-dim", "4096"],
+         "--embedding-dim 4096: expected 1..4095 for --model fm (its rows hold the 4096 floats of an embedding and 1 "
+         "of the linear term: 4097, and a server holds rows of at most 4096)"),
+        (["--model", "deepfm", "--embedding-dim", "5000"], "--embedding-dim 5000: expected 1..4095 for --model deepfm"),
+        (["--model", "dnn", "--embedding-dim", "4097"],
+         "--embedding-dim 4097: expected 1..4096 for --model dnn (its rows hold the 4097 floats of an embedding, and"),
+        (["--model", "dnn", "--hidden", "64,5000"],
+         "--hidden 64,5000: expected widths in 1..4096 (a layer's parameters are rows of its width, and a server "
+         "holds rows of at most 4096 floats)"),
+        (["--model", "deepfm", "--hidden", "64,0"], "--hidden 64,0: expected widths in 1..4096"),
+    ],
+)  # fmt: skip
+def test_an_embedding_dim_or_hidden_width_past_a_servers_rows_is_refused_naming_its_flag_before_servers_are_asked(
+    argv, message, dead_address, capsys
+):
+    for command in (["train", "--synthetic-rows", "100"], ["eval"], ["launch", "--workers", "2"]):
+        code, err = worker([*command, "--servers", dead_address, "--server-timeout", "0", "--timeout-s", "1", *argv],
+                           capsys)  # fmt: skip
+        assert code == 2 and message in err and "accept a connection" not in err, (command, err)
+    from worker.train_config import TrainConfig
+
+    for model, dim in (("fm", 4095), ("deepfm", 4095), ("dnn", 4096), ("lr", 10_000)):  # the widest a server holds
+        TrainConfig(servers=("h:1",), model=model, embedding_dim=dim, hidden=(4096, 1)).validate()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
         (["--dim", "0"], "argument --dim: expected an integer in 1..4096, got 0"),
         (["--dim", "100000"], "argument --dim: expected an integer in 1..4096, got 100000"),  # a server takes none
         (["--servers", "0"], "argument --servers: expected an integer >= 1, got 0"),

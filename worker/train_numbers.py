@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ps.config import MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S
+from ps.config import MAX_BARRIER_S, MAX_DIM, MAX_HYPERPARAMETER, MAX_INTERVAL_S
 
 if TYPE_CHECKING:
     from worker.train_config import TrainConfig
@@ -31,8 +31,10 @@ def check_numbers(cfg: TrainConfig) -> None:
     for flag, value, lowest in at_least:
         if value < lowest:
             raise ValueError(f"{flag} {value}: expected an integer >= {lowest}")
-    if any(width < 1 for width in cfg.hidden):
-        raise ValueError(f"--hidden {','.join(map(str, cfg.hidden))}: expected widths >= 1")
+    if any(not 1 <= width <= MAX_DIM for width in cfg.hidden):
+        raise ValueError(f"--hidden {','.join(map(str, cfg.hidden))}: expected widths in 1..{MAX_DIM} (a layer's "
+                         f"parameters are rows of its width, and a server holds rows of at most {MAX_DIM} floats)")  # fmt: skip
+    _check_embedding_dim(cfg)
     ranges = [("--validation-fraction", unset_or(cfg.validation_fraction, 0.0), 0.0, 0.5),
               ("--dropout", unset_or(cfg.dropout, 0.0), 0.0, 0.95), ("--l2", unset_or(cfg.l2, 0.0), 0.0, 1e6),
               ("--dense-l2", unset_or(cfg.dense_l2, 0.0), 0.0, 1e6), ("--synthetic-history", cfg.synthetic_history, 0.0, 1e3)]  # fmt: skip
@@ -55,3 +57,16 @@ def check_numbers(cfg: TrainConfig) -> None:
                          f"{MAX_INTERVAL_S:g}")  # fmt: skip
     if cfg.metrics_port is not None and not 0 <= cfg.metrics_port < 65536:
         raise ValueError(f"--metrics-port {cfg.metrics_port}: expected a port in 0..65535 (0: a free one)")
+
+
+def _check_embedding_dim(cfg: TrainConfig) -> None:
+    """ValueError for an --embedding-dim whose rows a server cannot hold (MAX_DIM floats): fm's and deepfm's rows
+    hold the linear term's weight too (worker.models.spec row_dim), dnn's the embedding alone; lr's rows are one
+    float whatever it is."""
+    linear = {"fm": 1, "deepfm": 1, "dnn": 0}.get(cfg.model)
+    if linear is None or cfg.embedding_dim + linear <= MAX_DIM:
+        return
+    k = cfg.embedding_dim
+    rows = f" and {linear} of the linear term: {k + linear}," if linear else ","
+    raise ValueError(f"--embedding-dim {k}: expected 1..{MAX_DIM - linear} for --model {cfg.model} (its rows hold the "
+                     f"{k} floats of an embedding{rows} and a server holds rows of at most {MAX_DIM})")  # fmt: skip
