@@ -332,26 +332,33 @@ def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp
     """A job's workers killed without a word leave it holding the shards: the same launch again goes on under its
     id (which each worker's file would refuse another of), given as its name where a file keeps one; files of two
     jobs are refused, in every mode; sync and ssp workers, whose job resumes only under a new id, get a new one."""
+    from worker.resume_writer import PositionWriter
+
+    def position(worker: int, job: int, name: str = "", mode: str = "async") -> None:  # worker's file in job
+        PositionWriter(TrainConfig(servers=(SERVERS,), resume_file=str(tmp_path / f"p-{worker}.json"), mode=mode,
+                                   num_workers=3, worker_id=worker, job_id=job, job_name=name)).write(300)  # fmt: skip
+
     resume = ["--resume-file", str(tmp_path / "p-{worker}.json")]
     args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
     assert plan_launch(args, rest).job_id != plan_launch(args, rest).job_id  # no file yet: a new one each time
-    (tmp_path / "p-1.json").write_text(json.dumps({"format": 1, "job_id": 12345}))  # worker 0 and 2: none yet
+    position(1, 12345)  # worker 0 and 2: none yet
     plan = plan_launch(args, rest)
     assert plan.job_id == "12345" and plan.train_config.job_id == 12345 and plan.train_config.job_name == ""
     assert worker_commands(plan, [SERVERS], "/m", ["w"])[2].count("12345") == 1
-    args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume, "--mode", "sync")
-    assert plan_launch(args, rest).job_id.startswith("launch-")
-    (tmp_path / "p-2.json").write_text(json.dumps({"format": 1, "job_id": 678}))
-    args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
+    sync = launch_args("--workers", "3", "--servers", SERVERS, *resume, "--mode", "sync")
+    position(1, 12345, mode="sync")
+    assert plan_launch(*sync).job_id.startswith("launch-")
+    position(2, 678, mode="sync")
+    with pytest.raises(ValueError, match="keep the positions of different jobs"):  # a new id, from one job's files
+        plan_launch(*sync)
+    position(1, 12345)
+    position(2, 678)
     with pytest.raises(ValueError, match=r"keep the positions of different jobs \(.*p-1.json job 12345, .*p-2.json "
                                          r"job 678\): remove the files of the job not to resume"):  # fmt: skip
         plan_launch(args, rest)
-    sync = launch_args("--workers", "3", "--servers", SERVERS, *resume, "--mode", "sync")
-    with pytest.raises(ValueError, match="keep the positions of different jobs"):  # a new id, from one job's files
-        plan_launch(*sync)
     j3 = job_hash("j3")  # a job launched as --job-id j3: its files keep its name (an older file of it, none)
-    (tmp_path / "p-1.json").write_text(json.dumps({"format": 1, "job_id": j3}))
-    (tmp_path / "p-2.json").write_text(json.dumps({"format": 1, "job_id": j3, "job_name": "j3"}))
+    position(1, j3)
+    position(2, j3, "j3")
     plan = plan_launch(args, rest)
     assert (plan.job_id, plan.train_config.job_id, plan.train_config.job_name) == ("j3", j3, "j3")
     command = worker_commands(plan, [SERVERS], "/m", ["w"])[1]
@@ -1390,10 +1397,14 @@ def test_a_launch_whose_workers_runs_ended_before_says_there_is_nothing_to_do(fa
     "nothing to do" and exits 0 without figures; launch says so too and exits 0 (it failed: "metrics ...
     unreadable"). Where only some workers' runs had ended, launch has no figures to merge and says why."""
 
-    def position(i: int, finished: bool) -> None:
-        (tmp_path / f"pos-{i}.json").write_text(json.dumps({"format": 1, "finished": finished, "examples": 300 + i}))
+    from worker.resume_writer import PositionWriter
 
     keeps = TrainConfig(servers=(SERVERS,), resume_file=str(tmp_path / "pos-{worker}.json"))
+
+    def position(i: int, finished: bool) -> None:
+        worker = dataclasses.replace(keeps, worker_id=i, resume_file=str(tmp_path / f"pos-{i}.json"))
+        PositionWriter(worker).write(300 + i, finished=finished)
+
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
     for i in range(2):
         position(i, True)
@@ -1447,3 +1458,27 @@ def test_the_final_evaluation_standardizes_as_the_workers_did_where_the_schema_g
     assert figures["eval_logloss"] == pytest.approx(trained["eval_logloss"], rel=1e-6)  # the worker's own final eval
     with pytest.raises(ValueError, match=r"columns \['price'\] are standardized without a mean and std"):
         evaluate_servers(cfg)  # `ps-worker eval`: --data may be another file than the training data
+
+
+def test_a_workers_resume_file_that_its_start_would_refuse_is_refused_before_any_worker_starts(tmp_path):
+    """A worker's --resume-file of another run (other settings), or one that holds no position, is refused by
+    launch before any worker starts, naming the file and what differs as that worker would: not by that worker
+    alone, while the others train (exit 1, its peers stopped part way)."""
+    from worker.resume_writer import PositionWriter
+
+    def file(worker: int) -> str:
+        return str(tmp_path / f"p-{worker}.json")
+
+    args, rest = launch_args("--workers", "3", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
+                             "--synthetic-rows", "9000")  # fmt: skip
+    run = TrainConfig(servers=(SERVERS,), num_workers=3, synthetic_rows=9000, job_id=5)
+    for worker in range(2):  # worker 2: no file yet
+        PositionWriter(dataclasses.replace(run, worker_id=worker, resume_file=file(worker))).write(300)
+    assert plan_launch(args, rest).train_config.job_id == 5
+    PositionWriter(dataclasses.replace(run, worker_id=1, resume_file=file(1), synthetic_rows=4000)).write(300)
+    with pytest.raises(ValueError, match=r"p-1.json is the position of a run with other settings \(synthetic_rows: "
+                                         r"4000 in the file != 9000 now\)"):  # fmt: skip
+        plan_launch(args, rest)
+    (tmp_path / "p-1.json").write_text("{")
+    with pytest.raises(ValueError, match=r"p-1.json is no position this program wrote"):
+        plan_launch(args, rest)

@@ -1,5 +1,6 @@
 """The plan of a `ps-worker launch`: its parser, its flags and the workers' train flags checked, and the job it runs
-(a new job name, or the job the workers' --resume-files keep), all before anything starts.
+(a new job name, or the job the workers' --resume-files keep, each file checked as its worker would check it),
+all before anything starts.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
     kept = kept_job(cfg, args.workers)
     if kept is not None:  # the job launched again: its workers go on under its id, named by its name
         job_id, cfg = kept[1] or str(kept[0]), dataclasses.replace(cfg, job_id=kept[0], job_name=kept[1])
+    check_resume_files(cfg, args.workers)
     _check_against_launch(args, cfg, config)
     log_level = getattr(args, "log_level", None)
     return LaunchPlan(
@@ -272,6 +274,20 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
     if resumes_whole(cfg):
         return None
     return max(kept.values(), key=lambda job: job[1], default=None)  # a file's name (an older file keeps none)
+
+
+def check_resume_files(cfg: Any, workers: int) -> None:
+    """ValueError where a worker's --resume-file would refuse its start (worker.resume.read_position: the file of a
+    run of other settings, or no position this program wrote), as that worker would say it, here before any worker
+    starts: not by that worker alone while the others train, stopped part way. cfg: worker 0's, under the job the
+    files keep (kept_job)."""
+    from worker.resume import read_position, unused_because
+
+    if not getattr(cfg, "resume_file", None) or unused_because(cfg) is not None:
+        return
+    for i in range(workers):
+        worker = dataclasses.replace(cfg, worker_id=i)
+        read_position(dataclasses.replace(worker, resume_file=worker.worker_resume_file()))
 
 
 def checked_job_lines(cfg: Any, worker: str) -> tuple[str, ...]:
