@@ -178,6 +178,10 @@ def test_the_file_keeps_the_jobs_name_which_a_start_under_its_id_takes_and_an_ol
     for cfg in (bare, dataclasses.replace(bare, job_id=j3)):
         assert (resumed(cfg).job_id, resumed(cfg).job_name, resumed(cfg).skip_examples) == (j3, "j3", 10)
     assert resumed(dataclasses.replace(bare, job_id=j3, job_name="j3")).job_name == "j3"
+    for other, said in ((dataclasses.replace(bare, job_id=job_hash("j4"), job_name="j4"), "'j3' in the file != 'j4'"),
+                        (dataclasses.replace(bare, job_id=7), "'j3' in the file != 7")):  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(f"other settings (job_id: {said} now): give")):
+            resumed(other)  # named as typed, not by the ids they hash to
     for older in ({k: v for k, v in record.items() if k != "job_name"}, {**record, "job_name": None}):
         path.write_text(json.dumps(older))
         assert (resumed(bare).job_id, resumed(bare).job_name, resumed(bare).skip_examples) == (j3, "", 10)

@@ -190,7 +190,9 @@ def read_position(cfg: TrainConfig) -> Position | None:
     differ = [f"{name}: {shown_setting(given.get(name), run.get(name))} in the file != {shown_setting(now[name], ours[name])} "
               "now" for name in RUN_SETTINGS if run.get(name) != ours[name]]  # fmt: skip
     if position.job_id and cfg.job_id and position.job_id != cfg.job_id and not resumes_whole(cfg):
-        differ.append(f"job_id: {position.job_id} in the file != {cfg.job_id} now")  # (not given: the file's is taken)
+        # (not given: the file's is taken); each job by its name where it has one, as --job-id was typed
+        differ.append(f"job_id: {job_named(position.job_id, position.job_name)} in the file != "
+                      f"{job_named(cfg.job_id, cfg.job_name)} now")  # fmt: skip
     if differ:
         raise ValueError(f"--resume-file {path} is the position of a run with other settings ({'; '.join(differ)}): "
                          "give that run's settings to resume it, or remove the file to train from the start")  # fmt: skip
