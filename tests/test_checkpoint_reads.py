@@ -33,9 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 @pytest.mark.parametrize("what", ["checkpoint", "shard folder"])
 def test_verify_through_a_link_a_save_moves_reports_on_the_one_checkpoint_it_led_to(tmp_path, monkeypatch, what):
     """`ps-server verify latest` (or latest/shard-1), the link moved to a newer save once the manifest was read:
-    every shard's files are read from the checkpoint that manifest is of, and nothing is damaged. Before: the
-    shards' folders were read through the moved link, the other checkpoint's files against this manifest (DAMAGED:
-    files that do not match their sha256)."""
+    every shard's files are read from the checkpoint that manifest is of, and nothing is damaged."""
     latest, _ = two_saves_behind_a_link(tmp_path)
     load_manifest = verify.load_manifest
 
@@ -56,8 +54,7 @@ def test_verify_through_a_link_a_save_moves_reports_on_the_one_checkpoint_it_led
 
 @pytest.mark.parametrize("gone", ["deleted", "a file in its place"])
 def test_a_shard_folder_gone_is_named_whole_by_restore_export_and_verify(tmp_path, gone):
-    """A checkpoint whose shard-0/ is gone: restore and export name the folder, as verify does. Before: they named
-    its first file ("shard-0/000010.log is missing")."""
+    """A checkpoint whose shard-0/ is gone: restore and export name the folder, as verify does."""
     ckpt = one_table_checkpoint(tmp_path, 10)
     shutil.rmtree(os.path.join(ckpt, "shard-0"))
     if gone == "a file in its place":
@@ -79,8 +76,7 @@ def test_a_shard_folder_gone_is_named_whole_by_restore_export_and_verify(tmp_pat
 
 def test_a_restore_into_a_dir_with_data_and_no_table_is_refused_for_the_ram_tier_before_a_row_is_copied(tmp_path):
     """A data dir a server ran on and made no table in, --restore of a checkpoint whose tables the RAM tier cannot
-    hold: refused before a row is copied, as for a new dir. Before: the whole restore ran, and open_tables refused the
-    start after it, leaving the dir restored."""
+    hold: refused before a row is copied, as for a new dir."""
     wide = TableConfig("wide", 512, InitializerConfig("zeros"), OptimizerConfig("adagrad", 0.1))
     source = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
     try:
@@ -121,8 +117,7 @@ BAD_ENTRIES = [  # (the edit of shard entry 0, what the error says of it)
 @pytest.mark.parametrize(("edit", "said"), BAD_ENTRIES)
 def test_a_shard_entry_whose_clock_or_rows_do_not_read_is_refused_naming_it(tmp_path, edit, said):
     """A manifest edited, its sha256 made again, so that shard entry 0's clock or rows are no counts: restore,
-    export and verify refuse it naming the manifest and the entry, changing nothing. Before: export failed with a
-    traceback (AttributeError, ValueError), or took '7' as 7."""
+    export and verify refuse it naming the manifest and the entry, changing nothing."""
     ckpt = one_table_checkpoint(tmp_path, 10)
     path = os.path.join(ckpt, "manifest.json")
     with open(path) as f:
@@ -151,7 +146,7 @@ def test_a_shard_entry_whose_clock_or_rows_do_not_read_is_refused_naming_it(tmp_
 def test_a_data_dir_named_shard_0_whose_restore_was_stopped_gets_the_unfinished_restore_advice(tmp_path):
     """/data/shard-0 (the layout docs/reliability.md's examples use), its --restore stopped mid-copy: shard.json, no
     journal yet. `ps-server verify` reads it as a data dir holding an unfinished restore, and says to start that
-    restore over. Before: it called it a shard's folder of an unfinished checkpoint (its name, no journal/)."""
+    restore over."""
     from ps.engine.startup import StartProgress, StartStopped
     from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
 
@@ -181,9 +176,7 @@ def test_a_data_dir_named_shard_0_whose_restore_was_stopped_gets_the_unfinished_
 def test_an_export_through_a_link_names_moves_or_removes_the_checkpoint_it_read_not_the_link(tmp_path, caplog, kept):
     """ps-server export latest (a link to one): export.json names one, the checkpoint read, not the link (which a
     save moves on); --move-checkpoint moves one into the export, --remove-checkpoint removes one; the link stays as it
-    is, and a warning names it. Before: export.json named the link, --move-checkpoint moved the link (the export's
-    checkpoint a dangling relative link) and --remove-checkpoint removed nothing ("Cannot call rmtree on a symbolic
-    link")."""
+    is, and a warning names it."""
     latest, ids = two_saves_behind_a_link(tmp_path)
     out = tmp_path / "out"
     with caplog.at_level("WARNING", "ps.engine.export"):
@@ -212,7 +205,7 @@ def test_an_export_through_a_link_names_moves_or_removes_the_checkpoint_it_read_
 def test_a_restart_with_restore_latest_after_the_link_moved_starts_on_what_the_dir_holds(tmp_path, caplog):
     """--restore latest (PS_RESTORE kept set), the dir restored from one and trained, the link moved to two by a
     later save: the restart starts on what the dir holds (its trained rows), with a warning that latest leads to
-    another checkpoint now. Before: refused ("has tables already (and was not restored from that checkpoint)")."""
+    another checkpoint now."""
     latest, ids = two_saves_behind_a_link(tmp_path)
     cfg = ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=latest)
     restored = Shard(cfg)
@@ -236,9 +229,7 @@ def test_a_restart_with_restore_latest_after_the_link_moved_starts_on_what_the_d
 
 def test_ps_server_export_with_tables_reads_the_checkpoints_files_once_from_the_one_it_exports(tmp_path, monkeypatch):
     """`ps-server export latest --tables a`, the link moved to two once the first shard's files were hashed: every
-    file is hashed once, of one, and one is exported (its manifest is what the "left out" warning reads). Before: the
-    warning's manifest was read through the link first, every file hashed, then export read the checkpoint again,
-    through the moved link: another checkpoint than the one the warning described, and each file hashed twice."""
+    file is hashed once, of one, and one is exported (its manifest is what the "left out" warning reads)."""
     from ps import checkpoint
     from ps.__main__ import main as server_main
 
@@ -260,8 +251,7 @@ def test_ps_server_export_with_tables_reads_the_checkpoints_files_once_from_the_
 
 def test_a_manifest_without_its_sha256_is_refused_by_restore_export_and_verify_as_the_docs_say(tmp_path):
     """A manifest with no sha256 of itself (edited, or from a save before manifests carried one) is refused, not
-    read with its other checks only, and docs/reliability.md quotes the refusal. Before: the doc said such a
-    manifest got the structure checks only."""
+    read with its other checks only, and docs/reliability.md quotes the refusal."""
     ckpt = one_table_checkpoint(tmp_path, 10)
     path = os.path.join(ckpt, "manifest.json")
     with open(path) as f:

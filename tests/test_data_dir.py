@@ -443,8 +443,7 @@ Shard(ServerConfig(data_dir=sys.argv[1], restore_dir=sys.argv[2]))
 def test_a_first_start_killed_before_it_wrote_shard_json_leaves_a_dir_the_next_start_takes(tmp_path, killed_at):
     """kill -9 of a first start (with --restore, as a container starts) between RocksDB making its files and
     shard.json: the dir holds RocksDB's files, which hold nothing (or the shard record alone). The next start, with
-    the same --restore, restores. Before: it was refused as 'RocksDB's files and nothing else of a shard's: a
-    checkpoint's shard-<i> folder?', at every restart, for a dir that never held anything."""
+    the same --restore, restores."""
     ckpt = one_table_checkpoint(tmp_path, 10)
     data = str(tmp_path / "new")
     done = subprocess.run([sys.executable, "-c", _KILLED_FIRST_START, data, ckpt, killed_at], cwd=ROOT,

@@ -951,8 +951,7 @@ def test_a_checkpoint_deleted_while_it_is_restored_is_said_gone_not_damaged(tmp_
 
 def test_a_restore_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_link_moves(tmp_path, monkeypatch):
     """--restore latest, a link that a save moves to a newer checkpoint while the restore copies: every row is the
-    checkpoint's the restore began from (its manifest, its files checked). Before: the shards copied after the move
-    came from the other checkpoint, a mix of two cuts that no save took, restored as if whole."""
+    checkpoint's the restore began from (its manifest, its files checked)."""
     latest, ids = two_saves_behind_a_link(tmp_path)
     import_slots = Store.import_slots
 
@@ -972,7 +971,7 @@ def test_a_restore_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_
 
 def test_an_export_reads_the_one_checkpoint_a_link_named_as_it_began_though_the_link_moves(tmp_path, monkeypatch):
     """ps-server export latest, the link moved to a newer checkpoint once the first shard's rows of table a were
-    read: every row exported is the first checkpoint's. Before: the rest came from the other checkpoint."""
+    read: every row exported is the first checkpoint's."""
     from ps.engine import export as engine_export
 
     latest, ids = two_saves_behind_a_link(tmp_path)

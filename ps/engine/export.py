@@ -113,7 +113,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     source, manifest = read or pinned(directory)  # every file read from there: one checkpoint, though a link moves
     if tables:
         manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
-    check_out_of_checkpoint(directory, out)  # first: overwrite does not help there
+    check_out_of_checkpoint(source, out)  # first: overwrite does not help there
     new_out = not os.path.exists(out)
     make_dirs(out, "--out")
     killed, check = _claim_calls(source, out, overwrite)
@@ -122,7 +122,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
                                remove_checkpoint)  # fmt: skip
     if remove_checkpoint:  # the export in place names no checkpoint: a kill before this leaves it, named by nothing
         _remove_exported(source)
-    if os.path.islink(directory.rstrip(os.sep) or os.sep) and not os.path.lexists(source):  # moved or removed
+    moved_or_removed = (move_checkpoint or remove_checkpoint) and not os.path.lexists(source)
+    if moved_or_removed and os.path.islink(directory.rstrip(os.sep) or os.sep):
         log.warning("the link %s led to the checkpoint exported, %s, which was %s; the link is left as it is",
                     directory, source, "moved into the export" if move_checkpoint else "removed")  # fmt: skip
     return summary

@@ -35,8 +35,9 @@ and pushes on at once). A push, done stamp or CreateTable of the worker with ano
 (JobConflictError, FAILED_PRECONDITION, changing nothing; the job goes on) while the token its stamps carried here
 holds it: heard within the job's barrier timeout, and not done or stopped since (a stop stamp of the other token
 changes nothing); then the new token takes it, with a push or CreateTable that is applied (its worker is claimed
-for it meanwhile, other tokens refused; one refused for what it carries takes nothing) or a done stamp. So two processes given one --worker-id do not both train its share
-(and another share never); a token 0 is not known and checked against nothing. An unclocked job whose every worker is
+for it meanwhile, other tokens refused; one refused for what it carries takes nothing) or a done stamp. So two
+processes given one --worker-id do not both train its share (and another share never); a token 0 is not known and
+checked against nothing. An unclocked job whose every worker is
 done, or that was not heard from for its barrier timeout, holds the shard no more; a push of it then starts it anew
 (a new run under the same id, its setup that push's), as a push of another job would; so does a job a worker of
 another setup stopped, once that holds (its workers hear why until then). The job followed lives in memory: a
