@@ -24,6 +24,7 @@ MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overf
 ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest float32 below 1
 MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal float32 whose reciprocal is finite
 # (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
+FTRL_TINY_GRADIENT = 2.0**-75  # the largest |g| whose float32 square is 0 (2**-150 rounds to 0, to even)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together, without --memory-bytes
 # (ps.replies.reply_room_bytes)
@@ -259,18 +260,19 @@ class TableConfig:
 
     def check_new(self) -> None:
         """InvalidArgumentError for settings that validate() takes but a table made now may not have: ftrl with
-        beta 0 and l2 0 over an initializer that is not all zeros. FTRL holds its embedding as a function of its
-        state, -(z - sign(z) l1) / ((beta + sqrt(n)) / lr + l2), which at n = 0 cannot give an initial row other
-        than 0: each dim's first step with a gradient of exactly 0 would set it to 0. A table a data dir holds
-        already (a checkpoint's included) opens without this check."""
+        beta 0 and l2 0. FTRL holds its embedding as a function of its state, -(z - sign(z) l1) / ((beta +
+        sqrt(n)) / lr + l2), whose divisor is then 0 at every dim whose n is 0: such a row cannot hold an initial
+        embedding other than 0 (a dim's first gradient of exactly 0 sets it to 0), and a gradient whose square is 0
+        in float32 (|g| <= FTRL_TINY_GRADIENT) makes it non-finite: the push is refused (with a weight_bound, the
+        dim is clipped to the bound instead). A table a data dir holds already (a checkpoint's included) opens
+        without this check."""
         p = self.optimizer.all_params() if self.optimizer.name == "ftrl" else {}
-        zeros = self.initializer.name == "zeros" or self.initializer.scale == 0
-        if p and p["beta"] == 0 and p["l2"] == 0 and not zeros:
+        if p and p["beta"] == 0 and p["l2"] == 0:
             raise InvalidArgumentError(
-                f"table {self.name!r}: ftrl with beta 0 and l2 0 cannot hold the initializer's non-zero embeddings "
-                f"({self.initializer.name}, scale {self.initializer.scale:g}): its state gives w = 0 until a dim's "
-                "first non-zero gradient; give ftrl params.beta > 0 (default 1) or params.l2 > 0, or the initializer "
-                "zeros"
+                f"table {self.name!r}: ftrl with beta 0 and l2 0 divides by (beta + sqrt(n)) / learning_rate + l2, "
+                "0 at a dim until a gradient's square there is non-zero in float32: it cannot hold initial embeddings "
+                f"other than 0, and a gradient of |g| <= {FTRL_TINY_GRADIENT:.2g} would make the "
+                "row non-finite; give ftrl params.beta > 0 (default 1) or params.l2 > 0"
             )
 
     def as_new(self) -> TableConfig:

@@ -209,17 +209,19 @@ def test_check_only_over_the_wire_creates_nothing_and_answers_as_create_would(tw
     assert [i.num_rows for i in checked] == [0, 0]
 
 
-def test_ftrl_without_beta_and_l2_over_a_non_zero_initializer_is_refused_for_a_new_table_only(tmp_path, two_shards,
-                                                                                            monkeypatch):  # fmt: skip
+@pytest.mark.parametrize("initializer", [InitializerConfig(), InitializerConfig("zeros")])
+def test_ftrl_without_beta_and_l2_is_refused_for_a_new_table_only(tmp_path, two_shards, monkeypatch, initializer):
     """Such a table cannot hold its initial rows (a dim's first zero gradient sets it to 0, as below on a table
-    made without the check): CreateTable refuses it (INVALID_ARGUMENT, naming the settings and what to change) and
-    creates nothing; a data dir that holds one already still opens, and a CreateTable of its spec finds it."""
-    cfg = TableConfig("t", 4, optimizer=FTRL_NO_BETA_L2)
+    made without the check), nor take a gradient whose square is 0 in float32, whatever its initializer: CreateTable
+    refuses it (INVALID_ARGUMENT, naming the settings and what to change) and creates nothing; a data dir that
+    holds one already still opens, and a CreateTable of its spec finds it."""
+    cfg = TableConfig("t", 4, initializer, optimizer=FTRL_NO_BETA_L2)
     addresses, (s0, s1) = two_shards()
     with Client(addresses) as client:
-        with pytest.raises(PsError, match=r"table 't': ftrl with beta 0 and l2 0 cannot hold the initializer's "
-                                          r"non-zero embeddings \(uniform, scale 0.01\).*give ftrl params.beta > 0 "
-                                          r"\(default 1\) or params.l2 > 0, or the initializer zeros") as e:  # fmt: skip
+        with pytest.raises(PsError, match=r"table 't': ftrl with beta 0 and l2 0 divides by \(beta \+ sqrt\(n\)\) / "
+                                          r"learning_rate \+ l2, 0 at a dim .* cannot hold initial embeddings other "
+                                          r"than 0, and a gradient of \|g\| <= 2.6e-23 would make the row non-finite; "
+                                          r"give ftrl params.beta > 0 \(default 1\) or params.l2 > 0$") as e:  # fmt: skip
             client.create_table(cfg)
         assert e.value.status == "INVALID_ARGUMENT"
         assert not s0.shard.tables and not s1.shard.tables
@@ -231,7 +233,7 @@ def test_ftrl_without_beta_and_l2_over_a_non_zero_initializer_is_refused_for_a_n
     grads = np.array([[0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5]], np.float32)
     old.push("t", ids, grads)
     after = old.pull("t", ids)
-    assert (initial != 0).all() and (after[grads == 0] == 0).all()  # what the refusal is for
+    assert (initial != 0).all() == (initializer.name != "zeros") and (after[grads == 0] == 0).all()
     old.close()
     monkeypatch.undo()
     reopened = Shard(ServerConfig(data_dir=str(tmp_path / "old")))

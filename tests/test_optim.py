@@ -229,3 +229,38 @@ def test_a_push_whose_step_overflows_a_row_is_refused_whole_and_denormal_gradien
             np.testing.assert_allclose(got[k], [*w, *state], rtol=1e-5, atol=1e-30)
     finally:
         shard.close()
+
+
+def test_an_ftrl_table_of_beta_0_and_l2_0_refuses_a_gradient_squaring_to_0_saying_why(tmp_path, monkeypatch):
+    """Such a table (one a data dir holds from before TableConfig.check_new refused the settings) divides by
+    sqrt(n) alone: a gradient whose float32 square is 0 (|g| <= 2**-75) on a dim whose n is 0 would make the row
+    non-finite, and the refusal names the parameters, the dim and what to set, not an overflow; the next float32 up
+    is taken. A dim whose n is not 0 (dim 1 of id 2) is not named; an overflow is still called one."""
+    monkeypatch.setattr(TableConfig, "check_new", lambda self: None)
+    cfg = TableConfig("t", DIM, InitializerConfig("zeros"), OptimizerConfig("ftrl", 0.05, {"beta": 0.0, "l2": 0.0}))
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        table = shard.create_table(cfg)
+        ids = np.array([1, 2], np.uint64)
+        shard.push("t", ids[1:], np.array([[0.0, 0.5, 0.0]], np.float32))  # id 2: n > 0 at dim 1 only
+        before = table.peek(ids).copy()
+        tiny = np.float32(2.0**-75)
+        assert tiny * tiny == 0 and np.nextafter(tiny, np.float32(1)) ** 2 > 0
+        grads = np.array([[0.0, 0.0, 0.0], [0.0, -tiny, tiny]], np.float32)
+        message = (r"push to table 't' would make the row of id 2 non-finite \(gradient \[0.0, -2.6\d*e-23, 2.6\d*e-23\]\): "
+                   r"ftrl with beta 0 and l2 0 divides by \(beta \+ sqrt\(n\)\) / learning_rate \+ l2, 0 at dim 2: its n "
+                   r"is 0 and its gradient 2.6\d*e-23 squares to 0 in float32 \(\|g\| <= 2.6e-23\); give the table's "
+                   r"ftrl params.beta > 0 \(default 1\) or params.l2 > 0; nothing was applied$")  # fmt: skip
+        with pytest.raises(InvalidArgumentError, match=message):
+            shard.push("t", ids, grads)
+        np.testing.assert_array_equal(table.peek(ids), before)
+        grads[1, 2] = np.nextafter(tiny, np.float32(1))
+        shard.push("t", ids, grads)
+        after = table.peek(ids)
+        assert np.isfinite(after).all() and after[1, 2] < 0
+        with pytest.raises(
+            InvalidArgumentError, match=r"non-finite \(gradient \[0.0, 1[\d.]*e\+20, 0.0\]\): float32 overflow;"
+        ):
+            shard.push("t", ids, np.array([[0.0, 0.0, 0.0], [0.0, 1e20, 0.0]], np.float32))
+    finally:
+        shard.close()

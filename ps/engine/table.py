@@ -211,7 +211,7 @@ class Table:
                 target = updateio.buffered(hi - lo, self.width)
                 out = update.update(hp, push, self.row_state, target)
                 if out.first_bad >= 0:
-                    self._raise_non_finite(ids, grads, lo + out.first_bad)
+                    self._raise_non_finite(push, out.first_bad, rule)
                 updates.append((lo, hi, target.rows, out.admitted))
             seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin, rule)
             done = 0
@@ -243,7 +243,7 @@ class Table:
         out = update.update(update.at_step(self.hyper[rule], step), push, self.row_state, target)
         if out.first_bad >= 0:
             update.undo(self.row_state, rows, target)
-            self._raise_non_finite(push.ids, push.grads, out.first_bad)
+            self._raise_non_finite(push, out.first_bad, rule)
         try:
             seq = self.journal.append(self.name, push.ids, push.grads, push.shows, push.clicks, step, origin, rule)
         except BaseException:
@@ -405,10 +405,15 @@ class Table:
         for lo in range(0, max(n, 1), step):
             yield lo, min(n, lo + step)
 
-    def _raise_non_finite(self, ids: np.ndarray, grads: np.ndarray, bad: int):
+    def _raise_non_finite(self, push: Push, bad: int, rule: int):
+        """Refuses a push whose update of its row `bad` (the arena row as before the push) is not finite."""
+        grad = push.grads[bad]
+        cause = "float32 overflow"
+        if rule == update.OPTIMIZE:
+            cause = self.optimizer.non_finite_cause(self.row_state.data[push.rows[bad]], grad)
         raise InvalidArgumentError(
-            f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
-            f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); {NOTHING_APPLIED}"
+            f"push to table {self.name!r} would make the row of id {int(push.ids[bad])} non-finite "
+            f"(gradient {grad.tolist()[:8]}): {cause}; {NOTHING_APPLIED}"
         )
 
     def _rows_for_push(self, ids: np.ndarray) -> np.ndarray:

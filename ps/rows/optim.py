@@ -26,7 +26,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ps.config import OptimizerConfig
+from ps.config import FTRL_TINY_GRADIENT, OptimizerConfig
 
 
 @numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
@@ -174,6 +174,11 @@ class Optimizer:
         """One step, in place, on a contiguous (n, width) buffer of rows."""
         apply_kernel(self.CODE, buf, grads, self.kernel_params)
 
+    def non_finite_cause(self, row: np.ndarray, grad: np.ndarray) -> str:
+        """Why a step of `grad` on `row` (as it was before the step: embedding, then state) gives a value that is
+        not finite, in words for the push's refusal: a float32 overflow, unless a subclass knows better."""
+        return "float32 overflow"
+
 
 class Sgd(Optimizer):
     name = "sgd"
@@ -236,6 +241,21 @@ class Ftrl(Optimizer):
         p = self.given_params
         rows[:, dim : 2 * dim] = -w * (p["beta"] / float(self.lr) + p["l2"]) - np.sign(w) * p["l1"]
         rows[:, 2 * dim : 3 * dim] = 0.0
+
+    def non_finite_cause(self, row: np.ndarray, grad: np.ndarray) -> str:
+        """With beta 0 and l2 0, w's divisor (beta + sqrt(n)) / alpha + l2 is 0 at a dim whose n is 0 and whose
+        gradient squares to 0 in float32 (0 < |g| <= FTRL_TINY_GRADIENT): that dim is named; else an overflow."""
+        dim = len(grad)
+        g = np.asarray(grad, np.float32)
+        zero = (row[2 * dim : 3 * dim] == 0) & (g != 0) & (np.abs(g) <= FTRL_TINY_GRADIENT)
+        if self.params["beta"] != 0 or self.params["l2"] != 0 or not zero.any():
+            return super().non_finite_cause(row, grad)
+        j = int(np.flatnonzero(zero)[0])
+        return (
+            f"ftrl with beta 0 and l2 0 divides by (beta + sqrt(n)) / learning_rate + l2, 0 at dim {j}: its n is 0 "
+            f"and its gradient {float(g[j]):g} squares to 0 in float32 (|g| <= {FTRL_TINY_GRADIENT:.2g}); "
+            "give the table's ftrl params.beta > 0 (default 1) or params.l2 > 0"
+        )
 
 
 OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad, AdagradRowwise, Adam, Ftrl)}
