@@ -10,22 +10,12 @@ import pytest
 
 from ps import codec
 from ps.config import InitializerConfig, TableConfig
-from worker.__main__ import main as worker_main
+from tests.worker_runs import SMALL, run
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.tables import keep_held_initializers
 
-SMALL = ["--synthetic-rows", "2000", "--synthetic-eval-rows", "500", "--batch-size", "256"]
 OUTPUT = "dense.deepfm.mlp.1.weight"  # deepfm's MLP output layer under --hidden 4: 4 rows
-
-
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    """worker_main's exit code, and what it wrote to stderr."""
-    try:
-        code = worker_main(argv)
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
 
 
 def held(servers: str) -> tuple[dict[str, int], InitializerConfig]:

@@ -14,6 +14,7 @@ from ps import codec
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import ShardClosingError, TableExistsError, TableNotFoundError
 from tests.inprocess import InProcessTables
+from tests.worker_runs import SMALL, run
 from worker.__main__ import main as worker_main
 from worker.cli_train_config import job_id
 from worker.client import Client
@@ -23,16 +24,6 @@ from worker.model_tables import table_configs
 from worker.models.spec import FieldSpec, ModelSpec
 from worker.recipe import SMALL_DATA_EXAMPLES
 from worker.train_config import TrainConfig
-
-SMALL = ["--synthetic-rows", "2000", "--synthetic-eval-rows", "500", "--batch-size", "256"]
-
-
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    try:
-        code = worker_main(argv)
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
 
 
 def run_out(argv: list[str], capsys) -> tuple[int, str]:
