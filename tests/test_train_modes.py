@@ -92,12 +92,14 @@ def data_file(tmp_path):
     return str(path)
 
 
-def test_sync_two_workers_train_the_model_of_one_worker_at_the_summed_batch(servers, tmp_path, data_file):
+@pytest.mark.parametrize("dense_l2", [0.0, 0.5])
+def test_sync_two_workers_train_the_model_of_one_worker_at_the_summed_batch(servers, tmp_path, data_file, dense_l2):
     """2 workers at batch 32 (the file's lines dealt round-robin) in sync mode leave the rows and the MLP where one
     worker at batch 64 leaves them after the same 50 steps, with the default optimizers (Adagrad, Adam): the servers
-    sum each step's pushes before their optimizers see them."""
+    sum each step's pushes before their optimizers see them. With --dense-l2 the sum holds l2 * W once, as the one
+    worker's step does."""
     base = TrainConfig(data=data_file, model="deepfm", hidden=(16, 8), recipe="large", epochs=1, progress=False,
-                       validation_fraction=0.0, synthetic_eval_rows=0, prefetch=1)  # fmt: skip
+                       validation_fraction=0.0, synthetic_eval_rows=0, prefetch=1, dense_l2=dense_l2)  # fmt: skip
     one, _ = servers(2, root=tmp_path / "one")
     [solo] = _run_job(one, [dataclasses.replace(base, batch_size=64)])
     assert solo["result"].steps == 50

@@ -245,7 +245,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
     """The loop's settings of a resolved config (after prepare); tables: the model's table configs (their
     weight_bounds and values_at_rest, for early stopping's restore)."""
     return LoopSettings(
-        epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2 or 0.0,
+        epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=dense_l2_share(cfg),
         eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, early_stop_metric=cfg.early_stop_metric or "logloss",
         progress=cfg.progress and not cfg.progress_lines,
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
@@ -257,6 +257,14 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
         weight_bounds={t.name: t.weight_bound for t in tables if t.weight_bound > 0},
         half_at_rest=frozenset(t.name for t in tables if t.values_at_rest == HALF_AT_REST),
     )  # fmt: skip
+
+
+def dense_l2_share(cfg: TrainConfig) -> float:
+    """The dense L2 a worker adds to its MLP weights' gradients at each step: --dense-l2 (0 unset), over the
+    workers under --mode sync, whose step's pushes the servers sum: the sum holds l2 * W once, as one worker's step
+    at the summed batch does."""
+    l2 = cfg.dense_l2 or 0.0
+    return l2 / cfg.num_workers if cfg.mode == "sync" else l2
 
 
 def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec, source: Any = None) -> DensePath:
