@@ -6,7 +6,7 @@
                                                          # returned over them; sync and ssp pulls wait on the
                                                          # servers' clock; geo reads local copies
                      probs, row grads per table, dense grads = backend.forward_backward(ModelInputs, params, labels)
-                     + dense_l2 * W on the dense weights (the sparse tables' L2 is the servers': TableConfig.l2;
+                     + dense_l2 * W on the MLP weights (the sparse tables' L2 is the servers': TableConfig.l2;
                                  sync: each worker's share, worker/job.py dense_l2_share)
                      source.push(step, per table: unique ids, summed grads, clicks, shows; with an inline dense
                                  path the MLP's gradients when a sync is due)   # one clock advance
@@ -68,7 +68,7 @@ class LoopSettings:
 
     epochs: int = 1
     prefetch: int = 1
-    dense_l2: float = 0.0  # on the dense weights (not the biases), this worker's share (job.dense_l2_share)
+    dense_l2: float = 0.0  # on the MLP weights (spec.mlp_weights), this worker's share (job.dense_l2_share)
     eval_every: int = 0  # steps between evaluations of the validation set (and at each epoch's end); 0: at the end of
     # each epoch only
     early_stop: int = 0  # stop after this many evaluations without a better validation figure; 0: never

@@ -37,9 +37,8 @@ class Step:
             model_inputs(self.spec, batch, tids, rows), dense.values, batch.labels
         )
         if self.dense_l2:
-            for name, g in dense_grads.items():
-                if not name.endswith(".bias"):
-                    g += np.float32(self.dense_l2) * dense.values[name]
+            for name in self.spec.mlp_weights():
+                dense_grads[name] += np.float32(self.dense_l2) * dense.values[name]
         if dense.inline:  # the MLP's push goes with the rows' push when one is due
             due = dense.add(dense_grads)
             returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])

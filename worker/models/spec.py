@@ -178,6 +178,11 @@ class ModelSpec:
         without an MLP."""
         return f"mlp.{len(self.hidden)}.weight" if self.has_mlp else None
 
+    def mlp_weights(self) -> list[str]:
+        """The MLP's weights ("mlp.{i}.weight", in layer order; none without an MLP): the dense parameters
+        --dense-l2 regularizes (not the biases, nor FM's projections)."""
+        return [f"mlp.{i}.weight" for i in range(len(self.hidden) + 1)] if self.has_mlp else []
+
     def dense_params(self) -> list[DenseParam]:
         """FM's projections ("proj.<table>", for tables narrower than fm_width), then the MLP's weights and
         biases in layer order, then the logit bias (LOGIT_BIAS); for lr, and fm over tables of one width, the

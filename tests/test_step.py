@@ -1,0 +1,74 @@
+"""One training step (worker/step.py): --dense-l2 adds l2 * W to the gradients of the MLP's weights only, not to
+its biases, the logit bias or FM's projections, and the MLP's step gets them with the rows' push beside it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from worker.batch import Bags, Batch, table_ids
+from worker.models.spec import BIAS_FIELD, FieldSpec, ModelSpec
+from worker.scoring import field_tables
+from worker.step import Prepared, Step
+
+
+class _ZeroGrads:
+    """A backend whose every gradient is 0: what reaches the MLP's step is the L2 term alone."""
+
+    def forward_backward(self, inputs, params, labels):
+        rows = {t: np.zeros_like(r) for t, r in inputs.rows.items()}
+        return np.full(len(labels), 0.5, np.float32), rows, {k: np.zeros_like(v) for k, v in params.items()}
+
+
+class _Dense:
+    """A dense path that runs its step here and keeps the gradients it was given."""
+
+    inline = False
+
+    def __init__(self, values):
+        self.values, self.given = values, None
+
+    def step(self, grads):
+        self.given = {k: v.copy() for k, v in grads.items()}
+
+
+class _Source:
+    def __init__(self, spec):
+        self.spec, self.pushed = spec, []
+
+    def rows(self, step, tids, prepared):
+        rng = np.random.default_rng(step)
+        return {t: rng.normal(size=(len(ti.uniq), self.spec.row_dim(t))).astype(np.float32) for t, ti in tids.items()}
+
+    def push(self, step, tids, row_grads, extra):
+        self.pushed.append(step)
+        return []
+
+
+def test_dense_l2_reaches_the_mlp_weights_and_nothing_else():
+    fields = (FieldSpec("a", "wide", 3), FieldSpec("b", "narrow", 2), FieldSpec(BIAS_FIELD, "wide", 3))
+    spec = ModelSpec("deepfm", fields, num_dense=1, hidden=(4,))
+    params = spec.initial_params(seed=1)
+    for k in params:  # no parameter at 0, so that an L2 term reaching any would show
+        params[k] = params[k] + np.float32(0.5)
+    assert {"proj.narrow", "mlp.0.weight", "mlp.0.bias", "mlp.1.weight", "mlp.1.bias", "logit.bias"} == set(params)
+    n = 3
+    batch = Batch(np.array([0, 1, 0], np.float32),
+                  {f.name: Bags.one_per_example(np.arange(n) + 10 * i) for i, f in enumerate(fields)},
+                  np.ones((n, 1), np.float32))  # fmt: skip
+    tids = table_ids(batch, field_tables(spec))
+    dense, source = _Dense(params), _Source(spec)
+    step = Step(spec, _ZeroGrads(), dense, source, dense_l2=0.25)
+    try:
+        step(Prepared(0, batch, tids, None))
+    finally:
+        step.pusher.shutdown()
+    assert source.pushed == [0] and spec.mlp_weights() == ["mlp.0.weight", "mlp.1.weight"]
+    for name, value in params.items():
+        want = np.float32(0.25) * value if name in spec.mlp_weights() else np.zeros_like(value)
+        np.testing.assert_array_equal(dense.given[name], want, err_msg=name)
+
+
+def test_models_without_an_mlp_have_no_mlp_weights():
+    fields = (FieldSpec("a", "wide", 3), FieldSpec("b", "narrow", 2), FieldSpec(BIAS_FIELD, "wide", 3))
+    assert ModelSpec("fm", fields, num_dense=0).mlp_weights() == []
+    assert "proj.narrow" in ModelSpec("fm", fields, num_dense=0).initial_params()
