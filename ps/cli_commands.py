@@ -90,9 +90,10 @@ def health_main(argv: list[str]) -> int:
     Exit 2: a flag is wrong."""
     args = parse_strictly(build_health_parser(), argv)
     from ps.health import check_health  # imported late: grpc stays out of `--help`
-    from ps.secretfiles import read_token
+    from ps.secretfiles import read_token, refuse_empty
 
     try:
+        refuse_empty(("--auth-token-file", args.auth_token_file))
         token = read_token(args.auth_token_file) if args.auth_token_file else None
         health = check_health(args.address, args.timeout_s, args.tls_ca, args.tls_cert, args.tls_key, token,
                               args.tls_server_name)  # fmt: skip

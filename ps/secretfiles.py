@@ -38,6 +38,17 @@ def readable_by_all(path: str) -> str | None:
             f"read the secret it holds; chmod o-r it (deploy/gen-secrets.sh writes its secrets 0600)")  # fmt: skip
 
 
+def refuse_empty(*flags: tuple[str, str | None]) -> None:
+    """ValueError naming the first flag of flags ((flag, path) pairs) given an empty or blank path (an unset
+    variable in a template, PS_TLS_CERT=, say): taken as not given, it would turn TLS or the token off without a
+    word."""
+    for flag, path in flags:
+        if path is not None and not path.strip():
+            raise ValueError(f"{flag} is empty ({path!r}): give its file's path, or leave the flag out (an empty "
+                             "path is not taken as the flag left out, which would turn TLS or the token off without "
+                             "a word)")  # fmt: skip
+
+
 TOKEN_FILE = "auth token file (--auth-token-file)"
 READ_TOKEN_FILE = "read-only token file (--read-token-file)"
 _CONTROL_NAMES = {0x00: "a NUL byte", 0x09: "a tab", 0x0B: "a vertical tab", 0x0C: "a form feed", 0x1B: "an escape",

@@ -27,7 +27,7 @@ import grpc
 from google.protobuf.message import Message
 
 from protos import ps_pb2
-from ps.secretfiles import check_tls_files, check_token, read_file
+from ps.secretfiles import check_tls_files, check_token, read_file, refuse_empty
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 SERVICE_PREFIX = "/sparseps.ParameterServer/"
@@ -200,7 +200,9 @@ class _CallDetails(grpc.ClientCallDetails):
 def client_channel(address: str, options: list, tls_ca: str | None = None, tls_cert: str | None = None,
                    tls_key: str | None = None, token: str | None = None) -> grpc.Channel:  # fmt: skip
     """A channel to one server: plain, TLS (tls_ca or a client certificate given) or mutual TLS, and with the
-    token header on every call if token is given."""
+    token header on every call if token is given. ValueError for an empty path: taken as none, it would make the
+    channel plain without a word."""
+    refuse_empty(("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key))
     if tls_ca or tls_cert or tls_key:
         channel = grpc.secure_channel(address, channel_credentials(tls_ca, tls_cert, tls_key), options=options)
     else:

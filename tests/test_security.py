@@ -554,6 +554,33 @@ def test_the_server_worker_and_health_commands_refuse_a_bad_token_file_at_start(
         assert "Traceback" not in run.stderr and "listening on" not in run.stdout, (command, run.stderr)
 
 
+@pytest.mark.parametrize("given, flag", [
+    (["--tls-cert=", "--tls-key="], "--tls-cert"),
+    (["--tls-ca="], "--tls-ca"),
+    (["--auth-token-file="], "--auth-token-file"),
+    (["--auth-token-file", "TOKEN", "--read-token-file", " "], "--read-token-file"),
+])  # fmt: skip
+def test_an_empty_tls_or_token_flag_is_refused_not_taken_as_left_out(pki, tmp_path, given, flag):
+    """A secret's flag given an empty path (`--tls-cert "$CERT"` with CERT unset, say): each command refuses it
+    (exit 2), where taken as left out it would serve, or call, without TLS or the token. ps-server health takes no
+    read-only token, and a server's --tls-ca needs --tls-cert: those cases leave them out."""
+    cert = ["--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key")]
+    commands = {
+        "ps-server": [sys.executable, "-m", "ps", "--stop-with-stdin", "--data-dir", str(tmp_path / "shard"), "--port",
+                      "0", *(cert if flag == "--tls-ca" else [])],
+        "ps-worker": [sys.executable, "-m", "worker", "stats", "--servers", "127.0.0.1:1", "--timeout-s", "1"],
+        "ps-server health": [sys.executable, "-m", "ps", "health", "127.0.0.1:1", "--timeout-s", "1"],
+    }  # fmt: skip
+    flags = [str(pki / "token") if f == "TOKEN" else f for f in given]
+    for command, argv in commands.items():
+        if command != "ps-server" and flag == "--read-token-file":
+            continue
+        run = subprocess.run([*argv, *flags], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and f"{command}: error: {flag} is empty" in run.stderr, (command, run.stderr)
+        assert "Traceback" not in run.stderr and "listening on" not in run.stdout, (command, run.stderr)
+    assert not (tmp_path / "shard").exists()
+
+
 # ---- the health probe says which TLS flag is missing or too many ------------------------------------------
 
 

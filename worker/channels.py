@@ -14,7 +14,7 @@ import grpc
 
 from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
-from ps.secretfiles import TOKEN_FILE, read_token, readable_by_all
+from ps.secretfiles import TOKEN_FILE, read_token, readable_by_all, refuse_empty
 from ps.security import client_channel
 from ps.tlsprobe import host_and_port, tls_hint
 
@@ -24,7 +24,8 @@ log = logging.getLogger("worker.client")
 def client_token(token_file: str | None, tls_key: str | None = None) -> str | None:
     """The token of --auth-token-file (None without one), read as a server reads its own (ps.secretfiles.read_token:
     ValueError naming what is wrong with it); a warning logged for that file, and for --tls-key, where every user of
-    the machine may read it, as a server warns of its own."""
+    the machine may read it, as a server warns of its own. ValueError for an empty --auth-token-file (refuse_empty)."""
+    refuse_empty(("--auth-token-file", token_file))
     for what, path in ((TOKEN_FILE, token_file), ("TLS key (--tls-key)", tls_key)):
         warning = readable_by_all(path) if path else None
         if warning:
