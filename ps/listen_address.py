@@ -1,5 +1,5 @@
 """Where a server listens: HOST:PORT as gRPC takes it, what binding a socket there meets (said with what to do),
-and the warning for an address others may reach with neither TLS nor a token."""
+and the warning for an address others may reach without TLS, or with no check of who calls."""
 
 from __future__ import annotations
 
@@ -47,14 +47,23 @@ def bind_problems(host: str, port: int, only_in_use: bool = False) -> list[str]:
     return problems
 
 
-def exposure_warning(host: str, tls: bool, token: bool) -> str | None:
-    """What a server listening on host says when others may reach it with neither TLS nor a token (None for a
-    loopback address, or when it has either)."""
-    if tls or token or host in ("localhost", "") or _is_loopback(host):
+def exposure_warning(host: str, tls: bool, token: bool, mutual: bool = False) -> str | None:
+    """What a server listening on host says when others may reach it and either anyone may call it (no token, and
+    no client certificate asked for: mutual) or its traffic, token included, is plain (no tls). None for a loopback
+    address, or with TLS and a check of the caller (a token, or mutual TLS)."""
+    if (tls and (token or mutual)) or host in ("localhost", "") or _is_loopback(host):
         return None
-    return (f"listening on {host} with neither TLS nor a token: anyone who can reach this port can read and "
-            "overwrite every table; give --tls-cert/--tls-key and --auth-token-file (docs/security.md), or listen "
-            "on 127.0.0.1")  # fmt: skip
+    if not tls and not token:
+        return (f"listening on {host} with neither TLS nor a token: anyone who can reach this port can read and "
+                "overwrite every table; give --tls-cert/--tls-key and --auth-token-file (docs/security.md), or "
+                "listen on 127.0.0.1")  # fmt: skip
+    if tls:
+        return (f"listening on {host} with TLS but no token: TLS keeps the traffic private but admits every client, "
+                "so anyone who can reach this port can read and overwrite every table; give --auth-token-file (or "
+                "--tls-ca: mutual TLS) (docs/security.md), or listen on 127.0.0.1")  # fmt: skip
+    return (f"listening on {host} with a token but no TLS: the token crosses the network in plain text, and whoever "
+            "reads it there can read and overwrite every table; give --tls-cert/--tls-key (docs/security.md), or "
+            "listen on 127.0.0.1")  # fmt: skip
 
 
 def _is_loopback(host: str) -> bool:

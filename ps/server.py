@@ -163,7 +163,7 @@ class Server:
             log.info("a read-only token (--read-token-file) is admitted to %s%s", ", ".join(READ_ONLY_METHODS),
                      "" if self.metrics is None else " and /metrics")  # fmt: skip
         self._grpc.start()
-        warning = exposure_warning(c.host, self._credentials is not None, self._token is not None)
+        warning = exposure_warning(c.host, self._credentials is not None, self._token is not None, bool(c.tls_ca))
         if warning:
             log.warning("%s", warning)
 

@@ -461,21 +461,48 @@ def test_the_health_command_probes_a_mutual_tls_server_with_a_token(pki, start):
     assert half.returncode == 2 and "give both --tls-cert and --tls-key" in half.stderr
 
 
-@pytest.mark.parametrize("host, tls, token, warns", [
-    ("0.0.0.0", False, False, True),
-    ("10.1.2.3", False, False, True),
-    ("ps-0.example", False, False, True),
-    ("0.0.0.0", True, False, False),
-    ("0.0.0.0", False, True, False),
-    ("127.0.0.1", False, False, False),
-    ("[::1]", False, False, False),
-    ("localhost", False, False, False),
+@pytest.mark.parametrize("host, tls, token, mutual, warns", [
+    ("0.0.0.0", False, False, False, "with neither TLS nor a token: anyone who can reach this port can read and "
+                                     "overwrite every table"),
+    ("10.1.2.3", False, False, False, "with neither TLS nor a token"),
+    ("ps-0.example", False, False, False, "with neither TLS nor a token"),
+    ("0.0.0.0", True, False, False, "with TLS but no token: TLS keeps the traffic private but admits every client"),
+    ("0.0.0.0", False, True, False, "with a token but no TLS: the token crosses the network in plain text"),
+    ("0.0.0.0", True, True, False, None),
+    ("0.0.0.0", True, False, True, None),
+    ("0.0.0.0", True, True, True, None),
+    ("127.0.0.1", False, False, False, None),
+    ("[::1]", False, False, False, None),
+    ("localhost", False, False, False, None),
 ])  # fmt: skip
-def test_a_server_others_may_reach_without_tls_or_token_says_so(host, tls, token, warns):
-    warning = exposure_warning(host, tls, token)
-    assert (warning is not None) == warns
+def test_a_server_others_may_reach_without_tls_or_a_check_of_its_callers_says_so(host, tls, token, mutual, warns):
+    warning = exposure_warning(host, tls, token, mutual)
+    assert (warning is None) == (warns is None), warning
     if warns:
-        assert f"listening on {host} with neither TLS nor a token" in warning and "--auth-token-file" in warning
+        assert f"listening on {host} {warns}" in warning and "docs/security.md" in warning
+
+
+@pytest.mark.parametrize("security, warns", [
+    ({"tls": True}, "with TLS but no token"),
+    ({"token": True}, "with a token but no TLS"),
+    ({"tls": True, "token": True}, None),
+    ({"tls": True, "mutual": True}, None),
+])  # fmt: skip
+def test_a_server_on_all_interfaces_logs_the_warning_its_security_settings_call_for(pki, tmp_path, caplog,
+                                                                                    security, warns):  # fmt: skip
+    files = {"tls_cert": str(pki / "server.pem"), "tls_key": str(pki / "server.key")} if "tls" in security else {}
+    files |= {"tls_ca": str(pki / "ca.pem")} if "mutual" in security else {}
+    files |= {"auth_token_file": str(pki / "token")} if "token" in security else {}
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard"), host="0.0.0.0", port=0, **files))
+    try:
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "listening on" in
+                    r.getMessage()]  # fmt: skip
+        if warns is None:
+            assert warnings == []
+        else:
+            assert len(warnings) == 1 and warns in warnings[0], warnings
+    finally:
+        server.stop(grace_s=1)
 
 
 # ---- token files: one line of printable ASCII, or refused at start naming the flag and the file --------------
