@@ -11,7 +11,8 @@ A shard listens while it starts (ps.server): its services are NOT_SERVING until 
 doing in its trailing metadata, under STARTING_KEY (UTF-8: "shard 0 is starting: replaying its journal, 43% (12 s
 so far)"). The standard protocol has no field for a reason; probes that do not look for the key see a plain
 NOT_SERVING. check_health reads it. A shard that found its
-data dir or journal segment deleted under it (ps.engine.writeguard) is NOT_SERVING for good, and says why under LOST_KEY.
+data dir or journal segment deleted under it (ps.engine.writeguard) is NOT_SERVING for good, and says which under
+LOST_KEY, naming no path (health answers callers without the token).
 
 At most MAX_WATCHES Watch streams are open at once; one more is refused RESOURCE_EXHAUSTED. A stream holds no
 thread, so gRPC's bound on concurrent calls (--threads + --max-queued-calls) does not count it, but it holds

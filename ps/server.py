@@ -122,9 +122,10 @@ class Server:
                 f"{time.monotonic() - since:.0f} s so far; calls are served meanwhile)")  # fmt: skip
 
     def _lost(self) -> str | None:
-        """What was deleted under the shard (ps.engine.writeguard: it takes no writes), or None."""
+        """What was deleted under the shard (ps.engine.writeguard: it takes no writes), naming no path (health
+        answers callers without the token), or None."""
         shard = self.shard
-        return (shard.guard.lost() or None) if shard is not None and hasattr(shard, "guard") else None
+        return (shard.guard.lost_unnamed() or None) if shard is not None and hasattr(shard, "guard") else None
 
     def _bind(self) -> int:
         c = self.config

@@ -118,7 +118,9 @@ def test_a_deleted_segment_stops_every_write_and_a_sigterm_keeps_every_acknowled
         for name in os.listdir(data_dir / "journal"):
             os.remove(data_dir / "journal" / name)
         wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
-        assert check_health(address).text.startswith("NOT_SERVING: shard 0 takes no writes: its journal segment ")
+        said = check_health(address).text  # to a caller without the token: what was deleted, not where
+        assert said.startswith("NOT_SERVING: shard 0 takes no writes: its journal segment was deleted"), said
+        assert str(tmp_path) not in said and "journal" + os.sep not in said, said
         wait_until(lambda: outcomes and outcomes[-1] != "OK", FOUND_S, "the refusals")
         seq = server.shard.journal.next_seq
         wait_until(lambda: len(outcomes) > outcomes.index("FAILED_PRECONDITION") + 20, TIMEOUT_S, "more refusals")
@@ -160,6 +162,9 @@ def test_a_data_dir_replaced_under_a_running_server_is_found(serve, tmp_path):
     os.rename(data_dir, tmp_path / "moved")
     os.mkdir(data_dir)  # same path, another directory: the journal's segment is still linked, in "moved"
     wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
+    said = check_health(address).text
+    assert said.startswith("NOT_SERVING: shard 0 takes no writes: its data dir was deleted or replaced"), said
+    assert str(tmp_path) not in said, said
     e = refused(lambda: stub.Push(push_request([1, 2, 3], 0.5), timeout=TIMEOUT_S))
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"its data dir {data_dir} was deleted or replaced under the running server" in e.details(), e.details()

@@ -55,6 +55,15 @@ class WriteGuard:
         """Why the shard takes no writes, if the journal found its segment or the data dir deleted, else ""."""
         return f"shard {self.shard_id} takes no writes: {self._journal.lost}" if self._journal.lost else ""
 
+    def lost_unnamed(self) -> str:
+        """lost() naming no path, for whoever asks without the token (the health service): what was deleted, not
+        where; "" while nothing was."""
+        if not self._journal.lost:
+            return ""
+        what = "its data dir was deleted or replaced" if self._journal.dir_gone else "its journal segment was deleted"
+        return (f"shard {self.shard_id} takes no writes: {what} under the running server (its log, and the refusals "
+                "its callers get, say which and since when)")  # fmt: skip
+
     def refuse_if_lost(self) -> None:
         """DataDirLostError if the journal found its segment or the data dir deleted, ShardNeedsRestartError if
         the shard is broken (two attribute reads)."""

@@ -182,11 +182,11 @@ class Journal:
             if not dir_gone and not self._watch.segment_gone(self._fd):
                 self._watch.intact_at = now
                 return True
+            self.dir_gone = dir_gone  # before `lost`: whoever sees `lost` set sees which was deleted
             if dir_gone:
                 self.lost, told = self._watch.dir_lost(now)
             else:
                 self.lost, told = self._watch.segment_lost(now, self._path, self.next_seq, self._opened_at)
-            self.dir_gone = dir_gone
         log.error("%s", told)
         if self.on_lost is not None:
             self.on_lost()
