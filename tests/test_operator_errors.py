@@ -442,9 +442,11 @@ def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, 
     ],
 )  # fmt: skip
 def test_an_embedding_dim_or_hidden_width_past_a_servers_rows_is_refused_naming_its_flag_before_servers_are_asked(
-    argv, message, dead_address, capsys
+    argv, message, dead_address, capsys, tmp_path
 ):
-    for command in (["train", "--synthetic-rows", "100"], ["eval"], ["launch", "--workers", "2"]):
+    (tmp_path / "d.tsv").write_text("1\t2\n")
+    predict = ["predict", "--data", str(tmp_path / "d.tsv"), "--out", str(tmp_path / "p.tsv")]
+    for command in (["train", "--synthetic-rows", "100"], ["eval"], predict, ["launch", "--workers", "2"]):
         code, err = worker([*command, "--servers", dead_address, "--server-timeout", "0", "--timeout-s", "1", *argv],
                            capsys)  # fmt: skip
         assert code == 2 and message in err and "accept a connection" not in err, (command, err)

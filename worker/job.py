@@ -261,8 +261,9 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
 
 def dense_l2_share(cfg: TrainConfig) -> float:
     """The dense L2 a worker adds to its MLP weights' gradients at each step: --dense-l2 (0 unset), over the
-    workers under --mode sync, whose step's pushes the servers sum: the sum holds l2 * W once, as one worker's step
-    at the summed batch does."""
+    workers under --mode sync, whose step's pushes the servers sum: while every worker pushes, the sum holds l2 * W
+    once, as one worker's step at the summed batch does. A step of fewer workers (the others' shares ended, or they
+    stopped) holds that fraction of it."""
     l2 = cfg.dense_l2 or 0.0
     return l2 / cfg.num_workers if cfg.mode == "sync" else l2
 

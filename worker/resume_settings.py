@@ -22,7 +22,8 @@ PATH_SETTINGS = ("data", "schema", "validation_data")  # settings that name file
 def full_paths(spec: object) -> object:
     """A file setting's value (PATH_SETTINGS: a data flag's file, or comma-separated files, directories and globs,
     worker/datafiles.py; a --schema file) with each path made full against the working directory and normalized
-    (os.path.abspath: train.tsv, ./train.tsv and /data/train.tsv, run from /data, are one; train.tsv run from
+    (os.path.abspath, links not resolved: train.tsv, ./train.tsv and /data/train.tsv, run from /data, are one
+    unless /data is reached through a link, where the working directory is the link's target; train.tsv run from
     another directory is another file). None (not given) as None."""
     if not isinstance(spec, str):
         return spec
