@@ -456,6 +456,55 @@ def test_an_embedding_dim_or_hidden_width_past_a_servers_rows_is_refused_naming_
         TrainConfig(servers=("h:1",), model=model, embedding_dim=dim, hidden=(4096, 1)).validate()
 
 
+MLP_ONLY = "is the MLP's (--model deepfm, dnn) setting; this run has --model"
+DENSE_WEIGHTS = ("is the dense weights' (the MLP's of --model deepfm, dnn; fm's projections between tables of "
+                 "different widths, which only a --schema gives) setting; this run has --model")  # fmt: skip
+ALL_MODEL_COMMANDS = ("train", "eval", "predict", "launch")
+
+
+@pytest.mark.parametrize(
+    "argv, commands, message",
+    [
+        (["--model", "lr", "--hidden", "8,4"], ALL_MODEL_COMMANDS, f"--hidden 8,4 {MLP_ONLY} lr, which would ignore it"),
+        (["--hidden", "400,400,400"], ALL_MODEL_COMMANDS, f"--hidden 400,400,400 {MLP_ONLY} fm, which would ignore it"),
+        (["--model", "fm", "--dropout", "0"], ("train", "launch"), f"--dropout 0.0 {MLP_ONLY} fm, which would ignore it"),
+        (["--model", "lr", "--dropout", "0.3"], ("train", "launch"), f"--dropout 0.3 {MLP_ONLY} lr, which would ignore it"),
+        (["--model", "lr", "--dense-l2", "0.5"], ("train", "launch"), f"--dense-l2 0.5 {DENSE_WEIGHTS} lr, which would"),
+        (["--dense-l2", "1"], ("train", "launch"), f"--dense-l2 1.0 {DENSE_WEIGHTS} fm and no --schema, which would"),
+    ],
+)  # fmt: skip
+def test_a_model_flag_the_model_would_ignore_is_refused_naming_it_before_servers_are_asked(
+    argv, commands, message, dead_address, capsys, tmp_path
+):
+    """lr and fm have no MLP: --hidden and --dropout would change nothing, nor --dense-l2, whose dense weights are
+    the MLP's and fm's projections (tables of several widths: a --schema's). Refused as given, even as the default's
+    value, by every command that takes the flag, before any server is asked."""
+    where = {"train": ["train", "--synthetic-rows", "100"], "eval": ["eval"], "launch": ["launch", "--workers", "2"],
+             "predict": ["predict", "--predict-data", str(tmp_path / "p.csv"), "--out", str(tmp_path / "o.csv")]}  # fmt: skip
+    for command in commands:
+        code, err = worker([*where[command], "--servers", dead_address, "--server-timeout", "0", "--timeout-s", "1",
+                            *argv], capsys)  # fmt: skip
+        assert code == 2 and message in err and "accept a connection" not in err, (command, err)
+    assert os.listdir(tmp_path) == []
+
+
+def test_model_flags_the_model_uses_or_that_are_left_unset_are_taken():
+    from worker.cli_train_config import train_config_from_argv
+    from worker.train_config import TrainConfig
+    from worker.train_config_ignored import check_model_settings
+
+    for model in ("lr", "fm", "deepfm", "dnn"):  # unset: each model's defaults, nothing refused
+        cfg = train_config_from_argv(["--servers", "h:1", "--model", model], environ={})
+        assert (cfg.hidden, cfg.dropout, cfg.dense_l2) == ((400, 400, 400), None, None)
+    for model in ("deepfm", "dnn"):
+        given = ["--servers", "h:1", "--model", model, "--hidden", "8,4", "--dropout", "0.2", "--dense-l2", "0.5"]
+        cfg = train_config_from_argv(given, environ={})
+        assert (cfg.hidden, cfg.dropout, cfg.dense_l2) == ((8, 4), 0.2, 0.5)
+    check_model_settings(TrainConfig(model="fm", schema="tables.toml", dense_l2=0.5))  # its projections may take it
+    with pytest.raises(ValueError, match=r"--dense-l2 0.5 is the dense weights'"):
+        check_model_settings(TrainConfig(model="fm", dense_l2=0.5))
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -145,8 +145,9 @@ def test_lr_and_deepfm_score_as_their_export_with_initial_rows_for_ids_never_tra
     assert main(["export", "--servers", addresses[0], str(export), "--no-progress"]) == 0
     for model in ("lr", "deepfm"):
         out = tmp_path / f"{model}.csv"
+        hidden = ["--hidden", "8,4"] if model == "deepfm" else []  # (lr has no MLP: --hidden is refused)
         assert predict(addresses[0], out, "--data", train_path, "--predict-data", str(unseen), "--model", model,
-                       "--hidden", "8,4") == 0  # fmt: skip
+                       *hidden) == 0  # fmt: skip
         rows = np.stack([exported_rows(export, model, bags.ids) for bags in batch.fields.values()], axis=1)
         logit = exported_rows(export, f"dense.{model}.logit.bias", np.zeros(1, np.uint64))[0, 0] + rows[:, :, 0].sum(1)
         if model == "deepfm":

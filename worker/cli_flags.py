@@ -134,7 +134,8 @@ def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     model.add_argument(
         "--embedding-dim", type=integer(1), default=d.embedding_dim, help="embedding (FM latent) floats per id"
     )
-    model.add_argument("--hidden", default=",".join(map(str, d.hidden)), help="MLP hidden widths (deepfm, dnn)")
+    model.add_argument("--hidden", default=None,
+                       help=f"MLP hidden widths (deepfm, dnn; default: {','.join(map(str, d.hidden))})")  # fmt: skip
 
 
 def add_served_model_args(p: argparse.ArgumentParser, command: str) -> None:

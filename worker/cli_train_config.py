@@ -12,21 +12,29 @@ from ps.settings import add_config_flag, apply_defaults
 from ps.stamp import is_job_name, job_hash
 from worker.cli_train_flags import add_train_parser
 from worker.flags import server_list
+from worker.models.spec import DEFAULT_HIDDEN
 from worker.train_config import TrainConfig
+from worker.train_config_ignored import check_given_hidden
 
 
 def names(text: str) -> tuple[str, ...]:
     return tuple(s.strip() for s in text.split(",") if s.strip())
 
 
-def hidden_widths(text: str) -> tuple[int, ...]:
+def hidden_widths(text: str | None, model: str) -> tuple[int, ...]:
+    """The widths of --hidden (DEFAULT_HIDDEN where not given); ValueError for text that is no list of integers,
+    or given to a model without an MLP."""
+    if text is None:
+        return DEFAULT_HIDDEN
     parts = [s.strip() for s in text.split(",")] if text.strip() else []
     try:
         if "" in parts:
             raise ValueError("an empty entry")
-        return tuple(int(s) for s in parts)
+        widths = tuple(int(s) for s in parts)
     except ValueError:
         raise ValueError(f"--hidden {text!r}: expected comma-separated integers, e.g. 400,400,400") from None
+    check_given_hidden(widths, model)
+    return widths
 
 
 def common_config(args: argparse.Namespace) -> dict:
@@ -40,7 +48,7 @@ def common_config(args: argparse.Namespace) -> dict:
         numeric_columns=names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
         libsvm_fields=args.libsvm_fields, libsvm_values=args.libsvm_values, schema=args.schema, model=args.model, backend=args.backend,
         device=args.device, embedding_dim=args.embedding_dim,
-        hidden=hidden_widths(args.hidden), batch_size=args.batch_size, timeout_s=args.timeout_s,
+        hidden=hidden_widths(args.hidden, args.model), batch_size=args.batch_size, timeout_s=args.timeout_s,
         server_timeout_s=args.server_timeout, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
         auth_token_file=args.auth_token_file,
     )  # fmt: skip

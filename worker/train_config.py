@@ -19,6 +19,7 @@ from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, Recipe, choose, describe
 from worker.schema_columns import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, LIBSVM_VALUES, MAX_LIBSVM_FIELDS
+from worker.train_config_ignored import check_model_settings, ignored_setting
 from worker.train_numbers import check_numbers
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
@@ -147,6 +148,7 @@ class TrainConfig:
         self._check_data_flags()
         self._check_files()
         check_numbers(self)
+        check_model_settings(self)
         self._check_workers()
         self._check_libsvm()
         if self.servers and self.local_shards is not None:
@@ -188,8 +190,7 @@ class TrainConfig:
                 ("--dense-staleness", self.dense_staleness, self.dense == "ps", "the --dense ps path's")]  # fmt: skip
         for flag, value, applies, whose in only:
             if value is not None and not applies:
-                raise ValueError(f"{flag} {value} is {whose} setting; this run has --mode {self.mode} --dense "
-                                 f"{self.dense}, which would ignore it")  # fmt: skip
+                raise ValueError(ignored_setting(flag, value, whose, f"--mode {self.mode} --dense {self.dense}"))
         if self.dense_sync_every > 1 and (self.dense == "allreduce" or self.dense_staleness):
             raise ValueError(f"--dense-sync-every {self.dense_sync_every} applies to the --dense ps path in the step "
                              "(--dense-staleness 0) only")  # fmt: skip

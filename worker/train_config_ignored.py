@@ -1,0 +1,48 @@
+"""Flags a run would ignore, refused naming the flag and why: whose setting each is, and the run's that ignores it.
+
+    --hidden, --dropout          the MLP's: --model deepfm and dnn (lr and fm have none)
+    --dense-l2                   the dense weights': the MLP's, and fm's projections between tables of different
+                                 widths (which only a --schema gives; lr's one dense parameter is its logit bias,
+                                 which no dense L2 reaches)
+    (--dense-sync-every reaches every model: the logit bias is a dense parameter of each)
+TrainConfig.validate refuses --dropout and --dense-l2 (None: not given); worker/cli_train_config.py refuses
+--hidden, whose default is a value, where the flag was given.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from worker.models.spec import MLP_MODELS
+
+if TYPE_CHECKING:
+    from worker.train_config import TrainConfig
+
+MLP_SETTING = f"the MLP's (--model {', '.join(MLP_MODELS)})"
+DENSE_WEIGHTS_SETTING = (
+    f"the dense weights' (the MLP's of --model {', '.join(MLP_MODELS)}; fm's projections between tables of "
+    "different widths, which only a --schema gives)"
+)
+
+
+def ignored_setting(flag: str, value: object, whose: str, run: str) -> str:
+    """The refusal of `flag value` given to a run that would ignore it: whose setting it is, and what the run has
+    that ignores it (its --mode and --dense, its --model, ...)."""
+    return f"{flag} {value} is {whose} setting; this run has {run}, which would ignore it"
+
+
+def check_model_settings(cfg: TrainConfig) -> None:
+    """ValueError for a --dropout or --dense-l2 given (not None) to a --model that would ignore it."""
+    if cfg.model in MLP_MODELS:
+        return
+    if cfg.dropout is not None:
+        raise ValueError(ignored_setting("--dropout", cfg.dropout, MLP_SETTING, f"--model {cfg.model}"))
+    if cfg.dense_l2 is not None and not (cfg.model == "fm" and cfg.schema):
+        run = f"--model {cfg.model}" + (" and no --schema" if cfg.model == "fm" else "")
+        raise ValueError(ignored_setting("--dense-l2", cfg.dense_l2, DENSE_WEIGHTS_SETTING, run))
+
+
+def check_given_hidden(hidden: tuple[int, ...] | None, model: str) -> None:
+    """ValueError for a --hidden given (not None) to a --model without an MLP."""
+    if hidden is not None and model not in MLP_MODELS:
+        raise ValueError(ignored_setting("--hidden", ",".join(map(str, hidden)), MLP_SETTING, f"--model {model}"))
