@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import urllib.request
 
-from worker.__main__ import build_parser
+import pytest
+
+from worker.__main__ import main
 from worker.telemetry import TrainTelemetry
 
 
@@ -22,15 +24,26 @@ def test_the_endpoint_listens_on_the_loopback_by_default():
 
 
 def test_metrics_host_is_a_train_flag_defaulting_to_the_loopback():
-    parser = build_parser()
-    assert parser.parse_args(["train", "--metrics-port", "0"]).metrics_host == "127.0.0.1"
-    assert parser.parse_args(["train", "--metrics-host", "0.0.0.0"]).metrics_host == "0.0.0.0"
+    from worker.cli_train_config import train_config_from_argv
+
+    assert train_config_from_argv(["--servers", "h:1", "--metrics-port", "0"], environ={}).metrics_host == "127.0.0.1"
+    given = ["--servers", "h:1", "--metrics-port", "0", "--metrics-host", "0.0.0.0"]
+    assert train_config_from_argv(given, environ={}).metrics_host == "0.0.0.0"
+    assert train_config_from_argv(["--servers", "h:1"], environ={}).metrics_port is None  # neither given: no endpoint
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])  # the default's value too: given, and nothing listens
+@pytest.mark.parametrize("command", [["train", "--synthetic-rows", "100"], ["launch", "--workers", "2"]])
+def test_a_metrics_host_without_a_metrics_port_is_refused_naming_both(command, host, capsys):
+    """No --metrics-port: no endpoint, so a --metrics-host would be ignored; refused before anything is dialled."""
+    assert main([*command, "--servers", "127.0.0.1:9", "--server-timeout", "0", "--metrics-host", host]) == 2
+    err = capsys.readouterr().err
+    assert (f"--metrics-host {host} is the --metrics-port endpoint's setting; this run has no --metrics-port, which "
+            "would ignore it") in err, err  # fmt: skip
 
 
 def test_a_metrics_port_in_use_stops_the_run_naming_the_flag_before_any_table_is_made(capsys):
     import socket
-
-    import pytest
 
     from ps.errors import TableNotFoundError
     from worker.__main__ import main as worker_main

@@ -14,7 +14,7 @@ from worker.cli_train_flags import add_train_parser
 from worker.flags import server_list
 from worker.models.spec import DEFAULT_HIDDEN
 from worker.train_config import TrainConfig
-from worker.train_config_ignored import check_given_hidden
+from worker.train_config_ignored import DEFAULT_METRICS_HOST, check_given_hidden, check_given_metrics_host
 
 
 def names(text: str) -> tuple[str, ...]:
@@ -112,6 +112,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                 raise ValueError(f"{flag} {value} but ${variable} is {os.environ[variable]}: --dense allreduce takes "
                                  f"its rank from ${variable}, so the worker would train one share and average as "
                                  "another; leave the flag out, or make them agree")  # fmt: skip
+    check_given_metrics_host(args.metrics_host, args.metrics_port)
     return TrainConfig(
         **common_config(args),
         local_shards=args.local_shards,
@@ -139,7 +140,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         dropout=args.dropout,
         metrics_out=args.metrics_out,
         metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
+        metrics_host=DEFAULT_METRICS_HOST if args.metrics_host is None else args.metrics_host,
         table_config=args.table_config,
         progress=not args.no_progress,
         create_tables_only=args.create_tables_only,

@@ -25,6 +25,7 @@ from worker.cli_flags import (
 from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import BIG_BATCH_EXAMPLES, EARLY_STOP_METRICS, LARGE, RECIPES, SMALL
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
+from worker.train_config_ignored import DEFAULT_METRICS_HOST
 
 RATE = number(0, MAX_HYPERPARAMETER, above=True)
 
@@ -271,8 +272,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     out.add_argument(
         "--metrics-host",
-        default="127.0.0.1",
-        help="address the --metrics-port endpoint listens on (0.0.0.0: every interface; see docs/security.md)",
+        default=None,
+        help=f"address the --metrics-port endpoint listens on (default: {DEFAULT_METRICS_HOST}; 0.0.0.0: every "
+        "interface; see docs/security.md)",
     )
     out.add_argument(
         "--no-progress",

@@ -19,7 +19,7 @@ from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, Recipe, choose, describe
 from worker.schema_columns import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, LIBSVM_VALUES, MAX_LIBSVM_FIELDS
-from worker.train_config_ignored import check_model_settings, ignored_setting
+from worker.train_config_ignored import DEFAULT_METRICS_HOST, check_model_settings, ignored_setting
 from worker.train_numbers import check_numbers
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
@@ -132,7 +132,7 @@ class TrainConfig:
     table_config: str | None = None  # TOML: overrides the tables' initializer, optimizer, admission, ...
     metrics_out: str | None = None
     metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
-    metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
+    metrics_host: str = DEFAULT_METRICS_HOST  # where they listen: plain HTTP, no token
     progress: bool = True
     progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar (worker/progress_lines.py)
     launched: bool = False  # a worker of ps-worker launch, which says the job's warnings and lines (worker/job.py

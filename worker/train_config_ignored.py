@@ -4,9 +4,10 @@
     --dense-l2                   the dense weights': the MLP's, and fm's projections between tables of different
                                  widths (which only a --schema gives; lr's one dense parameter is its logit bias,
                                  which no dense L2 reaches)
+    --metrics-host               the --metrics-port endpoint's
     (--dense-sync-every reaches every model: the logit bias is a dense parameter of each)
 TrainConfig.validate refuses --dropout and --dense-l2 (None: not given); worker/cli_train_config.py refuses
---hidden, whose default is a value, where the flag was given.
+--hidden and --metrics-host, whose defaults are values, where the flag was given.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ DENSE_WEIGHTS_SETTING = (
     f"the dense weights' (the MLP's of --model {', '.join(MLP_MODELS)}; fm's projections between tables of "
     "different widths, which only a --schema gives)"
 )
+METRICS_HOST_SETTING = "the --metrics-port endpoint's"
+DEFAULT_METRICS_HOST = "127.0.0.1"  # where --metrics-port listens: the loopback (docs/security.md)
 
 
 def ignored_setting(flag: str, value: object, whose: str, run: str) -> str:
@@ -46,3 +49,9 @@ def check_given_hidden(hidden: tuple[int, ...] | None, model: str) -> None:
     """ValueError for a --hidden given (not None) to a --model without an MLP."""
     if hidden is not None and model not in MLP_MODELS:
         raise ValueError(ignored_setting("--hidden", ",".join(map(str, hidden)), MLP_SETTING, f"--model {model}"))
+
+
+def check_given_metrics_host(host: str | None, port: int | None) -> None:
+    """ValueError for a --metrics-host given (not None) without a --metrics-port: no endpoint listens on it."""
+    if host is not None and port is None:
+        raise ValueError(ignored_setting("--metrics-host", host, METRICS_HOST_SETTING, "no --metrics-port"))
