@@ -456,6 +456,23 @@ def test_an_embedding_dim_or_hidden_width_past_a_servers_rows_is_refused_naming_
         TrainConfig(servers=("h:1",), model=model, embedding_dim=dim, hidden=(4096, 1)).validate()
 
 
+@pytest.mark.parametrize("model", ["fm", "deepfm"])
+def test_a_schema_dim_past_the_models_rows_is_refused_naming_the_file_and_table_before_servers_are_asked(
+    model, dead_address, capsys, tmp_path
+):
+    data, schema = tmp_path / "d.csv", tmp_path / "s.toml"
+    data.write_text("label,a\n1,x\n0,y\n1,x\n0,y\n")
+    schema.write_text('label = "label"\n[tables.wide]\ndim = 4096\n[[columns]]\nname = "a"\nkind = "categorical"\n'
+                      'table = "wide"\n')  # fmt: skip
+    message = (f"{schema}: [tables.wide]: dim 4096: expected 1..4095 for --model {model} (its rows hold the 4096 "
+               "floats of an embedding and 1 of the linear term: 4097, and a server holds rows of at most 4096)")  # fmt: skip
+    hidden = ["--hidden", "4"] if model == "deepfm" else []
+    for command in (["train"], ["eval"], ["launch", "--workers", "2"]):
+        code, err = worker([*command, "--servers", dead_address, "--server-timeout", "0", "--timeout-s", "1",
+                            "--data", str(data), "--schema", str(schema), "--model", model, *hidden], capsys)  # fmt: skip
+        assert code == 2 and message in err and "accept a connection" not in err, (command, err)
+
+
 MLP_ONLY = "is the MLP's (--model deepfm, dnn) setting; this run has --model"
 DENSE_WEIGHTS = ("is the dense weights' (the MLP's of --model deepfm, dnn; fm's projections between tables of "
                  "different widths, which only a --schema gives) setting; this run has --model")  # fmt: skip

@@ -181,6 +181,27 @@ def test_every_mistake_names_the_file_and_key(tmp_path, text, message):
     assert str(e.value).startswith(str(tmp_path / "bad.toml"))
 
 
+@pytest.mark.parametrize("model, widest", [("fm", 4095), ("deepfm", 4095), ("dnn", 4096), ("lr", 4096), (None, 4096)])
+def test_a_tables_dim_past_the_models_rows_is_refused_naming_the_file_the_table_and_the_models_widest(
+    tmp_path, model, widest
+):
+    """fm's and deepfm's rows hold the linear term's weight beside the embedding: a dim of 4096 makes rows of 4097
+    floats, which no server holds. Refused where the schema is read, for the model that reads it; lr's rows are
+    one float whatever the dim, and no model given (`ps-worker schema`'s files) bounds it by a server's rows."""
+    path = tmp_path / "s.toml"
+    for dim in (widest, widest + 1):
+        path.write_text(f"[tables.wide]\ndim = {dim}\n" + COLUMN + "table = 'wide'\n")
+        if dim == widest:
+            assert load_schema(str(path), default_table="t", default_dim=4, model=model).table_dims()["wide"] == dim
+            continue
+        with pytest.raises(ValueError) as e:
+            load_schema(str(path), default_table="t", default_dim=4, model=model)
+        expected = (f"{path}: [tables.wide]: dim 4096: expected 1..4095 for --model {model} (its rows hold the 4096 "
+                    "floats of an embedding and 1 of the linear term: 4097, and a server holds rows of at most 4096)"
+                    if widest < 4096 else f"{path}: [tables.wide]: dim 4097, expected 1..4096")  # fmt: skip
+        assert str(e.value) == expected
+
+
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=f"{tmp_path / 'none.toml'}: cannot read the schema"):
         load_schema(str(tmp_path / "none.toml"), default_table="t", default_dim=1)

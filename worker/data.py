@@ -102,6 +102,7 @@ class DataSource(DataChecks, DataReports):
                 cfg.data, schema_path=cfg.schema, fmt=cfg.format, label_column=cfg.label_column,
                 drop_columns=cfg.drop_columns, numeric_columns=cfg.numeric_columns, libsvm_fields=cfg.libsvm_fields,
                 libsvm_values=cfg.libsvm_values, default_table=default_table, default_dim=cfg.embedding_dim,
+                model=cfg.model,
             )  # fmt: skip
             for spec in (cfg.data, cfg.validation_data, cfg.eval_data):
                 if spec:

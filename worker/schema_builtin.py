@@ -158,6 +158,7 @@ def resolve_schema(
     default_table: str,
     default_dim: int,
     libsvm_values: str = "auto",
+    model: str | None = None,
 ) -> Schema:
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
     column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first
@@ -167,7 +168,7 @@ def resolve_schema(
     the label column csv_label picks (the first column by default). libsvm: libsvm_values (schema_columns.LIBSVM_VALUES)
     says whether its fields read values as weights; auto: where libsvm_sample finds a value other than 0 and 1.
     A csv --schema file's log columns holding numbers below 0 in a sample of data are warned of, as --numeric-columns'
-    are (schema_hints.warn_of_negative_logs_in_schema)."""
+    are (schema_hints.warn_of_negative_logs_in_schema); its tables' dims are checked to fit model's rows."""
     spec = data  # the data's files, where it names many (their hints name them all)
     if data is not None:
         from worker.formats import first_with_content
@@ -178,7 +179,7 @@ def resolve_schema(
                  "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None,
                  "--libsvm-values": libsvm_values != "auto"}  # fmt: skip
         schema = _schema_file(schema_path, data, fmt, [flag for flag, on in flags.items() if on], default_table,
-                              default_dim)  # fmt: skip
+                              default_dim, model)  # fmt: skip
         if data is not None:
             warn_of_negative_logs_in_schema(spec, schema, schema_path)
         return schema
@@ -224,12 +225,12 @@ def _detected_format(spec: str | None, data: str | None) -> tuple[str, str, str]
 
 
 def _schema_file(schema_path: str, data: str | None, fmt: str, given: list[str], default_table: str,
-                 default_dim: int) -> Schema:  # fmt: skip
+                 default_dim: int, model: str | None) -> Schema:  # fmt: skip
     """resolve_schema of a --schema file: refused with column flags given; --format other than its format said
     unused; a csv schema of no label takes the first column of data's header (for every file read through it)."""
     if given:
         raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
-    schema = load_schema(schema_path, default_table=default_table, default_dim=default_dim)
+    schema = load_schema(schema_path, default_table=default_table, default_dim=default_dim, model=model)
     if fmt != schema.format and fmt != AUTO_FORMAT:  # the default is no choice of the user's
         log.warning("--format %s is not used: --schema %s says format = %r", fmt, schema_path, schema.format)
     if schema.format == "csv" and schema.label is None and data is not None:  # the training file's first

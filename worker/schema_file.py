@@ -21,6 +21,7 @@ from worker.schema_columns import (
     SPARSE_TRANSFORMS,
     Column,
 )
+from worker.train_numbers import rows_past_a_server
 
 _TOP_KEYS = ("format", "delimiter", "label", "bias_table", "tables", "columns")
 _SPARSE_KEYS = ("table", "id_space")
@@ -32,8 +33,9 @@ _KEYS = {
 _KEYS["weighted"] = _KEYS["multi_hot"]
 
 
-def load_schema(path: str, *, default_table: str, default_dim: int) -> Schema:
-    """The schema of a TOML file; ValueError naming the file, the column or key, and what is expected."""
+def load_schema(path: str, *, default_table: str, default_dim: int, model: str | None = None) -> Schema:
+    """The schema of a TOML file; ValueError naming the file, the column or key, and what is expected (model: the
+    --model whose rows its tables' dims must fit, train_numbers.rows_past_a_server; None: any dim a server holds)."""
     try:
         with open(path, "rb") as f:
             text = f.read().decode("utf-8")
@@ -41,19 +43,21 @@ def load_schema(path: str, *, default_table: str, default_dim: int) -> Schema:
         raise ValueError(f"{path}: cannot read the schema: {e}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return schema_from_text(text, str(path), default_table=default_table, default_dim=default_dim)
+    return schema_from_text(text, str(path), default_table=default_table, default_dim=default_dim, model=model)
 
 
-def schema_from_text(text: str, source: str, *, default_table: str, default_dim: int) -> Schema:
+def schema_from_text(
+    text: str, source: str, *, default_table: str, default_dim: int, model: str | None = None
+) -> Schema:
     """The schema of TOML text; errors name `source` as load_schema's name the file."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{source}: not valid TOML: {e}") from None
-    return _parse(doc, source, default_table, default_dim)
+    return _parse(doc, source, default_table, default_dim, model)
 
 
-def _parse(doc: dict, path: str, default_table: str, default_dim: int) -> Schema:
+def _parse(doc: dict, path: str, default_table: str, default_dim: int, model: str | None) -> Schema:
     _known(doc, _TOP_KEYS, path)
     fmt = _value(doc, "format", str, path, "csv", FORMATS)
     delimiter = ","
@@ -67,7 +71,7 @@ def _parse(doc: dict, path: str, default_table: str, default_dim: int) -> Schema
     label = written.strip() if written is not None else None  # as csv header names are read (header_names)
     if fmt != "csv" and label != "label":
         raise ValueError(f"{path}: label {label!r}: a {fmt} file's label column is 'label'")
-    tables = _tables(_value(doc, "tables", dict, path, {}), path, default_dim)
+    tables = _tables(_value(doc, "tables", dict, path, {}), path, default_dim, model)
     entries = _value(doc, "columns", list, path, [])
     if not entries:
         raise ValueError(f"{path}: no [[columns]]; expected at least one column")
@@ -113,7 +117,7 @@ def _value(spec: dict, key: str, kind: type, where: str, default: object = ..., 
     return value
 
 
-def _tables(doc: dict, path: str, default_dim: int) -> dict[str, TableSchema]:
+def _tables(doc: dict, path: str, default_dim: int, model: str | None) -> dict[str, TableSchema]:
     out = {}
     for name, fields in table_configs_from_dict(doc, f"{path} [tables]").items():
         where = f"{path}: [tables.{name}]"
@@ -124,6 +128,9 @@ def _tables(doc: dict, path: str, default_dim: int) -> dict[str, TableSchema]:
         dim = _value(fields, "dim", int, where, default_dim)
         if not 1 <= dim <= MAX_DIM:
             raise ValueError(f"{where}: dim {dim}, expected 1..{MAX_DIM}")
+        past = rows_past_a_server(model, dim) if model is not None else None
+        if past:
+            raise ValueError(f"{where}: dim {dim}: {past}")
         try:
             TableConfig(**{**fields, "dim": dim}).validate()
         except (TypeError, ValueError) as e:

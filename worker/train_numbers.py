@@ -34,7 +34,9 @@ def check_numbers(cfg: TrainConfig) -> None:
     if any(not 1 <= width <= MAX_DIM for width in cfg.hidden):
         raise ValueError(f"--hidden {','.join(map(str, cfg.hidden))}: expected widths in 1..{MAX_DIM} (a layer's "
                          f"parameters are rows of its width, and a server holds rows of at most {MAX_DIM} floats)")  # fmt: skip
-    _check_embedding_dim(cfg)
+    past = rows_past_a_server(cfg.model, cfg.embedding_dim)
+    if past:
+        raise ValueError(f"--embedding-dim {cfg.embedding_dim}: {past}")
     ranges = [("--validation-fraction", unset_or(cfg.validation_fraction, 0.0), 0.0, 0.5),
               ("--dropout", unset_or(cfg.dropout, 0.0), 0.0, 0.95), ("--l2", unset_or(cfg.l2, 0.0), 0.0, 1e6),
               ("--dense-l2", unset_or(cfg.dense_l2, 0.0), 0.0, 1e6), ("--synthetic-history", cfg.synthetic_history, 0.0, 1e3)]  # fmt: skip
@@ -59,14 +61,14 @@ def check_numbers(cfg: TrainConfig) -> None:
         raise ValueError(f"--metrics-port {cfg.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
 
-def _check_embedding_dim(cfg: TrainConfig) -> None:
-    """ValueError for an --embedding-dim whose rows a server cannot hold (MAX_DIM floats): fm's and deepfm's rows
-    hold the linear term's weight too (worker.models.spec row_dim), dnn's the embedding alone; lr's rows are one
-    float whatever it is."""
-    linear = {"fm": 1, "deepfm": 1, "dnn": 0}.get(cfg.model)
-    if linear is None or cfg.embedding_dim + linear <= MAX_DIM:
-        return
-    k = cfg.embedding_dim
-    rows = f" and {linear} of the linear term: {k + linear}," if linear else ","
-    raise ValueError(f"--embedding-dim {k}: expected 1..{MAX_DIM - linear} for --model {cfg.model} (its rows hold the "
-                     f"{k} floats of an embedding{rows} and a server holds rows of at most {MAX_DIM})")  # fmt: skip
+def rows_past_a_server(model: str, dim: int) -> str | None:
+    """Why a table of embeddings `dim` wide (--embedding-dim, a schema's [tables.<name>] dim) has rows of `model`
+    that a server cannot hold (MAX_DIM floats), with the widest it may be; None where they fit. fm's and deepfm's
+    rows hold the linear term's weight too (worker.models.spec row_dim), dnn's the embedding alone; lr's rows are
+    one float whatever dim is."""
+    linear = {"fm": 1, "deepfm": 1, "dnn": 0}.get(model)
+    if linear is None or dim + linear <= MAX_DIM:
+        return None
+    rows = f" and {linear} of the linear term: {dim + linear}," if linear else ","
+    return (f"expected 1..{MAX_DIM - linear} for --model {model} (its rows hold the {dim} floats of an embedding{rows} "
+            f"and a server holds rows of at most {MAX_DIM})")  # fmt: skip
