@@ -42,6 +42,23 @@ def test_a_metrics_host_without_a_metrics_port_is_refused_naming_both(command, h
             "would ignore it") in err, err  # fmt: skip
 
 
+def test_shared_settings_with_a_metrics_host_pass_a_create_tables_job_and_an_empty_hidden_is_not_given():
+    """A deployment's create-tables job shares the workers' settings (PS_METRICS_HOST, a --config [train]) but not
+    their --metrics-port: it is not refused. PS_HIDDEN= (empty) is --hidden not given: lr takes it, deepfm gets the
+    default MLP."""
+    from worker.cli_train_config import train_config_from_argv
+    from worker.models.spec import DEFAULT_HIDDEN
+
+    shared = {"PS_METRICS_HOST": "0.0.0.0"}
+    cfg = train_config_from_argv(["--servers", "h:1", "--create-tables-only"], environ=shared)
+    assert cfg.create_tables_only and cfg.metrics_port is None
+    with pytest.raises(ValueError, match="--metrics-host 0.0.0.0 is the --metrics-port endpoint's setting"):
+        train_config_from_argv(["--servers", "h:1"], environ=shared)
+    empty = {"PS_HIDDEN": ""}
+    assert train_config_from_argv(["--servers", "h:1", "--model", "lr"], environ=empty).model == "lr"
+    assert train_config_from_argv(["--servers", "h:1", "--model", "deepfm"], environ=empty).hidden == DEFAULT_HIDDEN
+
+
 def test_a_metrics_port_in_use_stops_the_run_naming_the_flag_before_any_table_is_made(capsys):
     import socket
 

@@ -22,9 +22,9 @@ def names(text: str) -> tuple[str, ...]:
 
 
 def hidden_widths(text: str | None, model: str) -> tuple[int, ...]:
-    """The widths of --hidden (DEFAULT_HIDDEN where not given); ValueError for text that is no list of integers,
-    or given to a model without an MLP."""
-    if text is None:
+    """The widths of --hidden (DEFAULT_HIDDEN where not given, or given empty); ValueError for text that is no
+    list of integers, or given to a model without an MLP."""
+    if text is None or not text.strip():  # PS_HIDDEN= (empty): not given, as elsewhere
         return DEFAULT_HIDDEN
     parts = [s.strip() for s in text.split(",")] if text.strip() else []
     try:
@@ -112,7 +112,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                 raise ValueError(f"{flag} {value} but ${variable} is {os.environ[variable]}: --dense allreduce takes "
                                  f"its rank from ${variable}, so the worker would train one share and average as "
                                  "another; leave the flag out, or make them agree")  # fmt: skip
-    check_given_metrics_host(args.metrics_host, args.metrics_port)
+    if not args.create_tables_only:  # a deployment's create-tables job shares the workers' settings, not their port
+        check_given_metrics_host(args.metrics_host, args.metrics_port)
     return TrainConfig(
         **common_config(args),
         local_shards=args.local_shards,
