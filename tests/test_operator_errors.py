@@ -474,8 +474,6 @@ def test_a_schema_dim_past_the_models_rows_is_refused_naming_the_file_and_table_
 
 
 MLP_ONLY = "is the MLP's (--model deepfm, dnn) setting; this run has --model"
-DENSE_WEIGHTS = ("is the dense weights' (the MLP's of --model deepfm, dnn; fm's projections between tables of "
-                 "different widths, which only a --schema gives) setting; this run has --model")  # fmt: skip
 ALL_MODEL_COMMANDS = ("train", "eval", "predict", "launch")
 
 
@@ -486,16 +484,16 @@ ALL_MODEL_COMMANDS = ("train", "eval", "predict", "launch")
         (["--hidden", "400,400,400"], ALL_MODEL_COMMANDS, f"--hidden 400,400,400 {MLP_ONLY} fm, which would ignore it"),
         (["--model", "fm", "--dropout", "0"], ("train", "launch"), f"--dropout 0.0 {MLP_ONLY} fm, which would ignore it"),
         (["--model", "lr", "--dropout", "0.3"], ("train", "launch"), f"--dropout 0.3 {MLP_ONLY} lr, which would ignore it"),
-        (["--model", "lr", "--dense-l2", "0.5"], ("train", "launch"), f"--dense-l2 0.5 {DENSE_WEIGHTS} lr, which would"),
-        (["--dense-l2", "1"], ("train", "launch"), f"--dense-l2 1.0 {DENSE_WEIGHTS} fm and no --schema, which would"),
+        (["--model", "lr", "--dense-l2", "0.5"], ("train", "launch"), f"--dense-l2 0.5 {MLP_ONLY} lr, which would"),
+        (["--dense-l2", "1"], ("train", "launch"), f"--dense-l2 1.0 {MLP_ONLY} fm, which would"),
     ],
 )  # fmt: skip
 def test_a_model_flag_the_model_would_ignore_is_refused_naming_it_before_servers_are_asked(
     argv, commands, message, dead_address, capsys, tmp_path
 ):
-    """lr and fm have no MLP: --hidden and --dropout would change nothing, nor --dense-l2, whose dense weights are
-    the MLP's and fm's projections (tables of several widths: a --schema's). Refused as given, even as the default's
-    value, by every command that takes the flag, before any server is asked."""
+    """lr and fm have no MLP: --hidden, --dropout and --dense-l2 (on the MLP's weights only) would change nothing.
+    Refused as given, even as the default's value, by every command that takes the flag, before any server is
+    asked."""
     where = {"train": ["train", "--synthetic-rows", "100"], "eval": ["eval"], "launch": ["launch", "--workers", "2"],
              "predict": ["predict", "--predict-data", str(tmp_path / "p.csv"), "--out", str(tmp_path / "o.csv")]}  # fmt: skip
     for command in commands:
@@ -517,8 +515,15 @@ def test_model_flags_the_model_uses_or_that_are_left_unset_are_taken():
         given = ["--servers", "h:1", "--model", model, "--hidden", "8,4", "--dropout", "0.2", "--dense-l2", "0.5"]
         cfg = train_config_from_argv(given, environ={})
         assert (cfg.hidden, cfg.dropout, cfg.dense_l2) == ((8, 4), 0.2, 0.5)
-    check_model_settings(TrainConfig(model="fm", schema="tables.toml", dense_l2=0.5))  # its projections may take it
-    with pytest.raises(ValueError, match=r"--dense-l2 0.5 is the dense weights'"):
+    with pytest.raises(ValueError, match="--dense-l2 0.5 is the MLP's"):  # a --schema's projections take none
+        check_model_settings(TrainConfig(model="fm", schema="tables.toml", dense_l2=0.5))
+    for model in ("lr", "fm"):  # the recipe's dropout and dense L2 are the MLP's: not filled in, so not refused
+        resolved, _, _ = TrainConfig(model=model, local_shards=1).with_recipe(1000)
+        assert (resolved.dropout, resolved.dense_l2) == (None, None)
+        check_model_settings(resolved)
+    resolved, _, _ = TrainConfig(model="deepfm", local_shards=1).with_recipe(1000)
+    assert resolved.dropout and resolved.dense_l2
+    with pytest.raises(ValueError, match=r"--dense-l2 0.5 is the MLP's"):
         check_model_settings(TrainConfig(model="fm", dense_l2=0.5))
 
 

@@ -454,13 +454,15 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
         LARGE.batch_size, LARGE.epochs, 0.0, 0)  # fmt: skip
     given, _, _ = TrainConfig(local_shards=1, batch_size=64, epochs=3, early_stop=0).with_recipe(10)
     assert (given.batch_size, given.epochs, given.early_stop, given.validation_fraction) == (64, 3, 0, 0.1)
-    assert (small.optimizer, small.learning_rate, small.optimizer_params, small.dropout) == (
+    assert (small.optimizer, small.learning_rate, small.optimizer_params, small.dropout, small.dense_l2) == (
         "ftrl",
         0.05,
         {"l2": 300.0},
-        0.7,
+        None,  # the recipe's dropout and dense L2 are the MLP's: fm has none
+        None,
     )
-    mlp_line = TrainConfig(local_shards=1, model="deepfm").with_recipe(10)[1]
+    mlp, mlp_line, _ = TrainConfig(local_shards=1, model="deepfm").with_recipe(10)
+    assert (mlp.dropout, mlp.dense_l2) == (0.7, 1.0)
     assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1, MLP output layer starting at 0, batch 256" in mlp_line
     large_mlp = TrainConfig(local_shards=1, model="deepfm").with_recipe(SMALL_DATA_EXAMPLES)
     assert "MLP output layer" not in large_mlp[1] and large_mlp[0].mlp_output_zeros is False
@@ -473,8 +475,10 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert (small.fm_init_scale, large.fm_init_scale) == (0.001, 0.01)
     chosen, _, _ = TrainConfig(local_shards=1, optimizer="adagrad").with_recipe(10)
     assert (chosen.optimizer, chosen.learning_rate, chosen.optimizer_params) == ("adagrad", 0.02, {})
-    assert (large.optimizer, large.learning_rate, large.dropout) == ("adagrad", 0.02, 0.0)
-    assert (small.dense_l2, large.dense_l2) == (1.0, 0.0)
+    assert (large.optimizer, large.learning_rate, large.dropout) == ("adagrad", 0.02, None)  # fm: no MLP
+    assert (small.dense_l2, large.dense_l2) == (None, None)  # fm
+    large_dnn = TrainConfig(local_shards=1, model="dnn").with_recipe(SMALL_DATA_EXAMPLES)[0]
+    assert (large_dnn.dropout, large_dnn.dense_l2) == (0.0, 0.0)
     forced, line, _ = TrainConfig(local_shards=1, recipe="large").with_recipe(10)
     assert forced.epochs == 1 and line.startswith("large-data recipe")
     with_file, line, _ = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)

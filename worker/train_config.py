@@ -345,6 +345,7 @@ class TrainConfig:
             optimizer, params = r.optimizer, r.optimizer_params if params is None else params
             rate = r.learning_rate if rate is None else rate
         rate = DEFAULT_LEARNING_RATES.get(optimizer, 0.01) if rate is None else rate
+        mlp = self.model in MLP_MODELS  # the recipe's dropout and dense L2 are the MLP's: None for a model without one
         fraction = self.validation_fraction
         if fraction is None:
             fraction = 0.0 if self.validation_data else r.validation_fraction
@@ -360,8 +361,8 @@ class TrainConfig:
             max_bad_share=self.max_bad_share if self.max_bad_share is not None
             else MAX_BAD_SHARE if self.max_bad_lines is None else 1.0,
             l2=r.l2 if self.l2 is None else self.l2,
-            dropout=r.dropout if self.dropout is None else self.dropout,
-            dense_l2=r.dense_l2 if self.dense_l2 is None else self.dense_l2,
+            dropout=(r.dropout if mlp else None) if self.dropout is None else self.dropout,
+            dense_l2=(r.dense_l2 if mlp else None) if self.dense_l2 is None else self.dense_l2,
             fm_init_scale=r.fm_init_scale if self.fm_init_scale is None else self.fm_init_scale,
             mlp_output_zeros=self.model in r.mlp_output_zeros if self.mlp_output_zeros is None
             else self.mlp_output_zeros,

@@ -1,12 +1,11 @@
 """Flags a run would ignore, refused naming the flag and why: whose setting each is, and the run's that ignores it.
 
-    --hidden, --dropout          the MLP's: --model deepfm and dnn (lr and fm have none)
-    --dense-l2                   the dense weights': the MLP's, and fm's projections between tables of different
-                                 widths (which only a --schema gives; lr's one dense parameter is its logit bias,
-                                 which no dense L2 reaches)
+    --hidden, --dropout,         the MLP's: --model deepfm and dnn (lr and fm have none; --dense-l2 reaches the MLP's
+    --dense-l2                   weights only, not lr's logit bias nor fm's projections, ModelSpec.mlp_weights)
     --metrics-host               the --metrics-port endpoint's
     (--dense-sync-every reaches every model: the logit bias is a dense parameter of each)
-TrainConfig.validate refuses --dropout and --dense-l2 (None: not given); worker/cli_train_config.py refuses
+TrainConfig.validate refuses --dropout and --dense-l2 (None: not given, and not filled in by a recipe for a model
+without an MLP: TrainConfig.with_recipe); worker/cli_train_config.py refuses
 --hidden and --metrics-host, whose defaults are values, where the flag was given.
 """
 
@@ -20,10 +19,6 @@ if TYPE_CHECKING:
     from worker.train_config import TrainConfig
 
 MLP_SETTING = f"the MLP's (--model {', '.join(MLP_MODELS)})"
-DENSE_WEIGHTS_SETTING = (
-    f"the dense weights' (the MLP's of --model {', '.join(MLP_MODELS)}; fm's projections between tables of "
-    "different widths, which only a --schema gives)"
-)
 METRICS_HOST_SETTING = "the --metrics-port endpoint's"
 DEFAULT_METRICS_HOST = "127.0.0.1"  # where --metrics-port listens: the loopback (docs/security.md)
 
@@ -40,9 +35,8 @@ def check_model_settings(cfg: TrainConfig) -> None:
         return
     if cfg.dropout is not None:
         raise ValueError(ignored_setting("--dropout", cfg.dropout, MLP_SETTING, f"--model {cfg.model}"))
-    if cfg.dense_l2 is not None and not (cfg.model == "fm" and cfg.schema):
-        run = f"--model {cfg.model}" + (" and no --schema" if cfg.model == "fm" else "")
-        raise ValueError(ignored_setting("--dense-l2", cfg.dense_l2, DENSE_WEIGHTS_SETTING, run))
+    if cfg.dense_l2 is not None:
+        raise ValueError(ignored_setting("--dense-l2", cfg.dense_l2, MLP_SETTING, f"--model {cfg.model}"))
 
 
 def check_given_hidden(hidden: tuple[int, ...] | None, model: str) -> None:
