@@ -417,3 +417,16 @@ def test_a_done_stamp_that_carries_pushes_is_refused_before_its_worker_is_heard_
     assert rows(shard) == -1.0
     push(shard, unclocked(1, token=9), client=13)  # worker 1's own process: not held by the refused stamp's token
     assert rows(shard) == -2.0
+
+
+def test_another_jobs_stamp_while_a_worker_of_the_running_job_is_claimed_gets_the_running_jobs_advice(shard):
+    """While a new process of the running job's worker 1 applies its first push (its claim in flight), a stamp of
+    another job is refused as one that meets the running job: how long the shard holds it, and how to resume it;
+    not as one that meets a job starting ("is applying the first push ... wait for its end")."""
+    push(shard, unclocked(0, token=5))
+    tenancy = shard.jobs.tenancy
+    assert tenancy.take(unclocked(1, token=7), pull=False, create=False)  # worker 1's new process: claimed
+    with pytest.raises(JobConflictError) as refused:
+        tenancy.check_job(unclocked(0, job=OTHER, token=9))
+    said = str(refused.value)
+    assert "holds job" in said and "resume job" in said and "applying the first push" not in said, said

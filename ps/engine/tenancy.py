@@ -207,7 +207,9 @@ class JobTenancy:
         """JobConflictError for a stamp of another job while the one followed runs, or while a push or create claims
         the shard for another job (take()); create: the stamp is a CreateTable's (its table is not created)."""
         nothing = nothing_done(create)
-        claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
+        running = self.running()  # a claim of its own worker (a new process's first push) is the running job's: below
+        claim, doing = next(((c, d) for c, d in self._claims if c.job not in (stamp.job, self.job if running else 0)),
+                            (None, ""))  # fmt: skip
         if claim is not None:
             raise JobConflictError(
                 f"shard {self.shard_id} is {doing} of job {self.named(claim)} "
@@ -216,7 +218,7 @@ class JobTenancy:
                 f"at a time (two jobs would train one model over each other); wait for job {self.named(claim)}'s end, "
                 f"or stop it; {nothing}"
             )
-        if stamp.job == self.job or not self.running():
+        if stamp.job == self.job or not running:
             return
         silent = time.monotonic() - self._heard
         left = max(0.0, self._patience_s - silent)
