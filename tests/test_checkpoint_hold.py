@@ -3,6 +3,7 @@ hold that has not expired, only the holder releases it, and it cannot be held tw
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -127,6 +128,28 @@ def test_a_save_into_a_dir_the_server_cannot_write_is_refused_as_the_operators_f
         assert CheckpointDirError.status == "FAILED_PRECONDITION" and not (tmp_path / "c").exists()
     finally:
         shard.close()
+
+
+def test_a_save_whose_dir_another_shards_failed_save_removed_before_its_look_makes_it_again(tmp_path, monkeypatch):
+    """The shards of a checkpoint save into one directory at once: one whose save fails removes it while it is
+    empty, and another shard that made it (or found it made) may look at it just then. It finds it gone, not
+    unwritable: it makes it again and saves, so the failed shard's error is the one the caller reads."""
+    real = hold_module._make_dirs
+    calls = []
+
+    def made_then_removed_by_another_shard(directory: str) -> list[str]:
+        calls.append(directory)
+        made = real(directory)
+        if len(calls) == 1:
+            for d in reversed(made):
+                os.rmdir(d)
+            return []  # (the other shard's: it made them and removed them again)
+        return made
+
+    monkeypatch.setattr(hold_module, "_make_dirs", made_then_removed_by_another_shard)
+    directory = str(tmp_path / "out" / "checkpoint.new")
+    assert hold_module.save_into(directory, "shard-0", "", lambda path: os.makedirs(path) or "saved") == "saved"
+    assert len(calls) == 2 and os.path.isdir(os.path.join(directory, "shard-0"))
 
 
 def test_a_save_on_a_shard_that_took_no_hold_since_it_started_says_why_it_may_be():

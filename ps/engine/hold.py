@@ -187,7 +187,8 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
     directory cannot be created or written. A failed write leaves none of the directories this created; a
     DiskFullError of it names the nearest directory that is there. The shards of a checkpoint save into one
     directory at once, and a shard whose save fails removes the directories it created while they are empty: a
-    write that failed because the directory went away before it wrote anything runs again (SAVE_TRIES in all),
+    write that failed, or a look at the directory that found it gone, because it went away before this shard wrote
+    anything runs again (SAVE_TRIES in all),
     so that shard's error, not this one's, says why the checkpoint failed."""
     path = os.path.join(directory, name)
     if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing
@@ -200,6 +201,8 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
         created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
         if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
             _remove_dirs(created)
+            if not os.path.isdir(directory) and attempt < SAVE_TRIES - 1:  # removed meanwhile (by another shard
+                continue  # whose save failed, as below), not unwritable: made again
             raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
                                      f"{os.geteuid()}); nothing saved")  # fmt: skip
         try:
