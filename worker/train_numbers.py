@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ps.config import MAX_BARRIER_S, MAX_DIM, MAX_HYPERPARAMETER, MAX_INTERVAL_S
+from worker.models.spec import MODEL_NAMES, row_floats
 
 if TYPE_CHECKING:
     from worker.train_config import TrainConfig
@@ -64,11 +65,11 @@ def check_numbers(cfg: TrainConfig) -> None:
 def rows_past_a_server(model: str, dim: int) -> str | None:
     """Why a table of embeddings `dim` wide (--embedding-dim, a schema's [tables.<name>] dim) has rows of `model`
     that a server cannot hold (MAX_DIM floats), with the widest it may be; None where they fit. fm's and deepfm's
-    rows hold the linear term's weight too (worker.models.spec row_dim), dnn's the embedding alone; lr's rows are
+    rows hold the linear term's weight too (worker.models.spec.row_floats), dnn's the embedding alone; lr's rows are
     one float whatever dim is."""
-    linear = {"fm": 1, "deepfm": 1, "dnn": 0}.get(model)
-    if linear is None or dim + linear <= MAX_DIM:
+    if model not in MODEL_NAMES or row_floats(model, dim) <= MAX_DIM:
         return None
+    linear = row_floats(model, dim) - dim
     rows = f" and {linear} of the linear term: {dim + linear}," if linear else ","
     return (f"expected 1..{MAX_DIM - linear} for --model {model} (its rows hold the {dim} floats of an embedding{rows} "
             f"and a server holds rows of at most {MAX_DIM})")  # fmt: skip

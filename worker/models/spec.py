@@ -55,6 +55,11 @@ BIAS_FIELD = "_bias"  # the field every example carries, its one id the bias; it
 LOGIT_BIAS = "logit.bias"  # the dense parameter b of every model's logit (a ".bias": no dense L2)
 
 
+def row_floats(model: str, k: int) -> int:
+    """Floats per row of a table k wide under model (one of MODEL_NAMES): [w | v] (fm, deepfm), [w] (lr), [v] (dnn)."""
+    return {"lr": 1, "fm": 1 + k, "deepfm": 1 + k, "dnn": k}[model]
+
+
 @dataclass(frozen=True)
 class DenseParam:
     """One dense parameter tensor: a weight (in, out) or a bias (1, out), of model `model` (its server table is
@@ -155,8 +160,7 @@ class ModelSpec:
 
     def row_dim(self, table: str) -> int:
         """Floats per row of a table: [w | v], [w] or [v]."""
-        k = self.table_dims()[table]
-        return {"lr": 1, "fm": 1 + k, "deepfm": 1 + k, "dnn": k}[self.name]
+        return row_floats(self.name, self.table_dims()[table])
 
     @property
     def embedding_offset(self) -> int:
