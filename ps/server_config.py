@@ -68,6 +68,9 @@ class ServerConfig:
         if not 0 <= self.shard_id < self.num_shards:
             raise ValueError(f"--shard-id {self.shard_id} must be in 0..{self.num_shards - 1} (--num-shards "
                              f"{self.num_shards})")  # fmt: skip
+        if not self.host.strip("[] \t"):  # gRPC refuses it with no reason given; a plain socket takes it as all
+            raise ValueError(f"--host is empty ({self.host!r}): give an address of this machine (127.0.0.1: this "
+                             "machine only; 0.0.0.0: all of its addresses)")  # fmt: skip
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         for flag, size in (("--cache-bytes", self.cache_bytes), ("--memory-bytes", self.memory_bytes)):

@@ -350,6 +350,8 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
             "bytes, beyond any machine's memory), got 1,000,000,000,000,000,019,884,624,838,656",
         ),
         (["--memory-bytes", "1025T"], {}, "--memory-bytes must be at least 1 byte and at most 1024T"),
+        (["--host", ""], {}, "--host is empty (''): give an address of this machine (127.0.0.1: this machine only"),
+        ([], {"PS_HOST": "[]"}, "--host is empty ('[]'): give an address of this machine"),
         (["--cache-bytes", "1"], {}, "--cache-bytes 1 byte is less than any table can use"),
         (["--cache-bytes", "20K"], {"PS_MEMORY_BYTES": "1G"}, "--cache-bytes 20,480 bytes is less than any table"),
         (["--reply-bytes", "-1"], {}, "argument --reply-bytes: expected a size of at least 0 bytes"),
