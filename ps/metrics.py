@@ -4,7 +4,7 @@ The endpoint listens on the server's --host and follows its security settings, s
 shard may not read its metrics either: with --tls-cert/--tls-key it serves HTTPS with the same certificate, with
 --tls-ca as well it requires a client certificate that CA signed, and with --auth-token-file it answers 401 to a
 request without `Authorization: Bearer <token>`. Only GET /metrics answers; every other path is 404. It serves
-MAX_CONNECTIONS connections at once, a thread each, and closes any more unread.
+ps.metricshttp.MAX_CONNECTIONS connections at once, a thread each, and closes any more unread.
 Prometheus scrapes that with `scheme: https`, `tls_config: {ca_file, cert_file, key_file}` and
 `authorization: {credentials_file}` (docs/security.md).
 
@@ -42,27 +42,20 @@ Prometheus' rate() and increase() take such a reset as one).
 from __future__ import annotations
 
 import hmac
-import logging
-import socket
 import ssl
-import threading
 from typing import TYPE_CHECKING
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from ps.engine.startup import PHASES, StartProgress
 from ps.errors import DataDirLostError, ShardNeedsRestartError
+from ps.metricshttp import serve_wsgi, stop
 
 if TYPE_CHECKING:
     from ps.engine.shard import Shard
     from ps.replies import ReplyRoom
 
-log = logging.getLogger("ps.metrics")
-
-MAX_CONNECTIONS = 16  # the metrics port's connections served at once (Prometheus scrapes over one or a few)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TABLE_GAUGES = {  # key of a table's stats -> help
     "rows_in_ram": "rows in the RAM tier",
@@ -213,32 +206,18 @@ class ServerMetrics:
         token: str | None = None,
         read_token: str | None = None,
     ) -> int:
-        """Serves /metrics on host:port (0: a free port) in a thread; returns the port. tls: (cert, key, ca or
-        None) PEM files: HTTPS, and with ca, clients must present a certificate it signed. token: requests must
-        carry `Authorization: Bearer <token>`, or <read_token> (the read-only one: metrics change nothing)."""
-        host = host.strip("[]")  # an IPv6 address as --host may give it ([::1]): the socket wants it bare
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
-        http = make_server(
-            host, port, _guarded(make_wsgi_app(self.registry), token, read_token), server_class, _Handler
-        )
-        try:
-            if tls is not None:
-                http.socket = _tls_context(*tls).wrap_socket(
-                    http.socket, server_side=True, do_handshake_on_connect=False
-                )  # the handshake runs in the request's thread (_Handler.setup): a slow client holds only that one
-        except BaseException:
-            http.server_close()
-            raise
-        self._http = http  # set only with its serve_forever thread started: close()'s shutdown() waits for that
-        threading.Thread(target=http.serve_forever, name="ps-metrics", daemon=True).start()
-        return http.server_address[1]
+        """Serves /metrics on host:port (0: a free port) in a thread (ps.metricshttp); returns the port. tls: (cert,
+        key, ca or None) PEM files: HTTPS, and with ca, clients must present a certificate it signed. token: requests
+        must carry `Authorization: Bearer <token>`, or <read_token> (the read-only one: metrics change nothing)."""
+        context = _tls_context(*tls) if tls is not None else None
+        app = _guarded(make_wsgi_app(self.registry), token, read_token)
+        self._http = serve_wsgi(app, host, port, "ps-metrics", context)  # close()'s stop() waits for its thread
+        return self._http.server_address[1]
 
     def close(self) -> None:
         http = getattr(self, "_http", None)
         if http is not None:
-            http.shutdown()
-            http.server_close()
+            stop(http)
 
 
 def _tls_context(cert: str, key: str, ca: str | None) -> ssl.SSLContext:
@@ -266,48 +245,6 @@ def _guarded(app, token: str | None, read_token: str | None = None):
         return app(environ, start_response)
 
     return guarded
-
-
-class _MetricsServer(ThreadingWSGIServer):
-    """A thread per connection, at most MAX_CONNECTIONS at once: a connection past them is closed unread, so that
-    a peer opening connections (each may idle for _Handler.timeout) cannot make the server start threads without
-    bound."""
-
-    def __init__(self, *args, **kwargs):
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started: its slot is free
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request, client_address) -> None:
-        """A failed TLS handshake or a client that went away: one debug line, not a traceback on stderr."""
-        log.debug("metrics request from %s failed", client_address, exc_info=True)
-
-
-class _Handler(WSGIRequestHandler):
-    timeout = 10.0  # seconds a client may take to send its request (and to finish a TLS handshake)
-
-    def setup(self) -> None:
-        super().setup()
-        if isinstance(self.connection, ssl.SSLSocket):
-            self.connection.do_handshake()
-
-    def log_message(self, format: str, *args) -> None:  # no access log on stderr
-        pass
 
 
 class _StartCollector:

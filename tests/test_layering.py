@@ -46,6 +46,7 @@ FOUNDATION = {
     "ps.terminate",
     "ps.signalsafe",
     "ps.storage.atomicfile",
+    "ps.metricshttp",
 }
 PROCESS = {"ps.service", "ps.service_calls", "ps.server_run", "ps.listen_address", "ps.refusals", "ps.replies", "ps.unreadreplies", "ps.server", "ps.health", "ps.security", "ps.secretfiles", "ps.tlsprobe", "ps.metrics", "ps.settings", "ps.flagtypes", "ps.settings_names",
            "ps.sizing", "ps.__main__", "ps.cli_server_flags", "ps.cli_server", "ps.cli_commands"}  # fmt: skip
@@ -70,6 +71,7 @@ WORKER_MAY_IMPORT = {
     "ps.storage.diskspace",  # low_bytes: ps-worker stats marks a low disk as the server reckons it (stdlib only)
     "ps.storage.leftovers",  # an export's leftovers in its OUT, which ps-server export removes too (stdlib only)
     "ps.storage.atomicfile",  # a JSON file replaced whole: --resume-file's record (stdlib only)
+    "ps.metricshttp",  # the metrics endpoints' HTTP server, bounded in connections (stdlib and prometheus-client)
 }  # fmt: skip
 
 

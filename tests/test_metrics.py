@@ -13,7 +13,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from ps.config import TableConfig
-from ps.metrics import MAX_CONNECTIONS, _Handler
+from ps.metricshttp import MAX_CONNECTIONS, Handler
 from ps.server import Server
 from ps.server_config import ServerConfig
 from tests.conftest import random_ids
@@ -214,7 +214,7 @@ def test_the_metrics_port_serves_a_bounded_number_of_connections_and_closes_the_
     """Each connection takes a thread for as long as its client idles (up to the handler's timeout): past
     MAX_CONNECTIONS at once, a connection is closed at once, so that nobody can make the server start threads without
     bound; once they are gone, scrapes are served again."""
-    monkeypatch.setattr(_Handler, "timeout", 120.0)  # no idle connection is closed for its timeout meanwhile
+    monkeypatch.setattr(Handler, "timeout", 120.0)  # no idle connection is closed for its timeout meanwhile
     server = Server(ServerConfig(data_dir=str(tmp_path), port=0, metrics_port=0))
     server.start()
     extra = 8

@@ -5,12 +5,15 @@ sparseps_worker_train_logloss                                   the running logl
                                                                 before the first step)
 
 The endpoint is plain HTTP with no token, so it listens on 127.0.0.1 unless `--metrics-host` widens it
-(docs/security.md).
+(docs/security.md). It serves ps.metricshttp.MAX_CONNECTIONS connections at once, as a shard's metrics port does,
+and closes any more unread.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from ps.metricshttp import serve_wsgi, stop
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -36,7 +39,7 @@ class TrainTelemetry:
         """Serves GET /metrics over plain HTTP on host:port (0: a free port); returns the port. ValueError naming
         --metrics-port if the port cannot be had (in use, not allowed)."""
         try:
-            self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+            self._http = serve_wsgi(make_wsgi_app(self.registry), host, port, "ps-worker-metrics")
         except OSError as e:
             raise ValueError(f"cannot listen on {host}:{port} (--metrics-port): {e.strerror or e}; give a free port, "
                              "or 0 for any free one") from None  # fmt: skip
@@ -46,5 +49,4 @@ class TrainTelemetry:
         """Stops serving (again: nothing)."""
         if self._http is not None:
             http, self._http = self._http, None
-            http.shutdown()
-            http.server_close()
+            stop(http)
