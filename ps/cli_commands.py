@@ -71,7 +71,7 @@ def build_health_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument("--tls-server-name", default=None, help="name the shard's certificate holds, if not the address")
     p.add_argument("--auth-token-file", default=None, help="not needed: the shard answers health checks without its "
-                   "token (accepted, and checked, so that a probe can share its clients' flags)")  # fmt: skip
+                   "token (accepted, and checked, so that a probe can share its clients' flags; never sent)")  # fmt: skip
     p.add_argument("--starting-ok", action="store_true", help="exit 0 for a shard that is starting too (a liveness "
                    "probe: a shard replaying its journal for an hour is alive, and says how far it is)")  # fmt: skip
     return p
@@ -94,8 +94,9 @@ def health_main(argv: list[str]) -> int:
 
     try:
         refuse_empty(("--auth-token-file", args.auth_token_file))
-        token = read_token(args.auth_token_file) if args.auth_token_file else None
-        health = check_health(args.address, args.timeout_s, args.tls_ca, args.tls_cert, args.tls_key, token,
+        if args.auth_token_file:  # checked as a client checks it; not sent: health checks need none
+            read_token(args.auth_token_file)
+        health = check_health(args.address, args.timeout_s, args.tls_ca, args.tls_cert, args.tls_key,
                               args.tls_server_name)  # fmt: skip
     except ValueError as e:  # an unreadable key, half a key pair
         print(f"ps-server health: error: {e}", file=sys.stderr)

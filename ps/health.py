@@ -205,11 +205,11 @@ class Health(NamedTuple):
 
 
 def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None, token: str | None = None,
-                 tls_server_name: str | None = None) -> Health:  # fmt: skip
+                 tls_key: str | None = None, tls_server_name: str | None = None) -> Health:  # fmt: skip
     """What the gRPC health service of the shard at address says of SERVICE_NAME (Health: a server that does not
-    know that service is no shard), over TLS (tls_ca), mutual TLS (tls_cert,
-    tls_key) and with a token as given; tls_server_name: the name to expect in the server's certificate when it
+    know that service is no shard), over TLS (tls_ca) or mutual TLS (tls_cert, tls_key) as given, with no token:
+    a shard asks none for health checks (ps.security.TokenCheck), and a token sent would cross a plain channel
+    readable; tls_server_name: the name to expect in the server's certificate when it
     does not name the address dialed (a probe of 127.0.0.1, say). An UNAVAILABLE whose cause is a TLS setting that
     differs from the shard's (gRPC says only "Socket closed") says which flag is missing or too many (tls_hint).
     A Check an overloaded shard refuses (its threads busy, its queue of calls full: ps.errors.OVERLOADED) is asked
@@ -218,7 +218,7 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
 
     options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
     try:
-        with client_channel(address, options, tls_ca, tls_cert, tls_key, token) as channel:
+        with client_channel(address, options, tls_ca, tls_cert, tls_key) as channel:
             reply, call = _check(health_pb2_grpc.HealthStub(channel), timeout_s)
     except grpc.RpcError as e:
         text = f"{e.code().name}: {e.details()}"

@@ -234,3 +234,39 @@ def test_a_probe_of_an_overloaded_shard_asks_again_within_its_timeout(tmp_path):
         assert probe.result(timeout=30).serving
     finally:
         server.stop(grace_s=1)
+
+
+def test_the_health_command_checks_its_token_file_and_never_sends_the_token(tmp_path, capsys):
+    """A shard answers health checks without its token, so `ps-server health --auth-token-file` (accepted so that a
+    probe can share its clients' flags) reads and checks the file but puts nothing of it on the wire: over a plain
+    channel anyone on the path would read it."""
+    from concurrent import futures
+
+    from ps.cli_commands import health_main
+    from ps.health import SERVICE_NAME, HealthServicer, add_to_server
+
+    class Recording(grpc.ServerInterceptor):
+        def __init__(self):
+            self.metadata = []
+
+        def intercept_service(self, continuation, details):
+            self.metadata += list(details.invocation_metadata or ())
+            return continuation(details)
+
+    secret = "s3cret-token-4f1d"
+    (tmp_path / "token").write_text(secret + "\n")
+    recording = Recording()
+    shard = grpc.server(futures.ThreadPoolExecutor(max_workers=2), interceptors=(recording,))
+    servicer = HealthServicer()
+    servicer.set(SERVICE_NAME, SERVING)
+    add_to_server(servicer, shard)
+    port = shard.add_insecure_port("127.0.0.1:0")
+    shard.start()
+    try:
+        assert health_main([f"127.0.0.1:{port}", "--auth-token-file", str(tmp_path / "token")]) == 0
+        assert capsys.readouterr().out.strip() == f"127.0.0.1:{port}: SERVING"
+        assert recording.metadata, "the probe's call was not seen"
+        sent = [(k, v) for k, v in recording.metadata if k == "authorization" or secret in str(v)]
+        assert not sent, sent
+    finally:
+        shard.stop(0)
