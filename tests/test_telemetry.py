@@ -128,3 +128,28 @@ def test_the_endpoint_serves_a_bounded_number_of_connections_and_closes_the_rest
         for s in idle:
             s.close()
         telemetry.close()
+
+
+def test_the_run_names_an_ipv6_endpoint_by_a_url_that_reaches_it(capsys):
+    """--metrics-host ::1 (or [::1]): the run's line names the endpoint as a URL, the address in brackets, which a
+    URL parser (Prometheus', curl's, urllib's) reads as that host and port."""
+    import socket
+    import urllib.parse
+
+    from worker.cli_train_config import train_config_from_argv
+    from worker.telemetry import host_port
+    from worker.train import served_metrics
+
+    assert host_port("::1", 5) == host_port("[::1]", 5) == "[::1]:5" and host_port("10.0.0.1", 5) == "10.0.0.1:5"
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"this machine has no IPv6 loopback: {e}")
+    for host in ("::1", "[::1]"):
+        cfg = train_config_from_argv(["--servers", "h:1", "--metrics-port", "0", "--metrics-host", host], environ={})
+        with served_metrics(cfg) as telemetry:
+            url = capsys.readouterr().out.strip().removeprefix("metrics Prometheus on ")
+            parts = urllib.parse.urlsplit(url)
+            assert (parts.hostname, parts.port) == ("::1", telemetry._http.server_address[1]), url
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                assert b"sparseps_worker_steps_total" in reply.read()

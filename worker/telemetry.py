@@ -18,6 +18,18 @@ from ps.metricshttp import serve_wsgi, stop
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+def host_port(host: str, port: int) -> str:
+    """HOST:PORT as a URL takes it: an IPv6 address in brackets ([::1]:9100), whether --metrics-host gave them or
+    not."""
+    bare = host.strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
+
+
+def metrics_url(host: str, port: int) -> str:
+    """The endpoint's URL: http://HOST:PORT/metrics (host_port)."""
+    return f"http://{host_port(host, port)}/metrics"
+
+
 class TrainTelemetry:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -41,7 +53,7 @@ class TrainTelemetry:
         try:
             self._http = serve_wsgi(make_wsgi_app(self.registry), host, port, "ps-worker-metrics")
         except OSError as e:
-            raise ValueError(f"cannot listen on {host}:{port} (--metrics-port): {e.strerror or e}; give a free port, "
+            raise ValueError(f"cannot listen on {host_port(host, port)} (--metrics-port): {e.strerror or e}; give a free port, "
                              "or 0 for any free one") from None  # fmt: skip
         return self._http.server_address[1]
 

@@ -360,11 +360,11 @@ def served_metrics(cfg: TrainConfig) -> Iterator[Any]:
     if cfg.metrics_port is None:
         yield None
         return
-    from worker.telemetry import TrainTelemetry
+    from worker.telemetry import TrainTelemetry, metrics_url
 
     telemetry = TrainTelemetry()
     port = telemetry.serve(cfg.metrics_port, cfg.metrics_host)
-    print(f"metrics Prometheus on http://{cfg.metrics_host}:{port}/metrics", flush=True)  # a line of the run's
+    print(f"metrics Prometheus on {metrics_url(cfg.metrics_host, port)}", flush=True)  # a line of the run's
     try:
         yield telemetry
     finally:
