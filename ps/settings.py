@@ -3,7 +3,7 @@
 Precedence, highest first:
     1. the command line                       --cache-bytes 4G
     2. the environment                        PS_CACHE_BYTES=4G      (PS_ + the flag's name, upper case, _ for -)
-    3. a TOML file, --config FILE or PS_CONFIG=FILE:
+    3. a TOML file, --config FILE or PS_CONFIG=FILE (an empty one is an error, not no file):
            log_level = "INFO"                 # top-level keys: every command (each must know them)
            [server]                           # ps-server
            cache_bytes = "4G"
@@ -120,12 +120,21 @@ def _refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
 
 
 def _config_path(argv: list[str], environ) -> str | None:
+    """The config file argv's --config names, else PS_CONFIG's; None where neither is given. ValueError for an
+    empty or blank one (an unset variable in a template, `--config "$CONFIG"`): taken as no file, it would drop
+    the file's settings (TLS, a token) without a word."""
+    path, source = environ.get(CONFIG_ENV), f"environment variable {CONFIG_ENV}"
     for i, token in enumerate(argv):
         if token == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
+            path, source = argv[i + 1], "--config"
+            break
         if token.startswith("--config="):
-            return token.split("=", 1)[1]
-    return environ.get(CONFIG_ENV) or None
+            path, source = token.split("=", 1)[1], "--config"
+            break
+    if path is not None and not path.strip():
+        raise ValueError(f"{source} is empty ({path!r}): give the config file's path, or leave it out (an empty "
+                         "path is not taken as no file, which would drop the file's settings without a word)")  # fmt: skip
+    return path
 
 
 def apply_defaults(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -112,6 +113,26 @@ def test_a_config_file_may_hold_the_section_of_every_command_of_both_clis(tmp_pa
     parser = server_parser()
     apply_defaults(parser, ["--data-dir", str(tmp_path), "--config", str(tmp_path / "c.toml")], {}, section="server")
     assert parser.parse_args(["--data-dir", str(tmp_path)]).sync is True
+
+
+@pytest.mark.parametrize("argv, env, said", [
+    (["--config", ""], {}, "--config is empty ('')"),
+    (["--config=  "], {}, "--config is empty ('  ')"),
+    ([], {"PS_CONFIG": ""}, "environment variable PS_CONFIG is empty ('')"),
+])  # fmt: skip
+def test_an_empty_config_path_is_refused_not_taken_as_no_file(tmp_path, argv, env, said):
+    """`--config "$CONFIG"` with CONFIG unset: read as no file, it would drop the file's TLS and token settings,
+    and a server on 0.0.0.0 would serve in the clear without a word."""
+    for parser, command in ((server_parser(), ["--data-dir", str(tmp_path)]), (worker_parser(), ["stats"])):
+        with pytest.raises(ValueError, match=re.escape(said) + ": give the config file's path"):
+            apply_defaults(parser, command + argv, env, section="server" if command[0] != "stats" else None)
+    r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d"), *argv], stdin=subprocess.DEVNULL,
+                       env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and f"ps-server: error: {said}" in r.stderr, r.stderr
+    assert not (tmp_path / "d").exists()
+    file = tmp_path / "c.toml"
+    file.write_text("sync = true\n")  # --config given beside an empty PS_CONFIG: the flag names the file
+    assert parse(server_parser(), ["--data-dir", "x", "--config", str(file)], {"PS_CONFIG": ""}).sync is True
 
 
 def test_a_bad_worker_value_on_the_command_line_names_its_flag(capsys):
