@@ -120,17 +120,18 @@ def _refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
 
 
 def _config_path(argv: list[str], environ) -> str | None:
-    """The config file argv's --config names, else PS_CONFIG's; None where neither is given. ValueError for an
-    empty or blank one (an unset variable in a template, `--config "$CONFIG"`): taken as no file, it would drop
-    the file's settings (TLS, a token) without a word."""
+    """The config file argv's last --config names (the one argparse keeps, as for any flag given twice), else
+    PS_CONFIG's; None where neither is given. ValueError for an empty or blank one (an unset variable in a
+    template, `--config "$CONFIG"`): taken as no file, it would drop the file's settings (TLS, a token) without a
+    word."""
     path, source = environ.get(CONFIG_ENV), f"environment variable {CONFIG_ENV}"
     for i, token in enumerate(argv):
+        if token == "--":  # what follows is positional arguments only
+            break
         if token == "--config" and i + 1 < len(argv):
             path, source = argv[i + 1], "--config"
-            break
-        if token.startswith("--config="):
+        elif token.startswith("--config="):
             path, source = token.split("=", 1)[1], "--config"
-            break
     if path is not None and not path.strip():
         raise ValueError(f"{source} is empty ({path!r}): give the config file's path, or leave it out (an empty "
                          "path is not taken as no file, which would drop the file's settings without a word)")  # fmt: skip

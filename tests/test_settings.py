@@ -135,6 +135,23 @@ def test_an_empty_config_path_is_refused_not_taken_as_no_file(tmp_path, argv, en
     assert parse(server_parser(), ["--data-dir", "x", "--config", str(file)], {"PS_CONFIG": ""}).sync is True
 
 
+def test_a_config_flag_given_twice_reads_the_last_file_as_argparse_keeps_the_last(tmp_path):
+    """--config a.toml --config b.toml: args.config is b.toml (what the worker checks its outputs against), and
+    b.toml's settings are the ones read, as for any flag given twice; never a.toml's beside b.toml's name."""
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    first.write_text('sync = true\ncache_bytes = "1G"\n')
+    second.write_text('cache_bytes = "3G"\n')
+    for argv in (["--config", str(first), "--config", str(second)], [f"--config={first}", f"--config={second}"],
+                 ["--config", str(first), f"--config={second}"]):  # fmt: skip
+        args = parse(server_parser(), ["--data-dir", "x", *argv], {"PS_CONFIG": str(first)})
+        assert (args.config, args.cache_bytes, args.sync) == (str(second), 3 << 30, False), argv
+    (tmp_path / "w.toml").write_text('[stats]\nservers = "h:1"\n')
+    args = parse(
+        worker_parser(), ["stats", "--config", str(tmp_path / "no.toml"), "--config", str(tmp_path / "w.toml")], {}
+    )
+    assert (args.config, args.servers) == (str(tmp_path / "w.toml"), "h:1")  # the first, never read, need not exist
+
+
 def test_a_bad_worker_value_on_the_command_line_names_its_flag(capsys):
     with pytest.raises(SystemExit) as stopped:
         parse(worker_parser(), ["train", "--learning-rate", "-1"], {})
