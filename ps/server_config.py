@@ -102,6 +102,10 @@ class ServerConfig:
                              "leave the flag out to refuse checkpoints")  # fmt: skip
         if not self.data_dir.strip():
             raise ValueError("--data-dir is empty; give the shard's data directory")
+        if self.restore_dir is not None and not self.restore_dir.strip():  # `--restore "$CKPT"`, CKPT unset
+            raise ValueError(f"--restore is empty ({self.restore_dir!r}): give the checkpoint to fill the data dir "
+                             "from, or leave the flag out (an empty path is not taken as the flag left out, which "
+                             "would start the shard with no tables)")  # fmt: skip
         for flag, path in (("--data-dir", self.data_dir), ("--restore", self.restore_dir),
                            ("--checkpoint-root", self.checkpoint_root)):  # fmt: skip
             try:

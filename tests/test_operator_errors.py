@@ -336,6 +336,9 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (["--flush-interval-s", "1e10"], {}, "--flush-interval-s: expected a number of seconds > 0 and <= 1e+07, got"),
         (["--port", "47999", "--metrics-port", "47999"], {}, "--metrics-port 47999 is --port too"),
         (["--data-dir", ""], {}, "--data-dir is empty"),
+        # `--restore "$CKPT"` with CKPT unset: not a new shard with no tables, as if no --restore were given
+        (["--restore", ""], {}, "--restore is empty (''): give the checkpoint to fill the data dir from"),
+        ([], {"PS_RESTORE": " "}, "--restore is empty (' '): give the checkpoint"),
         (["--checkpoint-root", __file__], {}, f"--checkpoint-root {__file__} is not a directory"),
         (["--cache-bytes", "0"], {}, "argument --cache-bytes: expected a size of at least 1 byte"),
         (
