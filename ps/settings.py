@@ -60,6 +60,9 @@ def _convert(action: argparse.Action, value, source: str):
         text = str(value).strip().lower()
         if isinstance(value, bool) or text in _TRUE or (text and text in _FALSE):
             value = "on" if (value if isinstance(value, bool) else text in _TRUE) else "off"
+    if isinstance(value, bool):  # a switch and an on/off flag took theirs above; str(True) is no value of this one
+        raise ValueError(f"{where}: expected a value, got true/false ({str(value).lower()}): {_flag(action)} is "
+                         "no switch")  # fmt: skip
     if isinstance(value, (list, dict)):
         if not (isinstance(value, list) and action.dest in LIST_FLAGS):
             kind = "an array" if isinstance(value, list) else "a table"

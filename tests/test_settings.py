@@ -75,6 +75,8 @@ def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, mess
 @pytest.mark.parametrize("toml, message", [
     ('data_dir = ["a", "b"]', r"\[server\] 'data_dir' \(for --data-dir\): expected one value, got an array"),
     ('host = { name = "x" }', r"\[server\] 'host' \(for --host\): expected one value, got a table"),
+    ("cluster = true", r"\[server\] 'cluster' \(for --cluster\): expected a value, got true/false \(true\): --cluster is no"),
+    ("port = false", r"\[server\] 'port' \(for --port\): expected a value, got true/false \(false\)"),
     ('sync = true\nsync-x = 1', "'sync-x' is not a setting"),
     ('port = 1\nport = 2', "not valid TOML"),  # TOML itself refuses a key given twice
     ('flush_interval_s = 5\nflush-interval-s = 9', r"\[server\]: 'flush_interval_s' and 'flush-interval-s' are one"),
