@@ -23,7 +23,8 @@ from worker.train_config import TrainConfig
 
 
 def _run_worker(addresses, cfg: TrainConfig, slow_s: float = 0.0) -> dict:
-    """One worker's run_epochs, as `ps-worker train` runs it; returns the loop's result and its tables view."""
+    """One worker's run_epochs, as `ps-worker train` runs it (its validation set too); returns the loop's result and
+    its tables view."""
     from worker.loop import run_epochs
     from worker.row_source import row_source
 
@@ -40,7 +41,9 @@ def _run_worker(addresses, cfg: TrainConfig, slow_s: float = 0.0) -> dict:
             backend.forward_backward = slowly
         tables = table_configs(cfg, spec, data.schema.table_overrides())
         source = row_source(cfg, client, spec, tables)
-        result = run_epochs(client, spec, backend, dense, data.train, loop_settings(cfg, data), source=source)
+        result = run_epochs(
+            client, spec, backend, dense, data.train, loop_settings(cfg, data), data.validation(), source=source
+        )
         return {"result": result, "spec": spec, "data": data}
 
 
@@ -111,6 +114,29 @@ def test_sync_two_workers_train_the_model_of_one_worker_at_the_summed_batch(serv
     got_rows, got_dense = _model(two, base, data_file)
     assert np.abs(want_rows).max() > 0.01  # trained: the initial rows are within 0.01
     # float32 sums in another order (two partial sums, then their sum) differ in the last bits: atol 1e-6
+    np.testing.assert_allclose(got_rows, want_rows, rtol=1e-5, atol=1e-6)
+    for name, want in want_dense.items():
+        np.testing.assert_allclose(got_dense[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_sync_with_dense_sync_every_leaves_the_mlp_of_one_worker_at_the_summed_batch(servers, tmp_path, data_file):
+    """--dense-sync-every 3 with a validation every 7 steps (on a file) and 50 steps: the MLP's steps since its last
+    sync, before each validation and at the end, go in one summed step of the workers (Adam steps once on their
+    sum), so 2 sync workers at batch 32 leave the model one worker at batch 64 leaves."""
+    validation = tmp_path / "validation.txt"
+    write_synthetic(validation, SyntheticConfig(rows=200, seed=4))
+    base = TrainConfig(data=data_file, model="deepfm", hidden=(16, 8), recipe="large", epochs=1, progress=False,
+                       validation_data=str(validation), eval_every=7, early_stop=0, synthetic_eval_rows=0,
+                       prefetch=1, dense_sync_every=3)  # fmt: skip
+    one, _ = servers(2, root=tmp_path / "one")
+    [solo] = _run_job(one, [dataclasses.replace(base, batch_size=64)])
+    assert solo["result"].steps == 50 and len(solo["result"].curve) == 8  # steps 7, 14, .., 49 and the epoch's end
+    two, _ = servers(2, root=tmp_path / "two")
+    sync = dataclasses.replace(base, batch_size=32, mode="sync", num_workers=2, job_id=17)
+    runs = _run_job(two, [dataclasses.replace(sync, worker_id=i) for i in range(2)])
+    assert [r["result"].steps for r in runs] == [50, 50]
+    want_rows, want_dense = _model(one, base, data_file)
+    got_rows, got_dense = _model(two, base, data_file)
     np.testing.assert_allclose(got_rows, want_rows, rtol=1e-5, atol=1e-6)
     for name, want in want_dense.items():
         np.testing.assert_allclose(got_dense[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -249,13 +275,12 @@ def test_a_run_whose_mlp_pushes_in_the_background_frees_the_shards_at_its_end(se
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_the_mlps_steps_since_its_last_sync_go_stamped_at_each_validation_and_at_the_end(servers, data_file, mode,
-                                                                                          monkeypatch):  # fmt: skip
-    """--dense-sync-every 3: flush() pushes the steps added since the last sync apart from a step's push, at each
-    validation (every 5 steps, and at the epoch's end: a run of 16 steps, so 4 such pushes, the syncs in steps 3,
-    8 and 13) and at the run's end (without validation: step 16, after the syncs in steps 3, 6, .. 15), and those
-    pushes carry the job's stamp as the step's do (a sync job's as no step's contribution); the next job trains at
-    once."""
+def test_the_mlps_steps_since_its_last_sync_go_with_the_step_before_each_validation_and_the_end(servers, data_file,
+                                                                                                 mode, monkeypatch):  # fmt: skip
+    """--dense-sync-every 3: the step before each validation (every 5 steps, and at the epoch's end: a run of 16
+    steps, so syncs in steps 3, 5, 8, 10, 13, 15 and 16) and the run's last step (without validation: syncs in 3,
+    6, .. 15 and 16) push the MLP's steps since its last sync with their own push, stamped as a step's (a sync
+    job's as the step's contribution), so no MLP push goes apart from a step's; the next job trains at once."""
     from worker.train import train
 
     pushes, push_many = [], Client.push_many
@@ -269,17 +294,17 @@ def test_the_mlps_steps_since_its_last_sync_go_stamped_at_each_validation_and_at
     cfg = _small_mlp_run(
         addresses, data_file, batch_size=180, validation_fraction=0.1, mode=mode, dense_sync_every=3, eval_every=5
     )
-    for job_id, changes, flushed in (
-        (81, {}, 4),
-        (82, {"batch_size": 200, "validation_fraction": 0.0, "eval_every": 0}, 1),
+    for job_id, changes, syncs in (
+        (81, {}, 7),
+        (82, {"batch_size": 200, "validation_fraction": 0.0, "eval_every": 0}, 6),
     ):
         pushes.clear()
         result = train(dataclasses.replace(cfg, job_id=job_id, **changes))
         steps = math.ceil(result["train_examples"] / (changes or {"batch_size": 180})["batch_size"])
-        apart = [stamp for tables, stamp in pushes if tables and all(t.startswith("dense.") for t in tables)]
-        assert steps == 16 and len(apart) == flushed and result["dense_syncs"] == (3 if flushed == 4 else 5) + flushed
-        assert all(stamp is not None and stamp.job == job_id and not stamp.sync for stamp in apart)
-        assert all(stamp is not None for tables, stamp in pushes if any(t.startswith("dense.") for t in tables))
+        mlp = [(tables, stamp) for tables, stamp in pushes if any(t.startswith("dense.") for t in tables)]
+        assert steps == 16 and result["dense_syncs"] == syncs and len(mlp) == syncs
+        assert all(not t.startswith("dense.") for tables, _ in mlp for t in tables[:1])  # with the step's rows
+        assert all(stamp is not None and stamp.job == job_id and stamp.sync == (mode == "sync") for _, stamp in mlp)
     assert train(dataclasses.replace(cfg, job_id=83))["dense_syncs"] > 0
 
 

@@ -19,8 +19,11 @@ loop `values`, the weights the next forward uses, and takes each step's gradient
 DenseSync pulls every dense parameter at the start and then, by `staleness` k:
     k = 0 (inline): it adds up the gradients, and every `sync_every` steps the loop pushes the sum with its
         sparse push and takes the new values the push returns; between syncs a step computes with the values
-        of the last sync (they miss the gradients of at most the sync_every - 1 steps before it); flush() (a
-        validation's, the run's end) pushes the steps added since then apart from a step's push, through
+        of the last sync (they miss the gradients of at most the sync_every - 1 steps before it). The step before
+        a validation and the worker's last step push the steps added since the last sync with their own push
+        (add()'s sync, asked by worker/loop.py), so under --mode sync they are summed with the other workers'
+        and applied once; flush() then finds nothing to push. A flush() with steps added (best.py's put-back
+        comes after a validation; a caller of step() alone) pushes them apart from a step's push, through
         `source` with the job's stamp as the background thread's below.
     k > 0 (background, sync_every 1): step() adds the gradients to a pending sum and returns; a thread
         repeatedly takes the whole pending sum (the steps given while its last push was out, merged into one
@@ -216,14 +219,15 @@ class DenseSync:
             self._thread = None
 
     # ---- the same in phases, so a training step can send them with its sparse push (staleness 0) -----------
-    def add(self, grads: dict[str, np.ndarray]) -> bool:
-        """Adds one step's gradients; True when a sync is due: send push_items (return_rows), then take."""
+    def add(self, grads: dict[str, np.ndarray], sync: bool = False) -> bool:
+        """Adds one step's gradients; True when a sync is due (sync_every steps added, or sync asked for: a flush
+        follows the step): send push_items (return_rows), then take."""
         if not self.params:
             return False
         for name, g in grads.items():
             self.pending[name] += g
         self.steps_pending += 1
-        return self.steps_pending >= self.sync_every
+        return sync or self.steps_pending >= self.sync_every
 
     def push_items(self) -> list[PushItem]:
         """The pushes of the gradients added since the last sync ([] if none), for push_many; resets them."""

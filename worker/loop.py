@@ -9,7 +9,8 @@
                      + dense_l2 * W on the MLP weights (the sparse tables' L2 is the servers': TableConfig.l2;
                                  sync: each worker's share, worker/job.py dense_l2_share)
                      source.push(step, per table: unique ids, summed grads, clicks, shows; with an inline dense
-                                 path the MLP's gradients when a sync is due)   # one clock advance
+                                 path the MLP's gradients when a sync is due, and in the step before a
+                                 validation and the last step)   # one clock advance
                      dense.step(dense grads) otherwise   # background PS push, or allreduce (worker/allreduce.py)
 A resumed run (--skip-examples N) reads and drops the first N examples of the stream before its first step; with
 --max-examples the stream ends at the worker's limit (counted from the stream's start, over epochs, the skipped
@@ -57,7 +58,7 @@ from worker.scoring import evaluate, field_tables
 from worker.step import Prepared, Step
 from worker.steprows import AsyncRows
 from worker.stopping import abandon
-from worker.train_stream import Limit, Skipping
+from worker.train_stream import Limit, Skipping, marked_last
 
 log = logging.getLogger("worker.loop")
 
@@ -184,11 +185,13 @@ class _LoopInputs:
     on_pushed: Callable[[int], None] | None
 
 
-def _prepare(step_counter: Iterator[int], tmap: Any, source: Any, batch: Batch) -> Prepared:
-    """A batch's step number, table ids and its rows' request started (source.prepare)."""
+def _prepare(step_counter: Iterator[int], tmap: Any, source: Any, marked: tuple[Batch, bool]) -> Prepared:
+    """A batch's step number, table ids and its rows' request started (source.prepare); marked: the batch and
+    whether it is its epoch's last (train_stream.marked_last)."""
+    batch, last = marked
     step = next(step_counter)
     tids = table_ids(batch, tmap)
-    return Prepared(step, batch, tids, source.prepare(step, tids))
+    return Prepared(step, batch, tids, source.prepare(step, tids), last)
 
 
 class _TrainingRun:
@@ -239,7 +242,8 @@ class _TrainingRun:
         self.marks = (time.perf_counter(), self.skipping.seconds, self.eval_seconds)
         self.result.epoch, steps_before = epoch, self.result.steps
         self.source.start_epoch()
-        batches = prefetched(self.skipping(self.limit(train_batches(epoch))), self.prepare, self.s.prefetch)
+        marked = marked_last(self.skipping(self.limit(train_batches(epoch))))
+        batches = prefetched(marked, self.prepare, self.s.prefetch)
         try:
             for _, item in _read_errors_named(batches, self.result):
                 if self._train_step(item, epoch):
@@ -273,7 +277,7 @@ class _TrainingRun:
             self.best_model.add(item.tids)
         with signals_after_step(STEP_GRACE_S):  # a Ctrl-C or SIGTERM here waits for the step's count
             n = result.in_flight = len(batch)  # a stop inside the step may come after its push arrived
-            probs = self.step(item)  # its push answered: counted below
+            probs = self.step(item, self._flush_follows(item, epoch))  # its push answered: counted below
             result.examples += n
             result.steps += 1
             result.in_flight = 0
@@ -286,6 +290,16 @@ class _TrainingRun:
         self._shown(n, epoch)
         every = self.s.eval_every
         return bool(every) and result.steps % every == 0 and self._evaluation(epoch)
+
+    def _flush_follows(self, item: Prepared, epoch: int) -> bool:
+        """Whether the MLP's gradients are flushed after item's step (a validation, --eval-every's or its epoch's,
+        or the end of this worker's stream): the step then pushes them with its own push (Step's sync), so that
+        under --mode sync they are the step's contribution, summed with the other workers' and applied once, as
+        one worker's at the summed batch are."""
+        s, steps = self.s, self.result.steps + 1
+        if self.validation and s.eval_every and steps % s.eval_every == 0:
+            return True
+        return item.last and (bool(self.validation) or epoch == s.epochs or self.limit.reached)
 
     def _timed(self, n: int) -> None:
         """The step's time, less the examples --skip-examples skips and an evaluation (--eval-every) since the step

@@ -30,7 +30,10 @@ class Step:
         self.pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; shut by the loop
         self._pushing: Future | None = None  # the rows' push of the step on the pusher thread, until it ended
 
-    def __call__(self, item: Prepared) -> np.ndarray:
+    def __call__(self, item: Prepared, sync: bool = False) -> np.ndarray:
+        """sync: an inline dense path pushes the MLP's gradients added since its last sync with this step's push,
+        due or not (a flush follows the step: a validation, or the worker's end; under --mode sync the push is the
+        step's contribution, summed with the other workers')."""
         dense, source, batch, tids = self.dense, self.source, item.batch, item.tids
         rows = source.rows(item.step, tids, item.rows)
         probs, row_grads, dense_grads = self.backend.forward_backward(
@@ -40,7 +43,7 @@ class Step:
             for name in self.spec.mlp_weights():
                 dense_grads[name] += np.float32(self.dense_l2) * dense.values[name]
         if dense.inline:  # the MLP's push goes with the rows' push when one is due
-            due = dense.add(dense_grads)
+            due = dense.add(dense_grads, sync)
             returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
             if due:
                 dense.take(returned)
@@ -74,7 +77,10 @@ class Step:
 
 
 class Prepared:
-    __slots__ = ("step", "batch", "tids", "rows")
+    """A batch ready for its step; last: the batch is its epoch's last (worker/loop.py reads one batch ahead)."""
 
-    def __init__(self, step: int, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray] | None):
-        self.step, self.batch, self.tids, self.rows = step, batch, tids, rows
+    __slots__ = ("step", "batch", "tids", "rows", "last")
+
+    def __init__(self, step: int, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray] | None,
+                 last: bool = False):  # fmt: skip
+        self.step, self.batch, self.tids, self.rows, self.last = step, batch, tids, rows, last

@@ -233,7 +233,7 @@ class ClockedRows:
 
     def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
         """Sent with the worker's stamp marked apart (not sync: no step's contribution; a sync job's MLP goes with
-        its steps but for the steps since its last sync that a flush pushes), at its next step: it holds the
+        its steps, the steps since its last sync with the step before a validation and with its last step), at its next step: it holds the
         shards for the job and moves no clock, before the worker's first step's reply too."""
         returned, _ = self.tables.push_many(
             items, return_rows=True, add_delta=add_delta, stamp=self._at(self.acked, sync=False, apart=True)

@@ -1,5 +1,6 @@
 """The stream of training batches over epochs, cut to a resumed run's share: Skipping drops the examples a resumed
-run has trained (--skip-examples), Limit ends the stream at the worker's --max-examples.
+run has trained (--skip-examples), Limit ends the stream at the worker's --max-examples, marked_last marks its
+last batch (the loop pushes the MLP's gradients in that step).
 """
 
 from __future__ import annotations
@@ -59,3 +60,24 @@ class Skipping:
             yield batch
         if started is not None:
             self.seconds += time.perf_counter() - started
+
+
+def marked_last(batches: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
+    """(batch, last) for each of batches, last True for the final one: it reads one batch ahead (the data only:
+    no rows are pulled for it). An error reading the next batch comes after the batch before it, as unmarked, so
+    that its step runs first; closing it closes batches."""
+    it = iter(batches)
+    try:
+        current = next(it, None)
+        while current is not None:
+            try:
+                following = next(it, None)
+            except BaseException:
+                yield current, False
+                raise
+            yield current, following is None
+            current = following
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
