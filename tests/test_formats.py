@@ -1257,6 +1257,28 @@ def test_a_schema_files_log_columns_below_0_are_warned_of_as_numeric_columns_are
         f"{path}" in hints[0]  # fmt: skip
 
 
+@pytest.mark.parametrize("twin, warned", [(None, True), ("bucketize", True), ("log_buckets", False)])
+def test_a_log_column_below_0_is_not_warned_of_where_log_buckets_reads_it_too(tmp_path, caplog, twin, warned):
+    """An integer column reaching -3 read by transform = "log" and by a log_buckets field (each value up to 2 its own
+    id): its values below 0 are not lost to the model, and no warning says so; with a bucketize twin whose buckets
+    hold them together with 0, or alone, it is said."""
+    rng = np.random.default_rng(0)
+    rows = [f"{c},{rng.integers(-3, 50)}" for c in rng.integers(0, 2, 300)]
+    data = tmp_path / "d.csv"
+    data.write_text("click,count\n" + "\n".join(rows) + "\n")
+    twins = {None: "", "bucketize": "boundaries = [10.0]\n", "log_buckets": ""}
+    path = tmp_path / "s.toml"
+    path.write_text('label = "click"\n[[columns]]\nname = "count_log"\nsource = "count"\nkind = "numeric"\n'
+                    'transform = "log"\n' + (f'[[columns]]\nname = "count"\nkind = "numeric"\ntransform = "{twin}"\n'
+                                              f"{twins[twin]}" if twin else ""))  # fmt: skip
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="worker.schema_hints"):
+        resolve_schema(str(data), schema_path=str(path), fmt="auto", label_column=None, drop_columns=(),
+                       numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4)  # fmt: skip
+    hints = [r.getMessage() for r in caplog.records if r.name == "worker.schema_hints"]
+    assert [h.startswith(f"{data}: column 'count' holds numbers below 0") for h in hints] == [True][:warned], hints
+
+
 @pytest.mark.parametrize("name, taken", [("is_click", True), ("converted", True), ("clicks_7d", False)])
 def test_the_builtin_csv_schema_takes_a_column_of_0_and_1_named_like_a_label(tmp_path, caplog, name, taken):
     """is_click, converted: named like a label (schema_columns.labels_by_name) and holding only 0 and 1: the label,

@@ -385,6 +385,21 @@ def test_schema_text_reads_the_csv_columns_in_id_space_order():
     assert set(schema) == {"label", "columns"}  # no tables: every column looks up the default table
 
 
+def test_the_history_csv_and_its_schema_start_a_run_without_a_warning(tmp_path, caplog):
+    """The written CSV's I2 reaches -3 and its schema reads I2_log as log(1 + x), those values as 0, as the planted
+    data's dense features do; the log_buckets field I2 keeps them apart, so no run on the pair is told they are lost."""
+    from worker.schema_builtin import resolve_schema
+
+    data, schema = tmp_path / "h.csv", tmp_path / "h.csv.schema.toml"
+    write_synthetic(data, HISTORY, 0, 2000)
+    schema.write_text(schema_text(HISTORY))
+    assert min(int(row["I2"]) for row in csv.DictReader(data.open()) if row["I2"]) < 0
+    with caplog.at_level("WARNING", logger="worker.schema_hints"):
+        resolve_schema(str(data), schema_path=str(schema), fmt="auto", label_column=None, drop_columns=(),
+                       numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4)  # fmt: skip
+    assert [r.getMessage() for r in caplog.records if r.name == "worker.schema_hints"] == []
+
+
 def test_small_data_config_spreads_few_rows_over_many_ids():
     cfg = small_data_config(0)
     assert cfg.rows == SMALL_DATA_ROWS == 10_000 and cfg.interactions == 1.0 and small_data_config(1).seed == 1

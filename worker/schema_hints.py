@@ -2,7 +2,8 @@
 line that reads like an example (a CSV without a header line: also format_detection.detect_format's refusal and
 `ps-worker schema`'s check), a label the header names elsewhere, columns of lists read as one id per cell, a row's
 own id read as a feature, columns of numbers read as ids (plain, or written as 1,234 or 0,5), --numeric-columns'
-logs of numbers below 0; and of a csv --schema file, its logs of numbers below 0."""
+logs of numbers below 0; and of a csv --schema file, its logs of numbers below 0 (but where a log_buckets field
+reads the column too)."""
 
 from __future__ import annotations
 
@@ -227,11 +228,15 @@ def warn_of_negative_logs_in_schema(data: str, schema: Schema, schema_path: str)
 def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: list[list[str]], reader: str,
                            fix: str) -> None:  # fmt: skip
     """A warning for each column read with transform log (log(1 + x), x below 0 read as 0) holding numbers below 0
-    in the sample rows: those values all read as one. reader: what reads it so; fix: what to do. A cell that is no
-    number is the encoder's to refuse; a source the header lacks the reader's."""
+    in the sample rows: those values all read as one. Not for a column a log_buckets field reads too, whose ids keep
+    each value up to 2, the negative ones included, apart (features.int_bucket), as the Criteo treatment of
+    worker.synthetic's I2 (reaching -3) does in its CSV's schema. reader: what reads it so; fix: what to do. A cell
+    that is no number is the encoder's to refuse; a source the header lacks the reader's."""
     from worker.cells import float_or_nan
 
-    sources = dict.fromkeys(c.source for c in schema.columns if c.kind == "numeric" and c.transform == "log")
+    bucketed = {c.source for c in schema.columns if c.kind == "numeric" and c.transform == "log_buckets"}
+    sources = dict.fromkeys(c.source for c in schema.columns
+                            if c.kind == "numeric" and c.transform == "log" and c.source not in bucketed)  # fmt: skip
     for source in (s for s in sources if s in header):
         i = header.index(source)
         negative = [v for v in (float_or_nan(row[i]) for row in rows) if v < 0]
