@@ -455,6 +455,23 @@ def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     assert [c.name for c in load_schema(str(path), default_table="t", default_dim=4).columns] == ["f0", "f1"]
 
 
+@pytest.mark.parametrize("name, values", [("target", ["0.25", "3.5", "1.75"]), ("clicks", ["0", "2", "1", "5"])])
+def test_infer_takes_a_column_named_like_a_label_of_other_values_as_the_label_not_a_feature(tmp_path, name, values):
+    """A file of no column of 0 and 1 whose column named like a label holds other values (a regression's target, a
+    count of clicks): that column is the label, checked with what it holds (train stops at its first value other
+    than 0 and 1, naming it), not a feature beside a first column taken as the label."""
+    data = tmp_path / "d.csv"
+    data.write_text(f"id,{name},site\n" + "".join(f"{i},{values[i % len(values)]},s{i % 3}\n" for i in range(40)))
+    text, checks = infer_schema(str(data))
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    s = load_schema(str(path), default_table="t", default_dim=4)
+    assert s.label == name and [c.source for c in s.columns] == ["id", "site"]
+    shown = ", ".join(map(repr, sorted(values)))
+    said = f"{name!r}, named like a label, holds {len(values)} distinct values ({shown}), "
+    assert [c.startswith(said + "not only 0 and 1") for c in checks] == [True] and f"# CHECK: {said}" in text
+
+
 def test_infer_says_a_column_of_no_name_may_be_the_row_index_pandas_wrote(tmp_path):
     """A first column of no name (pandas' to_csv wrote its row index) is read as column0, a CHECK in the schema and
     on stderr, as the built-in csv schema refuses it; so is one of no name elsewhere, without that guess."""

@@ -227,7 +227,14 @@ def _label_of_two_words(header: list[str], columns: dict[str, list[str]]) -> tup
 
 
 def _guessed_label(header: list[str], columns: dict[str, list[str]], binary: list[str]) -> tuple[str, str]:
-    """(a guessed label, the check saying why): the first column of only 0 and 1 (binary), else the first column."""
+    """(a guessed label, the check saying why): the first column of only 0 and 1 (binary), else the first column
+    named like a label (labels_by_name) that holds values (counts, ratings, a regression's target: no label, but
+    the column the file means to predict, not a feature), else the first column."""
+    held = [h for h in labels_by_name(header) if any(c.strip() for c in columns[h])]
+    if not binary and held:
+        return held[0], (f"{_held_values(held[0], columns)}: the readers take a label as 0 or 1 (or {BOOL_LABELS}) "
+                         "only, so training stops at its first line of another: write the outcome the model predicts as 1, the "
+                         "others as 0 (a count as 1 where it is above 0), and infer the schema again")  # fmt: skip
     if not binary:
         return header[0], (f"the label is a guess: no column holds only 0 and 1, so the first column, {header[0]!r}, "
                            "is taken: check `label`, the column the model predicts (its values must be 0 or 1)")  # fmt: skip
@@ -235,15 +242,22 @@ def _guessed_label(header: list[str], columns: dict[str, list[str]], binary: lis
     others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
     named_so = [h for h in header if is_label_name(h)]
     if named_so:  # named like a label, of other values (0, 1 and 2, say)
-        values = sorted({c.strip() for c in columns[named_so[0]] if c.strip()})
-        shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
-        why = (f"{named_so[0]!r}, named like a label, holds {len(values):,} distinct values ({shown}), not only "
-               "0 and 1 (a label is 0 or 1: write the outcome the model predicts as 1, the others as 0)"
-               if values else f"{named_so[0]!r}, named like a label, is empty in every row of the sample")  # fmt: skip
+        empty = not any(c.strip() for c in columns[named_so[0]])
+        why = (f"{named_so[0]!r}, named like a label, is empty in every row of the sample" if empty else
+               f"{_held_values(named_so[0], columns)} (a label is 0 or 1: write the outcome the model predicts as 1, "
+               "the others as 0)")  # fmt: skip
     else:
         why = "no column is named like a label (click, label, target, ...)"
     return label, (f"the label is a guess: {label!r} is the first column holding only 0 and 1{others}, and {why}: "
                    "check `label`, the column the model predicts")  # fmt: skip
+
+
+def _held_values(name: str, columns: dict[str, list[str]]) -> str:
+    """What a column named like a label holds, the first 5 of its sorted values shown: "'clicks', named like a
+    label, holds 3 distinct values ('0', '1', '2'), not only 0 and 1"."""
+    values = sorted({c.strip() for c in columns[name] if c.strip()})
+    shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
+    return f"{name!r}, named like a label, holds {len(values):,} distinct values ({shown}), not only 0 and 1"
 
 
 def _column_lines(
