@@ -455,6 +455,24 @@ def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     assert [c.name for c in load_schema(str(path), default_table="t", default_dim=4).columns] == ["f0", "f1"]
 
 
+@pytest.mark.parametrize("zeros", [0.5, 0.95])
+def test_infer_buckets_a_column_of_zeros_mostly_with_the_zeros_apart(tmp_path, zeros):
+    """A numeric column whose least value fills many of the sample's quantiles (a spend, 0 on most rows): its
+    bucketized twin (bucket b holds boundaries[b-1] <= x < boundaries[b]) gives the zeros a bucket of their own,
+    no value above them in it, and leaves no bucket the sample does not fill."""
+    rng = np.random.default_rng(0)
+    spend = np.where(rng.random(400) < zeros, 0.0, np.round(rng.lognormal(3, 1, 400), 2))
+    data = tmp_path / "d.csv"
+    data.write_text("click,spend\n" + "".join(f"{i % 2},{v:g}\n" for i, v in enumerate(spend)))
+    path = tmp_path / "s.toml"
+    path.write_text(infer_schema_text(str(data)))
+    s = load_schema(str(path), default_table="t", default_dim=4)
+    bounds = next(c for c in s.columns if c.name == "spend_bucket").boundaries
+    buckets = np.searchsorted(np.asarray(bounds), spend, side="right")
+    assert set(buckets[spend == 0]).isdisjoint(buckets[spend > 0])
+    assert sorted(set(buckets)) == list(range(len(set(buckets)))) == list(range(len(bounds) + 1))
+
+
 @pytest.mark.parametrize("name, values", [("target", ["0.25", "3.5", "1.75"]), ("clicks", ["0", "2", "1", "5"])])
 def test_infer_takes_a_column_named_like_a_label_of_other_values_as_the_label_not_a_feature(tmp_path, name, values):
     """A file of no column of 0 and 1 whose column named like a label holds other values (a regression's target, a

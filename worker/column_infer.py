@@ -25,8 +25,9 @@ cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite
                                       zeros (codes: `02415`) -> categorical;
                                       non-negative and heavy-tailed (skewness > 1) -> numeric, log; else
                                       numeric, standardize with the sample's mean and std; and beside it
-                                      `<name>_bucket`, the same cells bucketized at the sample's 16-quantiles,
-                                      a sparse field: lr and fm use sparse fields only, and an MLP gets both;
+                                      `<name>_bucket`, the same cells bucketized at the sample's 16-quantiles
+                                      (the least value in a bucket of its own: _bucket_twin), a sparse field:
+                                      lr and fm use sparse fields only, and an MLP gets both;
                                       integers of at most _MANY_CODES values, each seen _CODE_REPEATS times on
                                       average (codes, or small counts), also `<name>_code`: each value its own id
     numbers with a decimal comma (`0,6792` in most cells), or numbers with thousands separators (`1,234,567`
@@ -44,6 +45,7 @@ cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import re
@@ -144,13 +146,24 @@ def _time_entries(name: str, source: str, fmt: str, cells: list[str], taken: set
 
 def _bucket_twin(column: Column, values: list[float], taken: set[str]) -> Column:
     """A bucketize column reading column's cells, at the distinct _BUCKETS-quantiles of values (6 significant
-    digits), named <name>_bucket (or _bucket2, ... past a name in taken)."""
+    digits), named <name>_bucket (or _bucket2, ... past a name in taken). A quantile that is the least value, whose
+    bucket would hold every value from it on (a column of zeros mostly: spend, counts of rare events), is the least
+    value above it instead, so the least value has a bucket of its own; a column of one value has one bucket."""
     ordered = sorted(values)
-    cuts = sorted({float(f"{ordered[len(ordered) * k // _BUCKETS]:.6g}") for k in range(1, _BUCKETS)})
+    least = ordered[0]
+    above = ordered[bisect.bisect_right(ordered, least)] if ordered[-1] > least else least
+    quantiles = (ordered[len(ordered) * k // _BUCKETS] for k in range(1, _BUCKETS))
+    cuts = sorted({_cut(q if q > least else above, least) for q in quantiles})
     name, k = f"{column.name}_bucket", 2
     while name in taken:
         name, k = f"{column.name}_bucket{k}", k + 1
     return Column(name, column.source, "numeric", transform="bucketize", boundaries=tuple(cuts))
+
+
+def _cut(value: float, least: float) -> float:
+    """A boundary at value, to 6 significant digits where those keep it above least (the sample's least value)."""
+    short = float(f"{value:.6g}")
+    return short if short > least or value <= least else value
 
 
 def _lists(separator: str) -> str:
