@@ -242,7 +242,9 @@ class _TrainingRun:
         self.marks = (time.perf_counter(), self.skipping.seconds, self.eval_seconds)
         self.result.epoch, steps_before = epoch, self.result.steps
         self.source.start_epoch()
-        marked = marked_last(self.skipping(self.limit(train_batches(epoch))))
+        # a batch is marked last (one read ahead) only where a step's MLP gradients may wait for a later push
+        look_ahead = self.dense.inline and getattr(self.dense, "sync_every", 1) > 1
+        marked = marked_last(self.skipping(self.limit(train_batches(epoch))), look_ahead)
         batches = prefetched(marked, self.prepare, self.s.prefetch)
         try:
             for _, item in _read_errors_named(batches, self.result):

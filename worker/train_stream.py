@@ -62,12 +62,17 @@ class Skipping:
             self.seconds += time.perf_counter() - started
 
 
-def marked_last(batches: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
+def marked_last(batches: Iterable[Batch], look_ahead: bool = True) -> Iterator[tuple[Batch, bool]]:
     """(batch, last) for each of batches, last True for the final one: it reads one batch ahead (the data only:
     no rows are pulled for it). An error reading the next batch comes after the batch before it, as unmarked, so
-    that its step runs first; closing it closes batches."""
+    that its step runs first; closing it closes batches. look_ahead False: every batch unmarked, none read ahead
+    (each batch's read is timed with its own step)."""
     it = iter(batches)
     try:
+        if not look_ahead:
+            for batch in it:
+                yield batch, False
+            return
         current = next(it, None)
         while current is not None:
             try:
