@@ -23,6 +23,7 @@ from ps.errors import (
     PsError,
     RamTierTooSmallError,
     ReplyTooLargeError,
+    RequestSeqReusedError,
     RequestTooLargeError,
     RpcThreadsExhaustedError,
     ServerUnavailableError,
@@ -71,7 +72,7 @@ STATUS_TO_ERROR = {
 
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
-    RequestTooLargeError, SyncStepTooLargeError, RamTierTooSmallError, TableBusyError, WorkerDoneError,
+    RequestTooLargeError, SyncStepTooLargeError, RamTierTooSmallError, RequestSeqReusedError, TableBusyError, WorkerDoneError,
     JobConflictError, ClientTableFullError, TableNumbersExhaustedError, RpcThreadsExhaustedError, CheckpointDirError,
     NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
     CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,

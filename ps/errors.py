@@ -129,6 +129,15 @@ class ClientIdInUseError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class RequestSeqReusedError(ClientIdInUseError):
+    """A PushBatch numbered as its client's newest request on a shard (same client id and seq) whose content differs
+    from that request's (ps.engine.pushpath): not a retry, so nothing of it is applied. Another caller uses the
+    client id, or the client numbered two requests alike. The shard's own refusal, named to the client, which
+    raises it as the ClientIdInUseError it is."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class WorkerDoneError(PsError):
     """A push of a training job's worker that the shard holds as done (its done stamp came): a done worker pushes
     nothing more, so the job id is being used by a second run (ps.engine.followedjob)."""

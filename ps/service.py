@@ -328,7 +328,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         else:
             with self.shard.store.foreground.serving():
                 step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq,
-                                                      CallerGone(context))  # fmt: skip
+                                                      CallerGone(context), request.shared)  # fmt: skip
             num_applied = ids_applied(pushes, applied)
         if not back:
             return codec.encode_push_batch_response(num_applied, step, [], min_clock)

@@ -395,6 +395,31 @@ def test_a_client_id_with_seq_0_is_refused_not_half_applied(serve):
     assert (rows(stub) == -1).all() and clock(stub) == 5
 
 
+def test_a_seq_sent_again_with_other_content_is_refused_and_changes_nothing(serve):
+    """A client's newest request sent again with other content (more pushes, other values, a clock advance the
+    first attempt lacked) is not a retry: refused with FAILED_PRECONDITION naming the client id and seq, nothing of
+    it applied. The same request sent again is still a retry (applied before), and a shared key's request (one
+    applied, whoever sends it) still answers another caller's content as applied before."""
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    client, more = 0xC1D5, np.arange(100, 104, dtype=np.uint64)
+    assert stub.PushBatch(batch(client, 1, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    longer = ps_pb2.PushBatchRequest(pushes=[push_request(1.0), push_request(1.0, ids=more)], client_id=client, seq=1)
+    advanced = ps_pb2.PushBatchRequest(pushes=[push_request(1.0)], advance_clock=3, client_id=client, seq=1)
+    for request in (longer, advanced, batch(client, 1, 5.0)):
+        code, details = refused(stub.PushBatch, request)
+        assert code == grpc.StatusCode.FAILED_PRECONDITION, (code, details)
+        assert f"client id {client:#x}" in details and "seq 1 " in details and "nothing was applied" in details
+    assert (rows(stub) == -1).all() and (rows(stub, more) == 0).all() and clock(stub) == 0
+    assert stub.PushBatch(batch(client, 1, 1.0), timeout=TIMEOUT_S).num_applied == 0  # a retry: applied before
+    advanced.seq = 2  # the next request: applied
+    assert stub.PushBatch(advanced, timeout=TIMEOUT_S).step == 3
+    for value in (1.0, 2.0):  # a shared key: the second caller's content is answered as applied before
+        shared = ps_pb2.PushBatchRequest(pushes=[push_request(value, ids=more)], client_id=0x5A, seq=1, shared=True)
+        assert stub.PushBatch(shared, timeout=TIMEOUT_S).num_applied == (len(more) if value == 1.0 else 0)
+    assert (rows(stub) == -2).all() and (rows(stub, more) == -1).all() and clock(stub) == 3
+
+
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 

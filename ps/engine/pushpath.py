@@ -7,6 +7,10 @@ applied; the advance notes (`advanced`: client -> its newest request whose clock
 the clock by ShardMeta.set_clock) say which requests are applied whole. One request of a client runs at a time (its
 client lock). Every change of the clock, the reservations, the notes and the client locks' table happens under
 the shard's lock (`lock`, the one Shard holds for its tables too), held only around those changes.
+
+A retry is the same request: each client's newest request is kept with a digest of its content (`_digests`, in
+memory), and the request's seq sent again with other content is refused (RequestSeqReusedError), not applied in
+part as the missing rest of the first one.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+
+import numpy as np
 
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP
 from ps.engine.push import CheckedPush, TablePush
@@ -25,9 +31,11 @@ from ps.errors import (
     ClientTableFullError,
     InvalidArgumentError,
     PsError,
+    RequestSeqReusedError,
     ShardNeedsRestartError,
     partly_applied,
 )
+from ps.storage.checksum import checksum64
 from ps.storage.journal import Journal
 from ps.storage.store import Store
 from ps.wire import repeats_ids
@@ -66,6 +74,11 @@ class PushPath:
         # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
         # entries go with the clients' `applied` entries (forget_advances)
         self.advanced: dict[int, int] = store.meta.advanced()
+        # client -> its newest request's client_seq << 64 | the digest of that request's content (_digest), one
+        # int (~114 bytes an entry with its key, where a tuple takes ~200), for the requests this process applied
+        # (in part or whole); a start begins without, so a retry after a restart is taken as the same request.
+        # Entries go with the clients' `applied` entries (forget_advances)
+        self._digests: dict[int, int] = {}
 
     def replayed_to(self, step: int) -> None:
         """The clock after the journal's replay at start: at least the newest replayed record's step."""
@@ -86,6 +99,7 @@ class PushPath:
         client_seq: int,
         caller_gone: Callable[[], bool] | None = None,
         step_sum: bool = False,
+        shared: bool = False,
     ) -> tuple[int, int]:
         """Several pushes of one request, then the clock advanced; returns (clock, pushes applied now: the last
         ones; ps.engine.push.ids_applied counts their ids). All are validated (duplicate ids included) before any
@@ -103,6 +117,14 @@ class PushPath:
         applied is applied whole (its pushes came before it): a retry of it applies nothing and says so, even after
         a restart that found no journal record of its pushes without ids. A request whose pushes carry no ids (or a
         clock advance alone) is its client's newest as well.
+
+        A retry must be the same request: its client's newest request sent again with other content (other pushes,
+        tables, ids or values, or another clock advance) is refused with RequestSeqReusedError, changing nothing,
+        where this process applied that request (in part or whole); one it holds only from before its start (the
+        journal keeps no digest of a request's content) is taken as a retry. An older request is answered as
+        applied before, whatever its content. Not for shared (a key any caller sends: Client.push_once, the first
+        request applied, another caller's answered as applied before, whatever its content) nor for a sync step's
+        sum (step_sum).
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing.
@@ -134,15 +156,41 @@ class PushPath:
             # where the table notes fewer parts: after a restart, pushes without ids have no journal record
             whole = self.advanced.get(client, 0) >= client_seq
             done = client_seq == done_seq and done_parts >= len(pushes) and not advance_clock
-            if whole or done or client_seq < done_seq:
-                self._check_batch(pushes, every_push=True)  # still a bad request if it is one
+            answered = whole or done or client_seq < done_seq
+            checked = self._check_batch(pushes, every_push=answered)  # still a bad request if it is one
+            if answered:
                 _check_answered_advance(advance_clock)
+            kept = not (shared or step_sum) and (client_seq == done_seq or not answered)  # compared or recorded
+            digest = _digest(checked, advance_clock) if kept else None
+            if digest is not None and client_seq == done_seq:
+                if not answered:  # a bad request is refused as one, then a reused seq
+                    self.check_advance(advance_clock)
+                self._check_same(client, client_seq, digest)
+            if answered:
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
-            out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip, caller_gone, step_sum)
-            # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
-            self._journal.note_applied((client, client_seq, len(pushes) - 1))
+            try:
+                out = self._apply_checked(checked, pushes, advance_clock, (client, client_seq), skip, caller_gone,
+                                          step_sum)  # fmt: skip
+                # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
+                self._journal.note_applied((client, client_seq, len(pushes) - 1))
+            finally:  # applied in part or whole: its retries must carry this content
+                if digest is not None and self._journal.applied.get(client, (0, 0))[0] == client_seq:
+                    with self._lock:
+                        self._digests[client] = client_seq << 64 | digest
             return out
+
+    def _check_same(self, client: int, client_seq: int, digest: int) -> None:
+        """RequestSeqReusedError unless the request client_seq of client, its newest, has this digest of content or
+        none this process knows."""
+        kept = self._digests.get(client)
+        if kept is not None and kept >> 64 == client_seq and kept != client_seq << 64 | digest:
+            raise RequestSeqReusedError(
+                f"request seq {client_seq:,} of client id {client:#x} on shard {self.shard_id} was applied before "
+                "with other content (its pushes, their tables, ids or values, or its clock advance differ): a "
+                "request sent again must be the same request, and each new request takes the next seq; another "
+                f"caller uses this client id, or the client numbered two requests alike; {NOTHING_APPLIED}"
+            )
 
     @contextlib.contextmanager
     def _client_lock(self, client: int):
@@ -192,10 +240,23 @@ class PushPath:
         caller_gone: Callable[[], bool] | None = None,
         step_sum: bool = False,
     ) -> tuple[int, int]:
-        """Validates every push (and, unless step_sum, that its copies fit in the request room), reserves the clock
-        advance (so that no AdvanceClock in between can make it out of range), applies the pushes from `skip` on,
-        then advances the clock."""
-        checked = self._check_batch(pushes)
+        """Validates every push, then _apply_checked."""
+        return self._apply_checked(self._check_batch(pushes), pushes, advance_clock, request, skip, caller_gone,
+                                   step_sum)  # fmt: skip
+
+    def _apply_checked(
+        self,
+        checked: list[CheckedPush],
+        pushes: list[TablePush],
+        advance_clock: int,
+        request: tuple[int, int],
+        skip: int,
+        caller_gone: Callable[[], bool] | None = None,
+        step_sum: bool = False,
+    ) -> tuple[int, int]:
+        """Checks (unless step_sum) that the copies of the pushes checked (_check_batch) fit in the request room,
+        reserves the clock advance (so that no AdvanceClock in between can make it out of range), applies the pushes
+        from `skip` on, then advances the clock."""
         room = sum(push_cost(len(c.ids), c.table.width) for c in checked[skip:])
         if not step_sum:
             ids = sum(len(c.ids) for c in checked[skip:])
@@ -271,11 +332,28 @@ class PushPath:
         {client: the client_seq its entry held}, unless a newer request of the client advanced the clock since. A
         note that stays (this write failed) brings its client's entry back at the next start, to be dropped again."""
         with self._lock:  # as set_clock, which writes these notes
+            for c, seq in dropped.items():  # the digests of the requests dropped go too
+                if self._digests.get(c, (seq + 1) << 64) >> 64 <= seq:
+                    del self._digests[c]
             gone = [c for c, seq in dropped.items() if c in self.advanced and self.advanced[c] <= seq]
             if gone:
                 self._store.meta.forget_advanced(gone)
                 for c in gone:
                     del self.advanced[c]
+
+
+def _digest(checked: list[CheckedPush], advance_clock: int) -> int:
+    """A 64-bit digest of a request's content: its clock advance, and each push's table, update rule, ids, grads,
+    shows and clicks (as checked: counts filled in), by checksum64 (memory speed, on every core past 2 MiB). Two
+    requests of other content share it with probability ~2**-64; a client that makes them share it on purpose
+    gets what its retry would."""
+    head = [advance_clock, len(checked)]
+    parts: list = []
+    for c in checked:
+        name = c.table.name.encode()
+        head += [len(name), c.rule, *c.grads.shape]
+        parts += [name, *(np.ascontiguousarray(a) for a in (c.ids, c.grads, c.shows, c.clicks))]
+    return checksum64([np.array(head, dtype=np.uint64), *parts])
 
 
 def _check_answered_advance(steps: int) -> None:

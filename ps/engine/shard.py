@@ -333,13 +333,16 @@ class Shard:
         client: int = 0,
         client_seq: int = 0,
         caller_gone: Callable[[], bool] | None = None,
+        shared: bool = False,
     ) -> tuple[int, int]:
         """Several pushes of one request (TablePushes, or tuples in its field order: ps.engine.push.as_pushes), then
         the clock advanced, applied exactly once per (client, client_seq) under the checkpoint hold's gate;
-        returns (clock, pushes applied now): ps.engine.pushpath's PushPath.push_batch says how."""
+        returns (clock, pushes applied now): ps.engine.pushpath's PushPath.push_batch says how (shared: a key any
+        caller sends)."""
         self.guard.refuse_if_lost()
         with self.checkpoints.gate.push_gate():
-            return self.pushes.push_batch(as_pushes(pushes), advance_clock, client, client_seq, caller_gone)
+            return self.pushes.push_batch(as_pushes(pushes), advance_clock, client, client_seq, caller_gone,
+                                          shared=shared)  # fmt: skip
 
     # ---- stamped pushes (ps.engine.stampedpush) ---------------------------------------------------------
     def push_stamped(

@@ -21,7 +21,7 @@ from ps.engine.syncsum import contribution
 from ps.engine.table import Table
 from ps.stamp import WorkerStamp
 
-PushBatchFn = Callable[[list[TablePush], int, int, int, Callable[[], bool] | None], tuple[int, int]]
+PushBatchFn = Callable[[list[TablePush], int, int, int, Callable[[], bool] | None, bool], tuple[int, int]]
 
 
 class StampedPushes:
@@ -37,7 +37,7 @@ class StampedPushes:
     ):
         """The shard's parts: jobs, its JobClocks; pushes, its PushPath (the clock, a sum's PushBatch); room, its
         request room; gate, the checkpoint hold's push gate; table(name), check_push(push) and push_batch(pushes,
-        advance_clock, client, client_seq, caller_gone): the shard's table lookup, its check of one push and its
+        advance_clock, client, client_seq, caller_gone, shared): the shard's table lookup, its check of one push and its
         PushBatch."""
         self._jobs = jobs
         self._pushes = pushes
@@ -80,7 +80,7 @@ class StampedPushes:
                                                 self._apply_sum, client, caller_gone)  # fmt: skip
             return self._pushes.clock, applied, low
         try:
-            clock, applied = self._push_batch(pushes, advance_clock, client, client_seq, caller_gone)
+            clock, applied = self._push_batch(pushes, advance_clock, client, client_seq, caller_gone, shared)
         except BaseException:
             if claimed:
                 self._jobs.release(stamp)
