@@ -250,6 +250,25 @@ def test_large_logits_stay_finite(name):
     np.testing.assert_allclose(probs, TorchModel(spec).predict(inputs, params), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_float16_rows_train_as_their_float32_values(name):
+    """Rows of a table held in float16: both backends compute in float32, as over the rows' values in float32."""
+    spec = make_spec(name)
+    inputs, params, labels = make_batch(spec, 16)
+    half = ModelInputs({t: r.astype(np.float16) for t, r in inputs.rows.items()}, inputs.fields, inputs.dense_x)
+    upcast = ModelInputs({t: r.astype(np.float32) for t, r in half.rows.items()}, inputs.fields, inputs.dense_x)
+    for backend in (NumpyModel, TorchModel):
+        probs, row_grads, param_grads = backend(spec).forward_backward(half, params, labels)
+        expected = NumpyModel(spec).forward_backward(upcast, params, labels)
+        np.testing.assert_allclose(probs, expected[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(backend(spec).predict(half, params), expected[0], rtol=1e-5, atol=1e-6)
+        for t, grads in row_grads.items():
+            assert grads.dtype == np.float32
+            np.testing.assert_allclose(grads, expected[1][t], rtol=1e-4, atol=1e-5, err_msg=t)
+        for k, grads in param_grads.items():
+            np.testing.assert_allclose(grads, expected[2][k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
 def test_the_dense_params_follow_the_spec():
     spec = ModelSpec("deepfm", uniform_fields(40, 8), num_dense=13)
     shapes = {p.name: p.shape for p in spec.dense_params()}
@@ -269,6 +288,8 @@ def bad_inputs(inputs, params, labels):
     a = fields["a"]
     yield dict(rows=narrow_only), r"rows lack \['wide'\] and hold unknown \[\]"
     yield dict(rows={**inputs.rows, "wide": inputs.rows["wide"][:, :3]}), r"rows of table wide have shape \(6, 3\)"
+    wide = {**inputs.rows, "wide": inputs.rows["wide"].astype(np.longdouble)}
+    yield dict(rows=wide), r"rows of table wide have shape \(6, 4\) and dtype float\d+, expected float16, float32 or"
     yield dict(fields={k: v for k, v in fields.items() if k != "b"}), r"fields lack \['b'\]"
     yield dict(fields={**fields, "a": FieldInput(a.index, a.offsets[:-1], a.weights)}), r"field a: 8 offsets, expected"
     yield dict(fields={**fields, "a": FieldInput(a.index[:-1], a.offsets, None)}), r"field a: offsets run from 0 to"

@@ -11,8 +11,8 @@
     DeepFM adds the FM and MLP logits, so d/dpv_f is the sum of both parts. Each field's d/dp_f then flows
     through its pooling into the rows of its table (worker/models/pooling.py), the fields of one table adding up.
 
-Everything runs in the dtype of the rows: float32 in training (every matmul in float32), float64 in the
-finite-difference tests.
+Everything runs in the dtype of the rows, at least float32: float32 in training (every matmul in float32; float16
+rows as well, as the torch backend takes them), float64 in the finite-difference tests.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from worker.metrics import sigmoid
 from worker.models.pooling import checked_bags, checked_index, one_id_per_bag, pool, pool_backward
 from worker.models.spec import LOGIT_BIAS, FieldInput, ModelInputs, ModelSpec
 
+ROW_DTYPES = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64))  # float16 computed in float32
+
 
 def check_inputs(
     spec: ModelSpec, inputs: ModelInputs, params: dict[str, np.ndarray], labels: np.ndarray | None = None
 ) -> dict[str, FieldInput]:
     """The fields of a batch with int64 index and offsets, in spec.fields order; ValueError unless rows hold
-    exactly the spec's tables at their row widths, fields exactly the spec's fields as valid bags over their
-    table's rows, one bag per example, dense_x is (n, num_dense), params exactly spec.dense_params() at their
-    shapes and labels (n,)."""
+    exactly the spec's tables at their row widths (ROW_DTYPES), fields exactly the spec's fields as valid bags
+    over their table's rows, one bag per example, dense_x is (n, num_dense), params exactly spec.dense_params()
+    at their shapes and labels (n,)."""
     dense_x = np.asarray(inputs.dense_x)
     if dense_x.ndim != 2 or dense_x.shape[1] != spec.num_dense:
         raise ValueError(f"model {spec.name}: dense_x has shape {dense_x.shape}, expected (n, {spec.num_dense})")
@@ -40,10 +42,10 @@ def check_inputs(
     _check_names("rows", inputs.rows, spec.table_dims(), spec.name)
     for table in spec.table_dims():
         rows = np.asarray(inputs.rows[table])
-        if rows.ndim != 2 or rows.shape[1] != spec.row_dim(table) or rows.dtype.kind != "f":
+        if rows.ndim != 2 or rows.shape[1] != spec.row_dim(table) or rows.dtype not in ROW_DTYPES:
             raise ValueError(
                 f"model {spec.name}: rows of table {table} have shape {rows.shape} and dtype {rows.dtype}, "
-                f"expected floats (u, {spec.row_dim(table)})"
+                f"expected float16, float32 or float64 (u, {spec.row_dim(table)})"
             )
     _check_names("fields", inputs.fields, [f.name for f in spec.fields], spec.name)
     fields = {}
@@ -99,7 +101,7 @@ class NumpyModel:
         self.rng = np.random.default_rng(seed)
 
     def predict(self, inputs: ModelInputs, params: dict[str, np.ndarray]) -> np.ndarray:
-        """Probabilities (n,), in the dtype of the rows."""
+        """Probabilities (n,), in the dtype of the rows (float32 for float16 rows)."""
         fields = check_inputs(self.spec, inputs, params)
         return sigmoid(self._forward(inputs, fields, params, training=False).logit)
 
@@ -107,7 +109,7 @@ class NumpyModel:
         self, inputs: ModelInputs, params: dict[str, np.ndarray], labels: np.ndarray
     ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(probs (n,), {table: d loss / d rows[table]}, {name: d loss / d param, shaped like the param}) of the
-        summed logloss; the gradients in the dtype of the rows (float32 in training)."""
+        summed logloss; the gradients in the dtype of the rows (float32 in training, and for float16 rows)."""
         spec = self.spec
         fields = check_inputs(spec, inputs, params, labels)
         fwd = self._forward(inputs, fields, params, training=True)
@@ -138,7 +140,7 @@ class NumpyModel:
         self, inputs: ModelInputs, fields: dict[str, FieldInput], params: dict[str, np.ndarray], training: bool
     ) -> _Forward:
         spec = self.spec
-        dtype = np.result_type(*inputs.rows.values())
+        dtype = np.result_type(np.float32, *inputs.rows.values())  # the compiled pooling takes no float16
         rows = {table: np.asarray(r, dtype=dtype) for table, r in inputs.rows.items()}
         pooled = {}
         for f in spec.fields:
