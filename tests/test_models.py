@@ -269,6 +269,22 @@ def test_float16_rows_train_as_their_float32_values(name):
             np.testing.assert_allclose(grads, expected[2][k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.parametrize("backend", [NumpyModel, TorchModel])
+def test_rows_in_fortran_order_give_what_rows_in_c_order_give(backend):
+    """Rows are any (u, row_dim) array: a column-major one (a transpose, columns filled one by one) too."""
+    spec = make_spec("deepfm")
+    inputs, params, labels = make_batch(spec, 16)
+    columns = ModelInputs({t: np.asfortranarray(r) for t, r in inputs.rows.items()}, inputs.fields, inputs.dense_x)
+    assert not columns.rows["wide"].flags.c_contiguous
+    expected = backend(spec).forward_backward(inputs, params, labels)
+    probs, row_grads, param_grads = backend(spec).forward_backward(columns, params, labels)
+    np.testing.assert_array_equal(probs, expected[0])
+    for t in row_grads:
+        np.testing.assert_array_equal(row_grads[t], expected[1][t], err_msg=t)
+    for k in param_grads:
+        np.testing.assert_array_equal(param_grads[k], expected[2][k], err_msg=k)
+
+
 def test_the_dense_params_follow_the_spec():
     spec = ModelSpec("deepfm", uniform_fields(40, 8), num_dense=13)
     shapes = {p.name: p.shape for p in spec.dense_params()}

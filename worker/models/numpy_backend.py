@@ -125,7 +125,7 @@ class NumpyModel:
             self._fm_backward(fwd, g, params, grad_pooled, param_grads)
         if spec.has_mlp:
             self._mlp_backward(fwd, g, params, grad_pooled, param_grads)
-        row_grads = {table: np.zeros_like(inputs.rows[table], dtype=dtype) for table in spec.table_dims()}
+        row_grads = {table: np.zeros(np.shape(inputs.rows[table]), dtype=dtype) for table in spec.table_dims()}
         for f in spec.fields:
             field = fields[f.name]
             out = row_grads[f.table]
