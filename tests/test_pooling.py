@@ -168,6 +168,27 @@ def test_tiny_weights_pool_to_their_rows_on_both_backends(mode):
         np.testing.assert_allclose(rows_t.grad.numpy(), grads, rtol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["mean", "sqrtn"])
+def test_float64_weights_outside_float32s_range_pool_float32_rows_on_both_backends(mode):
+    """Weights given in float64 (np.array of Python floats), beyond what float32 holds (1e-50 rounds to 0, 1e40 to
+    inf), over float32 rows: one id alone pools to its row and takes the whole gradient, as the formula says,
+    two of equal weights to their mean or sum / sqrt(2), on both backends."""
+    rows = np.array([[0.5, -0.25, 0.0], [1.5, 0.75, -2.0]], np.float32)
+    index, offsets = np.array([0, 1, 0, 1]), np.array([0, 1, 2, 4])
+    expected = np.vstack([rows, (rows[0] + rows[1]) / (2 if mode == "mean" else np.sqrt(2))])
+    scale = 1.5 if mode == "mean" else 1 + 1 / np.sqrt(2)  # d (pooled rows summed) / d each row
+    for w in (1e-50, 1e40):
+        weights = np.full(4, w)
+        np.testing.assert_allclose(pool(rows, index, offsets, weights, mode), expected, rtol=1e-6)
+        grads = pool_backward(np.ones((3, 3), np.float32), index, offsets, weights, mode, 2)
+        np.testing.assert_allclose(grads, np.full((2, 3), scale), rtol=1e-6)
+        rows_t = torch.tensor(rows, requires_grad=True)
+        pooled_t = pool_torch(rows_t, FieldInput(index, offsets, weights), mode)
+        np.testing.assert_allclose(pooled_t.detach().numpy(), expected, rtol=1e-6)
+        pooled_t.backward(torch.ones(3, 3))
+        np.testing.assert_allclose(rows_t.grad.numpy(), grads, rtol=1e-6)
+
+
 def test_empty_batches_and_empty_bags():
     rows = np.ones((3, 2), np.float32)
     assert pool(rows, np.zeros(0, np.int64), np.zeros(1, np.int64), None, "mean").shape == (0, 2)

@@ -100,7 +100,7 @@ def pool(rows: np.ndarray, index: np.ndarray, offsets: np.ndarray, weights: np.n
     if one_id_per_bag(offsets, weights):
         return rows.take(index, axis=0)
     out = np.zeros((len(offsets) - 1, rows.shape[1]), dtype=rows.dtype)
-    _pool(rows, index, offsets, *_weights_arg(weights, rows.dtype), bag_scales(offsets, weights, mode), out)
+    _pool(rows, index, offsets, *_weights_arg(weights, _exact_dtype(weights)), bag_scales(offsets, weights, mode), out)
     return out
 
 
@@ -125,7 +125,7 @@ def pool_backward(
         _scatter_add(grad_pooled, index, out)
     else:
         scales = bag_scales(offsets, weights, mode)
-        _pool_backward(grad_pooled, index, offsets, *_weights_arg(weights, grad_pooled.dtype), scales, out)
+        _pool_backward(grad_pooled, index, offsets, *_weights_arg(weights, _exact_dtype(weights)), scales, out)
     return out
 
 
@@ -133,6 +133,13 @@ def _mode_code(mode: str) -> int:
     if mode not in POOLINGS:
         raise ValueError(f"pooling {mode!r}, expected one of {list(POOLINGS)}")
     return POOLINGS.index(mode)
+
+
+def _exact_dtype(weights: np.ndarray | None) -> type:
+    """The dtype the compiled loops take weights in: float32 weights as they are, any others in float64, so no weight
+    is rounded before its bag's scale multiplies it in float64, as in torch's scaled_weights (rounded to float32,
+    a float64 weight of 1e-50 would be 0 and one of 1e40 inf)."""
+    return np.float32 if weights is not None and weights.dtype == np.float32 else np.float64
 
 
 def _weights_arg(weights: np.ndarray | None, dtype: np.dtype) -> tuple[np.ndarray, bool]:
