@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import gzip
 import json
 import os
@@ -22,6 +23,7 @@ from ps.config import InitializerConfig
 from ps.rows.initializers import init_rows
 from tests.conftest import TEST_ROWS, exported
 from tests.reference_models import FactorizationMachine
+from worker import predict as predict_module
 from worker.__main__ import build_parser, main
 from worker.cli_predict import predict_config
 from worker.client import Client
@@ -478,6 +480,42 @@ def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_mo
     assert predict(addresses[0], out, *flags, "--overwrite") == 0
     assert read_out(out)[0] == ["line", "probability", "label"]
     assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_an_out_made_by_another_process_while_predict_ran_is_replaced_only_with_overwrite(servers, files, tmp_path,
+                                                                                            capsys, monkeypatch,
+                                                                                            hard_links):  # fmt: skip
+    """OUT did not exist as predict began, and another process (a second predict into it) wrote it while this one
+    scored: without --overwrite that file stays as it is, the run fails and leaves no temporary file; with it, the
+    run's predictions replace it. Alike on a file system that makes no hard link (os.link refused: EPERM)."""
+    if not hard_links:
+
+        def no_link(*args, **kwargs):
+            raise OSError(errno.EPERM, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_link)
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path, model="lr"))
+    out = tmp_path / "p.csv"
+    write_rows = predict_module._write_rows
+
+    def another_writes_out(*args):
+        rows = write_rows(*args)
+        out.write_text("line,probability\n1,0.5\n")  # the other run's, put in place meanwhile
+        return rows
+
+    monkeypatch.setattr(predict_module, "_write_rows", another_writes_out)
+    flags = ["--data", train_path, "--predict-data", test_path, "--model", "lr"]
+    assert predict(addresses[0], out, *flags) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} was made by another process while this predict ran" in err and "nothing was written" in err
+    assert out.read_text() == "line,probability\n1,0.5\n" and os.listdir(tmp_path).count("p.csv") == 1
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".partial")]
+    out.unlink()
+    assert predict(addresses[0], out, *flags, "--overwrite") == 0
+    assert len(read_out(out)[1]["line"]) == TEST_ROWS
 
 
 def test_eval_and_predict_ask_each_shard_for_its_stats_once(servers, files, tmp_path, monkeypatch):

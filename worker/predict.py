@@ -30,7 +30,9 @@ the end) and empty lines have no row, so `line` skips their numbers. A file with
 the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is scored
 all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
 predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole: a failed run
-leaves no OUT (and with --overwrite, the earlier OUT as it was). `--out -` writes them to stdout instead, as they
+leaves no OUT (and with --overwrite, the earlier OUT as it was). Without --overwrite, an OUT that another process
+made while this one scored is left as it is, and the run fails (nothing written), as one that found it at its start.
+`--out -` writes them to stdout instead, as they
 are scored (the header with the first rows: nothing when there is none; a failed run leaves the rows written
 before it, its exit status not 0), and the final line goes to stderr with the logs and progress. The name is .<name of OUT>.<pid>-<host>-<8 hex>
 .partial (worker.temp_dirs.partial_file: a name of OUT past 161 bytes is cut to its start and a hash there, so
@@ -197,7 +199,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
             if cfg.out == STDOUT:
                 rows = _write_stdout(scored, columns, progress)
             else:
-                rows = _write(cfg.out, scored, columns, progress)
+                rows = _write(cfg.out, scored, columns, progress, cfg.overwrite)
         seconds = time.perf_counter() - started
         shards = m.shards
     bad_lines, first_bad = stats.bad_lines, stats.first_bad
@@ -295,9 +297,11 @@ def _csv_field(text: str) -> str:
 _NO_ROOM = {*DISK_FULL_ERRNOS, errno.EFBIG}  # a write's errors: the disk (or a quota) is full, or the file too big
 
 
-def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: ScoringProgress) -> int:
-    """Writes the header and the rows of the scored batches to a temporary file, renamed to `out` when they are all
-    written and there is at least one. Returns the row count."""
+def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: ScoringProgress,
+           overwrite: bool = False) -> int:  # fmt: skip
+    """Writes the header and the rows of the scored batches to a temporary file, put in place as `out` when they are
+    all written and there is at least one (_put_in_place: without overwrite, never over a file made meanwhile).
+    Returns the row count."""
     dead, others = dead_partial_files(out)
     leftovers.remove(dead, "a predict killed mid-write")
     leftovers.report(others, f"another predict into {out} may be running (here or on another host, or named "
@@ -311,7 +315,7 @@ def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: Scor
             hold_while_written(f.fileno())  # a predict of another process namespace sees it is alive
             rows = _write_rows(f, scored, columns, progress)
         if rows:
-            os.replace(partial, out)
+            _put_in_place(partial, out, overwrite)
     except OSError as e:
         if e.errno not in _NO_ROOM and e.filename not in (partial, out):  # a data file's read error names that file
             raise
@@ -322,6 +326,37 @@ def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: Scor
         if opened and os.path.lexists(partial):  # what stands there when it could not be opened is not this run's
             os.remove(partial)
     return rows
+
+
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP}  # a file system that makes no hard link
+
+
+def _put_in_place(partial: str, out: str, overwrite: bool) -> None:
+    """Renames partial to out. Without overwrite, ValueError where out exists (another process made it while this
+    one scored: validate found none), leaving it as it is: partial is hard-linked as out, which no file there lets
+    happen, then removed; on a file system without hard links, out is looked for just before the rename."""
+    if overwrite:
+        os.replace(partial, out)
+        return
+    try:
+        os.link(partial, out)
+    except FileExistsError:
+        raise ValueError(_MADE_MEANWHILE.format(out=out)) from None
+    except OSError as e:
+        if e.errno not in _NO_LINKS:
+            raise
+        if os.path.lexists(out):
+            raise ValueError(_MADE_MEANWHILE.format(out=out)) from None
+        os.replace(partial, out)
+        return
+    with contextlib.suppress(OSError):  # OUT is in place; _write's cleanup removes what is left of partial
+        os.remove(partial)
+
+
+_MADE_MEANWHILE = (
+    "--out {out} was made by another process while this predict ran (it did not exist as it began); it is left as "
+    "it is, and nothing was written: give another file name, or --overwrite to replace it"
+)
 
 
 def _write_stdout(scored: Iterable[Scored], columns: _Columns, progress: ScoringProgress) -> int:
