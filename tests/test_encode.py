@@ -114,6 +114,21 @@ def test_a_blank_cell_is_missing_as_an_empty_one(kind):
     assert b.fields["w"].offsets.tolist() == [0, 0, 0, 1, 2] and b.fields["w"].weights.tolist() == [2, 2]
 
 
+@pytest.mark.parametrize("ids", ["hashed", "raw"])
+@pytest.mark.parametrize("kind", ["U", "S"])
+def test_a_weighted_token_of_a_blank_id_is_bad_as_one_of_an_empty_id(kind, ids):
+    """A bag has no missing id: a token whose id is whitespace only has no id, as ':2' has none, so its example is
+    bad, not one holding the missing id with that weight."""
+    s = schema_of(bag("w", kind="weighted", ids=ids))
+    cells = [":2", " :2", "7:1|\t:2", "\u00a0:1", "7:1"]
+    arr = np.array([c.encode() for c in cells]) if kind == "S" else np.array(cells)
+    out = encode_examples(s, np.zeros(5, np.float32), {"w": arr})
+    assert out.bad.tolist() == [0, 1, 2, 3]
+    shown = [":2", " :2", "\t:2", "\u00a0:1"]
+    assert out.problems == [f"column 'w' has the token {t!r}, expected id:weight with a finite weight" for t in shown]
+    assert out.batch.fields["w"].weights.tolist() == [1.0]
+
+
 def test_id_spaces_decide_which_values_share_ids():
     s = schema_of(cat("a", space="item"), bag("b", space="item"), cat("c"), cat("d", source="a", space="item"))
     b = encode(

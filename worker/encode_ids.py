@@ -103,13 +103,16 @@ def one_id_bags(c: Column, space: int, hashed: dict[str, np.ndarray], cells: Map
 def _weighted(
     c: Column, tokens: np.ndarray, example: np.ndarray, problems: ExampleProblems
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(id tokens, float32 weights) of id:weight tokens; bad tokens reported (their ids and weights unused)."""
+    """(id tokens, float32 weights) of id:weight tokens, each with an id neither empty nor blank and a finite weight;
+    bad tokens reported (their ids and weights unused)."""
     if len(tokens) == 0:  # every bag empty (np.strings.rpartition fails on an empty array)
         return tokens, np.zeros(0, dtype=np.float32)
     colon = b":" if tokens.dtype.kind == "S" else ":"
     ids, sep, weight_text = np.strings.rpartition(tokens, colon)
     values, missing, ok = float_values(weight_text)
-    ok &= (sep != empty_cell(sep)) & (ids != empty_cell(ids)) & ~missing
+    named = ids != empty_cell(ids)
+    named[named] = ~blank_strings(ids[named])  # a blank id is no id, as an empty one (a bag has no missing id)
+    ok &= (sep != empty_cell(sep)) & named & ~missing
     if not ok.all():
         at = np.flatnonzero(~ok)
         message = "expected id:weight with a finite weight"
