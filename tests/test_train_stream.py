@@ -35,3 +35,12 @@ def test_an_error_reading_ahead_comes_after_the_batch_before_it_unmarked_and_clo
     next(early)
     early.close()
     assert len(closed) == 2
+
+
+def test_an_interrupt_while_reading_ahead_is_raised_at_once_not_after_another_step():
+    def batches():
+        yield "a"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        next(marked_last(batches()))

@@ -65,7 +65,7 @@ class Skipping:
 def marked_last(batches: Iterable[Batch], look_ahead: bool = True) -> Iterator[tuple[Batch, bool]]:
     """(batch, last) for each of batches, last True for the final one: it reads one batch ahead (the data only:
     no rows are pulled for it). An error reading the next batch comes after the batch before it, as unmarked, so
-    that its step runs first; closing it closes batches. look_ahead False: every batch unmarked, none read ahead
+    that its step runs first (an interrupt, KeyboardInterrupt or a SIGTERM's, is raised at once); closing it closes batches. look_ahead False: every batch unmarked, none read ahead
     (each batch's read is timed with its own step)."""
     it = iter(batches)
     try:
@@ -77,7 +77,7 @@ def marked_last(batches: Iterable[Batch], look_ahead: bool = True) -> Iterator[t
         while current is not None:
             try:
                 following = next(it, None)
-            except BaseException:
+            except Exception:  # a read error: the batch before it trains first (a Ctrl-C or SIGTERM stops at once)
                 yield current, False
                 raise
             yield current, following is None
