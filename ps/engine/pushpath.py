@@ -182,11 +182,12 @@ class PushPath:
 
     def _check_same(self, client: int, client_seq: int, digest: int) -> None:
         """RequestSeqReusedError unless the request client_seq of client, its newest, has this digest of content or
-        none this process knows."""
+        none this process knows. The message names no id: client is the deduplication key (ps.service.client_key,
+        a hash of the id sent under mutual TLS)."""
         kept = self._digests.get(client)
         if kept is not None and kept >> 64 == client_seq and kept != client_seq << 64 | digest:
             raise RequestSeqReusedError(
-                f"request seq {client_seq:,} of client id {client:#x} on shard {self.shard_id} was applied before "
+                f"request seq {client_seq:,} of this client id on shard {self.shard_id} was applied before "
                 "with other content (its pushes, their tables, ids or values, or its clock advance differ): a "
                 "request sent again must be the same request, and each new request takes the next seq; another "
                 f"caller uses this client id, or the client numbered two requests alike; {NOTHING_APPLIED}"
