@@ -97,18 +97,36 @@ def test_a_damaged_record_with_records_after_it_is_refused_not_dropped(tmp_path,
     assert {f: os.path.getsize(os.path.join(tmp_path, f)) for f in os.listdir(tmp_path)} == sizes  # nothing cut
 
 
-def test_a_record_of_another_format_is_refused_not_cut(tmp_path):
-    """The journal reads one record format. A whole record with another magic, even the last one, is not what a
-    crash leaves (a torn record has this format's header, or too few bytes for one): replay refuses it, and names
-    an older format's magic as such rather than as damage."""
-    path = _one_segment(tmp_path, (1, 2))
+def test_a_segment_of_another_format_is_refused_not_cut(tmp_path):
+    """The journal reads one record format. A segment an older server wrote (its records of an older magic), even
+    one record, is not what a crash leaves (a torn record has this format's header, or too few bytes for one):
+    replay refuses it, naming the older format's magic as such rather than as damage."""
+    path = _one_segment(tmp_path, (1,))
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
-        f.seek(size // 2)  # the second record's magic
-        f.write(struct.pack("<I", 0x334A5350))
-    with pytest.raises(JournalCorruptError, match=rf"older journal format \(PSJ3\) at byte {size // 2}; .* Refusing"):
+        f.write(struct.pack("<I", 0x334A5350))  # its one record's magic: PSJ3
+    with pytest.raises(JournalCorruptError, match=r"older journal format \(PSJ3\) at byte 0; .* Refusing"):
         list(Journal(str(tmp_path)).replay(0))
     assert os.path.getsize(path) == size
+
+
+@pytest.mark.parametrize("where", ["middle", "last", "first"])
+def test_an_older_magic_in_a_segment_of_this_format_is_damage(tmp_path, where):
+    """A server writes its own format only, so an older magic beside records of this one is damage: one bit
+    flipped turns PSJ5 into PSJ4. Replay calls it corrupt, not an older format, and --accept-journal-loss goes on
+    with the intact records after it."""
+    path = _one_segment(tmp_path, (1, 2, 3))
+    size = os.path.getsize(path)
+    at = {"first": 0, "middle": size // 3, "last": 2 * size // 3}[where]
+    with open(path, "r+b") as f:
+        f.seek(at + 3)
+        f.write(bytes([ord("5") ^ 0x01]))  # "PSJ4"
+    with pytest.raises(JournalCorruptError, match=rf"is corrupt at byte {at} of {size} .* Refusing") as refused:
+        list(Journal(str(tmp_path)).replay(0))
+    assert "older journal format" not in str(refused.value)
+    assert os.path.getsize(path) == size
+    got = [r.seq for r in Journal(str(tmp_path)).replay(0, accept_loss=True)]
+    assert got == [seq for seq in (1, 2, 3) if seq != 1 + 3 * at // size]
 
 
 def test_checksum64_depends_on_every_byte_and_boundary_but_not_on_threads(monkeypatch):

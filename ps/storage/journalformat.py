@@ -17,8 +17,9 @@ The checksum covers the header's magic, seq and payload_len too, so a damaged se
 damaged payload. (client, client_seq, part) say which push of which client request the record is (0, 0, 0:
 none): `applied` (ps.storage.applied.AppliedTable) maps each client to the (client_seq, parts done) of its newest
 request, kept as records are appended and replayed, so a shard can tell a retried request from a new one
-(ps.engine.pushpath.PushPath.push_batch). Records of the formats before this one (OLDER_MAGICS) are refused by
-name, not read as damage.
+(ps.engine.pushpath.PushPath.push_batch). A segment of a format before this one (its first bytes a magic of
+OLDER_MAGICS, and no record of this format in it) is refused by name, not read as damage; an older magic in a
+segment of this format is damage (a server writes its own format only).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ps.errors import StorageError
 from ps.storage.checksum import checksum64
 
 MAGIC = 0x354A5350  # "PSJ5"
-OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: refused by name, not as damage
+OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: their segments refused by name
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)

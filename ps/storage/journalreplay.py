@@ -178,7 +178,7 @@ class JournalReader:
         data = segment.read_from(pos)  # what follows a bad record: judged on the segment from here on
         data_end = end_of_data(data, pos, size)  # zeros after size: not looked at
         unused = data_end == pos and follows
-        if data[pos : pos + 4] in OLDER_MAGICS:
+        if _older_segment(data, pos, size):
             self._lose(_older_format(path, data, pos), state.accept_loss)
         elif not unused and (not newest or not torn_tail(data, pos, data_end)):
             self._lose(_corrupt(path, data, pos, state.last, segments_after), state.accept_loss)
@@ -329,6 +329,14 @@ def _file_size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:  # reading it says what is wrong
         return 0
+
+
+def _older_segment(data: mmap.mmap | bytes, pos: int, size: int) -> bool:
+    """Whether the bad bytes at pos (size: the segment's end of data) are a segment of an older journal format: an
+    older magic at its first byte, and no record of this format in it. A server writes a segment in its own format
+    only, so an older magic after a record of this format, or before one, is damage (a bit flipped in a magic:
+    PSJ5 and PSJ4 differ by one)."""
+    return pos == 0 and data[:4] in OLDER_MAGICS and next_intact(data, 1, size) is None
 
 
 def _older_format(path: str, data: mmap.mmap | bytes, pos: int) -> JournalCorruptError:
