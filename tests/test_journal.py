@@ -625,6 +625,25 @@ def test_a_mark_deleted_while_the_journal_holds_records_is_refused_unless_the_lo
     after.close()
 
 
+@pytest.mark.parametrize("pushes", [0, 2])
+def test_a_mark_that_does_not_read_is_written_anew_once_its_loss_is_accepted(tmp_path, pushes):
+    """A damaged mark refuses the start; --accept-journal-loss starts and writes the mark anew, so the next start
+    does not meet the loss again. Also on a shard that never took a push (its tables made, nothing pushed), whose
+    mark holds 0 as a new one does."""
+    directory, mark_path, _ = _marked_journal(tmp_path, pushes)
+    pathlib.Path(mark_path).write_text('{"written_seq": ')  # damaged
+    with pytest.raises(JournalLossError, match=r"journal.mark is damaged: .* Refusing to start"):
+        list(Journal(directory, mark_path=mark_path).replay(0))
+    accepted = Journal(directory, mark_path=mark_path)
+    assert [r.seq for r in accepted.replay(0, accept_loss=True)] == list(range(1, pushes + 1))
+    accepted.close()
+    assert len(accepted.losses) == 1 and "journal.mark is damaged" in accepted.losses[0]
+    assert json.loads(pathlib.Path(mark_path).read_text()) == {"written_seq": pushes}
+    after = Journal(directory, mark_path=mark_path)
+    assert [r.seq for r in after.replay(0)] == list(range(1, pushes + 1)) and after.losses == []
+    after.close()
+
+
 def test_a_journal_with_no_data_and_no_mark_starts_and_is_marked(tmp_path):
     """No mark, no flushed push, no journal data (a dir of a server that never took a push): nothing shows a push
     was written, so there is nothing to refuse."""

@@ -18,7 +18,7 @@ the journal's directory.
 
 The mark: a journal given a mark_path keeps there, in a file outside the journal's directory
 (ps.storage.sidefiles), the seq of the last record written: written when replay first opens the journal of a
-data dir (0 before any record), then at each rotation and at most a second behind the appends (a background
+data dir (0 before any record), or finds the mark missing or damaged (a loss accepted), then at each rotation and at most a second behind the appends (a background
 thread; nothing on the append path). Replay requires every record up to the mark and up to the largest lsn of a
 row RocksDB holds (rows_seq), and appends go on past both (ps.storage.journalreplay says what it refuses).
 
@@ -154,10 +154,10 @@ class Journal:
         self.next_seq = max(end.last, end.written) + 1
         if self.mark_path is not None:
             self._watch.start()
-            present = os.path.exists(self.mark_path)  # else a new data dir, or a loss accepted above: marked now
-            self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, end.mark if present else -1,
+            kept = end.mark_read  # else a new data dir, or a mark missing or damaged (a loss accepted): marked now
+            self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, end.mark if kept else -1,
                                       sync_dir=self.sync, check=self.check_intact)  # fmt: skip
-            if not present:
+            if not kept:
                 self._marker.write()
 
     def seems_lost(self) -> bool:

@@ -55,6 +55,7 @@ class ReadEnd(NamedTuple):
     mark: int  # the mark (0: none)
     written: int  # the last record known to be written: the larger of the mark and rows_seq
     tail: tuple[str, int, int, int] | None  # (path, size, pos, data_end) of a torn end to cut, or None
+    mark_read: bool = True  # whether the mark file is there and reads (False: missing, or damaged and accepted)
 
 
 class _ReadState:
@@ -105,7 +106,7 @@ class JournalReader:
         it found (ReadEnd). A bad record that the replay rule does not take for a torn end raises
         JournalCorruptError, a record missing up to the mark or rows_seq JournalLossError; with accept_loss, each
         is a warning (kept in `losses`)."""
-        mark, marked = self._read_mark(accept_loss, after_seq)
+        mark, marked, mark_read = self._read_mark(accept_loss, after_seq)
         self._rows_seq = rows_seq  # what the messages name (_witnesses)
         written = max(mark, rows_seq)
         state = _ReadState(after_seq, accept_loss, mark)
@@ -114,7 +115,7 @@ class JournalReader:
         for i in range(len(segs)):
             yield from self._read_segment(state, segs, sizes, i)
         self._check_end(state, written, marked, segs)
-        return ReadEnd(state.last, mark, written, state.tail)
+        return ReadEnd(state.last, mark, written, state.tail, mark_read)
 
     def _read_segment(
         self, state: _ReadState, segs: list[tuple[int, str]], sizes: list[int], i: int
@@ -239,27 +240,27 @@ class JournalReader:
                        f"records up to {self._rows_seq} were written")  # fmt: skip
         return why
 
-    def _read_mark(self, accept_loss: bool, after_seq: int) -> tuple[int, bool]:
-        """(the mark, 0 if none; whether the mark file is there, or no mark is kept). A mark file that is
-        unreadable, or missing while RocksDB holds pushes (after_seq > 0: every flush writes the mark first), is a
+    def _read_mark(self, accept_loss: bool, after_seq: int) -> tuple[int, bool, bool]:
+        """(the mark, 0 if none; whether the mark file is there, or no mark is kept; whether it is there and
+        reads, or no mark is kept). A mark file that is unreadable, or missing while RocksDB holds pushes (after_seq > 0: every flush writes the mark first), is a
         loss: which records must be there is unknown. A mark missing while RocksDB holds none and the journal holds
         records is read's to find (_unmarked)."""
         if self.mark_path is None:
-            return 0, True
+            return 0, True, True
         unknown = ("Without the mark, which journal records must be there is unknown. Refusing to start; start with "
                    "--accept-journal-loss to start without that check")  # fmt: skip
         try:
             mark = read_mark(self.mark_path)
         except StorageError as e:
             self._lose(JournalLossError(f"{e}. {unknown}"), accept_loss)
-            return 0, True
+            return 0, True, False
         present = os.path.exists(self.mark_path)
         if after_seq > 0 and not present:
             self._lose(JournalLossError(
                 f"the journal mark {self.mark_path} is missing, though RocksDB holds the pushes up to journal record "
                 f"{after_seq} (each flush writes the mark first): it was deleted. {unknown}"
             ), accept_loss)  # fmt: skip
-        return mark, present
+        return mark, present, present
 
     def _unmarked(self, last: int, segs: list[tuple[int, str]]) -> JournalLossError:
         """The loss when the mark is missing though the journal holds data (records up to `last`, 0: only the
