@@ -90,7 +90,6 @@ class Client(ShardCalls):
         super().__init__(servers, timeout_s, server_timeout_s, max_request_bytes, tls, auth_token, shard_gone)
         self._numbers = RequestNumbers(len(servers))  # PushBatch requests sent to each shard, and the push lock
         self._dims: dict[str, int] = {}
-        self._state_ids = [0] * len(servers)  # each shard's model state id as wait_ready read it; 0: not read
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
         """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a call that may
@@ -113,14 +112,14 @@ class Client(ShardCalls):
         check_cluster(self.servers, stats)
         self.max_request_bytes = message_bytes_for(self.max_request_bytes, [s.request_room_bytes for s in stats])
         self._room = min((s.request_room_bytes for s in stats if s.request_room_bytes), default=0)
-        self._state_ids = [s.state_id for s in stats]
+        self._seen = [(s.state_id, s.cluster) for s in stats]
         return stats
 
     @property
     def state_ids(self) -> tuple[int, ...]:
         """Each shard's model state id as wait_ready read it (StatsResponse state_id; 0: not read), which this
         client's pushes carry."""
-        return tuple(self._state_ids)
+        return tuple(state_id for state_id, _ in self._seen)
 
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))
@@ -245,7 +244,7 @@ class Client(ShardCalls):
             requests, self.max_request_bytes, every_shard=advance_clock > 0 or clocked, whole=sync
         )
         with self._numbers.lock:
-            waves = push_waves(groups, advance_clock, stamp, self.client_id, self._state_ids, self._numbers)
+            waves = push_waves(groups, advance_clock, stamp, self.client_id, list(self.state_ids), self._numbers)
             min_clock = self._send_waves(waves, Counter(shard for shard, _ in groups), stamp, return_rows)
         out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
         if not clocked:
@@ -328,7 +327,7 @@ class Client(ShardCalls):
         )  # a shard's chunks in one request: request number 1 is applied once
         proto = None if stamp is None else codec.stamp_to_proto(replace(stamp, sync=False, apart=not stamp.unclocked))
         calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[r[1] for r in g], client_id=key, seq=1,
-                                                              shared=True, state_id=self._state_ids[shard],
+                                                              shared=True, state_id=self.state_ids[shard],
                                                               stamp=proto))
                  for shard, g in groups]  # fmt: skip
         return sum(int(reply.num_applied) for reply in self._call_mixed(calls))
@@ -365,7 +364,7 @@ class Client(ShardCalls):
         Unstamped: in no job's name (a training worker's advance is its push_many's, with its job's stamp)."""
         with self._numbers.lock:
             calls = [("PushBatch", s, ps_pb2.PushBatchRequest(advance_clock=steps, client_id=self.client_id,
-                                                              seq=self._numbers.next(s), state_id=self._state_ids[s]))
+                                                              seq=self._numbers.next(s), state_id=self.state_ids[s]))
                      for s in range(len(self._stubs))]  # fmt: skip
             return int(self._call_mixed(calls)[0].step)
 

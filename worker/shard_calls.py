@@ -15,7 +15,9 @@ first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_time
 deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. A PushBatch
 also carries the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that came back
 restored from a checkpoint, or on a new data dir, refuses it, applying nothing (ModelStateReplacedError, not
-retried), so a run does not train on over a model that lost its pushes.
+retried), so a run does not train on over a model that lost its pushes. Any other call a shard refuses (a pull of a
+table that a new data dir does not hold) asks the shard's Stats once: where its state id is not the one wait_ready
+read, the refusal is raised as ModelStateReplacedError, with the shard's words (replaced).
 advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
 that its stopping shard cancelled, or whose connection was lost after it was sent (the shard died) may be running
 or done on its shard (worker.retry.unanswered), so it is not sent again (a repeat would decay the scores once
@@ -39,7 +41,7 @@ from collections.abc import Callable
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.errors import PsError, RequestTooLargeError
+from ps.errors import MODEL_STATE_REPLACED, ModelStateReplacedError, PsError, RequestTooLargeError
 from worker.channels import open_channels
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import new_client_id
@@ -56,7 +58,8 @@ class ShardCalls:
     it; its constructor says what the arguments mean (tls: (tls_ca, tls_cert, tls_key)). Two fields are the
     Client's to write: `_acked` (the steps of a worker whose stamped push every shard answered, which a stamped call
     sent again carries) and `_room` (the shards' smallest request room as wait_ready read it, named in a too-large
-    refusal)."""
+    refusal); and `_seen`, what wait_ready read of each shard ((state id, cluster name); state id 0: not read), which
+    pushes carry and refusals are checked against (replaced)."""
 
     def __init__(
         self,
@@ -82,6 +85,7 @@ class ShardCalls:
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._callers = CallThreads()  # the calls of a batch past its first
         self._room = 0  # the smallest request room of the shards as wait_ready read it (0: none, or not read)
+        self._seen = [(0, "")] * len(self.servers)  # each shard's (state id, cluster) as wait_ready read it
         self._interrupted = False  # a signal stopped a call's wait: later calls block (_attempt)
 
     def _call_all(self, method: str, requests: list) -> list:
@@ -189,6 +193,8 @@ class ShardCalls:
         too large for its shard's room, the room its size came from (wait_ready's: a shard that restarted with a
         smaller room since refuses it)."""
         error = self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s, ran)
+        if getattr(error, "refused_by", None) == shard and not isinstance(error, ModelStateReplacedError):
+            error = self.replaced(shard, error)
         sync = isinstance(request, ps_pb2.PushBatchRequest) and request.HasField("stamp") and request.stamp.sync
         if isinstance(error, RequestTooLargeError) and self._room and not sync:  # a sync push is one message
             error.args = (f"{error}. This client sized its messages ({self.max_request_bytes:,} bytes) by the room "
@@ -196,6 +202,31 @@ class ShardCalls:
                           f"where shard {shard}'s room above is smaller, the shard restarted with a smaller "
                           "--memory-bytes since, and a worker started again sizes its messages by the room then",)  # fmt: skip
         return error
+
+    def replaced(self, shard: int, error: PsError) -> PsError:
+        """error, a refusal of the shard's, or where the shard's Stats (one attempt) give another state id than
+        wait_ready read (it came back restored, or on a new data dir: a pull finds no table there before a push
+        carries the state id), a ModelStateReplacedError saying so after the shard's words. A run stops on it
+        without a --skip-examples hint (worker.train): the servers no longer hold what it trained."""
+        seen, cluster = self._seen[shard]
+        if not seen:
+            return error
+        stats = self._attempt(("Stats", shard, ps_pb2.StatsRequest()), self.timeout_s, False)
+        if isinstance(stats, grpc.RpcError) or stats.state_id in (0, seen):
+            return error
+        how = f"restored from checkpoint {stats.restored_from}" if stats.restored_from else \
+            "started on a new, empty data dir"  # fmt: skip
+        if stats.cluster != cluster:
+            how += f" of another cluster ({f'cluster {stats.cluster!r}' if stats.cluster else 'unnamed'})"
+        if (stats.shard_id, stats.num_shards) != (shard, len(self.servers)):
+            how += f" as shard {stats.shard_id} of {stats.num_shards}"
+        replaced = ModelStateReplacedError(
+            f"{error}; shard {shard} {MODEL_STATE_REPLACED} (state id {stats.state_id:#x}, the client's {seen:#x}): "
+            f"since the client connected, the shard was {how}, so what the client pushed before is not there. A "
+            "training run stops: start it again on what the shards hold now"
+        )  # fmt: skip
+        replaced.refused_by = shard
+        return replaced
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Closes the channels (their calls in flight are cancelled), for at most timeout_s: a channel whose close
