@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import logging
+import re
 import socket
 import threading
 import time
@@ -30,6 +31,7 @@ from ps.errors import (
 from ps.rows.initializers import init_rows
 from ps.sharding import SlotMap
 from tests.conftest import call_slots_taken, random_ids
+from worker import shard_calls
 from worker.client import Client, PushItem, push_arrays, sum_duplicates
 from worker.retry import retryable, sent_once
 
@@ -752,7 +754,7 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
     """Each shard gets its batches one per wave, a wave once the one before had every reply: when shard 1 refuses
     its 2nd batch, shard 0 has applied its first two, shard 1 its first, and the third wave is not sent; the error
     says so per shard, and the rows agree. A shard that does not answer in time may apply its batch later: said,
-    for a push of one batch too."""
+    for a push of one batch too, after that the shard answers a Stats: the deadline may be too short."""
     addresses, shards = servers(2)
     slot_map = SlotMap.contiguous(2)
     ids = random_ids(400, seed=3)
@@ -788,14 +790,14 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
         shards[1].shard.push_batch = slow
         client.timeout_s = 0.3
         rest = np.concatenate([mine[0][26:], mine[1][13:26]])  # a batch to each shard
-        with pytest.raises(ServerUnavailableError, match=r"shard 1 at \S+ did not answer PushBatch within 0.3 s\. This "
-                           r"push was 2 PushBatch calls; shard 0: 1 of 1 applied; shard 1: 0 of 1 applied, batch 1 "
+        with pytest.raises(ServerUnavailableError, match=r"shard 1 at \S+ did not answer PushBatch within 0.3 s; yet it "
+                           r"answered a Stats in \S+ s: it is up, .* time it needs\. This push was 2 PushBatch calls; shard 0: 1 of 1 applied; shard 1: 0 of 1 applied, batch 1 "
                            r"failed \(ServerUnavailableError: it may be applied, now or later, or not\)$"):  # fmt: skip
             client.push("emb", rest, np.ones((len(rest), 4), np.float32))
         time.sleep(0.6)  # shard 1 applies it later
         np.testing.assert_array_equal(client.pull("emb", rest), initial(sgd1_table, rest) - 1)
-        with pytest.raises(ServerUnavailableError, match=r"shard 1 at \S+ did not answer PushBatch within 0.3 s; the "
-                           "push may be applied, now or later, or not$"):  # fmt: skip
+        with pytest.raises(ServerUnavailableError, match=r"shard 1 at \S+ did not answer PushBatch within 0.3 s; yet it "
+                           r"answered a Stats .* time it needs; the push may be applied, now or later, or not$"):  # fmt: skip
             client.push("emb", mine[1][:13], np.ones((13, 4), np.float32))  # one batch
 
 
@@ -1026,3 +1028,31 @@ def test_a_server_list_out_of_range_is_refused_before_any_channel_opens(monkeypa
     with pytest.raises(ValueError, match=f"num_shards must be in 1..{NUM_SLOTS}"):
         Client(["127.0.0.1:1"] * (NUM_SLOTS + 1))
     assert opened == []
+
+
+@pytest.mark.parametrize("stats_slow", [False, True])
+def test_a_call_past_its_deadline_on_a_shard_that_answers_stats_says_the_deadline_may_be_too_short(
+    servers, stats_slow, monkeypatch
+):
+    """A big pull on a slow shard: each attempt outlives --timeout-s, and the call ends at the server timeout. Where
+    the shard answers a Stats meanwhile, it is up: the error says so and names --timeout-s, not only that the shard
+    "has been failing"; where Stats is late too (the shard hung), the error says no more than before."""
+    monkeypatch.setattr(
+        shard_calls, "PROBE_TIMEOUT_S", 0.3, raising=False
+    )  # the Stats asked at the end: late past 0.3 s
+    addresses, (server,) = servers(1)
+    with Client(addresses, timeout_s=0.2, server_timeout_s=0.5) as client:
+        client.wait_ready()
+        client.create_table(TableConfig("t", 2))
+        for owner, name in ((server.shard.pulls, "pull_batch"), (server.shard, "stats"))[: 1 + stats_slow]:
+            real = getattr(owner, name)
+            setattr(owner, name, lambda *a, real=real, **kw: (time.sleep(0.4), real(*a, **kw))[1])
+        with pytest.raises(ServerUnavailableError, match=r"did not answer PullBatch within 0.2 s; it has been "
+                                                         r"failing for \d+ s \(server timeout 0.5 s\)") as caught:  # fmt: skip
+            client.pull("t", np.arange(10, dtype=np.uint64))
+    said = (r"; yet it answered a Stats in \d\.\d\d s: it is up, and PullBatch may take longer than its deadline "
+            r"\(--timeout-s 0.2: .*a larger --timeout-s gives it the time it needs")  # fmt: skip
+    if stats_slow:
+        assert "answered a Stats" not in str(caught.value)
+    else:
+        assert re.search(said, str(caught.value)), caught.value

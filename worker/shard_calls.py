@@ -17,7 +17,9 @@ also carries the shard's model state id as wait_ready read it (StatsResponse sta
 restored from a checkpoint, or on a new data dir, refuses it, applying nothing (ModelStateReplacedError, not
 retried), so a run does not train on over a model that lost its pushes. Any other call a shard refuses (a pull of a
 table that a new data dir does not hold) asks the shard's Stats once: where its state id is not the one wait_ready
-read, the refusal is raised as ModelStateReplacedError, with the shard's words (replaced).
+read, the refusal is raised as ModelStateReplacedError, with the shard's words (_replaced). A call sent again past
+each deadline until the server timeout asks the same: where the shard answers the Stats, the error says it is up and
+that the call may need a longer --timeout-s (a big pull on a busy shard), not only that the shard was failing.
 advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
 that its stopping shard cancelled, or whose connection was lost after it was sent (the shard died) may be running
 or done on its shard (worker.retry.unanswered), so it is not sent again (a repeat would decay the scores once
@@ -41,25 +43,32 @@ from collections.abc import Callable
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.errors import MODEL_STATE_REPLACED, ModelStateReplacedError, PsError, RequestTooLargeError
+from ps.errors import (
+    MODEL_STATE_REPLACED,
+    ModelStateReplacedError,
+    PsError,
+    RequestTooLargeError,
+    ServerUnavailableError,
+)
 from worker.channels import open_channels
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import new_client_id
-from worker.retry import Outages, may_have_run, retry_window_left, retryable, sent_once
+from worker.retry import Outages, may_have_run, retry_window_left, retryable, sent_once, unanswered
 
 log = logging.getLogger("worker.client")
 
 CLOSE_TIMEOUT_S = 5.0  # close's wait for the channels
+PROBE_TIMEOUT_S = 5.0  # the deadline of _probe's Stats: a shard still busy with a call's abandoned attempts is slow
 
 
 class ShardCalls:
     """The channels to a list of shards and the calls over them: (method, shard, request) calls made at once, each
     sent again as the module docstring says, and the error each ends with. worker.client.Client builds its calls on
-    it; its constructor says what the arguments mean (tls: (tls_ca, tls_cert, tls_key)). Two fields are the
+    it; its constructor says what the arguments mean (tls: (tls_ca, tls_cert, tls_key)). Three fields are the
     Client's to write: `_acked` (the steps of a worker whose stamped push every shard answered, which a stamped call
-    sent again carries) and `_room` (the shards' smallest request room as wait_ready read it, named in a too-large
-    refusal); and `_seen`, what wait_ready read of each shard ((state id, cluster name); state id 0: not read), which
-    pushes carry and refusals are checked against (replaced)."""
+    sent again carries), `_room` (the shards' smallest request room as wait_ready read it, named in a too-large
+    refusal) and `_seen` (what wait_ready read of each shard, (state id, cluster name), state id 0: not read; pushes
+    carry the state id, and refusals are checked against it: _replaced)."""
 
     def __init__(
         self,
@@ -194,7 +203,10 @@ class ShardCalls:
         smaller room since refuses it)."""
         error = self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s, ran)
         if getattr(error, "refused_by", None) == shard and not isinstance(error, ModelStateReplacedError):
-            error = self.replaced(shard, error)
+            error = self._replaced(shard, error)
+        elif e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and type(error) is ServerUnavailableError and \
+                method != "Stats" and not (sent_once(method, request) and unanswered(e)):  # fmt: skip
+            self._deadline_hint(method, shard, error)
         sync = isinstance(request, ps_pb2.PushBatchRequest) and request.HasField("stamp") and request.stamp.sync
         if isinstance(error, RequestTooLargeError) and self._room and not sync:  # a sync push is one message
             error.args = (f"{error}. This client sized its messages ({self.max_request_bytes:,} bytes) by the room "
@@ -203,7 +215,27 @@ class ShardCalls:
                           "--memory-bytes since, and a worker started again sizes its messages by the room then",)  # fmt: skip
         return error
 
-    def replaced(self, shard: int, error: PsError) -> PsError:
+    def _probe(self, shard: int) -> tuple[ps_pb2.StatsResponse | None, float]:
+        """The shard's Stats (one attempt within PROBE_TIMEOUT_S; None if it failed, or the client is closed: its
+        channels take no call) and the seconds it took."""
+        began = time.monotonic()
+        try:
+            stats = None if self._closed else self._attempt(("Stats", shard, ps_pb2.StatsRequest()), PROBE_TIMEOUT_S,
+                                                            False)  # fmt: skip
+        except ValueError:  # closed meanwhile: "Cannot invoke RPC on closed channel!"
+            stats = None
+        return (None if isinstance(stats, grpc.RpcError) else stats), time.monotonic() - began
+
+    def _deadline_hint(self, method: str, shard: int, error: ServerUnavailableError) -> None:
+        """Adds to error, that of a call whose attempts outlived their deadline until the server timeout, that the
+        shard is up where it answers a Stats (_probe): the call needs longer than its deadline gives it."""
+        stats, took_s = self._probe(shard)
+        if stats is not None:
+            error.args = (f"{error}; yet it answered a Stats in {took_s:.2f} s: it is up, and {method} may take longer "
+                          f"than its deadline (--timeout-s {self.timeout_s:g}: a large request, or a busy shard); a "
+                          "larger --timeout-s gives it the time it needs", *error.args[1:])  # fmt: skip
+
+    def _replaced(self, shard: int, error: PsError) -> PsError:
         """error, a refusal of the shard's, or where the shard's Stats (one attempt) give another state id than
         wait_ready read (it came back restored, or on a new data dir: a pull finds no table there before a push
         carries the state id), a ModelStateReplacedError saying so after the shard's words. A run stops on it
@@ -211,8 +243,8 @@ class ShardCalls:
         seen, cluster = self._seen[shard]
         if not seen:
             return error
-        stats = self._attempt(("Stats", shard, ps_pb2.StatsRequest()), self.timeout_s, False)
-        if isinstance(stats, grpc.RpcError) or stats.state_id in (0, seen):
+        stats, _ = self._probe(shard)
+        if stats is None or stats.state_id in (0, seen):
             return error
         how = f"restored from checkpoint {stats.restored_from}" if stats.restored_from else \
             "started on a new, empty data dir"  # fmt: skip
