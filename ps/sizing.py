@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from ps.config import FULL_AT_REST
+from ps.flagtypes import SIZE_UNITS
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, half_floats_of, layout_of
 from ps.server_config import ServerConfig
 from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, INFO_LOG_BYTES, KEEP_INFO_LOGS, MAX_WAL_BYTES
@@ -21,6 +24,7 @@ def size_report(
     RowLayout.sizes_at_rest; in RAM float32 either way). ValueError for an unknown optimizer or values_at_rest."""
     lay = layout_of(dim, optimizer, values_at_rest)
     per_server = -(-ids // servers)
+    hot_rows = math.ceil(round(per_server * hot_fraction, 6))  # a part of a row is a row; 0.1 of 1000 is 100
     return {
         "ids": ids,
         "dim": dim,
@@ -35,7 +39,7 @@ def size_report(
         "disk_bytes_per_server": per_server * lay.disk_bytes,
         "log_bytes_per_server": LOG_BYTES,
         "ram_bytes_per_server_all_rows": per_server * lay.ram_bytes,
-        "cache_bytes_per_server_for_hot_fraction": int(per_server * hot_fraction * lay.ram_bytes),
+        "cache_bytes_per_server_for_hot_fraction": hot_rows * lay.ram_bytes,
         "hot_fraction": hot_fraction,
         "ram_overhead_bytes_per_row": RAM_OVERHEAD_BYTES,
     }
@@ -46,6 +50,16 @@ def human(n: float) -> str:
         if abs(n) < 1024 or unit == "PiB":
             return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,.0f} B"
         n /= 1024
+    return str(n)
+
+
+def flag_size(n: int) -> str:
+    """n bytes as a size flag takes them (ps.flagtypes.byte_size): in the largest unit n reaches, rounded up to a
+    tenth of it, so that a flag given the text holds at least n bytes ("98.5M" for 103,200,000, which is 98.42 MiB)."""
+    for unit, scale in sorted(SIZE_UNITS.items(), key=lambda kv: -kv[1]):
+        if n >= scale:
+            tenths = -(-n * 10 // scale)
+            return f"{tenths // 10}{unit}" if tenths % 10 == 0 else f"{tenths // 10}.{tenths % 10}{unit}"
     return str(n)
 
 
@@ -67,7 +81,7 @@ def format_report(r: dict) -> str:
             f"(raw key+value {r['raw_row_bytes']} B)",
             f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "
             "journal, write-ahead and text logs, + free space for compaction)    RAM for every row "
-            f"{human(r['ram_bytes_per_server_all_rows'])}    --cache-bytes for the hottest {r['hot_fraction']:.0%}: "
-            f"{human(r['cache_bytes_per_server_for_hot_fraction'])}",
+            f"{human(r['ram_bytes_per_server_all_rows'])}    for the hottest {r['hot_fraction']:.0%} in RAM: "
+            f"--cache-bytes {flag_size(r['cache_bytes_per_server_for_hot_fraction'])}",
         ]
     )

@@ -73,3 +73,44 @@ def test_the_size_outputs_docs_capacity_quotes_are_what_the_command_prints():
         out = subprocess.run([sys.executable, "-m", "ps", "size", *shlex.split(args)],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
         assert out == shown, args
+
+
+def _flag_after(text: str, flag: str) -> str:
+    """The value the text gives `flag` (`--cache-bytes 98.5M` -> "98.5M")."""
+    import re
+
+    found = re.search(rf"{flag} (\S+?)[,)]?(?:\s|$)", text)
+    assert found, f"no {flag} in:\n{text}"
+    return found.group(1)
+
+
+def test_the_cache_bytes_size_prints_holds_the_hot_rows_in_a_real_arena():
+    """The --cache-bytes figure, given to the flag as printed (ps.flagtypes.byte_size, the server's parser), holds
+    every hot row in an arena of that budget: rounded up, never to the nearest (200,000 rows of dim 32 with adam
+    take 103,200,000 bytes, 98.42 MiB: "98.4" of a MiB holds 39 rows fewer), and a fraction of a row is a row."""
+    from ps.flagtypes import byte_size
+
+    for ids, dim, optimizer, hot in [(200_000, 32, "adam", 1.0), (999, 8, "adagrad", 0.5), (6.25e10, 16, "adagrad", 0.01),
+                                     (2_000_000, 8, "adagrad", 1.0), (12_345, 7, "ftrl", 0.3)]:  # fmt: skip
+        r = size_report(int(ids), dim, optimizer, 1, hot)
+        lay = layout_of(dim, optimizer)
+        hot_rows = -(-int(ids) * round(hot * 1000) // 1000)  # the hot fraction's rows, a part of one counted whole
+        assert r["cache_bytes_per_server_for_hot_fraction"] >= hot_rows * lay.ram_bytes
+        given = byte_size(_flag_after(format_report(r), "--cache-bytes"))
+        assert given >= hot_rows * lay.ram_bytes, (ids, dim, optimizer, hot)
+        assert given - hot_rows * lay.ram_bytes <= max(given // 100, 1024), "rounded up by more than a tenth of a unit"
+        if hot_rows < 1_000_000:  # an arena of that budget (its own charge per row) takes them all
+            assert Arena(lay.width, MemoryBudget(given)).max_rows >= hot_rows
+
+
+def test_flag_size_is_the_least_tenth_of_a_unit_at_or_above_the_bytes():
+    from ps.flagtypes import byte_size
+    from ps.sizing import flag_size
+
+    rng = np.random.default_rng(7)
+    for n in [1, 1023, 1024, 1025, 5 << 30, (5 << 30) + 1, 103_200_000, *rng.integers(1, 1 << 50, 2000).tolist()]:
+        text = flag_size(n)
+        assert byte_size(text) >= n, (n, text)
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1], 1)
+        assert byte_size(text) - n < unit / 10 + 1, (n, text)
+    assert (flag_size(103_200_000), flag_size(5 << 30), flag_size(1000)) == ("98.5M", "5G", "1000")
