@@ -8,6 +8,7 @@ from ps.config import FULL_AT_REST
 from ps.flagtypes import SIZE_UNITS
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, half_floats_of, layout_of
 from ps.server_config import ServerConfig
+from ps.storage.budget import MIN_SHARE_ROWS, min_share_bytes
 from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, INFO_LOG_BYTES, KEEP_INFO_LOGS, MAX_WAL_BYTES
 
 LOG_BYTES = (ServerConfig.journal_flush_bytes + DEFAULT_JOURNAL_SEGMENT_BYTES + MAX_WAL_BYTES
@@ -19,9 +20,10 @@ it grew by journal_flush_bytes) plus the segment in use, RocksDB's write-ahead l
 def size_report(
     ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float, values_at_rest: str = FULL_AT_REST
 ) -> dict:
-    """Figures for a table of `ids` rows spread over `servers`, with `hot_fraction` of its rows in RAM, whose
-    embeddings RocksDB holds as values_at_rest (its rows on disk of the sizes ps.storage.rowformat's grammar writes:
-    RowLayout.sizes_at_rest; in RAM float32 either way). ValueError for an unknown optimizer or values_at_rest."""
+    """Figures for a table of `ids` rows spread over `servers`, with `hot_fraction` of its rows in RAM (at least
+    the RAM tier a table may have: ps.storage.budget.min_share_bytes), whose embeddings RocksDB holds as
+    values_at_rest (its rows on disk of the sizes ps.storage.rowformat's grammar writes: RowLayout.sizes_at_rest;
+    in RAM float32 either way). ValueError for an unknown optimizer or values_at_rest."""
     lay = layout_of(dim, optimizer, values_at_rest)
     per_server = -(-ids // servers)
     hot_rows = math.ceil(round(per_server * hot_fraction, 6))  # a part of a row is a row; 0.1 of 1000 is 100
@@ -39,7 +41,9 @@ def size_report(
         "disk_bytes_per_server": per_server * lay.disk_bytes,
         "log_bytes_per_server": LOG_BYTES,
         "ram_bytes_per_server_all_rows": per_server * lay.ram_bytes,
-        "cache_bytes_per_server_for_hot_fraction": hot_rows * lay.ram_bytes,
+        # the least RAM tier a table may have (a server refuses a smaller --cache-bytes, CreateTable a smaller share)
+        "hot_rows_per_server": hot_rows,
+        "cache_bytes_per_server_for_hot_fraction": max(hot_rows * lay.ram_bytes, min_share_bytes(lay.ram_bytes)),
         "hot_fraction": hot_fraction,
         "ram_overhead_bytes_per_row": RAM_OVERHEAD_BYTES,
     }
@@ -63,6 +67,13 @@ def flag_size(n: int) -> str:
     return str(n)
 
 
+def _floor_note(r: dict) -> str:
+    """The note " (...)" where the --cache-bytes figure is the least RAM tier a table may have, more than its hot rows."""
+    if r["cache_bytes_per_server_for_hot_fraction"] <= r["hot_rows_per_server"] * r["ram_bytes_per_row"]:
+        return ""
+    return f" (the least a table's RAM tier may be: {MIN_SHARE_ROWS} rows, or 1 MiB of rows over 4 KiB)"
+
+
 def format_report(r: dict) -> str:
     """size_report's figures as `ps-server size` prints them: the row's makeup in RAM, and on disk where the table's
     values_at_rest makes it another (half_floats_of), then the bytes per id and per server."""
@@ -82,6 +93,6 @@ def format_report(r: dict) -> str:
             f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "
             "journal, write-ahead and text logs, + free space for compaction)    RAM for every row "
             f"{human(r['ram_bytes_per_server_all_rows'])}    for the hottest {r['hot_fraction']:.0%} in RAM: "
-            f"--cache-bytes {flag_size(r['cache_bytes_per_server_for_hot_fraction'])}",
+            f"--cache-bytes {flag_size(r['cache_bytes_per_server_for_hot_fraction'])}{_floor_note(r)}",
         ]
     )

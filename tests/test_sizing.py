@@ -114,3 +114,20 @@ def test_flag_size_is_the_least_tenth_of_a_unit_at_or_above_the_bytes():
         unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1], 1)
         assert byte_size(text) - n < unit / 10 + 1, (n, text)
     assert (flag_size(103_200_000), flag_size(5 << 30), flag_size(1000)) == ("98.5M", "5G", "1000")
+
+
+def test_the_cache_bytes_size_prints_is_one_a_server_takes_and_a_table_can_join():
+    """A small table's hot rows take fewer bytes than the least RAM tier a table may have (256 rows: budget's
+    min_share_bytes): size prints that least, which the server starts with and CreateTable takes, not a figure
+    the server refuses at start ("less than any table can use")."""
+    from ps.flagtypes import byte_size
+    from ps.storage.memory import plan_memory
+
+    for ids, dim, optimizer, hot in [(1000, 8, "adagrad", 0.1), (10, 1, "sgd", 1.0), (5000, 4096, "adam", 0.0),
+                                     (10**6, 16, "adagrad", 0.0001)]:  # fmt: skip
+        r = size_report(ids, dim, optimizer, 1, hot)
+        given = byte_size(_flag_after(format_report(r), "--cache-bytes"))
+        assert given >= r["cache_bytes_per_server_for_hot_fraction"]
+        plan_memory(None, r["cache_bytes_per_server_for_hot_fraction"])  # ValueError: the server would not start
+        plan_memory(None, given)
+        MemoryBudget(given).check_join(layout_of(dim, optimizer).ram_bytes)  # RamTierTooSmallError: no CreateTable
