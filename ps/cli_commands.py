@@ -29,7 +29,8 @@ def build_size_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server size",
         description="Print the RAM and disk a table needs, per id and per server, from the row layout the "
-        "server uses (ps/rows/layout.py). RocksDB overhead is the measured figure from benchmarks/scale.py.",
+        "server uses (ps/rows/layout.py), and the --cache-bytes, or the --memory-bytes alone, that holds its hot rows "
+        "in each server's RAM tier. RocksDB overhead is the measured figure from benchmarks/scale.py.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--ids", type=number(1, 2**64), required=True, help="number of distinct ids (1e9 is fine)")

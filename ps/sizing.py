@@ -8,6 +8,7 @@ from ps.config import FULL_AT_REST
 from ps.flagtypes import SIZE_UNITS
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, half_floats_of, layout_of
 from ps.server_config import ServerConfig
+from ps.storage import memory
 from ps.storage.budget import MIN_SHARE_ROWS, min_share_bytes
 from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, INFO_LOG_BYTES, KEEP_INFO_LOGS, MAX_WAL_BYTES
 
@@ -23,10 +24,12 @@ def size_report(
     """Figures for a table of `ids` rows spread over `servers`, with `hot_fraction` of its rows in RAM (at least
     the RAM tier a table may have: ps.storage.budget.min_share_bytes), whose embeddings RocksDB holds as
     values_at_rest (its rows on disk of the sizes ps.storage.rowformat's grammar writes: RowLayout.sizes_at_rest;
-    in RAM float32 either way). ValueError for an unknown optimizer or values_at_rest."""
+    in RAM float32 either way); the --memory-bytes that holds those rows is the one whose split
+    (ps.storage.memory.plan_memory) leaves them the RAM tier. ValueError for an unknown optimizer or values_at_rest."""
     lay = layout_of(dim, optimizer, values_at_rest)
     per_server = -(-ids // servers)
     hot_rows = math.ceil(round(per_server * hot_fraction, 6))  # a part of a row is a row; 0.1 of 1000 is 100
+    cache_bytes = max(hot_rows * lay.ram_bytes, min_share_bytes(lay.ram_bytes))
     return {
         "ids": ids,
         "dim": dim,
@@ -41,9 +44,13 @@ def size_report(
         "disk_bytes_per_server": per_server * lay.disk_bytes,
         "log_bytes_per_server": LOG_BYTES,
         "ram_bytes_per_server_all_rows": per_server * lay.ram_bytes,
-        # the least RAM tier a table may have (a server refuses a smaller --cache-bytes, CreateTable a smaller share)
         "hot_rows_per_server": hot_rows,
-        "cache_bytes_per_server_for_hot_fraction": max(hot_rows * lay.ram_bytes, min_share_bytes(lay.ram_bytes)),
+        # at least the RAM tier a table may have (a server refuses a smaller --cache-bytes, CreateTable a smaller share)
+        "cache_bytes_per_server_for_hot_fraction": cache_bytes,
+        # --memory-bytes alone that leaves the RAM tier cache_bytes (and at least the least a server takes)
+        "memory_bytes_per_server_for_hot_fraction": memory.smallest_memory_bytes(
+            max(cache_bytes, memory.MIN_RAM_TIER_BYTES)
+        ),
         "hot_fraction": hot_fraction,
         "ram_overhead_bytes_per_row": RAM_OVERHEAD_BYTES,
     }
@@ -92,7 +99,10 @@ def format_report(r: dict) -> str:
             f"(raw key+value {r['raw_row_bytes']} B)",
             f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "
             "journal, write-ahead and text logs, + free space for compaction)    RAM for every row "
-            f"{human(r['ram_bytes_per_server_all_rows'])}    for the hottest {r['hot_fraction']:.0%} in RAM: "
-            f"--cache-bytes {flag_size(r['cache_bytes_per_server_for_hot_fraction'])}{_floor_note(r)}",
+            f"{human(r['ram_bytes_per_server_all_rows'])}",
+            f"to hold the hottest {r['hot_fraction']:.0%} in RAM, give each server --cache-bytes "
+            f"{flag_size(r['cache_bytes_per_server_for_hot_fraction'])}{_floor_note(r)}, or --memory-bytes "
+            f"{flag_size(r['memory_bytes_per_server_for_hot_fraction'])} alone (the RAM tier, RocksDB's caches, the "
+            "mapped journal and room for requests and sync steps; the process itself, an idle ps-server's RSS, on top)",
         ]
     )

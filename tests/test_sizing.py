@@ -131,3 +131,24 @@ def test_the_cache_bytes_size_prints_is_one_a_server_takes_and_a_table_can_join(
         plan_memory(None, r["cache_bytes_per_server_for_hot_fraction"])  # ValueError: the server would not start
         plan_memory(None, given)
         MemoryBudget(given).check_join(layout_of(dim, optimizer).ram_bytes)  # RamTierTooSmallError: no CreateTable
+
+
+def test_size_says_what_to_give_memory_bytes_and_a_server_given_it_holds_the_hot_rows():
+    """The --memory-bytes figure size prints, given alone, leaves the RAM tier (ps.storage.memory.plan_memory, the
+    split a server makes) room for the hot rows in an arena, and is a bound the server starts with: 200,000 rows of
+    dim 8 with adagrad print 112M, which holds them all (no eviction) in a real shard."""
+    from ps.flagtypes import byte_size
+    from ps.storage.memory import plan_memory
+
+    for ids, dim, optimizer, hot in [(200_000, 8, "adagrad", 1.0), (2_000_000, 32, "adam", 0.5), (1000, 8, "sgd", 0.1),
+                                     (6.25e10, 16, "adagrad", 0.01)]:  # fmt: skip
+        r = size_report(int(ids), dim, optimizer, 8 if ids > 1e9 else 1, hot)
+        text = format_report(r)
+        memory = byte_size(_flag_after(text, "--memory-bytes"))
+        assert memory >= r["memory_bytes_per_server_for_hot_fraction"]
+        plan = plan_memory(memory, None)  # ValueError: a server refuses it
+        assert plan.ram_tier_bytes >= r["cache_bytes_per_server_for_hot_fraction"]
+        if r["hot_rows_per_server"] < 10**6:
+            width = layout_of(dim, optimizer).width
+            assert Arena(width, MemoryBudget(plan.ram_tier_bytes)).max_rows >= r["hot_rows_per_server"]
+    assert "--memory-bytes 112M" in format_report(size_report(200_000, 8, "adagrad", 1, 1.0))
