@@ -5,6 +5,12 @@ line; row + 1 == 0 marks an empty slot, so every uint64 id (0 and 2**64-1 includ
 starts at the *high* bits of mix64(id): the low bits choose the id's slot (ps.sharding), so within one shard
 they are far from uniform. Load stays <= 1/2; the map doubles when an insert would pass that. Deletion shifts
 later entries of a probe run back (no tombstones).
+
+Resizing is in place: the array is resized (its pages move to the larger mapping where the OS can,
+ps.accel.hugepages.resize) and its entries are moved to their slots in the new size within it (_rehash), so a
+doubling holds the new array and nothing else: at most 4 slots per entry, 64 bytes, what the RAM tier charges a row
+for its index (ps.rows.layout.INDEX_BYTES_PER_ROW), with no copy of the entries beside it. A shrink lays the entries
+out in the smaller size first, then resizes.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from ps.accel.prefetch import AHEAD, prefetch_row
 from ps.hashing import mix64_scalar
 
 MAX_LOAD = 0.5
+UNPLACED = np.uint64(1 << 63)  # set in a slot's row + 1 while _rehash has not yet moved its entry (rows are < 2**63)
 
 
 @numba.njit(inline="always")
@@ -105,6 +112,37 @@ def _delete(slots, shift, ids):
     return removed
 
 
+@numba.njit(nogil=True, cache=True)
+def _rehash(slots, shift, old_n, new_n):
+    """Moves the entries of a table of old_n slots, slots[:old_n], to where a table of new_n slots (probes from
+    `shift`) puts them, slots[:new_n], in place; slots has room for both, and slots[old_n:new_n] is empty. Each
+    entry is marked UNPLACED, then taken out in slot order and inserted, taking the place of the first empty or
+    UNPLACED slot of its probe (the entry found there is inserted next). A placed entry stays where it is, and its
+    probe passed only placed entries, so every probe run is whole at the end; slots[new_n:] is left empty."""
+    mask = new_n - 1
+    for i in range(old_n):
+        if slots[i, 1] != 0:
+            slots[i, 1] |= UNPLACED
+    for i in range(old_n):
+        while slots[i, 1] & UNPLACED:
+            k = slots[i, 0]
+            v = slots[i, 1] ^ UNPLACED
+            slots[i, 1] = 0
+            h = np.int64(mix64_scalar(k) >> shift)
+            while True:
+                w = slots[h, 1]
+                if w != 0 and not (w & UNPLACED):
+                    h = (h + 1) & mask
+                    continue
+                displaced = slots[h, 0]
+                slots[h, 0] = k
+                slots[h, 1] = v
+                if w == 0:
+                    break
+                k, v = displaced, w ^ UNPLACED
+                h = np.int64(mix64_scalar(k) >> shift)
+
+
 class IdIndex:
     """id -> row. Not thread-safe: the owning table serializes calls."""
 
@@ -140,23 +178,30 @@ class IdIndex:
         self.size -= _delete(self.slots, self.shift, np.ascontiguousarray(ids, dtype=np.uint64))
 
     def shrink(self, max_bytes: int) -> None:
-        """Rebuilds the table at the size its entries need (under 4 slots of 16 bytes each) where it takes more
+        """Lays the table out at the size its entries need (under 4 slots of 16 bytes each) where it takes more
         than max_bytes now and that is smaller: an arena that gave rows back keeps its index within the charge of
         the rows it still pays for (ps.rows.layout.INDEX_BYTES_PER_ROW each), and a change that leaves it within
-        that does not rebuild it."""
+        that does not resize it. Where the array cannot be resized (no memory for a copy), the table is laid out at its
+        size again and the error propagates."""
         bits = max(4, int(np.ceil(np.log2(max(self.size, 8) / MAX_LOAD))))
         if self.slots.nbytes > max_bytes and bits < self.bits:
-            self._rebuild(bits)
+            old_bits = self.bits
+            self._rehash(bits)
+            try:
+                hugepages.resize(self, "slots", 1 << bits)
+            except BaseException:  # the array keeps its size: so does the table (find probes the whole array)
+                self._rehash(old_bits)
+                raise
 
     def _grow(self, need: int) -> None:
         bits = self.bits
         while need > MAX_LOAD * (1 << bits):
             bits += 1
-        self._rebuild(bits)
+        hugepages.resize(self, "slots", 1 << bits)  # the entries stay in the first slots, empty ones follow
+        self._rehash(bits)
 
-    def _rebuild(self, bits: int) -> None:
-        used = self.slots[:, 1] != 0
-        old_keys = self.slots[used, 0].copy()
-        old_rows = self.slots[used, 1].astype(np.int64) - 1
-        self._alloc(bits)
-        _insert(self.slots, self.shift, old_keys, old_rows)
+    def _rehash(self, bits: int) -> None:
+        """Lays the entries out for a table of 2**bits slots, in place (_rehash): the array has room for it."""
+        old_n = 1 << self.bits
+        self.bits, self.shift = bits, np.uint64(64 - bits)
+        _rehash(self.slots, self.shift, old_n, 1 << bits)
