@@ -26,8 +26,8 @@ def hold_reads_of_thread(shard: Shard, name: str, go_on: threading.Event) -> thr
     set once such a read has its answer."""
     real_get, read_done = shard.store.get_rows, threading.Event()
 
-    def slow_get_rows(*args):
-        got = real_get(*args)
+    def slow_get_rows(*args, **kwargs):
+        got = real_get(*args, **kwargs)
         if threading.current_thread().name == name:
             read_done.set()
             assert go_on.wait(20)  # the answer is held while the rows change
@@ -150,12 +150,14 @@ def test_reads_ahead_give_what_pulls_under_the_lock_give(tmp_path):
 
 def test_a_read_ahead_keeps_only_the_written_ids_it_reads():
     """Rows written while a read is out make it stale only where they are its ids: note_written keeps those, and a
-    read whose ids were not written is used as it is (the same arrays), whatever else was written."""
+    read whose ids were not written is used as it is (the same arrays, handed over), whatever else was written."""
     ahead = ReadAhead(np.array([3, 5, 9], dtype=np.uint64))
     ahead.note_written(np.array([1, 2, 4, 10], dtype=np.uint64))
     assert ahead.written == []
-    ahead.stored = (np.ones(3, bool), np.zeros((3, 2), np.float32), np.zeros(3, np.uint64), np.ones(3, bool))
-    assert ReadAhead.expand(None, "t", ahead.missing, 2, ahead) is ahead.stored  # no store read: nothing stale
+    stored = (np.ones(3, bool), np.zeros((3, 2), np.float32), np.zeros(3, np.uint64), np.ones(3, bool))
+    ahead.stored = stored
+    assert ReadAhead.expand(None, "t", ahead.missing, 2, ahead) is stored  # no store read: nothing stale
+    assert ahead.stored is None  # the caller's now (it makes its rows in them): a later use reads the store
     ahead.note_written(np.array([10, 9, 1, 3], dtype=np.uint64))
     assert [w.tolist() for w in ahead.written] == [[9, 3]]
 

@@ -9,6 +9,7 @@ import random
 import re
 import threading
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from ps.config import (
 )
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shard import Shard
+from ps.rows.layout import layout_of
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.storage.memory import MiB, plan_memory
@@ -535,3 +537,54 @@ def test_the_refusal_states_the_rooms_rule_as_the_memory_plan_sizes_it():
     largest = plan_memory(1 << 40, None).request_bytes
     with pytest.raises(RequestTooLargeError, match=rf"the room is at its largest \({largest // MiB} MiB\)"):
         RequestRoom(largest).refuse_larger(largest + 1, 1, "a pull")
+
+
+def test_a_miss_copies_no_more_than_the_room_its_request_takes(tmp_path):
+    """pull_cost and push_cost are the room a request takes for its copies of rows: a pull or a push of ids missing
+    from RAM, never pushed or read from RocksDB, allocates no more. A miss reads its rows into one array that becomes
+    the rows installed (initial rows made in it), so a row read is held once. Rows of adam at dim 64 (197 floats),
+    beside which the ids' own arrays are small (64 bytes an id allowed for them); the arena is full first, so the
+    misses evict rather than grow it."""
+    n, dim = 20_000, 64
+    layout = layout_of(dim, "adam")
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=3 * n * layout.ram_bytes, flush_interval_s=3600))
+    table = shard.create_table(TableConfig("t", dim, optimizer=OptimizerConfig("adam", 0.01)))
+    ids, out = np.arange(n, dtype=np.uint64), np.empty((n, dim), np.float32)
+    grads, shows, clicks = np.ones((n, dim), np.float32), np.ones(n, np.float32), np.zeros(n, np.float32)
+
+    def fill(k: int) -> None:  # other ids fill the arena: the next request's ids all miss
+        table.pull(np.arange(3 * n, dtype=np.uint64) + np.uint64(k * 10**9), np.empty((3 * n, dim), np.float32))
+        shard.store.drain()  # the rows it evicted are written: the write-behind thread allocates nothing meanwhile
+
+    def peak(request) -> int:
+        misses = table.counters["cache_misses"]
+        tracemalloc.start()
+        try:
+            request()
+            got = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert table.counters["cache_misses"] - misses == n  # every id missed
+        return got
+
+    table.push(ids + np.uint64(2 * n), grads, shows, clicks, 0)  # in RocksDB for the last push
+    fill(1)
+    new_pull = peak(lambda: table.pull(ids, out))
+    fill(2)
+    new_push = peak(lambda: table.push(ids + np.uint64(n), grads, shows, clicks, 0))
+    shard.flush()
+    fill(3)
+    stored_pull = peak(lambda: table.pull(ids + np.uint64(n), out))
+    fill(4)
+    stored_push = peak(lambda: table.push(ids + np.uint64(2 * n), grads, shows, clicks, 0))
+    ids_own = n * 64  # beside the rows: the request's arrays of ids, their keys and positions, a few words each
+    pulled, pushed = pull_cost(n, layout.width, dim) + ids_own, push_cost(n, layout.width) + ids_own
+    assert max(new_pull, stored_pull) <= pulled, (
+        f"pulls of {n:,} missed ids allocated {new_pull:,} (never pushed) and {stored_pull:,} bytes (read from "
+        f"RocksDB), taking room for {pulled - ids_own:,} (and {ids_own:,} allowed for their ids)"
+    )
+    assert max(new_push, stored_push) <= pushed, (
+        f"pushes of {n:,} missed ids allocated {new_push:,} (never pushed) and {stored_push:,} bytes (read from "
+        f"RocksDB), taking room for {pushed - ids_own:,} (and {ids_own:,} allowed for their ids)"
+    )
+    shard.close()

@@ -246,7 +246,7 @@ def test_a_shard_marks_its_pulls_and_pushes_and_its_background_flush_waits_for_t
     table = shard.create_table(TableConfig(name="t", dim=4))
     store, seen = shard.store, []
     read, push = store.get_rows, table.push
-    store.get_rows = lambda *a: (seen.append(("read", store.foreground.active)), read(*a))[1]
+    store.get_rows = lambda *a, **k: (seen.append(("read", store.foreground.active)), read(*a, **k))[1]
     table.push = lambda *a: (seen.append(("push", store.foreground.active)), push(*a))[1]
     ids = np.arange(5, dtype=np.uint64)
     shard.pull("t", ids)  # misses: read from RocksDB

@@ -80,30 +80,25 @@ class ReadAhead:
     @staticmethod
     def expand(store: Store, table: str, ids: np.ndarray, width: int, ahead: ReadAhead | None) -> tuple:
         """(found (n,), rows (n, width), lsn (n,), complete (n,)) of ids: from `ahead` where it is current, else
-        read by store.get_rows, whose answer holds only the found ids."""
+        read by store.get_rows. The arrays are the caller's (ps.engine.rowloader fills its fresh rows into them):
+        where they are the read ahead's own, it hands them over (its `stored` is None after)."""
         n = len(ids)
         if ahead is not None and ahead.stored is not None and not ahead.written and np.array_equal(ids, ahead.missing):
-            return ahead.stored  # the read ahead is of exactly these ids, and nothing was written meanwhile
-        found, rows = np.zeros(n, dtype=bool), np.zeros((n, width), dtype=np.float32)
-        lsn, complete = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
+            stored, ahead.stored = ahead.stored, None  # the read ahead is of exactly these ids, nothing was written
+            return stored  # meanwhile: its arrays are the answer
         fresh = np.zeros(n, dtype=bool)
         if ahead is not None and ahead.stored is not None and len(ahead.missing):
             fresh, at = ahead.find(ids)
             if ahead.written:
                 fresh &= ~np.isin(ids, np.concatenate(ahead.written))
-            src = at[fresh]
-            a_found, a_rows, a_lsn, a_complete = ahead.stored
-            found[fresh], rows[fresh], lsn[fresh], complete[fresh] = (
-                a_found[src],
-                a_rows[src],
-                a_lsn[src],
-                a_complete[src],
-            )
+        if not fresh.any():  # all read now, into arrays of one entry per id
+            return store.get_rows(table, ids, width, every_id=True)
+        src = at[fresh]
+        found, rows = np.zeros(n, dtype=bool), np.zeros((n, width), dtype=np.float32)
+        lsn, complete = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
+        a_found, a_rows, a_lsn, a_complete = ahead.stored
+        found[fresh], rows[fresh], lsn[fresh], complete[fresh] = a_found[src], a_rows[src], a_lsn[src], a_complete[src]
         rest = np.flatnonzero(~fresh)
         if len(rest):
-            r_found, r_rows, r_lsn, r_complete = store.get_rows(table, ids[rest], width)
-            if len(rest) == n and r_found.all():  # all read now, all found: the answer is already one per id
-                return r_found, r_rows, r_lsn, r_complete
-            where = rest[r_found]
-            found[where], rows[where], lsn[where], complete[where] = True, r_rows, r_lsn, r_complete
+            found[rest], rows[rest], lsn[rest], complete[rest] = store.get_rows(table, ids[rest], width, every_id=True)
         return found, rows, lsn, complete

@@ -9,7 +9,9 @@ A sync step's push is one per shard whatever its size: its contribution and its 
 larger than the room, up to `alone_limit` bytes of copies each (the whole --memory-bytes; refused past it), and
 so does the step's sum (not refused: its workers' contributions together, which the `sync_steps` part bounds).
 
-What is not counted: the request's own bytes, already received when it asks (worker.client sizes its messages to a
+A miss reads its rows into one array that becomes the rows it admits (ps.engine.rowloader), so each row read is
+copied once. What is not counted: the arrays of the request's ids, their keys and positions (a few words an id);
+the request's own bytes, already received when it asks (worker.client sizes its messages to a
 share of the room the shards report, but for a sync step's push; another client's are bounded by the message limit
 only); a reply, made inside its take and sent after it (the servicer's reply room bounds those, ps.replies); a
 sync step's contributions, held across its wait for the job's other workers (the wait is never made holding room):

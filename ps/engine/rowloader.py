@@ -22,6 +22,8 @@ from ps.rows.initializers import init_rows
 from ps.rows.optim import Optimizer
 from ps.storage.arena import Arena
 
+FRESH_ROWS = 4096  # initial rows made at once for a miss (a bounded copy beside the rows read)
+
 
 def raise_duplicate(table: str, ids: np.ndarray, dup: int) -> NoReturn:
     """InvalidArgumentError for a push to `table` whose ids repeat ids[dup] (at a later position than its first)."""
@@ -74,18 +76,17 @@ class RowLoader:
         return block
 
     def _admit(self, ids: np.ndarray, stamp: int, ahead: ReadAhead | None = None) -> np.ndarray:
-        """Rows for ids (unique, none in RAM): what RocksDB holds (or `ahead` read of it), else initial rows."""
-        found, stored_rows, lsn, complete = ReadAhead.expand(self.store, self.name, ids, self.width, ahead)
+        """Rows for ids (unique, none in RAM): what RocksDB holds (or `ahead` read of it), else initial rows. The
+        rows are made in the array the read filled (one row per id): initial rows where RocksDB holds none (or
+        only statistics, kept), FRESH_ROWS at a time, so a miss holds its rows once (ps.engine.room's costs)."""
+        found, block, lsn, complete = ReadAhead.expand(self.store, self.name, ids, self.width, ahead)
         full, partial = found & complete, found & ~complete
-        if full.all():  # every row trained before and read whole: install them as read
-            block = stored_rows
-        else:
-            block = np.empty((len(ids), self.width), dtype=np.float32)
-            block[full] = stored_rows[full]
-        fresh = np.flatnonzero(~full)  # initial rows only where RocksDB holds none (or only statistics)
-        if len(fresh):
-            block[fresh] = self.initial(ids[fresh])
-        block[partial, self.stats_col :] = stored_rows[partial, self.stats_col :]
+        fresh = np.flatnonzero(~full)
+        stats = block[partial, self.stats_col :]  # a copy: the initial rows put zero statistics in their place
+        for lo in range(0, len(fresh), FRESH_ROWS):
+            at = fresh[lo : lo + FRESH_ROWS]
+            block[at] = self.initial(ids[at])
+        block[partial, self.stats_col :] = stats
         stored = np.zeros(len(ids), dtype=np.uint8)
         stored[partial], stored[full] = 1, 2
         rows = self.make_room(len(ids), stamp)

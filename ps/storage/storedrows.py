@@ -41,12 +41,14 @@ class StoredRows(TableCatalog):
     _behind: WriteBehind  # the rows written in the background
     meta: ShardMeta  # the shard's own records: lsn_high rises in the batch of the rows that raise it
 
-    def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
+    def get_rows(self, table: str, ids: np.ndarray, width: int, every_id: bool = False) -> tuple[np.ndarray, ...]:
         """(found bool (n,), rows float32 (found.sum(), width), lsn uint64, complete bool): MultiGet calls over the
         reader threads (read_in_calls), each call's values parsed by numpy on its reader thread as it returns,
         with the rows still waiting in the write-behind laid over them. A row that is not complete (an id not
         admitted yet) holds only its statistics, in its last STATS_FLOATS columns; its other columns are zero. No
-        Python code runs per id. DataLossError for a stored value of neither size."""
+        Python code runs per id. DataLossError for a stored value of neither size. every_id: rows, lsn and
+        complete have an entry per id, zero (False) where none is stored: the arrays read into, not a copy of the
+        found ones."""
         n = len(ids)
         sizes = np.full(n, -1, dtype=np.int64)  # bytes of each stored value; -1: none
         rows = np.zeros((n, width), dtype=np.float32)
@@ -102,7 +104,7 @@ class StoredRows(TableCatalog):
                 if half:  # as RocksDB will hold them once written
                     rows[hit, :half] = as_stored(rows[hit, :half], bound)
                 rows[hit, width - STATS_FLOATS :] = batch.rows[at, width - STATS_FLOATS :]
-        if found.all():  # every id stored, as for the misses of rows trained before: no copies
+        if every_id or found.all():  # every id stored, as for the misses of rows trained before: no copies
             return found, rows, lsn, complete
         return found, rows[found], lsn[found], complete[found]
 
