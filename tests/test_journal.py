@@ -105,19 +105,22 @@ def test_a_segment_of_another_format_is_refused_not_cut(tmp_path):
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.write(struct.pack("<I", 0x334A5350))  # its one record's magic: PSJ3
+        f.seek(16)
+        f.write(bytes(8))  # and a checksum of its own: not this format's over the record
     with pytest.raises(JournalCorruptError, match=r"older journal format \(PSJ3\) at byte 0; .* Refusing"):
         list(Journal(str(tmp_path)).replay(0))
     assert os.path.getsize(path) == size
 
 
-@pytest.mark.parametrize("where", ["middle", "last", "first"])
+@pytest.mark.parametrize("where", ["middle", "last", "first", "only"])
 def test_an_older_magic_in_a_segment_of_this_format_is_damage(tmp_path, where):
-    """A server writes its own format only, so an older magic beside records of this one is damage: one bit
-    flipped turns PSJ5 into PSJ4. Replay calls it corrupt, not an older format, and --accept-journal-loss goes on
-    with the intact records after it."""
-    path = _one_segment(tmp_path, (1, 2, 3))
+    """A server writes its own format only, so an older magic beside records of this one, or on a record this
+    format's checksum verifies (a segment of one record), is damage: one bit flipped turns PSJ5 into PSJ4. Replay
+    calls it corrupt, not an older format, and --accept-journal-loss goes on with the intact records after it."""
+    seqs = (1,) if where == "only" else (1, 2, 3)
+    path = _one_segment(tmp_path, seqs)
     size = os.path.getsize(path)
-    at = {"first": 0, "middle": size // 3, "last": 2 * size // 3}[where]
+    at = {"first": 0, "only": 0, "middle": size // 3, "last": 2 * size // 3}[where]
     with open(path, "r+b") as f:
         f.seek(at + 3)
         f.write(bytes([ord("5") ^ 0x01]))  # "PSJ4"
@@ -126,7 +129,7 @@ def test_an_older_magic_in_a_segment_of_this_format_is_damage(tmp_path, where):
     assert "older journal format" not in str(refused.value)
     assert os.path.getsize(path) == size
     got = [r.seq for r in Journal(str(tmp_path)).replay(0, accept_loss=True)]
-    assert got == [seq for seq in (1, 2, 3) if seq != 1 + 3 * at // size]
+    assert got == [seq for seq in seqs if seq != 1 + len(seqs) * at // size]
 
 
 def test_checksum64_depends_on_every_byte_and_boundary_but_not_on_threads(monkeypatch):

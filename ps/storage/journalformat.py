@@ -263,6 +263,20 @@ def next_intact(data: bytes, start: int, end: int) -> int | None:
     return None
 
 
+def intact_but_its_magic(data: bytes, pos: int) -> bool:
+    """Whether the bytes at pos are an intact record of this format but for its magic (one bit flipped in it turns
+    PSJ5 into PSJ4): the checksum covers the magic, so an older server's record does not pass as one."""
+    if pos + HEADER.size > len(data):
+        return False
+    payload_len = HEADER.unpack_from(data, pos)[2]
+    end = pos + HEADER.size + payload_len
+    if end > len(data):
+        return False
+    record = bytearray(data[pos:end])
+    record[:4] = MAGIC.to_bytes(4, "little")
+    return _parse(bytes(record), 0)[0] is not None
+
+
 def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
     """(Record, end) of the record at pos, or (None, pos) if it is short or fails its checks."""
     if pos + HEADER.size > len(data):

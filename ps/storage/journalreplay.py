@@ -39,6 +39,7 @@ from ps.storage.journalformat import (
     SegmentReader,
     end_of_data,
     holds_a_whole_record,
+    intact_but_its_magic,
     list_segments,
     next_intact,
     torn_tail,
@@ -334,10 +335,12 @@ def _file_size(path: str) -> int:
 
 def _older_segment(data: mmap.mmap | bytes, pos: int, size: int) -> bool:
     """Whether the bad bytes at pos (size: the segment's end of data) are a segment of an older journal format: an
-    older magic at its first byte, and no record of this format in it. A server writes a segment in its own format
-    only, so an older magic after a record of this format, or before one, is damage (a bit flipped in a magic:
+    older magic at its first byte, no record of this format in it, and the first record no record of this format
+    but for its magic. A server writes a segment in its own format only, so an older magic after a record of this
+    format, or before one, or on a record this format's checksum verifies, is damage (a bit flipped in a magic:
     PSJ5 and PSJ4 differ by one)."""
-    return pos == 0 and data[:4] in OLDER_MAGICS and next_intact(data, 1, size) is None
+    return (pos == 0 and data[:4] in OLDER_MAGICS and next_intact(data, 1, size) is None
+            and not intact_but_its_magic(data, 0))  # fmt: skip
 
 
 def _older_format(path: str, data: mmap.mmap | bytes, pos: int) -> JournalCorruptError:
