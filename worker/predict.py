@@ -328,7 +328,7 @@ def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: Scor
     return rows
 
 
-_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP}  # a file system that makes no hard link
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}  # a file system that makes no hard link
 
 
 def _put_in_place(partial: str, out: str, overwrite: bool) -> None:
