@@ -269,6 +269,18 @@ def test_float16_rows_train_as_their_float32_values(name):
             np.testing.assert_allclose(grads, expected[2][k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
+def test_big_endian_rows_give_what_native_rows_give():
+    """Rows of either byte order are floats the numpy backend takes (np.dtype('>f4') is float32's value set)."""
+    spec = make_spec("deepfm")
+    inputs, params, labels = make_batch(spec, 16)
+    swapped = ModelInputs({t: r.astype(r.dtype.newbyteorder(">")) for t, r in inputs.rows.items()}, inputs.fields,
+                          inputs.dense_x)  # fmt: skip
+    got, expected = (NumpyModel(spec).forward_backward(x, params, labels) for x in (swapped, inputs))
+    np.testing.assert_array_equal(got[0], expected[0])
+    for t in expected[1]:
+        np.testing.assert_array_equal(got[1][t], expected[1][t])
+
+
 @pytest.mark.parametrize("backend", [NumpyModel, TorchModel])
 def test_rows_in_fortran_order_give_what_rows_in_c_order_give(backend):
     """Rows are any (u, row_dim) array: a column-major one (a transpose, columns filled one by one) too."""

@@ -25,14 +25,14 @@ from worker.metrics import sigmoid
 from worker.models.pooling import checked_bags, checked_index, one_id_per_bag, pool, pool_backward
 from worker.models.spec import LOGIT_BIAS, FieldInput, ModelInputs, ModelSpec
 
-ROW_DTYPES = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64))  # float16 computed in float32
+ROW_FLOAT_BYTES = (2, 4, 8)  # float16, float32, float64 rows, of either byte order; float16 computed in float32
 
 
 def check_inputs(
     spec: ModelSpec, inputs: ModelInputs, params: dict[str, np.ndarray], labels: np.ndarray | None = None
 ) -> dict[str, FieldInput]:
     """The fields of a batch with int64 index and offsets, in spec.fields order; ValueError unless rows hold
-    exactly the spec's tables at their row widths (ROW_DTYPES), fields exactly the spec's fields as valid bags
+    exactly the spec's tables at their row widths (floats of ROW_FLOAT_BYTES), fields exactly the spec's fields as valid bags
     over their table's rows, one bag per example, dense_x is (n, num_dense), params exactly spec.dense_params()
     at their shapes and labels (n,)."""
     dense_x = np.asarray(inputs.dense_x)
@@ -42,7 +42,12 @@ def check_inputs(
     _check_names("rows", inputs.rows, spec.table_dims(), spec.name)
     for table in spec.table_dims():
         rows = np.asarray(inputs.rows[table])
-        if rows.ndim != 2 or rows.shape[1] != spec.row_dim(table) or rows.dtype not in ROW_DTYPES:
+        if (
+            rows.ndim != 2
+            or rows.shape[1] != spec.row_dim(table)
+            or rows.dtype.kind != "f"
+            or rows.dtype.itemsize not in ROW_FLOAT_BYTES
+        ):
             raise ValueError(
                 f"model {spec.name}: rows of table {table} have shape {rows.shape} and dtype {rows.dtype}, "
                 f"expected float16, float32 or float64 (u, {spec.row_dim(table)})"
