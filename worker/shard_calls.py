@@ -58,7 +58,8 @@ from worker.retry import Outages, may_have_run, retry_window_left, retryable, se
 log = logging.getLogger("worker.client")
 
 CLOSE_TIMEOUT_S = 5.0  # close's wait for the channels
-PROBE_TIMEOUT_S = 5.0  # the deadline of _probe's Stats: a shard still busy with a call's abandoned attempts is slow
+PROBE_TIMEOUT_S = 2.0  # the deadline of _probe's Stats (a push waits for it under its client's numbering lock): a shard
+# still busy with a call's abandoned attempts is slow
 
 
 class ShardCalls:
