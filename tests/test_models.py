@@ -4,6 +4,7 @@ every model against a forward written out from spec.py, numpy against torch (aut
 field against tests/reference_models.py, dropout, large logits, bad inputs; GPU tests skip without CUDA."""
 
 import ast
+import dataclasses
 import pathlib
 import warnings
 
@@ -217,6 +218,23 @@ def test_dropout_changes_training_outputs_by_seed(backend, name):
     assert np.abs(first[0] - predicted).max() > 1e-3 and np.abs(first[0] - second[0]).max() > 1e-3
     np.testing.assert_array_equal(first[0], replay[0])
     np.testing.assert_array_equal(first[2]["mlp.1.weight"], replay[2]["mlp.1.weight"])
+
+
+def test_the_torch_worker_of_the_largest_synthetic_seed_trains_as_numpys_does():
+    """make_backend seeds the dropout masks with --synthetic-seed (up to 2**63 - 1) times 1,000 plus the worker id:
+    a seed past 2**64, which numpy's generator takes and torch's does not by itself."""
+    from worker.job import make_backend
+    from worker.train_config import TrainConfig
+
+    spec = make_spec("deepfm", hidden=(32, 16), dropout=0.5)
+    inputs, params, labels = make_batch(spec, 32)
+    for backend in ("numpy", "torch"):
+        cfg = TrainConfig(backend=backend, synthetic_seed=2**63 - 1, worker_id=1)
+        first = make_backend(spec, cfg).forward_backward(inputs, params, labels)
+        replay = make_backend(spec, cfg).forward_backward(inputs, params, labels)
+        np.testing.assert_array_equal(first[0], replay[0])
+        other = make_backend(spec, dataclasses.replace(cfg, worker_id=2)).forward_backward(inputs, params, labels)
+        assert np.abs(first[0] - other[0]).max() > 1e-3, backend  # another worker drops other units
 
 
 @pytest.mark.parametrize("name", ["deepfm", "dnn"])

@@ -69,7 +69,7 @@ class TorchModel:
     """predict / forward_backward of one ModelSpec with torch autograd on `device` ("cpu", "cuda", "cuda:1").
 
     Same inputs and outputs as NumpyModel, float32 numpy on the CPU; dropout masks come from a torch generator
-    on the device seeded by `seed`, drawn in forward_backward only. Raises ValueError for a CUDA device when
+    on the device seeded by `seed` (any int, as NumpyModel's: taken modulo 2**64), drawn in forward_backward only. Raises ValueError for a CUDA device when
     torch sees none.
     """
 
@@ -82,7 +82,7 @@ class TorchModel:
         self.spec = spec
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
+        self.generator.manual_seed(seed % 2**64)  # torch's seeds end at 2**64; make_backend's reach 2**73
 
     def predict(self, inputs: ModelInputs, params: dict[str, np.ndarray]) -> np.ndarray:
         """Probabilities (n,) float32."""
