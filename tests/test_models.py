@@ -165,6 +165,18 @@ def test_numpy_and_torch_agree_over_one_id_per_field_without_dense_features(name
     assert_backends_agree(spec, *make_batch(spec, 64, seed=2, bags=False))
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("one_table", [False, True])
+def test_a_batch_of_no_examples_gives_no_probabilities_and_zero_gradients_on_both_backends(name, one_table):
+    """check_inputs takes n = 0 (offsets [0]); over one table and one id per field torch gathers every field at
+    once (TorchModel._stacked), whose MLP input is reshaped to (0, fields * width)."""
+    spec = ModelSpec(name, uniform_fields(4, 3), num_dense=2, hidden=(4,)) if one_table else make_spec(name)
+    inputs, params, labels = make_batch(spec, 0, bags=False)
+    assert_backends_agree(spec, inputs, params, labels)
+    probs, row_grads, param_grads = TorchModel(spec).forward_backward(inputs, params, labels)
+    assert probs.shape == (0,) and all((g == 0).all() for g in [*row_grads.values(), *param_grads.values()])
+
+
 @pytest.mark.parametrize("name", ["lr", "fm"])
 def test_lr_and_fm_over_one_id_per_field_equal_the_reference(name):
     """The reference works on the row of every (example, field); a backend's gradient of a unique row is the sum

@@ -133,7 +133,7 @@ class TorchModel:
                 s = vs.sum(dim=1)
                 logit = logit + 0.5 * ((s * s).sum(dim=1) - (vs * vs).sum(dim=(1, 2)))
             if spec.has_mlp:
-                logit = logit + self._mlp(torch.cat([vs.reshape(n, -1), dense_x], dim=1), params, training)
+                logit = logit + self._mlp(torch.cat([vs.flatten(1), dense_x], dim=1), params, training)
             return logit
         pooled = {f.name: pool_torch(rows[f.table], fields[f.name], f.pooling) for f in spec.fields}
         off = spec.embedding_offset
