@@ -570,6 +570,29 @@ def test_the_few_steps_warning_counts_the_examples_the_validation_split_leaves_t
     assert recipe.few_steps(LARGE, 10**6, LARGE.batch_size, 1, held_out=0) is None
 
 
+def test_a_file_counted_no_further_warns_of_few_steps_only_where_max_examples_cuts_it(tmp_path, monkeypatch, caplog):
+    """A file past the recipe's threshold is counted only to it, so the steps that count gives are a floor: the
+    README's large-data advice (--validation-fraction) on such a file makes the steps the data yields (the oracle),
+    more than the large recipe's fewest, and is not warned of; a --max-examples under the floor is, naming the count
+    as the floor it is. (Threshold 4,096 lines and fewest steps 2 here, for a 30,000-line file.)"""
+    monkeypatch.setattr(recipe, "SMALL_DATA_EXAMPLES", 4096)
+    monkeypatch.setattr(recipe, "FEWEST_LARGE_STEPS", 2)
+    path = tmp_path / "big.svm"
+    path.write_text("".join(f"{i % 2} {i % 97}:1 {100 + i % 13}:1\n" for i in range(30_000)))
+    flags = dict(data=str(path), format="libsvm", local_shards=1, progress=False, model="lr")
+    with caplog.at_level("WARNING"):
+        cfg, data, _, line = prepare(TrainConfig(**flags, validation_fraction=0.5))
+    assert line.startswith("large-data recipe for at least 4,096 lines of training data (counted no further)")
+    steps = sum(1 for _ in data.train())
+    assert steps >= recipe.FEWEST_LARGE_STEPS, steps  # about 15,000 examples train: 8 steps of 2048
+    assert "--recipe large on" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare(TrainConfig(**flags, max_examples=100))
+    assert "--recipe large on at least 4,096 lines of training data: --max-examples 100 in batches of 2,048 is 1 " \
+           "step, where the large recipe makes 2 or more" in caplog.text  # fmt: skip
+
+
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched(tmp_path):
     """--optimizer ftrl with --mode geo is refused by the flags' checks (launch makes them before any worker
     starts); ftrl that a --table-config (or a schema) gives a table, when the tables are configured."""

@@ -137,7 +137,7 @@ def prepare(
     if training:
         check_validation_flags(given, cfg)
         split = held_out(n, cfg.validation_fraction or 0.0, data.max_validation * cfg.num_workers)
-        few = few_steps(chosen, n, cfg.batch_size, cfg.epochs, unit, cfg.max_examples, split)  # small data
+        few = few_steps(chosen, n, cfg.batch_size, cfg.epochs, unit, cfg.max_examples, split, at_least)  # small data
         if few:
             log.warning("%s", few)
     if training and cfg.model == "dnn" and recipe_line.startswith("small-data"):

@@ -142,24 +142,27 @@ def choose(recipe: str, examples: int) -> Recipe:
 
 
 def few_steps(r: Recipe, examples: int, batch_size: int, epochs: int, unit: str = "training examples",
-              max_examples: int = 0, held_out: int = 0) -> str | None:  # fmt: skip
+              max_examples: int = 0, held_out: int = 0, at_least: bool = False) -> str | None:  # fmt: skip
     """The warning for a run of the large recipe that makes fewer steps (of `batch_size`, over `epochs` passes of
     the examples that train: `examples`, all workers together, less the `held_out` of them the validation split
     takes, or the first max_examples of them, --max-examples, counted over the epochs) than FEWEST_LARGE_STEPS,
     the recipe's steps on the least data --recipe auto gives it: --recipe large on small data. None for another
-    recipe, or as many steps (flags given: more epochs, smaller batches)."""
+    recipe, or as many steps (flags given: more epochs, smaller batches). at_least: `examples` is a count that
+    stopped at the recipe's threshold (worker/linecount.py), so the steps it gives are a floor, not the run's:
+    only a --max-examples under that floor tells the steps, and warns."""
     training = examples - held_out
     steps = -(-training // batch_size) * epochs
     trained = f"{epochs} epoch{'s' * (epochs != 1)}"
     cut = bool(max_examples) and -(-max_examples // batch_size) < steps
     if cut:
         steps, trained = -(-max_examples // batch_size), f"--max-examples {max_examples:,}"
-    if r.name != LARGE.name or steps >= FEWEST_LARGE_STEPS:
+    if r.name != LARGE.name or steps >= FEWEST_LARGE_STEPS or (at_least and not cut):
         return None
-    split = f" ({training:,} train, {held_out:,} in the validation split)" if held_out else ""
+    split = f" ({training:,} train, {held_out:,} in the validation split)" if held_out and not at_least else ""
+    examples_text = f"at least {examples:,}" if at_least else f"{examples:,}"
     remedies = (["--recipe auto (the small-data recipe on this data)"] if examples < SMALL_DATA_EXAMPLES else []) + [
         "a larger --max-examples" if cut else "more --epochs", "a smaller --batch-size"]  # fmt: skip
-    return (f"--recipe large on {examples:,} {unit}{split}: {trained} in batches of {batch_size:,} "
+    return (f"--recipe large on {examples_text} {unit}{split}: {trained} in batches of {batch_size:,} "
             f"is {steps:,} step{'s' * (steps != 1)}, where the large recipe makes {FEWEST_LARGE_STEPS} or more on the "
             f"least data --recipe auto gives it ({SMALL_DATA_EXAMPLES:,} examples): the model stays near its start "
             f"(AUC near 0.5, logloss near the base rate's or worse); {', '.join(remedies[:-1])} or {remedies[-1]} "
