@@ -144,7 +144,7 @@ def _csv_schema(path: str, delimiter: str, sample_rows: int, lines: list[str]) -
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     label, guess = _pick_label(header, columns, len(rows))
     sample = f"{len(rows)} row{'s' * (len(rows) != 1)}"
-    lines.append(f"# Inferred from the header and a sample of {sample} (worker/formats.py read_csv_sample).")
+    lines.append(f"# Inferred from the header and a sample of {sample} (worker/readers/csv_sample.py read_csv_sample).")
     lines += ['format = "csv"'] + ([f"delimiter = {toml_value(delimiter)}"] if delimiter != "," else [])
     checks = [*misfit_warnings, *([guess] if guess else [])]
     no_header = header_reads_like_an_example(path, header, delimiter=delimiter)
