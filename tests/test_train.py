@@ -812,6 +812,34 @@ def test_a_run_resumed_under_max_examples_ends_where_the_stopped_run_would_have(
     assert not np.array_equal(further, one_run)  # the comparison can tell one step more
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_run_resumed_with_dropout_draws_the_masks_of_a_run_never_stopped(backend):
+    """deepfm with dropout 0.5: 1,400 examples (7 steps of epoch 1: a stop on a batch boundary), then a resume
+    from 1,400, train the model (its MLP and its rows) that one run of 2 epochs trains, exactly: the resumed run
+    draws the dropout masks of the steps it skips before its own."""
+    from worker.dense import DenseSync
+
+    base = TrainConfig(servers=("127.0.0.1:1",), model="deepfm", hidden=(8, 4), dropout=0.5, backend=backend,
+                       synthetic_rows=2000, synthetic_eval_rows=10, batch_size=200, epochs=2, recipe="large",
+                       early_stop=0, learning_rate=0.05, progress=False)  # fmt: skip
+
+    def model(*runs: TrainConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        with InProcessTables(cache_bytes=64 << 20) as tables:
+            for cfg in runs:
+                cfg, data, spec, backend, dense = open_job(cfg, tables)
+                run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data))
+            ids = np.unique(np.concatenate([b.fields["C1"].ids for b in data.train()]))
+            return DenseSync(tables, spec.dense_params()).pull(), tables.pull(cfg.model, ids)
+
+    one_run, one_run_rows = model(base)
+    resumed, resumed_rows = model(dataclasses.replace(base, max_examples=1400),
+                                  dataclasses.replace(base, skip_examples=1400))  # fmt: skip
+    assert sorted(resumed) == sorted(one_run) and "mlp.0.weight" in one_run
+    for name, values in one_run.items():
+        np.testing.assert_array_equal(resumed[name], values, err_msg=name)
+    np.testing.assert_array_equal(resumed_rows, one_run_rows)
+
+
 def test_max_examples_is_the_jobs_total_shared_by_its_workers():
     shares = [TrainConfig(max_examples=10, num_workers=3, worker_id=i).worker_max_examples() for i in range(3)]
     assert shares == [4, 3, 3] and TrainConfig(max_examples=0, num_workers=3).worker_max_examples() == 0

@@ -207,7 +207,9 @@ class _TrainingRun:
         plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
         planned = s.total_examples * s.epochs
         total = max(0, (min(planned, s.max_examples) if s.max_examples else planned) - s.skip_examples)
-        self.skipping, self.limit = Skipping(s.skip_examples), Limit(s.max_examples)
+        # the skipped steps' dropout masks drawn too: the resumed run's steps draw the masks of a run never stopped
+        skip_masks = getattr(given.backend, "skip_masks", None)
+        self.skipping, self.limit = Skipping(s.skip_examples, skip_masks), Limit(s.max_examples)
         self.desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until a step trains
         estimated = s.total_estimated and total > 0
         # the bar alone, on a terminal (no tqdm where it is not shown): the loop's lines, plain in a log or PROGRESS

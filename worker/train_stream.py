@@ -6,7 +6,7 @@ last batch (the loop pushes the MLP's gradients in that step).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from worker.batch import Batch
 
@@ -41,16 +41,20 @@ class Limit:
 
 class Skipping:
     """Drops the first `left` examples of the batches it is given, over as many epochs' streams as that takes;
-    `seconds` is the time spent reading them."""
+    `seconds` is the time spent reading them. on_dropped(n), where given, is told of each batch dropped whole (of
+    n examples): the backend's skip_masks, which draws the dropout masks a run never stopped drew for it, so that
+    the resumed run's steps draw the masks that run's did."""
 
-    def __init__(self, left: int):
-        self.left, self.seconds = left, 0.0
+    def __init__(self, left: int, on_dropped: Callable[[int], None] | None = None):
+        self.left, self.seconds, self.on_dropped = left, 0.0, on_dropped
 
     def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         started = time.perf_counter() if self.left else None
         for batch in batches:
             if self.left >= len(batch):
                 self.left -= len(batch)
+                if self.on_dropped is not None:
+                    self.on_dropped(len(batch))
                 continue
             if self.left:
                 batch, self.left = batch.slice(self.left, len(batch)), 0

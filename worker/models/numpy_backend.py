@@ -192,6 +192,14 @@ class NumpyModel:
             hs.append(z)
         return hs, masks
 
+    def skip_masks(self, n: int) -> None:
+        """Draws, and drops, the dropout masks forward_backward draws in training for a batch of n examples: a
+        resumed run (--skip-examples) calls it for each batch it skips, so that its steps draw the masks a run
+        never stopped draws in the same steps."""
+        if self.spec.has_mlp and self.spec.dropout > 0:
+            for width in self.spec.hidden:
+                self.rng.random((n, width), dtype=np.float32)
+
     def _dropout_mask(self, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
         """0 with probability spec.dropout, 1 / (1 - dropout) otherwise."""
         rate = self.spec.dropout

@@ -170,6 +170,13 @@ class TorchModel:
                     h = h * self._dropout_mask(h.shape)
         return h[:, 0]
 
+    def skip_masks(self, n: int) -> None:
+        """Draws, and drops, the dropout masks forward_backward draws in training for a batch of n examples (as
+        NumpyModel.skip_masks: a resumed run's steps then draw the masks of a run never stopped)."""
+        if self.spec.has_mlp and self.spec.dropout > 0:
+            for width in self.spec.hidden:
+                torch.rand((n, width), generator=self.generator, device=self.device)
+
     def _dropout_mask(self, shape: torch.Size) -> torch.Tensor:
         """0 with probability spec.dropout, 1 / (1 - dropout) otherwise."""
         rate = self.spec.dropout
