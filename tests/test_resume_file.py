@@ -519,6 +519,35 @@ def test_an_early_stopped_run_stopped_in_its_final_evaluation_is_only_evaluated_
         assert after["finished"] and after["examples"] == record["examples"]
 
 
+def test_an_early_stopped_run_stopped_as_it_puts_the_best_model_back_is_not_trained_on_when_started_again(
+    tmp_path, capsys, monkeypatch
+):
+    """Early stopping ended the training and a Ctrl-C came while the best model was put back (after the last step):
+    the run says there is nothing to resume, and its file agrees: a restart trains nothing past the early stop,
+    only evaluates."""
+    import worker.best
+
+    position = tmp_path / "position.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), "--model", "lr",
+                 "--recipe", "small", "--epochs", "20", "--early-stop", "1", "--synthetic-rows", "3000",
+                 "--synthetic-eval-rows", "500", "--no-progress"]  # fmt: skip
+
+        def interrupted(*args):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(worker.best.BestModel, "restore", interrupted)
+        code, out, err = run(train, capsys)
+        assert code == 130 and "when it stopped (after its last step): nothing to resume" in err, (out, err)
+        record = json.loads(position.read_text())
+        assert record["trained"] and not record["finished"], record
+        monkeypatch.undo()
+        code, out, err = run(train, capsys)
+        assert code == 0 and "its final evaluation did not: evaluating" in out, err
+        assert re.search(r"trained lr .* on 0 examples", out), out  # no step past the early stop
+        assert json.loads(position.read_text())["examples"] == record["examples"]
+
+
 def test_a_command_with_skip_examples_resumes_itself_and_a_refused_skip_is_not_recorded(tmp_path, capsys,
                                                                                         monkeypatch):  # fmt: skip
     position = tmp_path / "position.json"

@@ -24,7 +24,9 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
   updates the servers acknowledged: `--skip-examples N` trains on from there, as a stopped run's hint says.
 - trained: the run's training is over (its stream trained, or early stopping or --max-examples ended it, the
-  best model put back); a start then trains nothing and runs the final evaluation.
+  best model put back; or a stop came after its last step, every update pushed, as the best model was put back
+  or the MLP's last gradients pushed: its hint's "nothing to resume"); a start then trains nothing and runs the
+  final evaluation.
 - finished: the run ended, its final evaluation done too; a start then does nothing and says so (but a sync or
   ssp worker's start under a new job id, which tells that job it is done and evaluates again: below).
 - state_ids: each shard's model state id (StatsResponse state_id) as the run found it, in shard order; absent or

@@ -252,8 +252,10 @@ class _Run:
                            on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (stopping.abandon)
             if position is not None and not cfg.resume_trained:  # (a refused done stamp: the file stays as it was)
+                # stopped after its last step (putting the best back, say), every update pushed: training is over
+                over = loop.trained_all and loop.pushed == loop.examples
                 try:
-                    position.write(cfg.skip_examples + loop.pushed)
+                    position.write(cfg.skip_examples + loop.pushed, trained=over)
                 except OSError as failed:  # e is the error to report
                     log.warning("could not write --resume-file %s as the run stopped: %s", cfg.resume_file, failed)
             if isinstance(e, TrainingDataError):
