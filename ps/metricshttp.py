@@ -12,6 +12,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.exposition import ThreadingWSGIServer
@@ -51,11 +52,11 @@ class BoundedServer(ThreadingWSGIServer):
     a peer opening connections (each may idle for Handler.timeout) cannot make the server start threads without
     bound."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(*args, **kwargs)
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)
             return
@@ -65,13 +66,13 @@ class BoundedServer(ThreadingWSGIServer):
             self._slots.release()
             raise
 
-    def process_request_thread(self, request, client_address) -> None:
+    def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: socket.socket, client_address: Any) -> None:
         """A failed TLS handshake or a client that went away: one debug line, not a traceback on stderr."""
         log.debug("metrics request from %s failed", client_address, exc_info=True)
 
@@ -84,5 +85,5 @@ class Handler(WSGIRequestHandler):
         if isinstance(self.connection, ssl.SSLSocket):
             self.connection.do_handshake()
 
-    def log_message(self, format: str, *args) -> None:  # no access log on stderr
+    def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
         pass

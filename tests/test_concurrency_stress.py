@@ -135,9 +135,10 @@ class Load:
                 pushes.append(TablePush(name, np.array(ids, np.uint64), grads, None, None, False))
             seq += 1
             self.oracle.inflight[me] = keys
+            advance = rng.choice((0, 0, 1))
             while True:
                 try:
-                    self.shard.push_batch(pushes, rng.choice((0, 0, 1)), client, seq)
+                    self.shard.push_batch(pushes, advance, client, seq)
                     break
                 except CheckpointInProgressError:
                     self.counts["refused"] += 1
@@ -146,10 +147,10 @@ class Load:
                 self.oracle.acked[key] += 1
             self.oracle.inflight[me] = []
             self.counts["pushes"] += 1
-            if rng.random() < 0.1:  # a retry of an acknowledged request: applies nothing
+            if rng.random() < 0.1:  # a retry of an acknowledged request (the same request): applies nothing
                 while True:
                     try:
-                        _, applied = self.shard.push_batch(pushes, 0, client, seq)
+                        _, applied = self.shard.push_batch(pushes, advance, client, seq)
                         break
                     except CheckpointInProgressError:
                         time.sleep(0.002)
