@@ -548,6 +548,29 @@ def test_an_early_stopped_run_stopped_as_it_puts_the_best_model_back_is_not_trai
         assert json.loads(position.read_text())["examples"] == record["examples"]
 
 
+def test_an_early_stop_at_an_eval_every_step_stopped_as_the_worker_says_it_is_done_is_not_trained_on_again(
+    tmp_path, capsys, monkeypatch
+):
+    """Early stopping at an --eval-every evaluation of a worker that puts no best model back (one of 2 workers):
+    a Ctrl-C while it tells the servers it is done (after its last step) leaves a file that trains nothing more."""
+    import worker.steprows
+
+    position = tmp_path / "position.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), "--model", "lr",
+                 "--recipe", "small", "--epochs", "20", "--early-stop", "1", "--eval-every", "3",
+                 "--synthetic-rows", "3000", "--synthetic-eval-rows", "500", "--num-workers", "2",
+                 "--worker-id", "0", "--job-id", "j1", "--no-progress"]  # fmt: skip
+
+        def interrupted(*args):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(worker.steprows.AsyncRows, "finish", interrupted)
+        code, out, err = run(train, capsys)
+        assert code == 130 and "nothing to resume" in err, (out, err)
+        assert json.loads(position.read_text())["trained"], position.read_text()
+
+
 def test_a_command_with_skip_examples_resumes_itself_and_a_refused_skip_is_not_recorded(tmp_path, capsys,
                                                                                         monkeypatch):  # fmt: skip
     position = tmp_path / "position.json"

@@ -250,8 +250,8 @@ class _TrainingRun:
         batches = prefetched(marked, self.prepare, self.s.prefetch)
         try:
             for _, item in _read_errors_named(batches, self.result):
-                if self._train_step(item, epoch):
-                    self.stop = True
+                if self._train_step(item, epoch):  # an early stop: every step of the run ran
+                    self.stop = self.result.trained_all = True
                     break
         finally:  # an early stop: this worker is done, so that no other worker waits for it, nor its own prefetched
             # stamped pull (with a best model to put back, or an MLP to write (allreduce): at the end, after that; the
@@ -269,7 +269,7 @@ class _TrainingRun:
         if result.steps == steps_before and s.skip_examples:  # an epoch skipped whole
             return True
         if not validated and self._evaluation(epoch) and epoch < s.epochs:  # (after the last epoch, a patience
-            self.stop = True  # run out there stops nothing early)
+            self.stop = self.result.trained_all = True  # run out there stops nothing early)
             return False
         return not self.limit.reached  # no epoch after it
 
