@@ -2,10 +2,10 @@
 to raw rocksdict multi_get of the same keys on the same files; and the server's peak memory against its budget.
 
     python benchmarks/miss_path.py [--rows-list 1000000,30000000] [--cache-bytes 256M] [--seconds 45]
-                                   [--server-args "--memory-bytes 512M"] [--keep-data DIR]
+                                   [--server-args "--memory-bytes 560M"] [--keep-data DIR]
 
 For each size of --rows-list (the first is the baseline, a table that fits in RAM) one server (dim 16, Adagrad,
---cache-bytes, --read-threads of --threads, then --server-args, by default --memory-bytes 512M) holds a table
+--cache-bytes, --read-threads of --threads, then --server-args, by default --memory-bytes 560M) holds a table
 "big" of that many rows with random values. The fill (--fill):
     ingest  the default, and the fastest: a server creates the table and stops; the rows (random embeddings,
             Adagrad accumulators, one show, admitted, journal position 0) are written in RocksDB's key order
@@ -673,8 +673,8 @@ def main() -> None:
         default=None,
         help="the server's --read-threads and the reference's threads (default: the server's default)",
     )
-    p.add_argument("--server-args", default="--memory-bytes 512M",
-                   help='more ps-server flags (default: "--memory-bytes 512M", the one memory bound the peak RSS '
+    p.add_argument("--server-args", default="--memory-bytes 560M",
+                   help='more ps-server flags (default: "--memory-bytes 560M", the one memory bound the peak RSS '
                    'check holds the server to; "" for none: the check then uses the RAM tier)')  # fmt: skip
     p.add_argument("--ids", type=int, default=100_000, help="draws per request (its unique ids are sent)")
     p.add_argument("--seconds", type=float, default=45.0, help="timed calls per size and distribution")
