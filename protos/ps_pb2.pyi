@@ -186,12 +186,14 @@ class WorkerStamp(_message.Message):
     def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ..., apart: _Optional[bool] = ..., stopped_by: _Optional[str] = ..., job_name: _Optional[str] = ...) -> None: ...
 
 class PullBatchRequest(_message.Message):
-    __slots__ = ("pulls", "stamp")
+    __slots__ = ("pulls", "stamp", "state_id")
     PULLS_FIELD_NUMBER: _ClassVar[int]
     STAMP_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
     pulls: _containers.RepeatedCompositeFieldContainer[PullRequest]
     stamp: WorkerStamp
-    def __init__(self, pulls: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ...) -> None: ...
+    state_id: int
+    def __init__(self, pulls: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ..., state_id: _Optional[int] = ...) -> None: ...
 
 class PullBatchResponse(_message.Message):
     __slots__ = ("replies", "min_clock")

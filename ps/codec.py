@@ -85,6 +85,7 @@ message WorkerStamp
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull
   2  stamp            LEN     WorkerStamp              absent: no wait (async, geo, eval, predict)
+  3  state_id         VARINT  uint64                   nonzero: the shard's state_id as the client saw it
 
 message PullBatchResponse
   1  replies          LEN     repeated PullResponse    one per pull, in request order

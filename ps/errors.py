@@ -256,10 +256,10 @@ MODEL_STATE_REPLACED = "holds another model state than the one this client train
 
 
 class ModelStateReplacedError(PsError):
-    """A push that carried the shard's state id as its client last saw it (StatsResponse state_id) found another
-    one: the shard's data dir was restored from a checkpoint or started anew since, so the model state the
-    client trained on is gone from it. Nothing of the request is applied; not retried (a restarted client
-    trains on what the shard holds now)."""
+    """A push or pull that carried the shard's state id as its client last saw it (StatsResponse state_id) found
+    another one: the shard's data dir was restored from a checkpoint or started anew since, so the model state the
+    client trained on, or scores with, is gone from it. Nothing of the request is applied or read; not retried (a
+    restarted client trains on, or scores with, what the shard holds now)."""
 
     status = "FAILED_PRECONDITION"
 

@@ -291,6 +291,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullBatchResponse already serialized (see handler)."""
         _check_count("PullBatch", "pulls", len(request.pulls))
+        self.shard.check_state_id(request.state_id, pull=True)
         stamp = stamp_of(request)
         if stamp is not None:
             self.shard.jobs.check(stamp, pull=True)

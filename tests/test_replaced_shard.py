@@ -1,19 +1,27 @@
 """A shard replaced under a running client, on the same port: restarted restored from a checkpoint, or on a new,
-empty data dir. The client's pushes carry the state id wait_ready read (ps.engine.shard check_state_id): the
-replaced shard refuses them, applying nothing, with ModelStateReplacedError saying how it was replaced, and the
-error says what the push's other batches applied; a new client (wait_ready again) trains on."""
+empty data dir. The client's pushes and pulls carry the state id wait_ready read (ps.engine.shard check_state_id):
+the replaced shard refuses them, applying and reading nothing, with ModelStateReplacedError saying how it was
+replaced, and a push's error says what its other batches applied; `ps-worker eval` stops on it rather than score
+rows of two model states; a new client (wait_ready again) trains on."""
 
 from __future__ import annotations
 
+import re
+
+import grpc
 import numpy as np
 import pytest
 
+from protos import ps_pb2, ps_pb2_grpc
+from ps import wire
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.errors import MODEL_STATE_REPLACED, ModelStateReplacedError, PsError
+from ps.errors import MODEL_STATE_REPLACED, NOTHING_READ_OR_APPLIED, ModelStateReplacedError, PsError
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
+from tests.worker_runs import run
+from worker import served
 from worker.checkpoint import save
 from worker.client import Client
 
@@ -65,11 +73,11 @@ def test_a_push_to_a_replaced_shard_is_refused_and_applies_nothing_there(tmp_pat
 
 
 @pytest.mark.parametrize("replaced_by", ["a new data dir", "another cluster's shard", "a shard of 3"])
-def test_a_pull_a_replaced_shard_refuses_says_the_shard_was_replaced_not_only_its_refusal(tmp_path, replaced_by):
-    """A training step pulls before it pushes: a shard replaced on a new data dir holds no table, so the step's
-    pull is refused (NOT_FOUND, or ids it does not own) before any push carries the state id. The refusal is
-    raised as ModelStateReplacedError, the shard's words kept, so that a run stops without a --skip-examples hint
-    (worker.train), as for a refused push; a refusal of a shard that was not replaced keeps its own class."""
+def test_a_call_without_a_state_id_a_replaced_shard_refuses_says_the_shard_was_replaced(tmp_path, replaced_by):
+    """A call that carries no state id (DescribeTable: a client's first pull of a table asks its dim) finds no
+    table on a shard replaced on a new data dir, and is refused (NOT_FOUND). The refusal is raised as
+    ModelStateReplacedError, the shard's words kept, so that a run stops without a --skip-examples hint
+    (worker.train), as for a refused push or pull; a refusal of a shard that was not replaced keeps its own class."""
     ports = [0, 0]
 
     def config(i: int, data_dir: str, **kw) -> ServerConfig:
@@ -85,21 +93,118 @@ def test_a_pull_a_replaced_shard_refuses_says_the_shard_was_replaced_not_only_it
             client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
             client.push("t", ids, np.ones((len(ids), 2), np.float32))
             with pytest.raises(PsError, match="table 'u' does not exist on shard") as same:
-                client.pull("u", ids)  # a refusal of shards not replaced: as it was
+                client.describe_table("u")  # a refusal of shards not replaced: as it was
             assert not isinstance(same.value, ModelStateReplacedError)
             servers[1].stop(grace_s=1)
             kw = {"cluster": "other"} if replaced_by == "another cluster's shard" else {}
             kw |= {"num_shards": 3} if replaced_by == "a shard of 3" else {}
             servers[1] = Server(config(1, "d1-new", **kw))
             servers[1].start()
-            said = (rf"shard 1 at \S+: PullBatch failed with \w+: .*; shard 1 {MODEL_STATE_REPLACED} \(state id 0x"
-                    r"[0-9a-f]+, the client's 0x[0-9a-f]+\): since the client connected, the shard was started on a "
-                    r"new, empty data dir")  # fmt: skip
+            said = (rf"shard 1 at \S+: DescribeTable failed with NOT_FOUND: .*; shard 1 {MODEL_STATE_REPLACED} "
+                    r"\(state id 0x[0-9a-f]+, the client's 0x[0-9a-f]+\): since the client connected, the shard was "
+                    r"started on a new, empty data dir")  # fmt: skip
             with pytest.raises(ModelStateReplacedError, match=said) as caught:
-                client.pull("t", ids)
+                client.describe_table("t", shards=[1])
             assert caught.value.refused_by == 1
             if replaced_by != "a new data dir":
                 assert ("cluster 'other'" if kw.get("cluster") else "shard 1 of 3") in str(caught.value)
     finally:
         for s in servers:
             s.stop(grace_s=1)
+
+
+class TwoShards:
+    """Two servers in this process, on ports of their own; replace(i, ...) restarts shard i on its port, on a data
+    dir of that name (restored from a checkpoint where restore_dir is given)."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path, self.ports = tmp_path, [0, 0]  # any free port; a replaced shard takes its predecessor's
+        self.servers = [Server(self.config(i, f"d{i}")) for i in range(2)]
+        self.ports = [s.start() for s in self.servers]
+        self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+
+    def config(self, i: int, data_dir: str, **kw) -> ServerConfig:
+        return ServerConfig(data_dir=str(self.tmp_path / data_dir), shard_id=i, num_shards=2, port=self.ports[i],
+                            checkpoint_root=str(self.tmp_path), **kw)  # fmt: skip
+
+    def replace(self, i: int, data_dir: str, **kw) -> None:
+        self.servers[i].stop(grace_s=1)
+        self.servers[i] = Server(self.config(i, data_dir, **kw))
+        self.servers[i].start()
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop(grace_s=1)
+
+
+def raw_pull(address: str, ids: np.ndarray, state_id: int) -> np.ndarray:
+    """The rows of ids in table "t" (dim 2) by one PullBatch carrying state_id, sent as it is."""
+    with grpc.insecure_channel(address) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        pull = ps_pb2.PullRequest(table="t", ids=wire.encode_ids(ids))
+        reply = stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[pull], state_id=state_id), timeout=10)
+    return wire.decode_rows(reply.replies[0].rows, len(ids), 2)
+
+
+def test_a_pull_carrying_a_state_id_the_restored_shard_does_not_hold_is_refused_and_reads_nothing(tmp_path):
+    """A pull that carries the state id its client read, to a shard restored from a checkpoint since, is refused
+    (FAILED_PRECONDITION, ModelStateReplacedError) before it reads a row: its client does not score, nor train on,
+    rows of a model state other than the one it read. A pull with no state id (0), or the shard's, is served."""
+    shards = TwoShards(tmp_path)
+    ids = random_ids(200, seed=13)
+    on = [ids[SlotMap.contiguous(2).shard_of(ids) == i] for i in range(2)]
+    try:
+        with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
+            client.wait_ready()
+            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))
+            save(client, str(tmp_path / "ckpt"))
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))  # not in the checkpoint
+            seen = client.state_ids[1]
+            np.testing.assert_array_equal(raw_pull(shards.addresses[1], on[1], seen), -2)  # the id it holds: served
+            shards.replace(1, "d1-restored", restore_dir=str(tmp_path / "ckpt"))
+            now = client.stats()[1].state_id
+            assert now not in (0, seen)
+            said = (rf"shard 1 at \S+: PullBatch failed with FAILED_PRECONDITION: shard 1 {MODEL_STATE_REPLACED} "
+                    rf"\(state id {now:#x}, the client's {seen:#x}\): since the client connected, the shard was "
+                    rf"restored from checkpoint \S*ckpt, so its rows are not those of the model state the client read "
+                    rf"before; {NOTHING_READ_OR_APPLIED}")  # fmt: skip
+            with pytest.raises(ModelStateReplacedError, match=said) as caught:
+                client.pull("t", ids)
+            assert caught.value.refused_by == 1
+            np.testing.assert_array_equal(client.pull("t", on[0]), -2)  # shard 0, not replaced, serves it
+        with pytest.raises(grpc.RpcError) as refused:
+            raw_pull(shards.addresses[1], on[1], seen)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert MODEL_STATE_REPLACED in refused.value.details()
+        np.testing.assert_array_equal(raw_pull(shards.addresses[1], on[1], 0), -1)  # no state id: the checkpoint's
+        np.testing.assert_array_equal(raw_pull(shards.addresses[1], on[1], now), -1)  # the shard's own
+    finally:
+        shards.stop()
+
+
+def test_eval_against_a_shard_restored_mid_run_stops_saying_so_and_prints_no_scores(tmp_path, capsys, monkeypatch):
+    """`ps-worker eval` whose shard 1 is restored from a checkpoint after the eval read the shards' Stats and the
+    dense parameters, before it scores: its first pull of the eval rows is refused, and it stops (exit 2) with the
+    shard's words rather than print scores of rows of two model states."""
+    shards = TwoShards(tmp_path)
+    flags = ["--servers", ",".join(shards.addresses), "--model", "lr", "--synthetic-rows", "2000",
+             "--synthetic-eval-rows", "500", "--batch-size", "256", "--no-progress"]  # fmt: skip
+    try:
+        assert run(["train", *flags], capsys)[0] == 0
+        with Client(shards.addresses, timeout_s=10) as client:
+            client.wait_ready()
+            save(client, str(tmp_path / "ckpt"))
+        scored = served.evaluate
+
+        def evaluate_after_a_restore(*args, **kwargs):
+            shards.replace(1, "d1-restored", restore_dir=str(tmp_path / "ckpt"))
+            return scored(*args, **kwargs)
+
+        monkeypatch.setattr(served, "evaluate", evaluate_after_a_restore)
+        code, err = run(["eval", *flags], capsys)
+        assert code == 2, err
+        assert re.search(rf"ps-worker: error: .*shard 1 {MODEL_STATE_REPLACED} .*restored from checkpoint \S*ckpt", err)
+        assert "auc" not in capsys.readouterr().out.lower()
+    finally:
+        shards.stop()

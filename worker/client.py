@@ -118,7 +118,7 @@ class Client(ShardCalls):
     @property
     def state_ids(self) -> tuple[int, ...]:
         """Each shard's model state id as wait_ready read it (StatsResponse state_id; 0: not read), which this
-        client's pushes carry."""
+        client's pushes and pulls carry."""
         return tuple(state_id for state_id, _ in self._seen)
 
     def stats(self) -> list[ps_pb2.StatsResponse]:
@@ -182,8 +182,9 @@ class Client(ShardCalls):
                 requests.append((shard, request, len(sel) * (4 * dim + 8), (rows, sel, dim)))
             plans.append((rows, inverse))
         groups = self._router.group(requests, self.max_request_bytes, every_shard=stamp is not None)
-        proto = None if stamp is None else codec.stamp_to_proto(stamp)
-        calls = [("PullBatch", shard, ps_pb2.PullBatchRequest(pulls=[r[1] for r in g], stamp=proto))
+        proto, seen = None if stamp is None else codec.stamp_to_proto(stamp), self.state_ids
+        calls = [("PullBatch", shard, ps_pb2.PullBatchRequest(pulls=[r[1] for r in g], stamp=proto,
+                                                               state_id=seen[shard]))
                  for shard, g in groups]  # fmt: skip
         replies = self._call_mixed(calls, timeout_s=self._deadline(stamp))
         for (_, group), batch in zip(groups, replies):

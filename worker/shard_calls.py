@@ -13,11 +13,12 @@ arrives (ps.engine.shard.Shard.push_batch), across its restarts too, for as long
 (ps.storage.applied: REQUEST_RETENTION_S after it was applied). So no attempt of a PushBatch goes out once its
 first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_timeout_s says, and none has a
 deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. A PushBatch
-also carries the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that came back
-restored from a checkpoint, or on a new data dir, refuses it, applying nothing (ModelStateReplacedError, not
-retried), so a run does not train on over a model that lost its pushes. Any other call a shard refuses (a pull of a
-table that a new data dir does not hold) asks the shard's Stats once: where its state id is not the one wait_ready
-read, the refusal is raised as ModelStateReplacedError, with the shard's words (_replaced). A call sent again past
+and a PullBatch also carry the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that
+came back restored from a checkpoint, or on a new data dir, refuses them, applying and reading nothing
+(ModelStateReplacedError, not retried), so a run does not train on over a model that lost its pushes, nor an eval
+score with rows of two model states. Any other call a shard refuses (a DescribeTable of a table that a new data
+dir does not hold) asks the shard's Stats once: where its state id is not the one wait_ready read, the refusal is
+raised as ModelStateReplacedError, with the shard's words (_replaced). A call sent again past
 each deadline until the server timeout asks the same: where the shard answers the Stats, the error says it is up and
 that the call may need a longer --timeout-s (a big pull on a busy shard), not only that the shard was failing.
 advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
@@ -69,7 +70,7 @@ class ShardCalls:
     Client's to write: `_acked` (the steps of a worker whose stamped push every shard answered, which a stamped call
     sent again carries), `_room` (the shards' smallest request room as wait_ready read it, named in a too-large
     refusal) and `_seen` (what wait_ready read of each shard, (state id, cluster name), state id 0: not read; pushes
-    carry the state id, and refusals are checked against it: _replaced)."""
+    and pulls carry the state id, and refusals are checked against it: _replaced)."""
 
     def __init__(
         self,
@@ -238,8 +239,8 @@ class ShardCalls:
 
     def _replaced(self, shard: int, error: PsError) -> PsError:
         """error, a refusal of the shard's, or where the shard's Stats (one attempt) give another state id than
-        wait_ready read (it came back restored, or on a new data dir: a pull finds no table there before a push
-        carries the state id), a ModelStateReplacedError saying so after the shard's words. A run stops on it
+        wait_ready read (it came back restored, or on a new data dir: a call that carries no state id finds no
+        table there), a ModelStateReplacedError saying so after the shard's words. A run stops on it
         without a --skip-examples hint (worker.train): the servers no longer hold what it trained."""
         seen, cluster = self._seen[shard]
         if not seen:

@@ -68,6 +68,7 @@ from ps.engine.tablemaker import TableMaker
 from ps.engine.writeguard import WriteGuard
 from ps.errors import (
     MODEL_STATE_REPLACED,
+    NOTHING_READ_OR_APPLIED,
     InvalidArgumentError,
     ModelStateReplacedError,
     PsError,
@@ -473,20 +474,27 @@ class Shard:
             "flush_failures": self.flusher.failures,
         }
 
-    def check_state_id(self, seen: int) -> None:
-        """ModelStateReplacedError when a client's request carries a state id (seen, nonzero: the one its client
-        read from Stats) other than this shard's: the data dir was restored or created anew since the client
-        read it, so the model state the client trains on is not here. Nothing is applied."""
+    def check_state_id(self, seen: int, pull: bool = False) -> None:
+        """ModelStateReplacedError when a client's PushBatch (pull: PullBatch) carries a state id (seen, nonzero: the
+        one its client read from Stats) other than this shard's: the data dir was restored or created anew since the
+        client read it, so the model state the client trains on, or scores with, is not here. Nothing is applied,
+        nor read."""
         if not seen or seen == self.state_id:
             return
         restored = self.store.meta.restored()
         how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
+        if pull:
+            outcome = ("so its rows are not those of the model state the client read before; "
+                       f"{NOTHING_READ_OR_APPLIED}. A training run, an eval or a predict stops: start it again on "
+                       "what the shards hold now")  # fmt: skip
+        else:
+            outcome = ("so what the client pushed before is not here; the push was not applied. A training run stops: "
+                       "start it again on what the shards hold now (from the checkpoint's position, with "
+                       "--skip-examples)")  # fmt: skip
         raise ModelStateReplacedError(
-            f"shard {self.shard_id} {MODEL_STATE_REPLACED} (state id "
-            f"{self.state_id:#x}, the client's {seen:#x}): since the client connected, the shard was {how}, so what "
-            "the client pushed before is not here; the push was not applied. A training run stops: start it again "
-            "on what the shards hold now (from the checkpoint's position, with --skip-examples)"
-        )  # fmt: skip
+            f"shard {self.shard_id} {MODEL_STATE_REPLACED} (state id {self.state_id:#x}, the client's {seen:#x}): "
+            f"since the client connected, the shard was {how}, {outcome}"
+        )
 
     def health_stats(self) -> dict[str, int]:
         """For the metrics: ps.engine.shardstats.health_stats of the journal and the flusher's disk watch."""

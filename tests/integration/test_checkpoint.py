@@ -489,9 +489,9 @@ def test_a_save_whose_dir_here_is_not_the_servers_writes_no_manifest(tmp_path, m
 
 def test_a_shard_restored_or_emptied_under_a_running_client_refuses_its_pushes(tmp_path):
     """A worker's client read each shard's state id in wait_ready; a shard that comes back restored from a
-    checkpoint (or on a new data dir) has another, and refuses the pushes of the old state's client, applying
-    nothing, so a run does not train on over a model that lost the pushes made since the checkpoint. A plain
-    restart keeps the id."""
+    checkpoint (or on a new data dir) has another, and refuses the pushes and pulls of the old state's client,
+    applying and reading nothing, so a run does not train on over a model that lost the pushes made since the
+    checkpoint. A plain restart keeps the id."""
     from ps.errors import ModelStateReplacedError
     from worker.checkpoint import save
 
@@ -515,9 +515,12 @@ def test_a_shard_restored_or_emptied_under_a_running_client_refuses_its_pushes(t
         with pytest.raises(ModelStateReplacedError, match=rf"restored from checkpoint {checkpoint}, so what the "
                                                           "client pushed before is not here; the push was not applied"):  # fmt: skip
             client.push("busy", ids, np.ones((100, 2), np.float32))
-        np.testing.assert_array_equal(client.pull("busy", ids), -np.ones((100, 2), np.float32))  # the checkpoint's
+        with pytest.raises(ModelStateReplacedError, match=rf"restored from checkpoint {checkpoint}, so its rows are "
+                                                          "not those of the model state the client read before"):  # fmt: skip
+            client.pull("busy", ids)
     with Client(addresses, server_timeout_s=30) as fresh:
         fresh.wait_ready()
+        np.testing.assert_array_equal(fresh.pull("busy", ids), -np.ones((100, 2), np.float32))  # the checkpoint's
         stop(servers)
         servers = [on_port(tmp_path / "restored")]  # a plain restart: the same state
         fresh.push("busy", ids, np.ones((100, 2), np.float32))
