@@ -546,6 +546,11 @@ def test_the_large_recipe_cut_short_by_max_examples_is_warned_about_with_its_ste
     assert recipe.few_steps(LARGE, 10**7, LARGE.batch_size, 1, max_examples=10**6) is None
     assert "1 epoch in batches of 2,048 is 5 steps" in recipe.few_steps(LARGE, 10_000, LARGE.batch_size, 1,
                                                                          max_examples=10**6)  # fmt: skip
+    # a count that stopped at 1,000,000 lines: the --max-examples alone tells the steps, above the count's or not
+    assert "--max-examples 1,500,000 in batches of 4,096 is 367 steps" in recipe.few_steps(
+        LARGE, 10**6, 4096, 1, max_examples=1_500_000, at_least=True)  # fmt: skip
+    assert recipe.few_steps(LARGE, 10**6, 4096, 1, max_examples=4_000_000, at_least=True) is None
+    assert recipe.few_steps(LARGE, 10**6, 4096, 1, at_least=True) is None
 
 
 def test_the_few_steps_warning_counts_the_examples_the_validation_split_leaves_to_train(caplog):

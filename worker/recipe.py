@@ -149,11 +149,12 @@ def few_steps(r: Recipe, examples: int, batch_size: int, epochs: int, unit: str 
     the recipe's steps on the least data --recipe auto gives it: --recipe large on small data. None for another
     recipe, or as many steps (flags given: more epochs, smaller batches). at_least: `examples` is a count that
     stopped at the recipe's threshold (worker/linecount.py), so the steps it gives are a floor, not the run's:
-    only a --max-examples under that floor tells the steps, and warns."""
+    only --max-examples tells the steps (its own, whatever the floor), and warns where they are few."""
     training = examples - held_out
     steps = -(-training // batch_size) * epochs
     trained = f"{epochs} epoch{'s' * (epochs != 1)}"
-    cut = bool(max_examples) and -(-max_examples // batch_size) < steps
+    # a count that stopped (at_least) gives no upper bound on the steps: only --max-examples tells them
+    cut = bool(max_examples) and (at_least or -(-max_examples // batch_size) < steps)
     if cut:
         steps, trained = -(-max_examples // batch_size), f"--max-examples {max_examples:,}"
     if r.name != LARGE.name or steps >= FEWEST_LARGE_STEPS or (at_least and not cut):
