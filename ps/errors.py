@@ -252,7 +252,7 @@ class DataDirLostError(PsError):
     status = "FAILED_PRECONDITION"
 
 
-MODEL_STATE_REPLACED = "holds another model state than the one this client trained on"  # its message's words
+MODEL_STATE_REPLACED = "holds another model state than the one this client started with"  # its message's words
 
 
 class ModelStateReplacedError(PsError):
