@@ -413,6 +413,7 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
             "examples": 3000,
             "trained": True,
             "finished": False,
+            "best_not_put_back": False,  # (no early stopping: no best model to put back)
         }
         monkeypatch.setattr(worker.train, "final_evaluation", real)
         code, out, err = run(train, capsys)
@@ -520,11 +521,12 @@ def test_an_early_stopped_run_stopped_in_its_final_evaluation_is_only_evaluated_
 
 
 def test_an_early_stopped_run_stopped_as_it_puts_the_best_model_back_is_not_trained_on_when_started_again(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, caplog
 ):
     """Early stopping ended the training and a Ctrl-C came while the best model was put back (after the last step):
-    the run says there is nothing to resume, and its file agrees: a restart trains nothing past the early stop,
-    only evaluates."""
+    the run says there is nothing to resume, but that the tables do not hold the best model, and its file agrees:
+    a restart trains nothing past the early stop, only evaluates, and says the model it scores is not the best
+    (the file keeps saying so once the run ended)."""
     import worker.best
 
     position = tmp_path / "position.json"
@@ -538,14 +540,38 @@ def test_an_early_stopped_run_stopped_as_it_puts_the_best_model_back_is_not_trai
 
         monkeypatch.setattr(worker.best.BestModel, "restore", interrupted)
         code, out, err = run(train, capsys)
-        assert code == 130 and "when it stopped (after its last step): nothing to resume" in err, (out, err)
+        not_best = "the tables hold the last model, or part of the best one (some tables' or shards' deltas pushed"
+        assert code == 130 and "as it put early stopping's best model back: nothing to resume, but" in err, err
+        assert not_best in err, err
         record = json.loads(position.read_text())
-        assert record["trained"] and not record["finished"], record
+        assert record["trained"] and not record["finished"] and record["best_not_put_back"] is True, record
         monkeypatch.undo()
+        caplog.clear()
         code, out, err = run(train, capsys)
         assert code == 0 and "its final evaluation did not: evaluating" in out, err
+        assert not_best in caplog.text and "this evaluation scores the model the tables hold" in caplog.text, err
         assert re.search(r"trained lr .* on 0 examples", out), out  # no step past the early stop
-        assert json.loads(position.read_text())["examples"] == record["examples"]
+        ended = json.loads(position.read_text())
+        assert ended["examples"] == record["examples"] and ended["finished"] and ended["best_not_put_back"], ended
+
+
+def test_best_not_put_back_reads_as_false_where_a_file_lacks_it_and_refuses_another_type(tmp_path):
+    """A file written before best_not_put_back was recorded resumes as one whose best model was put back (or
+    kept none); a value other than true or false is damage, refused."""
+    from worker.cli_train import resumed
+
+    path = tmp_path / "p.json"
+    bare = TrainConfig(servers=("h:1",), resume_file=str(path))
+    PositionWriter(resumed(bare)).write(10, trained=True)
+    record = json.loads(path.read_text())
+    assert record["best_not_put_back"] is False
+    path.write_text(json.dumps({**record, "best_not_put_back": True}))
+    assert resumed(bare).resume_best_not_put_back and resumed(bare).resume_trained
+    path.write_text(json.dumps({k: v for k, v in record.items() if k != "best_not_put_back"}))
+    assert not resumed(bare).resume_best_not_put_back and resumed(bare).resume_trained
+    path.write_text(json.dumps({**record, "best_not_put_back": 1}))
+    with pytest.raises(ValueError, match=re.escape("is no position this program wrote (a field of the wrong type")):
+        resumed(bare)
 
 
 def test_an_early_stop_at_an_eval_every_step_stopped_as_the_worker_says_it_is_done_is_not_trained_on_again(

@@ -94,7 +94,8 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
         print(f"--resume-file {cfg.resume_file}: resuming after {position.examples:,} training examples", flush=True)
     return dataclasses.replace(cfg, skip_examples=position.examples, resume_started_from=position.started_from,
                                resume_trained=position.trained, resume_state_ids=position.state_ids,
-                               resume_rejoins=rejoin and position.trained)  # fmt: skip
+                               resume_rejoins=rejoin and position.trained,
+                               resume_best_not_put_back=position.trained and position.best_not_put_back)  # fmt: skip
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -103,6 +103,8 @@ class LoopResult:
     best: dict | None = None  # the curve's entry with the best validation figure (settings.early_stop_metric)
     restored_best: bool = False  # the tables hold the model of `best` (else the last one) ...
     best_not_restored: dict[str, int] = field(default_factory=dict)  # ... but these ids per table (worker/best.py)
+    restoring_best: bool = False  # a stop came as the best model was put back: the tables hold the last model, or
+    # part of the best one (some tables' or shards' deltas pushed, not others'), not the best
     best_too_big_bytes: int = 0  # > 0: BestModel kept nothing, the rows trained being more than this many bytes
     source_stats: dict = field(default_factory=dict)  # the row source's: cache hit rate, bytes saved
 
@@ -375,11 +377,13 @@ class _TrainingRun:
         holds the shards (its pushes carry the job's stamp: after the end, another job may take the shards, and
         refuses them)."""
         put_back = time.perf_counter()
+        self.result.restoring_best = True  # cleared once restore() ends: a stop before then finds it set
         if not self.dense.collective:  # the MLP's last gradients applied first (its stamped pushes)
             self.dense.flush()
         self.source.settle()  # geo: its last deltas pushed first
         self.result.restored_best = best_model.restore(self.dense)
         self.result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
+        self.result.restoring_best = False
         self.eval_seconds += time.perf_counter() - put_back
 
     def stopped(self, e: BaseException) -> None:

@@ -6,7 +6,7 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
      "finished": false, "state_ids": [ID, ...], "job_id": J, "job_name": NAME, "token": T,
-     "resuming_as": [R, ...]}
+     "resuming_as": [R, ...], "best_not_put_back": false}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
@@ -24,9 +24,13 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
   updates the servers acknowledged: `--skip-examples N` trains on from there, as a stopped run's hint says.
 - trained: the run's training is over (its stream trained, or early stopping or --max-examples ended it, the
-  best model put back; or a stop came after its last step, every update pushed, as the best model was put back
-  or the MLP's last gradients pushed: its hint's "nothing to resume"); a start then trains nothing and runs the
-  final evaluation.
+  best model put back; or a stop came after its last step, every row update pushed, as the best model was put
+  back or the MLP's last gradients pushed, those of up to --dense-staleness steps pending then left unpushed:
+  DenseSync.close; its hint's "nothing to resume"); a start then trains nothing and runs the final evaluation.
+- best_not_put_back: the stop came as early stopping's best model was put back (worker/loop.py restoring_best):
+  the tables hold the last model, or part of the best one (some tables' or shards' deltas pushed, not others'),
+  and the best lived only in the stopped worker's memory; a start's evaluation says so. Absent (a file written
+  before it was recorded): false.
 - finished: the run ended, its final evaluation done too; a start then does nothing and says so (but a sync or
   ssp worker's start under a new job id, which tells that job it is done and evaluates again: below).
 - state_ids: each shard's model state id (StatsResponse state_id) as the run found it, in shard order; absent or
@@ -151,6 +155,7 @@ class Position:
     job_id: int | None = None
     token: int | None = None
     job_name: str = ""
+    best_not_put_back: bool = False
 
 
 def read_position(cfg: TrainConfig) -> Position | None:
@@ -175,9 +180,10 @@ def read_position(cfg: TrainConfig) -> Position | None:
         if job_name and not names_job(job_name, job_id):
             raise ValueError(f"job_name {echo(job_name, 40)} is not the name of job_id {job_id}")
         position = Position(record["started_from"], record["examples"], record["trained"], record["finished"],
-                            tuple(state_ids), job_id, token, job_name)  # fmt: skip
+                            tuple(state_ids), job_id, token, job_name, record.get("best_not_put_back", False))  # fmt: skip
         run = record["run"]
-        counts, flags = (position.started_from, position.examples, *state_ids), (position.trained, position.finished)
+        counts = (position.started_from, position.examples, *state_ids)
+        flags = (position.trained, position.finished, position.best_not_put_back)
         if not (all(type(n) is int and n >= 0 for n in counts) and all(type(b) is bool for b in flags)
                 and isinstance(run, dict) and all(n is None or _is_id(n) for n in (job_id, token))):  # fmt: skip
             raise ValueError("a field of the wrong type")

@@ -71,6 +71,7 @@ class PositionWriter:
         self.kept_job: tuple[int, str] | None = None  # keep_job_until_past: the file's job, written instead of job_id
         self.kept_until = 0  # ... while the position is this count, training not over
         self.resumed_as: tuple[int, ...] = ()  # ... and the new job ids the file was started under before this one
+        self.best_not_put_back = cfg.resume_best_not_put_back  # kept once set: the best model is gone with its run
         directory, name = os.path.split(os.path.abspath(self.path))
         leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
         for left in glob.glob(os.path.join(glob.escape(directory), leftover)):
@@ -115,7 +116,7 @@ class PositionWriter:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids),
                   "job_id": job_id, "job_name": job_name or None, "token": self.token,
-                  "resuming_as": resuming_as}  # fmt: skip
+                  "resuming_as": resuming_as, "best_not_put_back": self.best_not_put_back}  # fmt: skip
         try:
             write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         except OSError as e:  # (a full disk): named, not as the temporary file

@@ -55,6 +55,7 @@ from worker.tables import check_tables, held_specs, keep_held_initializers, repl
 from worker.train_config import TrainConfig
 from worker.train_figures import training_figures
 from worker.train_messages import (
+    best_not_put_back,
     mode_line,
     one_class_labels,
     resume_hint,
@@ -244,6 +245,8 @@ class _Run:
         try:
             if cfg.resume_trained:  # a --resume-file run whose training was over: its final evaluation only
                 loop.trained_all = True
+                if cfg.resume_best_not_put_back:
+                    log.warning("%s", best_not_put_back(cfg))
                 if cfg.resume_rejoins:  # the job's other workers, resumed under a new job id, wait for nobody
                     source.finish()
             else:
@@ -252,8 +255,10 @@ class _Run:
                            on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (stopping.abandon)
             if position is not None and not cfg.resume_trained:  # (a refused done stamp: the file stays as it was)
-                # stopped after its last step (putting the best back, say), every update pushed: training is over
+                # stopped after its last step (putting the best back, say), every row update pushed: training is
+                # over (the MLP's gradients of up to --dense-staleness steps pending then are not pushed: dense.close)
                 over = loop.trained_all and loop.pushed == loop.examples
+                position.best_not_put_back |= over and loop.restoring_best  # the best is gone with this process
                 try:
                     position.write(cfg.skip_examples + loop.pushed, trained=over)
                 except OSError as failed:  # e is the error to report

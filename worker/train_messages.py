@@ -62,6 +62,9 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
                 "what a stopped run trained)")  # fmt: skip
     held = loop.examples - loop.pushed
     if loop.trained_all and not held:
+        if loop.restoring_best:
+            return (f"ps-worker: the run had trained all its {done:,} examples when it stopped, as it put early "
+                    f"stopping's best model back: nothing to resume, but {_NOT_THE_BEST}")  # fmt: skip
         return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
                 "nothing to resume")  # fmt: skip
     flight = (f" (the step under way as it stopped, {loop.in_flight:,} examples more, may have reached some shards "
@@ -74,6 +77,19 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
     return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {done:,} training examples (this run's "
             f"{loop.pushed:,}{steps}) had pushed their updates, which the servers keep{lost}{flight}; to train on "
             f"from there, {how}")  # fmt: skip
+
+
+_NOT_THE_BEST = (
+    "the tables hold the last model, or part of the best one (some tables' or shards' deltas pushed, not others'), "
+    "not the best, which lived only in the stopped worker's memory"
+)
+
+
+def best_not_put_back(cfg: TrainConfig) -> str:
+    """What a --resume-file start whose run stopped as early stopping's best model was put back says before its
+    evaluation (worker/resume.py best_not_put_back)."""
+    return (f"--resume-file {cfg.resume_file}: the run stopped as it put early stopping's best model back, so "
+            f"{_NOT_THE_BEST}: this evaluation scores the model the tables hold")  # fmt: skip
 
 
 def _kept_position(cfg: TrainConfig) -> str:
