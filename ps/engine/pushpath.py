@@ -133,7 +133,8 @@ class PushPath:
         with CallerGoneError once it is true (ps.engine.room). step_sum: a sync step's sum, which runs alone where it
         is larger than the request room, not refused."""
         if not client:
-            return self._apply_batch(pushes, advance_clock, (0, 0), 0, caller_gone, step_sum)
+            return self._apply_checked(self._check_batch(pushes), pushes, advance_clock, (0, 0), 0, caller_gone,
+                                       step_sum)  # fmt: skip
         if client_seq < 1:  # seq 0 would read as applied before: its clock advance dropped, silently
             raise InvalidArgumentError(
                 "a PushBatch with a client id numbers its requests to a shard from 1 (seq 1, 2, 3, ...); it came with "
@@ -231,19 +232,6 @@ class PushPath:
                     raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i].name!r}) repeats ids; "
                                                f"{NOTHING_APPLIED}")  # fmt: skip
         return checked
-
-    def _apply_batch(
-        self,
-        pushes: list[TablePush],
-        advance_clock: int,
-        request: tuple[int, int],
-        skip: int,
-        caller_gone: Callable[[], bool] | None = None,
-        step_sum: bool = False,
-    ) -> tuple[int, int]:
-        """Validates every push, then _apply_checked."""
-        return self._apply_checked(self._check_batch(pushes), pushes, advance_clock, request, skip, caller_gone,
-                                   step_sum)  # fmt: skip
 
     def _apply_checked(
         self,
