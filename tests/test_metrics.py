@@ -5,7 +5,6 @@ the docs name served, with the labels they give it."""
 from __future__ import annotations
 
 import socket
-import time
 import urllib.error
 import urllib.request
 
@@ -13,9 +12,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from ps.config import TableConfig
-from ps.metricshttp import MAX_CONNECTIONS, Handler
+from ps.metricshttp import Handler
 from ps.server import Server
 from ps.server_config import ServerConfig
+from tests.bounded_http import check_connections_bounded
 from tests.conftest import random_ids
 from worker.client import Client
 
@@ -116,7 +116,6 @@ def test_only_the_metrics_path_answers(tmp_path):
 
 def test_an_ipv6_host_serves_grpc_and_metrics_with_or_without_brackets(tmp_path):
     """--host ::1 (or [::1]): gRPC listens on [::1]:PORT and the metrics on the same address."""
-    import socket
 
     import pytest
 
@@ -217,31 +216,11 @@ def test_the_metrics_port_serves_a_bounded_number_of_connections_and_closes_the_
     monkeypatch.setattr(Handler, "timeout", 120.0)  # no idle connection is closed for its timeout meanwhile
     server = Server(ServerConfig(data_dir=str(tmp_path), port=0, metrics_port=0))
     server.start()
-    extra = 8
-    idle = [socket.create_connection(("127.0.0.1", server.metrics_port)) for _ in range(MAX_CONNECTIONS + extra)]
+
+    def scraped() -> None:
+        assert ("sparseps_starting", ()) in scrape(server.metrics_port)
+
     try:
-        closed, deadline = set(), time.monotonic() + 30
-        while len(closed) < extra and time.monotonic() < deadline:
-            for i in set(range(len(idle))) - closed:
-                idle[i].settimeout(0.01)
-                try:
-                    if idle[i].recv(1) == b"":  # the server closed it
-                        closed.add(i)
-                except ConnectionResetError:
-                    closed.add(i)
-                except TimeoutError:
-                    pass
-        assert len(closed) == extra, f"{len(closed)} of {len(idle)} idle connections closed"
-        for s in idle:
-            s.close()
-        while True:  # the idle connections' threads see them closed, and end
-            try:
-                assert ("sparseps_starting", ()) in scrape(server.metrics_port)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, "no scrape served after the idle connections closed"
-                time.sleep(0.05)
+        check_connections_bounded(server.metrics_port, scraped, wait_s=30)
     finally:
-        for s in idle:
-            s.close()
         server.stop(grace_s=1)

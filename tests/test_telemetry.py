@@ -91,42 +91,20 @@ def test_a_metrics_port_in_use_stops_the_run_naming_the_flag_before_any_table_is
 def test_the_endpoint_serves_a_bounded_number_of_connections_and_closes_the_rest_unread(monkeypatch):
     """As a shard's metrics port: each connection takes a thread while its client idles, so past MAX_CONNECTIONS at
     once a connection is closed at once; once the idle ones are gone, scrapes are served again."""
-    import socket
-    import time
-
-    from ps.metricshttp import MAX_CONNECTIONS, Handler
+    from ps.metricshttp import Handler
+    from tests.bounded_http import check_connections_bounded
 
     monkeypatch.setattr(Handler, "timeout", 120.0)  # no idle connection is closed for its timeout meanwhile
     telemetry = TrainTelemetry()
     port = telemetry.serve(0)
-    extra = 8
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS + extra)]
+
+    def scrape() -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            assert b"sparseps_worker_steps_total" in reply.read()
+
     try:
-        closed, deadline = set(), time.monotonic() + 10
-        while len(closed) < extra and time.monotonic() < deadline:
-            for i in set(range(len(idle))) - closed:
-                idle[i].settimeout(0.01)
-                try:
-                    if idle[i].recv(1) == b"":  # the server closed it
-                        closed.add(i)
-                except ConnectionResetError:
-                    closed.add(i)
-                except TimeoutError:
-                    pass
-        assert len(closed) == extra, f"{len(closed)} of {len(idle)} idle connections closed"
-        for s in idle:
-            s.close()
-        while True:  # the idle connections' threads see them closed, and end
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-                    assert b"sparseps_worker_steps_total" in reply.read()
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline + 20, "no scrape served after the idle connections closed"
-                time.sleep(0.05)
+        check_connections_bounded(port, scrape, wait_s=20)
     finally:
-        for s in idle:
-            s.close()
         telemetry.close()
 
 
