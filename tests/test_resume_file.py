@@ -494,6 +494,17 @@ def test_an_empty_resume_file_setting_is_none(monkeypatch):
     assert train_config_from_argv(["--servers", "h:1"]).resume_file is None
 
 
+def early_stopped(address: str, position, *more: str) -> list[str]:
+    """A train command whose early stopping ends it short of its 20 epochs (lr, the small recipe, patience 1)."""
+    return ["train", "--servers", address, "--resume-file", str(position), "--model", "lr", "--recipe", "small",
+            "--epochs", "20", "--early-stop", "1", "--synthetic-rows", "3000", "--synthetic-eval-rows", "500",
+            "--no-progress", *more]  # fmt: skip
+
+
+def interrupted(*args: object) -> None:
+    raise KeyboardInterrupt
+
+
 def test_an_early_stopped_run_stopped_in_its_final_evaluation_is_only_evaluated_again(tmp_path, capsys, monkeypatch):
     """Early stopping ended the training short of the stream: a restart must not train on past that point (on top
     of the best model put back), only evaluate."""
@@ -501,13 +512,7 @@ def test_an_early_stopped_run_stopped_in_its_final_evaluation_is_only_evaluated_
 
     position = tmp_path / "position.json"
     with LocalCluster(1) as cluster:
-        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), "--model", "lr",
-                 "--recipe", "small", "--epochs", "20", "--early-stop", "1", "--synthetic-rows", "3000",
-                 "--synthetic-eval-rows", "500", "--no-progress"]  # fmt: skip
-
-        def interrupted(*args):
-            raise KeyboardInterrupt
-
+        train = early_stopped(cluster.addresses[0], position)
         monkeypatch.setattr(worker.train, "final_evaluation", interrupted)
         code, out, err = run(train, capsys)
         record = json.loads(position.read_text())
@@ -531,13 +536,7 @@ def test_an_early_stopped_run_stopped_as_it_puts_the_best_model_back_is_not_trai
 
     position = tmp_path / "position.json"
     with LocalCluster(1) as cluster:
-        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), "--model", "lr",
-                 "--recipe", "small", "--epochs", "20", "--early-stop", "1", "--synthetic-rows", "3000",
-                 "--synthetic-eval-rows", "500", "--no-progress"]  # fmt: skip
-
-        def interrupted(*args):
-            raise KeyboardInterrupt
-
+        train = early_stopped(cluster.addresses[0], position)
         monkeypatch.setattr(worker.best.BestModel, "restore", interrupted)
         code, out, err = run(train, capsys)
         not_best = "the tables hold the last model, or part of the best one (some tables' or shards' deltas pushed"
@@ -583,14 +582,8 @@ def test_an_early_stop_at_an_eval_every_step_stopped_as_the_worker_says_it_is_do
 
     position = tmp_path / "position.json"
     with LocalCluster(1) as cluster:
-        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), "--model", "lr",
-                 "--recipe", "small", "--epochs", "20", "--early-stop", "1", "--eval-every", "3",
-                 "--synthetic-rows", "3000", "--synthetic-eval-rows", "500", "--num-workers", "2",
-                 "--worker-id", "0", "--job-id", "j1", "--no-progress"]  # fmt: skip
-
-        def interrupted(*args):
-            raise KeyboardInterrupt
-
+        train = early_stopped(cluster.addresses[0], position, "--eval-every", "3", "--num-workers", "2",
+                              "--worker-id", "0", "--job-id", "j1")  # fmt: skip
         monkeypatch.setattr(worker.steprows.AsyncRows, "finish", interrupted)
         code, out, err = run(train, capsys)
         assert code == 130 and "nothing to resume" in err, (out, err)
