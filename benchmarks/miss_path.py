@@ -2,11 +2,11 @@
 to raw rocksdict multi_get of the same keys on the same files; and the server's peak memory against its budget.
 
     python benchmarks/miss_path.py [--rows-list 1000000,30000000] [--cache-bytes 256M] [--seconds 45]
-                                   [--server-args "--memory-bytes 560M"] [--keep-data DIR]
+                                   [--server-args "--memory-bytes 547M"] [--keep-data DIR]
 
 For each size of --rows-list (the first is the baseline, a table that fits in RAM) one server (dim 16, Adagrad,
---cache-bytes, --read-threads of --threads, then --server-args, by default --memory-bytes 560M) holds a table
-"big" of that many rows with random values. The fill (--fill):
+--cache-bytes, --read-threads of --threads, then --server-args, by default the least --memory-bytes that leaves
+the RAM tier --cache-bytes) holds a table "big" of that many rows with random values. The fill (--fill):
     ingest  the default, and the fastest: a server creates the table and stops; the rows (random embeddings,
             Adagrad accumulators, one show, admitted, journal position 0) are written in RocksDB's key order
             (slot, id) to SST files with the server's RocksDB options as its compaction writes the last level
@@ -103,7 +103,7 @@ from ps.cli_server_flags import build_parser, parse_bytes
 from ps.config import TableConfig
 from ps.errors import DataLossError
 from ps.rows.layout import ADMITTED, SHOW, layout_of
-from ps.storage.memory import MemoryPlan, plan_memory
+from ps.storage.memory import MemoryPlan, plan_memory, smallest_memory_bytes
 from ps.storage.meta import META_CF, table_ids
 from ps.storage.options import multi_get, rocksdb_options, table_options
 from ps.storage.rowformat import ROWS_CF, encode_keys, value_dtype
@@ -657,6 +657,11 @@ def print_table(results: list[dict]) -> None:
         print("  ".join(cell.rjust(w) for cell, w in zip(line, widths)))
 
 
+def default_server_args(cache_bytes: int) -> str:
+    """--memory-bytes at the least that leaves the RAM tier cache_bytes (0: 512M, the tier what it leaves)."""
+    return f"--memory-bytes {smallest_memory_bytes(cache_bytes) if cache_bytes else 512 << 20}"
+
+
 def sizes(text: str) -> list[int]:
     return [int(float(x)) for x in text.split(",") if x.strip()]
 
@@ -673,9 +678,11 @@ def main() -> None:
         default=None,
         help="the server's --read-threads and the reference's threads (default: the server's default)",
     )
-    p.add_argument("--server-args", default="--memory-bytes 560M",
-                   help='more ps-server flags (default: "--memory-bytes 560M", the one memory bound the peak RSS '
-                   'check holds the server to; "" for none: the check then uses the RAM tier)')  # fmt: skip
+    p.add_argument("--server-args", default=None,
+                   help='more ps-server flags (default: "--memory-bytes M", M the least that leaves the RAM tier '
+                   "--cache-bytes (ps.storage.memory.smallest_memory_bytes: 547M for 256M; 512M without "
+                   "--cache-bytes), the one memory bound the peak RSS check holds the server to; "
+                   '"" for none: the check then uses the RAM tier)')  # fmt: skip
     p.add_argument("--ids", type=int, default=100_000, help="draws per request (its unique ids are sent)")
     p.add_argument("--seconds", type=float, default=45.0, help="timed calls per size and distribution")
     p.add_argument("--warmup-s", type=float, default=5.0, help="untimed calls before them, once the RAM tier is full")
@@ -699,7 +706,8 @@ def main() -> None:
     if not args.rows_list or any(d not in TARGETS for d in distributions):
         p.error(f"--rows-list needs a size and --distributions names of {', '.join(TARGETS)}")
     tune_malloc()
-    flags = server_flags(args.cache_bytes, args.threads, args.server_args)
+    flags = server_flags(args.cache_bytes, args.threads, default_server_args(args.cache_bytes)
+                         if args.server_args is None else args.server_args)  # fmt: skip
     t_run = time.perf_counter()
     fills, phases = [], []
     for rows in args.rows_list:
