@@ -38,15 +38,16 @@ def readable_by_all(path: str) -> str | None:
             f"read the secret it holds; chmod o-r it (deploy/gen-secrets.sh writes its secrets 0600)")  # fmt: skip
 
 
-def refuse_empty(*flags: tuple[str, str | None]) -> None:
+def refuse_empty(
+    *flags: tuple[str, str | None], what: str = "its file's path", unsaid: str = "turn TLS or the token off"
+) -> None:
     """ValueError naming the first flag of flags ((flag, path) pairs) given an empty or blank path (an unset
-    variable in a template, PS_TLS_CERT=, say): taken as not given, it would turn TLS or the token off without a
-    word."""
+    variable in a template, PS_TLS_CERT=, say), saying to give `what`: taken as not given, it would `unsaid`
+    without a word."""
     for flag, path in flags:
         if path is not None and not path.strip():
-            raise ValueError(f"{flag} is empty ({path!r}): give its file's path, or leave the flag out (an empty "
-                             "path is not taken as the flag left out, which would turn TLS or the token off without "
-                             "a word)")  # fmt: skip
+            raise ValueError(f"{flag} is empty ({path!r}): give {what}, or leave the flag out (an empty path is "
+                             f"not taken as the flag left out, which would {unsaid} without a word)")  # fmt: skip
 
 
 TOKEN_FILE = "auth token file (--auth-token-file)"

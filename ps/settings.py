@@ -25,6 +25,8 @@ import sys
 import tomllib
 from collections.abc import Mapping
 
+from ps.secretfiles import refuse_empty
+
 CONFIG_ENV = "PS_CONFIG"
 CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shrink", "checkpoint", "export",
                    "synth", "schema")  # fmt: skip
@@ -135,9 +137,7 @@ def _config_path(argv: list[str], environ) -> str | None:
             path, source = argv[i + 1], "--config"
         elif token.startswith("--config="):
             path, source = token.split("=", 1)[1], "--config"
-    if path is not None and not path.strip():
-        raise ValueError(f"{source} is empty ({path!r}): give the config file's path, or leave it out (an empty "
-                         "path is not taken as no file, which would drop the file's settings without a word)")  # fmt: skip
+    refuse_empty((source, path), what="the config file's path", unsaid="drop the file's settings")
     return path
 
 
