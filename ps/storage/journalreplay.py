@@ -56,7 +56,7 @@ class ReadEnd(NamedTuple):
     mark: int  # the mark (0: none)
     written: int  # the last record known to be written: the larger of the mark and rows_seq
     tail: tuple[str, int, int, int] | None  # (path, size, pos, data_end) of a torn end to cut, or None
-    mark_read: bool = True  # whether the mark file is there and reads (False: missing, or damaged and accepted)
+    mark_read: bool  # whether the mark file is there and reads (False: missing, or damaged and accepted)
 
 
 class _ReadState:
