@@ -133,7 +133,7 @@ class PushPath:
         with CallerGoneError once it is true (ps.engine.room). step_sum: a sync step's sum, which runs alone where it
         is larger than the request room, not refused."""
         if not client:
-            return self._apply_checked(self._check_batch(pushes), pushes, advance_clock, (0, 0), 0, caller_gone,
+            return self._apply_checked(self._check_batch(pushes), advance_clock, (0, 0), 0, caller_gone,
                                        step_sum)  # fmt: skip
         if client_seq < 1:  # seq 0 would read as applied before: its clock advance dropped, silently
             raise InvalidArgumentError(
@@ -171,7 +171,7 @@ class PushPath:
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
             try:
-                out = self._apply_checked(checked, pushes, advance_clock, (client, client_seq), skip, caller_gone,
+                out = self._apply_checked(checked, advance_clock, (client, client_seq), skip, caller_gone,
                                           step_sum)  # fmt: skip
                 # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
                 self._journal.note_applied((client, client_seq, len(pushes) - 1))
@@ -236,7 +236,6 @@ class PushPath:
     def _apply_checked(
         self,
         checked: list[CheckedPush],
-        pushes: list[TablePush],
         advance_clock: int,
         request: tuple[int, int],
         skip: int,
@@ -256,7 +255,7 @@ class PushPath:
                 self._advances_reserved += advance_clock
         try:
             with self._room.take(room, caller_gone):
-                self._apply_pushes(checked, pushes, request, skip)
+                self._apply_pushes(checked, request, skip)
         finally:  # applied or not, the reservation ends; the clock moves only after every push was applied
             if advance_clock:
                 with self._lock:
@@ -272,7 +271,7 @@ class PushPath:
                 failed = "storing the clock advance of the batch failed"
                 raise _partly_applied(e, failed, range(skip, len(checked)), "of the batch", request, None) from e
 
-    def _apply_pushes(self, checked: list[CheckedPush], pushes: list[TablePush], request: tuple[int, int], skip: int):
+    def _apply_pushes(self, checked: list[CheckedPush], request: tuple[int, int], skip: int):
         """Applies checked[skip:] in order; a refusal after the first says which pushes before it stay applied."""
         for i in range(skip, len(checked)):
             try:
@@ -280,7 +279,7 @@ class PushPath:
             except PsError as e:
                 if i == skip or isinstance(e, ShardNeedsRestartError):  # journaled: not refused; its message
                     raise  # says what a restart does
-                refused = f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused"
+                refused = f"push {i} of {len(checked)} in the batch (table {checked[i].table.name!r}) was refused"
                 raise _partly_applied(e, refused, range(skip, i), "before it", request, i) from e
 
     # ---- the clock ----------------------------------------------------------------------------------------
