@@ -205,6 +205,36 @@ def test_a_new_run_of_an_async_job_id_that_ended_starts_anew_with_its_own_setup(
         push(shard, unclocked(1, num_workers=3), client=22)
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_new_run_of_an_async_job_id_holds_the_shard_from_its_first_table_though_its_last_run_finished(
+    tmp_path, restart
+):
+    """The shard stores the done workers of a job (for a restart mid-job), and a job id is given run after run: the
+    done flags stored as the last run finished are not the new run's. Its first table holds the shard (another
+    job's create is refused, nothing created), here and on a shard restarted since the last run; a worker of the new
+    run that has not started yet is not taken as done where the shard saw the last run end."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        shard.create_table(SGD)
+        for w in range(2):  # the last run, finished
+            push(shard, unclocked(w), client=11 + w)
+            shard.push_stamped([], 0, 0, 0, unclocked(w, done=True))
+        if restart:
+            shard.close()
+            shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+        shard.create_table(SGD, stamp=unclocked(0, token=0xA))  # the new run's worker 0 makes its table
+        with pytest.raises(JobConflictError, match=rf"holds job {JOB} .*nothing was created"):
+            shard.create_table(TableConfig("other", 2), stamp=unclocked(0, job=OTHER, num_workers=1))
+        push(shard, unclocked(0, token=0xA), client=21)
+        shard.push_stamped([], 0, 0, 0, unclocked(0, token=0xA, done=True))  # its worker 1 has not started yet
+        if not restart:
+            with pytest.raises(JobConflictError, match=rf"holds job {JOB} \(--mode async, 1 of its 2 workers not"):
+                push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
+        assert shard.stats()["job"] == JOB and "other" not in shard.tables
+    finally:
+        shard.close()
+
+
 def test_unclocked_stamps_come_on_pushes_only_and_never_with_sync(shard):
     with pytest.raises(InvalidArgumentError, match="unclocked .* is said by a PushBatch, not by a pull"):
         shard.jobs.check(unclocked(0), pull=True)

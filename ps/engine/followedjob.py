@@ -59,7 +59,8 @@ Async and geo (unclocked stamps: PushBatch only, not sync): the stamp holds the 
 count, setup and unclocked are checked as any stamp's (a worker of another mode, another --geo-every, or another
 count stops the job), but it moves no clock and waits for nothing. A done stamp marks its worker done, and so does a
 stop stamp: the job does not stop (its other workers wait for nobody), but where another process (token) holds the
-worker; a push of a worker marked done marks it running again.
+worker; a push of a worker marked done marks it running again, and so does the create or push that starts
+the job here (the done flags stored may be of a run of the job id that ended: an async job id is given run after run).
 
 Lock: every method takes the one threading.Condition (`_cond`) on which JobClocks's waits wait, or, where its
 docstring says "Lock held", runs with it held.
@@ -197,11 +198,16 @@ class FollowedJob:
         return self._generation
 
     def _start(self, stamp: WorkerStamp) -> None:
-        """Follows the stamp's job in place of the one followed: clocks seeded from the journal, the stamp's
-        setup the job's (JobTenancy.start). Lock held."""
+        """Follows the stamp's job in place of the one followed: clocks seeded from the journal, done flags from the
+        done store, the stamp's setup the job's (JobTenancy.start). An unclocked stamp's worker is not done (it
+        creates or pushes), and a new run of an unclocked job whose run ended here (JobTenancy.follows) takes no
+        done flag from the store: those are of the run that ended, and would end the new one at its start. Lock
+        held."""
         job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
         done = self._stored_done(stamp)  # read before anything changes
+        if stamp.unclocked:  # its worker runs (its create or push); the record of a run that ended here is that run's
+            done = [w for w in done if w != stamp.worker and stamp.job != self.job]
         old, new = self.tenancy.named(), stamp.named
         log.info("shard %d follows job %s of %d workers (clocks from %d)%s", self.shard_id, new, num_workers, seed,
                  f", in place of job {old}" if self.job else "")  # fmt: skip
