@@ -63,7 +63,7 @@ def test_a_second_async_job_is_refused_naming_both_and_changes_nothing(shard):
     push(shard, unclocked(0))
     push(shard, unclocked(1), client=12)  # the job's second worker
     second = (rf"shard 0 holds job {JOB} \(--mode async, 2 of its 2 workers not done, .*\), so worker 0 of "
-              rf"job {OTHER} \(--mode geo\) cannot train here: .* If job {JOB}'s workers are gone .*, the shard holds "
+              rf"job {OTHER} \(--mode geo\) cannot train here: .* If the workers of job {JOB} are gone .*, the shard holds "
               rf"it for .* s more .*: wait that long, or resume job {JOB} \(its workers' command with --job-id {JOB};"
               ".*nothing was applied")  # fmt: skip
     with pytest.raises(JobConflictError, match=second) as refused:
@@ -83,7 +83,7 @@ def test_jobs_are_named_as_their_workers_named_them_where_their_stamps_say(shard
     push(shard, unclocked(0, job=j3, job_name="j3", token=1))
     named = (
         r"shard 0 holds job 'j3' \(--mode async, .*\), so worker 0 of job 'j4' \(--mode geo\) cannot train here: "
-        r".* If job 'j3''s workers are gone .* or resume job 'j3' \(its workers' command with --job-id j3;"
+        r".* If the workers of job 'j3' are gone .* or resume job 'j3' \(its workers' command with --job-id j3;"
     )
     with pytest.raises(JobConflictError, match=named) as refused:
         push(shard, unclocked(0, job=j4, num_workers=1, setup=GEO, job_name="j4"), client=13)

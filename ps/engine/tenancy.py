@@ -199,7 +199,7 @@ class JobTenancy:
         raise JobConflictError(
             f"shard {self.shard_id} holds job {job} ({job_kind(held.setup, held.unclocked)}), and this create would replace table {table!r} "
             "(never trained) under it: a create without a job's stamp (`ps-worker train --create-tables-only`, "
-            f"another client) replaces no table while a job holds the shard; wait for job {job}'s end, or stop "
+            f"another client) replaces no table while a job holds the shard; wait for the end of job {job}, or stop "
             "it; nothing was created"
         )
 
@@ -215,7 +215,7 @@ class JobTenancy:
                 f"shard {self.shard_id} is {doing} of job {self.named(claim)} "
                 f"({job_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
                 f"{stamp.named} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job "
-                f"at a time (two jobs would train one model over each other); wait for job {self.named(claim)}'s end, "
+                f"at a time (two jobs would train one model over each other); wait for the end of job {self.named(claim)}, "
                 f"or stop it; {nothing}"
             )
         if stamp.job == self.job or not running:
@@ -235,7 +235,7 @@ class JobTenancy:
             f"shard {self.shard_id} holds job {job} ({job_kind(self.setup, self.unclocked)}, {live} of its "
             f"{self.num_workers} workers not done, last heard from {silent:.3g} s ago), so worker {stamp.worker} of "
             f"job {stamp.named} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job "
-            f"at a time (two jobs would train one model over each other). If job {job}'s workers are gone (killed "
+            f"at a time (two jobs would train one model over each other). If the workers of job {job} are gone (killed "
             f"without a word), the shard holds it for {left:.3g} s more (its barrier timeout, {self._patience_s:g} "
             f"s, after it was last heard from): wait that long{resume}; if they run, wait for the job's end, or stop "
             f"it; {nothing}"
