@@ -72,6 +72,7 @@ WORKER_MAY_IMPORT = {
     "ps.storage.leftovers",  # an export's leftovers in its OUT, which ps-server export removes too (stdlib only)
     "ps.storage.atomicfile",  # a JSON file replaced whole: --resume-file's record (stdlib only)
     "ps.metricshttp",  # the metrics endpoints' HTTP server, bounded in connections (stdlib and prometheus-client)
+    "ps.listen_address",  # host_port: an IPv6 address in brackets, as the worker's metrics endpoint says it (stdlib only)
 }  # fmt: skip
 
 

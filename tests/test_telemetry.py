@@ -115,10 +115,8 @@ def test_the_run_names_an_ipv6_endpoint_by_a_url_that_reaches_it(capsys):
     import urllib.parse
 
     from worker.cli_train_config import train_config_from_argv
-    from worker.telemetry import host_port
     from worker.train import served_metrics
 
-    assert host_port("::1", 5) == host_port("[::1]", 5) == "[::1]:5" and host_port("10.0.0.1", 5) == "10.0.0.1:5"
     try:
         socket.socket(socket.AF_INET6).bind(("::1", 0))
     except OSError as e:

@@ -13,20 +13,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from ps.listen_address import host_port
 from ps.metricshttp import serve_wsgi, stop
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-def host_port(host: str, port: int) -> str:
-    """HOST:PORT as a URL takes it: an IPv6 address in brackets ([::1]:9100), whether --metrics-host gave them or
-    not."""
-    bare = host.strip("[]")
-    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
-
-
 def metrics_url(host: str, port: int) -> str:
-    """The endpoint's URL: http://HOST:PORT/metrics (host_port)."""
+    """The endpoint's URL: http://HOST:PORT/metrics, an IPv6 address in brackets (ps.listen_address.host_port)."""
     return f"http://{host_port(host, port)}/metrics"
 
 
