@@ -43,6 +43,17 @@ def test_a_metrics_host_without_a_metrics_port_is_refused_naming_both(command, h
             "would ignore it") in err, err  # fmt: skip
 
 
+@pytest.mark.parametrize("host", ["", " ", "[]"])
+@pytest.mark.parametrize("command", [["train", "--synthetic-rows", "100"], ["launch", "--workers", "2"]])
+def test_an_empty_metrics_host_is_refused_naming_the_flag(command, host, capsys):
+    """An empty --metrics-host would have the endpoint, plain HTTP with no token, listen on every address: refused
+    (exit 2) before anything is dialled, as ps-server refuses an empty --host."""
+    argv = [*command, "--servers", "127.0.0.1:9", "--server-timeout", "0", "--metrics-port", "0"]
+    assert main([*argv, "--metrics-host", host]) == 2
+    err = capsys.readouterr().err
+    assert f"ps-worker: error: --metrics-host is empty ({host!r}): give an address of this machine" in err, err
+
+
 def test_shared_settings_with_a_metrics_host_pass_a_create_tables_job_and_an_empty_hidden_is_not_given():
     """A deployment's create-tables job shares the workers' settings (PS_METRICS_HOST, a --config [train]) but not
     their --metrics-port: it is not refused. PS_HIDDEN= (empty) is --hidden not given: lr takes it, deepfm gets the

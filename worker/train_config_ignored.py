@@ -6,7 +6,8 @@
     (--dense-sync-every reaches every model: the logit bias is a dense parameter of each)
 TrainConfig.validate refuses --dropout and --dense-l2 (None: not given, and not filled in by a recipe for a model
 without an MLP: TrainConfig.with_recipe); worker/cli_train_config.py refuses
---hidden and --metrics-host, whose defaults are values, where the flag was given.
+--hidden and --metrics-host, whose defaults are values, where the flag was given (and an empty --metrics-host, which
+would widen the endpoint to every address).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def check_given_hidden(hidden: tuple[int, ...] | None, model: str) -> None:
 
 
 def check_given_metrics_host(host: str | None, port: int | None) -> None:
-    """ValueError for a --metrics-host given (not None) without a --metrics-port: no endpoint listens on it."""
+    """ValueError for a --metrics-host given (not None) without a --metrics-port: no endpoint listens on it; or
+    given empty: the endpoint, plain HTTP with no token, would listen on every address (as ps-server's --host)."""
     if host is not None and port is None:
         raise ValueError(ignored_setting("--metrics-host", host, METRICS_HOST_SETTING, "no --metrics-port"))
+    if host is not None and not host.strip("[] \t"):
+        raise ValueError(f"--metrics-host is empty ({host!r}): give an address of this machine ({DEFAULT_METRICS_HOST}, "
+                         "the default: this machine only; 0.0.0.0: all of its addresses)")  # fmt: skip
