@@ -106,11 +106,41 @@ def test_a_call_without_a_state_id_a_replaced_shard_refuses_says_the_shard_was_r
             with pytest.raises(ModelStateReplacedError, match=said) as caught:
                 client.describe_table("t", shards=[1])
             assert caught.value.refused_by == 1
+            # a DescribeTable changes nothing: an eval or a predict makes it too, and nothing of theirs was pushed
+            assert ("so its rows are not those of the model state the client read before. A training run, an eval or "
+                    "a predict stops: start it again on what the shards hold now") in str(caught.value)  # fmt: skip
+            assert "pushed" not in str(caught.value)
             if replaced_by != "a new data dir":
                 assert ("cluster 'other'" if kw.get("cluster") else "shard 1 of 3") in str(caught.value)
     finally:
         for s in servers:
             s.stop(grace_s=1)
+
+
+def test_a_push_or_pull_carrying_the_state_id_refused_otherwise_asks_no_stats_a_describe_asks_once(servers):
+    """A PushBatch or PullBatch carrying its shard's state id is checked for it before anything else (ps.engine.shard
+    check_state_id): refused some other way (INVALID_ARGUMENT, NOT_FOUND), it found the id matching, so the client
+    asks no Stats to tell whether the shard was replaced; a refused call that carries no state id (DescribeTable)
+    asks once."""
+    addresses, (server,) = servers(1)
+    with Client(addresses, timeout_s=10, server_timeout_s=5) as client:
+        client.wait_ready()
+        client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+        asked, stats = [], server.shard.stats
+        server.shard.stats = lambda *a, **kw: (asked.append(1), stats(*a, **kw))[1]
+        seen, ids = client.state_ids[0], wire.encode_ids(np.arange(3, dtype=np.uint64))
+        short = ps_pb2.PushRequest(table="t", ids=ids, grads=b"\0" * 8, dim=2)  # 8 bytes of grads, expected 3*2*4
+        refused = [("PushBatch", ps_pb2.PushBatchRequest(pushes=[short], state_id=seen), "INVALID_ARGUMENT"),
+                   ("PullBatch", ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table="u", ids=ids)], state_id=seen),
+                    "NOT_FOUND")]  # fmt: skip
+        for method, request, code in refused:
+            with pytest.raises(PsError, match=f"{method} failed with {code}") as caught:
+                client._call_many(method, [0], [request])
+            assert not isinstance(caught.value, ModelStateReplacedError)
+        assert asked == []
+        with pytest.raises(PsError, match="DescribeTable failed with NOT_FOUND"):
+            client.describe_table("u")
+        assert asked == [1]
 
 
 class TwoShards:

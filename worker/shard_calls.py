@@ -16,9 +16,10 @@ deadline past that: the call raises RequestOutcomeUnknownError, saying it may or
 and a PullBatch also carry the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that
 came back restored from a checkpoint, or on a new data dir, refuses them, applying and reading nothing
 (ModelStateReplacedError, not retried), so a run does not train on over a model that lost its pushes, nor an eval
-score with rows of two model states. Any other call a shard refuses (a DescribeTable of a table that a new data
-dir does not hold) asks the shard's Stats once: where its state id is not the one wait_ready read, the refusal is
-raised as ModelStateReplacedError, with the shard's words (_replaced). A call sent again past
+score with rows of two model states; their other refusals found the state id the shard's. Any call that carries no
+state id and that a shard refuses (a DescribeTable of a table that a new data dir does not hold) asks the shard's
+Stats once: where its state id is not the one wait_ready read, the refusal is raised as ModelStateReplacedError,
+with the shard's words (_replaced). A call sent again past
 each deadline until the server timeout asks the same: where the shard answers the Stats, the error says it is up and
 that the call may need a longer --timeout-s (a big pull on a busy shard), not only that the shard was failing.
 advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
@@ -45,12 +46,13 @@ import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.errors import (
-    MODEL_STATE_REPLACED,
     ModelStateReplacedError,
     PsError,
     RequestTooLargeError,
     ServerUnavailableError,
+    model_state_replaced,
 )
+from ps.security import READ_ONLY_METHODS
 from worker.channels import open_channels
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import new_client_id
@@ -70,7 +72,7 @@ class ShardCalls:
     Client's to write: `_acked` (the steps of a worker whose stamped push every shard answered, which a stamped call
     sent again carries), `_room` (the shards' smallest request room as wait_ready read it, named in a too-large
     refusal) and `_seen` (what wait_ready read of each shard, (state id, cluster name), state id 0: not read; pushes
-    and pulls carry the state id, and refusals are checked against it: _replaced)."""
+    and pulls carry the state id, and the refusals of calls that carry none are checked against it: _replaced)."""
 
     def __init__(
         self,
@@ -204,8 +206,9 @@ class ShardCalls:
         too large for its shard's room, the room its size came from (wait_ready's: a shard that restarted with a
         smaller room since refuses it)."""
         error = self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s, ran)
-        if getattr(error, "refused_by", None) == shard and not isinstance(error, ModelStateReplacedError):
-            error = self._replaced(shard, error)
+        if getattr(error, "refused_by", None) == shard and not isinstance(error, ModelStateReplacedError) and \
+                not carries_state_id(request):  # fmt: skip
+            error = self._replaced(method, shard, error)
         elif e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and type(error) is ServerUnavailableError and \
                 method != "Stats" and not (sent_once(method, request) and unanswered(e)):  # fmt: skip
             self._deadline_hint(method, shard, error)
@@ -237,11 +240,12 @@ class ShardCalls:
                           f"than its deadline (--timeout-s {self.timeout_s:g}: a large request, or a busy shard); a "
                           "larger --timeout-s gives it the time it needs", *error.args[1:])  # fmt: skip
 
-    def _replaced(self, shard: int, error: PsError) -> PsError:
-        """error, a refusal of the shard's, or where the shard's Stats (one attempt) give another state id than
-        wait_ready read (it came back restored, or on a new data dir: a call that carries no state id finds no
-        table there), a ModelStateReplacedError saying so after the shard's words. A run stops on it
-        without a --skip-examples hint (worker.train): the servers no longer hold what it trained."""
+    def _replaced(self, method: str, shard: int, error: PsError) -> PsError:
+        """error, a refusal of the shard's of a call that carries no state id, or where the shard's Stats (one
+        attempt) give another state id than wait_ready read (it came back restored, or on a new data dir: such a
+        call finds no table there), a ModelStateReplacedError saying so after the shard's words
+        (ps.errors.model_state_replaced; read-only: a method of ps.security.READ_ONLY_METHODS). A run stops on it
+        without a --skip-examples hint of its own (worker.train): the servers no longer hold what it trained."""
         seen, cluster = self._seen[shard]
         if not seen:
             return error
@@ -254,11 +258,8 @@ class ShardCalls:
             how += f" of another cluster ({f'cluster {stats.cluster!r}' if stats.cluster else 'unnamed'})"
         if (stats.shard_id, stats.num_shards) != (shard, len(self.servers)):
             how += f" as shard {stats.shard_id} of {stats.num_shards}"
-        replaced = ModelStateReplacedError(
-            f"{error}; shard {shard} {MODEL_STATE_REPLACED} (state id {stats.state_id:#x}, the client's {seen:#x}): "
-            f"since the client connected, the shard was {how}, so what the client pushed before is not there. A "
-            "training run stops: start it again on what the shards hold now"
-        )  # fmt: skip
+        said = model_state_replaced(shard, stats.state_id, seen, how, method in READ_ONLY_METHODS)
+        replaced = ModelStateReplacedError(f"{error}; {said}")
         replaced.refused_by = shard
         return replaced
 
@@ -272,3 +273,10 @@ class ShardCalls:
         closing.join(timeout_s)
         if closing.is_alive():
             log.warning("the client's gRPC channels did not close within %.3g s; going on without them", timeout_s)
+
+
+def carries_state_id(request: object) -> bool:
+    """Whether request is a PushBatch or PullBatch that carries a state id (nonzero): its shard checks the id before
+    anything else of the call (ps.engine.shard check_state_id), so a refusal other than ModelStateReplacedError
+    found the id the shard's, and needs no Stats to tell whether the shard was replaced (ShardCalls._replaced)."""
+    return isinstance(request, (ps_pb2.PushBatchRequest, ps_pb2.PullBatchRequest)) and request.state_id != 0

@@ -67,7 +67,6 @@ from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker
 from ps.engine.writeguard import WriteGuard
 from ps.errors import (
-    MODEL_STATE_REPLACED,
     NOTHING_READ_OR_APPLIED,
     InvalidArgumentError,
     ModelStateReplacedError,
@@ -76,6 +75,7 @@ from ps.errors import (
     TableNotFoundError,
     WrongShardError,
     echo,
+    model_state_replaced,
 )
 from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
@@ -483,18 +483,8 @@ class Shard:
             return
         restored = self.store.meta.restored()
         how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
-        if pull:
-            outcome = ("so its rows are not those of the model state the client read before; "
-                       f"{NOTHING_READ_OR_APPLIED}. A training run, an eval or a predict stops: start it again on "
-                       "what the shards hold now")  # fmt: skip
-        else:
-            outcome = ("so what the client pushed before is not here; the push was not applied. A training run stops: "
-                       "start it again on what the shards hold now (from the checkpoint's position, with "
-                       "--skip-examples)")  # fmt: skip
-        raise ModelStateReplacedError(
-            f"shard {self.shard_id} {MODEL_STATE_REPLACED} (state id {self.state_id:#x}, the client's {seen:#x}): "
-            f"since the client connected, the shard was {how}, {outcome}"
-        )
+        outcome = NOTHING_READ_OR_APPLIED if pull else "the push was not applied"
+        raise ModelStateReplacedError(model_state_replaced(self.shard_id, self.state_id, seen, how, pull, outcome))
 
     def health_stats(self) -> dict[str, int]:
         """For the metrics: ps.engine.shardstats.health_stats of the journal and the flusher's disk watch."""
