@@ -64,6 +64,7 @@ class AllReduceDense:
 
     inline = False
     collective = True  # flush() and finish() are collective
+    sync_every = 1  # every step's gradients averaged and applied in that step
 
     def __init__(
         self,

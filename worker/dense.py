@@ -115,6 +115,7 @@ class DensePath(Protocol):
     values: dict[str, np.ndarray]  # {name: (r, c) float32}, the weights the next forward uses
     inline: bool  # a step's gradients go with its sparse push: add(), push_items(), take() (DenseSync's)
     collective: bool  # flush() is a step every worker takes together (allreduce): not the loop's to call alone
+    sync_every: int  # the steps whose gradients one sync applies (DenseSync's --dense-sync-every; allreduce: 1)
     syncs: int  # pushes (PS) or allreduces done
 
     def pull(self) -> dict[str, np.ndarray]: ...

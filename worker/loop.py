@@ -210,8 +210,7 @@ class _TrainingRun:
         planned = s.total_examples * s.epochs
         total = max(0, (min(planned, s.max_examples) if s.max_examples else planned) - s.skip_examples)
         # the skipped steps' dropout masks drawn too: the resumed run's steps draw the masks of a run never stopped
-        skip_masks = getattr(given.backend, "skip_masks", None)
-        self.skipping, self.limit = Skipping(s.skip_examples, skip_masks), Limit(s.max_examples)
+        self.skipping, self.limit = Skipping(s.skip_examples, given.backend.skip_masks), Limit(s.max_examples)
         self.desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until a step trains
         estimated = s.total_estimated and total > 0
         # the bar alone, on a terminal (no tqdm where it is not shown): the loop's lines, plain in a log or PROGRESS
@@ -247,7 +246,7 @@ class _TrainingRun:
         self.result.epoch, steps_before = epoch, self.result.steps
         self.source.start_epoch()
         # a batch is marked last (one read ahead) only where a step's MLP gradients may wait for a later push
-        look_ahead = self.dense.inline and getattr(self.dense, "sync_every", 1) > 1
+        look_ahead = self.dense.inline and self.dense.sync_every > 1
         marked = marked_last(self.skipping(self.limit(train_batches(epoch))), look_ahead)
         batches = prefetched(marked, self.prepare, self.s.prefetch)
         try:
