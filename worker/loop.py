@@ -252,7 +252,7 @@ class _TrainingRun:
         try:
             for _, item in _read_errors_named(batches, self.result):
                 if self._train_step(item, epoch):  # an early stop: every step of the run ran
-                    self.stop = self.result.trained_all = True
+                    self._stop_early()
                     break
         finally:  # an early stop: this worker is done, so that no other worker waits for it, nor its own prefetched
             # stamped pull (with a best model to put back, or an MLP to write (allreduce): at the end, after that; the
@@ -266,11 +266,11 @@ class _TrainingRun:
         """After an epoch: the validation set evaluated (unless the epoch was skipped whole, or its last step's
         evaluation was the end's); False when the run ends there (an early stop, or the stream's limit reached)."""
         s, result = self.s, self.result
-        validated = s.eval_every and result.steps % s.eval_every == 0  # its last step's evaluation was the end's
+        validated = self._eval_due(result.steps)  # its last step's evaluation was the end's
         if result.steps == steps_before and s.skip_examples:  # an epoch skipped whole
             return True
         if not validated and self._evaluation(epoch) and epoch < s.epochs:  # (after the last epoch, a patience
-            self.stop = self.result.trained_all = True  # run out there stops nothing early)
+            self._stop_early()  # run out there stops nothing early)
             return False
         return not self.limit.reached  # no epoch after it
 
@@ -293,18 +293,24 @@ class _TrainingRun:
         self.running.update(logloss(batch.labels, probs))
         self._timed(n)
         self._shown(n, epoch)
-        every = self.s.eval_every
-        return bool(every) and result.steps % every == 0 and self._evaluation(epoch)
+        return self._eval_due(result.steps) and self._evaluation(epoch)
+
+    def _eval_due(self, steps: int) -> bool:
+        """Whether an evaluation of the validation set follows step `steps` (--eval-every)."""
+        return bool(self.s.eval_every) and steps % self.s.eval_every == 0
+
+    def _stop_early(self) -> None:
+        """An early stop: no step follows, and every step of the run ran."""
+        self.stop = self.result.trained_all = True
 
     def _flush_follows(self, item: Prepared, epoch: int) -> bool:
         """Whether the MLP's gradients are flushed after item's step (a validation, --eval-every's or its epoch's,
         or the end of this worker's stream): the step then pushes them with its own push (Step's sync), so that
         under --mode sync they are the step's contribution, summed with the other workers' and applied once, as
         one worker's at the summed batch are."""
-        s, steps = self.s, self.result.steps + 1
-        if self.validation and s.eval_every and steps % s.eval_every == 0:
+        if self.validation and self._eval_due(self.result.steps + 1):
             return True
-        return item.last and (bool(self.validation) or epoch == s.epochs or self.limit.reached)
+        return item.last and (bool(self.validation) or epoch == self.s.epochs or self.limit.reached)
 
     def _timed(self, n: int) -> None:
         """The step's time, less the examples --skip-examples skips and an evaluation (--eval-every) since the step
