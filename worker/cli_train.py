@@ -95,7 +95,7 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     return dataclasses.replace(cfg, skip_examples=position.examples, resume_started_from=position.started_from,
                                resume_trained=position.trained, resume_state_ids=position.state_ids,
                                resume_rejoins=rejoin and position.trained,
-                               resume_best_not_put_back=position.trained and position.best_not_put_back)  # fmt: skip
+                               resume_best_not_put_back=position.best_not_put_back)  # fmt: skip
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -108,6 +108,12 @@ class LoopResult:
     best_too_big_bytes: int = 0  # > 0: BestModel kept nothing, the rows trained being more than this many bytes
     source_stats: dict = field(default_factory=dict)  # the row source's: cache hit rate, bytes saved
 
+    @property
+    def training_over(self) -> bool:
+        """Every step ran and the servers hold every update it trained: a restart trains nothing (its position's
+        `trained`, the stopped run's "nothing to resume")."""
+        return self.trained_all and self.pushed == self.examples
+
 
 STEP_GRACE_S = 5.0  # a signal inside a step waits this long at most for the step's push (signals_after_step)
 

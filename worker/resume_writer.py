@@ -108,7 +108,12 @@ class PositionWriter:
             self.kept_job, self.kept_until = kept, examples
             self.resumed_as = tuple(j for j in recorded_resuming_as(self.path) if j not in (self.job_id, kept[0]))
 
-    def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
+    def write(
+        self, examples: int, trained: bool = False, finished: bool = False, best_not_put_back: bool = False
+    ) -> None:
+        """The position written at once (OSError, naming the file, where it cannot be); best_not_put_back: the run
+        stopped as early stopping's best model was put back, recorded from then on (kept once set)."""
+        self.best_not_put_back |= best_not_put_back
         if self.kept_job is not None and (examples != self.kept_until or trained or finished):
             self.kept_job, self.resumed_as = None, ()  # the new job trained from the position: its id from now on
         job_id, job_name = self.kept_job or (self.job_id, self.job_name)

@@ -257,10 +257,10 @@ class _Run:
             if position is not None and not cfg.resume_trained:  # (a refused done stamp: the file stays as it was)
                 # stopped after its last step (putting the best back, say), every row update pushed: training is
                 # over (the MLP's gradients of up to --dense-staleness steps pending then are not pushed: dense.close)
-                over = loop.trained_all and loop.pushed == loop.examples
-                position.best_not_put_back |= over and loop.restoring_best  # the best is gone with this process
-                try:
-                    position.write(cfg.skip_examples + loop.pushed, trained=over)
+                over = loop.training_over
+                try:  # a stop as the best model was put back: the best is gone with this process
+                    position.write(cfg.skip_examples + loop.pushed, trained=over,
+                                   best_not_put_back=over and loop.restoring_best)  # fmt: skip
                 except OSError as failed:  # e is the error to report
                     log.warning("could not write --resume-file %s as the run stopped: %s", cfg.resume_file, failed)
             if isinstance(e, TrainingDataError):

@@ -105,8 +105,9 @@ class TrainConfig:
     resume_trained: bool = False  # the --resume-file says training is over: only the final evaluation runs
     resume_rejoins: bool = False  # with resume_trained: a sync or ssp job resumed under a new job id, which this
     # worker tells it is done before it evaluates (worker/resume.py rejoins)
-    resume_best_not_put_back: bool = False  # with resume_trained: the run stopped as early stopping's best model
-    # was put back, so the tables hold the last model or part of the best (worker/resume.py best_not_put_back)
+    resume_best_not_put_back: bool = False  # the --resume-file's (recorded with trained; read where resume_trained):
+    # the run stopped as early stopping's best model was put back, so the tables hold the last model or part of the
+    # best (worker/resume.py best_not_put_back)
     max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
     early_stop: int | None = None  # validations without a better figure before stopping; 0: never; None: recipe
     early_stop_metric: str | None = None  # EARLY_STOP_METRICS: what the stop and the best model go by; None: recipe

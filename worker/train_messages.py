@@ -60,8 +60,7 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
         return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {trained:,} training examples; the "
                 "model was on local shards, stopped with this run: nothing to resume (train with --servers to keep "
                 "what a stopped run trained)")  # fmt: skip
-    held = loop.examples - loop.pushed
-    if loop.trained_all and not held:
+    if loop.training_over:
         if loop.restoring_best:
             return (f"ps-worker: the run had trained all its {done:,} examples when it stopped, as it put early "
                     f"stopping's best model back: nothing to resume, but {_NOT_THE_BEST}")  # fmt: skip
@@ -71,6 +70,7 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
               "too: a resumed run trains it again)") if loop.in_flight else ""  # fmt: skip
     how = (f"run the same command again ({_kept_position(cfg)})" if cfg.resume_file
            else f"run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
+    held = loop.examples - loop.pushed
     steps = "" if held else f" in {loop.steps:,} steps"
     lost = (f" (the {held:,} examples it trained after them, in geo's local rows, were not pushed, or not whole: a "
             "resumed run trains them again)") if held else ""  # fmt: skip
