@@ -765,7 +765,7 @@ def test_a_predict_removes_the_partial_files_of_dead_predicts_into_its_out_only(
     for path in (dead, running, earlier, another_out):
         write(path, 70)
     caplog.set_level("INFO", LOGGER)
-    assert predict._write(str(out), [], predict._Columns(False, False, ()), ScoringProgress(0, False)) == 0
+    assert predict._write(str(out), [], predict._Columns(False, False, ()), ScoringProgress(0, False), False) == 0
     assert not dead.exists() and running.exists() and earlier.exists() and another_out.exists()
     assert not out.exists() and sorted(os.listdir(tmp_path)) == sorted(p.name for p in (running, earlier, another_out))
     lines = removed_lines(caplog)
@@ -782,7 +782,9 @@ def test_a_predict_never_writes_through_a_link_where_its_partial_file_goes(tmp_p
     partial.symlink_to(elsewhere)
     monkeypatch.setattr(predict, "partial_file", lambda out: str(partial))
     with pytest.raises(OSError, match="is a link, where this writer keeps its temporary file"):
-        predict._write(str(tmp_path / "scores.csv"), [], predict._Columns(False, False, ()), ScoringProgress(0, False))
+        predict._write(
+            str(tmp_path / "scores.csv"), [], predict._Columns(False, False, ()), ScoringProgress(0, False), False
+        )
     assert elsewhere.read_text() == "keep me" and partial.is_symlink()
 
 
@@ -809,7 +811,9 @@ def test_a_predict_into_a_name_as_long_as_a_file_system_takes_writes_it_and_remo
     (batch,) = read_batches(files[1], builtin_schema("criteo", default_table="fm", default_dim=8), 1000)
     scored = [(files[1], batch, np.full(len(batch), 0.25, np.float32), [""] * len(batch))]
     caplog.set_level("INFO", LOGGER)
-    assert predict._write(str(out), scored, predict._Columns(False, False, ()), ScoringProgress(0, False)) == len(batch)
+    assert predict._write(
+        str(out), scored, predict._Columns(False, False, ()), ScoringProgress(0, False), False
+    ) == len(batch)
     assert out.read_text().splitlines()[:2] == ["line,probability", "1,0.25"]
     assert sorted(os.listdir(tmp_path)) == sorted([out.name, os.path.basename(other), "test.tsv", "train.tsv"])
     lines = removed_lines(caplog)

@@ -688,7 +688,7 @@ def test_predict_and_the_resume_file_into_a_full_disk_name_their_flag(tmp_path, 
     monkeypatch.setattr(predict, "_write_rows", full)
     out = tmp_path / "scores.csv"
     with pytest.raises(OSError, match=rf"^--out {out}: could not write the predictions \(No space left on device\)"):
-        predict._write(str(out), [], predict._Columns(False, False, ()), ScoringProgress(0, False))
+        predict._write(str(out), [], predict._Columns(False, False, ()), ScoringProgress(0, False), False)
     assert os.listdir(tmp_path) == []
     monkeypatch.setattr("worker.resume_writer.write_json_whole", full)
     position = tmp_path / "position.json"
@@ -717,7 +717,7 @@ def test_predict_whose_out_folder_goes_or_name_is_too_long_names_its_flag(tmp_pa
 
     said = rf"^--out {out}: could not write the predictions \(No such file or directory\); nothing was written there$"
     with pytest.raises(OSError, match=said):
-        predict._write(str(out), scored(), predict._Columns(False, False, ()), ScoringProgress(0, False))
+        predict._write(str(out), scored(), predict._Columns(False, False, ()), ScoringProgress(0, False), False)
     assert not folder.exists() and sorted(os.listdir(tmp_path)) == ["test.tsv", "train.tsv"]
     long = tmp_path / ("x" * 256)  # refused before anything is scored, not at the rename
     with pytest.raises(ValueError, match=rf"^--out {long}: its name is 256 bytes long; the file system of "):

@@ -298,7 +298,7 @@ _NO_ROOM = {*DISK_FULL_ERRNOS, errno.EFBIG}  # a write's errors: the disk (or a 
 
 
 def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: ScoringProgress,
-           overwrite: bool = False) -> int:  # fmt: skip
+           overwrite: bool) -> int:  # fmt: skip
     """Writes the header and the rows of the scored batches to a temporary file, put in place as `out` when they are
     all written and there is at least one (_put_in_place: without overwrite, never over a file made meanwhile).
     Returns the row count."""
@@ -334,7 +334,8 @@ _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}  # a fi
 def _put_in_place(partial: str, out: str, overwrite: bool) -> None:
     """Renames partial to out. Without overwrite, ValueError where out exists (another process made it while this
     one scored: validate found none), leaving it as it is: partial is hard-linked as out, which no file there lets
-    happen, then removed; on a file system without hard links, out is looked for just before the rename."""
+    happen (_write's cleanup then removes partial); on a file system without hard links, out is looked for just
+    before the rename."""
     if overwrite:
         os.replace(partial, out)
         return
@@ -348,9 +349,6 @@ def _put_in_place(partial: str, out: str, overwrite: bool) -> None:
         if os.path.lexists(out):
             raise ValueError(_MADE_MEANWHILE.format(out=out)) from None
         os.replace(partial, out)
-        return
-    with contextlib.suppress(OSError):  # OUT is in place; _write's cleanup removes what is left of partial
-        os.remove(partial)
 
 
 _MADE_MEANWHILE = (
