@@ -65,8 +65,7 @@ def cell_bags(c: Column, space: int, cells: np.ndarray, problems: ExampleProblem
     per_cell = np.strings.count(cells, sep) + 1
     tokens = np.array(sep.join(cells.tolist()).split(sep), dtype=cells.dtype.kind)
     example = np.repeat(np.arange(n, dtype=np.int64), per_cell)
-    present = tokens != empty_cell(tokens)
-    present[present] = ~blank_strings(tokens[present])  # a blank token is no token, as an empty one
+    present = _named(tokens)  # a blank token is no token, as an empty one
     tokens, example = tokens[present], example[present]
     lengths = np.bincount(example, minlength=n)
     starts = np.zeros(n + 1, dtype=np.int64)
@@ -110,8 +109,7 @@ def _weighted(
     colon = b":" if tokens.dtype.kind == "S" else ":"
     ids, sep, weight_text = np.strings.rpartition(tokens, colon)
     values, missing, ok = float_values(weight_text)
-    named = ids != empty_cell(ids)
-    named[named] = ~blank_strings(ids[named])  # a blank id is no id, as an empty one (a bag has no missing id)
+    named = _named(ids)  # a blank id is no id, as an empty one (a bag has no missing id)
     ok &= (sep != empty_cell(sep)) & named & ~missing
     if not ok.all():
         at = np.flatnonzero(~ok)
@@ -120,3 +118,10 @@ def _weighted(
             example[at], [f"column {c.source!r} has the token {shown_cell(tokens[i])}, {message}" for i in at.tolist()]
         )
     return ids, np.where(ok, values, 0.0).astype(np.float32)
+
+
+def _named(strings: np.ndarray) -> np.ndarray:
+    """bool, where strings holds one neither empty nor blank (whitespace only)."""
+    named = strings != empty_cell(strings)
+    named[named] = ~blank_strings(strings[named])
+    return named

@@ -198,7 +198,7 @@ class NumpyModel:
         never stopped draws in the same steps."""
         if self.spec.has_mlp and self.spec.dropout > 0:
             for width in self.spec.hidden:
-                self.rng.random((n, width), dtype=np.float32)
+                self._dropout_mask((n, width), np.dtype(np.float32))
 
     def _dropout_mask(self, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
         """0 with probability spec.dropout, 1 / (1 - dropout) otherwise."""

@@ -100,7 +100,7 @@ def pool(rows: np.ndarray, index: np.ndarray, offsets: np.ndarray, weights: np.n
     if one_id_per_bag(offsets, weights):
         return rows.take(index, axis=0)
     out = np.zeros((len(offsets) - 1, rows.shape[1]), dtype=rows.dtype)
-    _pool(rows, index, offsets, *_weights_arg(weights, _exact_dtype(weights)), bag_scales(offsets, weights, mode), out)
+    _pool(rows, index, offsets, *_weights_arg(weights), bag_scales(offsets, weights, mode), out)
     return out
 
 
@@ -125,7 +125,7 @@ def pool_backward(
         _scatter_add(grad_pooled, index, out)
     else:
         scales = bag_scales(offsets, weights, mode)
-        _pool_backward(grad_pooled, index, offsets, *_weights_arg(weights, _exact_dtype(weights)), scales, out)
+        _pool_backward(grad_pooled, index, offsets, *_weights_arg(weights), scales, out)
     return out
 
 
@@ -142,8 +142,11 @@ def _exact_dtype(weights: np.ndarray | None) -> type:
     return np.float32 if weights is not None and weights.dtype == np.float32 else np.float64
 
 
-def _weights_arg(weights: np.ndarray | None, dtype: np.dtype) -> tuple[np.ndarray, bool]:
-    """(weights in dtype, has_weights): the compiled loops take an empty array for no weights."""
+def _weights_arg(weights: np.ndarray | None, dtype: type | None = None) -> tuple[np.ndarray, bool]:
+    """(weights in dtype, has_weights): the compiled loops take an empty array for no weights. dtype None: the
+    pooling loops' (_exact_dtype)."""
+    if dtype is None:
+        dtype = _exact_dtype(weights)
     if weights is None:
         return np.empty(0, dtype=dtype), False
     return np.ascontiguousarray(weights, dtype=dtype), True

@@ -175,9 +175,9 @@ class TorchModel:
         NumpyModel.skip_masks: a resumed run's steps then draw the masks of a run never stopped)."""
         if self.spec.has_mlp and self.spec.dropout > 0:
             for width in self.spec.hidden:
-                torch.rand((n, width), generator=self.generator, device=self.device)
+                self._dropout_mask((n, width))
 
-    def _dropout_mask(self, shape: torch.Size) -> torch.Tensor:
+    def _dropout_mask(self, shape: tuple[int, ...]) -> torch.Tensor:
         """0 with probability spec.dropout, 1 / (1 - dropout) otherwise."""
         rate = self.spec.dropout
         draws = torch.rand(shape, generator=self.generator, device=self.device)
