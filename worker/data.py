@@ -44,6 +44,17 @@ log = logging.getLogger("worker.data")
 HELD_WARNING_BYTES = 1 << 30  # training examples held for --shuffle on: a WARNING from this size (else INFO)
 
 
+def share_examples(count: LineCount, worker_id: int, num_workers: int) -> int:
+    """Worker worker_id's share of num_workers of the lines counted: of each file counted to its end
+    (count.per_file), its lines j with j % n == (worker_id + k) % n for the k-th file, as read_batches shares them
+    (exact where every line of the file holds data); of a count that stopped (count.more), the count of worker_id,
+    worker_id + n, ... below its estimate. The shares of the job's workers sum to the count."""
+    n = num_workers
+    if count.more:
+        return (count.estimate - worker_id + n - 1) // n
+    return sum((lines - (worker_id + k) % n + n - 1) // n for k, lines in enumerate(count.per_file))
+
+
 class LabelOrder:
     """The positives, examples and label changes (a label unlike the one before it, in reading order) of a stream
     of labels, counted a batch at a time (worker.train_messages.sorted_by_label reads them)."""
@@ -69,10 +80,11 @@ class DataSource(DataChecks, DataReports):
     labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
     predict`), its labels NaN, and so is a blank label cell of a file with labels (read_batches blank_labels);
     otherwise every file is read with labels (a line without one is bad).
-    count: self.examples is this worker's share of --data's lines, counted now up to the recipe's threshold
-    (worker/linecount.py): the exact count of a smaller file, an estimate from bytes of a larger one (then
-    line_count.more); without it, 0 (eval and predict, which read --data's first lines only, for the schema).
-    line_count: the count, None for synthetic data or without `count`."""
+    count: self.job_examples is --data's lines, counted now up to the recipe's threshold (worker/linecount.py):
+    the exact count of a smaller file, an estimate from bytes of a larger one (then line_count.more), the same on
+    every worker; self.examples is this worker's share of them (share_examples); without `count`, both 0 (eval and
+    predict, which read --data's first lines only, for the schema). Synthetic data: synthetic_rows and the rows of
+    the share. line_count: the count, None for synthetic data or without `count`."""
 
     def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True, labels_optional: bool = False,
                  count: bool = True):  # fmt: skip
@@ -81,7 +93,7 @@ class DataSource(DataChecks, DataReports):
         self.read_stats: list[tuple[str, ReadStats]] = []
         self.synthetic: SyntheticData | None = None
         self.line_count: LineCount | None = None
-        self.examples = 0
+        self.examples = self.job_examples = 0
         self.batch_size = cfg.batch_size
         self.max_validation = DEFAULT_MAX_VALIDATION
         if cfg.data is None:
@@ -96,7 +108,7 @@ class DataSource(DataChecks, DataReports):
             self.schema = self._synthetic_schema(default_table)
             n, i = cfg.synthetic_rows, cfg.worker_id
             self.share = (n * i // cfg.num_workers, n * (i + 1) // cfg.num_workers)
-            self.examples = self.share[1] - self.share[0]
+            self.examples, self.job_examples = self.share[1] - self.share[0], n
         else:
             self.schema = resolve_schema(
                 cfg.data, schema_path=cfg.schema, fmt=cfg.format, label_column=cfg.label_column,
@@ -116,7 +128,8 @@ class DataSource(DataChecks, DataReports):
                 self.line_count = count_data_upto(
                     files, recipe.SMALL_DATA_EXAMPLES, fmt, modulus=cfg.num_workers, delimiter=self.schema.delimiter
                 )
-                self.examples = self.line_count.estimate // cfg.num_workers
+                self.job_examples = self.line_count.estimate
+                self.examples = share_examples(self.line_count, cfg.worker_id, cfg.num_workers)
                 self._check_every_worker_reads(cfg)
             if self.schema.needs_stats():
                 missing = [c.name for c in self.schema.columns

@@ -123,7 +123,7 @@ def prepare(
         labels_optional=labels_optional,
         count=training,
     )
-    job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
+    job_examples = data.job_examples  # the same on every worker
     counted = data.line_count
     at_least = counted is not None and counted.more  # the count stopped at the recipe's threshold
     # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
