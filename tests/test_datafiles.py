@@ -109,6 +109,21 @@ def test_a_directory_skips_hidden_and_side_files(tmp_path):
     assert data_files(tmp_path / "_SUCCESS") == [str(tmp_path / "_SUCCESS")]  # named alone, it is read
 
 
+def test_a_directory_whose_name_holds_a_comma_is_one_entry_not_a_list(tmp_path):
+    from worker.datafiles import describe_files, takes_in
+
+    parts = tmp_path / "day=1,hour=2"
+    parts.mkdir()
+    (parts / "part-0.svm").write_text("1 3:1\n")
+    (parts / "notes.md").write_text("")
+    other = tmp_path / "day=1"  # what the name's part before the comma names: never read
+    other.mkdir()
+    (other / "stray.svm").write_text("0 4:1\n")
+    assert data_files(parts) == [str(parts / "part-0.svm")]
+    assert describe_files("--data", str(parts)).endswith("skipped as not data: notes.md")
+    assert takes_in(str(parts), str(parts / "out.svm")) and not takes_in(str(parts), str(other / "out.svm"))
+
+
 def test_empty_matches_and_repeats_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"the pattern '.*day_\*\.tsv' matches no data file"):
         data_files(str(tmp_path / "day_*.tsv"))

@@ -7,6 +7,7 @@
 
 The grammar of spec (--data, --eval-data, --validation-data, and the data `ps-worker schema` reads):
     spec   := a path that is a regular file (taken whole, even if it holds ',' or '*')
+            | a path that is a directory (one entry, taken whole, even if it holds ',')
             | entry (',' entry)*
     entry  := a directory  -> its regular files (not its subdirectories) in name order, less SKIPPED ones
             | a glob       -> (an entry holding *, ? or [) the regular files it matches, in name order, less
@@ -39,8 +40,7 @@ def data_files(spec: str | os.PathLike) -> list[str]:
     if os.path.isfile(spec):
         return [spec]
     files: list[str] = []
-    for entry in spec.split(","):
-        entry = entry.strip()
+    for entry in _entries(spec):
         if not entry:
             raise ValueError(f"{spec!r}: an empty entry in a comma-separated list of data files")
         files += _entry_files(entry)
@@ -60,8 +60,8 @@ def describe_files(flag: str, spec: str | os.PathLike | None) -> str | None:
         return None
     files = data_files(spec)
     skipped = []
-    for entry in os.fspath(spec).split(","):
-        names = (os.path.basename(p) for p in _listed(entry.strip()) or [] if os.path.isfile(p))
+    for entry in _entries(os.fspath(spec)):
+        names = (os.path.basename(p) for p in _listed(entry) or [] if os.path.isfile(p))
         skipped += sorted(n for n in names if not _is_data(n))
     shown = ", ".join(os.path.basename(f) for f in files[:5]) + (
         f", ... ({len(files) - 5:,} more)" if len(files) > 5 else ""
@@ -76,6 +76,15 @@ def name_order(path: str) -> tuple:
     """The sort key of a data file: its path with each run of digits compared as a number (day_2 < day_10,
     part-9 < part-10), then the path itself (part-01 and part-1 keep one order)."""
     return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", path) if t), path
+
+
+def _entries(spec: str) -> list[str]:
+    """The entries of a spec that is no regular file (the module docstring's grammar): the spec itself where it
+    is a directory, a ',' in its name kept; else its comma-separated parts, stripped (an empty one kept, for
+    data_files to refuse)."""
+    if os.path.isdir(spec):
+        return [spec]
+    return [entry.strip() for entry in spec.split(",")]
 
 
 def _entry_files(entry: str) -> list[str]:
@@ -124,7 +133,7 @@ def takes_in(spec: str | os.PathLike, path: str | os.PathLike) -> bool:
     spec, path = os.fspath(spec), os.fspath(path)
     if os.path.isfile(spec) or not _is_data(os.path.basename(path)):
         return False
-    return any(_entry_takes_in(entry.strip(), path) for entry in spec.split(",") if entry.strip())
+    return any(_entry_takes_in(entry, path) for entry in _entries(spec) if entry)
 
 
 def _entry_takes_in(entry: str, path: str) -> bool:
