@@ -103,13 +103,19 @@ def test_sync_two_workers_train_the_model_of_one_worker_at_the_summed_batch(serv
     worker's step does."""
     base = TrainConfig(data=data_file, model="deepfm", hidden=(16, 8), recipe="large", epochs=1, progress=False,
                        validation_fraction=0.0, synthetic_eval_rows=0, prefetch=1, dense_l2=dense_l2)  # fmt: skip
+    solo = _two_sync_workers_train_as_one(servers, tmp_path, data_file, base, job_id=7)
+    assert solo.steps == 50
+
+
+def _two_sync_workers_train_as_one(servers, tmp_path, data_file, base: TrainConfig, job_id: int):
+    """Runs base as one worker at batch 64 and as 2 sync workers at batch 32, on clusters of their own, and checks
+    that both leave the same rows and MLP; returns the one worker's result."""
     one, _ = servers(2, root=tmp_path / "one")
     [solo] = _run_job(one, [dataclasses.replace(base, batch_size=64)])
-    assert solo["result"].steps == 50
     two, _ = servers(2, root=tmp_path / "two")
-    sync = dataclasses.replace(base, batch_size=32, mode="sync", num_workers=2, job_id=7)
+    sync = dataclasses.replace(base, batch_size=32, mode="sync", num_workers=2, job_id=job_id)
     runs = _run_job(two, [dataclasses.replace(sync, worker_id=i) for i in range(2)])
-    assert [r["result"].steps for r in runs] == [50, 50]
+    assert [r["result"].steps for r in runs] == [solo["result"].steps] * 2
     want_rows, want_dense = _model(one, base, data_file)
     got_rows, got_dense = _model(two, base, data_file)
     assert np.abs(want_rows).max() > 0.01  # trained: the initial rows are within 0.01
@@ -117,6 +123,7 @@ def test_sync_two_workers_train_the_model_of_one_worker_at_the_summed_batch(serv
     np.testing.assert_allclose(got_rows, want_rows, rtol=1e-5, atol=1e-6)
     for name, want in want_dense.items():
         np.testing.assert_allclose(got_dense[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    return solo["result"]
 
 
 def test_sync_with_dense_sync_every_leaves_the_mlp_of_one_worker_at_the_summed_batch(servers, tmp_path, data_file):
@@ -128,18 +135,8 @@ def test_sync_with_dense_sync_every_leaves_the_mlp_of_one_worker_at_the_summed_b
     base = TrainConfig(data=data_file, model="deepfm", hidden=(16, 8), recipe="large", epochs=1, progress=False,
                        validation_data=str(validation), eval_every=7, early_stop=0, synthetic_eval_rows=0,
                        prefetch=1, dense_sync_every=3)  # fmt: skip
-    one, _ = servers(2, root=tmp_path / "one")
-    [solo] = _run_job(one, [dataclasses.replace(base, batch_size=64)])
-    assert solo["result"].steps == 50 and len(solo["result"].curve) == 8  # steps 7, 14, .., 49 and the epoch's end
-    two, _ = servers(2, root=tmp_path / "two")
-    sync = dataclasses.replace(base, batch_size=32, mode="sync", num_workers=2, job_id=17)
-    runs = _run_job(two, [dataclasses.replace(sync, worker_id=i) for i in range(2)])
-    assert [r["result"].steps for r in runs] == [50, 50]
-    want_rows, want_dense = _model(one, base, data_file)
-    got_rows, got_dense = _model(two, base, data_file)
-    np.testing.assert_allclose(got_rows, want_rows, rtol=1e-5, atol=1e-6)
-    for name, want in want_dense.items():
-        np.testing.assert_allclose(got_dense[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+    solo = _two_sync_workers_train_as_one(servers, tmp_path, data_file, base, job_id=17)
+    assert solo.steps == 50 and len(solo.curve) == 8  # steps 7, 14, .., 49 and the epoch's end
 
 
 def test_sync_differs_from_async_so_the_comparison_above_can_fail(servers, tmp_path, data_file):
