@@ -51,7 +51,7 @@ def exposure_warning(host: str, tls: bool, token: bool, mutual: bool = False) ->
     """What a server listening on host says when others may reach it and either anyone may call it (no token, and
     no client certificate asked for: mutual) or its traffic, token included, is plain (no tls). None for a loopback
     address, or with TLS and a check of the caller (a token, or mutual TLS)."""
-    if (tls and (token or mutual)) or host in ("localhost", "") or _is_loopback(host):
+    if (tls and (token or mutual)) or host == "" or is_loopback(host):
         return None
     if not tls and not token:
         return (f"listening on {host} with neither TLS nor a token: anyone who can reach this port can read and "
@@ -66,7 +66,10 @@ def exposure_warning(host: str, tls: bool, token: bool, mutual: bool = False) ->
             "listen on 127.0.0.1")  # fmt: skip
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether host is this machine only: localhost, or a loopback address (127.0.0.0/8, ::1; in brackets too)."""
+    if host.strip("[]") == "localhost":
+        return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name: only its resolution would tell

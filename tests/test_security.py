@@ -482,6 +482,24 @@ def test_a_server_others_may_reach_without_tls_or_a_check_of_its_callers_says_so
         assert f"listening on {host} {warns}" in warning and "docs/security.md" in warning
 
 
+@pytest.mark.parametrize("servers, token, warns", [
+    (["10.1.2.3:5000", "127.0.0.1:5001", "ps-1.example:5000"], "s3cret", "to 10.1.2.3:5000, ps-1.example:5000 (no TLS)"),
+    (["127.0.0.1:5000", "[::1]:5001", "localhost:5002"], "s3cret", None),
+    (["10.1.2.3:5000"], None, None),
+])  # fmt: skip
+def test_a_client_sending_its_token_without_tls_to_another_machine_says_so(servers, token, warns, caplog):
+    from worker.channels import open_channels
+
+    with caplog.at_level("WARNING", logger="worker.client"):
+        channels = open_channels(servers, None, None, None, token)
+    for channel in channels:
+        channel.close()
+    said = [r.getMessage() for r in caplog.records if "plain text" in r.getMessage()]
+    assert len(said) == (warns is not None), said
+    if warns:
+        assert warns in said[0] and "give --tls-ca" in said[0] and "s3cret" not in said[0], said
+
+
 @pytest.mark.parametrize("security, warns", [
     ({"tls": True}, "with TLS but no token"),
     ({"token": True}, "with a token but no TLS"),

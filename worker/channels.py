@@ -14,6 +14,7 @@ import grpc
 
 from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
+from ps.listen_address import is_loopback
 from ps.secretfiles import TOKEN_FILE, read_token, readable_by_all, refuse_empty
 from ps.security import client_channel
 from ps.tlsprobe import host_and_port, tls_hint
@@ -47,7 +48,13 @@ OPTIONS = [
 def open_channels(
     servers: list[str], tls_ca: str | None, tls_cert: str | None, tls_key: str | None, auth_token: str | None
 ) -> list[grpc.Channel]:
-    """One channel per server address (ps.security.client_channel: TLS and token as given), in order."""
+    """One channel per server address (ps.security.client_channel: TLS and token as given), in order; a warning
+    logged where a token goes without TLS to a server of another machine (as a server warns of listening so)."""
+    plain = [a for a in servers if not is_loopback(host_and_port(a)[0])]
+    if auth_token and not (tls_ca or tls_cert or tls_key) and plain:
+        log.warning("the token of --auth-token-file crosses the network in plain text to %s (no TLS): whoever reads "
+                    "it there can read and overwrite every table; give --tls-ca (docs/security.md)",
+                    ", ".join(plain))  # fmt: skip
     return [client_channel(a, OPTIONS, tls_ca, tls_cert, tls_key, auth_token) for a in servers]
 
 
