@@ -122,8 +122,8 @@ class Server:
                 f"{time.monotonic() - since:.0f} s so far; calls are served meanwhile)")  # fmt: skip
 
     def _lost(self) -> str | None:
-        """What was deleted under the shard (ps.engine.writeguard: it takes no writes), naming no path (health
-        answers callers without the token), or None."""
+        """Why the shard takes no writes (ps.engine.writeguard: its data dir deleted under it, or it broke), naming no
+        path (health answers callers without the token), or None."""
         shard = self.shard
         return (shard.guard.lost_unnamed() or None) if shard is not None and hasattr(shard, "guard") else None
 

@@ -66,6 +66,9 @@ def test_a_push_failing_part_way_after_its_journal_append_breaks_the_shard_until
                        r"\d+ of its 400 ids \(StorageError: simulated.*Restart the server"):  # fmt: skip
         push(shard, BIG, 0.5)
     assert told == [True]
+    said = shard.guard.lost_unnamed()  # what health's NOT_SERVING says, naming no path (ps.server)
+    assert said.startswith("shard 0 takes no writes until a restart: a journaled push was only partly") and \
+        str(tmp_path) not in said, said  # fmt: skip
     for refused in (lambda: push(shard, FILLED[:10], 1.0), lambda: shard.pull("t", FILLED[:10]), shard.flush,
                     shard.stats, lambda: shard.hold(5)):  # fmt: skip
         with pytest.raises(ShardNeedsRestartError, match="Restart the server"):

@@ -56,10 +56,13 @@ class WriteGuard:
         return f"shard {self.shard_id} takes no writes: {self._journal.lost}" if self._journal.lost else ""
 
     def lost_unnamed(self) -> str:
-        """lost() naming no path, for whoever asks without the token (the health service): what was deleted, not
-        where; "" while nothing was."""
+        """Why the shard takes no writes, naming no path, for whoever asks without the token (the health service):
+        what was deleted, not where, or that it broke (mark_broken; its reason, which may name files, is in the
+        log and the refusals); "" while neither."""
         if not self._journal.lost:
-            return ""
+            return (f"shard {self.shard_id} takes no writes until a restart: a journaled push was only partly applied "
+                    "in RAM (its log, and the refusals its callers get, say why); the restart replays it whole"
+                    ) if self.broken else ""  # fmt: skip
         what = "its data dir was deleted or replaced" if self._journal.dir_gone else "its journal segment was deleted"
         return (f"shard {self.shard_id} takes no writes: {what} under the running server (its log, and the refusals "
                 "its callers get, say which and since when)")  # fmt: skip
