@@ -69,8 +69,9 @@ class Skipping:
 def marked_last(batches: Iterable[Batch], look_ahead: bool = True) -> Iterator[tuple[Batch, bool]]:
     """(batch, last) for each of batches, last True for the final one: it reads one batch ahead (the data only:
     no rows are pulled for it). An error reading the next batch comes after the batch before it, as unmarked, so
-    that its step runs first (an interrupt, KeyboardInterrupt or a SIGTERM's, is raised at once); closing it closes batches. look_ahead False: every batch unmarked, none read ahead
-    (each batch's read is timed with its own step)."""
+    that its step runs first (an interrupt, KeyboardInterrupt or a SIGTERM's, is raised at once); closing it
+    closes batches. look_ahead False: every batch unmarked, none read ahead (each batch's read is timed with its
+    own step)."""
     it = iter(batches)
     try:
         if not look_ahead:

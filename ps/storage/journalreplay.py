@@ -243,9 +243,9 @@ class JournalReader:
 
     def _read_mark(self, accept_loss: bool, after_seq: int) -> tuple[int, bool, bool]:
         """(the mark, 0 if none; whether the mark file is there, or no mark is kept; whether it is there and
-        reads, or no mark is kept). A mark file that is unreadable, or missing while RocksDB holds pushes (after_seq > 0: every flush writes the mark first), is a
-        loss: which records must be there is unknown. A mark missing while RocksDB holds none and the journal holds
-        records is read's to find (_unmarked)."""
+        reads, or no mark is kept). A mark file that is unreadable, or missing while RocksDB holds pushes
+        (after_seq > 0: every flush writes the mark first), is a loss: which records must be there is unknown. A
+        mark missing while RocksDB holds none and the journal holds records is read's to find (_unmarked)."""
         if self.mark_path is None:
             return 0, True, True
         unknown = ("Without the mark, which journal records must be there is unknown. Refusing to start; start with "
