@@ -40,7 +40,7 @@ def data_files(spec: str | os.PathLike) -> list[str]:
     if os.path.isfile(spec):
         return [spec]
     files: list[str] = []
-    for entry in _entries(spec):
+    for entry in data_entries(spec):
         if not entry:
             raise ValueError(f"{spec!r}: an empty entry in a comma-separated list of data files")
         files += _entry_files(entry)
@@ -60,7 +60,7 @@ def describe_files(flag: str, spec: str | os.PathLike | None) -> str | None:
         return None
     files = data_files(spec)
     skipped = []
-    for entry in _entries(os.fspath(spec)):
+    for entry in data_entries(os.fspath(spec)):
         names = (os.path.basename(p) for p in _listed(entry) or [] if os.path.isfile(p))
         skipped += sorted(n for n in names if not _is_data(n))
     shown = ", ".join(os.path.basename(f) for f in files[:5]) + (
@@ -78,7 +78,7 @@ def name_order(path: str) -> tuple:
     return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", path) if t), path
 
 
-def _entries(spec: str) -> list[str]:
+def data_entries(spec: str) -> list[str]:
     """The entries of a spec that is no regular file (the module docstring's grammar): the spec itself where it
     is a directory, a ',' in its name kept; else its comma-separated parts, stripped (an empty one kept, for
     data_files to refuse)."""
@@ -133,7 +133,7 @@ def takes_in(spec: str | os.PathLike, path: str | os.PathLike) -> bool:
     spec, path = os.fspath(spec), os.fspath(path)
     if os.path.isfile(spec) or not _is_data(os.path.basename(path)):
         return False
-    return any(_entry_takes_in(entry, path) for entry in _entries(spec) if entry)
+    return any(_entry_takes_in(entry, path) for entry in data_entries(spec) if entry)
 
 
 def _entry_takes_in(entry: str, path: str) -> bool:

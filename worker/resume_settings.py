@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from worker.datafiles import data_entries
 from worker.schema_columns import AUTO_FORMAT
 from worker.train_config import TrainConfig
 
@@ -20,16 +21,17 @@ PATH_SETTINGS = ("data", "schema", "validation_data")  # settings that name file
 
 
 def full_paths(spec: object) -> object:
-    """A file setting's value (PATH_SETTINGS: a data flag's file, or comma-separated files, directories and globs,
-    worker/datafiles.py; a --schema file) with each path made full against the working directory and normalized
-    (os.path.abspath, links not resolved: train.tsv, ./train.tsv and /data/train.tsv, run from /data, are one
-    unless /data is reached through a link, where the working directory is the link's target; train.tsv run from
-    another directory is another file). None (not given) as None."""
+    """A file setting's value (PATH_SETTINGS: a data flag's file, or its entries as worker/datafiles.py's
+    data_entries reads them: comma-separated files, directories and globs; a --schema file) with each path made
+    full against the working directory and normalized (os.path.abspath, links not resolved: train.tsv,
+    ./train.tsv and /data/train.tsv, run from /data, are one unless /data is reached through a link, where the
+    working directory is the link's target; train.tsv run from another directory is another file). None (not
+    given) as None."""
     if not isinstance(spec, str):
         return spec
     if os.path.isfile(spec):  # a file, even if its name holds ',' (datafiles.data_files takes it whole)
         return os.path.abspath(spec)
-    return ",".join(os.path.abspath(entry.strip()) if entry.strip() else entry for entry in spec.split(","))
+    return ",".join(os.path.abspath(entry) if entry else entry for entry in data_entries(spec))
 
 
 def run_settings(cfg: TrainConfig) -> dict:
