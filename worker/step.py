@@ -26,7 +26,9 @@ class Step:
     (with the MLP's when the dense path is inline and a sync is due), the MLP's step; returns the predictions."""
 
     def __init__(self, spec: ModelSpec, backend: Any, dense: DensePath, source: Any, dense_l2: float):
-        self.spec, self.backend, self.dense, self.source, self.dense_l2 = spec, backend, dense, source, dense_l2
+        self.spec, self.backend, self.dense, self.source = spec, backend, dense, source
+        # the weights --dense-l2 regularizes (none without it), and its float32, worked out once, not every step
+        self._l2_weights, self._l2 = (spec.mlp_weights() if dense_l2 else []), np.float32(dense_l2)
         self.pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; shut by the loop
         self._pushing: Future | None = None  # the rows' push of the step on the pusher thread, until it ended
 
@@ -39,9 +41,8 @@ class Step:
         probs, row_grads, dense_grads = self.backend.forward_backward(
             model_inputs(self.spec, batch, tids, rows), dense.values, batch.labels
         )
-        if self.dense_l2:
-            for name in self.spec.mlp_weights():
-                dense_grads[name] += np.float32(self.dense_l2) * dense.values[name]
+        for name in self._l2_weights:
+            dense_grads[name] += self._l2 * dense.values[name]
         if dense.inline:  # the MLP's push goes with the rows' push when one is due
             due = dense.add(dense_grads, sync)
             returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
