@@ -26,7 +26,7 @@ def hidden_widths(text: str | None, model: str) -> tuple[int, ...]:
     list of integers, or given to a model without an MLP."""
     if text is None or not text.strip():  # PS_HIDDEN= (empty): not given, as elsewhere
         return DEFAULT_HIDDEN
-    parts = [s.strip() for s in text.split(",")] if text.strip() else []
+    parts = [s.strip() for s in text.split(",")]
     try:
         if "" in parts:
             raise ValueError("an empty entry")
