@@ -16,7 +16,7 @@ Grammar (keys not listed are errors):
     bias_table = "item"            # the table holding the bias row (default: the first sparse column's table)
 
     [tables.<name>]                # one section per table; a column without `table` uses the default table
-    dim = 16                       # v's width k (floats per row: 1 + k for lr/fm/deepfm, k for dnn); default:
+    dim = 16                       # v's width k (floats per row: 1 + k for fm/deepfm, 1 for lr, k for dnn); default:
                                    #   the run's --embedding-dim
     optimizer   = { name = "adagrad", learning_rate = 0.02 }      # and initializer, admission, eviction,
     weight_bound = 10.0                                           # as in a --table-config section
