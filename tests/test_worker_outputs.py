@@ -555,6 +555,36 @@ def test_stats_warns_of_a_shard_whose_background_flushes_are_failing(servers, ca
         shards[1].shard.flusher.failures = 0
 
 
+def test_stats_stands_each_figure_of_a_large_shard_under_its_columns_name(servers, capsys, monkeypatch):
+    """A trillion-scale shard's figures (64 GiB of rows in RAM: 68,719,476,736) are wider than 12 characters: the
+    column widens to its widest figure, so each figure still ends where its name does, on every table's line."""
+    addresses, _ = servers(2)
+    with Client(addresses) as client:
+        client.create_table(TableConfig("t", 2))
+        client.push("t", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+    real = Client.stats
+    big = {"num_rows": 250_000_000_000, "ram_bytes": 64 * 2**30, "disk_bytes": 43_500_000_000_000, "pulls": 10**10}
+
+    def stats(self):
+        shards = real(self)
+        for name, value in big.items():
+            setattr(shards[1].tables[0], name, value)  # shard 0's figures stay small
+        return shards
+
+    monkeypatch.setattr(Client, "stats", stats)
+    code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
+    assert code == 0, err
+    header, *lines = out.splitlines()
+    names = {m.group(): m.end() for m in re.finditer(r"\S+", header)}
+    table_lines = [x for x in lines if x.split()[1:2] == ["t"]]
+    assert len(table_lines) == 2, out
+    for line in table_lines:
+        figures = list(re.finditer(r"\S+", line))[2:]  # after the shard and the table's name
+        assert [m.end() for m in figures] == list(names.values())[2:], (header, line)
+    figures = dict(zip(list(names)[2:], (int(x.replace(",", "")) for x in table_lines[1].split()[2:]), strict=True))
+    assert {name: figures[name] for name in big} == big, figures
+
+
 @pytest.mark.parametrize("low", [True, False])
 def test_stats_marks_a_shards_disk_low_below_the_servers_threshold(low, servers, capsys, monkeypatch):
     """The disk: line ends with LOW (and --json's disk_low is 1) when free space is under

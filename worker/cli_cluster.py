@@ -35,13 +35,13 @@ def run_stats(args: argparse.Namespace) -> int:
         figures = [{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]
         print(json.dumps({"shards": figures, "warnings": warnings, "notes": [note] if note else []}))
         return _say(warnings, note)
-    cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
-            "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
     width = max([12, *(len(t.name) for s in shards for t in s.tables)])  # dense.deepfm.mlp.0.weight and the like
-    print(f"{'shard':>5} {'table':<{width}} " + " ".join(f"{c:>12}" for c in cols))
+    widths = _column_widths(shards)
+    print(f"{'shard':>5} {'table':<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(COLUMNS, widths, strict=True)))
     for s in shards:
         for t in s.tables:
-            print(f"{s.shard_id:>5} {t.name:<{width}} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
+            figures = (f"{getattr(t, c):>{w},}" for c, w in zip(COLUMNS, widths, strict=True))
+            print(f"{s.shard_id:>5} {t.name:<{width}} " + " ".join(figures))
         restored = f", restored from {s.restored_from}" if s.restored_from else ""
         print(f"{s.shard_id:>5} data dir {s.data_dir}{restored}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
               f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
@@ -71,6 +71,19 @@ def run_stats(args: argparse.Namespace) -> int:
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
     return _say(warnings, note)
+
+
+COLUMNS = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
+           "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
+"""The TableStats fields stats prints, a column each, in this order."""
+
+
+def _column_widths(shards: list) -> list[int]:
+    """The width of each of COLUMNS in stats' table of these shards (StatsResponses): 12, or the widest of its name
+    and its figures as printed (with thousands separators: a shard's 64 GiB of rows reads 68,719,476,736), so
+    that every figure stands under its name."""
+    tables = [t for s in shards for t in s.tables]
+    return [max([12, len(c), *(len(f"{getattr(t, c):,}") for t in tables)]) for c in COLUMNS]
 
 
 def _replies_clause(s: Any) -> str:
