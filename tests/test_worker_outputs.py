@@ -492,7 +492,7 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
 def _bytes_of(text: str) -> float:
     """'12.5 MiB' -> its bytes (as worker.cli_cluster._size writes them)."""
     number, unit = text.split()
-    return float(number.replace(",", "")) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    return float(number.replace(",", "")) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
 
 
 def test_stats_notes_shards_whose_clocks_differ(servers, capsys):
@@ -532,6 +532,33 @@ def test_stats_gives_a_small_disk_in_units_that_show_it(servers, capsys, monkeyp
     low = low_bytes(3 * 2**20, 2**20)
     assert line.startswith("    0 disk: data dir 1.0 MiB, free 100.0 KiB of 3.0 MiB (3.3%)"), line
     assert ("LOW" in line) == (low > 100 * 2**10), (line, low)
+
+
+@pytest.mark.parametrize(
+    ("total", "data_dir", "free", "line"),
+    [  # a shard's disk of ps-server size's trillion-parameter figures (docs/capacity.md: 1.2 TiB a server)
+        (8 * 2**40, 2**40 + 5, 3 * 2**40, "data dir 1.00 TiB, free 3.00 TiB of 8.00 TiB (37.5%)"),
+        (2 * 2**40, 999 * 2**30, 2**40, "data dir 999.00 GiB, free 1.00 TiB of 2.00 TiB (50.0%)"),
+        (2**40, 1000 * 2**20 - 1, 1000 * 2**10 - 1, "data dir 0.98 GiB, free 1.0 MiB of 1.00 TiB (0.0%)"),
+    ],
+)
+def test_stats_gives_a_large_disk_in_tib_and_no_figure_as_1000_of_a_unit(total, data_dir, free, line, servers, capsys,
+                                                                         monkeypatch):  # fmt: skip
+    """A disk of terabytes reads in TiB, as ps-server size gives a server's disk, not '8,192.00 GiB'; a figure
+    that rounds to 1,000 of a unit reads in the next one."""
+    addresses, _ = servers(1)
+    real = Client.stats
+
+    def stats(self):
+        shards = real(self)
+        for s in shards:
+            s.disk_total_bytes, s.data_dir_bytes, s.disk_free_bytes = total, data_dir, free
+        return shards
+
+    monkeypatch.setattr(Client, "stats", stats)
+    code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
+    [disk] = [x for x in out.splitlines() if x.startswith("    0 disk: ")]
+    assert disk.startswith(f"    0 disk: {line}"), disk
 
 
 def test_stats_warns_of_a_shard_whose_background_flushes_are_failing(servers, capsys):

@@ -129,14 +129,17 @@ def _say(warnings: list[str], note: str) -> int:
     return 1 if warnings else 0
 
 
+_UNITS = (("KiB", 10, 1), ("MiB", 20, 1), ("GiB", 30, 2), ("TiB", 40, 2), ("PiB", 50, 2))  # name, log2, decimals
+
+
 def _size(n: int) -> str:
-    """Bytes as people read them: '100.0 KiB', '12.5 MiB', '2.00 GiB' (below 1,000 B: '512 B'; a unit from 1,000
-    of the one below, so that no figure reads 1,024.0)."""
+    """Bytes as people read them: '100.0 KiB', '12.5 MiB', '2.00 GiB', '1.20 TiB' (below 1,000 B: '512 B'; the
+    smallest unit in which the figure, as rounded, is under 1,000, so that no figure reads 1,024.0 or 1,000.0;
+    PiB past that)."""
     if n < 1000:
         return f"{n:,} B"
-    if n < 1000 << 10:
-        return f"{n / 2**10:,.1f} KiB"
-    return f"{n / 2**20:,.1f} MiB" if n < 1000 << 20 else f"{n / 2**30:,.2f} GiB"
+    unit, shift, decimals = next((u for u in _UNITS if round(n / 2 ** u[1], u[2]) < 1000), _UNITS[-1])
+    return f"{n / 2**shift:,.{decimals}f} {unit}"
 
 
 def _disk_low_bytes(s: Any) -> int:
