@@ -10,7 +10,7 @@ import sys
 
 from ps.config import FULL_AT_REST, MAX_DIM, VALUES_AT_REST
 from ps.errors import StorageError
-from ps.flagtypes import HelpFormatter, address, integer, number
+from ps.flagtypes import HelpFormatter, address, integer, number, whole_number
 from ps.settings import unknown_arguments, unrecognized
 from ps.terminate import sigterm_raises
 
@@ -33,7 +33,7 @@ def build_size_parser() -> argparse.ArgumentParser:
         "in each server's RAM tier. RocksDB overhead is the measured figure from benchmarks/scale.py.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--ids", type=number(1, 2**64), required=True, help="number of distinct ids (1e9 is fine)")
+    p.add_argument("--ids", type=whole_number(1, 2**64), required=True, help="number of distinct ids (1e9 is fine)")
     p.add_argument(
         "--dim", type=integer(1, MAX_DIM), required=True, help=f"embedding dim (at most {MAX_DIM}, as a server takes)"
     )
@@ -54,7 +54,7 @@ def size_main(argv: list[str]) -> int:
 
     args = parse_strictly(build_size_parser(), argv)
     try:
-        r = size_report(int(args.ids), args.dim, args.optimizer, args.servers, args.hot_fraction, args.values_at_rest)
+        r = size_report(args.ids, args.dim, args.optimizer, args.servers, args.hot_fraction, args.values_at_rest)
     except ValueError as e:
         print(f"ps-server size: error: {e}", file=sys.stderr)
         return 2

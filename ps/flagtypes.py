@@ -4,6 +4,7 @@ numbers within bounds, HOST:PORT addresses, and the help formatter that appends 
 from __future__ import annotations
 
 import argparse
+import decimal
 import math
 import re
 from collections.abc import Callable
@@ -45,6 +46,24 @@ def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
             span = f">= {lowest}" if highest is None else f"in {lowest}..{highest}"
             raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
         return value
+
+    return parse
+
+
+def whole_number(lowest: int, highest: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in lowest..highest, as an integer or in scientific notation ("1e9",
+    "2.5e6"), taken exactly however large (no float rounds it); a fraction ("2.5"), inf or nan is refused."""
+
+    def parse(text: str) -> int:
+        try:
+            value = decimal.Decimal(text.strip())
+        except decimal.InvalidOperation:
+            raise argparse.ArgumentTypeError(f"expected a whole number (1e9 is fine), got {text!r}") from None
+        if not value.is_finite() or value != value.to_integral_value():
+            raise argparse.ArgumentTypeError(f"expected a whole number (1e9 is fine), got {text!r}")
+        if not lowest <= value <= highest:
+            raise argparse.ArgumentTypeError(f"expected a whole number in {lowest}..{highest}, got {text!r}")
+        return int(value)
 
     return parse
 

@@ -3,7 +3,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
+from ps.cli_commands import size_main
 from ps.rows.layout import layout_of
 from ps.sizing import format_report, size_report
 from ps.storage.arena import Arena
@@ -29,6 +31,25 @@ def test_size_command_prints_json_and_rejects_unknown_optimizers():
     bad = subprocess.run([sys.executable, "-m", "ps", "size", "--ids", "10", "--dim", "8", "--optimizer", "lamb"],
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and "optimizer 'lamb' is unknown" in bad.stderr
+
+
+@pytest.mark.parametrize("text", ["2.5", "1.9", "1e-3", "inf", "nan"])
+def test_size_refuses_an_id_count_that_is_no_whole_number(text, capsys):
+    """--ids 2.5 is a slip: refused, not sized as 2 ids."""
+    with pytest.raises(SystemExit) as exited:
+        size_main(["--ids", text, "--dim", "8"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"--ids: expected a whole number (1e9 is fine), got {text!r}" in err, err
+
+
+def test_size_takes_an_id_count_exactly_however_large_and_in_scientific_notation(capsys):
+    """The ids sized are the ids given: past 2**53 a float would round them ("9007199254740993" read as
+    9,007,199,254,740,992)."""
+    for text, ids in (("9007199254740993", 2**53 + 1), ("1e9", 10**9), ("2.5e6", 2_500_000), (str(2**64), 2**64)):
+        assert size_main(["--ids", text, "--dim", "8", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["ids"] == ids, text
+        assert size_main(["--ids", text, "--dim", "8"]) == 0
+        assert capsys.readouterr().out.startswith(f"table: {ids:,} ids x dim 8 "), text
 
 
 def test_a_float16_tables_rows_are_sized_as_the_grammar_writes_them_and_only_the_known_settings_are_taken():
