@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.secretfiles import read_token, refuse_empty
+from ps.secretfiles import optional_token, refuse_empty
 from worker.client import Client
 
 DIM = 4
@@ -69,8 +69,8 @@ def main(argv: list[str]) -> int:
     servers, table, stop_file = argv[0].split(","), argv[1], argv[2]
     pause_s = float(argv[3]) if len(argv) > 3 else 0.02
     token_file, tls_ca = os.environ.get("PS_AUTH_TOKEN_FILE"), os.environ.get("PS_TLS_CA")
-    refuse_empty(("PS_AUTH_TOKEN_FILE", token_file), ("PS_TLS_CA", tls_ca))
-    token = read_token(token_file) if token_file else None
+    refuse_empty(("PS_TLS_CA", tls_ca))
+    token = optional_token("PS_AUTH_TOKEN_FILE", token_file)
     with Client(servers, timeout_s=10, server_timeout_s=180, tls_ca=tls_ca, auth_token=token) as c:
         c.wait_ready(timeout_s=120)
         c.create_table(TableConfig(table, DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))

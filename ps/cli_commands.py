@@ -91,12 +91,10 @@ def health_main(argv: list[str]) -> int:
     Exit 2: a flag is wrong."""
     args = parse_strictly(build_health_parser(), argv)
     from ps.health import check_health  # imported late: grpc stays out of `--help`
-    from ps.secretfiles import read_token, refuse_empty
+    from ps.secretfiles import optional_token
 
     try:
-        refuse_empty(("--auth-token-file", args.auth_token_file))
-        if args.auth_token_file:  # checked as a client checks it; not sent: health checks need none
-            read_token(args.auth_token_file)
+        optional_token("--auth-token-file", args.auth_token_file)  # checked as a client checks it; not sent
         health = check_health(args.address, args.timeout_s, args.tls_ca, args.tls_cert, args.tls_key,
                               args.tls_server_name)  # fmt: skip
     except ValueError as e:  # an unreadable key, half a key pair

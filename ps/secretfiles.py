@@ -88,6 +88,15 @@ def read_token(path: str, what: str = TOKEN_FILE) -> str:
     return token.decode("ascii")
 
 
+def optional_token(flag: str, path: str | None, what: str = TOKEN_FILE) -> str | None:
+    """The token in the file of flag (path), read_token's checks and errors included; None where the flag is not
+    given (path None); ValueError (refuse_empty's) for an empty or blank path."""
+    if path is None:
+        return None
+    refuse_empty((flag, path))
+    return read_token(path, what)
+
+
 def check_token(token: str) -> str:
     """token, if it can be sent as `authorization: Bearer <token>`; else ValueError saying why (not showing it)."""
     problem = token_problem(token.encode("utf-8", "surrogateescape"))

@@ -21,7 +21,7 @@ from ps.health import add_to_server as add_health_to_server
 from ps.listen_address import bind_problems, exposure_warning, host_port
 from ps.metrics import ServerMetrics
 from ps.replies import reply_room_bytes
-from ps.secretfiles import READ_TOKEN_FILE, TOKEN_FILE, read_token, readable_by_all, refuse_empty
+from ps.secretfiles import READ_TOKEN_FILE, TOKEN_FILE, optional_token, readable_by_all, refuse_empty
 from ps.security import READ_ONLY_METHODS, TokenCheck, server_credentials
 from ps.server_config import ServerConfig
 from ps.service import ParameterServerServicer, StartGate
@@ -64,10 +64,9 @@ class Server:
         if root and os.path.isdir(root) and not os.access(root, os.W_OK | os.X_OK):
             log.warning("--checkpoint-root %s is not writable by this user: checkpoint saves (ps-worker checkpoint "
                         "save, export) will be refused until it is", root)  # fmt: skip
-        refuse_empty(("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key), ("--tls-ca", config.tls_ca),
-                     ("--auth-token-file", config.auth_token_file), ("--read-token-file", config.read_token_file))  # fmt: skip
-        self._token = read_token(config.auth_token_file) if config.auth_token_file else None
-        self._read_token = read_token(config.read_token_file, READ_TOKEN_FILE) if config.read_token_file else None
+        refuse_empty(("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key), ("--tls-ca", config.tls_ca))
+        self._token = optional_token("--auth-token-file", config.auth_token_file)
+        self._read_token = optional_token("--read-token-file", config.read_token_file, READ_TOKEN_FILE)
         for what, path in ((TOKEN_FILE, config.auth_token_file), (READ_TOKEN_FILE, config.read_token_file),
                            ("TLS key (--tls-key)", config.tls_key)):  # fmt: skip
             warning = readable_by_all(path) if path else None

@@ -28,7 +28,7 @@ from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
 from ps.listen_address import exposure_warning
-from ps.secretfiles import PEM_CERTIFICATE, not_after, read_token
+from ps.secretfiles import PEM_CERTIFICATE, READ_TOKEN_FILE, not_after, optional_token, read_token
 from ps.security import READ_ONLY_METHODS, TokenHeader
 from ps.server import Server
 from ps.server_config import ServerConfig
@@ -572,6 +572,19 @@ def test_a_missing_directory_or_empty_token_file_is_refused(content, message, tm
         path.write_bytes(content)
     with pytest.raises(ValueError, match=re.escape(message.format(path=path))):
         read_token(str(path))
+
+
+def test_an_optional_token_is_none_left_out_refused_blank_and_read_as_read_token_reads_it(tmp_path):
+    """optional_token: the one path every reader of a token flag takes (server, client, health, deploy)."""
+    (tmp_path / "token").write_bytes(b" s3cret-token\n")
+    (tmp_path / "bad").write_bytes(b"a\nb")
+    assert optional_token("--auth-token-file", None) is None
+    assert optional_token("--auth-token-file", str(tmp_path / "token")) == "s3cret-token"
+    with pytest.raises(ValueError, match=re.escape("--read-token-file is empty (' '): give its file's path, or leave")):
+        optional_token("--read-token-file", " ", READ_TOKEN_FILE)
+    bad = f"read-only token file (--read-token-file) {tmp_path / 'bad'} does not hold a usable token"
+    with pytest.raises(ValueError, match=re.escape(bad)):
+        optional_token("--read-token-file", str(tmp_path / "bad"), READ_TOKEN_FILE)
 
 
 def test_a_token_given_in_code_is_checked_as_well():

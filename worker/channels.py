@@ -15,7 +15,7 @@ import grpc
 from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
 from ps.listen_address import is_loopback
-from ps.secretfiles import TOKEN_FILE, read_token, readable_by_all, refuse_empty
+from ps.secretfiles import TOKEN_FILE, optional_token, readable_by_all
 from ps.security import client_channel
 from ps.tlsprobe import host_and_port, tls_hint
 
@@ -26,12 +26,11 @@ def client_token(token_file: str | None, tls_key: str | None = None) -> str | No
     """The token of --auth-token-file (None without one), read as a server reads its own (ps.secretfiles.read_token:
     ValueError naming what is wrong with it); a warning logged for that file, and for --tls-key, where every user of
     the machine may read it, as a server warns of its own. ValueError for an empty --auth-token-file (refuse_empty)."""
-    refuse_empty(("--auth-token-file", token_file))
     for what, path in ((TOKEN_FILE, token_file), ("TLS key (--tls-key)", tls_key)):
         warning = readable_by_all(path) if path else None
         if warning:
             log.warning("%s %s", what, warning)
-    return read_token(token_file) if token_file else None
+    return optional_token("--auth-token-file", token_file)
 
 
 NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
