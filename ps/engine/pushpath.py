@@ -309,11 +309,8 @@ class PushPath:
         steps and stay <= MAX_CLOCK; lock held."""
         if not 0 <= steps <= MAX_CLOCK - self.clock - self._advances_reserved:
             reserved = f" ({self._advances_reserved:,} more steps reserved by batches in flight)"
-            raise InvalidArgumentError(
-                f"a clock advance of {steps:,} steps is out of range: the clock is at {self.clock:,}"
-                f"{reserved if self._advances_reserved else ''} and a shard's clock stays <= {MAX_CLOCK:,}; "
-                f"{NOTHING_APPLIED}"
-            )
+            at = f"the clock is at {self.clock:,}{reserved if self._advances_reserved else ''} and "
+            raise _advance_out_of_range(steps, at=at)
 
     def forget_advances(self, dropped: dict[int, int]) -> None:
         """Deletes the advance notes (`advanced`, and the store's) of clients dropped from the exactly-once table,
@@ -349,10 +346,18 @@ def _check_answered_advance(steps: int) -> None:
     request) that no clock can take: past MAX_CLOCK. It is not checked against the clock, which moved since the
     request's first attempt (by that advance too, where it was applied)."""
     if steps > MAX_CLOCK:
-        raise InvalidArgumentError(
-            f"a clock advance of {steps:,} steps is out of range: a shard's clock stays <= {MAX_CLOCK:,} (the "
-            f"request's seq was applied before, but this advance could never be); {NOTHING_APPLIED}"
+        raise _advance_out_of_range(
+            steps, why=" (the request's seq was applied before, but this advance could never be)"
         )
+
+
+def _advance_out_of_range(steps: int, at: str = "", why: str = "") -> InvalidArgumentError:
+    """The error for a clock advance of steps that the clock cannot take: "a clock advance of N steps is out of
+    range: <at>a shard's clock stays <= MAX_CLOCK<why>; NOTHING_APPLIED"."""
+    return InvalidArgumentError(
+        f"a clock advance of {steps:,} steps is out of range: {at}a shard's clock stays <= {MAX_CLOCK:,}{why}; "
+        f"{NOTHING_APPLIED}"
+    )
 
 
 def _partly_applied(e: PsError, failed: str, applied: range, where: str, request: tuple[int, int],
