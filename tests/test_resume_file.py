@@ -15,7 +15,7 @@ import worker.loop
 from ps.stamp import job_hash
 from worker.__main__ import main as worker_main
 from worker.cluster import LocalCluster
-from worker.resume import RESUMING_AS_KEPT, read_position, recorded_job, recorded_resuming_as
+from worker.resume import RESUMING_AS_KEPT, read_position, recorded, recorded_job, recorded_resuming_as
 from worker.resume_settings import libsvm_reading
 from worker.resume_writer import PositionWriter
 from worker.schema_builtin import resolve_schema
@@ -826,6 +826,7 @@ def test_resuming_as_keeps_the_last_new_jobs_and_reads_a_lone_id_as_one(tmp_path
     writer.keep_job_until_past(300)
     writer.update(300)
     assert (recorded_job(str(path)), recorded_resuming_as(str(path))) == ((7, ""), (42, 43))
+    assert recorded(str(path)) == ((7, ""), (42, 43))  # both from one read
 
 
 def test_a_position_records_libsvm_values_and_one_written_without_it_reads_as_auto(tmp_path):

@@ -256,14 +256,13 @@ def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
     before the new job R trained from it: worker.resume.recorded_resuming_as) is of both J and R, so the files of
     a job resumed in part as R (some name R, others J resuming as R) are one job's; a file resuming as several
     new jobs (its worker refused under each) is of each of them."""
-    from worker.resume import recorded_job, recorded_resuming_as, resumes_whole, unused_because
+    from worker.resume import recorded, resumes_whole
 
-    resume_file = getattr(cfg, "resume_file", None)
-    if not resume_file or unused_because(cfg) is not None:
-        return None
-    files = [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
-    kept = {path: job for path in files if (job := recorded_job(path)) is not None}
-    resuming_as = {path: recorded_resuming_as(path) if resumes_whole(cfg) else () for path in kept}
+    kept, resuming_as = {}, {}
+    for path in _resume_files(cfg, workers):
+        job, resuming = recorded(path)
+        if job is not None:
+            kept[path], resuming_as[path] = job, resuming if resumes_whole(cfg) else ()
     jobs_of = [{job_id, *resuming_as[path]} for path, (job_id, _) in kept.items()]
     if kept and not set.intersection(*jobs_of):
         also = {path: f" resuming as job{'s' * (len(ids) > 1)} {', '.join(map(str, ids))}"
@@ -281,13 +280,21 @@ def check_resume_files(cfg: Any, workers: int) -> None:
     run of other settings, or no position this program wrote), as that worker would say it, here before any worker
     starts: not by that worker alone while the others train, stopped part way. cfg: worker 0's, under the job the
     files keep (kept_job)."""
-    from worker.resume import read_position, unused_because
+    from worker.resume import read_position
 
-    if not getattr(cfg, "resume_file", None) or unused_because(cfg) is not None:
-        return
-    for i in range(workers):
-        worker = dataclasses.replace(cfg, worker_id=i)
-        read_position(dataclasses.replace(worker, resume_file=worker.worker_resume_file()))
+    for i, path in enumerate(_resume_files(cfg, workers)):
+        read_position(dataclasses.replace(cfg, worker_id=i, resume_file=path))
+
+
+def _resume_files(cfg: Any, workers: int) -> list[str]:
+    """Each worker's --resume-file (RESUME_WORKER replaced by its id, worker 0's first); [] where the workers use
+    none (no --resume-file, or worker.resume.unused_because)."""
+    from worker.resume import unused_because
+
+    resume_file = getattr(cfg, "resume_file", None)
+    if not resume_file or unused_because(cfg) is not None:
+        return []
+    return [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
 
 
 def checked_job_lines(cfg: Any, worker: str) -> tuple[str, ...]:
