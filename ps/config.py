@@ -74,6 +74,13 @@ def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusiv
         raise InvalidArgumentError(f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}, got {value}")
 
 
+def ftrl_divides_by_zero(at: str, whose: str = "") -> str:
+    """The advice for ftrl with beta 0 and l2 0, whose divisor is 0 at `at` (a dim, and why): TableConfig.check_new
+    adds the table's name before it, ps.rows.optim.Ftrl.non_finite_cause the dim, and whose="the table's "."""
+    return (f"ftrl with beta 0 and l2 0 divides by (beta + sqrt(n)) / learning_rate + l2, 0 at {at}; give "
+            f"{whose}ftrl params.beta > 0 (default 1) or params.l2 > 0")  # fmt: skip
+
+
 def message_bytes_for(max_request_bytes: int, rooms: list[int]) -> int:
     """The message size a worker.client.Client uses with shards that keep rooms[i] bytes for requests' copies
     (StatsResponse request_room_bytes; 0: none, the shard started without --memory-bytes): at most
@@ -269,12 +276,11 @@ class TableConfig:
         without this check."""
         p = self.optimizer.all_params() if self.optimizer.name == "ftrl" else {}
         if p and p["beta"] == 0 and p["l2"] == 0:
-            raise InvalidArgumentError(
-                f"table {self.name!r}: ftrl with beta 0 and l2 0 divides by (beta + sqrt(n)) / learning_rate + l2, "
-                "0 at a dim until a gradient's square there is non-zero in float32: it cannot hold initial embeddings "
-                f"other than 0, and a gradient of |g| <= {FTRL_TINY_GRADIENT:.2g} would make the "
-                "row non-finite; give ftrl params.beta > 0 (default 1) or params.l2 > 0"
+            advice = ftrl_divides_by_zero(
+                "a dim until a gradient's square there is non-zero in float32: it cannot hold initial embeddings "
+                f"other than 0, and a gradient of |g| <= {FTRL_TINY_GRADIENT:.2g} would make the row non-finite"
             )
+            raise InvalidArgumentError(f"table {self.name!r}: {advice}")
 
     def as_new(self) -> TableConfig:
         """The config of a table made of self: an unspecified values_at_rest ("") is FULL_AT_REST, "float32"."""

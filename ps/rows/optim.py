@@ -26,7 +26,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ps.config import FTRL_TINY_GRADIENT, OptimizerConfig
+from ps.config import FTRL_TINY_GRADIENT, OptimizerConfig, ftrl_divides_by_zero
 
 
 @numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
@@ -251,10 +251,10 @@ class Ftrl(Optimizer):
         if self.params["beta"] != 0 or self.params["l2"] != 0 or not zero.any():
             return super().non_finite_cause(row, grad)
         j = int(np.flatnonzero(zero)[0])
-        return (
-            f"ftrl with beta 0 and l2 0 divides by (beta + sqrt(n)) / learning_rate + l2, 0 at dim {j}: its n is 0 "
-            f"and its gradient {float(g[j]):g} squares to 0 in float32 (|g| <= {FTRL_TINY_GRADIENT:.2g}); "
-            "give the table's ftrl params.beta > 0 (default 1) or params.l2 > 0"
+        return ftrl_divides_by_zero(
+            f"dim {j}: its n is 0 and its gradient {float(g[j]):g} squares to 0 in float32 (|g| <= "
+            f"{FTRL_TINY_GRADIENT:.2g})",
+            whose="the table's ",
         )
 
 
