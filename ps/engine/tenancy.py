@@ -160,11 +160,12 @@ class JobTenancy:
             if not self._takes_worker(stamp):
                 self._take_token(stamp)
                 return False
-            self._claims.append((stamp, "creating a table" if create else "applying the first push of a process"))
-            return True
-        if not create and (pull or stamp.sync or stamp.done):  # these start their job under the lock (JobClocks)
+            first_push = "applying the first push of a process"  # the worker's, for its process (token)
+        elif not create and (pull or stamp.sync or stamp.done):  # these start their job under the lock (JobClocks)
             return False
-        self._claims.append((stamp, "creating a table" if create else "applying the first push"))
+        else:
+            first_push = "applying the first push"  # the job's, on this shard
+        self._claims.append((stamp, "creating a table" if create else first_push))
         return True
 
     def drop_claim(self, stamp: WorkerStamp) -> None:
