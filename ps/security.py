@@ -32,7 +32,8 @@ from ps.secretfiles import check_tls_files, check_token, read_file, refuse_empty
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 SERVICE_PREFIX = "/sparseps.ParameterServer/"
 READ_ONLY_METHODS = ("DescribeTable", "Pull", "PullBatch", "Stats")  # the calls that change nothing on a shard
-# ... unstamped: a stamped PullBatch is a training job's (ps.engine.jobs), and its stamp may start a job (ps.engine.followedjob)
+# ... unstamped: a stamped PullBatch is a training job's (ps.engine.jobs), and its stamp may start a job
+# (ps.engine.followedjob)
 STAMPED_METHODS = ("PullBatch",)
 METHODS = frozenset(ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name)
 
@@ -63,9 +64,10 @@ class TokenCheck(grpc.ServerInterceptor):
     `Bearer <read_token>`); a call of read_token's to a method outside READ_ONLY_METHODS gets PERMISSION_DENIED.
     Neither refusal reads the request: a refused caller's bytes are neither taken in nor parsed (a stamped
     PullBatch's, PERMISSION_DENIED too, is read), and both are answered as the call arrives, holding no thread and
-    no call slot (answered_on_arrival): callers without the token cannot crowd out those with it. refused(method, code), if given, is told of each refusal: the
-    ParameterServer method's name, or "other" for a path that names none (the caller chose it: counted under its
-    own name, a caller without the token could add labels to a metric without bound), and the status's name."""
+    no call slot (answered_on_arrival): callers without the token cannot crowd out those with it. refused(method, code),
+    if given, is told of each refusal: the ParameterServer method's name, or "other" for a path that names none (the
+    caller chose it: counted under its own name, a caller without the token could add labels to a metric without bound),
+    and the status's name."""
 
     def __init__(self, token: str, read_token: str | None = None,
                  refused: Callable[[str, str], None] | None = None):  # fmt: skip

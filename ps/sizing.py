@@ -75,7 +75,8 @@ def flag_size(n: int) -> str:
 
 
 def _floor_note(r: dict) -> str:
-    """The note " (...)" where the --cache-bytes figure is the least RAM tier a table may have, more than its hot rows."""
+    """The note " (...)" where the --cache-bytes figure is the least RAM tier a table may have, more than its hot
+    rows."""
     if r["cache_bytes_per_server_for_hot_fraction"] <= r["hot_rows_per_server"] * r["ram_bytes_per_row"]:
         return ""
     return f" (the least a table's RAM tier may be: {MIN_SHARE_ROWS} rows, or 1 MiB of rows over 4 KiB)"

@@ -2,8 +2,8 @@
 async and geo: its PushBatch, unclocked; every mode: the CreateTable of its job's tables, which holds the shard for
 the job), field for field protos/ps.proto's WorkerStamp. The worker builds it
 (worker/steprows.py) and sends it
-(ps.codec.stamp_to_proto); the shard reads it back (ps.service.stamp_of, from_message), checks it and keeps the job's clocks by
-it (ps.engine.followedjob)."""
+(ps.codec.stamp_to_proto); the shard reads it back (ps.service.stamp_of, from_message), checks it and keeps the job's
+clocks by it (ps.engine.followedjob)."""
 
 from __future__ import annotations
 

@@ -5,14 +5,15 @@ their initial values and broadcast them, so every worker starts identical and eq
 has a worker write the trained values back as add-delta pushes, so evaluation and checkpoints read the trained
 MLP from the servers. The lowest rank that has a batch at a step (rank 0 until it runs out: the writer) also writes
 them, alone, after its first step as the writer and then every WRITE_EVERY_S seconds, so that a checkpoint, export,
-eval or predict taken while the job trains reads an MLP at most that old (not the one the job started from). Every write goes through the worker's row source (`source`: push_apart, with its job's
-stamp, as the PS path's pushes), while the worker has not said it is done: its job holds the shards then, and a
-shard that holds another job refuses the write. In between, a step's gradients (every parameter flattened, in
-params order, into one float32 buffer, followed by one float per rank: 1 in its own from a worker with a batch) go
-through one all_reduce (SUM) and are divided by the number of workers that had a batch; each worker then applies the
-optimizer to that mean itself (worker/local_optimizer.py LocalOptimizer: the servers' rule per element), so equal
-inputs leave every worker with equal weights, bit for bit. A mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a
-push: every rank raises ValueError at that step, its values and optimizer state those of the step before.
+eval or predict taken while the job trains reads an MLP at most that old (not the one the job started from). Every write
+goes through the worker's row source (`source`: push_apart, with its job's stamp, as the PS path's pushes), while the
+worker has not said it is done: its job holds the shards then, and a shard that holds another job refuses the write. In
+between, a step's gradients (every parameter flattened, in params order, into one float32 buffer, followed by one float
+per rank: 1 in its own from a worker with a batch) go through one all_reduce (SUM) and are divided by the number of
+workers that had a batch; each worker then applies the optimizer to that mean itself (worker/local_optimizer.py
+LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal weights, bit for bit. A
+mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a push: every rank raises
+ValueError at that step, its values and optimizer state those of the step before.
 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same

@@ -6,9 +6,10 @@ row on fresh tables, an earlier run's on tables that held a model). At the end o
 for all of them as add-delta pushes (the optimizer's state stays as it is, but FTRL's z is set to give the
 embedding put back, so that training on from it starts there: ps.rows.optim.ftrl_match_state): the tables then
 hold the model of the best evaluation. The pushes go through the worker's row source (push_apart), with its job's
-stamp as the MLP's pushes apart from a step's: a shard that another job holds refuses them. Those pushes count no shows, so an id not admitted (one a Shrink dropped since the
-best) stays so, with its initial row: the rows the pushes return say which ids did not take the best row, and
-restore() keeps them per table (not_restored; the run's summary counts them).
+stamp as the MLP's pushes apart from a step's: a shard that another job holds refuses them. Those pushes count no shows,
+so an id not admitted (one a Shrink dropped since the best) stays so, with its initial row: the rows the pushes return
+say which ids did not take the best row, and restore() keeps them per table (not_restored; the run's summary counts
+them).
 """
 
 from __future__ import annotations

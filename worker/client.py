@@ -19,9 +19,9 @@ every shard a request carrying it, and return the job's min_clock with their row
 semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
 push of the step, summed and applied once); finish() says the worker is done. A stamped call sent again carries
 the acked the worker has then (the steps whose stamped push_many returned), not that of its first attempt. A
-stamped call's deadline is timeout_s + the stamp's wait limit (WorkerStamp.timeout_s; a wait is not a dead server); a wait that ends without the other
-workers raises BarrierTimeoutError (ABORTED), never retried. A sync push's first attempt that a shard answers
-as applied before (a second run under the job's id) raises JobIdReusedError.
+stamped call's deadline is timeout_s + the stamp's wait limit (WorkerStamp.timeout_s; a wait is not a dead server); a
+wait that ends without the other workers raises BarrierTimeoutError (ABORTED), never retried. A sync push's first
+attempt that a shard answers as applied before (a second run under the job's id) raises JobIdReusedError.
 
 The pieces, each in its own module: worker/dedup.py (unique ids, summed duplicates), worker/routing.py (ids to
 shards, requests to batches), worker/fanout.py (a batch of calls at once), worker/retry.py (what is sent again,
@@ -222,7 +222,8 @@ class Client(ShardCalls):
         add_delta (one flag for every item, or one per item): the item's grads are deltas that the shards add to
         the embeddings as they are, with no optimizer step and the optimizer state untouched (FTRL's z aside, set
         to give the new embedding), e.g. best rows - current rows, to restore a model; duplicate ids' deltas are
-        summed, and shows and clicks count as for any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
+        summed, and shows and clicks count as for any push (give shows 0 per id to count none). A batch may mix such
+        items with optimizer pushes.
 
         Sent again while a shard is unavailable (worker/shard_calls.py), and applied once. A batch that fails
         stops the push: the batches after it are not sent, those before it stay applied, and the error raised (the
@@ -318,8 +319,8 @@ class Client(ShardCalls):
         client_id `key` (nonzero), marked shared, request number 1, which a shard that applied it before answers
         applying nothing (its exactly-once rule). stamp: a training job's worker's (sent not sync, and apart where
         clocked; not done or stopped): each shard checks it as the job's pushes (a shard holding another job refuses
-        it) and holds itself for the job, moving no clock (ps.engine.followedjob). Returns the ids applied by this call (0:
-        applied before, by any caller; or by this call's own attempt that a retry followed)."""
+        it) and holds itself for the job, moving no clock (ps.engine.followedjob). Returns the ids applied by this call
+        (0: applied before, by any caller; or by this call's own attempt that a retry followed)."""
         dim = self.dim(table)
         uniq, grads, shows, clicks, _ = push_arrays(table, ids, deltas, None, None, dim)
         routed = self._routed_pushes(table, dim, uniq, grads, shows, clicks, False, True)

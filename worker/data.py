@@ -313,8 +313,9 @@ class DataSource(DataChecks, DataReports):
         return iter(())
 
     def eval_count(self) -> LineCount | None:
-        """The data lines of --eval-data (linecount.count_data_upto), counted up to SCORING_COUNT_LINES (an estimate from bytes past
-        them): a progress total for eval(); None for synthetic data (synthetic_eval_rows) or without --eval-data."""
+        """The data lines of --eval-data (linecount.count_data_upto), counted up to SCORING_COUNT_LINES (an estimate
+        from bytes past them): a progress total for eval(); None for synthetic data (synthetic_eval_rows) or without
+        --eval-data."""
         if self.synthetic is not None or not self.cfg.eval_data:
             return None
         files, schema = data_files(self.cfg.eval_data), self.schema

@@ -28,7 +28,8 @@ DenseSync pulls every dense parameter at the start and then, by `staleness` k:
     k > 0 (background, sync_every 1): step() adds the gradients to a pending sum and returns; a thread
         repeatedly takes the whole pending sum (the steps given while its last push was out, merged into one
         push), pushes it (return_rows; through the worker's row source, `source`, with the job's stamp, as the
-        step's pushes are: a shard that holds another job refuses it) and sets values to the rows it returns. The bound is in steps: step()
+        step's pushes are: a shard that holds another job refuses it) and sets values to the rows it returns. The bound
+        is in steps: step()
         blocks while more than k steps have gradients not yet applied (given, but not returned by a push), so
         the values step s computes with (steps counted from 0, values read after step s - 1's step() returns)
         include the gradients of every step before s - k, and of steps s - k .. s - 1 those whose push returned.

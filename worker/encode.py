@@ -16,14 +16,15 @@ number, an integer, a raw id and a missing cell are what worker/cells.py says th
 
     categorical  hashed: features.space_ids(space, features.cat_values(cell)); raw: the raw id (cells.raw_ids);
                  an empty or blank cell: the value MISSING_CAT, the column's missing id
-    multi_hot    the cell split at the separator; empty and blank tokens dropped; the first max_length tokens kept (a bag
-                 cut so counts in truncated_bags); each token an id as for categorical; an empty bag is allowed
+    multi_hot    the cell split at the separator; empty and blank tokens dropped; the first max_length tokens kept
+                 (a bag cut so counts in truncated_bags); each token an id as for categorical; an empty bag is allowed
     weighted     as multi_hot, each token id:weight split at its last ":", the id neither empty nor blank (a
                  bag has no missing id), the weight a finite number (weights float32); a source in
                  parsed.weights: one id an example (read as for categorical) with its weight, none where that is 0
     numeric      a number or a missing cell (cells.float_values); log_buckets: an integer or a missing cell
                  (cells.int_values); then log: log(1 + max(x, 0)); none: x;
-                 standardize: (x - mean) / std; missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
+                 standardize: (x - mean) / std; missing -> 0 for all three; bucketize: space_ids(space, b), b = the
+                 number of boundaries <= x,
                  missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x)); a time
                  transform (<format>_hour, <format>_weekday): space_ids(space, its hour or weekday), a number
                  that is no time of the format a problem (timestamps.time_parts; iso: a text that is no date and

@@ -21,7 +21,8 @@
        export removes (its <pid> is gone)
 Checked before any server is asked: OUT no checkpoint or RocksDB directory, writable, and (under the claim) new
 or empty (or --overwrite), holding no OUT/checkpoint that its export.json names (an earlier version's kept checkpoint
-or the user's: leftovers.check_no_named_checkpoint_left), which this export would leave behind. A failure leaves OUT as it was (an OUT this export created is removed).
+or the user's: leftovers.check_no_named_checkpoint_left), which this export would leave behind. A failure leaves OUT as
+it was (an OUT this export created is removed).
 """
 
 from __future__ import annotations

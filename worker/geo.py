@@ -29,9 +29,9 @@ Bytes of one held row (row_bytes): local 4 (dim + state floats), base 4 dim, sho
 and worker.idslots.SLOT_BYTES of bookkeeping.
 
 What the servers do and the local step does not: the lazy L2 of TableConfig.l2 (it decays rows at optimizer
-pushes; an add-delta push adds the delta as it is, so geo mode refuses tables with an l2: worker.model_tables); admission (an id that
-the server has not admitted yet only counts its shows, and its delta is dropped: its row comes back at its
-initial value). Rows held but not changed between two pushes keep the embedding of their last refresh. FTRL
+pushes; an add-delta push adds the delta as it is, so geo mode refuses tables with an l2: worker.model_tables);
+admission (an id that the server has not admitted yet only counts its shows, and its delta is dropped: its row comes
+back at its initial value). Rows held but not changed between two pushes keep the embedding of their last refresh. FTRL
 derives its embedding from its local state at each step, so for it the other workers' deltas last only until
 this worker's next step on the row.
 """

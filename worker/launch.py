@@ -97,8 +97,8 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
                evaluate: Callable[[Any], dict] | None = None, grace_s: float = GRACE_S,
                progress_every_s: float = 10.0) -> int:  # fmt: skip
     """Runs `ps-worker launch`; the exit code: 0, 1 when a worker failed (or a local shard died), 130 on Ctrl-C,
-    143 on SIGTERM. ValueError for wrong arguments, before anything starts. worker_command: the program before `train` (default: this
-    Python's -m worker); train_config: see plan_launch; evaluate(cfg): the final evaluation (default:
+    143 on SIGTERM. ValueError for wrong arguments, before anything starts. worker_command: the program before `train`
+    (default: this Python's -m worker); train_config: see plan_launch; evaluate(cfg): the final evaluation (default:
     worker.served.evaluate_servers)."""
     plan = plan_launch(args, passthrough, train_config)
     for line in plan.job_lines:

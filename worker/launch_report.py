@@ -3,7 +3,8 @@ bar or line, and the job's --metrics-out object.
 
 PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
 --metrics-out (one JSON object):
-    {"workers": N, "backends": [each worker's: "numpy", "torch" (CPU) or "torch:cuda"], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
+    {"workers": N, "backends": [each worker's: "numpy", "torch" (CPU) or "torch:cuda"], "mode": async|sync|ssp|geo,
+     "shards": S, "train_examples": sum over workers,
      ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
      train_examples); absent when none was], ["max_examples": the job's --max-examples, "stopped_at_max_examples":
      true; when a worker's training stopped there], "train_seconds": the longest worker's, "examples_per_s":
@@ -87,7 +88,8 @@ def format_progress(m: dict) -> str:
 class MergedProgress:
     """The workers' output and PROGRESS reports, shown together: one tqdm bar (examples of all workers over the
     sum of their totals; postfix the mean logloss and the hit rate) or, without a bar, format_progress's line
-    every every_s seconds (tick()) and at the end (close()). Thread-safe: the output threads call report() and print()."""
+    every every_s seconds (tick()) and at the end (close()). Thread-safe: the output threads call report() and
+    print()."""
 
     def __init__(self, workers: int, bar: bool, every_s: float = 10.0, out: Any = None):
         self.workers, self.bar, self.every_s, self.out = workers, bar, every_s, out

@@ -221,7 +221,8 @@ class NoData:
     match takes no LF of the line after); line: one such line, its LF or none; first: a table of the bytes such a
     line may start with, LF (an empty line) included; a byte the body can start with must be in it, or starts
     misses the lines it starts (a byte too many only costs time); look: starts looks at first bytes (False: the regex
-    searches every chunk, as tests and benchmarks/line_count.py compare, dataclasses.replace(no_data(...), look=False))."""
+    searches every chunk, as tests and benchmarks/line_count.py compare, dataclasses.replace(no_data(...),
+    look=False))."""
 
     within: re.Pattern
     line: re.Pattern
@@ -237,8 +238,8 @@ class NoData:
     def starts(self, chunk: bytes) -> list[int]:
         """The offsets in chunk (whole lines, the last maybe without its LF) where its lines of no data that end in
         LF start: within's matches in LF + chunk. A chunk where no line starts with a byte of `first` holds none,
-        told by a look at each line's first byte where `look` (numpy: a few times faster than the regex over the chunk, which
-        runs only where some line may be one)."""
+        told by a look at each line's first byte where `look` (numpy: a few times faster than the regex over the chunk,
+        which runs only where some line may be one)."""
         data = np.frombuffer(chunk, dtype=np.uint8)
         if self.look and not self.first[data[:1]].any() and not self.first[data[1:][data[:-1] == 0x0A]].any():
             return []

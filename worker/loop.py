@@ -17,18 +17,18 @@ A resumed run (--skip-examples N) reads and drops the first N examples of the st
 examples included), part way through an epoch if need be, and the run ends as at its last epoch's end.
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
 and kept in the run's curve; with --early-stop P training stops once the validation figure of
---early-stop-metric (logloss, lower is better; or AUC, higher) has not improved for P evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
-evaluation comes back at the end (worker/best.py BestModel), before the worker says it is done: its job holds the
-shards meanwhile, and the restore's deltas carry its stamp (source.push_apart), so they land in its own tables. When the loop ends (its data, or an early
-stop), source.finish() tells the servers this worker is done, so that no other worker waits for it: after the
-MLP's last pushes, when dense.finish calls it (allreduce: the MLP written before the last workers say so). When an
-error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped (allreduce: the writer writes the MLP
-before, save_dense_on_stop), and geo pushes the deltas it holds, before the stopped worker's last PROGRESS line;
-an error in the pushes that end the run, geo's last deltas or the MLP's last gradients, ends it with that line
-too, counting what the servers hold. A ValueError
-raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
-out as TrainingDataError, which says how many steps had pushed by then; a shard's refusal of a pull made there (a
-PsError) comes out as it is. The training time (examples/s) leaves out
+--early-stop-metric (logloss, lower is better; or AUC, higher) has not improved for P evaluations in a row. With
+restore_best (one worker, the PS dense path), the model the tables hold at the best evaluation comes back at the end
+(worker/best.py BestModel), before the worker says it is done: its job holds the shards meanwhile, and the restore's
+deltas carry its stamp (source.push_apart), so they land in its own tables. When the loop ends (its data, or an early
+stop), source.finish() tells the servers this worker is done, so that no other worker waits for it: after the MLP's last
+pushes, when dense.finish calls it (allreduce: the MLP written before the last workers say so). When an error, Ctrl-C or
+SIGTERM ends it before, source.abandon tells them it stopped (allreduce: the writer writes the MLP before,
+save_dense_on_stop), and geo pushes the deltas it holds, before the stopped worker's last PROGRESS line; an error in the
+pushes that end the run, geo's last deltas or the MLP's last gradients, ends it with that line too, counting what the
+servers hold. A ValueError raised while the training batches are read and prepared (a malformed line past
+--max-bad-lines, most often) comes out as TrainingDataError, which says how many steps had pushed by then; a shard's
+refusal of a pull made there (a PsError) comes out as it is. The training time (examples/s) leaves out
 the evaluations.
 """
 

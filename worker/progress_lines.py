@@ -5,14 +5,14 @@
               [, "pushed": p] [, "at_most": true] [, "estimated": true] [, "cache_hit_rate": h, "cache_bytes_saved": b]}
 
 n, s: examples and steps the worker has trained so far, all epochs; p (only where it is less than n): of those n,
-the examples whose updates the servers hold (geo keeps the deltas of up to --geo-every - 1 steps locally); t: examples it will train, all epochs (0:
-unknown; with at_most, an upper bound: early stopping may end the run sooner; with estimated, an estimate from
-the file's bytes (worker/linecount.py), which the count may pass: t is then kept above n, see about_total, and
-shown as "about t", with no time left); r: n over the training time so far, the evaluations of the validation set
-and a resumed run's skipping left out (the final line's r is the run's examples_per_s); x: its running train
-logloss (null before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
-read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal, an
-error) writes one as it stops. A worker's final evaluation (train's, not launch's workers': they have
+the examples whose updates the servers hold (geo keeps the deltas of up to --geo-every - 1 steps locally); t: examples
+it will train, all epochs (0: unknown; with at_most, an upper bound: early stopping may end the run sooner; with
+estimated, an estimate from the file's bytes (worker/linecount.py), which the count may pass: t is then kept above n,
+see about_total, and shown as "about t", with no time left); r: n over the training time so far, the evaluations of the
+validation set and a resumed run's skipping left out (the final line's r is the run's examples_per_s); x: its running
+train logloss (null before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the
+share of rows read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal,
+an error) writes one as it stops. A worker's final evaluation (train's, not launch's workers': they have
 --no-final-eval) then writes its scoring's lines (worker/scoring.py ScoringProgress), as often:
 
     PROGRESS {"worker": i, "phase": "eval", "scored": n, "total": t, "examples_per_s": r [, "estimated": true]}

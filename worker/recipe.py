@@ -1,11 +1,11 @@
 """Training settings that suit the size of the data, for the flags a user leaves unset (`--recipe auto`).
 
-    recipe  used when                     batch  epochs (at most)  validation  early stop  sparse optimizer     MLP
-    small   under SMALL_DATA_EXAMPLES      256*   50                10% split   5           ftrl a=0.05, l2=300  dropout 0.7,
-            training examples,                                                                                  dense l2 1,
-            each epoch shuffled                                                                                 output layer
-                                                                                                                at 0
-    large   otherwise, in file order      2048   1                 none        none        adagrad 0.02         -
+    recipe  used when                 batch  epochs (at most)  validation  early stop  sparse optimizer     MLP
+    small   under SMALL_DATA_EXAMPLES  256*  50                10% split   5           ftrl a=0.05, l2=300  dropout 0.7,
+            training examples,                                                                              dense l2 1,
+            each epoch shuffled                                                                             output layer
+                                                                                                            at 0
+    large   otherwise, in file order  2048   1                 none        none        adagrad 0.02         -
 
     * 2048 (large's) from BIG_BATCH_EXAMPLES (100,000) training examples on
 
@@ -31,8 +31,9 @@ regimes' medians moved by at most 0.0006). It goes by logloss, not AUC
 (--early-stop-metric auc): over the benchmark's regimes at 10,000 and 100,000 rows AUC did no better (median
 0.0000), and on a split with few positives it follows chance into overfit epochs (README). FTRL-proximal with
 a strong l2 shrinks rare ids far more than frequent ones (its l2 adds to a denominator that grows with an id's
-accumulated squared gradients); dropout and an L2 penalty keep the MLP from memorizing the rows. On the small-data regime of the
-synthetic generator, benchmarks/small_data.py measures these settings against a tuned L2 logistic regression.
+accumulated squared gradients); dropout and an L2 penalty keep the MLP from memorizing the rows. On the small-data
+regime of the synthetic generator, benchmarks/small_data.py measures these settings against a tuned L2 logistic
+regression.
 From BIG_BATCH_EXAMPLES on, small data trains in large's batches of 2048: the epochs of batches of 256 that suit
 10,000-50,000 examples (where the recipe was tuned) make a run of 500,000 take many minutes, and a batch's gradient
 is the sum over its examples, so an id seen once in a batch gets the same FTRL step in either, and the models come
@@ -60,21 +61,23 @@ and +0.0033 where a uniform start has -0.0054, -0.0034 and -0.0002; its worst se
 -0.0423 (README).
 dnn keeps a uniform one: from zeros, its test AUC against a uniform start's was +0.0121, +0.0014, -0.0166, +0.0038
 and -0.0011 on rare ids (seeds 11-15), +0.0171, -0.2943 (a collapse) and -0.0021 on frequent ids (11-13), -0.0165,
--0.0105 and +0.0081 imbalanced (11-13): medians +0.0014, -0.0021 and -0.0105. Large data keeps a uniform output layer for both: the large recipe's tables are the
-configs they were (tests/test_worker_tables.py holds them byte for byte); it was not measured. A model trained with
-the other start trains on under either recipe: its MLP tables hold every row, so their initializer makes none, and
-the run takes each with the initializer it was made with (worker/tables.py keep_held_initializers).
+-0.0105 and +0.0081 imbalanced (11-13): medians +0.0014, -0.0021 and -0.0105. Large data keeps a uniform output layer
+for both: the large recipe's tables are the configs they were (tests/test_worker_tables.py holds them byte for byte); it
+was not measured. A model trained with the other start trains on under either recipe: its MLP tables hold every row, so
+their initializer makes none, and the run takes each with the initializer it was made with (worker/tables.py
+keep_held_initializers).
 Small data is held in memory and trained in a fresh random order each epoch (worker/data.py): a file sorted or
 grouped by its label, or by anything that goes with it, trains as well as a shuffled one (benchmarks/small_data.py's
 files with their lines sorted by label: fm's test AUC 0.0107 (rare ids), 0.0112 (frequent) and 0.0923 (imbalanced)
-lower in file order, within 0.0011 shuffled where the validation split holds enough positives), and the order of a shuffled file makes no difference either way (the benchmark's medians within
-0.0004). Large data is seen once, in big batches for throughput, read as it trains (not held in memory). Small data is read whole before the first push to take its
-validation split (the default), so a malformed line stops the run before it changes the model; large data is read as it trains,
-so a stray line (a last line cut short, most often) would stop a long run part way: it skips up to 1,000 and reports
-them, but not a file whose lines are malformed by the dozen (labels of -1 and 1, another format): past 10 malformed
-records (a CSV record over several lines counts once), a share over 1 in 100 of the lines read stops the run,
-before the rest of the file trains a model on what is left. An explicit --max-bad-lines N skips up to N, whatever
-their share. Flags given explicitly always win; the run prints the recipe it chose and why.
+lower in file order, within 0.0011 shuffled where the validation split holds enough positives), and the order of a
+shuffled file makes no difference either way (the benchmark's medians within 0.0004). Large data is seen once, in big
+batches for throughput, read as it trains (not held in memory). Small data is read whole before the first push to take
+its validation split (the default), so a malformed line stops the run before it changes the model; large data is read as
+it trains, so a stray line (a last line cut short, most often) would stop a long run part way: it skips up to 1,000 and
+reports them, but not a file whose lines are malformed by the dozen (labels of -1 and 1, another format): past 10
+malformed records (a CSV record over several lines counts once), a share over 1 in 100 of the lines read stops the run,
+before the rest of the file trains a model on what is left. An explicit --max-bad-lines N skips up to N, whatever their
+share. Flags given explicitly always win; the run prints the recipe it chose and why.
 The large recipe's one epoch needs large data: on 10,000 examples it is 5 steps, which leave the model near its
 initial values (logloss worse than the base rate's, AUC near 0.5 or below it by chance; README, "Train on your own
 data"), so --recipe large is warned about before it trains where it makes fewer steps than FEWEST_LARGE_STEPS
@@ -184,8 +187,8 @@ def describe(
 ) -> str:
     """One line saying which settings the recipe set, for the run's output (mlp: whether the model has an MLP,
     which the dropout and dense l2 settings are for; fm: whether the model is fm, whose rows start in
-    +-fm_init_scale, named where it is not EMBEDDING_INIT_SCALE; unit: what `examples` counts, e.g. "lines of training data"
-    for a count made before the data is read, malformed lines included; files: whether the data is read from
+    +-fm_init_scale, named where it is not EMBEDDING_INIT_SCALE; unit: what `examples` counts, e.g. "lines of training
+    data" for a count made before the data is read, malformed lines included; files: whether the data is read from
     files, which may hold malformed lines; validation_file: --validation-data, evaluated instead of a split;
     at_least: the count stopped at `examples`, and the data holds more, e.g. "at least 1,000,000 lines of training
     data (counted no further)": worker/linecount.py); zero_output: whether the MLP's output layer starts at zeros

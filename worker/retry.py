@@ -193,8 +193,8 @@ class Outages:
     logged at INFO, not WARNING). A shard's outage lasts until a call to it is answered (back), or until none of
     its calls failed for server_timeout_s before a call began (that call's first failure starts a new one): a
     call that gave up on the shard does not end it, so the calls that follow wait for no more than what is left of
-    it; nor do a call's own attempts, however far apart its backoff or its deadlines put them. Every method takes lock: a
-    client's calls run on any thread. servers: the client's addresses, for its messages."""
+    it; nor do a call's own attempts, however far apart its backoff or its deadlines put them. Every method takes lock:
+    a client's calls run on any thread. servers: the client's addresses, for its messages."""
 
     def __init__(self, servers: list[str], gone: Callable[[int], str | None] | None = None):
         """gone(shard): why the shard can never answer again (a local shard whose process exited), else None:

@@ -15,8 +15,8 @@ def job_setup(cfg: Any, spec: ModelSpec) -> str:
     """What every worker of a job must run alike, as the stamp's key=value pairs (the shards refuse a worker whose
     pairs differ from the job's: ps.engine.tenancy): the mode (and ssp's staleness, geo's steps per push), the
     model, its fields (their count and a digest of each field's name, table, width and pooling), the numeric
-    features, and for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer; sync: the
-    steps between the MLP's pushes, which a step's sum takes alike from every worker). Left out
+    features, and for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer;
+    sync: the steps between the MLP's pushes, which a step's sum takes alike from every worker). Left out
     on purpose: what a worker may choose for its own hardware or share (backend, device, batch size, epochs,
     prefetch, its data)."""
     fields = hashlib.blake2b(repr(spec.fields).encode(), digest_size=4).hexdigest()

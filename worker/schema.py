@@ -64,7 +64,8 @@ case) is missing: 0 for log and none, the mean for standardize, and its own buck
 for a time). A time transform's id is its hour or weekday, hashed in its id space like any value: two fields read
 one time column for both (`ps-worker schema` writes them for a column whose sampled values are all dates and times
 of the iso format, or one named like a time, hour or ts, whose sampled values are all valid YYMMDDHH or ten-digit
-unix seconds): its hours of day and weekdays come back every day and week, where the time's own values (as ids, or numbers standardized or bucketized) are new on every later day.
+unix seconds): its hours of day and weekdays come back every day and week, where the time's own values (as ids, or
+numbers standardized or bucketized) are new on every later day.
 """
 
 from __future__ import annotations

@@ -26,11 +26,11 @@ HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
 
 def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], schema: Schema, label_guessed: bool,
                          no_numeric: bool) -> None:  # fmt: skip
-    """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the records of
-    the first file holding some, formats.csv_records): the first column taken as the label where another column is named like one
-    (label_guessed: the first column taken by default; not where no file holds a record, which the run refuses, so
-    the refusal is what it says), columns of times or of numbers (plain, or written with thousands separators or
-    decimal commas: column_infer.written_numbers) read as categories
+    """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the records
+    of the first file holding some, formats.csv_records): the first column taken as the label where another column is
+    named like one (label_guessed: the first column taken by default; not where no file holds a record, which the run
+    refuses, so the refusal is what it says), columns of times or of numbers (plain, or written with thousands
+    separators or decimal commas: column_infer.written_numbers) read as categories
     (no_numeric: no --numeric-columns) where `ps-worker schema` would read their hours of day and weekdays, or read
     them as numbers."""
     from worker.column_infer import infer_column, written_numbers

@@ -1,8 +1,8 @@
 """`ps-worker schema --data FILE`: a starting feature schema (worker/schema.py) inferred from a sample of a file.
 
-The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and false, yes and no, any case), else such a column
-whose name holds one of LABEL_WORDS (`has_clicked`, `purchased`), else the first such column, else the first column;
-the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
+The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and false, yes and no, any case), else such a
+column whose name holds one of LABEL_WORDS (`has_clicked`, `purchased`), else the first such column, else the first
+column; the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
 stderr. Every other column gets the entries worker/column_infer.py infers from its cells, but one whose name the
 header gives twice: it is left out, said in the schema and on stderr; one of no name (pandas' row index, first) is
 read as column<k>, said so too. criteo and libsvm files get their built-in
@@ -321,5 +321,6 @@ def _check_separator(path: str, header: list[str], delimiter: str, first: list[s
 
 
 def is_binary(cells: list[str]) -> bool:
-    """Whether every cell is 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and false, yes and no too)."""
+    """Whether every cell is 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and false, yes and no
+    too)."""
     return bool(cells) and all(label_value(c) in (0.0, 1.0) for c in cells)

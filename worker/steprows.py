@@ -24,11 +24,11 @@ last sync, worker/allreduce.py's writes (add_delta): with the job's stamp, advan
 its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
-abandon(reason, pushes_ok, by) (the worker stops before its end, by: worker/stopping.py stopped_by: sync and ssp stop the job on the
-shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed, hold
-another model state or refuse the job (worker.retry.pushes_cannot_land), a shard's refusal stopped the job (ps.stamp
-stopping_refusal) or a push of them did, and logs how many steps' deltas it did not push; async and geo tell the
-shards that the worker stopped, so that the job holds them no more for it) and stats() ({"cache_hit_rate",
+abandon(reason, pushes_ok, by) (the worker stops before its end, by: worker/stopping.py stopped_by: sync and ssp stop
+the job on the shards, so that no other worker waits for it; geo pushes the deltas it holds, unless the servers failed,
+hold another model state or refuse the job (worker.retry.pushes_cannot_land), a shard's refusal stopped the job
+(ps.stamp stopping_refusal) or a push of them did, and logs how many steps' deltas it did not push; async and geo tell
+the shards that the worker stopped, so that the job holds them no more for it) and stats() ({"cache_hit_rate",
 "cache_bytes_saved"} where a cache serves rows).
 """
 
@@ -233,8 +233,8 @@ class ClockedRows:
 
     def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
         """Sent with the worker's stamp marked apart (not sync: no step's contribution; a sync job's MLP goes with
-        its steps, the steps since its last sync with the step before a validation and with its last step), at its next step: it holds the
-        shards for the job and moves no clock, before the worker's first step's reply too."""
+        its steps, the steps since its last sync with the step before a validation and with its last step), at its next
+        step: it holds the shards for the job and moves no clock, before the worker's first step's reply too."""
         returned, _ = self.tables.push_many(
             items, return_rows=True, add_delta=add_delta, stamp=self._at(self.acked, sync=False, apart=True)
         )

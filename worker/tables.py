@@ -46,8 +46,9 @@ def _partly_held(shard_stats: list, names: set[str] | None) -> Iterator[tuple[st
 def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
     """A message naming the tables (of `names`, else any) that some shards hold trained (rows or pending ids, or
     all dropped since by a Shrink) while others hold no such table at all, else "". Client.create_table puts a
-    table on every shard (each checks the request first), so a trained table one shard lacks is not a run's settings: that shard started on a new, empty
-    data dir (its dir deleted, its volume lost or replaced) and its part of the table is gone."""
+    table on every shard (each checks the request first), so a trained table one shard lacks is not a run's settings:
+    that shard started on a new, empty data dir (its dir deleted, its volume lost or replaced) and its part of the table
+    is gone."""
     lost = []
     for name, _, lacking, rows, trained in _partly_held(shard_stats, names):
         if trained:
@@ -208,13 +209,14 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
                  ) -> dict[str, list[str]]:  # fmt: skip
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
     created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS, and the dense parameters'
-    rows where dense_rows gives them: see held_tables), and a missing table is an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
-    table was never trained (a run stopped before it trained made them), returns {name: its differences} of them,
-    to be created with Client.create_table(replace_untrained=True) (a shard may still refuse that: another job
-    holds it), and once they are, replaced_warning says so; else {}. recipe_line: the run's
-    recipe line (worker/recipe.py describe), quoted where an optimizer differs, for a run whose optimizer is its
-    recipe's (none given): a recipe picks it by the data's size, so a run on more or less data than the first picks
-    another. shard_stats, specs: the shards' StatsResponses and held_specs when the caller has them (held_tables)."""
+    rows where dense_rows gives them: see held_tables), and a missing table is an error too. doing: what the run was
+    about to do ("nothing was created"). replace_untrained: if every such table was never trained (a run stopped before
+    it trained made them), returns {name: its differences} of them, to be created with
+    Client.create_table(replace_untrained=True) (a shard may still refuse that: another job holds it), and once they
+    are, replaced_warning says so; else {}. recipe_line: the run's recipe line (worker/recipe.py describe), quoted where
+    an optimizer differs, for a run whose optimizer is its recipe's (none given): a recipe picks it by the data's size,
+    so a run on more or less data than the first picks another. shard_stats, specs: the shards' StatsResponses and
+    held_specs when the caller has them (held_tables)."""
     differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained,
                                              dense_rows, shard_stats, specs)  # fmt: skip
     if replace_untrained and differ and set(differ) <= untrained:

@@ -60,8 +60,8 @@ class TrainConfig:
     drop_columns: tuple[str, ...] = ()
     numeric_columns: tuple[str, ...] = ()
     max_bad_lines: int | None = None  # None: the recipe's (0 for small data, 1,000 for large)
-    # of the lines read, the share that may be malformed (past readers.share.BAD_SHARE_AFTER bad records); None: the recipe's
-    # (recipe.MAX_BAD_SHARE where max_bad_lines is unset, else 1.0: --max-bad-lines alone bounds them)
+    # of the lines read, the share that may be malformed (past readers.share.BAD_SHARE_AFTER bad records); None: the
+    # recipe's (recipe.MAX_BAD_SHARE where max_bad_lines is unset, else 1.0: --max-bad-lines alone bounds them)
     max_bad_share: float | None = None
     libsvm_fields: int | None = None  # libsvm: fields per example; None: the most of a line of `data`'s first 10,000
     # libsvm: a feature's value as its weight ("weights") or left out ("one-hot"); "auto": weights where the first

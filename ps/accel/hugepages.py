@@ -1,10 +1,10 @@
 """Large arrays on transparent huge pages, for the tables the hot path reads at random (arena rows, id index).
 
 Optional: correctness never depends on it. zeros() always returns a zero-filled, writable, C-contiguous array of
-the shape and dtype asked for, like np.zeros; resize() always leaves the rows it was given followed by zero rows. Where Python has no MADV_HUGEPAGE (not Linux), and for arrays under
-MIN_BYTES, it is np.zeros; where the kernel refuses the advice (no transparent huge pages), it is an anonymous
-mapping on ordinary pages; where transparent_hugepage is `never`, the advice is accepted and ignored. Only the
-number of TLB misses differs.
+the shape and dtype asked for, like np.zeros; resize() always leaves the rows it was given followed by zero rows. Where
+Python has no MADV_HUGEPAGE (not Linux), and for arrays under MIN_BYTES, it is np.zeros; where the kernel refuses the
+advice (no transparent huge pages), it is an anonymous mapping on ordinary pages; where transparent_hugepage is `never`,
+the advice is accepted and ignored. Only the number of TLB misses differs.
 
 Why: a lookup or a row update at a random place of an array of hundreds of MB misses the TLB nearly every time
 on 4 KB pages; on 2 MB pages the same array needs 512 times fewer TLB entries. Linux grants huge pages to memory

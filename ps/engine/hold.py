@@ -181,14 +181,14 @@ class PushHold:
 
 def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], T]) -> T:
     """Creates directory (and its missing parents), then write(path) writes the shard's checkpoint to path,
-    <directory>/<name> (a write that fails removes what it wrote there); returns what write returns. Refused before anything is written: InvalidArgumentError if path exists (a
-    dangling link included) or directory lies inside a checkpoint or a RocksDB directory (below checkpoint_root;
-    "": the file system's root); CheckpointDirError (or InvalidArgumentError, DiskFullError: see _make_dirs) if
-    directory cannot be created or written. A failed write leaves none of the directories this created; a
-    DiskFullError of it names the nearest directory that is there. The shards of a checkpoint save into one
-    directory at once, and a shard whose save fails removes the directories it created while they are empty: a
-    write that failed, or a look at the directory that found it gone, because it went away before this shard wrote
-    anything runs again (SAVE_TRIES in all),
+    <directory>/<name> (a write that fails removes what it wrote there); returns what write returns. Refused before
+    anything is written: InvalidArgumentError if path exists (a dangling link included) or directory lies inside a
+    checkpoint or a RocksDB directory (below checkpoint_root; "": the file system's root); CheckpointDirError (or
+    InvalidArgumentError, DiskFullError: see _make_dirs) if directory cannot be created or written. A failed write
+    leaves none of the directories this created; a DiskFullError of it names the nearest directory that is there. The
+    shards of a checkpoint save into one directory at once, and a shard whose save fails removes the directories it
+    created while they are empty: a write that failed, or a look at the directory that found it gone, because it went
+    away before this shard wrote anything runs again (SAVE_TRIES in all),
     so that shard's error, not this one's, says why the checkpoint failed."""
     path = os.path.join(directory, name)
     if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing

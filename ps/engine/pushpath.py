@@ -109,9 +109,9 @@ class PushPath:
         journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of
         its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
         older one applies nothing, nor advances the clock; either is still refused where it is malformed (a push
-        that repeats ids, a clock advance past MAX_CLOCK), as a new one is. A client sends one request at a time to a shard, in
-        client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still runs
-        waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of
+        that repeats ids, a clock advance past MAX_CLOCK), as a new one is. A client sends one request at a time to a
+        shard, in client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still
+        runs waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of
         a request is stored together with the note that this request made it (ShardMeta.set_clock), so a retry
         advances the clock if and only if no attempt before did, across restarts too, and a request whose advance is
         applied is applied whole (its pushes came before it): a retry of it applies nothing and says so, even after

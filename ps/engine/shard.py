@@ -294,7 +294,8 @@ class Shard:
 
     def apply_push(self, checked: CheckedPush, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
         """Applies a push that check_push accepted (applied in RAM by its rule, journaled with its origin and
-        rule). A push journaled but only partly applied (ShardNeedsRestartError) breaks the shard (WriteGuard.mark_broken)."""
+        rule). A push journaled but only partly applied (ShardNeedsRestartError) breaks the shard
+        (WriteGuard.mark_broken)."""
         c = checked
         try:
             with self.store.foreground.serving():

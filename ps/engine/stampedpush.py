@@ -58,12 +58,12 @@ class StampedPushes:
         shared: bool = False,
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.followedjob and ps.engine.jobs): done or stopped (no
-        pushes), sync (a contribution to the step's sum, applied once the step is complete; client tells two workers of one worker id apart,
-        client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp says apart,
-        which advances no clock: advance_clock 0; or, unclocked, the worker runs). Returns (clock, ids applied by this
-        request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
-        caller_gone: see JobClocks.push_sync. shared: the PushBatch is marked shared (Client.push_once: applied once
-        under a key any worker may send, none of the worker's steps), so client names no worker's process, and its
+        pushes), sync (a contribution to the step's sum, applied once the step is complete; client tells two workers of
+        one worker id apart, client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp
+        says apart, which advances no clock: advance_clock 0; or, unclocked, the worker runs). Returns (clock, ids
+        applied by this request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes
+        nothing. caller_gone: see JobClocks.push_sync. shared: the PushBatch is marked shared (Client.push_once: applied
+        once under a key any worker may send, none of the worker's steps), so client names no worker's process, and its
         stamp says apart or unclocked (no clock moves), not done or stopped."""
         check_batch_stamp(stamp, shared, advance_clock)
         if stamp.stopped or stamp.done:  # refused before the job hears from it (JobClocks.check)

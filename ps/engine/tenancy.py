@@ -1,5 +1,6 @@
-"""JobTenancy: which training job holds a shard (the job's tenancy of it), and the checks of a worker's stamp against it: the job's setup, the
-claims of pushes and creates that start a job, and the processes (clients, tokens) that train its workers.
+"""JobTenancy: which training job holds a shard (the job's tenancy of it), and the checks of a worker's stamp against
+it: the job's setup, the claims of pushes and creates that start a job, and the processes (clients, tokens) that train
+its workers.
 
 Setup. The first stamp of a job on a shard sets the job's worker count and setup (its `setup`: key=value pairs the
 worker says every worker of the job must run alike: mode, model, tables). A stamp of the job with another count,
@@ -20,9 +21,9 @@ shard the same way, whatever the job's mode, and starts its job once the table i
 the shard as it was); so the tenancy starts at a job's first table, and a second job's create (a replace of the first
 job's untrained tables, say) is refused before it changes anything. Its check_only is checked the same way (refused
 where the create would be) and holds nothing: it claims no shard, does not count as hearing from its job (the
-tenancy does not last for it), and takes no worker's token. A CreateTable without a stamp holds nothing and is not refused
-for a job, but for a replace (replace_untrained, of a table of another spec): that is refused while a job holds the
-shard (check_replace), as it would replace that job's tables under it.
+tenancy does not last for it), and takes no worker's token. A CreateTable without a stamp holds nothing and is not
+refused for a job, but for a replace (replace_untrained, of a table of another spec): that is refused while a job holds
+the shard (check_replace), as it would replace that job's tables under it.
 
 Workers' processes. A push carries its client's id (a random id per worker process). An ssp push of a worker from
 another client than its earlier pushes here (a worker restarted mid-job, which would train its share again, or two

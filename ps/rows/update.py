@@ -42,8 +42,8 @@ TableConfig refuses l2 with it (FTRL has its own l2).
 Where the callers plug in: a sync step's summed pushes (ps.engine.syncsum) arrive as one push of unique ids and
 run the kernel once, like any other; geo's deltas use rule=ADD_DELTA (statistics and admission apply, the optimizer
 state is left as it is, FTRL's z aside). Only `_load`, `_old` and `_store` read and write RowState.data (and `_undo`
-puts back what `_load` read): a row layout other than float32 (fp16 values at rest, say) would decode and encode there alone,
-rule, account and check staying as they are.
+puts back what `_load` read): a row layout other than float32 (fp16 values at rest, say) would decode and encode there
+alone, rule, account and check staying as they are.
 """
 
 from __future__ import annotations

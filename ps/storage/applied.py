@@ -11,9 +11,9 @@ Age. An entry unchanged for longer than ps.config.REQUEST_RETENTION_S is dropped
 retention less RETRY_MARGIN_S; worker.retry), and an entry's time is at or after its request's first attempt,
 so a retry comes while the entry of its request (or of a later one) is kept: a dropped entry never turns a retry
 into a second application. A dropped client that comes back is a new one: its next request is applied. The times
-err late, never early: an entry rebuilt from the journal at replay, or read from a data dir of an older version (which stored no
-times), takes the time it is rebuilt or read. A wall clock set back keeps entries longer. The risk that stays: a
-wall clock set forward by more than RETRY_MARGIN_S, or an attempt that reaches its shard more than
+err late, never early: an entry rebuilt from the journal at replay, or read from a data dir of an older version (which
+stored no times), takes the time it is rebuilt or read. A wall clock set back keeps entries longer. The risk that stays:
+a wall clock set forward by more than RETRY_MARGIN_S, or an attempt that reaches its shard more than
 RETRY_MARGIN_S after it was sent, can meet a dropped entry and be applied a second time.
 
 Count. The table holds at most MAX_CLIENTS entries (plus the new clients whose first requests are in flight

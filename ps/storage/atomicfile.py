@@ -1,6 +1,6 @@
-"""write_text_whole, write_json_whole, replaced_whole: a file replaced whole, never seen half written; sync_file: a file's data,
-sync_directory: a directory's entries (a rename into it), made durable; make_dirs: a directory and its parents made, or why not
-(standard library only: the worker uses it too, ps.storage.sidefiles for
+"""write_text_whole, write_json_whole, replaced_whole: a file replaced whole, never seen half written; sync_file: a
+file's data, sync_directory: a directory's entries (a rename into it), made durable; make_dirs: a directory and its
+parents made, or why not (standard library only: the worker uses it too, ps.storage.sidefiles for
 the files beside RocksDB, ps.checkpoint for a checkpoint's manifest, an export for its files)."""
 
 from __future__ import annotations

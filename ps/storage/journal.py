@@ -19,8 +19,9 @@ the journal's directory.
 The mark: a journal given a mark_path keeps there, in a file outside the journal's directory
 (ps.storage.sidefiles), the seq of the last record written: written when replay first opens the journal of a
 data dir (0 before any record), or finds the mark missing or damaged (a loss accepted), then at each rotation
-and at most a second behind the appends (a background thread; nothing on the append path). Replay requires every record up to the mark and up to the largest lsn of a
-row RocksDB holds (rows_seq), and appends go on past both (ps.storage.journalreplay says what it refuses).
+and at most a second behind the appends (a background thread; nothing on the append path). Replay requires every record
+up to the mark and up to the largest lsn of a row RocksDB holds (rows_seq), and appends go on past both
+(ps.storage.journalreplay says what it refuses).
 
 Deleted under the running server: the mark's thread also checks, each time it wakes (check_intact, about once a
 second), that the active segment is still linked and that the data dir (the mark's directory) is the one the

@@ -52,12 +52,13 @@ EXPORT_CHECKPOINT = "checkpoint.new-"
 EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")
 # A folder of export files holds this note, {"from": where the checkpoint comes from}, fsynced, before an export moves
 # a checkpoint into it (<folder>/checkpoint): its absolute path, or, for one moved out of a folder kept so (a killed
-# export's, below), what that folder's note says (null where it has none: unknown; checkpoint_origin). A folder that no export.json names and that holds a checkpoint is
-# removed as a leftover (export_leftovers) only where its note names ps-worker export's fresh checkpoint in OUT
-# (is_export_checkpoint); else it may hold the user's only copy (`ps-server export --move-checkpoint`; without a
-# note: an export of a version that wrote none, or a damaged note): it is never removed, but reported with where to
-# move the checkpoint back. Once export.json names the folder, the note is renamed EXPORTED_CHECKPOINT: the
-# checkpoint is the export's, and goes with its folder (a folder an export replaced, left by a kill, goes too).
+# export's, below), what that folder's note says (null where it has none: unknown; checkpoint_origin). A folder that no
+# export.json names and that holds a checkpoint is removed as a leftover (export_leftovers) only where its note names
+# ps-worker export's fresh checkpoint in OUT (is_export_checkpoint); else it may hold the user's only copy (`ps-server
+# export --move-checkpoint`; without a note: an export of a version that wrote none, or a damaged note): it is never
+# removed, but reported with where to move the checkpoint back. Once export.json names the folder, the note is renamed
+# EXPORTED_CHECKPOINT: the checkpoint is the export's, and goes with its folder (a folder an export replaced, left by a
+# kill, goes too).
 MOVED_CHECKPOINT = "moved-checkpoint.json"
 EXPORTED_CHECKPOINT = "exported-checkpoint.json"
 

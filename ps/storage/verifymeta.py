@@ -77,10 +77,10 @@ def meta_values(meta: dict, report: VerifyReport, checkpoint: bool, at: str = ""
 
 def table_rows(meta: dict, report: VerifyReport, checkpoint: bool, at: str = "") -> dict[str, int | None]:
     """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
-    or a pending id's (ps.rows.layout.RowLayout.sizes_at_rest; Store.get_rows refuses a row of another size with DATA_LOSS;
-    a size the other values_at_rest makes is said to be one, RowLayout.written_with, as a pull's and a restore's are);
-    the rows of a table number no table config has (a lost table's, which no server reads: damage in a data dir, a
-    note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
+    or a pending id's (ps.rows.layout.RowLayout.sizes_at_rest; Store.get_rows refuses a row of another size with
+    DATA_LOSS; a size the other values_at_rest makes is said to be one, RowLayout.written_with, as a pull's and a
+    restore's are); the rows of a table number no table config has (a lost table's, which no server reads: damage in a
+    data dir, a note in a checkpoint, which no restore or export reads them from), said instead with the one table whose
     number is absent or does not read, if there is one (with several such tables, said to be most likely theirs).
     meta: verify_rocksdb's, of a meta column family read whole. Returns {table: its dim, None where its config does
     not read}."""

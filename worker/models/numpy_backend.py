@@ -32,8 +32,8 @@ def check_inputs(
     spec: ModelSpec, inputs: ModelInputs, params: dict[str, np.ndarray], labels: np.ndarray | None = None
 ) -> dict[str, FieldInput]:
     """The fields of a batch with int64 index and offsets, in spec.fields order; ValueError unless rows hold
-    exactly the spec's tables at their row widths (floats of ROW_FLOAT_BYTES), fields exactly the spec's fields as valid bags
-    over their table's rows, one bag per example, dense_x is (n, num_dense), params exactly spec.dense_params()
+    exactly the spec's tables at their row widths (floats of ROW_FLOAT_BYTES), fields exactly the spec's fields as valid
+    bags over their table's rows, one bag per example, dense_x is (n, num_dense), params exactly spec.dense_params()
     at their shapes and labels (n,)."""
     dense_x = np.asarray(inputs.dense_x)
     if dense_x.ndim != 2 or dense_x.shape[1] != spec.num_dense:

@@ -69,8 +69,8 @@ class TorchModel:
     """predict / forward_backward of one ModelSpec with torch autograd on `device` ("cpu", "cuda", "cuda:1").
 
     Same inputs and outputs as NumpyModel, float32 numpy on the CPU; dropout masks come from a torch generator
-    on the device seeded by `seed` (any int, as NumpyModel's: taken modulo 2**64), drawn in forward_backward only. Raises ValueError for a CUDA device when
-    torch sees none.
+    on the device seeded by `seed` (any int, as NumpyModel's: taken modulo 2**64), drawn in forward_backward only.
+    Raises ValueError for a CUDA device when torch sees none.
     """
 
     def __init__(self, spec: ModelSpec, device: str = "cpu", seed: int = 0):
