@@ -202,8 +202,9 @@ class AdmissionConfig:
 @dataclass(frozen=True)
 class EvictionConfig:
     """What Shrink drops. score = (show - click) * nonclk_coeff + click * click_coeff, after each Shrink
-    multiplies show and click by `decay`; an id is dropped when its score < score_threshold, or when it was last
-    pushed more than ttl_steps clock steps ago. 0 turns a rule off."""
+    multiplies show and click by `decay`; an id is dropped when its score < score_threshold (a score at it, to
+    ps.engine.shrinkrule's SCORE_SLACK, keeps its id), or when it was last pushed more than ttl_steps clock steps
+    ago. 0 turns a rule off."""
 
     ttl_steps: int = 0
     score_threshold: float = 0.0

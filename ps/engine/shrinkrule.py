@@ -12,6 +12,11 @@ import numpy as np
 from ps.config import EvictionConfig
 from ps.rows.layout import CLICK, LAST_STEP, SHOW
 
+# A score this close to the threshold, relative to it, counts as at it (kept): show and click are float32 and the
+# coefficients and threshold binary fractions of decimals, so a score the formula puts exactly at the threshold
+# (10 shows times nonclk_coeff 0.01, threshold 0.1) is computed a few float32 roundings off, either side.
+SCORE_SLACK = 2**-20
+
 
 def rule_is_off(ev: EvictionConfig) -> bool:
     """Whether a Shrink changes nothing of a table of ev: no TTL, no score threshold, no decay."""
@@ -23,18 +28,20 @@ def shrink_chunk(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Decays the chunk's show and click in place (rows: (n, width) full rows, statistics at stats_col); returns
     (drop, written) bool (n,): drop the ids last pushed more than ev.ttl_steps before clock or scoring under
-    ev.score_threshold, except a row pushed since the last flush (lsn past flushed_seq), kept, decayed, until a
-    later shrink (a drop is not journaled: after a crash the journal's replay of that push would bring the row
-    back); write the kept rows where decay changed them (decay < 1)."""
+    ev.score_threshold (by more than SCORE_SLACK of it: a score at the threshold keeps its id; scored in float64),
+    except a row pushed since the last flush (lsn past flushed_seq), kept, decayed, until a later shrink (a drop
+    is not journaled: after a crash the journal's replay of that push would bring the row back); write the kept
+    rows where decay changed them (decay < 1)."""
     sc = stats_col
     rows[:, sc + SHOW] *= ev.decay
     rows[:, sc + CLICK] *= ev.decay
-    show, click = rows[:, sc + SHOW], rows[:, sc + CLICK]
+    show, click = rows[:, sc + SHOW].astype(np.float64), rows[:, sc + CLICK].astype(np.float64)
     drop = np.zeros(len(rows), dtype=bool)
     if ev.ttl_steps > 0:
         drop |= rows[:, sc + LAST_STEP] < clock - ev.ttl_steps
     if ev.score_threshold > 0:
-        drop |= (show - click) * ev.nonclk_coeff + click * ev.click_coeff < ev.score_threshold
+        score = (show - click) * ev.nonclk_coeff + click * ev.click_coeff
+        drop |= score < ev.score_threshold * (1 - SCORE_SLACK)
     drop &= lsn <= np.uint64(flushed_seq)  # pushed since the last flush: kept
     written = ~drop if ev.decay < 1 else np.zeros(len(rows), dtype=bool)  # decay 1: kept rows as they were
     return drop, written
