@@ -54,6 +54,7 @@ from worker.request_numbers import RequestNumbers
 from worker.retry import push_left, why_failed
 from worker.routing import Router
 from worker.shard_calls import ShardCalls
+from worker.shrinkreplies import shrink_replies
 
 __all__ = ["Client", "PushItem", "WorkerStamp", "push_arrays", "segment_sum", "sum_duplicates"]
 
@@ -371,8 +372,10 @@ class Client(ShardCalls):
             return int(self._call_mixed(calls)[0].step)
 
     def shrink(self, table: str = "") -> list[ps_pb2.ShrinkResponse]:
-        """Runs the eviction rules of one table (or all) on every shard."""
-        return self._call_all("Shrink", [ps_pb2.ShrinkRequest(table=table)] * len(self._stubs))
+        """Runs the eviction rules of one table (or all) on every shard; where one fails, the error names the shards
+        that shrank (worker.shrinkreplies)."""
+        calls = [("Shrink", s, ps_pb2.ShrinkRequest(table=table)) for s in range(len(self._stubs))]
+        return shrink_replies(self._outcomes(calls))
 
     def checkpoint(self, requests: dict[int, ps_pb2.CheckpointRequest]) -> list[ps_pb2.CheckpointResponse]:
         """Sends each shard its Checkpoint phase (hold, save or release: worker/checkpoint.py runs them) at once;

@@ -1,0 +1,67 @@
+"""Client.shrink where one shard fails and another shrank (worker.shrinkreplies): the error names the shard that
+shrank and what it dropped, so that nobody sends the Shrink again and decays its rows twice."""
+
+import numpy as np
+import pytest
+
+from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
+from ps.errors import PARTLY_APPLIED, DiskFullError, TableNotFoundError
+from ps.rows.layout import SHOW
+from worker.client import Client
+
+CFG = TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
+                  eviction=EvictionConfig(decay=0.5, score_threshold=0.1))  # fmt: skip
+
+
+def _two_shards_t_on_shard_0(servers):
+    """Two shards; table t on shard 0 only (shard 1 as started on a new data dir), holding ids 1 (4 shows) and 2 (1
+    show: it scores 0.05 once decayed, under 0.1)."""
+    addresses, (s0, s1) = servers(2)
+    s0.shard.create_table(CFG)
+    s0.shard.push("t", np.array([1, 2], np.uint64), np.ones((2, 2), np.float32), shows=np.array([4, 1], np.float32),
+                  clicks=np.zeros(2, np.float32))  # fmt: skip
+    return addresses, s0, s1
+
+
+def test_a_shrink_one_shard_refuses_names_the_shards_that_shrank(servers):
+    """Shard 1 lost its table (a new data dir): its NOT_FOUND, and that shard 0 shrank, dropping id 2 and decaying
+    id 1 (a Shrink sent again once shard 1 is restored would decay it twice)."""
+    addresses, s0, _ = _two_shards_t_on_shard_0(servers)
+    with Client(addresses, timeout_s=10, server_timeout_s=5) as client, pytest.raises(TableNotFoundError) as e:
+        client.shrink("t")
+    said = str(e.value)
+    assert said.startswith(f"Shrink failed on shard 1: shard 1 at {addresses[1]}: Shrink failed with NOT_FOUND: "
+                           "table 't' does not exist on shard 1")  # fmt: skip
+    assert said.endswith(". Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left): "
+                         f"those changes were {PARTLY_APPLIED}; send no Shrink before the next one is due, also once "
+                         "shard 1 is mended: one sent again would decay their rows a second time")  # fmt: skip
+    table = s0.shard.table("t")
+    assert table.peek(np.array([1], np.uint64))[0, table.stats_col + SHOW] == 2.0  # shard 0 did shrink: 4 * 0.5
+
+
+def test_a_shrink_every_shard_refuses_raises_the_first_refusal_as_it_is(servers):
+    """No shard holds table u: nothing shrank, and the error is shard 0's refusal, unchanged."""
+    addresses, _, _ = _two_shards_t_on_shard_0(servers)
+    with Client(addresses, timeout_s=10, server_timeout_s=5) as client, pytest.raises(TableNotFoundError) as e:
+        client.shrink("u")
+    assert str(e.value).startswith(f"shard 0 at {addresses[0]}: Shrink failed with NOT_FOUND: table 'u' does not")
+
+
+def test_a_full_disk_on_one_shard_while_another_shrank_says_to_send_no_shrink_once_space_is_freed(servers):
+    """The full disk's refusal says to free space and retry; the error goes on to say that the Shrink is not sent
+    again even then, since shard 0 shrank."""
+    addresses, s0, s1 = _two_shards_t_on_shard_0(servers)
+    s1.shard.create_table(CFG)
+
+    def disk_full(name: str = "") -> dict:
+        raise DiskFullError.of("No space left on device", "writing the rows of table 't' in data dir D")
+
+    s1.shard.shrink = disk_full
+    with Client(addresses, timeout_s=10, server_timeout_s=5) as client, pytest.raises(DiskFullError) as e:
+        client.shrink()
+    said = str(e.value)
+    assert said.startswith(f"Shrink failed on shard 1: shard 1 at {addresses[1]}: Shrink failed with "
+                           "RESOURCE_EXHAUSTED: the server's disk is full")  # fmt: skip
+    assert "shard(s) 0 shrank (shard 0 dropped 1 ids" in said, said
+    assert said.endswith("send no Shrink before the next one is due, also once shard 1 is mended: one sent again "
+                         "would decay their rows a second time")  # fmt: skip

@@ -1,0 +1,43 @@
+"""A Shrink's replies from every shard, and the error that names the shards that shrank where another failed.
+
+Client.shrink sends every shard its Shrink at once. Where one fails and others shrank, those stay shrunk: their
+rows decayed once and their ids dropped. The failure alone would leave a reader to send the Shrink again once the
+failed shard is mended (a table restored, space freed), decaying the others' rows a second time, so the error
+raised names them, what each dropped, and that they take no Shrink before the next one is due (in
+ps.errors.PARTLY_APPLIED's words, as a shard's own refusal of a Shrink stopped part way: ps.engine.shrinkprogress).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from protos import ps_pb2
+from ps.errors import PARTLY_APPLIED, PsError
+
+
+def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
+    """outcomes: each shard's ShrinkResponse, or the PsError its Shrink ended with, in shard order. Returns the
+    replies where no shard failed. Else raises the first failure: as it is where no shard shrank; where some did,
+    a copy of it (its class and attributes kept) whose message is "Shrink failed on shard <s>: <its message>. Of
+    the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
+    <PARTLY_APPLIED>; send no Shrink before the next one is due, also once shard <s> is mended: one sent again
+    would decay their rows a second time" (and which other shards failed, where more did)."""
+    failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
+    if not failed:
+        return outcomes
+    shard, error = failed[0]
+    done = [(s, o) for s, o in enumerate(outcomes) if not isinstance(o, PsError)]
+    if not done:
+        raise error
+    shrank = "; ".join(f"shard {s} dropped {r.dropped:,} ids, {r.num_rows:,} rows and {r.pending_ids:,} pending ids "
+                       "left" for s, r in done)  # fmt: skip
+    more = [s for s, _ in failed[1:]]
+    also = f"; shard(s) {', '.join(map(str, more))} failed too" if more else ""
+    reworded = copy.copy(error)
+    reworded.args = (
+        f"Shrink failed on shard {shard}: {error}. Of the Shrink, shard(s) {', '.join(str(s) for s, _ in done)} "
+        f"shrank ({shrank}): those changes were {PARTLY_APPLIED}; send no Shrink before the next one is due, also "
+        f"once shard {shard} is mended: one sent again would decay their rows a second time{also}",
+        *error.args[1:],
+    )
+    raise reworded
