@@ -330,7 +330,8 @@ class Table:
         store's flushed seq) is kept, decayed, until a later shrink: a drop is not journaled, so after a crash the
         journal's replay of that push would bring the row back (with the push under any later one). Only what
         changes is written: with decay 1 the kept rows stay as they are, and a table with no rule on is not
-        scanned at all."""
+        scanned at all. Once the scan ends, the RAM rows of the ids dropped go back to the budget
+        (Arena.return_free), for any table to take."""
         if rule_is_off(self.cfg.eviction):
             return
         after = None
@@ -339,6 +340,7 @@ class Table:
                 self._check_open()
                 got = self.store.scan(self.name, self.width, after, chunk_rows)
                 if got is None:
+                    self.arena.return_free()  # the RAM of the rows dropped, for any table to take
                     return
                 ids, rows, lsn, complete, after = got
                 in_ram = self.arena.index.lookup(ids)

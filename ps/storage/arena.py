@@ -21,6 +21,7 @@ All per-row work is in compiled loops; the Table serializes calls with `lock`, w
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from collections.abc import Callable
 
@@ -35,6 +36,8 @@ from ps.storage.budget import MemoryBudget
 from ps.storage.eviction import RECENT_REQUESTS, not_in_ghost
 from ps.storage.idqueue import IdQueue
 from ps.storage.index import IdIndex
+
+log = logging.getLogger("ps.storage.arena")
 
 MIN_CAPACITY = 16  # rows the arrays get at their first growth
 _NO_RESCAN = 1 << 62
@@ -207,6 +210,24 @@ class Arena(ArenaLookups):
         self._resize(left)
         self.index.shrink(INDEX_BYTES_PER_ROW * left)  # within the charge of the rows left: its memory goes back
         return k
+
+    def return_free(self) -> int:
+        """Gives the free rows (released by a Shrink, or by a refused request) back to the budget, so that any table
+        can take their bytes; returns how many went. give_up of just those rows (no row in use goes): the rows in
+        use above them move down into their places, and the arrays shrink. Where that fails (the arrays get no
+        memory to shrink into, after the rows left them) it is logged, not raised: the caller's work stands, and the
+        budget is settled to the rows left in use either way. The table's lock held."""
+        before = self.used
+        try:
+            if len(self.free):
+                self.give_up(len(self.free))
+        except Exception:
+            log.exception("table %r gave %d of its %d free rows back to the budget; giving the rest, or shrinking its "
+                          "arrays, failed (they keep their size until they next resize)", self.name, before - self.used,
+                          before - self.used + len(self.free))  # fmt: skip
+        finally:
+            self.budget.settle(self, self.used)
+        return before - self.used
 
     def install(
         self, rows: np.ndarray, ids: np.ndarray, block: np.ndarray, lsn: np.ndarray, stored: np.ndarray, stamp: int
