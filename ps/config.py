@@ -55,8 +55,8 @@ MAX_SEQ_JUMP = 2**20  # a PushBatch's seq may be at most this far ahead of its c
 # The exactly-once table (ps.storage.applied): a shard forgets a client's newest request once it is unchanged for
 # REQUEST_RETENTION_S, and a worker's Client sends no attempt of a request once its first attempt is RETRY_WINDOW_S
 # old, so no retry meets a forgotten request. RETRY_MARGIN_S covers an attempt's way to its shard and a server's
-# wall clock set forward. MAX_CLIENTS: entries a shard keeps (~250 bytes of RAM each, ~114 more with a request's
-# content digest, ps.engine.pushpath); a new client past it is refused
+# wall clock set forward. MAX_CLIENTS: entries a shard keeps (~250 bytes of RAM each, its request's content digest
+# included); a new client past it is refused
 REQUEST_RETENTION_S = 7 * 86400.0
 RETRY_MARGIN_S = 86400.0
 RETRY_WINDOW_S = REQUEST_RETENTION_S - RETRY_MARGIN_S

@@ -616,7 +616,7 @@ def damaged(store: Store, full: bool = False):
 
 STORE_CALLS = {
     "clock": lambda s: s.meta.clock(),
-    "set_clock": lambda s: s.meta.set_clock(5, (1, 2)),
+    "set_clock": lambda s: s.meta.set_clock(5, (1, 2, 0)),
     "counts": lambda s: s.counts("emb"),
     "disk_bytes": lambda s: s.disk_bytes("emb"),
     "restored": lambda s: s.meta.restored(),

@@ -155,7 +155,7 @@ def test_a_push_on_a_full_disk_is_resource_exhausted_and_changes_nothing(serve, 
     disk = full_journal(error=error)
     e = refused(lambda: stub.PushBatch(request, timeout=TIMEOUT_S))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
-    head = journalformat.HEADER.size + 2 + len("t") + journalformat.PAYLOAD_HEAD.size
+    head = journalformat.HEADER.size + 2 + len("t") + journalformat.PAYLOAD_HEAD.size + journalformat.DIGEST.size
     size = head + len(ids) * (8 + 4 * DIM + 4 + 4)  # ids, grads, shows, clicks
     assert e.details() == (
         f"the server's disk is full ({REASONS[error]}): the journal in {journal.dir} cannot take a push of "

@@ -55,7 +55,7 @@ def test_a_request_sent_again_is_applied_once_and_an_older_one_not_at_all(tmp_pa
 
 def test_a_retry_after_a_crash_between_two_pushes_applies_only_the_rest(tmp_path):
     shard = open_shard(tmp_path)
-    shard.apply_push(shard.check_push(push(A, 1.0)), origin=(7, 1, 0))  # push 0 of request 1, then kill -9
+    shard.apply_push(shard.check_push(push(A, 1.0)), origin=(7, 1, 0, 0))  # push 0 of request 1, then kill -9
     crash(shard)
     shard = open_shard(tmp_path)  # replays the journal: request 1 of client 7 has 1 push applied
     try:
@@ -131,7 +131,7 @@ def test_a_clock_advance_that_failed_after_its_pushes_is_applied_by_the_retry(tm
     assert shard.push_batch([push(A, 1.0)], 3, client=5, client_seq=1) == (3, 0)
     assert (rows(shard, A) == -1).all()
 
-    shard.apply_push(shard.check_push(push(B, 1.0)), origin=(5, 2, 0))  # request 2's push, then kill -9
+    shard.apply_push(shard.check_push(push(B, 1.0)), origin=(5, 2, 0, 0))  # request 2's push, then kill -9
     crash(shard)
     shard = open_shard(tmp_path)
     try:

@@ -17,7 +17,7 @@ from ps.config import REQUEST_RETENTION_S
 from ps.errors import ClientTableFullError, RequestOutcomeUnknownError, ServerUnavailableError, ShardClosingError
 from ps.storage import applied as applied_module
 from ps.storage.applied import AppliedTable
-from ps.storage.meta import APPLIED_PREFIX, APPLIED_VALUE, LEGACY_APPLIED
+from ps.storage.meta import APPLIED_PREFIX, APPLIED_VALUE, LEGACY_APPLIED, OLDER_APPLIED_VALUE
 from ps.storage.store import Store
 from tests.conftest import crash
 from tests.test_exactly_once import SUM, A, B, open_shard, push, rows
@@ -222,7 +222,8 @@ def test_a_data_dir_with_the_old_single_applied_value_opens_keeps_its_entries_an
     finally:
         shard.close()
     entries, _, legacy = stored(tmp_path)
-    assert legacy is None and entries == {7: (3, 2, math.ceil(wall.now)), 2**63 + 5: (4, 1, math.ceil(wall.now))}
+    now = math.ceil(wall.now)  # the old value kept no digests: unknown (0), and a retry records none
+    assert legacy is None and entries == {7: (3, 2, now, 0), 2**63 + 5: (4, 1, now, 0)}
     shard = open_shard(tmp_path)
     try:
         assert shard.journal.applied == {7: (3, 2), 2**63 + 5: (4, 1)}
@@ -231,9 +232,10 @@ def test_a_data_dir_with_the_old_single_applied_value_opens_keeps_its_entries_an
 
 
 def test_the_table_and_the_store_match_a_dict_model_under_random_notes_flushes_and_reopens(tmp_path, wall):
-    """Random notes, time steps, flushes (a fifth of them failing: put back), and reopens from what RocksDB holds,
-    against a dict model: client -> (seq, parts, time of its last change), dropped once older than the retention
-    at a flush."""
+    """Random notes (with a digest of the request, or none: 0), time steps, flushes (a fifth of them failing: put
+    back), and reopens from what RocksDB holds, against a dict model: client -> (seq, parts, time of its last
+    change, digest), dropped once older than the retention at a flush. A note that does not move an entry gives
+    it the digest it lacks, for that request; a note of no digest keeps the request's."""
     rng = np.random.default_rng(11)
     store = Store(str(tmp_path))
     table, model, held = AppliedTable(retention_s=100.0), {}, {}  # held: what RocksDB should hold
@@ -242,9 +244,14 @@ def test_the_table_and_the_store_match_a_dict_model_under_random_notes_flushes_a
             r = rng.random()
             if r < 0.6:
                 client, seq, part = int(rng.integers(1, 50)), int(rng.integers(1, 8)), int(rng.integers(-1, 3))
-                table.note(client, seq, part)
-                if client not in model or model[client][:2] < (seq, part + 1):
-                    model[client] = (seq, part + 1, wall.now)
+                digest = [0, seq, 2**64 - seq][int(rng.integers(0, 3))]
+                table.note(client, seq, part, digest)
+                old = model.get(client)
+                same = old is not None and old[0] == seq
+                if old is None or old[:2] < (seq, part + 1):
+                    model[client] = (seq, part + 1, wall.now, digest or (old[3] if same else 0))
+                elif same and digest and not old[3]:
+                    model[client] = (*old[:3], digest)
             elif r < 0.8:
                 wall.now += float(rng.integers(0, 30))
             elif r < 0.97:
@@ -261,7 +268,7 @@ def test_the_table_and_the_store_match_a_dict_model_under_random_notes_flushes_a
                 table.load(store.meta.applied())
                 model = dict(held)
             assert dict(table) == {c: e[:2] for c, e in model.items()}
-            assert all(table.entry(c).used_s == e[2] for c, e in model.items())
+            assert all(table.entry(c)[2:] == e[2:] for c, e in model.items())
     finally:
         store.close()
 
@@ -300,9 +307,9 @@ def test_a_client_in_both_the_old_value_and_a_key_keeps_the_newer_request(tmp_pa
     upgrade again): per client the newer (client_seq, parts) of the two holds, whichever place has it."""
     store = Store(str(tmp_path))
     try:
-        store._dir.meta_cf.put(APPLIED_PREFIX + (7).to_bytes(8, "big"), APPLIED_VALUE.pack(3, 1, 100))
-        store._dir.meta_cf.put(APPLIED_PREFIX + (8).to_bytes(8, "big"), APPLIED_VALUE.pack(9, 2, 100))
+        store._dir.meta_cf.put(APPLIED_PREFIX + (7).to_bytes(8, "big"), OLDER_APPLIED_VALUE.pack(3, 1, 100))
+        store._dir.meta_cf.put(APPLIED_PREFIX + (8).to_bytes(8, "big"), APPLIED_VALUE.pack(9, 2, 100, 55))
         store._dir.meta_cf.put(LEGACY_APPLIED, json.dumps({"7": [9, 2], "8": [3, 1], "5": [1, 1]}).encode())
-        assert store.meta.applied() == {7: (9, 2, None), 8: (9, 2, 100.0), 5: (1, 1, None)}
+        assert store.meta.applied() == {7: (9, 2, None, 0), 8: (9, 2, 100.0, 55), 5: (1, 1, None, 0)}
     finally:
         store.close()

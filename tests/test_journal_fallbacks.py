@@ -26,7 +26,7 @@ def _push(j: Journal, seed: int, n: int) -> int:
     ids = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
     grads = rng.standard_normal((n, DIM)).astype(np.float32)
     shows, clicks = np.ones(n, np.float32), rng.integers(0, 2, n).astype(np.float32)
-    return j.append("t", ids, grads, shows, clicks, step=seed, origin=(9, seed, 0))
+    return j.append("t", ids, grads, shows, clicks, step=seed, origin=(9, seed, 0, 2**64 - seed))
 
 
 def _write(directory, before_each) -> tuple[bytes, Journal]:
@@ -46,7 +46,7 @@ def _write(directory, before_each) -> tuple[bytes, Journal]:
 def _replays_every_push(directory) -> None:
     records = list(Journal(str(directory)).replay(0))
     assert [(r.seq, r.step, r.origin, len(r.ids)) for r in records] == [
-        (k + 1, seed, (9, seed, 0), n) for k, (seed, n) in enumerate(PUSHES)
+        (k + 1, seed, (9, seed, 0, 2**64 - seed), n) for k, (seed, n) in enumerate(PUSHES)
     ]
 
 

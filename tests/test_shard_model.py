@@ -290,7 +290,7 @@ class ShardModel(RuleBasedStateMachine):
         newest = self.newest(client)
         seq = newest[0] + 1 if newest else 1
         for i in range(k):
-            self.shard.apply_push(self.shard.check_push(batch[i]), origin=(client, seq, i))
+            self.shard.apply_push(self.shard.check_push(batch[i]), origin=(client, seq, i, 0))
         if flush:
             self.shard.flush()
         crash(self.shard)

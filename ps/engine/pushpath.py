@@ -8,9 +8,10 @@ the clock by ShardMeta.set_clock) say which requests are applied whole. One requ
 client lock). Every change of the clock, the reservations, the notes and the client locks' table happens under
 the shard's lock (`lock`, the one Shard holds for its tables too), held only around those changes.
 
-A retry is the same request: each client's newest request is kept with a digest of its content (`_digests`, in
-memory), and the request's seq sent again with other content is refused (RequestSeqReusedError), not applied in
-part as the missing rest of the first one.
+A retry is the same request: each client's newest request is kept with a digest of its content (_digest), and
+the request's seq sent again with other content is refused (RequestSeqReusedError), not applied in part as the
+missing rest of the first one. The digest is kept where the request's seq is: in the `applied` entry, in each
+journal record of the request and in its clock advance note, so it survives a restart, clean or kill -9.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ps.errors import (
 )
 from ps.storage.checksum import checksum64
 from ps.storage.journal import Journal
+from ps.storage.journalformat import Origin
 from ps.storage.store import Store
 from ps.wire import repeats_ids
 
@@ -50,7 +52,7 @@ class PushPath:
         journal: Journal,
         room: RequestRoom,
         check_push: Callable[[TablePush], CheckedPush],
-        apply_push: Callable[[CheckedPush, tuple[int, int, int]], None],
+        apply_push: Callable[[CheckedPush, Origin], None],
         clock: int,
     ):
         """lock: the shard's lock; store: where the clock and the advance notes are kept (set_clock,
@@ -73,12 +75,10 @@ class PushPath:
         # client -> its newest request whose clock advance is applied; such a request is applied whole (the
         # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
         # entries go with the clients' `applied` entries (forget_advances)
-        self.advanced: dict[int, int] = store.meta.advanced()
-        # client -> its newest request's client_seq << 64 | the digest of that request's content (_digest), one
-        # int (~114 bytes an entry with its key, where a tuple takes ~200), for the requests this process applied
-        # (in part or whole); a start begins without, so a retry after a restart is taken as the same request.
-        # Entries go with the clients' `applied` entries (forget_advances)
-        self._digests: dict[int, int] = {}
+        notes = store.meta.advanced()
+        self.advanced: dict[int, int] = {client: seq for client, (seq, _) in notes.items()}
+        # client -> the digest its advance note keeps (0s left out), for note_advanced
+        self._advance_digests = {client: digest for client, (_, digest) in notes.items() if digest}
 
     def replayed_to(self, step: int) -> None:
         """The clock after the journal's replay at start: at least the newest replayed record's step."""
@@ -87,9 +87,11 @@ class PushPath:
 
     def note_advanced(self) -> None:
         """Notes in the journal's `applied` table the requests whose clock advance is applied (at start, after the
-        replay): a client's entry there is at least its advance note's request."""
+        replay), with the digests their notes keep: a client's entry there is at least its advance note's
+        request."""
         for client, client_seq in self.advanced.items():
-            self._journal.note_applied((client, client_seq, -1))
+            self._journal.note_applied((client, client_seq, -1, self._advance_digests.get(client, 0)))
+        self._advance_digests = {}
 
     def push_batch(
         self,
@@ -120,9 +122,10 @@ class PushPath:
 
         A retry must be the same request: its client's newest request sent again with other content (other pushes,
         tables, ids or values, or another clock advance) is refused with RequestSeqReusedError, changing nothing,
-        where this process applied that request (in part or whole); one it holds only from before its start (the
-        journal keeps no digest of a request's content) is taken as a retry. An older request is answered as
-        applied before, whatever its content. Not for shared (a key any caller sends: Client.push_once, the first
+        where the shard applied that request (in part or whole), before a restart too (the digest is kept with the
+        request's seq: ps.storage.applied); one known only from a journal record, a store or an advance note of the
+        versions before the digest is taken as a retry. An older request is answered as applied before, whatever
+        its content. Not for shared (a key any caller sends: Client.push_once, the first
         request applied, another caller's answered as applied before, whatever its content) nor for a sync step's
         sum (step_sum).
 
@@ -133,7 +136,7 @@ class PushPath:
         with CallerGoneError once it is true (ps.engine.room). step_sum: a sync step's sum, which runs alone where it
         is larger than the request room, not refused."""
         if not client:
-            return self._apply_checked(self._check_batch(pushes), advance_clock, (0, 0), 0, caller_gone,
+            return self._apply_checked(self._check_batch(pushes), advance_clock, (0, 0, 0), 0, caller_gone,
                                        step_sum)  # fmt: skip
         if client_seq < 1:  # seq 0 would read as applied before: its clock advance dropped, silently
             raise InvalidArgumentError(
@@ -170,23 +173,20 @@ class PushPath:
             if answered:
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
-            try:
-                out = self._apply_checked(checked, advance_clock, (client, client_seq), skip, caller_gone,
-                                          step_sum)  # fmt: skip
-                # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
-                self._journal.note_applied((client, client_seq, len(pushes) - 1))
-            finally:  # applied in part or whole: its retries must carry this content
-                if digest is not None and self._journal.applied.get(client, (0, 0))[0] == client_seq:
-                    with self._lock:
-                        self._digests[client] = client_seq << 64 | digest
+            # each journal record of the request, its advance note and its `applied` entry keep the digest (0:
+            # none), so that its retries, after a restart too, must carry this content
+            request = (client, client_seq, digest or 0)
+            out = self._apply_checked(checked, advance_clock, request, skip, caller_gone, step_sum)
+            # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
+            self._journal.note_applied((client, client_seq, len(pushes) - 1, digest or 0))
             return out
 
     def _check_same(self, client: int, client_seq: int, digest: int) -> None:
         """RequestSeqReusedError unless the request client_seq of client, its newest, has this digest of content or
-        none this process knows. The message names no id: client is the deduplication key (ps.service.client_key,
-        a hash of the id sent under mutual TLS)."""
-        kept = self._digests.get(client)
-        if kept is not None and kept >> 64 == client_seq and kept != client_seq << 64 | digest:
+        an unknown one (0: ps.storage.applied). The message names no id: client is the deduplication key
+        (ps.service.client_key, a hash of the id sent under mutual TLS)."""
+        kept = self._journal.applied.entry(client)
+        if kept is not None and kept.client_seq == client_seq and kept.digest and kept.digest != digest:
             raise RequestSeqReusedError(
                 f"request seq {client_seq:,} of this client id on shard {self.shard_id} was applied before "
                 "with other content (its pushes, their tables, ids or values, or its clock advance differ): a "
@@ -237,14 +237,15 @@ class PushPath:
         self,
         checked: list[CheckedPush],
         advance_clock: int,
-        request: tuple[int, int],
+        request: tuple[int, int, int],
         skip: int,
         caller_gone: Callable[[], bool] | None = None,
         step_sum: bool = False,
     ) -> tuple[int, int]:
         """Checks (unless step_sum) that the copies of the pushes checked (_check_batch) fit in the request room,
         reserves the clock advance (so that no AdvanceClock in between can make it out of range), applies the pushes
-        from `skip` on, then advances the clock."""
+        from `skip` on, then advances the clock. request: (client, client_seq, the digest of its content; 0s:
+        none)."""
         room = sum(push_cost(len(c.ids), c.table.width) for c in checked[skip:])
         if not step_sum:
             ids = sum(len(c.ids) for c in checked[skip:])
@@ -271,11 +272,12 @@ class PushPath:
                 failed = "storing the clock advance of the batch failed"
                 raise _partly_applied(e, failed, range(skip, len(checked)), "of the batch", request, None) from e
 
-    def _apply_pushes(self, checked: list[CheckedPush], request: tuple[int, int], skip: int):
+    def _apply_pushes(self, checked: list[CheckedPush], request: tuple[int, int, int], skip: int):
         """Applies checked[skip:] in order; a refusal after the first says which pushes before it stay applied."""
+        client, client_seq, digest = request
         for i in range(skip, len(checked)):
             try:
-                self._apply_push(checked[i], (*request, i))
+                self._apply_push(checked[i], (client, client_seq, i, digest))
             except PsError as e:
                 if i == skip or isinstance(e, ShardNeedsRestartError):  # journaled: not refused; its message
                     raise  # says what a restart does
@@ -290,9 +292,9 @@ class PushPath:
             self._check_advance(steps)
             return self._set_clock(self.clock + steps)
 
-    def _set_clock(self, clock: int, advanced_by: tuple[int, int] | None = None) -> int:
-        """Stores the clock (and, given advanced_by = (client, client_seq), that this request advanced it), then
-        sets it (so a failed write leaves it as it was); lock held."""
+    def _set_clock(self, clock: int, advanced_by: tuple[int, int, int] | None = None) -> int:
+        """Stores the clock (and, given advanced_by = (client, client_seq, digest), that this request advanced it),
+        then sets it (so a failed write leaves it as it was); lock held."""
         self._store.meta.set_clock(clock, advanced_by)
         self.clock = clock
         if advanced_by is not None:
@@ -317,9 +319,6 @@ class PushPath:
         {client: the client_seq its entry held}, unless a newer request of the client advanced the clock since. A
         note that stays (this write failed) brings its client's entry back at the next start, to be dropped again."""
         with self._lock:  # as set_clock, which writes these notes
-            for c, seq in dropped.items():  # the digests of the requests dropped go too
-                if self._digests.get(c, (seq + 1) << 64) >> 64 <= seq:
-                    del self._digests[c]
             gone = [c for c, seq in dropped.items() if c in self.advanced and self.advanced[c] <= seq]
             if gone:
                 self._store.meta.forget_advanced(gone)
@@ -331,14 +330,14 @@ def _digest(checked: list[CheckedPush], advance_clock: int) -> int:
     """A 64-bit digest of a request's content: its clock advance, and each push's table, update rule, ids, grads,
     shows and clicks (as checked: counts filled in), by checksum64 (memory speed, on every core past 2 MiB). Two
     requests of other content share it with probability ~2**-64; a client that makes them share it on purpose
-    gets what its retry would."""
+    gets what its retry would. Never 0, which stands for no digest (ps.storage.applied)."""
     head = [advance_clock, len(checked)]
     parts: list = []
     for c in checked:
         name = c.table.name.encode()
         head += [len(name), c.rule, *c.grads.shape]
         parts += [name, *(np.ascontiguousarray(a) for a in (c.ids, c.grads, c.shows, c.clicks))]
-    return checksum64([np.array(head, dtype=np.uint64), *parts])
+    return checksum64([np.array(head, dtype=np.uint64), *parts]) or 1
 
 
 def _check_answered_advance(steps: int) -> None:
@@ -360,7 +359,7 @@ def _advance_out_of_range(steps: int, at: str = "", why: str = "") -> InvalidArg
     )
 
 
-def _partly_applied(e: PsError, failed: str, applied: range, where: str, request: tuple[int, int],
+def _partly_applied(e: PsError, failed: str, applied: range, where: str, request: tuple[int, int, int],
                     rest: int | None) -> PsError:  # fmt: skip
     """e, a failure after the pushes `applied` of a batch were applied, reworded by ps.errors.partly_applied with
     `failed` and "The pushes <applied> <where> were applied and stay applied, and the clock was not advanced

@@ -83,6 +83,7 @@ from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
 from ps.storage.diskspace import measure
+from ps.storage.journalformat import NO_ORIGIN, Origin
 from ps.storage.memory import plan_memory
 
 log = logging.getLogger("ps.engine.shard")
@@ -292,7 +293,7 @@ class Shard:
         rule = ADD_DELTA if push.add_delta else OPTIMIZE
         return CheckedPush(table=table, ids=ids, grads=grads, shows=shows, clicks=clicks, rule=rule)
 
-    def apply_push(self, checked: CheckedPush, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
+    def apply_push(self, checked: CheckedPush, origin: Origin = NO_ORIGIN) -> None:
         """Applies a push that check_push accepted (applied in RAM by its rule, journaled with its origin and
         rule). A push journaled but only partly applied (ShardNeedsRestartError) breaks the shard
         (WriteGuard.mark_broken)."""

@@ -48,7 +48,7 @@ from ps.storage.arena import Arena
 from ps.storage.budget import MemoryBudget
 from ps.storage.foreground import Foreground
 from ps.storage.journal import Journal
-from ps.storage.journalformat import Record
+from ps.storage.journalformat import NO_ORIGIN, Origin, Record
 from ps.storage.store import Store
 
 FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock: short enough not to stall pushes
@@ -174,9 +174,9 @@ class Table:
         self.counters["ids_pulled"] += n
 
     def push(self, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray, step: int,
-             origin: tuple[int, int, int] = (0, 0, 0), rule: int = update.OPTIMIZE) -> int:  # fmt: skip
+             origin: Origin = NO_ORIGIN, rule: int = update.OPTIMIZE) -> int:  # fmt: skip
         """Applies one push of unique ids: (n, dim) finite grads, and per id its shows and clicks, at clock
-        step, by `rule` (update.OPTIMIZE or update.ADD_DELTA); origin (client, client_seq, part) and the rule go
+        step, by `rule` (update.OPTIMIZE or update.ADD_DELTA); origin (client, client_seq, part, digest) and the rule go
         into its journal record. Durable on return; returns the journal seq. Nothing changes if it is rejected
         (duplicate ids, a result that would not be finite) or the journal cannot be written. A push of more ids
         than one pass takes (_chunks) is journaled, then applied chunk by chunk: if that fails part way (a RocksDB

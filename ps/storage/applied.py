@@ -4,7 +4,10 @@ An entry maps a client key to (client_seq, parts done) of that client's newest r
 push_batch applies a request the table already holds, or an older one, only for the parts that are missing, and
 ps.engine.jobs keeps each job's sync steps under sync_key(job) (ps.engine.syncsum) the same way. Each entry also
 keeps `used_s`, the wall time (time.time) its value last moved: its newest request's latest part applied. A value
-that does not move (a retry answered from the table, a note of an older request) leaves the time as it was.
+that does not move (a retry answered from the table, a note of an older request) leaves the time as it was. And
+`digest`, the 64-bit digest of that request's content (ps.engine.pushpath: a retry must carry the same), 0 where
+it is unknown: a request of no digest (a shared key's, a sync step's sum), or one known only from a journal record,
+a stored entry or a clock advance note of the versions before the digest.
 
 Age. An entry unchanged for longer than ps.config.REQUEST_RETENTION_S is dropped at the next flush
 (take_changes). A worker's Client sends no attempt of a request once its first attempt is RETRY_WINDOW_S old (the
@@ -24,7 +27,8 @@ which would then be applied a second time, silently, and any admitted caller tha
 cause that for every other client. The risk of refusing: such a caller (or a bug that makes a new Client per
 request) keeps new clients out, loudly, until the entries it made are REQUEST_RETENTION_S old.
 
-Persistence. The journal rebuilds the table from its records at replay, and RocksDB keeps it as of each flush:
+Persistence. The journal rebuilds the table from its records at replay (each record carries its request's digest),
+and RocksDB keeps it as of each flush, digests included:
 take_changes() returns the entries changed and dropped since the last call (ps.storage.shardmeta.ShardMeta
 set_flushed_seq writes just those, one key per client), and put_back() hands them back after a write that
 failed. So a flush costs what changed, not the table's size.
@@ -57,6 +61,7 @@ class Entry(NamedTuple):
     client_seq: int  # the client's newest request
     parts: int  # how many of its pushes are applied
     used_s: float  # when this entry last changed (wall_time)
+    digest: int = 0  # the digest of that request's content (ps.engine.pushpath); 0: unknown
 
 
 class AppliedChanges(NamedTuple):
@@ -69,7 +74,7 @@ class AppliedChanges(NamedTuple):
 
 class AppliedTable(Mapping):
     """client -> (client_seq, parts done) of its newest request; see the module's docstring. As a Mapping it
-    shows the (client_seq, parts) pairs; entry() has the time too."""
+    shows the (client_seq, parts) pairs; entry() has the time and the digest too."""
 
     def __init__(self, retention_s: float = REQUEST_RETENTION_S, max_clients: int = MAX_CLIENTS):
         self.retention_s = retention_s
@@ -101,25 +106,35 @@ class AppliedTable(Mapping):
         return len(self._entries) >= self.max_clients
 
     # ---- changing -----------------------------------------------------------------------------------
-    def load(self, entries: Mapping[int, tuple[int, int, float | None]]) -> None:
-        """Adds entries read from the store, {client: (client_seq, parts, used_s)}; used_s None (a store of an
-        older version kept no times): now, and the entry counts as changed, so the next flush writes it."""
+    def load(self, entries: Mapping[int, tuple[int, int, float | None, int]]) -> None:
+        """Adds entries read from the store, {client: (client_seq, parts, used_s, digest)}; used_s None (a store of
+        an older version kept no times): now, and the entry counts as changed, so the next flush writes it; digest
+        0: unknown (a store of the versions before the digest)."""
         now = wall_time()
-        loaded = [(c, Entry(seq, parts, now if used is None else used)) for c, (seq, parts, used) in entries.items()]
+        loaded = [(c, Entry(seq, parts, now if used is None else used, digest))
+                  for c, (seq, parts, used, digest) in entries.items()]  # fmt: skip
         with self._lock:
             for client, e in sorted(loaded, key=lambda ce: ce[1].used_s):  # least recently changed first
                 self._entries[client] = e
-            self._changed.update(c for c, (_, _, used) in entries.items() if used is None)
+            self._changed.update(c for c, (_, _, used, _) in entries.items() if used is None)
 
-    def note(self, client: int, client_seq: int, part: int) -> None:
-        """Push `part` of request client_seq of client is applied (part -1: none of its pushes, its clock advance
-        is): the entry moves there, stamped now, if that is past what it holds; else nothing changes."""
+    def note(self, client: int, client_seq: int, part: int, digest: int = 0) -> None:
+        """Push `part` of request client_seq of client, of content `digest` (0: unknown), is applied (part -1: none
+        of its pushes, its clock advance is): the entry moves there, stamped now, if that is past what it holds;
+        else nothing changes, but for a digest of the request the entry holds where it holds none (a retry of a
+        request known from before the digest: its time stays). A note of digest 0 keeps the digest the entry holds
+        for that request."""
         done = (client_seq, part + 1)
         with self._lock:
             old = self._entries.get(client)
             if old is not None and (old.client_seq, old.parts) >= done:
+                if digest and not old.digest and old.client_seq == client_seq:
+                    self._entries[client] = old._replace(digest=digest)
+                    self._changed.add(client)
                 return
-            self._entries[client] = Entry(client_seq, part + 1, wall_time())
+            if not digest and old is not None and old.client_seq == client_seq:
+                digest = old.digest
+            self._entries[client] = Entry(client_seq, part + 1, wall_time(), digest)
             self._entries.move_to_end(client)
             self._changed.add(client)
             self._dropped.pop(client, None)

@@ -57,7 +57,17 @@ from ps.errors import (
 from ps.storage.applied import AppliedChanges, AppliedTable
 from ps.storage.atomicfile import sync_directory
 from ps.storage.checksum import checksum64, copy_with_checksum64
-from ps.storage.journalformat import HEADER, HEADER_CHECKED, MAGIC, Record, list_segments, payload_head, segment_path
+from ps.storage.journalformat import (
+    HEADER,
+    HEADER_CHECKED,
+    MAGIC,
+    NO_ORIGIN,
+    Origin,
+    Record,
+    list_segments,
+    payload_head,
+    segment_path,
+)
 from ps.storage.journalreplay import JournalReader
 from ps.storage.journalwatch import DataDirWatch
 from ps.storage.sidefiles import MarkWriter
@@ -95,7 +105,7 @@ class Journal:
         self._opened_at = 0.0  # time.time() when the active segment was opened
         self.next_seq = 1
         self.bytes_written = 0
-        self.applied = AppliedTable()  # client -> (client_seq, parts done) of its newest request
+        self.applied = AppliedTable()  # client -> (client_seq, parts done) of its newest request, and its digest
         self._reader = JournalReader(directory, mark_path, sync, self.note_applied)  # replay's and check's reads
 
     @property
@@ -113,11 +123,12 @@ class Journal:
         """The size of the segment mapped for appends now (the most of the mapping that can be resident), or 0."""
         return self.segment_bytes if self._map is not None else 0
 
-    def note_applied(self, origin: tuple[int, int, int]) -> None:
-        """Records that push `part` of request (client, client_seq) is applied (newest wins; 0 client: none)."""
-        client, client_seq, part = origin
+    def note_applied(self, origin: Origin) -> None:
+        """Records that push `part` of request (client, client_seq), of content `digest` (0: unknown), is applied
+        (newest wins; 0 client: none)."""
+        client, client_seq, part, digest = origin
         if client:
-            self.applied.note(client, client_seq, part)
+            self.applied.note(client, client_seq, part, digest)
 
     def mark(self) -> tuple[int, AppliedChanges]:
         """Closes the active segment; returns (the last seq appended, `applied`'s changes since the last mark:
@@ -240,10 +251,11 @@ class Journal:
 
     # ---- appends --------------------------------------------------------------------------------------
     def append(self, table: str, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray,
-               step: int, origin: tuple[int, int, int] = (0, 0, 0), rule: int = 0) -> int:  # fmt: skip
+               step: int, origin: Origin = NO_ORIGIN, rule: int = 0) -> int:  # fmt: skip
         """Appends one push (ids <u8 (n,), grads <f4 (n, dim), shows and clicks <f4 (n,), all C-contiguous),
-        the clock step it was applied at, the (client, client_seq, part) it came from and its rule (0..255, see
-        the grammar in ps.storage.journalformat); returns its seq once durable (and `applied` records the origin)."""
+        the clock step it was applied at, the (client, client_seq, part, digest) it came from and its rule (0..255,
+        see the grammar in ps.storage.journalformat); returns its seq once durable (and `applied` records the
+        origin)."""
         n, dim = grads.shape
         head = payload_head(table, n, dim, step, origin, rule)
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
@@ -271,7 +283,7 @@ class Journal:
                     reason, f"the journal in {self.dir} cannot take a push of {HEADER.size + payload_len:,} bytes"
                 ) from e
 
-    def _append(self, head: bytes, arrays: list[np.ndarray], payload_len: int, origin: tuple[int, int, int]) -> int:
+    def _append(self, head: bytes, arrays: list[np.ndarray], payload_len: int, origin: Origin) -> int:
         """append's write, under the lock. Nothing moves (next_seq, the segment's end, `applied`) until the
         record is whole in the file (and, with sync, durable); a failed write is cut off first (_cut_back)."""
         if self._fd < 0 or self._segment_size >= self.segment_bytes:

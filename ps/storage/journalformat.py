@@ -9,14 +9,19 @@ Grammar (little-endian):
     record   := magic:u32 = 0x354A5350 ("PSJ5")  seq:u64  payload_len:u32  checksum:u64  payload
     payload  := head  ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
     head     := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64  part:u32
-                rule:u8
+                rule:u8  digest:u64?
     rule     := 0 (OPTIMIZE: the optimizer step on grads) | 1 (ADD_DELTA: grads added to the embeddings as they
                 are), ps.rows.update's rules; replay applies a record by its own rule (ps.engine.table)
+    digest   := the 64-bit digest of the content of the client request the push is part of (ps.engine.pushpath
+                _digest; 0: none kept, as for a push without a client). This server writes it in every record; a
+                record of the versions before it has none (its payload_len is 8 bytes shorter, which tells them
+                apart) and reads as digest 0
     checksum := ps.storage.checksum.checksum64 of the buffers [magic seq payload_len, head, ids, grads, shows, clicks]
 The checksum covers the header's magic, seq and payload_len too, so a damaged seq or length fails it like a
-damaged payload. (client, client_seq, part) say which push of which client request the record is (0, 0, 0:
-none): `applied` (ps.storage.applied.AppliedTable) maps each client to the (client_seq, parts done) of its newest
-request, kept as records are appended and replayed, so a shard can tell a retried request from a new one
+damaged payload. (client, client_seq, part, digest), a record's origin, say which push of which client request
+the record is, and what that request held (0, 0, 0, 0: none): `applied` (ps.storage.applied.AppliedTable) maps
+each client to the (client_seq, parts done, digest) of its newest request, kept as records are appended and
+replayed, so a shard can tell a retried request from a new one, and a reused seq from a retry
 (ps.engine.pushpath.PushPath.push_batch). A segment of a format before this one (its first bytes a magic of
 OLDER_MAGICS, and no record of this format in it) is refused by name, not read as damage; an older magic in a
 segment of this format is damage (a server writes its own format only).
@@ -42,13 +47,21 @@ OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: 
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
+DIGEST = struct.Struct("<Q")  # the head's last field, which a record of the versions before it lacks
 READ_BYTES = 8 << 20  # replay reads a segment in windows of this (SegmentReader)
 
 
-def payload_head(table: str, n: int, dim: int, step: int, origin: tuple[int, int, int], rule: int) -> bytes:
-    """The payload's head (the grammar's `head`) of a push of n ids of grads of dim floats to `table`."""
+Origin = tuple[int, int, int, int]  # (client, client_seq, part, digest) of a record: the grammar's fields
+NO_ORIGIN: Origin = (0, 0, 0, 0)  # a push of no client request
+
+
+def payload_head(table: str, n: int, dim: int, step: int, origin: Origin, rule: int) -> bytes:
+    """The payload's head (the grammar's `head`, digest included) of a push of n ids of grads of dim floats to
+    `table`."""
     name = table.encode()
-    return struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step, *origin, rule)
+    client, client_seq, part, digest = origin
+    fields = PAYLOAD_HEAD.pack(n, dim, step, client, client_seq, part, rule) + DIGEST.pack(digest)
+    return struct.pack("<H", len(name)) + name + fields
 
 
 def segment_path(directory: str, first_seq: int) -> str:
@@ -93,7 +106,7 @@ class Record:
     shows: np.ndarray  # float32 (n,)
     clicks: np.ndarray  # float32 (n,)
     step: int  # the shard's clock when the push was applied
-    origin: tuple[int, int, int] = (0, 0, 0)  # (client, client_seq, part) of the request; 0s: none
+    origin: Origin = NO_ORIGIN  # (client, client_seq, part, digest) of the request; 0s: none
     rule: int = 0  # how the push applies grads: ps.rows.update's OPTIMIZE (0) or ADD_DELTA (1)
 
 
@@ -212,8 +225,8 @@ def end_of_data(data: bytes, pos: int, end: int | None = None) -> int:
 
 def holds_a_whole_record(data: bytes, pos: int, end: int) -> bool:
     """Whether data[pos:end] is at least as long as the record its header announces, or as its payload's head
-    announces (table name, n, dim): a damaged length field can announce more bytes than the record holds, where a
-    record cut short holds fewer than both (a header of this format)."""
+    announces (table name, n, dim; with the digest this server writes): a damaged length field can announce more
+    bytes than the record holds, where a record cut short holds fewer than both (a header of this format)."""
     if end - pos < HEADER.size:
         return False
     magic, _seq, payload_len, _check = HEADER.unpack_from(data, pos)
@@ -229,7 +242,7 @@ def holds_a_whole_record(data: bytes, pos: int, end: int) -> bool:
     if end - p < PAYLOAD_HEAD.size:
         return False
     n, dim = struct.unpack_from("<II", data, p)
-    return end - p >= PAYLOAD_HEAD.size + sum(_array_bytes(n, dim))
+    return end - p >= PAYLOAD_HEAD.size + DIGEST.size + sum(_array_bytes(n, dim))
 
 
 def _array_bytes(n: int, dim: int) -> list[int]:
@@ -292,7 +305,11 @@ def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
         return None, pos
     n, dim, step, client, client_seq, part, rule = PAYLOAD_HEAD.unpack_from(data, p)
     p += PAYLOAD_HEAD.size
-    ends = list(itertools.accumulate([p, *_array_bytes(n, dim)]))  # ends of head, ids, grads, shows, clicks
+    arrays = _array_bytes(n, dim)
+    has_digest = end - p - sum(arrays) == DIGEST.size  # else a record of the versions before the digest, or bad
+    if has_digest:
+        p += DIGEST.size
+    ends = list(itertools.accumulate([p, *arrays]))  # ends of head, ids, grads, shows, clicks
     if ends[-1] != end:
         return None, pos
     view = memoryview(data)
@@ -303,10 +320,11 @@ def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
         table = data[start + 2 : start + 2 + name_len].decode()
     except UnicodeDecodeError:
         return None, pos
+    digest = DIGEST.unpack_from(data, p - DIGEST.size)[0] if has_digest else 0
     ids = np.frombuffer(data, dtype="<u8", count=n, offset=p)
     p += 8 * n
     grads = np.frombuffer(data, dtype="<f4", count=n * dim, offset=p).reshape(n, dim)
     p += 4 * n * dim
     shows = np.frombuffer(data, dtype="<f4", count=n, offset=p)
     clicks = np.frombuffer(data, dtype="<f4", count=n, offset=p + 4 * n)
-    return Record(seq, table, ids, grads, shows, clicks, step, (client, client_seq, part), rule), end
+    return Record(seq, table, ids, grads, shows, clicks, step, (client, client_seq, part, digest), rule), end

@@ -35,6 +35,7 @@ from ps.storage.journalformat import (
     OLDER_MAGICS,
     JournalCorruptError,
     JournalLossError,
+    Origin,
     Record,
     SegmentReader,
     end_of_data,
@@ -82,7 +83,7 @@ class JournalReader:
     bytes to read) of the segments as the read goes."""
 
     def __init__(self, directory: str, mark_path: str | None, sync: bool,
-                 note_applied: Callable[[tuple[int, int, int]], None]):  # fmt: skip
+                 note_applied: Callable[[Origin], None]):  # fmt: skip
         self.dir = directory
         self.mark_path = mark_path
         self.sync = sync

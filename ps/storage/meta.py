@@ -18,18 +18,23 @@ integer < 2^64. In parentheses, what writes each value: a method of ps.storage.s
                                     absent: none written yet. One of a name no table has is stray: read as no
                                     rows, and deleted by the create_table of that name)
         "clock"                  -> decimal <= MAX_CLOCK: the shard's clock (steps)
-        "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
-                                    is applied   (set_clock: with the clock it set, in one batch; deleted once
-                                    the client's "applied/" entry is dropped: forget_advanced)
+        "advanced/" client:u64be -> decimal [" " decimal]: the client_seq of that client's newest request whose
+                                    clock advance is applied, then the digest of that request's content
+                                    (ps.engine.pushpath; absent in a note of the versions before the digest, and
+                                    0, for a request of none: unknown)   (set_clock: with the clock it set, in one
+                                    batch; deleted once the client's "applied/" entry is dropped: forget_advanced)
         "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
         "lsn_high"               -> decimal: the largest lsn of a row written so far   (lsn_high_raised, in the
                                     batch of the write of rows that raised it; read by written_seq): every journal
                                     record <= it was written, so replay requires the records after flushed_seq up
                                     to it, and appends go on past it (ps.storage.journal)
-        "applied/" client:u64be  -> client_seq:u64le parts:u32le used_s:u64le   (20 bytes, APPLIED_VALUE): that
-                                    client's entry of the journal's `applied` table (ps.storage.applied) as of
-                                    flushed_seq: its newest request, how many of its pushes are applied, and when
-                                    the entry last changed (whole seconds since the epoch, rounded up)
+        "applied/" client:u64be  -> client_seq:u64le parts:u32le used_s:u64le digest:u64le   (28 bytes,
+                                    APPLIED_VALUE): that client's entry of the journal's `applied` table
+                                    (ps.storage.applied) as of flushed_seq: its newest request, how many of its
+                                    pushes are applied, when the entry last changed (whole seconds since the
+                                    epoch, rounded up) and the digest of that request's content (0: unknown). A
+                                    value of the versions before the digest is 20 bytes, without it
+                                    (OLDER_APPLIED_VALUE): read as digest 0, unknown
                                     (set_flushed_seq: the entries changed since the last flush written, those
                                     dropped deleted, with flushed_seq in one batch)
         "applied"                -> JSON {client (decimal, as a string): [client_seq, parts]}: the whole table as
@@ -70,7 +75,8 @@ TABLE_ID_PREFIX = b"tid/"
 COUNT_PREFIX = b"count/"
 ADVANCED_PREFIX = b"advanced/"
 APPLIED_PREFIX = b"applied/"
-APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
+APPLIED_VALUE = struct.Struct("<QIQQ")  # an "applied/" key's value: client_seq, parts, used_s, digest
+OLDER_APPLIED_VALUE = struct.Struct("<QIQ")  # the same without the digest, as the versions before it wrote it
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 NAMED_PREFIXES = (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX)  # the prefixes a table's name follows
 CLIENT_PREFIXES = (ADVANCED_PREFIX, APPLIED_PREFIX)  # the prefixes a client id follows, a u64 big-endian
@@ -97,6 +103,20 @@ def _clock(raw: bytes) -> int:
         raise ValueError(f"{clock:,} is past the largest clock a shard takes, {MAX_CLOCK:,} (an out-of-range clock "
                          "advance put it there)")  # fmt: skip
     return clock
+
+
+def _advanced(raw: bytes) -> tuple[int, int]:
+    """An "advanced/" value: (client_seq, digest), the digest 0 where the value has none (the versions before it)."""
+    seq, space, digest = raw.partition(b" ")
+    return _decimal(seq), _decimal(digest) if space else 0
+
+
+def _applied_value(raw: bytes) -> tuple[int, int, int, int]:
+    """An "applied/" value: (client_seq, parts, used_s, digest), of APPLIED_VALUE or (digest 0: unknown)
+    OLDER_APPLIED_VALUE; a value of another length is struct.error (damage)."""
+    if len(raw) == OLDER_APPLIED_VALUE.size:
+        return (*OLDER_APPLIED_VALUE.unpack(raw), 0)
+    return APPLIED_VALUE.unpack(raw)
 
 
 def _table_number(raw: bytes) -> int:
@@ -130,15 +150,16 @@ def shard_record(raw: bytes) -> dict:
     return counts_object(json.loads(raw), IDENTITY_FIELDS)
 
 
-def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None]]:
+def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None, int]]:
     """The legacy "applied" value: JSON {client (decimal): [client_seq, parts]}, integers >= 0 of the sizes an
-    "applied/" entry holds (APPLIED_VALUE: set_flushed_seq writes them as such), as applied() returns it."""
+    "applied/" entry holds (APPLIED_VALUE: set_flushed_seq writes them as such), as applied() returns it (no time,
+    digest 0: unknown)."""
     out = {}
     for client, entry in _json_object(raw).items():
         if not (type(entry) is list and len(entry) == 2 and all(type(n) is int and n >= 0 for n in entry)
                 and entry[0] >> 64 == 0 and entry[1] >> 32 == 0):  # fmt: skip
             raise ValueError(f"the entry of client {client!r} is not [client_seq, parts], integers below 2^64 and 2^32")
-        out[_decimal(client.encode())] = (entry[0], entry[1], None)
+        out[_decimal(client.encode())] = (entry[0], entry[1], None, 0)
     return out
 
 
@@ -169,10 +190,10 @@ META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key pr
     TABLE_ID_PREFIX: _table_number,
     COUNT_PREFIX: _parse_counts,
     b"clock": _clock,
-    ADVANCED_PREFIX: _decimal,
+    ADVANCED_PREFIX: _advanced,
     b"flushed_seq": _decimal,
     b"lsn_high": _decimal,
-    APPLIED_PREFIX: APPLIED_VALUE.unpack,
+    APPLIED_PREFIX: _applied_value,
     LEGACY_APPLIED: _legacy_applied,
     b"restore_pending": bytes.decode,
     b"restored": _restored,

@@ -220,7 +220,7 @@ class ShardMeta:
         batch.put(b"flushed_seq", str(seq).encode(), meta)
         if changes is not None:
             for client, e in changes.written.items():
-                value = APPLIED_VALUE.pack(e.client_seq, e.parts, math.ceil(e.used_s))
+                value = APPLIED_VALUE.pack(e.client_seq, e.parts, math.ceil(e.used_s), e.digest)
                 batch.put(client_key(APPLIED_PREFIX, client), value, meta)
             for client in changes.dropped:
                 batch.delete(client_key(APPLIED_PREFIX, client), meta)
@@ -233,22 +233,23 @@ class ShardMeta:
         if changes is not None:
             self._legacy_applied = False
 
-    def applied(self) -> dict[int, tuple[int, int, float | None]]:
+    def applied(self) -> dict[int, tuple[int, int, float | None, int]]:
         """The journal's `applied` table as the set_flushed_seq calls stored it: {client: (client_seq, parts,
-        used_s)}; used_s None for an entry of the legacy single value (it kept no times). A client in both the
-        legacy value and an `applied/` key (an older version wrote the value after this one wrote the key) gets
-        the newer (client_seq, parts) of the two, with used_s None when that is the legacy one."""
+        used_s, digest)}; used_s None for an entry of the legacy single value (it kept no times), digest 0 where
+        none is stored (the legacy value, an entry of the versions before the digest). A client in both the legacy
+        value and an `applied/` key (an older version wrote the value after this one wrote the key) gets the newer
+        (client_seq, parts) of the two, with used_s None when that is the legacy one."""
         doing = "reading the exactly-once table of client requests"
         legacy = self._dir.meta_get(LEGACY_APPLIED, doing)
         if legacy is not None:
             self._legacy_applied = True
-        out: dict[int, tuple[int, int, float | None]] = legacy or {}
+        out: dict[int, tuple[int, int, float | None, int]] = legacy or {}
         with self._dir.rocksdb(doing):
             for key, raw in iter_prefixed(self._dir.meta_cf, APPLIED_PREFIX):
-                seq, parts, used = meta_value(key, raw, self._dir.damaged)
+                seq, parts, used, digest = meta_value(key, raw, self._dir.damaged)
                 client = client_of(key, APPLIED_PREFIX)
                 if client not in out or out[client][:2] <= (seq, parts):
-                    out[client] = (seq, parts, float(used))
+                    out[client] = (seq, parts, float(used), digest)
         return out
 
     # ---- the clock -------------------------------------------------------------------------------------
@@ -256,15 +257,15 @@ class ShardMeta:
         """The shard's clock (0: none stored)."""
         return self._dir.meta_get(b"clock", "reading the clock", 0)
 
-    def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
-        """Stores the clock; with advanced_by = (client, client_seq), in the same write, that this request of that
-        client advanced it (advanced())."""
+    def set_clock(self, step: int, advanced_by: tuple[int, int, int] | None = None) -> None:
+        """Stores the clock; with advanced_by = (client, client_seq, digest of the request's content, 0: none), in
+        the same write, that this request of that client advanced it (advanced())."""
         meta = self._dir.meta_handle()
         batch = WriteBatch(raw_mode=True)
         batch.put(b"clock", str(step).encode(), meta)
         if advanced_by is not None:
-            client, client_seq = advanced_by
-            batch.put(client_key(ADVANCED_PREFIX, client), str(client_seq).encode(), meta)
+            client, client_seq, digest = advanced_by
+            batch.put(client_key(ADVANCED_PREFIX, client), f"{client_seq} {digest}".encode(), meta)
         with self._dir.rocksdb(f"storing the clock at step {step:,}"):
             self._dir.db.write(batch, self._dir.write_opts)
 
@@ -279,8 +280,9 @@ class ShardMeta:
         with self._dir.rocksdb("deleting the clock advance notes of clients dropped from the exactly-once table"):
             self._dir.db.write(batch, self._dir.write_opts)
 
-    def advanced(self) -> dict[int, int]:
-        """client -> the client_seq of its newest request whose clock advance is stored (set_clock)."""
+    def advanced(self) -> dict[int, tuple[int, int]]:
+        """client -> (the client_seq of its newest request whose clock advance is stored, set_clock; the digest of
+        that request's content, 0: unknown)."""
         out = {}
         with self._dir.rocksdb("reading the clock advances of client requests"):
             for key, raw in iter_prefixed(self._dir.meta_cf, ADVANCED_PREFIX):
