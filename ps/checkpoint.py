@@ -9,12 +9,13 @@ A checkpoint directory (written by `ps-worker checkpoint save`, see worker/check
     shard-<i>/      a RocksDB checkpoint of shard i (ps/storage/store.py layout), taken after a flush
 clock: the largest of the shards' clocks. created: the UTC time the manifest was made, after the release.
 pushes_held_s: seconds, to the millisecond, from the hold of shard 0 (held first) to the release of every shard.
-tables: every table of the shards, in name order. shards: one entry per shard_id in 0..n-1; rows: the shard's rows
-per table, as its checkpoint records them (ps.storage.checkpointread.admitted_counts); files: every file under its
-dir. sha256: of the manifest without it (manifest_digest). Reading (load_manifest) checks format, num_slots,
-sha256 (a manifest without it is refused: every save writes it), and that num_shards, clock, tables and shards hang
-together (each shard entry's clock and rows too: integers >= 0);
-read_manifest checks every file too, and that a shard's dir holds no file its entry does not list (RocksDB would
+tables: every table every shard saved, in name order (one made during the save, which only the shards that saved
+after its CreateTable hold, is not part of the cut: worker.checkpoint leaves it out, and a restore reads no other).
+shards: one entry per shard_id in 0..n-1; rows: the shard's rows per table, as its checkpoint records them
+(ps.storage.checkpointread.admitted_counts); files: every file under its dir. sha256: of the manifest without it
+(manifest_digest). Reading (load_manifest) checks format, num_slots, sha256 (a manifest without it is refused:
+every save writes it), and that num_shards, clock, tables and shards hang together (each shard entry's clock and
+rows too: integers >= 0); read_manifest checks every file too, and that a shard's dir holds no file its entry does not list (RocksDB would
 read it: a stray write-ahead log replays into the rows). created and pushes_held_s are informational: no reader
 checks them (`ps-worker checkpoint save` prints pushes_held_s).
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
+from ps.engine.shard import Shard
 from ps.server import Server
 from ps.server_config import ServerConfig
 
@@ -162,11 +163,17 @@ def test_a_table_some_shards_lack_is_refused_before_any_hold(two_shards_one_lack
     assert [t["name"] for t in manifest["tables"]] == ["emb", "side"]
 
 
-def test_a_failure_after_every_shard_saved_names_the_parts_left(two_shards_one_lacking_a_table, monkeypatch):
-    """The table is made on shard 1 after the Stats that the save checks: the shards save, then shard 0 cannot
-    describe it; the error says the shard-<i> folders in DIR are no checkpoint, to be deleted."""
-    from ps.errors import TableNotFoundError
+@pytest.mark.parametrize("trained", [False, True])
+def test_a_table_made_on_some_shards_during_the_save_is_left_out_or_names_the_parts_left(
+    two_shards_one_lacking_a_table, monkeypatch, trained
+):
+    """The table is made on shard 1 after the Stats that the save checks, so shard 1 alone saves it: not part of
+    the cut, it is left out of the manifest, which restores. Where shard 1's part holds rows of it (pushed to
+    shard 1's ids), no manifest is written: the error says the shard-<i> folders in DIR are no checkpoint, to be
+    deleted."""
+    from ps.sharding import SlotMap
     from worker.checkpoint import save
+    from worker.client import Client
 
     client, root, create_side = two_shards_one_lacking_a_table
     stats = client.stats
@@ -174,14 +181,25 @@ def test_a_failure_after_every_shard_saved_names_the_parts_left(two_shards_one_l
     def stats_then_create() -> list:
         seen = stats()
         create_side()
+        if trained:
+            ids = np.arange(200, dtype=np.uint64)
+            ids = ids[SlotMap.contiguous(2).shard_of(ids) == 1]
+            with Client([client.servers[1]]) as shard_1_alone:  # shard 0 has no such table to describe
+                shard_1_alone.push("side", ids, np.ones((len(ids), 8), np.float32))
         return seen
 
     monkeypatch.setattr(client, "stats", stats_then_create)
-    with pytest.raises(TableNotFoundError) as failed:
+    if not trained:
+        manifest = save(client, str(root / "c"))
+        assert [t["name"] for t in manifest["tables"]] == ["emb"] and "side" in manifest["shards"][1]["rows"]
+        Shard(ServerConfig(data_dir=str(root.parent / "restored"), restore_dir=str(root / "c"))).close()
+        return
+    with pytest.raises(ValueError) as failed:
         save(client, str(root / "c"))
     text = str(failed.value)
     assert text.startswith(f"the save into {root / 'c'} failed after every shard saved its part there: "), text
-    assert "side" in text and f"so the shard-<i> folders there are not a checkpoint: delete {root / 'c'}" in text
+    assert "table(s) 'side' were saved by shards [1] with rows, and not by the others: made during the save" in text
+    assert f"so the shard-<i> folders there are not a checkpoint: delete {root / 'c'}" in text
     assert sorted(p.name for p in (root / "c").iterdir()) == ["shard-0", "shard-1"]
 
 

@@ -200,9 +200,9 @@ def _table_configs(
     client: Client, n: int, shards: list[dict], tables: set[str] | None, parts_in: str | None
 ) -> list[dict]:
     """The config of every table the n shards saved, as the manifest holds it: described by every shard, but a
-    table left out of tables, by the shards that hold it. A failure says what the shards left in
-    parts_in (all of their parts), where given."""
-    names = sorted({name for s in shards for name in s["rows"]})
+    table left out of tables, by the shards that hold it; a table made during the save is left out
+    (_made_during_the_save). A failure says what the shards left in parts_in (all of their parts), where given."""
+    names = sorted({name for s in shards for name in s["rows"]} - _made_during_the_save(shards, tables, parts_in))
     every = list(range(n))  # a table left out of `tables` is described by the shards that hold it: it may be lost
     asked = {name: every if tables is None or name in tables else [i for i in every if name in shards[i]["rows"]]
              for name in names}  # fmt: skip
@@ -213,6 +213,25 @@ def _table_configs(
         if parts_in is not None:
             _note_parts_left(e, parts_in, all_saved=True)
         raise
+
+
+def _made_during_the_save(shards: list[dict], tables: set[str] | None, parts_in: str | None) -> set[str]:
+    """The tables (of tables, where given) that some shards saved and others did not: made during the save (a
+    CreateTable is not held), after the save of those that lack it. Every table was on every shard before the hold
+    (untrained_on_some_shards), so such a table is not part of the cut: left out of the manifest, as a restore finds
+    no table number for it in the parts that lack it. A part holds no row of it where its CreateTable came after
+    that shard's hold; ValueError, saying what the shards left in parts_in, where one holds some."""
+    saved = [set(s["rows"]) for s in shards]
+    partial = {name for name in set().union(*saved) - set.intersection(*saved) if tables is None or name in tables}
+    trained = sorted(name for name in partial if any(s["rows"].get(name, 0) for s in shards))
+    if trained:
+        error = ValueError(f"table(s) {', '.join(map(repr, trained))} were saved by shards "
+                           f"{[s['shard_id'] for s in shards if trained[0] in s['rows']]} with rows, and not by "
+                           "the others: made during the save; no manifest was written: save again")  # fmt: skip
+        if parts_in is not None:
+            _note_parts_left(error, parts_in, all_saved=True)
+        raise error
+    return partial
 
 
 def _release(client: Client, tokens: dict[int, str], saved_into: str | None, all_saved: bool) -> None:

@@ -532,3 +532,44 @@ def test_a_shard_restored_or_emptied_under_a_running_client_refuses_its_pushes(t
                 fresh.push("busy", ids, np.ones((100, 2), np.float32))
         finally:
             stop(servers)
+
+
+def test_a_table_made_during_the_save_is_left_out_and_the_checkpoint_restores(tmp_path, monkeypatch):
+    """A CreateTable is not held: a table made after shard 0 saved and before shard 1 did is in shard 1's part only.
+    It is not part of the cut: the manifest leaves it out, and the checkpoint restores (a manifest listing it would
+    be refused by every restore: shard 0's part holds no table number for it)."""
+    from ps.engine import checkpointing
+    from worker.checkpoint import save
+
+    servers, addresses = start_servers(tmp_path / "original", 2)
+    saved_0, real_save = threading.Event(), checkpointing.ShardCheckpoints.save
+
+    def save_then_a_table_made(self, directory, token):  # shard 1 saves once shard 0 did and a worker made "late"
+        if self.shard_id == 0:
+            try:
+                return real_save(self, directory, token)
+            finally:
+                saved_0.set()
+        assert saved_0.wait(60)
+        with Client(addresses) as other:
+            other.create_table(TableConfig("late", 4, optimizer=OptimizerConfig("sgd", 1.0)))
+        return real_save(self, directory, token)
+
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
+            monkeypatch.setattr(checkpointing.ShardCheckpoints, "save", save_then_a_table_made)
+            manifest = save(client, str(tmp_path / "ckpt"))
+            monkeypatch.undo()
+            assert "late" in manifest["shards"][1]["rows"] and "late" not in manifest["shards"][0]["rows"]
+            assert [t["name"] for t in manifest["tables"]] == ["busy"]
+    finally:
+        stop(servers)
+    for n in (1, 3):
+        restored, addresses = start_servers(tmp_path / f"restored-{n}", n, restore=str(tmp_path / "ckpt"))
+        try:
+            with Client(addresses) as client:
+                np.testing.assert_array_equal(client.pull("busy", IDS[:100]), -np.ones((100, 2), np.float32))
+        finally:
+            stop(restored)
