@@ -221,3 +221,18 @@ def test_a_release_that_fails_after_the_save_names_the_parts_left(two_shards_one
                                       r"the release did not answer\. No manifest.json was written"):  # fmt: skip
         save(client, str(root / "c"))
     assert sorted(p.name for p in (root / "c").iterdir()) == ["shard-0", "shard-1"]
+
+
+def test_a_server_list_missing_a_shard_is_refused_before_any_hold(two_shards_one_lacking_a_table):
+    """A client of shard 0 alone (its list not checked by wait_ready) would save a checkpoint of 1 shard, which
+    restores as a whole model without shard 1's rows: refused before any shard is held, nothing written."""
+    from ps.errors import PsError
+    from worker.checkpoint import save
+    from worker.client import Client
+
+    client, root, _ = two_shards_one_lacking_a_table
+    missing = "the cluster has 2 shards, the list 1; shard 1 is missing"
+    with Client(client.servers[:1]) as shard_0_alone, pytest.raises(PsError, match=missing):
+        save(shard_0_alone, str(root / "half"))
+    assert not (root / "half").exists()
+    save(client, str(root / "whole"))  # no hold was left behind

@@ -25,6 +25,7 @@ from ps.config import DEFAULT_HOLD_S
 from ps.errors import PsError
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
+from worker.channels import check_cluster
 from worker.flags import check_new_dir
 from worker.tables import cluster_damage, untrained_on_some_shards
 
@@ -96,8 +97,9 @@ def save(
     temporary: bool = False,
 ) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
-    --checkpoint-root); returns the manifest. ValueError, before any shard is held, for a directory that holds
-    a checkpoint or any other file, for shards that lost a trained table or were restored from different
+    --checkpoint-root); returns the manifest. PsError, before any shard is held, unless the client's servers are
+    every shard of the cluster in shard order (Client.wait_ready's check). ValueError, before any hold, for a
+    directory that holds a checkpoint or any other file, for shards that lost a trained table or were restored from different
     checkpoints (worker.tables.cluster_damage), or for a table some shards lack (untrained_on_some_shards: its
     manifest entry is described by every shard); tables: look only at these for such a table, for a checkpoint
     that is read for them alone, an export's. A failure once the shards began to save says what they left in
@@ -136,11 +138,14 @@ def save(
 def _check_before_holding(client: Client, directory: str, tables: set[str] | None) -> None:
     """save's refusals before any shard is held: ValueError for a directory that holds a checkpoint or any other
     file, for shards that lost a trained table or were restored from different checkpoints, or for a table some
-    shards lack (of tables, where given)."""
+    shards lack (of tables, where given); PsError for a server list that is not the cluster's shards in shard order
+    (worker.channels.check_cluster: a list missing a shard would save a checkpoint of fewer shards, which restores
+    as a whole model without that shard's rows)."""
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
     shard_stats = client.stats()
+    check_cluster(client.servers, shard_stats)  # the manifest's num_shards is the list's: a shard left out is lost
     lost = cluster_damage(shard_stats, tables)
     if lost:  # a checkpoint of it would make the loss (or two cuts) look like a model
         raise ValueError(f"{lost}; nothing was saved")
