@@ -110,7 +110,7 @@ def save(
     _check_before_holding(client, directory, tables)
     n = len(client.servers)
     started = time.monotonic()
-    held, replies = _hold_and_save(client, directory, n, hold_timeout_s, parts_in)
+    held_s, replies = _hold_and_save(client, directory, n, hold_timeout_s, parts_in)
     shards = [json.loads(r.shard_json) for r in replies]
     _check_parts_seen(directory, shards)
     configs = _table_configs(client, n, shards, tables, parts_in)
@@ -120,7 +120,7 @@ def save(
         "num_slots": NUM_SLOTS,
         "clock": max(s["clock"] for s in shards),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "pushes_held_s": round(time.monotonic() - held, 3),
+        "pushes_held_s": round(held_s, 3),
         "tables": configs,
         "shards": shards,
     }
@@ -156,9 +156,10 @@ def _check_before_holding(client: Client, directory: str, tables: set[str] | Non
 
 def _hold_and_save(client: Client, directory: str, n: int, hold_timeout_s: float,
                    parts_in: str | None) -> tuple[float, list]:  # fmt: skip
-    """(when shard 0 was held (time.monotonic), every shard's save reply): shard 0 held first, alone (of two
-    saves at once, one gets it), then the others at once; every shard saved into directory; every hold taken
-    released, whatever failed. parts_in: where a failure's error says what the shards left (see save)."""
+    """(seconds from the hold of shard 0 to the release of every shard, every shard's save reply): shard 0 held
+    first, alone (of two saves at once, one gets it), then the others at once; every shard saved into directory;
+    every hold taken released, whatever failed. parts_in: where a failure's error says what the shards left (see
+    save)."""
     tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
     saving = saved = False  # the save phase was sent (from here on a failure leaves parts in directory); it ended
     try:
@@ -182,7 +183,7 @@ def _hold_and_save(client: Client, directory: str, n: int, hold_timeout_s: float
         saved = True
     finally:  # every hold taken is released, whatever failed
         _release(client, tokens, parts_in if saving else None, saved)
-    return held, replies
+    return time.monotonic() - held, replies
 
 
 def _check_parts_seen(directory: str, shards: list[dict]) -> None:

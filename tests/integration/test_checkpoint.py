@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -573,3 +574,36 @@ def test_a_table_made_during_the_save_is_left_out_and_the_checkpoint_restores(tm
                 np.testing.assert_array_equal(client.pull("busy", IDS[:100]), -np.ones((100, 2), np.float32))
         finally:
             stop(restored)
+
+
+def test_pushes_held_s_ends_at_the_release_not_after_the_manifests_table_configs(tmp_path, monkeypatch):
+    """pushes_held_s (printed by `ps-worker checkpoint save`) counts from the hold of shard 0 to the release of every
+    shard; the manifest's table configs read after the release (a DescribeTable per table, 0.5 s each here) are no
+    part of it."""
+    from worker.checkpoint import save
+
+    servers, addresses = start_servers(tmp_path / "original", 2)
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
+            checkpoint, describe, spans = client.checkpoint, client.describe_table, {}
+
+            def timed_checkpoint(requests):
+                phase = next(iter(requests.values())).phase
+                spans.setdefault("first hold sent", time.monotonic())
+                replies = checkpoint(requests)
+                if phase == "release":
+                    spans["released"] = time.monotonic()
+                return replies
+
+            def slow_describe(*args, **kwargs):
+                time.sleep(0.5)
+                return describe(*args, **kwargs)
+
+            monkeypatch.setattr(client, "checkpoint", timed_checkpoint)
+            monkeypatch.setattr(client, "describe_table", slow_describe)
+            manifest = save(client, str(tmp_path / "ckpt"))
+            assert manifest["pushes_held_s"] <= round(spans["released"] - spans["first hold sent"], 3) + 0.001, spans
+    finally:
+        stop(servers)
