@@ -2,7 +2,9 @@
 # Makes the secrets a sparseps cluster runs with (docs/security.md), in DIR:
 #   token                  the shared token every gRPC call and every metrics scrape carries (64 hex digits)
 #   ca.pem                 a private CA's certificate: clients verify the servers with it
-#   server.pem server.key  the servers' certificate, naming every NAME given, localhost and 127.0.0.1
+#   server.pem server.key  the servers' certificate, naming every NAME given, localhost and 127.0.0.1 (a NAME
+#                          that is an IPv4 or IPv6 address as an address: TLS clients match an address
+#                          against the certificate's IP names only)
 #   client.pem client.key  a client certificate, for servers started with --tls-ca ca.pem (mutual TLS)
 # The CA's key is not kept: no other certificate can be issued under this CA. Secrets already in DIR are kept
 # (a restart keeps them); to add a server name, remove DIR and run this again, then restart every pod.
@@ -12,6 +14,16 @@
 #     sparseps-0.sparseps.NAMESPACE.svc sparseps-1.sparseps.NAMESPACE.svc \
 #     && kubectl create secret generic sparseps-secrets --from-file=./secrets   (deploy/k8s)
 set -eu
+# The subjectAltName entry of a NAME: IP:ADDRESS for an IPv4 address (four dot-separated numbers) or an IPv6 one
+# (a colon, which no host name holds), else DNS:NAME.
+san_of() {
+    case $1 in
+        *:*) echo "IP:$1" ;;
+        *[!0-9.]* | *..* | .* | *. | *.*.*.*.*) echo "DNS:$1" ;;
+        *.*.*.*) echo "IP:$1" ;;
+        *) echo "DNS:$1" ;;
+    esac
+}
 [ $# -ge 1 ] || { echo "usage: $0 DIR [SERVER-NAME...]" >&2; exit 2; }
 dir=$1
 shift
@@ -20,10 +32,10 @@ mkdir -p "$dir"
 cd "$dir"
 if [ -s token ] && [ -s server.pem ] && [ -s server.key ] && [ -s ca.pem ]; then
     echo "sparseps secrets in $dir exist already; kept"
-    names=$(openssl x509 -in server.pem -noout -ext subjectAltName 2>/dev/null || true)
     for name in "$@"; do
-        case "$names" in
-            *"DNS:$name,"* | *"DNS:$name") ;;
+        check=$(case $(san_of "$name") in IP:*) echo -checkip ;; *) echo -checkhost ;; esac)
+        case $(openssl x509 -in server.pem -noout "$check" "$name" 2>/dev/null) in
+            *" does match certificate"*) ;;
             *) echo "warning: the kept server certificate does not name $name: to add it, remove $dir, run this" \
                    "again and restart every server and worker" >&2 ;;
         esac
@@ -43,7 +55,8 @@ trap 'rm -rf "$work"' EXIT
 ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
 san="DNS:localhost,IP:127.0.0.1"
 for name in "$@"; do
-    case ",$san," in *",DNS:$name,"*) ;; *) san="$san,DNS:$name" ;; esac  # each name once
+    entry=$(san_of "$name")
+    case ",$san," in *",$entry,"*) ;; *) san="$san,$entry" ;; esac  # each name once
 done
 # shellcheck disable=SC2086  # $ec is several arguments
 openssl req -x509 $ec -keyout "$work/ca.key" -out ca.pem -days 3650 -subj /CN=sparseps-ca \

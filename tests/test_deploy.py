@@ -398,6 +398,39 @@ def test_gen_secrets_names_each_server_once_in_the_certificate(tmp_path):
     assert sorted(names) == ["DNS:localhost", "DNS:ps-0", "IP Address:127.0.0.1"], san
 
 
+def test_gen_secrets_names_an_ip_address_as_one_so_that_any_tls_client_may_dial_it(tmp_path):
+    """An address among the NAMEs (a server dialed at 127.0.0.2, 10.1.2.3, ::1 given again) is written as an IP
+    subjectAltName: TLS clients other than gRPC (Prometheus, curl, Python's ssl) match an address against IP names
+    only. The metrics endpoint of a server on 127.0.0.2, scraped at that address over HTTPS, answers."""
+    from ps.server import Server
+    from ps.server_config import ServerConfig
+
+    made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(tmp_path / "s"), "127.0.0.2", "10.1.2.3",
+                           "127.0.0.1", "ps-0"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    s = tmp_path / "s"
+    san = subprocess.run(["openssl", "x509", "-in", str(s / "server.pem"), "-noout", "-ext", "subjectAltName"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    names = [n.strip() for n in san.splitlines()[-1].split(",")]
+    assert sorted(names) == ["DNS:localhost", "DNS:ps-0", "IP Address:10.1.2.3", "IP Address:127.0.0.1",
+                             "IP Address:127.0.0.2"], san  # fmt: skip
+    again = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(s), "127.0.0.2", "ps-0"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 0 and "kept" in again.stdout and again.stderr == "", again.stderr
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard"), host="127.0.0.2", port=0, metrics_port=0,
+                                 tls_cert=str(s / "server.pem"), tls_key=str(s / "server.key"),
+                                 auth_token_file=str(s / "token")))  # fmt: skip
+    server.start()
+    try:
+        request = urllib.request.Request(f"https://127.0.0.2:{server.metrics_port}/metrics",
+                                         headers={"Authorization": f"Bearer {(s / 'token').read_text().strip()}"})  # fmt: skip
+        context = ssl.create_default_context(cafile=str(s / "ca.pem"))
+        with urllib.request.urlopen(request, timeout=15, context=context) as reply:
+            assert reply.status == 200 and b"sparseps_" in reply.read()
+    finally:
+        server.stop(grace_s=1)
+
+
 # `docker-compose help` of Compose v1 (1.29), the only Compose in Debian bookworm: the commands an operator can
 # run there. v2 (`docker compose`) has these and more (cp, ls, ...), which v1 answers with "No such command".
 COMPOSE_V1_COMMANDS = {"build", "config", "create", "down", "events", "exec", "help", "images", "kill", "logs",
