@@ -7,7 +7,8 @@
 #                          against the certificate's IP names only)
 #   client.pem client.key  a client certificate, for servers started with --tls-ca ca.pem (mutual TLS)
 # The CA's key is not kept: no other certificate can be issued under this CA. Secrets already in DIR are kept
-# (a restart keeps them); to add a server name, remove DIR and run this again, then restart every pod.
+# (a restart keeps them), unless a certificate there has expired (exit 1, naming it); to add a server name, or to
+# renew, remove DIR and run this again, then restart every pod.
 #   deploy/gen-secrets.sh DIR NAME...                                      needs the openssl command
 #   deploy/gen-secrets.sh /secrets ps-0 ps-1                               (docker-compose.yml's secrets job)
 #   deploy/gen-secrets.sh ./secrets sparseps-0.sparseps sparseps-1.sparseps \
@@ -31,6 +32,16 @@ umask 077
 mkdir -p "$dir"
 cd "$dir"
 if [ -s token ] && [ -s server.pem ] && [ -s server.key ] && [ -s ca.pem ]; then
+    expired=""  # a kept certificate past its end: servers, workers and probes refuse it at start
+    for f in ca.pem server.pem client.pem; do
+        end=$(openssl x509 -in "$f" -noout -enddate 2>/dev/null | sed 's/^notAfter=//' || true)
+        if [ -n "$end" ] && ! openssl x509 -in "$f" -noout -checkend 0 >/dev/null 2>&1; then
+            echo "error: $dir/$f expired ($end): servers and workers refuse it; nothing was changed; to make" \
+                 "new secrets, remove $dir, run this again and restart every server and worker" >&2
+            expired=1
+        fi
+    done
+    [ -z "$expired" ] || exit 1
     echo "sparseps secrets in $dir exist already; kept"
     for name in "$@"; do
         check=$(case $(san_of "$name") in IP:*) echo -checkip ;; *) echo -checkhost ;; esac)

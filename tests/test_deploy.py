@@ -431,6 +431,36 @@ def test_gen_secrets_names_an_ip_address_as_one_so_that_any_tls_client_may_dial_
         server.stop(grace_s=1)
 
 
+def test_gen_secrets_run_again_over_an_expired_certificate_says_so_and_fails(tmp_path):
+    """Secrets kept from an earlier run are kept only while they serve: a server certificate past its end (825
+    days) makes the servers refuse to start ("make new certificates (deploy/gen-secrets.sh)"), so a run over it
+    fails naming the file and its end, and keeps the files as they were; unexpired, it keeps them."""
+    script, secrets = os.path.join(DEPLOY, "gen-secrets.sh"), tmp_path / "s"
+    made = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    kept = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0 and "kept" in kept.stdout and kept.stderr == "", kept.stderr
+    ca = tmp_path / "ca"  # a server certificate for 2020 only (openssl ca takes a start and an end date)
+    ca.mkdir()
+    (ca / "index.txt").write_text("")
+    (ca / "serial").write_text("01\n")
+    (ca / "ca.cnf").write_text("[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n"
+                               "default_md = sha256\nunique_subject = no\npolicy = p\n[p]\ncommonName = supplied\n")  # fmt: skip
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for argv in (["req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca"],
+                 ["req", *ec, "-keyout", "old.key", "-out", "old.csr", "-subj", "/CN=old"],
+                 ["ca", "-batch", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in", "old.csr",
+                  "-out", "old.pem", "-notext", "-startdate", "20200101000000Z", "-enddate", "20210101000000Z"]):  # fmt: skip
+        subprocess.run(["openssl", *argv], cwd=ca, check=True, capture_output=True)
+    shutil.copy(ca / "old.pem", secrets / "server.pem")
+    before = {f.name: f.read_bytes() for f in secrets.iterdir()}
+    again = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "kept" not in again.stdout, (again.stdout, again.stderr)
+    assert f"{secrets}/server.pem expired (Jan  1 00:00:00 2021 GMT)" in again.stderr, again.stderr
+    assert f"remove {secrets}, run this again and restart every server and worker" in again.stderr, again.stderr
+    assert {f.name: f.read_bytes() for f in secrets.iterdir()} == before
+
+
 # `docker-compose help` of Compose v1 (1.29), the only Compose in Debian bookworm: the commands an operator can
 # run there. v2 (`docker compose`) has these and more (cp, ls, ...), which v1 answers with "No such command".
 COMPOSE_V1_COMMANDS = {"build", "config", "create", "down", "events", "exec", "help", "images", "kill", "logs",
