@@ -7,22 +7,52 @@ from __future__ import annotations
 import base64
 import binascii
 import calendar
+import errno
 import os
 import re
 import ssl
 import stat
 import time
 
+MAX_FILE_BYTES = 16 << 20  # a token, key, certificate or CA bundle file: a larger one is none of them
+_KINDS = ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))  # fmt: skip
 
-def read_file(path: str, what: str) -> bytes:
+
+def read_file(path: str, what: str, pipe_ok: bool = False) -> bytes:
+    """The bytes of a secret's file (what: its flag's words), a regular file or a symbolic link to one; with
+    pipe_ok (a file read once, as a token is), a FIFO or pipe too (`--auth-token-file <(command)`), opened without
+    waiting for a writer: one that no process writes to reads as empty. ValueError naming what and path (never the
+    bytes) for a file that cannot be read, is empty, holds over MAX_FILE_BYTES, or is of another kind (a device, a
+    socket, a directory, a FIFO without pipe_ok: ssl and gRPC open TLS files again), which would be waited on or
+    read without end."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open waits for no writer
     except OSError as e:
         raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ValueError(f"cannot read {what} {path}: {os.strerror(errno.EISDIR)}")
+        fifo = stat.S_ISFIFO(mode)
+        if not (stat.S_ISREG(mode) or (fifo and pipe_ok)):
+            kind = next((name for test, name in _KINDS if test(mode)), "a special file")
+            raise ValueError(f"{what} {path} is {kind}, not a regular file: give a file (or a symbolic link to one) "
+                             "that holds it")  # fmt: skip
+        os.set_blocking(fd, True)  # a writer's bytes are waited for
+        data = bytearray()
+        while len(data) <= MAX_FILE_BYTES and (chunk := os.read(fd, MAX_FILE_BYTES + 1 - len(data))):
+            data += chunk
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{what} {path} holds more than {MAX_FILE_BYTES >> 20} MiB: no token, key or certificate "
+                         "file is that large; give the file that holds it")  # fmt: skip
     if not data.strip():
-        raise ValueError(f"{what} {path} is empty")
-    return data
+        raise ValueError(f"{what} {path} is empty" + (" (a FIFO or pipe: no process wrote to it)" if fifo else ""))
+    return bytes(data)
 
 
 def readable_by_all(path: str) -> str | None:
@@ -79,7 +109,7 @@ def read_token(path: str, what: str = TOKEN_FILE) -> str:
     """The token in a file, surrounding whitespace (a trailing newline) ignored. ValueError naming the flag (what)
     and the file, and what is wrong but never the token, for a file that cannot be read, is empty, or holds
     anything but one line of printable ASCII (gRPC would refuse every call that carried it: "Invalid metadata")."""
-    data = read_file(path, what)
+    data = read_file(path, what, pipe_ok=True)
     token = data.strip()  # bytes.strip: ASCII whitespace only
     problem = token_problem(token, offset=len(data) - len(data.lstrip()), of="the file")
     if problem:

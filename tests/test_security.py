@@ -574,6 +574,34 @@ def test_a_missing_directory_or_empty_token_file_is_refused(content, message, tm
         read_token(str(path))
 
 
+def test_a_token_from_a_pipe_is_read_and_a_fifo_no_one_writes_to_or_a_device_is_refused_not_waited_on(pki, tmp_path):
+    """A token file may be a pipe (`--auth-token-file <(command)`): its bytes are read. A FIFO that no process writes
+    to is refused as empty, at once, where opening it would wait for a writer without end; a device, and a TLS file
+    that is a FIFO (ssl and gRPC read it more than once), are refused naming what they are."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"s3cret-token\n")
+    os.close(write_end)
+    try:
+        assert read_token(f"/dev/fd/{read_end}") == "s3cret-token"
+    finally:
+        os.close(read_end)
+    with pytest.raises(ValueError, match=re.escape("auth token file (--auth-token-file) /dev/null is a character "
+                                                   "device, not a regular file")):  # fmt: skip
+        read_token("/dev/null")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    server = [sys.executable, "-m", "ps", "--stop-with-stdin", "--data-dir", str(tmp_path / "shard"), "--port", "0"]
+    for flags, expected in (
+        (["--auth-token-file", str(fifo)], f"auth token file (--auth-token-file) {fifo} is empty (a FIFO or pipe: "
+                                           "no process wrote to it)"),
+        (["--tls-cert", str(fifo), "--tls-key", str(pki / "server.key")],
+         f"TLS certificate (--tls-cert) {fifo} is a FIFO or pipe, not a regular file"),
+    ):  # fmt: skip
+        run = subprocess.run([*server, *flags], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and f"ps-server: error: {expected}" in run.stderr, run.stderr
+    assert not (tmp_path / "shard").exists()
+
+
 def test_an_optional_token_is_none_left_out_refused_blank_and_read_as_read_token_reads_it(tmp_path):
     """optional_token: the one path every reader of a token flag takes (server, client, health, deploy)."""
     (tmp_path / "token").write_bytes(b" s3cret-token\n")
