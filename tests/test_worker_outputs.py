@@ -781,6 +781,34 @@ def test_predict_whose_out_folder_goes_or_name_is_too_long_names_its_flag(tmp_pa
         check_output_file("--out", str(long))
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_predicts_out_is_fsynced_before_it_takes_its_name_and_its_folder_after(tmp_path, files, monkeypatch, overwrite):
+    """OUT appears whole or not at all after a power loss too: the temporary file's rows are on disk before it is
+    linked or renamed as OUT (else a crash can leave an OUT cut short, or empty, that reads as a whole output),
+    and OUT's folder is synced after, so the new name stays."""
+    from tests.test_restore_tables import recorded_syncs
+    from worker import predict
+    from worker.formats import read_batches
+    from worker.schema_builtin import builtin_schema
+    from worker.scoring import ScoringProgress
+
+    (batch,) = read_batches(files[1], builtin_schema("criteo", default_table="fm", default_dim=8), 1000)
+    out = tmp_path / "scores.csv"
+    if overwrite:
+        out.write_text("earlier\n")
+    events = recorded_syncs(monkeypatch)
+    link = os.link
+    monkeypatch.setattr(os, "link", lambda src, dst: (link(src, dst), events.append(
+        ("replace", os.path.realpath(src), os.path.realpath(dst))))[0])  # fmt: skip
+    scored = [(files[1], batch, np.full(len(batch), 0.5, np.float32), [""] * len(batch))]
+    rows = predict._write(str(out), scored, predict._Columns(True, False, ()), ScoringProgress(0, False), overwrite)
+    assert rows == len(batch) and out.read_text().count("\n") == len(batch) + 1
+    (named,) = [e for e in events if e[0] == "replace" and e[2] == os.path.realpath(out)]
+    at = events.index(named)
+    assert ("fsync", named[1]) in events[:at], f"the rows were not fsynced before the file became --out: {events}"
+    assert ("fsync", str(tmp_path)) in events[at + 1 :], f"--out's folder was not fsynced after: {events}"
+
+
 def test_predict_to_a_full_stdout_names_its_flag(files, monkeypatch):
     """--out - to a full disk (> /dev/full): not '[Errno 28] No space left on device' alone."""
     import errno

@@ -29,9 +29,10 @@ One row per example, in the input's order (file by file). Malformed lines skippe
 files, reported at the end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv
 header without the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is
 scored all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
-predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole: a failed run
-leaves no OUT (and with --overwrite, the earlier OUT as it was). Without --overwrite, an OUT that another process
-made while this one scored is left as it is, and the run fails (nothing written), as one that found it at its start.
+predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole and fsynced (its
+folder fsynced after): a failed run, or a power loss, leaves no OUT cut short (and with --overwrite, the earlier OUT
+as it was). Without --overwrite, an OUT that another process made while this one scored is left as it is, and the
+run fails (nothing written), as one that found it at its start.
 `--out -` writes them to stdout instead, as they
 are scored (the header with the first rows: nothing when there is none; a failed run leaves the rows written
 before it, its exit status not 0), and the final line goes to stderr with the logs and progress. The name is .<name of
@@ -58,6 +59,7 @@ import numpy as np
 
 from ps.errors import DISK_FULL_ERRNOS
 from ps.storage import leftovers
+from ps.storage.atomicfile import sync_directory, sync_file
 from worker.batch import Batch
 from worker.datafiles import check_data_input, data_files
 from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
@@ -314,8 +316,11 @@ def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: Scor
             opened = True
             hold_while_written(f.fileno())  # a predict of another process namespace sees it is alive
             rows = _write_rows(f, scored, columns, progress)
+            if rows:  # on disk before it is named OUT: a power loss leaves no OUT cut short
+                sync_file(f)
         if rows:
             _put_in_place(partial, out, overwrite)
+            sync_directory(os.path.dirname(os.path.abspath(out)))  # the name, after a power loss too
     except OSError as e:
         if e.errno not in _NO_ROOM and e.filename not in (partial, out):  # a data file's read error names that file
             raise
