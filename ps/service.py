@@ -351,7 +351,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return ps_pb2.CheckpointResponse(clock=clock, token=token)
         if request.phase == "save":
             directory = checkpoint_dir(self.shard.config.checkpoint_root, request.dir)
-            info = self.shard.save_checkpoint(directory, request.token)
+            info = self.shard.save_checkpoint(directory, request.token, CallerGone(context))
             return ps_pb2.CheckpointResponse(clock=info["clock"], shard_json=json.dumps(info))
         if request.phase == "release":
             self.shard.release(request.token)

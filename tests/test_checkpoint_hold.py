@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import threading
 import time
 
@@ -201,6 +202,34 @@ def test_a_save_whose_dir_another_shards_failed_save_removed_writes_again(tmp_pa
         saved = shard.save_checkpoint(str(directory), token)
         assert len(writes) == 2 and saved["dir"] == "shard-0" and (directory / "shard-0" / "CURRENT").exists()
         assert any("was removed while this shard began to write" in r.getMessage() for r in caplog.records)
+    finally:
+        shard.close()
+
+
+def test_a_save_whose_caller_left_makes_nothing_and_its_write_into_a_dir_removed_is_not_run_again(tmp_path):
+    """A save whose caller is gone (its RPC cancelled: an interrupted ps-worker export, which removes the directory it
+    gave as it ends) makes no directory, and a write that failed because the directory went away is not run again:
+    the caller removed it, and nobody would read what a second write made there."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    directory, caller = tmp_path / "out" / "c", StandInCaller(gone=True)
+    real_write, writes = shard.checkpoints.write, []
+
+    def write_as_the_caller_leaves(path: str) -> dict:
+        writes.append(path)
+        caller.leave()
+        shutil.rmtree(tmp_path / "out")  # the caller's undo of its fresh checkpoint and of the OUT it made
+        return real_write(path)
+
+    shard.checkpoints.write = write_as_the_caller_leaves
+    try:
+        _, token = shard.hold(60)
+        with pytest.raises(CallerGoneError, match=rf"^the caller of the save into {directory} left; nothing saved$"):
+            shard.save_checkpoint(str(directory), token, caller)
+        assert not (tmp_path / "out").exists() and writes == []
+        caller.gone = False
+        with pytest.raises(Exception, match="No such file or directory"):
+            shard.save_checkpoint(str(directory), token, caller)
+        assert len(writes) == 1 and not (tmp_path / "out").exists()
     finally:
         shard.close()
 

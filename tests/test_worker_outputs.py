@@ -674,6 +674,55 @@ def test_an_export_whose_ps_server_export_is_killed_names_the_signal_and_leaves_
     assert tree(out) == before and not (tmp_path / "new").exists()  # no checkpoint.new-... left in either
 
 
+def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_written_again_into_out(tmp_path,
+                                                                                                 monkeypatch):  # fmt: skip
+    """Ctrl-C while the shard writes ps-worker export's fresh checkpoint: the export ends, removing the checkpoint and
+    the OUT it made under the shard's write, which fails. The shard, whose caller has gone, writes nothing again: OUT
+    stays gone, not made again after the export ended with a whole checkpoint of the shard in it, named by
+    nothing (as a save whose directory another shard's failed save removed is written again)."""
+    import subprocess
+    import threading
+
+    from ps import service
+    from tests.waiting import wait_until
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    callers, real_caller = [], service.CallerGone
+    monkeypatch.setattr(service, "CallerGone", lambda context: callers.append(real_caller(context)) or callers[-1])
+    real_write, writes, started = server.shard.checkpoints.write, [], threading.Event()
+    export: list[subprocess.Popen] = []
+
+    def write(path: str) -> dict:  # the shard's write of the checkpoint, with Ctrl-C pressed as it begins
+        writes.append(path)
+        if len(writes) == 1:
+            wait_until(started.is_set, 60, "ps-worker export to start")
+            os.killpg(export[0].pid, signal.SIGINT)
+            wait_until(lambda: export[0].poll() is not None, 60, "ps-worker export to end")
+            wait_until(lambda: callers[-1](), 30, "the server to see the caller of the save gone")
+        return real_write(path)  # into a folder the export removed as it ended: fails
+
+    server.shard.checkpoints.write = write
+    out = tmp_path / "export"
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        export.append(subprocess.Popen([sys.executable, "-m", "worker", "export", str(out), "--servers", address,
+                                        "--no-progress"], cwd=root, start_new_session=True, stderr=subprocess.PIPE,
+                                       text=True))  # fmt: skip
+        started.set()
+        _, err = export[0].communicate(timeout=120)
+        wait_until(lambda: writes and not server.shard.checkpoints.gate.save_running, 60, "the shard's save to end")
+    finally:
+        server.stop(grace_s=1)
+    assert export[0].returncode == 130 and "ps-worker: interrupted" in err, err
+    assert not out.exists(), sorted(str(p.relative_to(tmp_path)) for p in out.rglob("*"))
+    assert len(writes) == 1
+
+
 @pytest.mark.parametrize("no_progress", [False, True])
 def test_export_passes_no_progress_to_ps_server_export(no_progress, tmp_path, capsys, monkeypatch):
     import subprocess

@@ -39,12 +39,12 @@ class ShardCheckpoints:
         """PushHold.hold at the shard's clock: (clock, token)."""
         return self.gate.hold(timeout_s, self._clock, caller_gone)
 
-    def save(self, directory: str, token: str) -> dict:
+    def save(self, directory: str, token: str, caller_gone: Callable[[], bool] | None = None) -> dict:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
         returned token (which cannot expire while this runs); returns what the manifest records of it. A directory
         inside the data dir, or one that holds it (deleting the checkpoint would delete the data dir), is refused
         (InvalidArgumentError). Refusals and failures leave nothing behind
-        (PushHold.saving, save_into)."""
+        (PushHold.saving, save_into); caller_gone: as save_into's (a save whose caller left writes nothing more)."""
         data_dir, target = os.path.realpath(self.config.data_dir), os.path.realpath(directory)
         common = os.path.commonpath([target, data_dir])
         if common == data_dir:
@@ -57,7 +57,7 @@ class ShardCheckpoints:
         with self.gate.saving(token):
             started = time.monotonic()
             name = f"shard-{self.shard_id}"
-            written = save_into(directory, name, self.config.checkpoint_root, self.write)
+            written = save_into(directory, name, self.config.checkpoint_root, self.write, caller_gone)
             clock = self._clock()
             saved = {"shard_id": self.shard_id, "dir": name, "clock": clock, **written}
             log.info("checkpoint saved to %s in %.1f s: %s, clock %s", os.path.join(directory, name),

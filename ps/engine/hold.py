@@ -179,7 +179,8 @@ class PushHold:
                     self.held_until = time.monotonic() + self._hold_s
 
 
-def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], T]) -> T:
+def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], T],
+              caller_gone: Callable[[], bool] | None = None) -> T:  # fmt: skip
     """Creates directory (and its missing parents), then write(path) writes the shard's checkpoint to path,
     <directory>/<name> (a write that fails removes what it wrote there); returns what write returns. Refused before
     anything is written: InvalidArgumentError if path exists (a dangling link included) or directory lies inside a
@@ -188,8 +189,12 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
     leaves none of the directories this created; a DiskFullError of it names the nearest directory that is there. The
     shards of a checkpoint save into one directory at once, and a shard whose save fails removes the directories it
     created while they are empty: a write that failed, or a look at the directory that found it gone, because it went
-    away before this shard wrote anything runs again (SAVE_TRIES in all),
-    so that shard's error, not this one's, says why the checkpoint failed."""
+    away before this shard wrote anything runs again (SAVE_TRIES in all), so that shard's error, not this one's, says
+    why the checkpoint failed. caller_gone: whether the save's caller left (its RPC cancelled or past its deadline); a
+    save whose caller is gone writes nothing more (CallerGoneError before a write, the write's own error after a failed
+    one): the caller removes the directory it gave (an interrupted ps-worker export removes its fresh checkpoint, and
+    OUT if it made it), and a write run again would make it again, with the shard's whole checkpoint in it, after the
+    caller has gone."""
     path = os.path.join(directory, name)
     if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing
         raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
@@ -198,6 +203,8 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
         raise InvalidArgumentError(f"checkpoint dir {directory} is inside {inside}, a checkpoint or a RocksDB "
                                    "directory; give a directory of its own")  # fmt: skip
     for attempt in range(SAVE_TRIES):
+        if caller_gone is not None and caller_gone():  # nobody reads this save: nothing made for it
+            raise CallerGoneError(f"the caller of the save into {directory} left; nothing saved")
         created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
         if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
             _remove_dirs(created)
@@ -220,8 +227,8 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
             # anything in it: the write failed for that alone, and runs again in a new one.
             gone = not os.path.isdir(directory)
             _remove_dirs(created)
-            if not gone or attempt == SAVE_TRIES - 1:
-                raise
+            if not gone or attempt == SAVE_TRIES - 1 or (caller_gone is not None and caller_gone()):
+                raise  # (its caller gone, it was the caller that removed the directory)
             log.warning("checkpoint dir %s was removed while this shard began to write into it (by another shard "
                         "whose save failed, or by hand): writing again", directory)  # fmt: skip
         except BaseException:

@@ -382,11 +382,12 @@ class Shard:
         """Ends the hold that returned token (a stale token releases nothing)."""
         self.checkpoints.gate.release(token)
 
-    def save_checkpoint(self, directory: str, token: str) -> dict:
+    def save_checkpoint(self, directory: str, token: str, caller_gone: Callable[[], bool] | None = None) -> dict:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
-        returned token; returns what the manifest records of it (ShardCheckpoints.save)."""
+        returned token; returns what the manifest records of it (ShardCheckpoints.save; caller_gone: a save whose
+        caller left writes nothing more)."""
         self.guard.refuse_if_lost()
-        return self.checkpoints.save(directory, token)
+        return self.checkpoints.save(directory, token, caller_gone)
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
