@@ -446,17 +446,17 @@ def test_a_worker_export_into_an_out_whose_file_system_refuses_flock_says_so_onc
     def refused(fd, how):
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
 
-    out, real_run = tmp_path / "out", subprocess.run
+    out, real_run = tmp_path / "out", worker.export._run_server_export
     write(out / "export-0123abcd" / "a.rows.npy", 9)  # a killed export's
     monkeypatch.setattr(
         leftovers, "fcntl", types.SimpleNamespace(flock=refused, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
     )
 
-    def child(command, **kwargs):  # ps-server export, on the same file system
+    def child(command, claim):  # ps-server export, on the same file system
         assert command[1:3] == ["-m", "ps"], command
-        return real_run([command[0], "-c", FLOCK_REFUSED, *command[3:]], **kwargs)
+        return real_run([command[0], "-c", FLOCK_REFUSED, *command[3:]], claim)
 
-    monkeypatch.setattr(worker.export.subprocess, "run", child)
+    monkeypatch.setattr(worker.export, "_run_server_export", child)
     caplog.set_level("INFO", LOGGER)
     assert _export_five_rows(tmp_path, out) == 0
     err = capfd.readouterr().err
@@ -579,15 +579,15 @@ def test_a_worker_export_holds_out_until_its_ps_server_export_ends_which_claims_
     """No other export takes OUT between the worker's checkpoint and its ps-server export, nor while that runs."""
     import worker.export
 
-    out, seen, real_run = tmp_path / "out", [], subprocess.run
+    out, seen, real_run = tmp_path / "out", [], worker.export._run_server_export
 
-    def child(command, **kwargs):
+    def child(command, claim):
         seen.append(free(out))  # the worker has its checkpoint now, and starts ps-server export
-        done = real_run(command, **kwargs)
+        done = real_run(command, claim)
         seen.append(free(out))  # it ended, having removed the checkpoint
         return done
 
-    monkeypatch.setattr(worker.export.subprocess, "run", child)
+    monkeypatch.setattr(worker.export, "_run_server_export", child)
     code = _export_five_rows(tmp_path, out)
     assert code == 0, capsys.readouterr().err
     assert seen == [False, False] and free(out)
@@ -683,15 +683,15 @@ def test_a_kill_between_an_export_in_place_and_its_checkpoint_removed_leaves_exp
     and removes the fresh checkpoint."""
     import worker.export
 
-    out, seen, real_run = tmp_path / "out", [], subprocess.run
+    out, seen, real_run = tmp_path / "out", [], worker.export._run_server_export
 
-    def killed_child(command, **kwargs):
+    def killed_child(command, claim):
         assert command[1:4] == ["-m", "ps", "export"], command
-        done = real_run([command[0], "-c", KILLED_REMOVING_THE_CHECKPOINT, *command[3:]], **kwargs)
+        done = real_run([command[0], "-c", KILLED_REMOVING_THE_CHECKPOINT, *command[3:]], claim)
         seen.append((json.loads((out / "export.json").read_text()), sorted(os.listdir(out))))
         return done
 
-    monkeypatch.setattr(worker.export.subprocess, "run", killed_child)
+    monkeypatch.setattr(worker.export, "_run_server_export", killed_child)
     code = _export_five_rows(tmp_path, out)
     err = capsys.readouterr().err
     assert code == 137 and f"the new export is in place ({out / 'export.json'} names export-" in err, err

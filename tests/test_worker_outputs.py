@@ -645,15 +645,14 @@ def test_an_export_whose_ps_server_export_is_killed_names_the_signal_and_leaves_
     """A `ps-server export` killed by a signal (the OOM killer's SIGKILL) ends ps-worker export with a line naming
     it and 128 + its number, as a shell reports such a death (not the child's raw returncode, -9); OUT holds the
     earlier export alone, and an OUT the export made is gone."""
-    import subprocess
+    from worker import export as worker_export
 
     server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
     server.start()
-    real = subprocess.run
+    real = worker_export._run_server_export
 
-    def killed(command, *args, **kwargs):  # in place of ps-server export: a child that dies of SIGKILL
-        return real([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], *args,
-                    **kwargs)  # fmt: skip
+    def killed(command, claim):  # in place of ps-server export: a child that dies of SIGKILL
+        return real([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], claim)
 
     try:
         address = f"127.0.0.1:{server.port}"
@@ -663,7 +662,7 @@ def test_an_export_whose_ps_server_export_is_killed_names_the_signal_and_leaves_
         out = tmp_path / "export"
         assert worker(["export", str(out), "--servers", address, "--no-progress"], capsys)[0] == 0
         before = tree(out)
-        monkeypatch.setattr(subprocess, "run", killed)
+        monkeypatch.setattr(worker_export, "_run_server_export", killed)
         code, _, err = worker(["export", str(out), "--servers", address, "--overwrite", "--no-progress"], capsys)
         new_code, _, new_err = worker(["export", str(tmp_path / "new"), "--servers", address, "--no-progress"], capsys)
     finally:
@@ -672,6 +671,68 @@ def test_an_export_whose_ps_server_export_is_killed_names_the_signal_and_leaves_
     said = "ps-worker: error: `ps-server export` was killed by SIGKILL before it finished: nothing was exported"
     assert said in err and said in new_err, (err, new_err)
     assert tree(out) == before and not (tmp_path / "new").exists()  # no checkpoint.new-... left in either
+
+
+# in place of ps-server export: one that writes a file into its folder of OUT, then waits; its stop (SIGTERM)
+# removes the folder, as ps-server export's does (ps.engine.export: what it made is undone)
+STOPPABLE_EXPORT = """
+import os, shutil, signal, sys, time
+folder = os.path.join(sys.argv[sys.argv.index("--out") + 1], "export-0123abcd")
+
+def stop(*_):
+    shutil.rmtree(folder)
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, stop)
+os.mkdir(folder + ".tmp")
+with open(os.path.join(folder + ".tmp", "emb.rows.npy"), "wb") as f:
+    f.write(bytes(4096))
+os.rename(folder + ".tmp", folder)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_export_stopped_while_ps_server_export_writes_lets_it_remove_its_files_and_removes_the_out_it_made(
+    tmp_path, capsys, monkeypatch, sig
+):
+    """A SIGTERM (or Ctrl-C) of ps-worker export while its ps-server export writes: the child is told (SIGTERM)
+    and waited for, so its stop removes the files it wrote, and the export then removes the OUT it made, as its
+    docstring says a failure does; not killed with its files left in an OUT that stays."""
+    import functools
+    import threading
+
+    from ps.terminate import sigterm_raises
+    from tests.waiting import wait_until
+    from worker import __main__ as worker_main
+    from worker import export as worker_export
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    real_command, out = worker_export._server_export_command, tmp_path / "export"
+    monkeypatch.setattr(worker_export, "_server_export_command", lambda *args: [
+        sys.executable, "-c", STOPPABLE_EXPORT, *real_command(*args)[3:]])  # fmt: skip
+    # no watchdog ending this test process after the signal (ps.terminate's cleanup limit)
+    monkeypatch.setattr(worker_main, "sigterm_raises", functools.partial(sigterm_raises, cleanup_limit_s=None))
+    main_thread = threading.main_thread().ident
+
+    def stop_when_written() -> None:
+        wait_until(lambda: (out / "export-0123abcd").exists(), 60, "the child's file in OUT")
+        signal.pthread_kill(main_thread, sig)
+
+    stopper = threading.Thread(target=stop_when_written, daemon=True)
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        stopper.start()
+        code, _, err = worker(["export", str(out), "--servers", address, "--no-progress"], capsys)
+    finally:
+        stopper.join(60)
+        server.stop(grace_s=1)
+    assert code == 128 + sig and ("terminated" if sig == signal.SIGTERM else "interrupted") in err, err
+    assert not out.exists(), sorted(str(p.relative_to(tmp_path)) for p in out.rglob("*"))
 
 
 def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_written_again_into_out(tmp_path,
@@ -725,18 +786,18 @@ def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_writt
 
 @pytest.mark.parametrize("no_progress", [False, True])
 def test_export_passes_no_progress_to_ps_server_export(no_progress, tmp_path, capsys, monkeypatch):
-    import subprocess
+    from worker import export as worker_export
 
     server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
     server.start()
     commands = []
-    real = subprocess.run
+    real = worker_export._run_server_export
 
-    def run(command, *args, **kwargs):
+    def run(command, claim):
         commands.append(command)
-        return real(command, *args, **kwargs)
+        return real(command, claim)
 
-    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(worker_export, "_run_server_export", run)
     try:
         address = f"127.0.0.1:{server.port}"
         with Client([address]) as client:

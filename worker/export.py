@@ -12,7 +12,9 @@
        RocksDB files, the worker does not import it; it is given the claim's descriptor, --claim-fd, and claims OUT
        through it, or --unclaimed where no lock on OUT can be had, which this one said), --since and --tables passed
        on; its exit code is this one's,
-       and one killed by signal N is said so, exit code 128 + N. It puts the new export in place of an earlier one
+       and one killed by signal N is said so, exit code 128 + N. A Ctrl-C or SIGTERM of this process is passed on
+       to it as SIGTERM, and it is waited for, so that its stop removes what it wrote before this one removes the
+       rest (_run_server_export). It puts the new export in place of an earlier one
        whole, by the rename of its export.json (ps.engine.export.export), and removes the earlier one's files.
        With --keep-checkpoint it moves the fresh checkpoint into the export's folder first (--move-checkpoint), so
        that rename puts the export and its checkpoint, `OUT/<dir>/checkpoint`, in place together; without, the
@@ -32,6 +34,7 @@ import fnmatch
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -74,22 +77,41 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                 _save_checkpoint(args, servers, patterns, fresh)
             command = _server_export_command(args, fresh, claim)
             earlier = leftovers.export_in_place(args.out)
-            done = subprocess.run(command, preexec_fn=child_setup(own_group=False),  # dies with this process
-                                  pass_fds=() if claim is None else (claim,))  # fmt: skip
+            returncode = _run_server_export(command, claim)
     except BaseException:
         _undo(fresh, made)
         raise
-    if done.returncode != 0:  # an earlier export in OUT is as it was
+    if returncode != 0:  # an earlier export in OUT is as it was
         _undo(fresh, made)
-        if done.returncode > 0:  # ps-server export said why
-            return done.returncode
+        if returncode > 0:  # ps-server export said why
+            return returncode
         now = leftovers.export_in_place(args.out)
         what = (f"the new export is in place ({os.path.join(args.out, 'export.json')} names {now})" if now != earlier
                 else f"nothing was exported, and what {args.out} held before is as it was")  # fmt: skip
-        print(f"ps-worker: error: `ps-server export` {how_it_ended(done.returncode)} before it finished: {what} "
+        print(f"ps-worker: error: `ps-server export` {how_it_ended(returncode)} before it finished: {what} "
               "(the next export into it removes any temporary files the child left there)", file=sys.stderr)  # fmt: skip
-        return 128 - done.returncode  # as a shell gives a child's death by signal N: 128 + N
+        return 128 - returncode  # as a shell gives a child's death by signal N: 128 + N
     return 0
+
+
+def _run_server_export(command: list[str], claim: int | None) -> int:
+    """Runs `ps-server export` (command; claim: the descriptor it claims OUT through) to its end and returns its
+    exit status (-N: killed by signal N). A Ctrl-C or SIGTERM that stops this process meanwhile is passed on to it as
+    SIGTERM, and it is waited for: its stop removes the files it wrote into OUT (and moves a checkpoint it moved back)
+    before this process removes its fresh checkpoint and the OUT it made; a kill would leave them there. Its stop's
+    cleanup and this one's are each bounded (ps.terminate.CLEANUP_LIMIT_S)."""
+    child = subprocess.Popen(command, preexec_fn=child_setup(own_group=False),  # dies with this process
+                             pass_fds=() if claim is None else (claim,))  # fmt: skip
+    try:
+        return child.wait()
+    except BaseException:
+        try:
+            child.send_signal(signal.SIGTERM)  # (nothing where it has ended)
+            child.wait()
+        finally:
+            if child.poll() is None:  # the wait itself failed: no child left running
+                child.kill()
+        raise
 
 
 def _check_out(out: str) -> None:

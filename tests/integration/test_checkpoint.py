@@ -305,6 +305,7 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
     from ps.checkpoint import read_manifest
     from ps.engine import export as engine_export
     from tests.test_worker_outputs import tree
+    from worker import export as worker_export
     from worker.__main__ import main
 
     original, addresses = start_servers(tmp_path / "original", 2)
@@ -321,8 +322,8 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
             assert main([*base, "--overwrite"]) != 0
         finally:
             original[1].shard.release(token)
-        failed = subprocess.CompletedProcess([], 2)  # ps-server export fails after the save made a new OUT
-        monkeypatch.setattr(subprocess, "run", lambda *args, **kw: failed)
+        # ps-server export fails after the save made a new OUT
+        monkeypatch.setattr(worker_export, "_run_server_export", lambda command, claim: 2)
         assert main(["export", "--servers", ",".join(addresses), str(tmp_path / "new-out")]) == 2
         monkeypatch.undo()
         assert not (tmp_path / "new-out").exists()  # the save's folder and the OUT it made, removed
