@@ -9,6 +9,7 @@ import os
 import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
+from ps.bytesize import human_bytes
 from ps.cli_server_flags import build_parser
 from ps.errors import PsError
 from ps.replies import check_reply_bytes, reply_room_bytes
@@ -74,9 +75,9 @@ def run_server(args: argparse.Namespace) -> int:
         for flag, size in (("--memory-bytes", config.memory_bytes), ("--cache-bytes", config.cache_bytes)):
             if size is not None and size > limit:
                 logging.getLogger("ps.server").warning(
-                    "%s %.1f GiB is more than %s %.1f GiB: the server will not be held to it, and the RAM tier may "
-                    "grow until the machine swaps or the kernel kills the server", flag, size / 2**30, whose,
-                    limit / 2**30)  # fmt: skip
+                    "%s %s is more than %s %s: the server will not be held to it, and the RAM tier may grow until "
+                    "the machine swaps or the kernel kills the server", flag, human_bytes(size), whose,
+                    human_bytes(limit))  # fmt: skip
         from ps.server_run import serve  # imported late: `--help` stays fast
 
         serve(config, stop_with_stdin=args.stop_with_stdin)

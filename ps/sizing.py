@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from ps.bytesize import human_bytes
 from ps.config import FULL_AT_REST
 from ps.flagtypes import SIZE_UNITS
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, half_floats_of, layout_of
@@ -56,14 +57,6 @@ def size_report(
     }
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,.0f} B"
-        n /= 1024
-    return str(n)
-
-
 def flag_size(n: int) -> str:
     """n bytes as a size flag takes them (ps.flagtypes.byte_size): in the largest unit n reaches, rounded up to a
     tenth of it, so that a flag given the text holds at least n bytes ("98.5M" for 103,200,000, which is 98.42 MiB)."""
@@ -98,9 +91,10 @@ def format_report(r: dict) -> str:
             f"on disk{at_rest}: {on_disk} + 8-byte lsn",
             f"per id:      RAM {r['ram_bytes_per_row']} B    disk {r['disk_bytes_per_row']} B "
             f"(raw key+value {r['raw_row_bytes']} B)",
-            f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "
-            "journal, write-ahead and text logs, + free space for compaction)    RAM for every row "
-            f"{human(r['ram_bytes_per_server_all_rows'])}",
+            f"per server:  disk {human_bytes(r['disk_bytes_per_server'])} (+ up to "
+            f"{human_bytes(r['log_bytes_per_server'])} of journal, write-ahead and text logs, + free space for "
+            "compaction)    RAM for every row "
+            f"{human_bytes(r['ram_bytes_per_server_all_rows'])}",
             f"to hold the hottest {r['hot_fraction']:.0%} in RAM, give each server --cache-bytes "
             f"{flag_size(r['cache_bytes_per_server_for_hot_fraction'])}{_floor_note(r)}, or --memory-bytes "
             f"{flag_size(r['memory_bytes_per_server_for_hot_fraction'])} alone (the RAM tier, RocksDB's caches, the "

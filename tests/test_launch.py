@@ -594,7 +594,7 @@ def test_merge_progress_against_sums_and_means():
     assert (m["total"], m["logloss"], m["cache_hit_rate"]) == (0, pytest.approx(0.5), 0.5)
     assert merge_progress([c], 1)["cache_hit_rate"] is None
     assert format_progress(merge_progress([a, b], 2)) == (
-        "progress: 400 / 1,000 examples (40%), 75 examples/s, logloss 0.6000, cache hit rate 0.800, 3 MiB not pulled"
+        "progress: 400 / 1,000 examples (40%), 75 examples/s, logloss 0.6000, cache hit rate 0.800, 3.0 MiB not pulled"
     )
     assert format_progress(merge_progress([c], 2)) == "progress: 0 examples, 0 examples/s, logloss 0.4000"
     stopping = merge_progress([a, {**b, "at_most": True}], 2)  # early stopping may end b's run sooner

@@ -2,9 +2,9 @@
 x`, relative, inside functions too), with no exemptions:
 
 - ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
-      foundation  ps.errors, ps.errornames, ps.hashing, ps.config, ps.server_config, ps.table_toml, ps.sharding,
-                  ps.checkpoint, ps.wire, ps.codec, ps.storage.atomicfile (stdlib only: ps.checkpoint writes the
-                  manifest with it)
+      foundation  ps.errors, ps.errornames, ps.hashing, ps.bytesize, ps.config, ps.server_config, ps.table_toml,
+                  ps.sharding, ps.checkpoint, ps.wire, ps.codec, ps.storage.atomicfile (stdlib only: ps.checkpoint
+                  writes the manifest with it)
       accel       ps.accel.*    optional OS-level accelerations
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
@@ -34,6 +34,7 @@ FOUNDATION = {
     "ps.errors",
     "ps.errornames",
     "ps.hashing",
+    "ps.bytesize",
     "ps.config",
     "ps.server_config",
     "ps.table_toml",
@@ -61,6 +62,7 @@ WORKER_MAY_IMPORT = {
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
     "ps.flagtypes",  # the flags' argparse types and help formatter, both programs'
     "ps.settings_names",  # the PS_* names of both programs, for the warning of one that sets nothing
+    "ps.bytesize",  # human_bytes: byte counts shown as the server shows them (stdlib only)
     "ps.stamp",  # WorkerStamp: the worker builds it, the shard reads it back
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode

@@ -591,8 +591,8 @@ def test_a_memory_bound_past_the_machines_ram_is_warned_of(tmp_path):
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     r = server(["--data-dir", str(tmp_path / "shard"), "--memory-bytes", str(physical * 4)])
     assert r.returncode == 0, r.stderr
-    assert re.search(r"WARNING .*--memory-bytes [\d.]+ GiB is more than this (machine's RAM|container's memory "
-                     r"limit \(cgroup\)) of [\d.]+ GiB", r.stderr)  # fmt: skip
+    assert re.search(r"WARNING .*--memory-bytes [\d,.]+ [GT]iB is more than this (machine's RAM|container's memory "
+                     r"limit \(cgroup\)) of [\d,.]+ [KMGT]iB", r.stderr)  # fmt: skip
     r = server(["--data-dir", str(tmp_path / "shard"), "--memory-bytes", "1G"])
     assert r.returncode == 0 and "is more than this" not in r.stderr, r.stderr
 

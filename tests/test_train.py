@@ -700,7 +700,7 @@ def test_a_best_model_too_large_to_copy_is_not_put_back_and_the_summary_says_why
     result = train(cfg)
     assert result["stopped_early"] and not result["restored_best"] and result["best_copy_limit_bytes"] == 4000
     assert ("(best by logloss; stopped early; the model kept is the last one: its trained rows are more than early stopping copies "
-            "to put the best back (0 MiB))") in format_results(result)  # fmt: skip
+            "to put the best back (3.9 KiB))") in format_results(result)  # fmt: skip
     monkeypatch.setattr(best, "MAX_BEST_FLOATS", 64 << 20)
     result = train(cfg)
     assert result["restored_best"] and "best_copy_limit_bytes" not in result

@@ -259,7 +259,7 @@ def test_the_bars_figures_are_the_epoch_the_train_logloss_and_the_cache_figures_
 
     assert bar_postfix(2, 0.51234, {}) == {"epoch": 2, "logloss": "0.5123"}  # a source without a row cache
     cache = {"cache_hit_rate": 0.256, "cache_bytes_saved": 3 << 20, "rows_cached": 7}
-    assert bar_postfix(1, 0.5, cache) == {"epoch": 1, "logloss": "0.5000", "hits": "26%", "saved": "3MiB"}
+    assert bar_postfix(1, 0.5, cache) == {"epoch": 1, "logloss": "0.5000", "hits": "26%", "saved": "3.0 MiB"}
 
 
 def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, capsys):
@@ -456,6 +456,13 @@ def test_the_mode_line_names_the_mlp_path_only_for_models_with_an_mlp():
     assert "MLP" not in mode_line(TrainConfig(mode="sync", num_workers=2, model="fm"))
 
 
+def test_the_mode_line_gives_the_row_cache_in_the_unit_that_reads_it():
+    from worker.train_messages import mode_line
+
+    assert ", row cache 64.0 MiB" in mode_line(TrainConfig(mode="ssp", num_workers=2, row_cache_bytes=64 << 20))
+    assert ", row cache 3.00 GiB" in mode_line(TrainConfig(mode="ssp", num_workers=2, row_cache_bytes=3 << 30))
+
+
 def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_data_dir(servers, capsys):
     addresses, shards = servers(2)
     with Client(addresses) as client:
@@ -490,7 +497,7 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
 
 
 def _bytes_of(text: str) -> float:
-    """'12.5 MiB' -> its bytes (as worker.cli_cluster._size writes them)."""
+    """'12.5 MiB' -> its bytes (as ps.bytesize.human_bytes writes them)."""
     number, unit = text.split()
     return float(number.replace(",", "")) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
 

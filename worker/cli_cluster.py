@@ -8,6 +8,7 @@ import argparse
 import sys
 from typing import Any
 
+from ps.bytesize import human_bytes
 from worker.flags import server_list
 
 
@@ -44,29 +45,31 @@ def run_stats(args: argparse.Namespace) -> int:
             print(f"{s.shard_id:>5} {t.name:<{width}} " + " ".join(figures))
         restored = f", restored from {s.restored_from}" if s.restored_from else ""
         print(f"{s.shard_id:>5} data dir {s.data_dir}{restored}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
-              f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
-        bound = f"of {_size(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
+              f"{human_bytes(s.ram_used_bytes)} of {human_bytes(s.ram_budget_bytes)}, journal "
+              f"{human_bytes(s.journal_bytes)}")  # fmt: skip
+        bound = f"of {human_bytes(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
         alone = (
             " (a sync step's push larger than the room runs alone)"
             if s.request_room_used_bytes > s.request_room_bytes
             else ""
         )
-        room = (f", room for requests {_size(s.request_room_used_bytes)} of {_size(s.request_room_bytes)}{alone} "
-                f"({s.request_room_waits:,} requests waited for it)"
+        room = (f", room for requests {human_bytes(s.request_room_used_bytes)} of "
+                f"{human_bytes(s.request_room_bytes)}{alone} ({s.request_room_waits:,} requests waited for it)"
                 if s.request_room_bytes else "")  # fmt: skip
-        sync = (f", sync steps hold {_size(s.sync_steps_held_bytes)} of {_size(s.sync_steps_bytes)} (counted with "
-                "the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
+        sync = (f", sync steps hold {human_bytes(s.sync_steps_held_bytes)} of {human_bytes(s.sync_steps_bytes)} "
+                "(counted with the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
         replies = _replies_clause(s)
         print(
-            f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "
-            f"{_size(s.block_cache_budget_bytes)}, memtables {_size(s.memtable_bytes)}, table readers "
-            f"{_size(s.table_reader_bytes)}, write-behind {_size(s.write_behind_bytes)}, journal map "
-            f"{_size(s.journal_map_bytes)}{room}{sync}{replies}"
+            f"{s.shard_id:>5} memory {bound}: block cache {human_bytes(s.block_cache_used_bytes)} of "
+            f"{human_bytes(s.block_cache_budget_bytes)}, memtables {human_bytes(s.memtable_bytes)}, table readers "
+            f"{human_bytes(s.table_reader_bytes)}, write-behind {human_bytes(s.write_behind_bytes)}, journal map "
+            f"{human_bytes(s.journal_map_bytes)}{room}{sync}{replies}"
         )
         low = _disk_low_bytes(s)
-        mark = f", LOW: below {_size(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
-        print(f"{s.shard_id:>5} disk: data dir {_size(s.data_dir_bytes)}, free {_size(s.disk_free_bytes)} of "
-              f"{_size(s.disk_total_bytes)} ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
+        mark = f", LOW: below {human_bytes(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
+        print(f"{s.shard_id:>5} disk: data dir {human_bytes(s.data_dir_bytes)}, free "
+              f"{human_bytes(s.disk_free_bytes)} of {human_bytes(s.disk_total_bytes)} "
+              f"({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
     print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
@@ -92,15 +95,16 @@ def _replies_clause(s: Any) -> str:
     unread = f"{s.reply_room_expired:,} cancelled at --reply-read-timeout-s" if s.reply_room_expired else ""
     if not s.reply_room_bytes:
         return f"; outside it, replies being sent unbounded (--reply-bytes 0), {unread}" if unread else ""
-    return (f"; outside it, replies being sent {_size(s.reply_room_used_bytes)} of {_size(s.reply_room_bytes)} "
-            f"({s.reply_room_waits:,} waited for room{', ' + unread if unread else ''})")  # fmt: skip
+    return (f"; outside it, replies being sent {human_bytes(s.reply_room_used_bytes)} of "
+            f"{human_bytes(s.reply_room_bytes)} ({s.reply_room_waits:,} waited for room"
+            f"{', ' + unread if unread else ''})")  # fmt: skip
 
 
 def _failing_flushes(shards: list) -> str:
     """A warning naming the shards whose background flushes are failing (each one's failures in a row), "" when
     none is."""
-    failing = [f"shard {s.shard_id} ({s.flush_failures:,} in a row; journal {_size(s.journal_bytes)})" for s in shards
-               if s.flush_failures]  # fmt: skip
+    failing = [f"shard {s.shard_id} ({s.flush_failures:,} in a row; journal {human_bytes(s.journal_bytes)})"
+               for s in shards if s.flush_failures]  # fmt: skip
     if not failing:
         return ""
     return (f"background flushes to RocksDB are failing on {', '.join(failing)}: acknowledged pushes are kept in the "
@@ -127,19 +131,6 @@ def _say(warnings: list[str], note: str) -> int:
     for warning in warnings:
         print(f"ps-worker: warning: {warning}", file=sys.stderr)
     return 1 if warnings else 0
-
-
-_UNITS = (("KiB", 10, 1), ("MiB", 20, 1), ("GiB", 30, 2), ("TiB", 40, 2), ("PiB", 50, 2))  # name, log2, decimals
-
-
-def _size(n: int) -> str:
-    """Bytes as people read them: '100.0 KiB', '12.5 MiB', '2.00 GiB', '1.20 TiB' (below 1,000 B: '512 B'; the
-    smallest unit in which the figure, as rounded, is under 1,000, so that no figure reads 1,024.0 or 1,000.0;
-    PiB past that)."""
-    if n < 1000:
-        return f"{n:,} B"
-    unit, shift, decimals = next((u for u in _UNITS if round(n / 2 ** u[1], u[2]) < 1000), _UNITS[-1])
-    return f"{n / 2**shift:,.{decimals}f} {unit}"
 
 
 def _disk_low_bytes(s: Any) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ps.bytesize import human_bytes
 from worker import recipe
 from worker.batch import Batch, rebatch
 from worker.data_checks import DataChecks
@@ -255,9 +256,9 @@ class DataSource(DataChecks, DataReports):
             del parts
             held_bytes = self._held.nbytes()
             level = logging.WARNING if held_bytes >= HELD_WARNING_BYTES else logging.INFO
-            log.log(level, "--shuffle on: holding this worker's %s training examples in memory (%s MiB), each epoch "
+            log.log(level, "--shuffle on: holding this worker's %s training examples in memory (%s), each epoch "
                     "in its own order (--shuffle off reads them in file order, as it trains)", f"{len(self._held):,}",
-                    f"{held_bytes / 2**20:,.0f}")  # fmt: skip
+                    human_bytes(held_bytes))  # fmt: skip
         return True
 
     def labels_before_training(self) -> LabelOrder | None:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ps.bytesize import human_bytes
 from worker.progress_lines import ABOUT_BAR_FORMAT, about_total
 from worker.results import NOT_EVALUATED, eval_lines, oracle_lines, skipped_note
 
@@ -81,7 +82,7 @@ def format_progress(m: dict) -> str:
     if m["cache_hit_rate"] is not None:
         parts.append(f"cache hit rate {m['cache_hit_rate']:.3f}")
     if m.get("cache_bytes_saved"):
-        parts.append(f"{m['cache_bytes_saved'] / (1 << 20):,.0f} MiB not pulled")
+        parts.append(f"{human_bytes(m['cache_bytes_saved'])} not pulled")
     return ", ".join(parts)
 
 
@@ -129,7 +130,7 @@ class MergedProgress:
             if m["cache_hit_rate"] is not None:
                 postfix["hit"] = f"{m['cache_hit_rate']:.3f}"
             if m.get("cache_bytes_saved"):
-                postfix["saved"] = f"{m['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
+                postfix["saved"] = human_bytes(m["cache_bytes_saved"])
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(max(0, m["examples"] - self._bar.n))
 

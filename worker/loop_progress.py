@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from ps.bytesize import human_bytes
 from worker.progress_lines import JSON_EVERY_S, about_total, progress_line
 
 if TYPE_CHECKING:
@@ -83,5 +84,5 @@ def bar_postfix(epoch: int, logloss: float, cache: dict) -> dict:
     if "cache_hit_rate" in cache:
         postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
     if "cache_bytes_saved" in cache:
-        postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
+        postfix["saved"] = human_bytes(cache["cache_bytes_saved"])
     return postfix

@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from ps.bytesize import human_bytes
 from worker.recipe import METRIC_NAMES, WEAKER_L2_DIVISOR
 
 NO_AUC = "undefined (its examples hold one label only)"
@@ -93,7 +94,7 @@ def format_results(r: dict, launched: bool = False) -> str:
         kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
         if r.get("best_copy_limit_bytes") and not r.get("model_is_best"):
             kept += (": its trained rows are more than early stopping copies to put the best back "
-                     f"({r['best_copy_limit_bytes'] / 2**20:,.0f} MiB)")  # fmt: skip
+                     f"({human_bytes(r['best_copy_limit_bytes'])})")  # fmt: skip
         if r.get("best_ids_not_restored"):
             kept += ", but for " + ", ".join(f"{n:,} ids of table {t}" for t, n in r["best_ids_not_restored"].items())
             kept += " (dropped by a Shrink since it, not admitted again: they hold their initial rows)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ps.bytesize import human_bytes
 from worker.loop import LoopResult, TrainingDataError
 from worker.models.spec import MLP_MODELS
 from worker.train_config import TrainConfig
@@ -18,7 +19,7 @@ def mode_line(cfg: TrainConfig) -> str:
         "async": "async: each push applied as it arrives",
         "sync": f"sync: each step's pushes of all workers summed, applied once (waits up to {cfg.barrier_timeout_s:g} s)",
         "ssp": f"ssp: at most {cfg.staleness} steps ahead of the slowest worker (waits up to {cfg.barrier_timeout_s:g} s)"
-        + (f", row cache {cfg.row_cache_bytes / (1 << 20):.0f} MiB" if cfg.row_cache_bytes else ""),
+        + (f", row cache {human_bytes(cfg.row_cache_bytes)}" if cfg.row_cache_bytes else ""),
         "geo": f"geo: local rows, their deltas pushed every {cfg.geo_every} steps",
     }[cfg.mode]
     dense = (

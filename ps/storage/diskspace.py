@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ps.bytesize import human_bytes
+
 log = logging.getLogger("ps.storage.diskspace")
 
 CHECK_S = 30.0  # between two measures of the disk (the flusher may wake more often)
@@ -102,16 +104,13 @@ class DiskWatch:
                     "low disk space: %s free of %s (%.1f%%) on the disk of data dir %s, which holds %s; below %s, "
                     "pushes and flushes will fail once it is full (RESOURCE_EXHAUSTED): free space, grow the disk, "
                     "or move the shard (ps-server size predicts a table's bytes)",
-                    _gib(space.disk_free_bytes), _gib(space.disk_total_bytes),
+                    human_bytes(space.disk_free_bytes), human_bytes(space.disk_total_bytes),
                     100 * space.disk_free_bytes / max(space.disk_total_bytes, 1), self.data_dir,
-                    _gib(space.data_dir_bytes), _gib(threshold),
+                    human_bytes(space.data_dir_bytes), human_bytes(threshold),
                 )  # fmt: skip
             self.low = True
         elif self.low and space.disk_free_bytes >= threshold * RECOVER_MARGIN:
             self.low = False
             log.info("disk space recovered: %s free of %s on the disk of data dir %s (low below %s)",
-                     _gib(space.disk_free_bytes), _gib(space.disk_total_bytes), self.data_dir, _gib(threshold))  # fmt: skip
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.2f} GiB"
+                     human_bytes(space.disk_free_bytes), human_bytes(space.disk_total_bytes), self.data_dir,
+                     human_bytes(threshold))  # fmt: skip

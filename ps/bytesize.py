@@ -1,0 +1,24 @@
+"""Byte counts as people read them: '512 B', '100.0 KiB', '12.5 MiB', '2.00 GiB', '1.20 TiB' (stdlib only).
+
+One rule for every figure the server and the worker show (ps-server size, a low disk's log lines, ps-worker
+stats, a run's progress and summary): below 1,000 the bytes themselves; else the smallest of KiB, MiB, GiB, TiB
+and PiB in which the figure, rounded as printed, is under 1,000, so that no figure reads 1,024.0 KiB or
+1,000.0 MiB (PiB past that, however large). KiB and MiB show a tenth, GiB and larger a hundredth: 2.00 GiB is
+not 2.0 GiB give or take 51 MiB.
+"""
+
+from __future__ import annotations
+
+UNITS = (("KiB", 10, 1), ("MiB", 20, 1), ("GiB", 30, 2), ("TiB", 40, 2), ("PiB", 50, 2))
+"""Each unit's name, its power of 2 and the decimals it is shown with, smallest first."""
+
+
+def human_bytes(n: float) -> str:
+    """n bytes in the module's form ('999 B', '1.0 KiB', '1.0 MiB' for 1,023.95 KiB, '4.00 TiB'); a negative n
+    reads as its size with a minus sign."""
+    if n < 0:
+        return "-" + human_bytes(-n)
+    if round(n) < 1000:
+        return f"{round(n):,} B"
+    unit, shift, decimals = next((u for u in UNITS if round(n / 2 ** u[1], u[2]) < 1000), UNITS[-1])
+    return f"{n / 2**shift:,.{decimals}f} {unit}"

@@ -1,0 +1,60 @@
+"""human_bytes, the one form of a byte count shown to people: its boundaries, each against the figure a person
+would write, and, over random counts, the rule (under 1,000 of the smallest unit that rounds below it, and within
+rounding of the count)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ps.bytesize import human_bytes
+
+KiB, MiB, GiB, TiB, PiB = (1 << s for s in (10, 20, 30, 40, 50))
+SCALE = {"B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": TiB, "PiB": PiB}
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (1, "1 B"),
+        (999, "999 B"),
+        (1000, "1.0 KiB"),  # 0.98 KiB, shown to a tenth
+        (1023, "1.0 KiB"),
+        (1024, "1.0 KiB"),
+        (999 * KiB + 972, "999.9 KiB"),  # 999.949 KiB: the last figure in KiB
+        (999 * KiB + 973, "1.0 MiB"),  # 999.950 KiB would read 1,000.0 KiB
+        (int(1023.95 * KiB), "1.0 MiB"),  # not "1,024.0 KiB"
+        (MiB - 1, "1.0 MiB"),
+        (MiB, "1.0 MiB"),
+        (int(12.5 * MiB), "12.5 MiB"),
+        (1000 * MiB - 1, "0.98 GiB"),  # 999.999 MiB would read 1,000.0 MiB
+        (2 * GiB, "2.00 GiB"),
+        (999 * GiB, "999.00 GiB"),
+        (GiB * 1023, "1.00 TiB"),  # not "1,023.00 GiB"
+        (4 * TiB, "4.00 TiB"),  # a 4 TiB disk, not "4,096.00 GiB"
+        (TiB + TiB // 5, "1.20 TiB"),
+        (PiB - 1, "1.00 PiB"),
+        (3 * PiB, "3.00 PiB"),
+        (5000 * PiB, "5,000.00 PiB"),  # PiB past 1,000 of it: the largest unit
+        (-2 * GiB, "-2.00 GiB"),
+        (1536.0, "1.5 KiB"),  # a float count reads as the int would
+        (999.4, "999 B"),
+    ],
+)
+def test_human_bytes_at_its_boundaries(n, text):
+    assert human_bytes(n) == text
+
+
+@given(st.integers(0, 2**63))
+def test_human_bytes_is_the_smallest_unit_under_1000_and_within_rounding_of_the_count(n):
+    text = human_bytes(n)
+    number, unit = text.split()
+    figure = float(number.replace(",", ""))
+    assert figure < 1000 or unit == "PiB", text
+    decimals = len(number.partition(".")[2])
+    assert abs(figure * SCALE[unit] - n) <= 0.5 * 10**-decimals * SCALE[unit], text
+    smaller = list(SCALE)[: list(SCALE).index(unit)]
+    assert all(round(n / SCALE[u], 1 if u in ("KiB", "MiB") else 2) >= 1000 for u in smaller if u != "B"), text
+    assert unit != "B" or n < 1000
