@@ -829,6 +829,24 @@ def test_resuming_as_keeps_the_last_new_jobs_and_reads_a_lone_id_as_one(tmp_path
     assert recorded(str(path)) == ((7, ""), (42, 43))  # both from one read
 
 
+def test_keeping_the_files_job_reads_the_file_once(tmp_path, monkeypatch):
+    """keep_job_until_past takes the file's job and its resuming_as from one read (a file replaced between two
+    reads would pair one record's job with another's new jobs)."""
+    from worker import resume
+
+    path = tmp_path / "p.json"
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(path), mode="sync", num_workers=2, job_id=7)
+    PositionWriter(cfg).write(300)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "resuming_as": [42]}))  # job 42 refused before
+    reads = []
+    real = resume._file_record
+    monkeypatch.setattr(resume, "_file_record", lambda p: reads.append(p) or real(p))
+    writer = PositionWriter(dataclasses.replace(cfg, job_id=43), every_s=3600)
+    writer.keep_job_until_past(300)
+    assert reads == [str(path)]
+    assert (writer.kept_job, writer.resumed_as) == ((7, ""), (42,))
+
+
 def test_a_position_records_libsvm_values_and_one_written_without_it_reads_as_auto(tmp_path):
     """--libsvm-values changes the model the position was trained into: another is refused; a file written
     before the setting was recorded (no such key) is a run of auto, its default then."""

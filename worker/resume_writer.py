@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 from ps.storage.atomicfile import temp_prefix_within, write_json_whole
-from worker.resume import FORMAT, RESUMING_AS_KEPT, recorded_job, recorded_resuming_as
+from worker.resume import FORMAT, RESUMING_AS_KEPT, recorded
 from worker.resume_settings import run_settings
 from worker.train_config import TrainConfig
 
@@ -103,10 +103,10 @@ class PositionWriter:
         job still holds the shards, say) leaves the file's job as it was, and the same command runs again. Until
         then the file names job_id as resuming_as, after the ids it held there (the last RESUMING_AS_KEPT in all),
         which tells a launcher that the file belongs to each of these new jobs too."""
-        kept = recorded_job(self.path)
+        kept, resuming_as = recorded(self.path)
         if kept is not None and kept[0] != self.job_id:
             self.kept_job, self.kept_until = kept, examples
-            self.resumed_as = tuple(j for j in recorded_resuming_as(self.path) if j not in (self.job_id, kept[0]))
+            self.resumed_as = tuple(j for j in resuming_as if j not in (self.job_id, kept[0]))
 
     def write(
         self, examples: int, trained: bool = False, finished: bool = False, best_not_put_back: bool = False
