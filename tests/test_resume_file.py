@@ -829,6 +829,18 @@ def test_resuming_as_keeps_the_last_new_jobs_and_reads_a_lone_id_as_one(tmp_path
     assert recorded(str(path)) == ((7, ""), (42, 43))  # both from one read
 
 
+def test_each_worker_has_its_resume_file_by_one_rule_in_train_and_in_launch():
+    """{worker} in --resume-file's name is the worker's id, where a worker reads its own (TrainConfig) and where
+    launch checks every worker's (worker.launch_plan); a name without it is every worker's."""
+    from worker.launch_plan import _resume_files
+    from worker.train_config import resume_file_of
+
+    cfg = TrainConfig(servers=("h:1",), resume_file="/d/{worker}/p-{worker}.json", num_workers=3)
+    assert resume_file_of(cfg.resume_file, 2) == "/d/2/p-2.json" and resume_file_of("/d/p.json", 2) == "/d/p.json"
+    assert [dataclasses.replace(cfg, worker_id=i).worker_resume_file() for i in range(3)] == _resume_files(cfg, 3)
+    assert _resume_files(cfg, 3) == ["/d/0/p-0.json", "/d/1/p-1.json", "/d/2/p-2.json"]
+
+
 def test_keeping_the_files_job_reads_the_file_once(tmp_path, monkeypatch):
     """keep_job_until_past takes the file's job and its resuming_as from one read (a file replaced between two
     reads would pair one record's job with another's new jobs)."""

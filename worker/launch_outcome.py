@@ -15,7 +15,7 @@ from typing import Any
 from ps.errors import PsError
 from ps.terminate import how_it_ended
 from worker.launch_plan import LaunchPlan
-from worker.train_config import RESUME_WORKER
+from worker.train_config import resume_file_of
 
 
 def workers_bad_lines(train_config: Any, per_worker: list[dict]) -> dict:
@@ -143,12 +143,8 @@ def read_worker_metrics(metrics_dir: str, plan: LaunchPlan) -> list[dict] | None
             continue
         except (OSError, ValueError) as e:
             problem = e
-        resume_file = getattr(plan.train_config, "resume_file", None)  # as TrainConfig.worker_resume_file gives it
-        examples = (
-            None
-            if not resume_file or os.path.exists(path)
-            else ended_before(resume_file.replace(RESUME_WORKER, str(i)))
-        )
+        resume_file = getattr(plan.train_config, "resume_file", None)  # as given: resume_file_of(it, i) is worker i's
+        examples = None if not resume_file or os.path.exists(path) else ended_before(resume_file_of(resume_file, i))
         if examples is None:
             print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {problem}",
                   file=sys.stderr)  # fmt: skip

@@ -18,7 +18,7 @@ from ps.stamp import job_named
 from worker.cluster import without_security_variables
 from worker.flags import check_not_an_input, check_output_file, same_file, server_list
 from worker.launch_devices import check_devices, expand_backends, resolve_workers, split_backend
-from worker.train_config import RESUME_WORKER
+from worker.train_config import RESUME_WORKER, resume_file_of
 
 _REFUSED = {  # train dests launch sets for every worker: (flag, what launch gives)
     "worker_id": ("--worker-id", "worker i gets --worker-id i"),
@@ -233,7 +233,7 @@ def _check_against_launch(args: argparse.Namespace, cfg: Any, config: str | None
                          "empty ones (give --servers)")  # fmt: skip
     check_not_an_input("--metrics-out", args.metrics_out, {**cfg.input_files(), "--config": config})
     for i in range(args.workers if resume_file and args.metrics_out else 0):
-        if same_file(args.metrics_out, resume_file.replace(RESUME_WORKER, str(i))):
+        if same_file(args.metrics_out, resume_file_of(resume_file, i)):
             raise ValueError(f"--metrics-out {args.metrics_out} is worker {i}'s --resume-file ({resume_file}): "
                              "each would replace the other (the job's figures lost, or the worker's position read "
                              "from them); give another file name")  # fmt: skip
@@ -294,7 +294,7 @@ def _resume_files(cfg: Any, workers: int) -> list[str]:
     resume_file = getattr(cfg, "resume_file", None)
     if not resume_file or unused_because(cfg) is not None:
         return []
-    return [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
+    return [resume_file_of(resume_file, i) for i in range(workers)]
 
 
 def checked_job_lines(cfg: Any, worker: str) -> tuple[str, ...]:

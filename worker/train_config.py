@@ -48,6 +48,11 @@ def new_worker_token() -> int:
     return secrets.randbits(63) | 1
 
 
+def resume_file_of(resume_file: str, worker_id: int) -> str:
+    """Worker worker_id's --resume-file: resume_file with RESUME_WORKER replaced by its id."""
+    return resume_file.replace(RESUME_WORKER, str(worker_id))
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     servers: tuple[str, ...] = ()
@@ -305,7 +310,7 @@ class TrainConfig:
 
     def worker_resume_file(self) -> str | None:
         """resume_file with RESUME_WORKER replaced by this worker's id."""
-        return None if self.resume_file is None else self.resume_file.replace(RESUME_WORKER, str(self.worker_id))
+        return None if self.resume_file is None else resume_file_of(self.resume_file, self.worker_id)
 
     def worker_max_examples(self) -> int:
         """The position in this worker's stream of training examples (counted over epochs, the examples
