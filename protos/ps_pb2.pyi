@@ -80,16 +80,18 @@ class TableSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., weight_bound: _Optional[float] = ..., admission: _Optional[_Union[AdmissionSpec, _Mapping]] = ..., eviction: _Optional[_Union[EvictionSpec, _Mapping]] = ..., l2: _Optional[float] = ..., features: _Optional[str] = ..., values_at_rest: _Optional[str] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
-    __slots__ = ("spec", "replace_untrained", "check_only", "stamp")
+    __slots__ = ("spec", "replace_untrained", "check_only", "stamp", "state_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REPLACE_UNTRAINED_FIELD_NUMBER: _ClassVar[int]
     CHECK_ONLY_FIELD_NUMBER: _ClassVar[int]
     STAMP_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
     spec: TableSpec
     replace_untrained: bool
     check_only: bool
     stamp: WorkerStamp
-    def __init__(self, spec: _Optional[_Union[TableSpec, _Mapping]] = ..., replace_untrained: _Optional[bool] = ..., check_only: _Optional[bool] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ...) -> None: ...
+    state_id: int
+    def __init__(self, spec: _Optional[_Union[TableSpec, _Mapping]] = ..., replace_untrained: _Optional[bool] = ..., check_only: _Optional[bool] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ..., state_id: _Optional[int] = ...) -> None: ...
 
 class DescribeTableRequest(_message.Message):
     __slots__ = ("table",)

@@ -148,6 +148,7 @@ message CreateTableRequest
   2  replace_untrained VARINT bool                     a table of the name, of another spec, never trained: replaced
   3  check_only       VARINT  bool                     every check a create makes, nothing changed (TableInfo as if)
   4  stamp            LEN     WorkerStamp              absent: no job's; a job's worker's: holds the shard for the job
+  5  state_id         VARINT  uint64                   nonzero: the shard's state_id as the client saw it
 
 message DescribeTableRequest
   1  table            LEN     string                   the table's name

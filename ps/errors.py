@@ -264,22 +264,24 @@ class ModelStateReplacedError(PsError):
     status = "FAILED_PRECONDITION"
 
 
-def model_state_replaced(shard: int, state_id: int, seen: int, how: str, read_only: bool, outcome: str = "") -> str:
+def model_state_replaced(shard: int, state_id: int, seen: int, how: str, read_only: bool, outcome: str = "",
+                         stops: str = "") -> str:  # fmt: skip
     """A ModelStateReplacedError's words, the shard's (ps.engine.shard check_state_id) and the client's for a call
     that carries no state id (worker.shard_calls): shard `shard` holds state_id, not seen (the one its client read
     from Stats), since it was `how` ("restored from checkpoint C", "started on a new, empty data dir", ...); what is
-    gone (read_only: a pull, or a call that changes nothing, which a training run, an eval or a predict makes: the
+    gone (read_only: a pull, or a call that changes no row, which a training run, an eval or a predict makes: the
     rows are of another model state; else what the client pushed), what of the call stands (outcome; "": the words
-    before these say it), and who stops, with what to do."""
+    before these say it), and who stops, with what to do (stops, a sentence; "": a training run's, or an eval's and
+    a predict's where read_only)."""
     if read_only:
         gone = "so its rows are not those of the model state the client read before"
-        stops, position = "A training run, an eval or a predict stops", ""
+        who, position = "A training run, an eval or a predict stops", ""
     else:
-        gone, stops = "so what the client pushed before is not here", "A training run stops"
+        gone, who = "so what the client pushed before is not here", "A training run stops"
         position = " (from the checkpoint's position, with --skip-examples)"
+    stops = stops or f"{who}: start it again on what the shards hold now{position}"
     return (f"shard {shard} {MODEL_STATE_REPLACED} (state id {state_id:#x}, the client's {seen:#x}): since the client "
-            f"connected, the shard was {how}, {gone}{f'; {outcome}' if outcome else ''}. {stops}: start it again on "
-            f"what the shards hold now{position}")  # fmt: skip
+            f"connected, the shard was {how}, {gone}{f'; {outcome}' if outcome else ''}. {stops}")  # fmt: skip
 
 
 class ShardNeedsRestartError(PsError):

@@ -240,6 +240,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def CreateTable(self, request: Any, context: grpc.ServicerContext) -> Message:
+        self.shard.check_state_id(request.state_id, outcome="the table was not created")  # before the spec is read
         cfg, stamp = codec.table_config_from_proto(request.spec), stamp_of(request)
         if request.check_only:
             cfg, num_rows, width = self.shard.check_create(cfg, request.replace_untrained, stamp)

@@ -24,6 +24,7 @@ from tests.worker_runs import run
 from worker import served
 from worker.checkpoint import save
 from worker.client import Client
+from worker.tables import lost_tables
 
 
 @pytest.mark.parametrize("replaced", ["restored", "new data dir"])
@@ -236,5 +237,35 @@ def test_eval_against_a_shard_restored_mid_run_stops_saying_so_and_prints_no_sco
         assert code == 2, err
         assert re.search(rf"ps-worker: error: .*shard 1 {MODEL_STATE_REPLACED} .*restored from checkpoint \S*ckpt", err)
         assert "auc" not in capsys.readouterr().out.lower()
+    finally:
+        shards.stop()
+
+
+def test_a_create_table_to_a_shard_replaced_on_a_new_data_dir_is_refused_and_the_loss_stays_visible(tmp_path):
+    """A CreateTable carries the state id its client read (a run's tables are made after its wait_ready): a shard
+    started on a new data dir since refuses it, creating nothing (the check_only round of several shards included),
+    so the trained table stays missing there and lost_tables still finds the loss. A table made there would hide it:
+    the next run would find the table on every shard and train shard 1's part from scratch, saying nothing."""
+    shards = TwoShards(tmp_path)
+    table = TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))
+    ids = random_ids(200, seed=14)
+    try:
+        with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
+            client.wait_ready()
+            client.create_table(table)
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))
+            shards.replace(1, "d1-new")
+            said = (rf"shard 1 at \S+: CreateTable failed with FAILED_PRECONDITION: shard 1 {MODEL_STATE_REPLACED} "
+                    r".*since the client connected, the shard was started on a new, empty data dir, .*; the table "
+                    r"was not created\. A training run stops")  # fmt: skip
+            with pytest.raises(ModelStateReplacedError, match=said):
+                client.create_table(table)
+            stats = client.stats()
+        assert [t.name for t in stats[1].tables] == []
+        assert "table t" in lost_tables(stats) and "shard 1" in lost_tables(stats)
+        with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as again:  # read the shards' ids now: made
+            again.wait_ready()
+            again.create_table(table)
+            assert [t.name for t in again.stats()[1].tables] == ["t"]
     finally:
         shards.stop()

@@ -133,16 +133,21 @@ class Client(ShardCalls):
         RocksDB write there, or a table created or trained in between by another client (or, with a stamp, a
         shard taken by another job in between). stamp: a training job's worker's (its row source's,
         worker/steprows.py), for its job's tables: each shard holds itself for the job from then on, as after the
-        job's first push, and refuses the create while it holds another job (ps.engine.tenancy)."""
+        job's first push, and refuses the create while it holds another job (ps.engine.tenancy). Each request
+        carries its shard's state id as wait_ready read it (state_ids): a shard replaced since (restored, or on a
+        new data dir) refuses it, creating nothing (ModelStateReplacedError), so that no table made on a new data
+        dir hides the trained one it lost (worker.tables lost_tables finds a table some shards lack)."""
         cfg.validate()
         spec = codec.table_config_to_proto(cfg)
         proto = None if stamp is None else codec.stamp_to_proto(stamp)
+
+        def requests(check_only: bool) -> list[ps_pb2.CreateTableRequest]:
+            return [ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained, check_only=check_only,
+                                              stamp=proto, state_id=seen) for seen in self.state_ids]  # fmt: skip
+
         if len(self._stubs) > 1:
-            check = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained, check_only=True,
-                                              stamp=proto)  # fmt: skip
-            self._call_all("CreateTable", [check] * len(self._stubs))
-        request = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained, stamp=proto)
-        self._call_all("CreateTable", [request] * len(self._stubs))
+            self._call_all("CreateTable", requests(check_only=True))
+        self._call_all("CreateTable", requests(check_only=False))
         self._dims[cfg.name] = cfg.dim
 
     def describe_table(self, name: str, shards: list[int] | None = None) -> list[ps_pb2.TableInfo]:
