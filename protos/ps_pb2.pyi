@@ -236,16 +236,18 @@ class PushBatchResponse(_message.Message):
     def __init__(self, num_applied: _Optional[int] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ..., min_clock: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("phase", "dir", "hold_timeout_s", "token")
+    __slots__ = ("phase", "dir", "hold_timeout_s", "token", "state_id")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     DIR_FIELD_NUMBER: _ClassVar[int]
     HOLD_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
     phase: str
     dir: str
     hold_timeout_s: float
     token: str
-    def __init__(self, phase: _Optional[str] = ..., dir: _Optional[str] = ..., hold_timeout_s: _Optional[float] = ..., token: _Optional[str] = ...) -> None: ...
+    state_id: int
+    def __init__(self, phase: _Optional[str] = ..., dir: _Optional[str] = ..., hold_timeout_s: _Optional[float] = ..., token: _Optional[str] = ..., state_id: _Optional[int] = ...) -> None: ...
 
 class CheckpointResponse(_message.Message):
     __slots__ = ("clock", "shard_json", "token")

@@ -163,6 +163,7 @@ message CheckpointRequest
   2  dir              LEN     string                   save: a new directory inside the server's checkpoint root
   3  hold_timeout_s   I64     double                   hold: release after this long, <= 3600; 0: 120
   4  token            LEN     string                   save, release: the token the hold returned
+  5  state_id         VARINT  uint64                   hold, save: nonzero: the shard's state_id as the client saw it
 
 message CheckpointResponse
   1  clock            VARINT  uint64                   the shard's clock

@@ -82,6 +82,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ps.service")
 MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
+# a Checkpoint hold's or save's refusal for a state id the shard does not hold (Shard.check_state_id): what of it stands,
+# and what the save's caller does
+CHECKPOINT_OUTCOMES = {"hold": "the shard was not held", "save": "the shard saved nothing"}
+CHECKPOINT_STOPS = ("A checkpoint save stops there, writing no manifest: save again once the shards hold one model "
+                    "(ps-worker stats names each shard's restore)")  # fmt: skip
 
 
 def _check_count(method: str, what: str, n: int) -> None:
@@ -347,6 +352,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:
+        if request.phase in CHECKPOINT_OUTCOMES:  # a release is never refused for it: it ends a hold or nothing
+            self.shard.check_state_id(request.state_id, pull=True, outcome=CHECKPOINT_OUTCOMES[request.phase],
+                                      stops=CHECKPOINT_STOPS)  # fmt: skip
         if request.phase == "hold":
             clock, token = self.shard.hold(request.hold_timeout_s or DEFAULT_HOLD_S, CallerGone(context))
             return ps_pb2.CheckpointResponse(clock=clock, token=token)

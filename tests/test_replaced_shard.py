@@ -14,6 +14,7 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
+from ps.checkpoint import MANIFEST
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import MODEL_STATE_REPLACED, NOTHING_READ_OR_APPLIED, ModelStateReplacedError, PsError
 from ps.server import Server
@@ -21,7 +22,7 @@ from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
 from tests.worker_runs import run
-from worker import served
+from worker import checkpoint, served
 from worker.checkpoint import save
 from worker.client import Client
 from worker.tables import lost_tables
@@ -267,5 +268,46 @@ def test_a_create_table_to_a_shard_replaced_on_a_new_data_dir_is_refused_and_the
             again.wait_ready()
             again.create_table(table)
             assert [t.name for t in again.stats()[1].tables] == ["t"]
+    finally:
+        shards.stop()
+
+
+def test_a_checkpoint_save_whose_shard_is_replaced_after_its_checks_holds_and_saves_nothing(tmp_path, monkeypatch):
+    """A save reads the shards' Stats for its checks (lost tables, mixed restores), then holds and saves each shard:
+    a shard restored from an older checkpoint in between refuses its hold (it carries the state id the save read),
+    so no manifest is written, rather than one of a checkpoint whose shard 1 is the older cut and shard 0 the newer.
+    A save phase carrying a state id the shard does not hold is refused too, saving nothing."""
+    shards = TwoShards(tmp_path)
+    ids = random_ids(200, seed=15)
+    checks = checkpoint._check_before_holding
+
+    def checked_then_replaced(*args, **kwargs):
+        state_ids = checks(*args, **kwargs)
+        shards.replace(1, "d1-restored", restore_dir=str(tmp_path / "a"))
+        return state_ids
+
+    try:
+        with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
+            client.wait_ready()
+            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))
+            save(client, str(tmp_path / "a"))
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))  # not in checkpoint a
+            monkeypatch.setattr(checkpoint, "_check_before_holding", checked_then_replaced)
+            said = (rf"shard 1 at \S+: Checkpoint failed with FAILED_PRECONDITION: shard 1 {MODEL_STATE_REPLACED} "
+                    r".*restored from checkpoint \S*a, .*; the shard was not held\. A checkpoint save stops there, "
+                    r"writing no manifest")  # fmt: skip
+            with pytest.raises(ModelStateReplacedError, match=said):
+                save(client, str(tmp_path / "b"))
+            monkeypatch.undo()
+            assert not (tmp_path / "b" / MANIFEST).exists()
+            hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=30, state_id=client.state_ids[0])
+            token = client.checkpoint({0: hold})[0].token  # shard 0, not replaced: held
+            wrong = ps_pb2.CheckpointRequest(phase="save", dir=str(tmp_path / "c"), token=token,
+                                             state_id=client.state_ids[0] ^ 1)  # fmt: skip
+            with pytest.raises(ModelStateReplacedError, match="; the shard saved nothing"):
+                client.checkpoint({0: wrong})
+            client.checkpoint({0: ps_pb2.CheckpointRequest(phase="release", token=token)})
+            assert not (tmp_path / "c").exists()
     finally:
         shards.stop()

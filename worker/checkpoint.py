@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     from worker.client import Client
 
 
-def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, str]) -> float:
-    """Holds shard (its token into tokens); returns when it was held (time.monotonic)."""
-    hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)
+def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, str], state_id: int) -> float:
+    """Holds shard, which must hold model state state_id (its token into tokens); returns when it was held
+    (time.monotonic)."""
+    hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s, state_id=state_id)
     tokens[shard] = client.checkpoint({shard: hold})[0].token
     return time.monotonic()
 
@@ -107,10 +108,10 @@ def save(
     fresh checkpoint, whose leftovers the next export removes), so the error says nothing of what is in it."""
     directory = os.path.abspath(directory)
     parts_in = None if temporary else directory  # where a failure's error says what the shards left
-    _check_before_holding(client, directory, tables)
-    n = len(client.servers)
+    state_ids = _check_before_holding(client, directory, tables)
     started = time.monotonic()
-    held_s, replies = _hold_and_save(client, directory, n, hold_timeout_s, parts_in)
+    held_s, replies = _hold_and_save(client, directory, state_ids, hold_timeout_s, parts_in)
+    n = len(state_ids)
     shards = [json.loads(r.shard_json) for r in replies]
     _check_parts_seen(directory, shards)
     configs = _table_configs(client, n, shards, tables, parts_in)
@@ -135,12 +136,14 @@ def save(
     return manifest
 
 
-def _check_before_holding(client: Client, directory: str, tables: set[str] | None) -> None:
+def _check_before_holding(client: Client, directory: str, tables: set[str] | None) -> list[int]:
     """save's refusals before any shard is held: ValueError for a directory that holds a checkpoint or any other
     file, for shards that lost a trained table or were restored from different checkpoints, or for a table some
     shards lack (of tables, where given); PsError for a server list that is not the cluster's shards in shard order
     (worker.channels.check_cluster: a list missing a shard would save a checkpoint of fewer shards, which restores
-    as a whole model without that shard's rows)."""
+    as a whole model without that shard's rows). Returns the model state id each shard's hold and save carry: the
+    client's (Client.state_ids, what it worked with since wait_ready), else the one these checks read, so that a
+    shard replaced since refuses them (ModelStateReplacedError) rather than mix its state into the checkpoint."""
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
@@ -152,21 +155,23 @@ def _check_before_holding(client: Client, directory: str, tables: set[str] | Non
     partial = untrained_on_some_shards(shard_stats, tables)
     if partial:  # refused now, not by a shard lacking it once every shard has saved
         raise ValueError(f"{partial}; nothing was saved")
+    return [seen or stats.state_id for seen, stats in zip(client.state_ids, shard_stats, strict=True)]
 
 
-def _hold_and_save(client: Client, directory: str, n: int, hold_timeout_s: float,
+def _hold_and_save(client: Client, directory: str, state_ids: list[int], hold_timeout_s: float,
                    parts_in: str | None) -> tuple[float, list]:  # fmt: skip
     """(seconds from the hold of shard 0 to the release of every shard, every shard's save reply): shard 0 held
     first, alone (of two saves at once, one gets it), then the others at once; every shard saved into directory;
-    every hold taken released, whatever failed. parts_in: where a failure's error says what the shards left (see
-    save)."""
+    every hold taken released, whatever failed. Shard i's hold and save carry state_ids[i]. parts_in: where a
+    failure's error says what the shards left (see save)."""
     tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
     saving = saved = False  # the save phase was sent (from here on a failure leaves parts in directory); it ended
+    n = len(state_ids)
     try:
-        held = _hold(client, 0, hold_timeout_s, tokens)  # first alone: of two saves at once, one gets it
+        held = _hold(client, 0, hold_timeout_s, tokens, state_ids[0])  # first alone: of two saves at once, one gets it
         if n > 1:
             with ThreadPoolExecutor(min(n - 1, 32)) as pool:
-                futures = [pool.submit(_hold, client, s, hold_timeout_s, tokens) for s in range(1, n)]
+                futures = [pool.submit(_hold, client, s, hold_timeout_s, tokens, state_ids[s]) for s in range(1, n)]
                 errors = [f.exception() for f in futures]  # every hold has ended (its token kept) first
             first = next((e for e in errors if e is not None), None)
             if first is not None:
@@ -174,7 +179,10 @@ def _hold_and_save(client: Client, directory: str, n: int, hold_timeout_s: float
         saving = True
         try:
             replies = client.checkpoint(
-                {s: ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)}
+                {
+                    s: ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s], state_id=state_ids[s])
+                    for s in range(n)
+                }
             )
         except PsError as e:
             if parts_in is not None:

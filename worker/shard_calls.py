@@ -14,10 +14,11 @@ arrives (ps.engine.shard.Shard.push_batch), across its restarts too, for as long
 first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_timeout_s says, and none has a
 deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. A PushBatch
 and a PullBatch also carry the shard's model state id as wait_ready read it (StatsResponse state_id), and so does a
-CreateTable: a shard that came back restored from a checkpoint, or on a new data dir, refuses them, applying,
-creating and reading nothing (ModelStateReplacedError, not retried), so a run does not train on over a model that
-lost its pushes, nor make a table on a new data dir that hides the one lost there, nor an eval score with rows of
-two model states; their other refusals found the state id the shard's (carries_state_id). Any call that carries no
+CreateTable, and a checkpoint's hold and save (the id the save read, worker.checkpoint): a shard that came back
+restored from a checkpoint, or on a new data dir, refuses them, applying, creating, holding and reading nothing
+(ModelStateReplacedError, not retried), so a run does not train on over a model that lost its pushes, nor make a
+table on a new data dir that hides the one lost there, nor an eval score with rows of two model states, nor a
+checkpoint mix them; their other refusals found the state id the shard's (carries_state_id). Any call that carries no
 state id and that a shard refuses (a DescribeTable of a table that a new data dir does not hold) asks the shard's
 Stats once: where its state id is not the one wait_ready read, the refusal is raised as ModelStateReplacedError,
 with the shard's words (_replaced). A call sent again past
@@ -276,7 +277,12 @@ class ShardCalls:
             log.warning("the client's gRPC channels did not close within %.3g s; going on without them", timeout_s)
 
 
-STATE_ID_REQUESTS = (ps_pb2.PushBatchRequest, ps_pb2.PullBatchRequest, ps_pb2.CreateTableRequest)  # state_id fields
+STATE_ID_REQUESTS = (
+    ps_pb2.PushBatchRequest,
+    ps_pb2.PullBatchRequest,
+    ps_pb2.CreateTableRequest,
+    ps_pb2.CheckpointRequest,
+)  # the requests with a state_id field (a Checkpoint's hold and save)
 
 
 def carries_state_id(request: object) -> bool:
