@@ -316,10 +316,12 @@ class ClockResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ...) -> None: ...
 
 class ShrinkRequest(_message.Message):
-    __slots__ = ("table",)
+    __slots__ = ("table", "state_id")
     TABLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_ID_FIELD_NUMBER: _ClassVar[int]
     table: str
-    def __init__(self, table: _Optional[str] = ...) -> None: ...
+    state_id: int
+    def __init__(self, table: _Optional[str] = ..., state_id: _Optional[int] = ...) -> None: ...
 
 class ShrinkResponse(_message.Message):
     __slots__ = ("dropped", "num_rows", "pending_ids")

@@ -200,6 +200,7 @@ message ClockResponse
 
 message ShrinkRequest
   1  table            LEN     string                   the table to shrink; empty: all
+  2  state_id         VARINT  uint64                   nonzero: the shard's state_id as the client saw it
 
 message ShrinkResponse
   1  dropped          VARINT  uint64                   ids dropped (admitted and pending)

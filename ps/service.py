@@ -87,6 +87,7 @@ MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
 CHECKPOINT_OUTCOMES = {"hold": "the shard was not held", "save": "the shard saved nothing"}
 CHECKPOINT_STOPS = ("A checkpoint save stops there, writing no manifest: save again once the shards hold one model "
                     "(ps-worker stats names each shard's restore)")  # fmt: skip
+SHRINK_STOPS = "The Shrink stops there: send it again, if still wanted, to the model the shards hold now"
 
 
 def _check_count(method: str, what: str, n: int) -> None:
@@ -373,6 +374,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def Shrink(self, request: Any, context: grpc.ServicerContext) -> Message:
+        self.shard.check_state_id(request.state_id, pull=True, outcome="nothing was shrunk", stops=SHRINK_STOPS)
         return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table))
 
     @rpc_handler

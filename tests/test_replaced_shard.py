@@ -7,6 +7,7 @@ rows of two model states; a new client (wait_ready again) trains on."""
 from __future__ import annotations
 
 import re
+import threading
 
 import grpc
 import numpy as np
@@ -15,8 +16,14 @@ import pytest
 from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
 from ps.checkpoint import MANIFEST
-from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.errors import MODEL_STATE_REPLACED, NOTHING_READ_OR_APPLIED, ModelStateReplacedError, PsError
+from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
+from ps.errors import (
+    MODEL_STATE_REPLACED,
+    NOTHING_READ_OR_APPLIED,
+    PARTLY_APPLIED,
+    ModelStateReplacedError,
+    PsError,
+)
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
@@ -309,5 +316,56 @@ def test_a_checkpoint_save_whose_shard_is_replaced_after_its_checks_holds_and_sa
                 client.checkpoint({0: wrong})
             client.checkpoint({0: ps_pb2.CheckpointRequest(phase="release", token=token)})
             assert not (tmp_path / "c").exists()
+    finally:
+        shards.stop()
+
+
+def test_a_shrink_sent_again_while_its_shard_comes_back_restored_shrinks_nothing_there(tmp_path):
+    """A Shrink whose shard is down is sent again until the shard answers (no connection: it was not run). Where the
+    shard comes back restored from a checkpoint, the Shrink carries the state id its client read, and the restored
+    shard refuses it (ModelStateReplacedError, naming the shard that shrank): the checkpoint's rows stay as they were
+    saved, where the Shrink meant for the model the client read would have dropped them (a score under the
+    table's threshold)."""
+    shards = TwoShards(tmp_path)
+    ids = random_ids(200, seed=16)
+    table = TableConfig(
+        "t",
+        2,
+        InitializerConfig("zeros", 0.0),
+        OptimizerConfig("sgd", 1.0),
+        eviction=EvictionConfig(score_threshold=0.5),
+    )  # 2 shows, no click: score 0.2, dropped
+    outcome: list = []
+    try:
+        with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
+            client.wait_ready()
+            client.create_table(table)
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))
+            save(client, str(tmp_path / "a"))
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))  # not in checkpoint a
+            saved_rows = client.stats()[1].tables[0].num_rows
+            assert saved_rows > 0
+            shards.servers[1].stop(grace_s=1)
+
+            def shrink() -> None:
+                try:
+                    outcome.append(client.shrink())
+                except PsError as e:
+                    outcome.append(e)
+
+            shrinking = threading.Thread(target=shrink)
+            shrinking.start()  # shard 1's Shrink finds no server: sent again until the restored one answers
+            shards.servers[1] = Server(shards.config(1, "d1-restored", restore_dir=str(tmp_path / "a")))
+            shards.servers[1].start()
+            shrinking.join(60)
+            assert not shrinking.is_alive()
+            (error,) = outcome
+            said = (rf"Shrink failed on shard 1: shard 1 at \S+: Shrink failed with FAILED_PRECONDITION: shard 1 "
+                    rf"{MODEL_STATE_REPLACED} .*restored from checkpoint \S*a, .*; nothing was shrunk\. The Shrink "
+                    rf"stops there.*Of the Shrink, shard\(s\) 0 shrank .*{PARTLY_APPLIED}")  # fmt: skip
+            assert isinstance(error, ModelStateReplacedError) and re.search(said, str(error)), error
+            after = client.stats()
+        assert after[1].tables[0].num_rows == saved_rows  # the checkpoint's rows, none dropped
+        assert after[0].tables[0].num_rows == 0  # shard 0, not replaced, shrank
     finally:
         shards.stop()

@@ -378,8 +378,12 @@ class Client(ShardCalls):
 
     def shrink(self, table: str = "") -> list[ps_pb2.ShrinkResponse]:
         """Runs the eviction rules of one table (or all) on every shard; where one fails, the error names the shards
-        that shrank (worker.shrinkreplies)."""
-        calls = [("Shrink", s, ps_pb2.ShrinkRequest(table=table)) for s in range(len(self._stubs))]
+        that shrank (worker.shrinkreplies). Each Shrink carries its shard's state id as wait_ready read it: a shard
+        replaced since (restored from a checkpoint, or on a new data dir) shrinks nothing (ModelStateReplacedError),
+        where it would decay and drop the rows of a model state other than the one this client read."""
+        calls = [
+            ("Shrink", s, ps_pb2.ShrinkRequest(table=table, state_id=seen)) for s, seen in enumerate(self.state_ids)
+        ]
         return shrink_replies(self._outcomes(calls))
 
     def checkpoint(self, requests: dict[int, ps_pb2.CheckpointRequest]) -> list[ps_pb2.CheckpointResponse]:

@@ -13,21 +13,22 @@ arrives (ps.engine.shard.Shard.push_batch), across its restarts too, for as long
 (ps.storage.applied: REQUEST_RETENTION_S after it was applied). So no attempt of a PushBatch goes out once its
 first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_timeout_s says, and none has a
 deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. A PushBatch
-and a PullBatch also carry the shard's model state id as wait_ready read it (StatsResponse state_id), and so does a
-CreateTable, and a checkpoint's hold and save (the id the save read, worker.checkpoint): a shard that came back
-restored from a checkpoint, or on a new data dir, refuses them, applying, creating, holding and reading nothing
-(ModelStateReplacedError, not retried), so a run does not train on over a model that lost its pushes, nor make a
-table on a new data dir that hides the one lost there, nor an eval score with rows of two model states, nor a
-checkpoint mix them; their other refusals found the state id the shard's (carries_state_id). Any call that carries no
+and a PullBatch also carry the shard's model state id as wait_ready read it (StatsResponse state_id), and so do a
+CreateTable, a Shrink and a checkpoint's hold and save (the id the save read, worker.checkpoint): a shard that came
+back restored from a checkpoint, or on a new data dir, refuses them, applying, creating, shrinking, holding and
+reading nothing (ModelStateReplacedError, not retried), so a run does not train on over a model that lost its
+pushes, nor make a table on a new data dir that hides the one lost there, nor an eval score with rows of two model
+states, nor a checkpoint mix them, nor a Shrink sent again while its shard restarts decay a restored checkpoint's
+rows; their other refusals found the state id the shard's (carries_state_id). Any call that carries no
 state id and that a shard refuses (a DescribeTable of a table that a new data dir does not hold) asks the shard's
 Stats once: where its state id is not the one wait_ready read, the refusal is raised as ModelStateReplacedError,
 with the shard's words (_replaced). A call sent again past
 each deadline until the server timeout asks the same: where the shard answers the Stats, the error says it is up and
 that the call may need a longer --timeout-s (a big pull on a busy shard), not only that the shard was failing.
-advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
-that its stopping shard cancelled, or whose connection was lost after it was sent (the shard died) may be running
-or done on its shard (worker.retry.unanswered), so it is not sent again (a repeat would decay the scores once
-more; a hold would meet its own hold, a save its own files; a release is sent again) and raises
+advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no client id nor request number: one
+whose deadline passed, that its stopping shard cancelled, or whose connection was lost after it was sent (the shard
+died) may be running or done on its shard (worker.retry.unanswered), so it is not sent again (a repeat would decay
+the scores once more; a hold would meet its own hold, a save its own files; a release is sent again) and raises
 ServerUnavailableError saying so; one its shard refused after part of it was applied (a Shrink stopped part way:
 ps.errors.PARTLY_APPLIED) is not sent again either, and raises that refusal; an UNAVAILABLE that found no
 connection, or that the shard named (starting, or closing: nothing was applied), is retried as for the others.
@@ -282,6 +283,7 @@ STATE_ID_REQUESTS = (
     ps_pb2.PullBatchRequest,
     ps_pb2.CreateTableRequest,
     ps_pb2.CheckpointRequest,
+    ps_pb2.ShrinkRequest,
 )  # the requests with a state_id field (a Checkpoint's hold and save)
 
 
