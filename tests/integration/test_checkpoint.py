@@ -546,16 +546,16 @@ def test_a_table_made_during_the_save_is_left_out_and_the_checkpoint_restores(tm
     servers, addresses = start_servers(tmp_path / "original", 2)
     saved_0, real_save = threading.Event(), checkpointing.ShardCheckpoints.save
 
-    def save_then_a_table_made(self, directory, token):  # shard 1 saves once shard 0 did and a worker made "late"
+    def save_then_a_table_made(self, directory, token, *rest):  # shard 1 saves once shard 0 did; a worker made "late"
         if self.shard_id == 0:
             try:
-                return real_save(self, directory, token)
+                return real_save(self, directory, token, *rest)
             finally:
                 saved_0.set()
         assert saved_0.wait(60)
         with Client(addresses) as other:
             other.create_table(TableConfig("late", 4, optimizer=OptimizerConfig("sgd", 1.0)))
-        return real_save(self, directory, token)
+        return real_save(self, directory, token, *rest)
 
     try:
         with Client(addresses) as client:
