@@ -559,3 +559,41 @@ def test_a_geo_rounds_deltas_and_clock_advance_go_in_one_push_a_shard_training_a
     assert not np.array_equal(after[~held], before[~held])  # the other shard's deltas are applied
     assert [s.shard.clock for s in started] == [clocks[0] + 1, clocks[1]]
     assert [s.shard.stats()["job"] for s in started] == [2, 1]
+
+
+def test_tables_training_in_turn_leave_no_arrays_of_their_rows_behind_and_train_exactly(server):
+    """Two SGD tables under one small memory, each trained on new ids in its turn: after each push the rows of the
+    other table leave, and its arrays shrink with them (without that each table kept arrays for every row it ever
+    held at once, 2.1 x the memory at a push); the rows moved by the shrink train on as plain pushes do."""
+    other = TableConfig("other", 6, optimizer=OptimizerConfig("sgd", 0.5))
+    configs = {"emb": SGD, "other": other}
+    plain = InProcessTables(cache_bytes=64 << 20)
+    try:
+        for cfg in configs.values():
+            server.create_table(cfg)
+            plain.create_table(cfg)
+        capacity = 400 * (4 * 6 + 4 * 6 + 9 + SLOT_BYTES)  # 400 rows of `other`, 100 ids a step
+        geo = GeoTables(server, configs, every=2, capacity_bytes=capacity)
+        rng = np.random.default_rng(6)
+        for turn in range(6):
+            t = ("emb", "other")[turn % 2]
+            for k in range(8):  # ids new to the turn, and a few of its first step again
+                new, first = (
+                    np.arange(100, dtype=np.uint64) + np.uint64(10**6 * turn + 100 * k),
+                    np.arange(10, dtype=np.uint64),
+                )
+                ids = np.unique(np.concatenate([new, first + np.uint64(10**6 * turn)]))
+                geo.rows({t: ids})
+                grads = rng.standard_normal((len(ids), configs[t].dim)).astype(F32) * 0.01
+                geo.apply(t, ids, grads, 1, 0)
+                plain.push_many([(t, ids, grads, None, np.ones(len(ids), F32))])
+                if geo.end_step():
+                    assert geo.bytes_used <= capacity and geo.allocated_bytes <= 2 * capacity, geo.allocated_bytes
+        geo.flush()
+        for turn in range(6):
+            t = ("emb", "other")[turn % 2]
+            ids = np.arange(800, dtype=np.uint64) + np.uint64(10**6 * turn)
+            np.testing.assert_allclose(server.pull(t, ids), plain.pull(t, ids), rtol=1e-6, atol=1e-9)
+            np.testing.assert_array_equal(geo.rows({t: ids[:10]})[t], server.pull(t, ids[:10]))  # held: as pushed
+    finally:
+        plain.close()

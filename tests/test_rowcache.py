@@ -198,3 +198,24 @@ def test_id_slots_reuse_freed_slots_and_keep_pinned_entries():
     added = slots.add(many)
     np.testing.assert_array_equal(slots.find(many), added)
     assert slots.find(ids[3:]).tolist() == got[3:].tolist() and len(slots) == 7 + len(many)
+
+
+def test_tables_taking_the_budget_in_turn_leave_no_arrays_sized_for_it_behind():
+    """8 tables, each filling the whole budget in its turn (its ids hot, the others' not used any more): the entries
+    of the tables before leave, and their arrays shrink with them, so the arrays of all 8 stay within twice the
+    budget (without the shrink each table kept arrays for the whole budget: 2.1 x it by the third)."""
+    dims = {f"t{i}": 9 for i in range(8)}
+    capacity = 20_000 * entry_bytes(9)
+    cache = RowCache(capacity, dims)
+    for phase, t in enumerate(dims):
+        for k in range(6):  # 30,000 new ids a phase: past the budget's 20,000 entries
+            ids = np.arange(5000, dtype=np.uint64) + np.uint64(10**9 * phase + 5000 * k)
+            cache.store(t, ids, np.full((5000, 9), phase, np.float32), phase)
+            assert cache.bytes_used <= capacity
+        got, hit = cache.lookup(t, ids, phase)
+        assert hit.all() and (got == phase).all()  # the entries moved with the shrink kept their rows
+        assert cache.allocated_bytes <= 2 * capacity, (phase, cache.allocated_bytes / capacity)
+    for phase, t in enumerate(dims):  # what each table still holds is its own rows, at their own stamps
+        ids, rows, stamps = cache.contents(t)
+        assert (ids // np.uint64(10**9) == phase).all() and (rows == phase).all() and (stamps == phase).all()
+    assert len(cache) > 15_000

@@ -23,7 +23,9 @@ and pushes the accumulated deltas every `every` steps; the servers add them with
     memory        after a push, past capacity_bytes, held rows leave least frequently used first
                   (worker.idslots.evict_lfu; frequencies count rows() requests and halve every DECAY_STEPS steps);
                   a row coming back starts again from the pulled embedding and the initial optimizer state. Between
-                  pushes every row changed since the last one stays (its delta is pending).
+                  pushes every row changed since the last one stays (its delta is pending). After an eviction the
+                  arrays of a table holding under half their slots shrink to its rows (IdSlots.compact_if_sparse),
+                  so that rows which left (or a round's pending rows, pushed) leave no arrays of their size behind.
 
 Bytes of one held row (row_bytes): local 4 (dim + state floats), base 4 dim, shows and clicks 8, changed flag 1,
 and worker.idslots.SLOT_BYTES of bookkeeping.
@@ -102,6 +104,14 @@ class _LocalTable:
         self.counts[new] = 0
         self.changed[new] = False
 
+    def compact(self) -> None:
+        """The arrays shrunk to the rows held, where they hold under half their slots (IdSlots.compact_if_sparse)."""
+        old = self.slots.compact_if_sparse()
+        if old is not None:
+            n = self.slots.capacity
+            self.local, self.base = grown(self.local[old], n), grown(self.base[old], n)
+            self.counts, self.changed = grown(self.counts[old], n), grown(self.changed[old], n)
+
     def pending(self) -> np.ndarray:
         """Slots changed since the last push, in the order of their ids."""
         slots = np.flatnonzero(self.changed & (self.slots.live == 1))
@@ -135,6 +145,12 @@ class GeoTables:
     @property
     def bytes_used(self) -> int:
         return sum(len(L.slots) * L.row_bytes for L in self._local.values())
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the arrays held for every table: local, base, counts, changed and the IdSlots'."""
+        return sum(L.local.nbytes + L.base.nbytes + L.counts.nbytes + L.changed.nbytes + L.slots.nbytes
+                   for L in self._local.values())  # fmt: skip
 
     def held(self, table: str, ids: np.ndarray) -> np.ndarray:
         """bool per id: whether its row is held here."""
@@ -217,4 +233,6 @@ class GeoTables:
         if over > 0:
             sets = list(self._local.values())
             evict_lfu([s.slots for s in sets], [s.row_bytes for s in sets], over, self.pushes)
+            for local in sets:
+                local.compact()
         return bool(plan)

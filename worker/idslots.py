@@ -12,6 +12,10 @@ evict_lfu, which frees bytes across several of them:
               doubles) while a full sweep frees too little. The rows that leave are among the least frequent
               (LFU, up to the sampling), at a cost proportional to the slots swept. Pinned entries never leave.
     decay     IdSlots.decay halves every frequency, so ids that were hot long ago can leave; the owner says when.
+    compact   IdSlots.compact_if_sparse moves the live entries to the first slots and shrinks the arrays and the
+              index to fit them, where the arrays have more than twice the slots the entries take (and 64 more):
+              the owner calls it after an eviction, so that a table whose entries left for another's does not keep
+              arrays sized for the whole budget (the owner moves its own arrays by the slots it returns).
 
 SLOT_BYTES, the bookkeeping of one entry: id 8, frequency 4, live flag 1, free-list entry 8 and the index's worst
 case, 64 (2-4 pairs of 16 B at load 1/2..1/4).
@@ -230,6 +234,31 @@ class IdSlots:
         """Frees the slots of ids (absent ones ignored); returns how many were held."""
         ids = np.ascontiguousarray(ids, np.uint64)
         return int(_remove(self.buckets, self.shift, ids, self.keys, self.live, self.free, self.meta))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays held: ids, frequencies, live flags, free list and index."""
+        return sum(a.nbytes for a in (self.keys, self.freq, self.live, self.free, self.buckets))
+
+    def compact_if_sparse(self) -> np.ndarray | None:
+        """Where the arrays have more than 2 x live + 64 slots: the live entries moved to slots [0, live) in slot
+        order, the arrays shrunk to max(live, 64) slots and the index to load <= 1/2 (at least 1024 buckets), the
+        hand back at slot 0; returns the old slot of each live entry (the owner's arrays: new = old[returned]).
+        None (nothing moved) elsewhere."""
+        live = len(self)
+        if self.capacity <= 2 * live + 64:
+            return None
+        old = self.live_slots()
+        n = max(live, 64)
+        self.keys, self.freq = grown(self.keys[old], n), grown(self.freq[old], n)
+        self.live, self.free = grown(self.live[old], n), np.zeros(n, np.int64)
+        self.meta[LIVE], self.meta[HIGH], self.meta[FREE], self.meta[HAND] = live, live, 0, 0
+        bits = 10
+        while live > (1 << bits) // 2:  # load <= 1/2
+            bits += 1
+        self._index(bits)
+        _link(self.buckets, self.shift, self.keys[:live], np.arange(live, dtype=np.int64))
+        return old
 
     def live_slots(self) -> np.ndarray:
         return np.flatnonzero(self.live[: self.meta[HIGH]]).astype(np.int64)

@@ -8,7 +8,10 @@ A table's entries live in slots [0, capacity) of the rows and stamps kept here; 
 can leave.
 
 Bytes of one entry (entry_bytes): its row (4 dim) and stamp (8), plus idslots.SLOT_BYTES of bookkeeping.
-bytes_used counts the live entries so; arrays grow by doubling, never past the entries capacity_bytes allows.
+bytes_used counts the live entries so; a table's arrays grow by doubling, never past the entries capacity_bytes
+allows, and after an eviction those of a table holding under half their slots shrink to its entries
+(IdSlots.compact_if_sparse): the entries of one table that left for another's leave no arrays sized for the whole
+budget behind, so the arrays of all tables (allocated_bytes) stay near the budget however many tables share it.
 """
 
 from __future__ import annotations
@@ -79,6 +82,11 @@ class RowCache:
     def bytes_used(self) -> int:
         return sum(len(s) * self.entry_bytes[t] for t, s in self._slots.items())
 
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the arrays held for every table: rows, stamps and the IdSlots' (IdSlots.nbytes)."""
+        return sum(self._rows[t].nbytes + self._stamps[t].nbytes + s.nbytes for t, s in self._slots.items())
+
     def __len__(self) -> int:
         return sum(len(s) for s in self._slots.values())
 
@@ -122,6 +130,17 @@ class RowCache:
         if self.stores % self.decay_every == 0:
             for s in self._slots.values():
                 s.decay()
+        if need > 0:
+            self._compact()
+
+    def _compact(self) -> None:
+        """The arrays of every table that holds under half their slots shrunk to its entries (see the module
+        docstring)."""
+        for t, index in self._slots.items():
+            old = index.compact_if_sparse()
+            if old is not None:
+                self._rows[t] = grown(self._rows[t][old], index.capacity)
+                self._stamps[t] = grown(self._stamps[t][old], index.capacity)
 
     def invalidate(self, table: str, ids: np.ndarray) -> None:
         """Forgets ids (absent ones are ignored)."""
