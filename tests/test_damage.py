@@ -39,7 +39,7 @@ DIM = 4
 PUSHES = 30
 COMMON = np.arange(1000, dtype=np.uint64)  # in every push: its rows end at -(pushes applied)
 JOURNAL_HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum (ps/storage/journalformat.py's grammar)
-JOURNAL_MAGIC = 0x354A5350
+JOURNAL_MAGIC = 0x364A5350  # "PSJ6"
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ versions before them) opens, its requests' digests unknown, so any content of su
 
 from __future__ import annotations
 
+import pathlib
 import struct
 
 import numpy as np
@@ -13,11 +14,18 @@ import pytest
 
 from ps.errors import RequestSeqReusedError
 from ps.storage.checksum import checksum64
-from ps.storage.journalformat import HEADER, HEADER_CHECKED, MAGIC, PAYLOAD_HEAD, SegmentReader, list_segments
+from ps.storage.journalformat import SegmentReader, list_segments
 from ps.storage.meta import ADVANCED_PREFIX, APPLIED_PREFIX, APPLIED_VALUE, OLDER_APPLIED_VALUE, client_key
 from ps.storage.store import Store
 from tests.conftest import crash
 from tests.test_exactly_once import A, B, empty_push, open_shard, push, rows
+
+# the records of the version before the digest, as it wrote them (its grammar): magic "PSJ5", and a head ending in
+# the rule
+PSJ5 = 0x354A5350
+PSJ5_HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
+PSJ5_CHECKED = struct.Struct("<IQI")  # magic, seq, payload_len: the header's part the checksum covers
+PSJ5_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
 
 RESTARTS = ["clean stop", "kill -9", "flush, then kill -9"]
 REQUESTS = {  # a client's first request: its pushes (the clock advance is 2)
@@ -80,8 +88,8 @@ def test_a_retry_that_applies_the_rest_after_kill_9_keeps_the_digest(tmp_path):
 
 
 def rewrite_without_digests(journal_dir) -> int:
-    """Rewrites every record of the journal's segments as the versions before the digest wrote them: the same
-    fields, the head without its last 8 bytes, checksummed again. Returns how many records it rewrote."""
+    """Rewrites every record of the journal's segments as the version before the digest wrote them: the same
+    fields, magic PSJ5, the head without the digest, checksummed again. Returns how many records it rewrote."""
     count = 0
     for _, path in list_segments(str(journal_dir)):
         reader, out, pos = SegmentReader(path), [], 0
@@ -93,12 +101,12 @@ def rewrite_without_digests(journal_dir) -> int:
             name = rec.table.encode()
             n, dim = rec.grads.shape
             client, client_seq, part, _digest = rec.origin
-            head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, rec.step, client, client_seq,
-                                                                           part, rec.rule)  # fmt: skip
+            head = struct.pack("<H", len(name)) + name + PSJ5_HEAD.pack(n, dim, rec.step, client, client_seq,
+                                                                        part, rec.rule)  # fmt: skip
             arrays = [np.ascontiguousarray(a).tobytes() for a in (rec.ids, rec.grads, rec.shows, rec.clicks)]
             payload_len = len(head) + sum(map(len, arrays))
-            check = checksum64([HEADER_CHECKED.pack(MAGIC, rec.seq, payload_len), head, *arrays])
-            out += [HEADER.pack(MAGIC, rec.seq, payload_len, check), head, *arrays]
+            check = checksum64([PSJ5_CHECKED.pack(PSJ5, rec.seq, payload_len), head, *arrays])
+            out += [PSJ5_HEADER.pack(PSJ5, rec.seq, payload_len, check), head, *arrays]
             count += 1
         reader.close()
         with open(path, "wb") as f:
@@ -118,6 +126,8 @@ def test_a_journal_written_without_digests_replays_and_takes_any_content_of_its_
         assert shard.push_batch([push(A, 9.0)], 0, client=7, client_seq=1) == (0, 0)  # taken as a retry
         assert shard.push_batch([push(A, 1.0)], 0, client=8, client_seq=1) == (0, 1)  # a new record, with a digest
         assert (rows(shard, A) == -2).all()
+        segments = [path for _, path in list_segments(str(tmp_path / "journal"))]  # the PSJ5 one flushed, deleted
+        assert [pathlib.Path(path).read_bytes()[:4] for path in segments] == [b"PSJ6"]
     finally:
         crash(shard)
     shard = open_shard(tmp_path)  # the new record, with its digest

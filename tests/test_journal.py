@@ -115,7 +115,7 @@ def test_a_segment_of_another_format_is_refused_not_cut(tmp_path):
 @pytest.mark.parametrize("where", ["middle", "last", "first", "only"])
 def test_an_older_magic_in_a_segment_of_this_format_is_damage(tmp_path, where):
     """A server writes its own format only, so an older magic beside records of this one, or on a record this
-    format's checksum verifies (a segment of one record), is damage: one bit flipped turns PSJ5 into PSJ4. Replay
+    format's checksum verifies (a segment of one record), is damage: one bit flipped turns PSJ6 into PSJ4. Replay
     calls it corrupt, not an older format, and --accept-journal-loss goes on with the intact records after it."""
     seqs = (1,) if where == "only" else (1, 2, 3)
     path = _one_segment(tmp_path, seqs)
@@ -123,7 +123,7 @@ def test_an_older_magic_in_a_segment_of_this_format_is_damage(tmp_path, where):
     at = {"first": 0, "only": 0, "middle": size // 3, "last": 2 * size // 3}[where]
     with open(path, "r+b") as f:
         f.seek(at + 3)
-        f.write(bytes([ord("5") ^ 0x01]))  # "PSJ4"
+        f.write(bytes([ord("6") ^ 0x02]))  # "PSJ4"
     with pytest.raises(JournalCorruptError, match=rf"is corrupt at byte {at} of {size} .* Refusing") as refused:
         list(Journal(str(tmp_path)).replay(0))
     assert "older journal format" not in str(refused.value)

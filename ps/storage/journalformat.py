@@ -6,25 +6,32 @@ journal (ps.storage.journal) writes them, replay (ps.storage.journalreplay) read
 
 Grammar (little-endian):
     segment  := record* zero*
-    record   := magic:u32 = 0x354A5350 ("PSJ5")  seq:u64  payload_len:u32  checksum:u64  payload
+    record   := magic:u32  seq:u64  payload_len:u32  checksum:u64  payload
+    magic    := 0x364A5350 ("PSJ6": MAGIC, the records this server writes)
+              | 0x354A5350 ("PSJ5": NO_DIGEST_MAGIC, the records of the version before the digest; read only)
     payload  := head  ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
     head     := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64  part:u32
-                rule:u8  digest:u64?
+                rule:u8  digest:u64        (a PSJ6 record)
+              | table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64  part:u32
+                rule:u8                    (a PSJ5 record: read as digest 0)
     rule     := 0 (OPTIMIZE: the optimizer step on grads) | 1 (ADD_DELTA: grads added to the embeddings as they
                 are), ps.rows.update's rules; replay applies a record by its own rule (ps.engine.table)
     digest   := the 64-bit digest of the content of the client request the push is part of (ps.engine.pushpath
-                _digest; 0: none kept, as for a push without a client). This server writes it in every record; a
-                record of the versions before it has none (its payload_len is 8 bytes shorter, which tells them
-                apart) and reads as digest 0
+                _digest; 0: none kept, as for a push without a client)
     checksum := ps.storage.checksum.checksum64 of the buffers [magic seq payload_len, head, ids, grads, shows, clicks]
+The magic says which head a record has, never its length. A server writes PSJ6 records only, each segment in one
+format; a PSJ5 segment, left by the version before the digest, replays (its requests' digests unknown), and the
+flush that follows a replay that applied records (or else the first flush) deletes it. A server of a version
+before PSJ6 refuses a PSJ6 segment (a magic it does not know: damage), so a data dir this server wrote does not
+open under it.
 The checksum covers the header's magic, seq and payload_len too, so a damaged seq or length fails it like a
 damaged payload. (client, client_seq, part, digest), a record's origin, say which push of which client request
 the record is, and what that request held (0, 0, 0, 0: none): `applied` (ps.storage.applied.AppliedTable) maps
 each client to the (client_seq, parts done, digest) of its newest request, kept as records are appended and
 replayed, so a shard can tell a retried request from a new one, and a reused seq from a retry
-(ps.engine.pushpath.PushPath.push_batch). A segment of a format before this one (its first bytes a magic of
-OLDER_MAGICS, and no record of this format in it) is refused by name, not read as damage; an older magic in a
-segment of this format is damage (a server writes its own format only).
+(ps.engine.pushpath.PushPath.push_batch). A segment of a format before PSJ5 (its first bytes a magic of
+OLDER_MAGICS, and no PSJ5 or PSJ6 record in it) is refused by name, not read as damage; such a magic in a segment
+of PSJ5 or PSJ6 records is damage (a server writes its own format only).
 """
 
 from __future__ import annotations
@@ -42,12 +49,15 @@ import numpy as np
 from ps.errors import StorageError
 from ps.storage.checksum import checksum64
 
-MAGIC = 0x354A5350  # "PSJ5"
-OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: their segments refused by name
+MAGIC = 0x364A5350  # "PSJ6": the records this server writes, their head ending in the digest
+NO_DIGEST_MAGIC = 0x354A5350  # "PSJ5": the records of the version before the digest, read only
+DIGEST_BYTES = {MAGIC: 8, NO_DIGEST_MAGIC: 0}  # the digest's bytes at the end of the head, by magic: the magics read
+_READ_MAGICS = {magic.to_bytes(4, "little") for magic in DIGEST_BYTES}  # b"PSJ6", b"PSJ5"
+OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before PSJ5: their segments refused by name
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
-DIGEST = struct.Struct("<Q")  # the head's last field, which a record of the versions before it lacks
+DIGEST = struct.Struct("<Q")  # the head's last field in a PSJ6 record (a PSJ5 record has none)
 READ_BYTES = 8 << 20  # replay reads a segment in windows of this (SegmentReader)
 
 
@@ -56,8 +66,8 @@ NO_ORIGIN: Origin = (0, 0, 0, 0)  # a push of no client request
 
 
 def payload_head(table: str, n: int, dim: int, step: int, origin: Origin, rule: int) -> bytes:
-    """The payload's head (the grammar's `head`, digest included) of a push of n ids of grads of dim floats to
-    `table`."""
+    """The payload's head (the grammar's `head` of a PSJ6 record, digest included) of a push of n ids of grads of
+    dim floats to `table`."""
     name = table.encode()
     client, client_seq, part, digest = origin
     fields = PAYLOAD_HEAD.pack(n, dim, step, client, client_seq, part, rule) + DIGEST.pack(digest)
@@ -191,7 +201,7 @@ class SegmentReader:
         what one read saw: a record a live server completed meanwhile parses."""
         if self._whole is None and self._covers(pos, HEADER.size):
             magic, _seq, payload_len, _check = HEADER.unpack_from(self._window, pos - self._start)
-            if magic == MAGIC and self._covers(pos, HEADER.size + payload_len):
+            if magic in DIGEST_BYTES and self._covers(pos, HEADER.size + payload_len):
                 rec, end = _parse(self._window, pos - self._start)
                 if rec is not None:
                     return rec, end + self._start
@@ -225,12 +235,13 @@ def end_of_data(data: bytes, pos: int, end: int | None = None) -> int:
 
 def holds_a_whole_record(data: bytes, pos: int, end: int) -> bool:
     """Whether data[pos:end] is at least as long as the record its header announces, or as its payload's head
-    announces (table name, n, dim; with the digest this server writes): a damaged length field can announce more
-    bytes than the record holds, where a record cut short holds fewer than both (a header of this format)."""
+    announces (table name, n, dim; the digest where its magic says the head has one): a damaged length field can
+    announce more bytes than the record holds, where a record cut short holds fewer than both (a header of PSJ6 or
+    PSJ5)."""
     if end - pos < HEADER.size:
         return False
     magic, _seq, payload_len, _check = HEADER.unpack_from(data, pos)
-    if magic != MAGIC:
+    if magic not in DIGEST_BYTES:
         return False
     if end - pos >= HEADER.size + payload_len:
         return True
@@ -242,7 +253,7 @@ def holds_a_whole_record(data: bytes, pos: int, end: int) -> bool:
     if end - p < PAYLOAD_HEAD.size:
         return False
     n, dim = struct.unpack_from("<II", data, p)
-    return end - p >= PAYLOAD_HEAD.size + DIGEST.size + sum(_array_bytes(n, dim))
+    return end - p >= PAYLOAD_HEAD.size + DIGEST_BYTES[magic] + sum(_array_bytes(n, dim))
 
 
 def _array_bytes(n: int, dim: int) -> list[int]:
@@ -262,23 +273,23 @@ def torn_tail(data: bytes, pos: int, end: int) -> bool:
     if end - pos < HEADER.size:
         return True
     magic, _, payload_len, _ = HEADER.unpack_from(data, pos)
-    return magic == MAGIC and pos + HEADER.size + payload_len >= end  # nothing but zeros after its declared end
+    return magic in DIGEST_BYTES and pos + HEADER.size + payload_len >= end  # nothing but zeros after its end
 
 
 def next_intact(data: bytes, start: int, end: int) -> int | None:
-    """Where the first intact record that begins in data[start:end] begins (None if there is none)."""
-    magic = MAGIC.to_bytes(4, "little")
-    at = data.find(magic, start, end)
+    """Where the first intact record (PSJ6 or PSJ5) that begins in data[start:end] begins (None if there is none)."""
+    at = data.find(b"PSJ", start, end)  # the first 3 bytes of either magic
     while at >= 0:
-        if _parse(data, at)[0] is not None:
+        if at + 4 <= end and bytes(data[at : at + 4]) in _READ_MAGICS and _parse(data, at)[0] is not None:
             return at
-        at = data.find(magic, at + 1, end)
+        at = data.find(b"PSJ", at + 1, end)
     return None
 
 
 def intact_but_its_magic(data: bytes, pos: int) -> bool:
-    """Whether the bytes at pos are an intact record of this format but for its magic (one bit flipped in it turns
-    PSJ5 into PSJ4): the checksum covers the magic, so an older server's record does not pass as one."""
+    """Whether the bytes at pos are an intact PSJ6 or PSJ5 record but for its magic (one bit flipped in it turns
+    PSJ6 into PSJ4 or PSJ2, PSJ5 into PSJ4): the checksum covers the magic, so an older server's record does not
+    pass as one."""
     if pos + HEADER.size > len(data):
         return False
     payload_len = HEADER.unpack_from(data, pos)[2]
@@ -286,18 +297,22 @@ def intact_but_its_magic(data: bytes, pos: int) -> bool:
     if end > len(data):
         return False
     record = bytearray(data[pos:end])
-    record[:4] = MAGIC.to_bytes(4, "little")
-    return _parse(bytes(record), 0)[0] is not None
+    for magic in DIGEST_BYTES:
+        record[:4] = magic.to_bytes(4, "little")
+        if _parse(bytes(record), 0)[0] is not None:
+            return True
+    return False
 
 
 def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
-    """(Record, end) of the record at pos, or (None, pos) if it is short or fails its checks."""
+    """(Record, end) of the record at pos, or (None, pos) if it is short or fails its checks. Its magic says its
+    head: with a digest (PSJ6) or without (PSJ5, read as digest 0)."""
     if pos + HEADER.size > len(data):
         return None, pos
     magic, seq, payload_len, check = HEADER.unpack_from(data, pos)
     start = pos + HEADER.size
     end = start + payload_len
-    if magic != MAGIC or end > len(data) or start + 2 > end:
+    if magic not in DIGEST_BYTES or end > len(data) or start + 2 > end:
         return None, pos
     (name_len,) = struct.unpack_from("<H", data, start)
     p = start + 2 + name_len
@@ -306,9 +321,8 @@ def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
     n, dim, step, client, client_seq, part, rule = PAYLOAD_HEAD.unpack_from(data, p)
     p += PAYLOAD_HEAD.size
     arrays = _array_bytes(n, dim)
-    has_digest = end - p - sum(arrays) == DIGEST.size  # else a record of the versions before the digest, or bad
-    if has_digest:
-        p += DIGEST.size
+    has_digest = DIGEST_BYTES[magic] > 0
+    p += DIGEST_BYTES[magic]
     ends = list(itertools.accumulate([p, *arrays]))  # ends of head, ids, grads, shows, clicks
     if ends[-1] != end:
         return None, pos

@@ -335,11 +335,11 @@ def _file_size(path: str) -> int:
 
 
 def _older_segment(data: mmap.mmap | bytes, pos: int, size: int) -> bool:
-    """Whether the bad bytes at pos (size: the segment's end of data) are a segment of an older journal format: an
-    older magic at its first byte, no record of this format in it, and the first record no record of this format
-    but for its magic. A server writes a segment in its own format only, so an older magic after a record of this
-    format, or before one, or on a record this format's checksum verifies, is damage (a bit flipped in a magic:
-    PSJ5 and PSJ4 differ by one)."""
+    """Whether the bad bytes at pos (size: the segment's end of data) are a segment of a journal format before PSJ5:
+    such a magic at its first byte, no PSJ6 or PSJ5 record in it, and the first record none but for its magic. A
+    server writes a segment in its own format only, so such a magic after a record it reads, or before one, or on a
+    record its checksum verifies, is damage (a bit flipped in a magic: PSJ6 and PSJ4 differ by one, as do PSJ5 and
+    PSJ4)."""
     return (pos == 0 and data[:4] in OLDER_MAGICS and next_intact(data, 1, size) is None
             and not intact_but_its_magic(data, 0))  # fmt: skip
 
@@ -349,7 +349,7 @@ def _older_format(path: str, data: mmap.mmap | bytes, pos: int) -> JournalCorrup
     return JournalCorruptError(
         f"journal segment {path} holds a record of an older journal format "
         f"({data[pos:pos + 4].decode('ascii', 'replace')}) at byte {pos}; this server reads "
-        "PSJ5. Refusing to start; stop the server version that wrote it cleanly (a clean stop "
+        "PSJ6 and PSJ5. Refusing to start; stop the server version that wrote it cleanly (a clean stop "
         "writes every push to RocksDB), or start with --accept-journal-loss to go on without "
         "those pushes"
     )  # fmt: skip
