@@ -161,3 +161,26 @@ def test_a_store_written_without_digests_opens_and_takes_any_content_of_its_seq_
         assert shard.clock == 5 and (rows(shard, A) == -1).all() and (rows(shard, B) == 0).all()
     finally:
         shard.close()
+
+
+@pytest.mark.parametrize("how", RESTARTS)
+def test_a_request_of_only_pushes_without_ids_and_no_advance_is_kept_until_a_flush(tmp_path, how):
+    """Such a request leaves no journal record and no advance note: its `applied/` entry, written at the next flush,
+    is all that keeps its seq. After a clean stop or a flush its seq with other content is refused; after kill -9
+    before a flush the seq is forgotten, and other content under it is applied as a new request (harmless: the
+    first changed nothing, so nothing is applied twice)."""
+    shard = open_shard(tmp_path)
+    assert shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=1) == (0, 1)
+    assert shard.push_batch([empty_push()], 0, client=7, client_seq=2) == (0, 1)
+    shard = restarted(shard, tmp_path, how)
+    try:
+        if how == "kill -9":
+            assert shard.journal.applied.get(7) == (1, 1)  # the request before it: the client's newest
+            assert shard.push_batch([push(B, 1.0)], 0, client=7, client_seq=2) == (0, 1)
+            assert (rows(shard, B) == -1).all()
+        else:
+            with pytest.raises(RequestSeqReusedError):
+                shard.push_batch([push(B, 1.0)], 0, client=7, client_seq=2)
+            assert (rows(shard, B) == 0).all()
+    finally:
+        shard.close()

@@ -11,7 +11,10 @@ the shard's lock (`lock`, the one Shard holds for its tables too), held only aro
 A retry is the same request: each client's newest request is kept with a digest of its content (_digest), and
 the request's seq sent again with other content is refused (RequestSeqReusedError), not applied in part as the
 missing rest of the first one. The digest is kept where the request's seq is: in the `applied` entry, in each
-journal record of the request and in its clock advance note, so it survives a restart, clean or kill -9.
+journal record of the request and in its clock advance note, so it survives a restart, clean or kill -9. A request
+of only pushes without ids and a clock advance of 0 has neither record nor note: until the next flush stores its
+`applied` entry, a kill -9 forgets its seq, and the shard takes that seq again as a new request (it changed nothing,
+so nothing is applied twice).
 """
 
 from __future__ import annotations
@@ -123,9 +126,10 @@ class PushPath:
         A retry must be the same request: its client's newest request sent again with other content (other pushes,
         tables, ids or values, or another clock advance) is refused with RequestSeqReusedError, changing nothing,
         where the shard applied that request (in part or whole), before a restart too (the digest is kept with the
-        request's seq: ps.storage.applied); one known only from a journal record, a store or an advance note of the
-        versions before the digest is taken as a retry. An older request is answered as applied before, whatever
-        its content. Not for shared (a key any caller sends: Client.push_once, the first
+        request's seq: ps.storage.applied; but for a request of only pushes without ids and no clock advance, which
+        a kill -9 before the next flush forgets: the module's docstring); one known only from a journal record, a
+        store or an advance note of the versions before the digest is taken as a retry. An older request is answered
+        as applied before, whatever its content. Not for shared (a key any caller sends: Client.push_once, the first
         request applied, another caller's answered as applied before, whatever its content) nor for a sync step's
         sum (step_sum).
 
