@@ -57,12 +57,14 @@ class PushPath:
         check_push: Callable[[TablePush], CheckedPush],
         apply_push: Callable[[CheckedPush, Origin], None],
         clock: int,
+        notes: dict[int, tuple[int, int]],
     ):
         """lock: the shard's lock; store: where the clock and the advance notes are kept (set_clock,
         forget_advanced); journal: its `applied` table and note_applied; room: the request room each batch takes for
-        its copies; check_push / apply_push: the shard's check and apply of one push. clock: the stored clock. The
-        advance notes are read from store now: before the journal's replay, whose flush may drop entries
-        (forget_advances) that aged past the retention while the shard was down."""
+        its copies; check_push / apply_push: the shard's check and apply of one push. clock and notes: the stored
+        clock and advance notes ({client: (client_seq, digest)}, ShardMeta.advanced), read before the journal's
+        replay, whose flush may drop entries (forget_advances) that aged past the retention while the shard was
+        down."""
         self.shard_id = shard_id
         self.clock = clock
         self._lock = lock
@@ -78,23 +80,19 @@ class PushPath:
         # client -> its newest request whose clock advance is applied; such a request is applied whole (the
         # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
         # entries go with the clients' `applied` entries (forget_advances)
-        notes = store.meta.advanced()
         self.advanced: dict[int, int] = {client: seq for client, (seq, _) in notes.items()}
-        # client -> the digest its advance note keeps (0s left out), for note_advanced
-        self._advance_digests = {client: digest for client, (_, digest) in notes.items() if digest}
 
     def replayed_to(self, step: int) -> None:
         """The clock after the journal's replay at start: at least the newest replayed record's step."""
         with self._lock:
             self.clock = max(self.clock, step)
 
-    def note_advanced(self) -> None:
+    def note_advanced(self, notes: dict[int, tuple[int, int]]) -> None:
         """Notes in the journal's `applied` table the requests whose clock advance is applied (at start, after the
-        replay), with the digests their notes keep: a client's entry there is at least its advance note's
-        request."""
+        replay), with the digests their notes keep (notes: the ones given to the constructor): a client's entry
+        there is at least its advance note's request."""
         for client, client_seq in self.advanced.items():
-            self._journal.note_applied((client, client_seq, -1, self._advance_digests.get(client, 0)))
-        self._advance_digests = {}
+            self._journal.note_applied((client, client_seq, -1, notes.get(client, (0, 0))[1]))
 
     def push_batch(
         self,
@@ -169,8 +167,8 @@ class PushPath:
             if answered:
                 _check_answered_advance(advance_clock)
             kept = not (shared or step_sum) and (client_seq == done_seq or not answered)  # compared or recorded
-            digest = _digest(checked, advance_clock) if kept else None
-            if digest is not None and client_seq == done_seq:
+            digest = _digest(checked, advance_clock) if kept else 0  # 0: none (never a digest's value)
+            if digest and client_seq == done_seq:
                 if not answered:  # a bad request is refused as one, then a reused seq
                     self.check_advance(advance_clock)
                 self._check_same(client, client_seq, digest)
@@ -179,10 +177,10 @@ class PushPath:
             skip = done_parts if client_seq == done_seq else 0
             # each journal record of the request, its advance note and its `applied` entry keep the digest (0:
             # none), so that its retries, after a restart too, must carry this content
-            request = (client, client_seq, digest or 0)
+            request = (client, client_seq, digest)
             out = self._apply_checked(checked, advance_clock, request, skip, caller_gone, step_sum)
             # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
-            self._journal.note_applied((client, client_seq, len(pushes) - 1, digest or 0))
+            self._journal.note_applied((client, client_seq, len(pushes) - 1, digest))
             return out
 
     def _check_same(self, client: int, client_seq: int, digest: int) -> None:

@@ -170,17 +170,17 @@ class Shard:
     def _load_requests(self) -> None:
         """Reads the clock and the clients' applied requests (the push path's, with its advance notes), then replays
         the journal past what RocksDB holds."""
-        clock = self.store.meta.clock()
+        clock, notes = self.store.meta.clock(), self.store.meta.advanced()  # before the replay's flush
         self.journal.applied.load(self.store.meta.applied())  # client requests applied before the last flush
         self.pushes = PushPath(self.shard_id, self._lock, self.store, self.journal, self.room,
                                lambda push: self.check_push(push),
-                               lambda checked, origin: self.apply_push(checked, origin), clock)  # fmt: skip
+                               lambda checked, origin: self.apply_push(checked, origin), clock, notes)  # fmt: skip
         records, step = replay(self.store, self.journal, self.tables, self._progress, self.config.accept_journal_loss)
         self.pushes.replayed_to(step)
         if records or self.journal.losses:  # flushed at once: the next start does not find them again
             self._progress.enter("flushing")
             self.flush()
-        self.pushes.note_advanced()
+        self.pushes.note_advanced(notes)
 
     @property
     def clock(self) -> int:
