@@ -87,3 +87,70 @@ def test_a_growth_whose_arrays_get_no_memory_to_move_keeps_every_row_and_the_tab
     more = a.grow(20, a.new_stamp())
     assert more.tolist() == list(range(10, 30)) and a.capacity == 32 and budget.used_bytes == 30 * a.row_charge
     assert (a.data[rows, :2] == block).all() and a.index.lookup(ids).tolist() == rows.tolist()
+
+
+def _filled(n: int, budget: MemoryBudget) -> tuple[Arena, np.ndarray, np.ndarray]:
+    """An arena of width 2 holding n rows of ids 100.. (row r holds [2r, 2r + 1], lsn r), and those ids and rows."""
+    a = Arena(width=2, budget=budget)
+    rows = a.grow(n, a.new_stamp())
+    ids = np.arange(n, dtype=np.uint64) + np.uint64(100)
+    block = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
+    a.install(rows, ids, block, np.arange(n, dtype=np.uint64), np.zeros(n, np.uint8), 0)
+    return a, ids, rows
+
+
+def test_return_free_whose_index_cannot_take_the_moved_rows_moves_none_and_raises(monkeypatch):
+    """Rows 0-3 of 10 are released (a Shrink's drops); the index fails to take the moved rows' entries: the error
+    comes out of return_free, every row kept is where it was with its data, the free rows stay free (none holds a
+    copy of a kept row's line: pin -1), and the budget still charges the 10 rows in use."""
+    budget = MemoryBudget(1 << 20)
+    a, ids, rows = _filled(10, budget)
+    a.release(rows[:4])
+
+    def no_memory(ids: np.ndarray, rows: np.ndarray) -> None:
+        raise MemoryError("no memory for the index to grow")
+
+    monkeypatch.setattr(a.index, "insert", no_memory)
+    with pytest.raises(MemoryError):
+        a.return_free()
+    assert a.used == 10 and sorted(a.free.tolist()) == [0, 1, 2, 3] and a.pin[:4].tolist() == [-1] * 4
+    assert a.index.lookup(ids).tolist() == [-1] * 4 + list(range(4, 10))
+    assert a.data[4:10, :2].tolist() == np.arange(8, 20, dtype=np.float32).reshape(6, 2).tolist()
+    assert budget.used_bytes == 10 * a.row_charge
+    monkeypatch.undo()
+    assert a.return_free() == 4 and a.used == 6 and budget.used_bytes == 6 * a.row_charge
+    found = a.index.lookup(ids[4:])
+    assert (a.data[found, :2] == np.arange(8, 20, dtype=np.float32).reshape(6, 2)).all()
+
+
+def test_return_free_whose_arrays_cannot_shrink_logs_it_and_settles_the_budget(caplog):
+    """The arrays get no memory to shrink into: return_free still gives the 4 free rows back (the kept rows moved
+    down, found at their new rows), logs the failed shrink and returns; the arrays keep their capacity."""
+    budget = MemoryBudget(1 << 20)
+    a, ids, rows = _filled(10, budget)
+    a.release(rows[:4])
+
+    def no_memory(capacity: int) -> None:
+        raise MemoryError(f"no pages for {capacity} rows")
+
+    a._resize = no_memory
+    assert a.return_free() == 4 and a.used == 6 and budget.used_bytes == 6 * a.row_charge
+    assert a.capacity == 16 and "shrinking its arrays to the rows left failed" in caplog.text
+    found = a.index.lookup(ids[4:])
+    assert sorted(found.tolist()) == list(range(6))
+    assert (a.data[found, :2] == np.arange(8, 20, dtype=np.float32).reshape(6, 2)).all()
+
+
+def test_return_free_lets_an_error_other_than_no_memory_propagate():
+    """Only the arrays' shrink is caught (MemoryError, OSError): any other error comes out of return_free."""
+    budget = MemoryBudget(1 << 20)
+    a, _ids, rows = _filled(10, budget)
+    a.release(rows[:4])
+
+    def broken(capacity: int) -> None:
+        raise RuntimeError("a bug")
+
+    a._resize = broken
+    with pytest.raises(RuntimeError):
+        a.return_free()
+    assert budget.used_bytes == 6 * a.row_charge == a.used * a.row_charge

@@ -175,9 +175,20 @@ class Arena(ArenaLookups):
 
     def give_up(self, k: int) -> int:
         """Gives up to k rows back (for MemoryBudget.reclaim, which holds this table's lock and pays the bytes back
-        to the budget); returns how many. Free rows go first, then rows in use as victims() chooses them; the dirty
-        ones are persisted first. The rows in use above used - k move down into the freed places,
-        and the arrays (the id index too) shrink to the rows left, so their memory goes back to the OS."""
+        to the budget); returns how many: the rows leave (_compact), then the arrays (the id index too) shrink to
+        the rows left, so their memory goes back to the OS. Where the arrays get no memory to shrink into, the error
+        propagates once the rows left (reclaim logs it): the arrays keep their size, and every row is as it was
+        left."""
+        k = self._compact(k)
+        if k:
+            self._fit(self.used)
+        return k
+
+    def _compact(self, k: int) -> int:
+        """Up to k rows leave; returns how many. Free rows go first, then rows in use as victims() chooses them;
+        the dirty ones are persisted first. The rows in use above used - k move down into the freed places. What
+        can fail (persisting, the copies, the index's growth) runs before any row moves: a failure moves none, and
+        propagates. The arrays keep their size."""
         top_free = np.sort(self.free)[::-1][:k]  # free rows nearest the end need no move
         evicted = self.victims(k - len(top_free), self.new_stamp()) if k > len(top_free) else self.free[:0]
         if self.persist is None:
@@ -194,37 +205,47 @@ class Arena(ArenaLookups):
         stays = np.ones(k, dtype=bool)
         stays[gone[gone >= left] - left] = False
         movers = left + np.flatnonzero(stays)  # as many as holes
-        self._unindex(evicted)
+        lines, moved_ids, free = self.data[movers], self.ids[movers], np.setdiff1d(self.free, gone)
+        evicted_ids = self.ids[evicted]
+        evicted_ids = evicted_ids[self.index.lookup(evicted_ids) == evicted]  # as _unindex: entries at those rows
+        self.index.insert(moved_ids, holes)  # may grow, or fail and change nothing: the last step that allocates
+        self.data[holes] = lines  # whole lines: row, lsn, pin and flags
+        self.ids[holes] = moved_ids
+        self.index.delete(evicted_ids)
         self.evictions += len(evicted)
-        if len(movers):
-            self.data[holes] = self.data[movers]  # whole lines: row, lsn, pin and flags
-            self.ids[holes] = self.ids[movers]
-            self.index.insert(self.ids[holes], holes)
-            moved_dirty = holes[self.dirty[holes] == 1]
-            if len(moved_dirty):
-                self._rescan_from = min(self._rescan_from, int(moved_dirty[0]))
-        self.free = np.setdiff1d(self.free, gone)  # all below `left`
+        moved_dirty = holes[self.dirty[holes] == 1]
+        if len(moved_dirty):
+            self._rescan_from = min(self._rescan_from, int(moved_dirty[0]))
+        self.free = free  # all below `left`
         self.used = left
-        self._probation.extend(np.zeros(0, dtype=np.uint64), max(MIN_CAPACITY, left))  # its array shrinks too
         self.hand = self.hand if self.hand < left else 0
-        self._resize(left)
-        self.index.shrink(INDEX_BYTES_PER_ROW * left)  # within the charge of the rows left: its memory goes back
+        self._probation.extend(np.zeros(0, dtype=np.uint64), max(MIN_CAPACITY, left))  # its array shrinks too
         return k
+
+    def _fit(self, capacity: int) -> None:
+        """Shrinks the arrays to `capacity` rows (>= used), and the id index to the charge of the rows in use, so
+        their memory goes back to the OS; MemoryError or OSError where they get no memory to move into (_resize:
+        the rows stay)."""
+        self._resize(capacity)
+        self.index.shrink(INDEX_BYTES_PER_ROW * self.used)  # within the charge of the rows left
 
     def return_free(self) -> int:
         """Gives the free rows (released by a Shrink, or by a refused request) back to the budget, so that any table
-        can take their bytes; returns how many went. give_up of just those rows (no row in use goes): the rows in
-        use above them move down into their places, and the arrays shrink. Where that fails (the arrays get no
-        memory to shrink into, after the rows left them) it is logged, not raised: the caller's work stands, and the
-        budget is settled to the rows left in use either way. The table's lock held."""
+        can take their bytes; returns how many went. The rows in use above them move down into their places
+        (_compact: no row in use goes; an error there propagates, no row moved), the budget is settled to the rows
+        left in use, and the arrays shrink to them; where the arrays get no memory to shrink into, that is logged,
+        not raised: the caller's work stands, and they keep their size until they next resize. The table's lock
+        held."""
         before = self.used
         try:
             if len(self.free):
-                self.give_up(len(self.free))
-        except Exception:
-            log.exception("table %r gave %d of its %d free rows back to the budget; giving the rest, or shrinking its "
-                          "arrays, failed (they keep their size until they next resize)", self.name, before - self.used,
-                          before - self.used + len(self.free))  # fmt: skip
+                self._compact(len(self.free))
+                try:
+                    self._fit(self.used)
+                except (MemoryError, OSError):
+                    log.exception("table %r gave %d free rows back to the budget; shrinking its arrays to the rows "
+                                  "left failed (they keep their size until they next resize)", self.name,
+                                  before - self.used)  # fmt: skip
         finally:
             self.budget.settle(self, self.used)
         return before - self.used
