@@ -124,28 +124,28 @@ def test_return_free_whose_index_cannot_take_the_moved_rows_moves_none_and_raise
 
 
 def test_return_free_whose_arrays_cannot_shrink_logs_it_and_settles_the_budget(caplog):
-    """The arrays get no memory to shrink into: return_free still gives the 4 free rows back (the kept rows moved
+    """The arrays get no memory to shrink into: return_free still gives the 80 free rows back (the kept rows moved
     down, found at their new rows), logs the failed shrink and returns; the arrays keep their capacity."""
     budget = MemoryBudget(1 << 20)
-    a, ids, rows = _filled(10, budget)
-    a.release(rows[:4])
+    a, ids, rows = _filled(100, budget)
+    a.release(rows[:80])
 
     def no_memory(capacity: int) -> None:
         raise MemoryError(f"no pages for {capacity} rows")
 
     a._resize = no_memory
-    assert a.return_free() == 4 and a.used == 6 and budget.used_bytes == 6 * a.row_charge
-    assert a.capacity == 16 and "shrinking its arrays to the rows left failed" in caplog.text
-    found = a.index.lookup(ids[4:])
-    assert sorted(found.tolist()) == list(range(6))
-    assert (a.data[found, :2] == np.arange(8, 20, dtype=np.float32).reshape(6, 2)).all()
+    assert a.return_free() == 80 and a.used == 20 and budget.used_bytes == 20 * a.row_charge
+    assert a.capacity == 100 and "shrinking its arrays to the rows left failed" in caplog.text
+    found = a.index.lookup(ids[80:])
+    assert sorted(found.tolist()) == list(range(20))
+    assert (a.data[found, :2] == np.arange(160, 200, dtype=np.float32).reshape(20, 2)).all()
 
 
 def test_return_free_lets_an_error_other_than_no_memory_propagate():
     """Only the arrays' shrink is caught (MemoryError, OSError): any other error comes out of return_free."""
     budget = MemoryBudget(1 << 20)
-    a, _ids, rows = _filled(10, budget)
-    a.release(rows[:4])
+    a, _ids, rows = _filled(100, budget)
+    a.release(rows[:80])
 
     def broken(capacity: int) -> None:
         raise RuntimeError("a bug")
@@ -153,4 +153,49 @@ def test_return_free_lets_an_error_other_than_no_memory_propagate():
     a._resize = broken
     with pytest.raises(RuntimeError):
         a.return_free()
-    assert budget.used_bytes == 6 * a.row_charge == a.used * a.row_charge
+    assert budget.used_bytes == 20 * a.row_charge == a.used * a.row_charge
+
+
+def test_return_free_of_a_few_rows_keeps_the_arrays_and_their_ghost_and_settles_the_budget():
+    """10,000 rows of 200,000 (room for 300,000, the data mapped) dropped: return_free settles the budget to the
+    190,000 rows left, and the arrays keep their capacity and mapping (the ghost too: no resize); the pages past
+    the rows in use go back to the OS (they read zeros), and the next row pushed needs no resize."""
+    budget = MemoryBudget(1 << 30)
+    a, ids, rows = _filled(150_000, budget)
+    more = a.grow(50_000, a.new_stamp())
+    ids = np.concatenate([ids, np.arange(150_100, 200_100, dtype=np.uint64)])
+    a.install(
+        more,
+        ids[150_000:],
+        np.ones((50_000, 2), np.float32),
+        np.zeros(50_000, np.uint64),
+        np.zeros(50_000, np.uint8),
+        0,
+    )
+    assert a.capacity == 300_000 and hugepages._mapping(a.data) is not None
+    a._ghost[:] = 7  # what the ghost remembers: lost on a resize
+    data, ghost = a.data, a._ghost
+    a.release(np.arange(10_000))
+    assert a.return_free() == 10_000 and a.used == 190_000 and budget.used_bytes == 190_000 * a.row_charge
+    assert a.capacity == 300_000 and a.data is data and a._ghost is ghost and (a._ghost == 7).all()
+    assert not a.data[190_200:].any()  # rows moved down from there: the pages past the one row 190,000 starts on
+    found = a.index.lookup(ids[10_000:])
+    assert (a.data[found[:140_000], :2] == np.arange(20_000, 300_000, dtype=np.float32).reshape(-1, 2)).all()
+    assert (a.data[found[140_000:], :2] == 1).all()
+    assert a.grow(1, a.new_stamp()).tolist() == [190_000] and a.data is data
+
+
+def test_return_free_shrinks_the_arrays_to_twice_the_rows_left_once_under_a_quarter():
+    """Of 100 rows (room for 100) 70 dropped: 30 rows fill a quarter of it or more, so the arrays keep their size;
+    then 10 more dropped: 20 rows fill under a quarter, so the arrays shrink to 40 rows; then all go: none."""
+    budget = MemoryBudget(1 << 20)
+    a, ids, rows = _filled(100, budget)
+    assert a.capacity == 100
+    a.release(rows[:70])
+    assert a.return_free() == 70 and (a.used, a.capacity, len(a.data), len(a.ids)) == (30, 100, 100, 100)
+    a.release(a.index.lookup(ids[70:80]))
+    assert a.return_free() == 10 and (a.used, a.capacity, len(a.data), len(a.ids)) == (20, 40, 40, 40)
+    assert budget.used_bytes == 20 * a.row_charge
+    assert (a.data[a.index.lookup(ids[80:]), :2] == np.arange(160, 200, dtype=np.float32).reshape(20, 2)).all()
+    a.release(a.index.lookup(ids[80:]))
+    assert a.return_free() == 20 and (a.used, a.capacity, budget.used_bytes) == (0, 0, 0)

@@ -51,3 +51,18 @@ def test_where_python_has_no_huge_page_advice_the_array_is_np_zeros(monkeypatch)
     a = hugepages.zeros((1 << 20, 3), np.uint64)
     assert a.base is None
     _like_np_zeros(a, (1 << 20, 3), np.uint64)
+
+
+def test_release_gives_back_the_whole_pages_past_a_row_and_keeps_the_rows_before():
+    """Rows from 1,000 of a mapped array written with ones: released, the whole pages past row 1,000 read zeros
+    again (the kernel dropped them), the rows before keep their ones; a small (np.zeros) array is left as it is."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        pytest.skip("this Python has no MADV_DONTNEED (not Linux)")
+    a = hugepages.zeros((1 << 20, 3), np.uint64)
+    a[:] = 1
+    hugepages.release(a, 1000)
+    first = -(-1000 * 24 // mmap.PAGESIZE) * mmap.PAGESIZE // 24 + 1  # the first row wholly on a page released
+    assert (a[:1000] == 1).all() and not a[first:].any()
+    small = np.ones((10, 3), np.uint64)
+    hugepages.release(small, 0)
+    assert (small == 1).all()

@@ -2,9 +2,12 @@
 return_free), while the rows kept stay as they were."""
 
 import numpy as np
+import pytest
 
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
+from ps.engine.shrinkprogress import ShrinkProgress
+from ps.errors import StorageError
 from ps.rows.layout import layout_of
 from ps.server_config import ServerConfig
 
@@ -67,5 +70,32 @@ def test_a_shrink_whose_table_arrays_cannot_shrink_still_gives_the_rows_back_and
         assert a.arena.used == 10 and shard.budget.used_bytes == 10 * a.arena.row_charge
         np.testing.assert_array_equal(a.peek(np.arange(12, dtype=np.uint64))[:, :8],
                                       np.repeat([[-2.0], [0.0]], [10, 2], axis=0) * np.ones(8))  # fmt: skip
+    finally:
+        shard.close()
+
+
+def test_a_shrink_that_fails_part_way_still_gives_back_the_ram_of_the_rows_it_dropped(tmp_path):
+    """A Shrink of 500 rows in chunks of 100 whose third chunk's write fails: the error comes out, the 200 ids the
+    first two chunks dropped stay dropped, and their RAM rows go back to the budget (none left free and charged)."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600,
+                               cache_bytes=1000 * layout_of(8, "sgd").ram_bytes))  # fmt: skip
+    try:
+        a = shard.create_table(_table("a"))
+        shard.push("a", np.arange(500, dtype=np.uint64), np.ones((500, 8), np.float32))
+        shard.advance_clock(10)
+        shard.flush()
+        write_shrink, calls = a.writer.write_shrink, []
+
+        def fails_third(*args) -> None:
+            calls.append(1)
+            if len(calls) == 3:
+                raise StorageError("the third chunk's write failed")
+            write_shrink(*args)
+
+        a.writer.write_shrink = fails_third
+        with pytest.raises(StorageError):
+            a.shrink(shard.clock, ShrinkProgress(["a"]), chunk_rows=100)
+        assert a.counters["dropped"] == 200 and len(a.arena.free) == 0
+        assert a.arena.used == 300 and shard.budget.used_bytes == 300 * a.arena.row_charge
     finally:
         shard.close()

@@ -78,3 +78,17 @@ def resize(owner: object, name: str, rows: int) -> None:
     keep = min(rows, old_shape[0])
     out[:keep] = a[:keep]
     setattr(owner, name, out)
+
+
+def release(a: np.ndarray, start: int) -> None:
+    """Gives the RAM of rows [start, len(a)) of an array that zeros() or resize() made back to the OS, where the
+    array is a mapping of its own (MADV_DONTNEED): the whole pages in those rows read as zeros after, and cost RAM
+    again once written. Optional: the caller keeps nothing in those rows either way; without it (np.zeros, no
+    MADV_DONTNEED) pages once written stay resident until the array resizes. OSError where the kernel refuses."""
+    buf = _mapping(a)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if buf is None or advice is None or a.nbytes != len(buf) or not a.flags.c_contiguous:  # not all of its mapping
+        return
+    first = -(-start * a.strides[0] // mmap.PAGESIZE) * mmap.PAGESIZE
+    if first < len(buf):
+        buf.madvise(advice, first, len(buf) - first)

@@ -27,6 +27,7 @@ reads its misses from RocksDB (ps.engine.readahead), and rows written to RocksDB
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -50,6 +51,8 @@ from ps.storage.foreground import Foreground
 from ps.storage.journal import Journal
 from ps.storage.journalformat import NO_ORIGIN, Origin, Record
 from ps.storage.store import Store
+
+log = logging.getLogger("ps.engine.table")
 
 FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock: short enough not to stall pushes
 FLUSH_PAUSE_S = 0.0005  # between two such holds, so a waiting pull or push gets the lock (Python's is not fair)
@@ -330,17 +333,31 @@ class Table:
         store's flushed seq) is kept, decayed, until a later shrink: a drop is not journaled, so after a crash the
         journal's replay of that push would bring the row back (with the push under any later one). Only what
         changes is written: with decay 1 the kept rows stay as they are, and a table with no rule on is not
-        scanned at all. Once the scan ends, the RAM rows of the ids dropped go back to the budget
-        (Arena.return_free), for any table to take."""
+        scanned at all. Once the scan ends, or a chunk fails, the RAM rows of the ids dropped go back to the budget
+        (Arena.return_free), for any table to take; where that fails too after a chunk failed, it is logged and the
+        chunk's error propagates."""
         if rule_is_off(self.cfg.eviction):
             return
+        try:
+            self._shrink_chunks(clock, progress, chunk_rows)
+        except BaseException:
+            with self.lock:
+                try:
+                    self.arena.return_free()  # the rows the chunks written before dropped
+                except Exception:
+                    log.exception("table %r: giving the RAM rows a failed Shrink dropped back failed", self.name)
+            raise
+        with self.lock:
+            self.arena.return_free()  # the RAM of the rows dropped, for any table to take
+
+    def _shrink_chunks(self, clock: int, progress: ShrinkProgress, chunk_rows: int) -> None:
+        """shrink's scan: each chunk read, ruled and written, under the lock."""
         after = None
         while True:
             with self.lock:
                 self._check_open()
                 got = self.store.scan(self.name, self.width, after, chunk_rows)
                 if got is None:
-                    self.arena.return_free()  # the RAM of the rows dropped, for any table to take
                     return
                 ids, rows, lsn, complete, after = got
                 in_ram = self.arena.index.lookup(ids)

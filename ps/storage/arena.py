@@ -11,7 +11,8 @@ line in `data` (ps.rows.layout); the attributes are strided views of them.
 Memory: every row in use [0, used) is paid for from the MemoryBudget shared by all tables of a server
 (ps.storage.budget: the budget bounds the sum, there are no unpaid rows), and the arrays have room for `capacity`
 rows, grown by doubling as rows are paid for, so what a table maps (virtual memory) follows what it holds: at
-most twice its rows, and never more than the budget. Growing moves the pages to a larger mapping where the OS
+most twice its rows after a growth, four times once a Shrink dropped rows (return_free shrinks the arrays under
+that, and gives the pages past the rows in use back to the OS), and never more than the budget. Growing moves the pages to a larger mapping where the OS
 can (ps.accel.hugepages.resize), so the arrays are replaced: callers re-read `data` and the views after any
 call that admits rows (grow). When the budget is spent a table reuses its own cold rows (victims,
 ps.storage.eviction); a table under its fair share takes rows back from tables above theirs (give_up).
@@ -223,25 +224,40 @@ class Arena(ArenaLookups):
         return k
 
     def _fit(self, capacity: int) -> None:
-        """Shrinks the arrays to `capacity` rows (>= used), and the id index to the charge of the rows in use, so
-        their memory goes back to the OS; MemoryError or OSError where they get no memory to move into (_resize:
-        the rows stay)."""
-        self._resize(capacity)
+        """Gives the arrays room for `capacity` rows (>= used), and shrinks the id index to the charge of the rows
+        in use, so their memory goes back to the OS; arrays that keep their capacity give back the pages past the
+        rows in use (hugepages.release). MemoryError or OSError where they get no memory to move into (_resize: the
+        rows stay)."""
+        if capacity != self.capacity:
+            self._resize(capacity)
+        else:
+            hugepages.release(self.data, self.used)
+            hugepages.release(self.ids, self.used)
         self.index.shrink(INDEX_BYTES_PER_ROW * self.used)  # within the charge of the rows left
+
+    def _kept_capacity(self) -> int:
+        """The capacity return_free leaves: the arrays keep theirs while the rows in use fill a quarter of it or
+        more; under that they shrink to twice those rows (MIN_CAPACITY at least, 0 for none), the room a doubling
+        growth leaves. So a Shrink that drops a few rows does not shrink them only for the next push to double them
+        again (each resize wipes the eviction ghost), and they map at most four times the rows in use."""
+        if self.used >= self.capacity // 4:
+            return self.capacity
+        return min(self.capacity, max(2 * self.used, MIN_CAPACITY)) if self.used else 0
 
     def return_free(self) -> int:
         """Gives the free rows (released by a Shrink, or by a refused request) back to the budget, so that any table
         can take their bytes; returns how many went. The rows in use above them move down into their places
         (_compact: no row in use goes; an error there propagates, no row moved), the budget is settled to the rows
-        left in use, and the arrays shrink to them; where the arrays get no memory to shrink into, that is logged,
-        not raised: the caller's work stands, and they keep their size until they next resize. The table's lock
-        held."""
+        left in use, and the arrays shrink where the rows in use fall under a quarter of them (_kept_capacity;
+        else the pages past those rows go back to the OS); where the arrays get no memory to shrink into, that is
+        logged, not raised: the caller's work stands, and they keep their size until they next resize. The table's
+        lock held."""
         before = self.used
         try:
             if len(self.free):
                 self._compact(len(self.free))
                 try:
-                    self._fit(self.used)
+                    self._fit(self._kept_capacity())
                 except (MemoryError, OSError):
                     log.exception("table %r gave %d free rows back to the budget; shrinking its arrays to the rows "
                                   "left failed (they keep their size until they next resize)", self.name,
