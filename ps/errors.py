@@ -13,6 +13,7 @@ RESOURCE_EXHAUSTED as well.
 
 import copy
 import errno
+import re
 
 MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
 MAX_DETAILS_BYTES = 1024  # of a status message, UTF-8; percent-encoded in the trailer, it takes at most 3x this
@@ -346,6 +347,7 @@ NOTHING_APPLIED = "nothing was applied"  # a refusal's outcome where none of the
 NOTHING_READ_OR_APPLIED = "nothing was read or applied"  # a request refused before it read a row or changed one
 NOTHING_OF_THE_STEP_APPLIED = "nothing of the step was applied"  # a sync step failed: no worker's push of it applied
 RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
+SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
 
 
 class DiskFullError(PsError):
@@ -386,11 +388,28 @@ class DiskFullError(PsError):
             remedy,
         )
 
+    @classmethod
+    def read(cls, text: str) -> "DiskFullError":
+        """The error whose message is text, its fields read back from it as of() writes them: a client's copy of a
+        shard's refusal carries only its message. Its words before DISK_FULL_PREFIX (the shard, the call) start
+        `what`. A text of() did not write gives DiskFullError(text), its fields empty."""
+        m = _DISK_FULL_WORDS.fullmatch(text)
+        if m is None:
+            return cls(text)
+        return cls.of(m["reason"], m["head"] + m["what"], m["outcome"] or "", m["disk"] or "", m["remedy"])
+
     def instead(self, outcome: str, disk: str | None = None, remedy: str | None = None) -> "DiskFullError":
         """The same error with another outcome (and disk, and remedy, if given: else its own)."""
         disk = self.disk if disk is None else disk
         remedy = self.remedy if remedy is None else remedy
         return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
+
+
+_DISK_FULL_WORDS = re.compile(  # DiskFullError.of's message, after any words that name where it was refused
+    rf"(?P<head>.*?){DISK_FULL_PREFIX} \((?P<reason>[^)]*)\): (?P<what>.*?); free space on "
+    r"(?:the disk of (?P<disk>.*?)|that disk) \(or raise the quota\) and (?P<remedy>.*?)(?:; (?P<outcome>.*))?",
+    re.DOTALL,
+)
 
 
 def partly_applied(e: PsError, stopped: str, outcome: str) -> PsError:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
-from ps.errors import PARTLY_APPLIED, DiskFullError, TableNotFoundError
+from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHRINK_REMEDY, DiskFullError, TableNotFoundError
 from ps.rows.layout import SHOW
 from worker.client import Client
 
@@ -48,8 +48,8 @@ def test_a_shrink_every_shard_refuses_raises_the_first_refusal_as_it_is(servers)
 
 
 def test_a_full_disk_on_one_shard_while_another_shrank_says_to_send_no_shrink_once_space_is_freed(servers):
-    """The full disk's refusal says to free space and retry; the error goes on to say that the Shrink is not sent
-    again even then, since shard 0 shrank."""
+    """Shard 1's disk is full: the error, in a full disk's words and with its fields, says to free space and wait
+    for the next Shrink (not to retry), and no longer that nothing was applied: shard 0 shrank."""
     addresses, s0, s1 = _two_shards_t_on_shard_0(servers)
     s1.shard.create_table(CFG)
 
@@ -60,8 +60,12 @@ def test_a_full_disk_on_one_shard_while_another_shrank_says_to_send_no_shrink_on
     with Client(addresses, timeout_s=10, server_timeout_s=5) as client, pytest.raises(DiskFullError) as e:
         client.shrink()
     said = str(e.value)
-    assert said.startswith(f"Shrink failed on shard 1: shard 1 at {addresses[1]}: Shrink failed with "
-                           "RESOURCE_EXHAUSTED: the server's disk is full")  # fmt: skip
-    assert "shard(s) 0 shrank (shard 0 dropped 1 ids" in said, said
-    assert said.endswith("send no Shrink before the next one is due, also once shard 1 is mended: one sent again "
-                         "would decay their rows a second time")  # fmt: skip
+    assert said == (
+        f"the server's disk is full (No space left on device): shard 1 at {addresses[1]}: Shrink failed with "
+        "RESOURCE_EXHAUSTED: writing the rows of table 't' in data dir D; free space on that disk (or raise the "
+        f"quota) and {SHRINK_REMEDY}; Shrink failed on shard 1. Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 "
+        f"ids, 1 rows and 0 pending ids left): those changes were {PARTLY_APPLIED}; send no Shrink before the next "
+        "one is due, also once shard 1 is mended: one sent again would decay their rows a second time"
+    )
+    assert (e.value.remedy, e.value.reason, e.value.refused_by) == (SHRINK_REMEDY, "No space left on device", 1)
+    assert NOTHING_APPLIED not in said and e.value.outcome.startswith("Shrink failed on shard 1. Of the Shrink")

@@ -3,25 +3,25 @@
 Client.shrink sends every shard its Shrink at once. Where one fails and others shrank, those stay shrunk: their
 rows decayed once and their ids dropped. The failure alone would leave a reader to send the Shrink again once the
 failed shard is mended (a table restored, space freed), decaying the others' rows a second time, so the error
-raised names them, what each dropped, and that they take no Shrink before the next one is due (in
-ps.errors.PARTLY_APPLIED's words, as a shard's own refusal of a Shrink stopped part way: ps.engine.shrinkprogress).
+raised names them, what each dropped, and that they take no Shrink before the next one is due (ps.errors
+partly_applied, as a shard's own refusal of a Shrink stopped part way: ps.engine.shrinkprogress; a full disk's
+remedy RETRY becomes SHRINK_REMEDY there too).
 """
 
 from __future__ import annotations
 
-import copy
-
 from protos import ps_pb2
-from ps.errors import PARTLY_APPLIED, PsError
+from ps.errors import PARTLY_APPLIED, RETRY, SHRINK_REMEDY, DiskFullError, PsError, partly_applied
 
 
 def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     """outcomes: each shard's ShrinkResponse, or the PsError its Shrink ended with, in shard order. Returns the
     replies where no shard failed. Else raises the first failure: as it is where no shard shrank; where some did,
-    a copy of it (its class and attributes kept) whose message is "Shrink failed on shard <s>: <its message>. Of
+    reworded by ps.errors.partly_applied (its class and attributes kept) with "Shrink failed on shard <s>" and "Of
     the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
     <PARTLY_APPLIED>; send no Shrink before the next one is due, also once shard <s> is mended: one sent again
-    would decay their rows a second time" (and which other shards failed, where more did)."""
+    would decay their rows a second time" (and which other shards failed, where more did); a full disk's refusal
+    read back into its fields (DiskFullError.read), its remedy RETRY replaced by SHRINK_REMEDY."""
     failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
     if not failed:
         return outcomes
@@ -33,11 +33,15 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
                        "left" for s, r in done)  # fmt: skip
     more = [s for s, _ in failed[1:]]
     also = f"; shard(s) {', '.join(map(str, more))} failed too" if more else ""
-    reworded = copy.copy(error)
-    reworded.args = (
-        f"Shrink failed on shard {shard}: {error}. Of the Shrink, shard(s) {', '.join(str(s) for s, _ in done)} "
-        f"shrank ({shrank}): those changes were {PARTLY_APPLIED}; send no Shrink before the next one is due, also "
-        f"once shard {shard} is mended: one sent again would decay their rows a second time{also}",
-        *error.args[1:],
-    )
+    outcome = (f"Of the Shrink, shard(s) {', '.join(str(s) for s, _ in done)} shrank ({shrank}): those changes were "
+               f"{PARTLY_APPLIED}; send no Shrink before the next one is due, also once shard {shard} is mended: one "
+               f"sent again would decay their rows a second time{also}")  # fmt: skip
+    own = error
+    if isinstance(error, DiskFullError):
+        own = DiskFullError.read(str(error)) if not error.what else error
+        if own.remedy == RETRY:
+            own = own.instead(own.outcome, remedy=SHRINK_REMEDY)
+    reworded = partly_applied(own, f"Shrink failed on shard {shard}", outcome)
+    for name, value in vars(error).items():  # what the client noted of the refusal (refused_by), where it is new
+        vars(reworded).setdefault(name, value)
     raise reworded

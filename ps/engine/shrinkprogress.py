@@ -10,9 +10,7 @@ full disk's remedy instead of its RETRY).
 
 from __future__ import annotations
 
-from ps.errors import PARTLY_APPLIED, RETRY, DiskFullError, PsError, partly_applied
-
-SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
+from ps.errors import PARTLY_APPLIED, RETRY, SHRINK_REMEDY, DiskFullError, PsError, partly_applied
 
 
 class ShrinkProgress:
