@@ -105,7 +105,9 @@ def save(
     manifest entry is described by every shard); tables: look only at these for such a table, for a checkpoint
     that is read for them alone, an export's. A failure once the shards began to save says what they left in
     directory (_note_parts_left), unless temporary: the caller removes directory when the save fails (an export's
-    fresh checkpoint, whose leftovers the next export removes), so the error says nothing of what is in it."""
+    fresh checkpoint, whose leftovers the next export removes), so the error says nothing of what is in it. A table
+    made during the save is left out of the manifest, or refused (ValueError) where a shard saved rows of it
+    (_made_during_the_save)."""
     directory = os.path.abspath(directory)
     parts_in = None if temporary else directory  # where a failure's error says what the shards left
     state_ids = _check_before_holding(client, directory, tables)
@@ -114,6 +116,9 @@ def save(
     n = len(state_ids)
     shards = [json.loads(r.shard_json) for r in replies]
     _check_parts_seen(directory, shards)
+    for left_out in _made_during_the_save(shards, tables, parts_in):  # not part of the cut: nowhere in the manifest
+        for shard in shards:
+            shard["rows"].pop(left_out, None)
     configs = _table_configs(client, n, shards, tables, parts_in)
     manifest = {
         "format": FORMAT,
@@ -214,9 +219,9 @@ def _table_configs(
     client: Client, n: int, shards: list[dict], tables: set[str] | None, parts_in: str | None
 ) -> list[dict]:
     """The config of every table the n shards saved, as the manifest holds it: described by every shard, but a
-    table left out of tables, by the shards that hold it; a table made during the save is left out
-    (_made_during_the_save). A failure says what the shards left in parts_in (all of their parts), where given."""
-    names = sorted({name for s in shards for name in s["rows"]} - _made_during_the_save(shards, tables, parts_in))
+    table left out of tables, by the shards that hold it (shards: as save leaves them, without the tables made
+    during the save). A failure says what the shards left in parts_in (all of their parts), where given."""
+    names = sorted({name for s in shards for name in s["rows"]})
     every = list(range(n))  # a table left out of `tables` is described by the shards that hold it: it may be lost
     asked = {name: every if tables is None or name in tables else [i for i in every if name in shards[i]["rows"]]
              for name in names}  # fmt: skip
@@ -232,8 +237,8 @@ def _table_configs(
 def _made_during_the_save(shards: list[dict], tables: set[str] | None, parts_in: str | None) -> set[str]:
     """The tables (of tables, where given) that some shards saved and others did not: made during the save (a
     CreateTable is not held), after the save of those that lack it. Every table was on every shard before the hold
-    (untrained_on_some_shards), so such a table is not part of the cut: left out of the manifest, as a restore finds
-    no table number for it in the parts that lack it. A part holds no row of it where its CreateTable came after
+    (untrained_on_some_shards), so such a table is not part of the cut: save leaves it out of the manifest (its
+    tables, and its shards' rows), as a restore finds no table number for it in the parts that lack it. A part holds no row of it where its CreateTable came after
     that shard's hold; ValueError, saying what the shards left in parts_in, where one holds some."""
     saved = [set(s["rows"]) for s in shards]
     partial = {name for name in set().union(*saved) - set.intersection(*saved) if tables is None or name in tables}
