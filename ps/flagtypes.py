@@ -14,24 +14,35 @@ from ps.tlsprobe import GRPC_DNS
 SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+SIZE_DIGITS = 100  # a size of more digits is no size (a slip): refused before its bytes are worked out
+
+
+def exact_number(text: str) -> decimal.Decimal | None:
+    """text as an exact decimal number: an integer, a fraction or scientific notation ("1e9", "2.5e6", "1.5"), taken
+    exactly however many digits it has (no float rounds it); None where it is no number, inf or nan. The parser of
+    byte_size and whole_number."""
+    try:
+        value = decimal.Decimal(text.strip())
+    except decimal.InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
 def byte_size(text: str) -> int:
     """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
     and "1.5G" alike; a fraction of a byte that a unit leaves is dropped: "1.1G"), or a whole number of bytes
-    ("67108864", "1e9"). ValueError for anything else (text, inf, nan, "1.5" bytes); the sign is the caller's to
-    check."""
+    ("67108864", "1e9"), taken exactly (exact_number). ValueError for anything else (text, inf, nan, "1.5" bytes,
+    SIZE_DIGITS digits or more); the sign is the caller's to check."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = SIZE_UNITS.get(t[-1:], 1)
-    digits = t[:-1] if unit > 1 else t
-    try:
-        return int(digits) * unit  # exact, however large
-    except ValueError:
-        try:
-            value = float(digits) * unit
-            if unit == 1 and value != int(value):  # "1.5": bytes come whole (a fraction is a slip, not a size)
-                raise ValueError(f"not a whole number of bytes: {text!r}")
-            return int(value)
-        except OverflowError:
-            raise ValueError(f"not a size: {text!r}") from None
+    value = exact_number(t[:-1] if unit > 1 else t)
+    if value is None or value.adjusted() >= SIZE_DIGITS:
+        raise ValueError(f"not a size: {text!r}")
+    numerator, denominator = value.as_integer_ratio()
+    if unit == 1 and denominator != 1:  # "1.5": bytes come whole (a fraction is a slip, not a size)
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    whole = abs(numerator) * unit // denominator  # the fraction of a byte dropped
+    return whole if numerator >= 0 else -whole
 
 
 def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
@@ -52,14 +63,11 @@ def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
 
 def whole_number(lowest: int, highest: int) -> Callable[[str], int]:
     """An argparse type: a whole number in lowest..highest, as an integer or in scientific notation ("1e9",
-    "2.5e6"), taken exactly however large (no float rounds it); a fraction ("2.5"), inf or nan is refused."""
+    "2.5e6"), taken exactly however large (exact_number); a fraction ("2.5"), inf or nan is refused."""
 
     def parse(text: str) -> int:
-        try:
-            value = decimal.Decimal(text.strip())
-        except decimal.InvalidOperation:
-            raise argparse.ArgumentTypeError(f"expected a whole number (1e9 is fine), got {text!r}") from None
-        if not value.is_finite() or value != value.to_integral_value():
+        value = exact_number(text)
+        if value is None or value != value.to_integral_value():
             raise argparse.ArgumentTypeError(f"expected a whole number (1e9 is fine), got {text!r}")
         if not lowest <= value <= highest:
             raise argparse.ArgumentTypeError(f"expected a whole number in {lowest}..{highest}, got {text!r}")

@@ -339,12 +339,37 @@ def test_the_servers_and_the_workers_size_bound_is_said_alike_and_parses_back_to
         assert byte_size(m.group(1)) == int(m.group(2).replace(",", "")) == MAX_MEMORY_BYTES
 
 
-@pytest.mark.parametrize("text", ["lots", "infG", "nan", "1E", "", "G", "1e999", "1.5", "300000.9", "2.5e-1"])
+@pytest.mark.parametrize("text", ["lots", "infG", "nan", "1E", "", "G", "1e999", "1e100", "1.5", "300000.9", "2.5e-1"])
 def test_a_size_that_is_no_number_is_refused(text):
     from ps.flagtypes import byte_size
 
     with pytest.raises(ValueError):
         byte_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("9.007199254740993e15", 9_007_199_254_740_993), ("9007199254740993", 9_007_199_254_740_993),
+     ("1.5G", 3 << 29), ("1.1G", 1_181_116_006), ("0.000000001K", 0), ("12345678901234567890.5e10", 123456789012345678905 * 10**9),
+     ("8.000000000000000000000000000001e30", 8 * 10**30 + 1)],
+)  # fmt: skip
+def test_a_size_in_scientific_notation_or_with_a_fraction_is_taken_exactly(text, size):
+    """No float rounds a size: 9.007199254740993e15 is 2**53 + 1 bytes (a float reads 2**53), and a unit's fraction
+    of a byte is dropped from the exact product."""
+    from ps.flagtypes import byte_size
+
+    assert byte_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("9.007199254740993e15", 2**53 + 1), ("1.2345678901234567890123456789012e31", 12345678901234567890123456789012),
+     ("18446744073709551615", 2**64 - 1)],
+)  # fmt: skip
+def test_a_whole_number_in_scientific_notation_is_taken_exactly(text, value):
+    from ps.flagtypes import whole_number
+
+    assert whole_number(0, 2**128)(text) == value
 
 
 def test_every_list_flag_is_a_flag_that_takes_a_comma_separated_list():
