@@ -183,3 +183,28 @@ def test_checkpoints_saved_while_two_workers_train(servers, tmp_path, data_file,
                                for state in states), f"{path}: shard {shard}'s part is no step's state"  # fmt: skip
         finally:
             restored.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "ssp"])
+def test_a_hold_longer_than_the_barrier_timeout_pauses_the_job_and_does_not_stop_it(servers, tmp_path, data_file, mode):
+    """A checkpoint's hold that outlasts --barrier-timeout (a large shard's save, or a saver that died and left its
+    holds to expire) refuses the workers' pushes meanwhile, so a pull waiting for another worker's step cannot be
+    served: its deadline counts from the hold's end, and the job pauses and finishes, as with no hold."""
+    base = TrainConfig(data=data_file, model="fm", recipe="large", epochs=1, progress=False, validation_fraction=0.0,
+                       synthetic_eval_rows=0, prefetch=1, batch_size=32, mode=mode, num_workers=2, job_id=7,
+                       staleness=0 if mode == "ssp" else None, barrier_timeout_s=1.0)  # fmt: skip
+    addresses, started = servers(2, checkpoint_root=str(tmp_path))
+    holds: list[float] = []
+
+    def hold_mid_job():  # as a saver that died once it held every shard: the holds expire, none is released
+        wait_until(lambda: all(s.shard.clock >= 4 for s in started), 60, "the job's first steps on every shard")
+        for s in started:
+            s.shard.hold(3.0)
+        holds.append(time.monotonic())
+
+    holder = threading.Thread(target=hold_mid_job)
+    holder.start()
+    runs = _run_job(addresses, [dataclasses.replace(base, worker_id=i) for i in range(2)])
+    holder.join(60)
+    assert holds, "the holds were not taken"
+    assert [r["result"].steps for r in runs] == [25, 25]

@@ -54,6 +54,7 @@ class PushHold:
         self._held_at = 0.0  # monotonic time the hold was taken
         self._refused = 0  # pushes the hold refused (told once, at its end, not per push)
         self._waiting = False  # a hold waits for the pushes in flight (held_until inf meanwhile)
+        self._ended_at = 0.0  # monotonic time the last hold ended (released, expired or dropped); 0: none ended
 
     @contextlib.contextmanager
     def push_gate(self) -> Iterator[None]:
@@ -69,7 +70,7 @@ class PushHold:
                             "took it died, or its save outlived --hold-timeout-s): taking pushes again; %s pushes "
                             "were refused meanwhile (clients retry them)", time.monotonic() - self._held_at,
                             f"{self._refused:,}")  # fmt: skip
-                self.held_until = 0.0
+                self._ended_at, self.held_until = self.held_until, 0.0
             self._pushes_in_flight += 1
         try:
             yield
@@ -120,7 +121,7 @@ class PushHold:
             finally:
                 self._waiting = False
                 if gone:
-                    self.held_until, self.token = 0.0, None
+                    self.held_until, self.token, self._ended_at = 0.0, None, time.monotonic()
                     self._gate.notify_all()
             if gone:
                 raise CallerGoneError(f"shard {self.shard_id}: a checkpoint hold was dropped as it was taken: its "
@@ -138,12 +139,23 @@ class PushHold:
         """Ends the hold that returned token (a stale token releases nothing)."""
         with self._gate:
             if token == self.token:
-                expired = not self.held_until  # which a push found, and said
+                expired = not self.held_until  # which a push found, and said (its end is kept then)
+                if not expired:
+                    self._ended_at = min(time.monotonic(), self.held_until)  # an expiry no push found: its time
                 self.held_until, self.token = 0.0, None
                 self._gate.notify_all()
                 if not expired:
                     log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, "
                              "which clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
+
+    def pushes_held_until(self) -> float:
+        """Until when a checkpoint's hold refused pushes here (time.monotonic()): now while a hold refuses them,
+        else the end of the last hold (its release, its expiry, or its drop as its caller left); 0.0 if none ended.
+        A wait for other workers' pushes (ps.engine.jobs) counts its deadline from then: they could not push."""
+        with self._gate:
+            if self.held_until:  # lasting (inf while it waits for the pushes in flight or saves), or expired then
+                return min(time.monotonic(), self.held_until)
+            return self._ended_at
 
     def _not_held(self) -> str:
         """Why a save's token is not the shard's hold now (under _gate): another checkpoint holds it, no hold was

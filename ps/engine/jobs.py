@@ -31,8 +31,10 @@ on one threading.Condition, notified when a clock moves, a worker is done, a syn
 job changes; each ends by its deadline (the stamp's barrier_timeout_s) with BarrierTimeoutError naming every
 worker it waited for and its clock (its worker then stops, and its stop stamp stops the job), but for the time a
 sync step's sum is being applied: that waits for no worker (a shard's first sum may take a while: its kernels
-compile), so a contribution to it waits until it is applied, and a pull's deadline counts from its end. A sync
-step whose deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller
+compile), so a contribution to it waits until it is applied, and a pull's deadline counts from its end; nor
+does a pull's while a checkpoint's hold refuses this shard's pushes (the workers it waits for cannot push: a large
+shard's save, or the holds of a saver that died, which last until their --hold-timeout-s), from the hold's end. A
+sync step whose deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller
 left (its RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread
 (CallerGoneError); its contribution stays in the step for a retry, until the step's own deadline if no contributor
 waits then (a timer drops it, so that steps nobody waits for do not pile up in memory). At most MAX_OPEN_SYNC_STEPS
@@ -83,11 +85,15 @@ class JobClocks(FollowedJob):
         max_count: float,
         done_store: tuple[Callable[[int, int], list[int]], Callable[[int, int, list[int]], None]] | None = None,
         sync_step_bytes: int = 0,
+        pushes_held_until: Callable[[], float] | None = None,
     ):
-        """threads: the server's RPC threads (0: no limit on waits); the others as FollowedJob takes them."""
+        """threads: the server's RPC threads (0: no limit on waits); pushes_held_until: until when a checkpoint's
+        hold refused this shard's pushes (ps.engine.hold.PushHold.pushes_held_until; None: never); the others as
+        FollowedJob takes them."""
         super().__init__(shard_id, sync_steps_applied, max_count, done_store, sync_step_bytes)
         self.threads = threads
         self._waiting = 0  # threads in a wait here
+        self._pushes_held_until = pushes_held_until or (lambda: 0.0)
 
     # ---- pulls ------------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -98,7 +104,7 @@ class JobClocks(FollowedJob):
     def wait_for_pull(self, stamp: WorkerStamp, caller_gone: Callable[[], bool] | None = None) -> int:
         """Waits until min_clock >= stamp.step - stamp.staleness, or every worker is done; returns min_clock then.
         BarrierTimeoutError past the stamp's barrier timeout (counted from the end of a sync sum being applied, if
-        one is), naming the workers it waited for;
+        one is, and of a checkpoint's hold of this shard's pushes, if one is), naming the workers it waited for;
         RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
         the request's caller left (its RPC ended); where it has watch(wake) (ps.service_calls.CallerGone), the wait has
         wake() called when it turns true: the wait ends then, with CallerGoneError, freeing its thread."""
@@ -116,14 +122,17 @@ class JobClocks(FollowedJob):
                         return low
                     if all(self._done):
                         return low
-                    waited = time.monotonic() - started
+                    held = self._pushes_held_until()  # the workers it waits for could not push until then
+                    waited = time.monotonic() - max(started, held)
                     applying = self.sync.applying()  # the clocks move when it ends
                     if waited >= stamp.timeout_s and not applying:
                         behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
                         behind = [w for w in behind if w != stamp.worker] or behind  # its own step waits for them
                         raise BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
-                            f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job "
+                            f"{stamp.staleness}) waited {waited:.3g} s"
+                            f"{' since a checkpoint hold of its pushes ended' if held > started else ''} for "
+                            f"{self._named(behind)} of job "
                             f"{self.tenancy.named(stamp)}; is it alive? the job stops"
                         )
                     if not waiting:

@@ -152,7 +152,8 @@ class Shard:
         self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                               config.threads, MAX_COUNT_PER_ID,
                               done_store=(self.store.meta.job_done, self.store.meta.set_job_done),
-                              sync_step_bytes=self.memory.sync_step_bytes)  # fmt: skip
+                              sync_step_bytes=self.memory.sync_step_bytes,
+                              pushes_held_until=lambda: self.checkpoints.gate.pushes_held_until())  # fmt: skip
         if unnamed:
             self.store.meta.record_cluster(config.cluster)
         self.state_id = self.store.meta.state_id()  # drawn for a new dir, and again by a restore
