@@ -8,7 +8,8 @@ A checkpoint directory (written by `ps-worker checkpoint save`, see worker/check
                                  "files": {relative path: sha256 hex}}
     shard-<i>/      a RocksDB checkpoint of shard i (ps/storage/store.py layout), taken after a flush
 clock: the largest of the shards' clocks. created: the UTC time the manifest was made, after the release.
-pushes_held_s: seconds, to the millisecond, from the hold of shard 0 (held first) to the release of every shard.
+pushes_held_s: seconds, to the millisecond, from the hold of shard 0 (held first) sent to the release of every
+shard: shard 0 refuses pushes from the hold's coming, while it waits for the pushes in flight.
 tables: every table every shard saved, in name order (one made during the save, which only the shards that saved
 after its CreateTable hold, is not part of the cut: worker.checkpoint leaves it out, and a restore reads no other).
 shards: one entry per shard_id in 0..n-1; rows: the shard's rows per table, as its checkpoint records them

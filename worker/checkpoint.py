@@ -33,12 +33,10 @@ if TYPE_CHECKING:
     from worker.client import Client
 
 
-def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, str], state_id: int) -> float:
-    """Holds shard, which must hold model state state_id (its token into tokens); returns when it was held
-    (time.monotonic)."""
+def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, str], state_id: int) -> None:
+    """Holds shard, which must hold model state state_id (its token into tokens)."""
     hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s, state_id=state_id)
     tokens[shard] = client.checkpoint({shard: hold})[0].token
-    return time.monotonic()
 
 
 NEW_DIR = "give a new or empty directory (a checkpoint is never written over another, nor beside other files)"
@@ -165,15 +163,17 @@ def _check_before_holding(client: Client, directory: str, tables: set[str] | Non
 
 def _hold_and_save(client: Client, directory: str, state_ids: list[int], hold_timeout_s: float,
                    parts_in: str | None) -> tuple[float, list]:  # fmt: skip
-    """(seconds from the hold of shard 0 to the release of every shard, every shard's save reply): shard 0 held
-    first, alone (of two saves at once, one gets it), then the others at once; every shard saved into directory;
-    every hold taken released, whatever failed. Shard i's hold and save carry state_ids[i]. parts_in: where a
-    failure's error says what the shards left (see save)."""
+    """(seconds from the hold of shard 0 sent, which refuses pushes as it comes, while it waits for the pushes in
+    flight, to the release of every shard; every shard's save reply): shard 0 held first, alone (of two saves at
+    once, one gets it), then the others at once; every shard saved into directory; every hold taken released,
+    whatever failed. Shard i's hold and save carry state_ids[i]. parts_in: where a failure's error says what the
+    shards left (see save)."""
     tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
     saving = saved = False  # the save phase was sent (from here on a failure leaves parts in directory); it ended
     n = len(state_ids)
     try:
-        held = _hold(client, 0, hold_timeout_s, tokens, state_ids[0])  # first alone: of two saves at once, one gets it
+        held = time.monotonic()  # pushes are refused from the hold's coming, not from its reply
+        _hold(client, 0, hold_timeout_s, tokens, state_ids[0])  # first alone: of two saves at once, one gets it
         if n > 1:
             with ThreadPoolExecutor(min(n - 1, 32)) as pool:
                 futures = [pool.submit(_hold, client, s, hold_timeout_s, tokens, state_ids[s]) for s in range(1, n)]

@@ -611,3 +611,43 @@ def test_pushes_held_s_ends_at_the_release_not_after_the_manifests_table_configs
             assert manifest["pushes_held_s"] <= round(spans["released"] - spans["first hold sent"], 3) + 0.001, spans
     finally:
         stop(servers)
+
+
+def test_pushes_held_s_counts_the_holds_wait_for_the_pushes_in_flight(tmp_path):
+    """A hold refuses pushes from the moment it comes, while it waits for the pushes in flight: pushes_held_s
+    counts that wait too (here up to 1 s of a push in flight on shard 0, during which another push is refused)."""
+    from ps.errors import CheckpointInProgressError
+    from worker.checkpoint import save
+
+    servers, addresses = start_servers(tmp_path / "original", 2)
+    shard = servers[0].shard
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            ids = IDS[shard.slot_map.shard_of(IDS) == 0][:10]
+            apply_push, in_flight, times = shard.apply_push, threading.Event(), {}
+
+            def slow_apply_push(*args, **kwargs):  # the push in flight the hold waits for
+                in_flight.set()
+                time.sleep(1.0)
+                times["push done"] = time.monotonic()
+                return apply_push(*args, **kwargs)
+
+            shard.apply_push = slow_apply_push
+            pusher = threading.Thread(target=lambda: shard.push("busy", ids, np.ones((len(ids), 2), np.float32)))
+            pusher.start()
+            assert in_flight.wait(10)
+            manifests: list[dict] = []
+            saver = threading.Thread(target=lambda: manifests.append(save(client, str(tmp_path / "ckpt"))))
+            saver.start()
+            wait_until(lambda: shard.checkpoints.gate.held_until, 10, "shard 0's hold to come")
+            refused_at = time.monotonic()
+            with pytest.raises(CheckpointInProgressError):  # refused while the hold waits for the push in flight
+                shard.push("busy", ids, np.ones((len(ids), 2), np.float32))
+            join_thread(pusher, 10, "the push in flight")
+            join_thread(saver, 30, "the save")
+            refused_s = times["push done"] - refused_at  # pushes were refused at least this long
+            assert refused_s > 0.5, times
+            assert manifests and manifests[0]["pushes_held_s"] >= refused_s, (manifests, refused_s)
+    finally:
+        stop(servers)
