@@ -640,6 +640,41 @@ def test_a_push_held_by_a_checkpoint_waits_and_says_so_at_info_not_as_an_outage(
     assert "shard 0 is taking a checkpoint" in said[0][1] and "is back after" in said[1][1]
 
 
+def test_a_checkpoints_pause_that_lasts_is_warned_about_once_and_its_end_too(servers, sgd1_table, caplog, monkeypatch):
+    """A pause past LONG_PAUSE_S (a large shard's save, or the holds of a saver that died, which last until their
+    --hold-timeout-s) is no routine one: the client says so once at WARNING, what holds the shard and how long it
+    waits, and its end at WARNING too; a worker is not left silent for minutes. (LONG_PAUSE_S 0.5 s here; the hold
+    ends once the client has warned, else it expires after 5 s.)"""
+    from worker import retry
+
+    monkeypatch.setattr(retry, "LONG_PAUSE_S", 0.5, raising=False)
+    addresses, (server,) = servers(1)
+    _, token = server.shard.hold(5)
+
+    class ReleaseOnceWarned(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "has refused pushes for" in record.getMessage():
+                server.shard.release(token)
+
+    warned = ReleaseOnceWarned()
+    logging.getLogger("worker.client").addHandler(warned)
+    try:
+        with (
+            Client(addresses, timeout_s=5.0, server_timeout_s=30.0) as client,
+            caplog.at_level("INFO", "worker.client"),
+        ):
+            client.create_table(sgd1_table)
+            client.push(sgd1_table.name, np.arange(4, dtype=np.uint64), np.ones((4, sgd1_table.dim), np.float32))
+    finally:
+        logging.getLogger("worker.client").removeHandler(warned)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
+    assert [level for level, _ in said] == ["INFO", "WARNING", "WARNING"], said
+    assert "shard 0 is taking a checkpoint" in said[0][1], said
+    assert "shard 0 at " in said[1][1] and "has refused pushes for " in said[1][1], said
+    assert "s: a checkpoint holds them (" in said[1][1] and "--hold-timeout-s); waiting for it for up to" in said[1][1]
+    assert "is back after" in said[2][1], said
+
+
 def test_a_shard_that_fails_during_a_checkpoints_pause_is_warned_about(caplog):
     """The pause is told at INFO; a failure of another kind while it lasts is an outage: a WARNING."""
 

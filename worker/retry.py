@@ -73,6 +73,10 @@ APPLIED_AGAIN_IF_SENT_AGAIN = {
 }
 
 
+# a checkpoint's pause of a shard's pushes past which a client warns that it waits (at INFO before): a save's hold
+# lasts while every shard flushes and checkpoints, and the hold of a saver that died until its --hold-timeout-s
+LONG_PAUSE_S = 10.0
+
 # the errors that say a shard's process or its data dir failed, whatever the request
 SERVER_FAILURES = (DataDirLostError, ShardNeedsRestartError, StorageError, DiskFullError, FileTooLargeError)
 
@@ -190,7 +194,7 @@ def sent_once(method: str, request: object) -> bool:
 class Outages:
     """The shards a client's calls find failing, since when (down: shard -> time.monotonic() it started failing;
     failed: shard -> that of its latest failed attempt), and which of them a checkpoint's pause holds (pausing:
-    logged at INFO, not WARNING). A shard's outage lasts until a call to it is answered (back), or until none of
+    logged at INFO, not WARNING, until it has lasted LONG_PAUSE_S: long_paused, warned once). A shard's outage lasts until a call to it is answered (back), or until none of
     its calls failed for server_timeout_s before a call began (that call's first failure starts a new one): a
     call that gave up on the shard does not end it, so the calls that follow wait for no more than what is left of
     it; nor do a call's own attempts, however far apart its backoff or its deadlines put them. Every method takes lock:
@@ -204,14 +208,16 @@ class Outages:
         self.down: dict[int, float] = {}
         self.failed: dict[int, float] = {}
         self.pausing: set[int] = set()
+        self.long_paused: set[int] = set()
         self.lock = threading.Lock()
 
     def _end(self, shard: int) -> tuple[float | None, bool]:
         """Ends the shard's outage (lock held): (since when it was failing, None where it was not; whether a
-        checkpoint's pause held it)."""
+        checkpoint's pause held it, not warned as long)."""
         self.failed.pop(shard, None)
-        paused = shard in self.pausing
+        paused = shard in self.pausing and shard not in self.long_paused
         self.pausing.discard(shard)
+        self.long_paused.discard(shard)
         return self.down.pop(shard, None), paused
 
     def back(self, shard: int) -> None:
@@ -242,6 +248,14 @@ class Outages:
             outage = not paused and shard in self.pausing  # a shard that failed during a checkpoint's pause
             if outage:
                 self.pausing.discard(shard)
+            long = paused and shard in self.pausing and now - since >= LONG_PAUSE_S and shard not in self.long_paused
+            if long:
+                self.long_paused.add(shard)
+        if long:
+            log.warning("shard %d at %s has refused pushes for %.0f s: a checkpoint holds them (the save of a large "
+                        "shard, or the hold of a saver that died, which ends after its --hold-timeout-s); waiting for "
+                        "it for up to %.0f s more", shard, self.servers[shard], now - since,
+                        server_timeout_s - (now - since))  # fmt: skip
         if outage:
             log.warning("shard %d at %s is %s (%s) after a checkpoint's pause; waiting for it for up to %.0f s more",
                         shard, self.servers[shard], failing(e), why_failed(e), server_timeout_s - (now - since))  # fmt: skip
