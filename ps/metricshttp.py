@@ -1,16 +1,21 @@
 """The HTTP server under both metrics endpoints, a shard's (ps.metrics) and a training worker's (worker.telemetry):
-a thread per connection, at most MAX_CONNECTIONS at once, any more closed unread.
+a thread per connection, at most MAX_CONNECTIONS at once, any more closed unread, each connection closed once it has
+lasted Handler.timeout seconds in all.
 
-Without the bound, a peer that opens connections and sends nothing (each may idle for Handler.timeout) makes the
-server start a thread for each, without end. prometheus-client's own start_http_server has no such bound.
+Without the bound, a peer that opens connections and sends nothing makes the server start a thread for each, without
+end. Without the deadline, a peer that sends its request a byte at a time, or reads the reply so, holds a connection
+as long as it likes (a socket timeout bounds each read and write, not their sum): MAX_CONNECTIONS such peers would
+keep Prometheus's scrapes out. prometheus-client's own start_http_server has neither bound.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -49,7 +54,7 @@ def stop(http: WSGIServer) -> None:
 
 class BoundedServer(ThreadingWSGIServer):
     """A thread per connection, at most MAX_CONNECTIONS at once: a connection past them is closed unread, so that
-    a peer opening connections (each may idle for Handler.timeout) cannot make the server start threads without
+    a peer opening connections (each held for up to Handler.timeout) cannot make the server start threads without
     bound."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -78,12 +83,70 @@ class BoundedServer(ThreadingWSGIServer):
 
 
 class Handler(WSGIRequestHandler):
-    timeout = 10.0  # seconds a client may take to send its request (and to finish a TLS handshake)
+    """One connection's request and reply, all within `timeout` seconds of its start: the TLS handshake, the request's
+    read and the reply's write each get what is left of it, and a connection still at any of them when it has
+    passed is closed (TimeoutError, BoundedServer.handle_error's debug line)."""
+
+    timeout = 10.0  # seconds a connection may last in all: its TLS handshake, its request and the reply
 
     def setup(self) -> None:
-        super().setup()
+        self.connection = self.request
+        stream = DeadlineStream(self.connection, time.monotonic() + self.timeout)
+        self.rfile = io.BufferedReader(stream)
+        self.wfile = DeadlineWriter(stream)
         if isinstance(self.connection, ssl.SSLSocket):
+            stream.time_left()
             self.connection.do_handshake()
 
     def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
         pass
+
+
+class DeadlineStream(io.RawIOBase):
+    """A connection read and written with each call's socket timeout set to what is left until deadline
+    (time.monotonic()): TimeoutError once it has passed. A TLS socket's handshake, read and write each keep to
+    the timeout they start with as a whole, as a plain socket's recv and send do."""
+
+    def __init__(self, connection: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._connection = connection
+        self._deadline = deadline
+
+    def time_left(self) -> None:
+        """Sets the connection's timeout to the time left; TimeoutError if none is."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the metrics connection's deadline (Handler.timeout) passed")
+        self._connection.settimeout(left)
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.time_left()
+        return self._connection.recv_into(buffer)
+
+    def write(self, data: Any) -> int:
+        self.time_left()
+        return self._connection.send(data)
+
+
+class DeadlineWriter(io.BufferedIOBase):
+    """Writes all of each write to a DeadlineStream, as socketserver's own writer does with sendall."""
+
+    def __init__(self, stream: DeadlineStream) -> None:
+        super().__init__()
+        self._stream = stream
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        with memoryview(data) as view:
+            sent = 0
+            while sent < len(view):
+                sent += self._stream.write(view[sent:])
+            return sent

@@ -5,6 +5,7 @@ the docs name served, with the labels they give it."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -12,10 +13,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from ps.config import TableConfig
-from ps.metricshttp import Handler
+from ps.metricshttp import Handler, serve_wsgi, stop
 from ps.server import Server
 from ps.server_config import ServerConfig
-from tests.bounded_http import check_connections_bounded
+from tests.bounded_http import check_connections_bounded, check_slow_clients_dropped
 from tests.conftest import random_ids
 from worker.client import Client
 
@@ -224,3 +225,51 @@ def test_the_metrics_port_serves_a_bounded_number_of_connections_and_closes_the_
         check_connections_bounded(server.metrics_port, scraped, wait_s=30)
     finally:
         server.stop(grace_s=1)
+
+
+def test_a_shards_metrics_port_drops_clients_sending_their_requests_a_byte_at_a_time(tmp_path, monkeypatch):
+    """Slow clients on every thread of the port are dropped at the handler's deadline, and a scrape is served."""
+    monkeypatch.setattr(Handler, "timeout", 3.0)  # check_slow_clients_dropped: why not less
+    server = Server(ServerConfig(data_dir=str(tmp_path), port=0, metrics_port=0))
+    server.start()
+
+    def scraped() -> None:
+        assert ("sparseps_starting", ()) in scrape(server.metrics_port)
+
+    try:
+        check_slow_clients_dropped(server.metrics_port, scraped, deadline_s=Handler.timeout)
+    finally:
+        server.stop(grace_s=1)
+
+
+def test_a_reply_read_slowly_is_cut_at_the_connections_deadline(monkeypatch):
+    """A client reading a long reply steadily but slowly, each write of it well within a socket timeout, gets only
+    what the server sent before the connection's deadline: the reply's writes share the deadline, as the request's
+    reads do."""
+    monkeypatch.setattr(Handler, "timeout", 1.0)
+    chunk, chunks = b"x" * (256 << 10), 256  # 64 MiB, which this client would read in ~5 s
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return (chunk for _ in range(chunks))
+
+    http = serve_wsgi(app, "127.0.0.1", 0, "test-slow-reply")
+    got, ended = 0, False
+    try:
+        with socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=10) as s:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            give_up = time.monotonic() + 60
+            while time.monotonic() < give_up:
+                try:
+                    data = s.recv(len(chunk))
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    ended = True
+                    break
+                got += len(data)
+                time.sleep(0.02)
+    finally:
+        stop(http)
+    assert ended, "the connection was still open after 60 s"
+    assert got < len(chunk) * chunks, f"the whole reply ({got} bytes) came, past the connection's deadline"

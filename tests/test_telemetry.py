@@ -119,6 +119,27 @@ def test_the_endpoint_serves_a_bounded_number_of_connections_and_closes_the_rest
         telemetry.close()
 
 
+def test_clients_sending_their_requests_a_byte_at_a_time_are_dropped_so_that_a_scrape_is_served(monkeypatch):
+    """MAX_CONNECTIONS clients dripping a request's header, each byte well within a read's timeout, hold every thread
+    only until the handler's deadline for the whole connection: then a scrape is served (a slowloris would otherwise
+    keep Prometheus out for as long as it drips)."""
+    from ps.metricshttp import Handler
+    from tests.bounded_http import check_slow_clients_dropped
+
+    monkeypatch.setattr(Handler, "timeout", 3.0)  # check_slow_clients_dropped: why not less
+    telemetry = TrainTelemetry()
+    port = telemetry.serve(0)
+
+    def scrape() -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            assert b"sparseps_worker_steps_total" in reply.read()
+
+    try:
+        check_slow_clients_dropped(port, scrape, deadline_s=Handler.timeout)
+    finally:
+        telemetry.close()
+
+
 def test_the_run_names_an_ipv6_endpoint_by_a_url_that_reaches_it(capsys):
     """--metrics-host ::1 (or [::1]): the run's line names the endpoint as a URL, the address in brackets, which a
     URL parser (Prometheus', curl's, urllib's) reads as that host and port."""
