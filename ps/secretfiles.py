@@ -1,6 +1,6 @@
 """The files of a server's and a client's secrets, read and checked: tokens (one line of printable ASCII) and TLS
 certificates and keys (PEM, a matching pair, not expired), each error naming the flag and the file, never the
-secret; and the warning for a secret's file that every user may read."""
+secret; and the warnings for a secret's file that every user may read and for a certificate not yet valid."""
 
 from __future__ import annotations
 
@@ -153,10 +153,9 @@ def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) ->
             ends = ends[:1] if path == cert else ends  # a certificate's own, not its chain's; a CA: any may do
             now = time.time()
             if ends and all(end is not None and end < now for end in ends):
-                when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(max(ends)))
-                raise ValueError(f"{what} {path} expired on {when} (this machine's clock says "
-                                 f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(now))}): the other side of "
-                                 "every connection refuses it; make new certificates (deploy/gen-secrets.sh)")  # fmt: skip
+                raise ValueError(f"{what} {path} expired on {utc(max(ends))} (this machine's clock says {utc(now)}): "
+                                 "the other side of every connection refuses it; make new certificates "
+                                 "(deploy/gen-secrets.sh)")  # fmt: skip
     if not (cert and key):
         return
     read_file(key, "TLS key (--tls-key)")
@@ -178,21 +177,73 @@ PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFI
 
 
 def not_after(pem_body: bytes) -> float | None:
-    """The end of a certificate's validity (Unix time), from the base64 body of its PEM block: the DER of
-    Certificate { tbsCertificate { [0] version (optional), serial, signature, issuer, validity { notBefore,
-    notAfter } ... } ... } (RFC 5280); None where it does not parse so (ssl, which loaded it, is the judge)."""
+    """The end of a certificate's validity (Unix time), from the base64 body of its PEM block; None where it does
+    not parse (validity)."""
     try:
-        (_, certificate), *_ = _der_elements(base64.b64decode(pem_body))
+        return validity(base64.b64decode(pem_body))[1]
+    except (ValueError, binascii.Error):
+        return None
+
+
+def not_before(pem_body: bytes) -> float | None:
+    """The start of a certificate's validity (Unix time), from the base64 body of its PEM block; None where it does
+    not parse (validity)."""
+    try:
+        return validity(base64.b64decode(pem_body))[0]
+    except (ValueError, binascii.Error):
+        return None
+
+
+def validity(der: bytes) -> tuple[float, float]:
+    """(notBefore, notAfter) of a certificate (Unix times), from its DER: Certificate { tbsCertificate { [0] version
+    (optional), serial, signature, issuer, validity { notBefore, notAfter } ... } ... } (RFC 5280). ValueError where
+    it does not parse so (ssl, which loads it, is the judge)."""
+    try:
+        (_, certificate), *_ = _der_elements(der)
         (_, tbs), *_ = _der_elements(certificate)
         fields = [(tag, value) for tag, value in _der_elements(tbs) if tag != 0xA0]  # the version, if any
-        (_, validity) = fields[3]
-        tag, end = _der_elements(validity)[1]
-        text = end.decode("ascii")
-        if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ: years 50-99 are 19xx (RFC 5280 4.1.2.5.1)
-            text = ("19" if int(text[:2]) >= 50 else "20") + text
-        return calendar.timegm(time.strptime(text, "%Y%m%d%H%M%SZ"))
-    except (ValueError, IndexError, binascii.Error):
+        (_, times) = fields[3]
+        (start_tag, start), (end_tag, end), *_ = _der_elements(times)
+        return _der_time(start_tag, start), _der_time(end_tag, end)
+    except IndexError:
+        raise ValueError("not a DER certificate") from None
+
+
+def _der_time(tag: int, value: bytes) -> float:
+    """A UTCTime (tag 0x17) or GeneralizedTime's Unix time; ValueError for anything else."""
+    text = value.decode("ascii")
+    if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ: years 50-99 are 19xx (RFC 5280 4.1.2.5.1)
+        text = ("19" if int(text[:2]) >= 50 else "20") + text
+    return calendar.timegm(time.strptime(text, "%Y%m%d%H%M%SZ"))
+
+
+def not_yet_valid(path: str, what: str, first_only: bool) -> str | None:
+    """A warning naming what (the flag's words), path and the date, where the certificates of path (its first only,
+    with first_only: a certificate's own, not its chain's) are all not yet valid by this machine's clock; None
+    otherwise, or where the file cannot be read (check_tls_files says why)."""
+    try:
+        starts = [not_before(block) for block in PEM_CERTIFICATE.findall(read_file(path, what))]
+    except ValueError:
         return None
+    starts = starts[:1] if first_only else starts
+    now = time.time()
+    if not starts or any(start is None or start <= now for start in starts):
+        return None
+    return (f"{what} {path} is not valid until {utc(min(starts))} (this machine's clock says {utc(now)}): until "
+            "then clients refuse it; check the clocks of this machine and of the one that made it")  # fmt: skip
+
+
+def not_yet_valid_warnings(cert: str | None, ca: str | None) -> list[str]:
+    """not_yet_valid's warnings for a server's --tls-cert (its own certificate) and --tls-ca (all its certificates),
+    each where given: a certificate served before its start is refused by every client, yet the clock that says so
+    may be the one that is wrong, so the server warns and serves."""
+    files = (("TLS certificate (--tls-cert)", cert, True), ("TLS CA (--tls-ca)", ca, False))
+    return [warning for what, path, first in files if path and (warning := not_yet_valid(path, what, first))]
+
+
+def utc(seconds: float) -> str:
+    """A Unix time as the errors and warnings of certificates give it: YYYY-MM-DD HH:MM:SS UTC."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
 def _der_elements(data: bytes) -> list[tuple[int, bytes]]:

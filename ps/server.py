@@ -21,7 +21,14 @@ from ps.health import add_to_server as add_health_to_server
 from ps.listen_address import bind_problems, exposure_warning, host_port
 from ps.metrics import ServerMetrics
 from ps.replies import reply_room_bytes
-from ps.secretfiles import READ_TOKEN_FILE, TOKEN_FILE, optional_token, readable_by_all, refuse_empty
+from ps.secretfiles import (
+    READ_TOKEN_FILE,
+    TOKEN_FILE,
+    not_yet_valid_warnings,
+    optional_token,
+    readable_by_all,
+    refuse_empty,
+)
 from ps.security import READ_ONLY_METHODS, TokenCheck, server_credentials
 from ps.server_config import ServerConfig
 from ps.service import ParameterServerServicer, StartGate
@@ -78,6 +85,8 @@ class Server:
         self._credentials = (
             server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
         )  # read before anything starts: a missing key file fails here, with its name
+        for warning in not_yet_valid_warnings(config.tls_cert, config.tls_ca) if config.tls_cert else ():
+            log.warning("%s", warning)
         self._grpc = grpc.server(
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),
             interceptors=interceptors,

@@ -7,7 +7,10 @@ import socket
 import ssl
 import time
 
+from ps.secretfiles import utc, validity
+
 GRPC_DNS = "dns:///"  # gRPC's own name for a host:port resolved by DNS, which a channel takes as it is
+NOT_YET_VALID = 9  # OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID: a certificate of the chain starts after the clock's now
 
 
 def host_and_port(address: str) -> tuple[str, str]:
@@ -23,10 +26,6 @@ def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
     answer, or not host:port)."""
     deadline = time.monotonic() + timeout_s
     host, port = host_and_port(address)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    context.set_alpn_protocols(["h2"])
     try:
         raw = socket.create_connection((host, int(port)), timeout=timeout_s)
     except (OSError, ValueError):
@@ -34,7 +33,7 @@ def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
     with raw:
         try:
             raw.settimeout(max(deadline - time.monotonic(), 0.01))
-            tls = context.wrap_socket(raw)
+            tls = _unverified().wrap_socket(raw)
         except TimeoutError:
             return None
         except ssl.SSLError as e:  # an alert is the other side speaking TLS; any other failure: it does not
@@ -51,10 +50,36 @@ def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
                 return "mutual"
 
 
+def _unverified() -> ssl.SSLContext:
+    """A client context that verifies nothing and presents no certificate, offering gRPC's ALPN (h2)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def served_not_before(address: str, timeout_s: float = 1.0) -> float | None:
+    """The start of the validity (Unix time) of the certificate the TLS server at host:port presents, as a
+    handshake that verifies nothing finds it within timeout_s; None where none is had (no connection, no TLS, a
+    certificate that does not parse)."""
+    host, port = host_and_port(address)
+    try:
+        with (
+            socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
+            _unverified().wrap_socket(raw) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+        return validity(der)[0] if der else None
+    except (OSError, ValueError):
+        return None
+
+
 def verified_handshake(address: str, ca: str | None, cert: str | None, key: str | None,
                        server_name: str | None = None, timeout_s: float = 1.0) -> str | None:  # fmt: skip
     """What a TLS handshake with the client's own settings finds at host:port within timeout_s, as gRPC's would:
-    "untrusted: WHY" (the shard's certificate does not verify against ca, the system's roots without one, or does
+    "early" (a certificate of the shard's chain is not yet valid by this machine's clock), "untrusted: WHY" (the
+    shard's certificate does not verify against ca, the system's roots without one, or does
     not name server_name, else the address's host: WHY is the verifier's reason), "refused" (the shard closed the
     connection after the handshake, or alerted during it, with cert presented: it does not accept that
     certificate), "ok", or None (no connection, no answer, or files ssl cannot load)."""
@@ -73,7 +98,7 @@ def verified_handshake(address: str, ca: str | None, cert: str | None, key: str 
             raw.settimeout(max(deadline - time.monotonic(), 0.01))
             tls = context.wrap_socket(raw, server_hostname=server_name or host)
         except ssl.SSLCertVerificationError as e:
-            return f"untrusted: {e.verify_message}"
+            return "early" if e.verify_code == NOT_YET_VALID else f"untrusted: {e.verify_message}"
         except TimeoutError:
             return None
         except ssl.SSLError as e:
@@ -105,6 +130,8 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
         return (f"; the shard serves TLS: give --tls-ca (the CA that signed its certificate){also}, as its clients "
                 "do")  # fmt: skip
     verdict = verified_handshake(address, ca, cert, key, server_name, timeout_s) if found in ("tls", "mutual") else None
+    if verdict == "early":
+        return not_yet_valid_hint(address, ca, timeout_s)
     if verdict and verdict.startswith("untrusted: "):
         against = f"--tls-ca {ca}" if ca else "the system's CA certificates (no --tls-ca)"
         return (f"; the shard's TLS certificate does not verify against {against}: {verdict.removeprefix('untrusted: ')}"
@@ -123,3 +150,17 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
         return ("; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another "
                 "service's port (HTTP, a metrics endpoint), or a shard too busy to answer")  # fmt: skip
     return ""
+
+
+def not_yet_valid_hint(address: str, ca: str | None, timeout_s: float = 1.0) -> str:
+    """tls_hint's "; ..." for a shard at address whose certificate chain, verified against ca, holds a certificate
+    not yet valid by this machine's clock: the date from which the shard's own certificate is valid
+    (served_not_before) where that is the one, else that a certificate which signs it is; and that the clocks
+    of both machines may be the cause."""
+    start, now = served_not_before(address, timeout_s), time.time()
+    clocks = (f"(this machine's clock says {utc(now)}): check the clocks of both machines, the shard's and this "
+              "one, or wait until then")  # fmt: skip
+    if start is not None and start > now:
+        return f"; the shard's TLS certificate is not valid until {utc(start)} {clocks}"
+    signer = f"the CA of --tls-ca {ca}" if ca else "a CA of the system's"
+    return f"; a certificate that signs the shard's ({signer}, or an intermediate) is not yet valid {clocks}"

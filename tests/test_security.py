@@ -28,7 +28,7 @@ from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
 from ps.listen_address import exposure_warning
-from ps.secretfiles import PEM_CERTIFICATE, READ_TOKEN_FILE, not_after, optional_token, read_token
+from ps.secretfiles import PEM_CERTIFICATE, READ_TOKEN_FILE, not_after, not_before, optional_token, read_token
 from ps.security import READ_ONLY_METHODS, TokenHeader
 from ps.server import Server
 from ps.server_config import ServerConfig
@@ -791,8 +791,10 @@ def test_a_workers_client_security_variables_do_not_reach_its_local_shards(pki, 
 
 @pytest.fixture(scope="module")
 def expired(pki, tmp_path_factory):
-    """A server certificate (expired.pem, expired.key) the pki's CA signed for 2020 only, and one of its key valid
-    until 2060 (far.pem: dates past 2049 are written as GeneralizedTime, earlier ones as UTCTime)."""
+    """A server certificate (expired.pem, expired.key) the pki's CA signed for 2020 only, one of its key valid
+    until 2060 (far.pem: dates past 2049 are written as GeneralizedTime, earlier ones as UTCTime), one valid from
+    2099 only (future.pem); a CA valid from 2099 only (future-ca.pem) and a certificate of expired.key, valid now,
+    that it signed (early.pem)."""
     d = tmp_path_factory.mktemp("expired")
     (d / "index.txt").write_text("")
     (d / "serial").write_text("01\n")
@@ -804,6 +806,17 @@ def expired(pki, tmp_path_factory):
              "-enddate", "20210101000000Z", "-extfile", str(pki / "server.ext"), cwd=d)  # fmt: skip
     _openssl("ca", "-batch", "-config", "ca.cnf", "-cert", str(pki / "ca.pem"), "-keyfile", str(pki / "ca.key"),
              "-in", "expired.csr", "-out", "far.pem", "-notext", "-startdate", "20200101000000Z",
+             "-enddate", "20600101000000Z", "-extfile", str(pki / "server.ext"), cwd=d)  # fmt: skip
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-cert", str(pki / "ca.pem"), "-keyfile", str(pki / "ca.key"),
+             "-in", "expired.csr", "-out", "future.pem", "-notext", "-startdate", "20990101000000Z",
+             "-enddate", "21000101000000Z", "-extfile", str(pki / "server.ext"), cwd=d)  # fmt: skip
+    (d / "ca.ext").write_text("basicConstraints=critical,CA:TRUE\nkeyUsage=keyCertSign\n")
+    _openssl("req", *EC, "-keyout", "future-ca.key", "-out", "future-ca.csr", "-subj", "/CN=future-ca", cwd=d)
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-selfsign", "-keyfile", "future-ca.key", "-in", "future-ca.csr",
+             "-out", "future-ca.pem", "-notext", "-startdate", "20990101000000Z", "-enddate", "21000101000000Z",
+             "-extfile", "ca.ext", cwd=d)  # fmt: skip
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-cert", "future-ca.pem", "-keyfile", "future-ca.key",
+             "-in", "expired.csr", "-out", "early.pem", "-notext", "-startdate", "20200101000000Z",
              "-enddate", "20600101000000Z", "-extfile", str(pki / "server.ext"), cwd=d)  # fmt: skip
     return d
 
@@ -827,11 +840,64 @@ def test_an_expired_certificate_is_refused_at_start_naming_the_flag_and_the_date
     assert check_health("127.0.0.1:1", timeout_s=0.5, tls_ca=str(bundle)).text.startswith("UNAVAILABLE")
 
 
-def test_a_certificates_end_is_read_as_ssl_reads_it(pki, expired):
-    for path in (expired / "expired.pem", expired / "far.pem", pki / "ca.pem", pki / "server.pem"):
+def test_a_certificates_start_and_end_are_read_as_ssl_reads_them(pki, expired):
+    for path in (expired / "expired.pem", expired / "far.pem", expired / "future.pem", pki / "ca.pem",
+                 pki / "server.pem"):  # fmt: skip
         (body,) = PEM_CERTIFICATE.findall(path.read_bytes())
-        assert not_after(body) == ssl.cert_time_to_seconds(ssl._ssl._test_decode_cert(str(path))["notAfter"])
+        decoded = ssl._ssl._test_decode_cert(str(path))
+        assert not_after(body) == ssl.cert_time_to_seconds(decoded["notAfter"])
+        assert not_before(body) == ssl.cert_time_to_seconds(decoded["notBefore"])
     assert not_after(b"bm90IGEgY2VydGlmaWNhdGU=") is None  # "not a certificate": left to ssl to judge
+    assert not_before(b"bm90IGEgY2VydGlmaWNhdGU=") is None
+
+
+def test_a_certificate_not_yet_valid_is_served_with_a_warning_and_its_clients_told_its_date_and_the_clocks(
+    pki, expired, start, caplog
+):
+    """The clock that puts a certificate's start in the future may be the wrong one, so the server serves it, and
+    warns at start naming the file and the date; a client that cannot connect is told the date and to check the
+    clocks, not to give another CA (before, it said "give --tls-ca the CA that signed the shard's certificate")."""
+    future, key, ca = expired / "future.pem", str(expired / "expired.key"), str(pki / "ca.pem")
+    now = r"\(this machine's clock says \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)"
+    with caplog.at_level("WARNING", logger="ps.server"):
+        address = start(tls_cert=str(future), tls_key=key)
+    warnings = [r.getMessage() for r in caplog.records if "not valid until" in r.getMessage()]
+    assert len(warnings) == 1 and re.fullmatch(
+        rf"TLS certificate \(--tls-cert\) {re.escape(str(future))} is not valid until 2099-01-01 00:00:00 UTC {now}: "
+        "until then clients refuse it; check the clocks of this machine and of the one that made it", warnings[0]
+    ), warnings  # fmt: skip
+    hint = (rf"; the shard's TLS certificate is not valid until 2099-01-01 00:00:00 UTC {now}: check the clocks of "
+            "both machines, the shard's and this one, or wait until then")  # fmt: skip
+    serving, starting, text = check_health(address, 5, tls_ca=ca)
+    assert not serving and re.fullmatch(rf"UNAVAILABLE: .*{hint}", text, re.DOTALL), text
+    with (
+        Client([address], timeout_s=2, server_timeout_s=1, tls_ca=ca) as client,
+        pytest.raises(ServerUnavailableError) as raised,
+    ):
+        client.wait_ready()
+    assert re.search(rf"{hint}$", str(raised.value)), str(raised.value)
+
+
+def test_a_ca_not_yet_valid_is_warned_of_at_start_and_named_to_its_clients(pki, expired, start, caplog):
+    """A certificate valid now but signed by a CA not yet valid: the server warns of its --tls-ca, not of its
+    certificate; a client verifying against that CA is told that a certificate signing the shard's is not yet
+    valid, and to check the clocks."""
+    future_ca, key = str(expired / "future-ca.pem"), str(expired / "expired.key")
+    with caplog.at_level("WARNING", logger="ps.server"):
+        address = start(tls_cert=str(expired / "early.pem"), tls_key=key, tls_ca=future_ca)
+    warnings = [r.getMessage() for r in caplog.records if "not valid until" in r.getMessage()]
+    assert [w.split(" is not valid until ")[0] for w in warnings] == [f"TLS CA (--tls-ca) {future_ca}"], warnings
+    serving, starting, text = check_health(address, 5, tls_ca=future_ca)
+    assert not serving and text.startswith("UNAVAILABLE: ") and (
+        f"; a certificate that signs the shard's (the CA of --tls-ca {future_ca}, or an intermediate) is not yet "
+        "valid (this machine's clock says ") in text and text.endswith(
+        "check the clocks of both machines, the shard's and this one, or wait until then"), text  # fmt: skip
+
+
+def test_a_certificate_valid_now_is_served_without_a_warning_of_its_start(pki, start, caplog):
+    with caplog.at_level("WARNING", logger="ps.server"):
+        start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=str(pki / "ca.pem"))
+    assert not [r for r in caplog.records if "not valid until" in r.getMessage()]
 
 
 def test_callers_without_the_token_take_no_call_slot_from_those_with_it(tmp_path):
