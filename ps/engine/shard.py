@@ -403,13 +403,14 @@ class Shard:
         would decay their rows again. A failure part way (a chunk's write, the flush after) is raised as
         ShrinkProgress.refusal says: what was shrunk before it stays, and the message says what (a
         ShardNeedsRestartError's after its own words, which say what a restart does: a restart keeps those rows
-        decayed)."""
+        decayed). The log says how far a long one got every ShrinkProgress.PROGRESS_EVERY_S seconds, and how long
+        it took."""
         self.guard.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
             self.store.table_number(table.name)
         self.flush()  # shrink scans RocksDB: it must hold every row
-        progress = ShrinkProgress([t.name for t in tables])
+        progress = ShrinkProgress([t.name for t in tables], sum(t.num_rows + t.num_pending for t in tables))
         try:
             for table in tables:
                 table.shrink(self.clock, progress=progress)
@@ -421,8 +422,9 @@ class Shard:
                 raise
             raise partly from e
         dropped = sum(progress.dropped.values())
-        log.info("shrink at step %s dropped %s ids from %s", f"{self.clock:,}", f"{dropped:,}",
-                 ", ".join(t.name for t in tables) or "no table")  # fmt: skip
+        log.info("shrink at step %s dropped %s ids from %s (%s rows scanned in %.1f s)", f"{self.clock:,}",
+                 f"{dropped:,}", ", ".join(t.name for t in tables) or "no table", f"{progress.scanned_rows:,}",
+                 time.monotonic() - progress.started)  # fmt: skip
         return {
             "dropped": dropped,
             "num_rows": sum(t.num_rows for t in tables),

@@ -6,21 +6,53 @@ says which (ps.errors PARTLY_APPLIED's wording: worker.retry.may_have_run then k
 does not send it again). A Shrink sent again would decay those rows a second time, so the refusal gives one
 instruction: send no Shrink before the next one is due, which shrinks what this one left (SHRINK_REMEDY, and a
 full disk's remedy instead of its RETRY).
+
+A Shrink of a large table runs for minutes (its scan reads every stored row): the server logs a line every
+PROGRESS_EVERY_S seconds meanwhile, with the rows scanned of those the tables hold, the rate and the time left
+(scanned), and Shard.shrink a final line with the time it took.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 from ps.errors import PARTLY_APPLIED, RETRY, SHRINK_REMEDY, DiskFullError, PsError, partly_applied
+
+log = logging.getLogger(__name__)
 
 
 class ShrinkProgress:
-    """The tables of one Shrink, in the order it shrinks them, and what each chunk written changed of them."""
+    """The tables of one Shrink, in the order it shrinks them, what each chunk written changed of them, and the rows
+    scanned so far of those the tables held as it began."""
 
-    def __init__(self, tables: list[str]):
+    PROGRESS_EVERY_S = 10.0  # between the log lines of a long Shrink
+
+    def __init__(self, tables: list[str], rows: int = 0):
+        """rows: the rows (and pending ids) the tables hold, which the scan reads (0: unknown)."""
         self.tables = tables
         self.done = 0  # tables shrunk whole (Shard.shrink counts them)
         self.written = dict.fromkeys(tables, 0)  # kept rows rewritten (decayed), per table
         self.dropped = dict.fromkeys(tables, 0)  # ids dropped, per table
+        self.rows, self.scanned_rows = rows, 0
+        self.started = self.said = time.monotonic()
+
+    def scanned(self, table: str, n: int) -> None:
+        """Notes a chunk of n rows of table's scanned; logs the Shrink's progress where PROGRESS_EVERY_S passed since
+        it began or since its last line: "shrinking: 1,200,000 of 3,000,000 rows scanned (40%), 80,000 rows/s,
+        about 23 s left (table 't', 1 of 2)" (a total the scan passed, rows pushed meanwhile, is shown as the count
+        so far, with no time left)."""
+        self.scanned_rows += n
+        now = time.monotonic()
+        if now - self.said < self.PROGRESS_EVERY_S:
+            return
+        self.said = now
+        rate = self.scanned_rows / max(now - self.started, 1e-9)
+        total = max(self.rows, self.scanned_rows)
+        left = f", about {(total - self.scanned_rows) / rate:,.0f} s left" if self.rows > self.scanned_rows else ""
+        log.info("shrinking: %s of %s rows scanned (%.0f%%), %s rows/s%s (table %r, %d of %d)",
+                 f"{self.scanned_rows:,}", f"{total:,}", 100 * self.scanned_rows / max(total, 1), f"{rate:,.0f}",
+                 left, table, self.tables.index(table) + 1, len(self.tables))  # fmt: skip
 
     def wrote(self, table: str, written: int, dropped: int) -> None:
         """Notes a chunk of table's written: `written` kept rows rewritten, `dropped` ids deleted."""

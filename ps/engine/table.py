@@ -329,7 +329,8 @@ class Table:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
         `clock` or scoring under eviction.score_threshold, in RocksDB and in RAM. Scans RocksDB in chunks of
         chunk_rows (bounded memory), so call flush() first. Each chunk written is told to progress
-        (ShrinkProgress.wrote: rows rewritten and ids dropped). A row pushed since the last flush (its lsn past the
+        (ShrinkProgress.wrote: rows rewritten and ids dropped), and each chunk read (ShrinkProgress.scanned, which
+        logs the Shrink's progress now and then). A row pushed since the last flush (its lsn past the
         store's flushed seq) is kept, decayed, until a later shrink: a drop is not journaled, so after a crash the
         journal's replay of that push would bring the row back (with the push under any later one). Only what
         changes is written: with decay 1 the kept rows stay as they are, and a table with no rule on is not
@@ -374,6 +375,7 @@ class Table:
                     self.num_pending -= int(np.count_nonzero(drop & ~complete))
                     self.counters["dropped"] += int(drop.sum())
                     progress.wrote(self.name, int(np.count_nonzero(written)), int(drop.sum()))
+            progress.scanned(self.name, len(ids))  # once the lock is released: a stalled log stalls no push
 
     def peek(self, ids: np.ndarray) -> np.ndarray:
         """(n, width) full rows (embedding, optimizer state, statistics), for tests and tools."""

@@ -1,0 +1,56 @@
+"""What the server logs while a Shrink runs (ps.engine.shrinkprogress ShrinkProgress.scanned): a line every
+PROGRESS_EVERY_S seconds with the rows scanned of those the tables hold, the rate and the time left, and a final
+line with the rows scanned and the time it took."""
+
+import logging
+import re
+
+import numpy as np
+
+from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
+from ps.engine.shard import Shard
+from ps.engine.shrinkprogress import ShrinkProgress
+from ps.engine.table import FLUSH_CHUNK_ROWS
+from ps.server_config import ServerConfig
+
+
+def _table(name: str) -> TableConfig:
+    return TableConfig(name, 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
+                       eviction=EvictionConfig(ttl_steps=5))  # fmt: skip
+
+
+def test_a_shrink_logs_its_progress_with_a_rate_and_the_time_left_then_how_long_it_took(tmp_path, caplog, monkeypatch):
+    """Tables a (2.5 chunks of rows) and b (100 rows), a line after every chunk (PROGRESS_EVERY_S 0): the rows
+    scanned of both tables' 20,580, the share, a rate, the time left while rows are left, the table being
+    scanned; then the final line."""
+    monkeypatch.setattr(ShrinkProgress, "PROGRESS_EVERY_S", 0.0)
+    n = FLUSH_CHUNK_ROWS * 5 // 2
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
+    try:
+        for name, rows in (("a", n), ("b", 100)):
+            shard.create_table(_table(name))
+            shard.push(name, np.arange(rows, dtype=np.uint64), np.ones((rows, 4), np.float32))
+        caplog.set_level(logging.INFO)
+        assert shard.shrink()["dropped"] == 0
+    finally:
+        shard.close()
+    total = n + 100
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shrinking: ")]
+    scanned = [FLUSH_CHUNK_ROWS, 2 * FLUSH_CHUNK_ROWS, n, total]
+    assert len(lines) == len(scanned), lines
+    for line, done, table in zip(lines, scanned, ["'a', 1 of 2"] * 3 + ["'b', 2 of 2"], strict=True):
+        left = r", about [\d,]+ s left" if done < total else ""
+        want = rf"shrinking: {done:,} of {total:,} rows scanned \({100 * done / total:.0f}%\), [\d,]+ rows/s{left} "
+        assert re.fullmatch(want + rf"\(table {table}\)", line), line
+    assert re.search(rf"shrink at step 0 dropped 0 ids from a, b \({total:,} rows scanned in \d+\.\d s\)", caplog.text)
+
+
+def test_a_total_the_scan_passes_is_shown_as_the_count_with_no_time_left(caplog, monkeypatch):
+    """Rows pushed during the scan make it read more than the tables held as it began: the line shows the count
+    as the total, 100%, and no time left."""
+    monkeypatch.setattr(ShrinkProgress, "PROGRESS_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO)
+    progress = ShrinkProgress(["t"], rows=10)
+    progress.scanned("t", 12)
+    assert re.fullmatch(r"shrinking: 12 of 12 rows scanned \(100%\), [\d,]+ rows/s \(table 't', 1 of 1\)",
+                        caplog.records[-1].getMessage())  # fmt: skip
