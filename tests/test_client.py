@@ -421,6 +421,33 @@ def test_a_shrink_or_hold_past_its_deadline_is_not_sent_again_and_a_clock_advanc
     assert server.shard.clock == 1  # advanced once
 
 
+def test_a_shrink_past_its_deadline_says_to_send_no_other_before_the_next_is_due(servers, sgd1_table):
+    """A Shrink past its deadline runs on: the error says to send none before the next one is due (one sent at once,
+    with a larger --timeout-s, would decay the rows a second time), where the shard's log says it ended and how long
+    it took, and that a --timeout-s past that fits the next one."""
+    addresses, (server,) = servers(1)
+    real, ended = server.shard.shrink, threading.Event()
+
+    def slow(*args, **kw):
+        time.sleep(0.6)
+        try:
+            return real(*args, **kw)
+        finally:
+            ended.set()
+
+    server.shard.shrink = slow
+    with Client(addresses, timeout_s=0.2, server_timeout_s=10) as client, pytest.raises(ServerUnavailableError) as e:
+        client.shrink()
+    assert ended.wait(30)  # the Shrink in the server ends
+    assert str(e.value).endswith(
+        "did not answer Shrink within 0.2 s: it may still be running there, or be done; it was not sent again, since "
+        "a repeat would apply it once more (send no Shrink before the next one is due: one sent again would decay the "
+        "rows this one shrank a second time; the shard's log says how far it got, and 'shrink at step ...' with the "
+        "seconds it took once it ended: a --timeout-s past those gives the next Shrink of these tables the time it "
+        "needs)"
+    )
+
+
 def test_a_call_its_shard_cancelled_is_sent_again_unless_it_could_apply_twice(servers, sgd1_table):
     """A stopping server cancels the calls it has not finished (CANCELLED): a push is sent again (applied once:
     it carries its request number), a Shrink is not (it may have run), and says so."""
