@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1038,3 +1039,24 @@ def test_a_checkpoint_whose_save_has_not_finished_is_named_so_by_restore_export_
         assert done.returncode == 2 and "unfinished checkpoint (shard-0; no manifest.json" in done.stderr, (argv, done)
         assert "DAMAGED" not in done.stdout and "accept-journal-loss" not in done.stdout, (argv, done.stdout)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_restore_logs_its_progress_with_a_rate_and_the_time_left(tmp_path, caplog, monkeypatch):
+    """A restore writes its rows in batches of 65,536: with a line after each (RESTORE_PROGRESS_S 0), the log says
+    the rows written of about the checkpoint's (this shard's slots' share), the share, a rate and the time left
+    while rows are left; then the restore's own final line."""
+    from ps.engine import opening
+
+    monkeypatch.setattr(opening, "RESTORE_PROGRESS_S", 0.0, raising=False)
+    rows = 150_000
+    ckpt = one_table_checkpoint(tmp_path, rows)
+    with caplog.at_level("INFO", "ps.engine.shard"):
+        Shard(ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=ckpt)).close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restoring: ")]
+    written = [65_536, 131_072, rows]
+    assert len(lines) == len(written), lines
+    for line, done in zip(lines, written, strict=True):
+        left = r", about [\d,]+ s left" if done < rows else ""
+        want = rf"restoring: {done:,} of about {rows:,} rows written \({100 * done / rows:.0f}%\), [\d,]+ rows/s{left}"
+        assert re.fullmatch(want, line), line
+    assert f"restored from checkpoint {ckpt} (1 shards) in " in caplog.text
