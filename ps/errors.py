@@ -14,6 +14,7 @@ RESOURCE_EXHAUSTED as well.
 import copy
 import errno
 import re
+from typing import NamedTuple
 
 MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
 MAX_DETAILS_BYTES = 1024  # of a status message, UTF-8; percent-encoded in the trailer, it takes at most 3x this
@@ -253,6 +254,12 @@ class DataDirLostError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+NOTHING_APPLIED = "nothing was applied"  # a refusal's outcome where none of the request was applied
+NOTHING_READ_OR_APPLIED = "nothing was read or applied"  # a request refused before it read a row or changed one
+NOTHING_OF_THE_STEP_APPLIED = "nothing of the step was applied"  # a sync step failed: no worker's push of it applied
+RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
+SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
+
 MODEL_STATE_REPLACED = "holds another model state than the one this client started with"  # its message's words
 
 
@@ -265,24 +272,36 @@ class ModelStateReplacedError(PsError):
     status = "FAILED_PRECONDITION"
 
 
-def model_state_replaced(shard: int, state_id: int, seen: int, how: str, read_only: bool, outcome: str = "",
-                         stops: str = "") -> str:  # fmt: skip
-    """A ModelStateReplacedError's words, the shard's (ps.engine.shard check_state_id) and the client's for a call
+class StateReplacedWords(NamedTuple):
+    """What a ModelStateReplacedError says of the call it refused (model_state_replaced), after how its shard was
+    replaced: the caller picks them by what the call does, not by whether it reads or writes."""
+
+    gone: str  # what of the model state the client worked with is not on the shard, from ", so ..."
+    outcome: str  # what of the call stands; "": the words before these say it (a client's note of a refusal)
+    stops: str  # a sentence: who stops, and what to do
+
+
+PUSH_REFUSED = StateReplacedWords(
+    "so what the client pushed before is not here",
+    "the push was not applied",
+    "A training run stops: start it again on what the shards hold now (from the checkpoint's position, with "
+    "--skip-examples)",
+)  # a push's (PushBatch), or a call that changes rows and carries no state id (the client's note)
+READ_REFUSED = StateReplacedWords(
+    "so its rows are not those of the model state the client read before",
+    NOTHING_READ_OR_APPLIED,
+    "A training run, an eval or a predict stops: start it again on what the shards hold now",
+)  # a pull's (PullBatch), or a call of ps.security.READ_ONLY_METHODS that carries no state id (the client's note)
+
+
+def model_state_replaced(shard: int, state_id: int, seen: int, how: str, words: StateReplacedWords) -> str:
+    """A ModelStateReplacedError's message, the shard's (ps.engine.shard check_state_id) and the client's for a call
     that carries no state id (worker.shard_calls): shard `shard` holds state_id, not seen (the one its client read
-    from Stats), since it was `how` ("restored from checkpoint C", "started on a new, empty data dir", ...); what is
-    gone (read_only: a pull, or a call that changes no row, which a training run, an eval or a predict makes: the
-    rows are of another model state; else what the client pushed), what of the call stands (outcome; "": the words
-    before these say it), and who stops, with what to do (stops, a sentence; "": a training run's, or an eval's and
-    a predict's where read_only)."""
-    if read_only:
-        gone = "so its rows are not those of the model state the client read before"
-        who, position = "A training run, an eval or a predict stops", ""
-    else:
-        gone, who = "so what the client pushed before is not here", "A training run stops"
-        position = " (from the checkpoint's position, with --skip-examples)"
-    stops = stops or f"{who}: start it again on what the shards hold now{position}"
+    from Stats), since it was `how` ("restored from checkpoint C", "started on a new, empty data dir", ...); then
+    words: what is gone, what of the call stands, and who stops, with what to do."""
+    outcome = f"; {words.outcome}" if words.outcome else ""
     return (f"shard {shard} {MODEL_STATE_REPLACED} (state id {state_id:#x}, the client's {seen:#x}): since the client "
-            f"connected, the shard was {how}, {gone}{f'; {outcome}' if outcome else ''}. {stops}")  # fmt: skip
+            f"connected, the shard was {how}, {words.gone}{outcome}. {words.stops}")  # fmt: skip
 
 
 class ShardNeedsRestartError(PsError):
@@ -341,13 +360,6 @@ class FileTooLargeError(PsError):
     file): a resource of the server, as a full disk is."""
 
     status = "RESOURCE_EXHAUSTED"
-
-
-NOTHING_APPLIED = "nothing was applied"  # a refusal's outcome where none of the request was applied
-NOTHING_READ_OR_APPLIED = "nothing was read or applied"  # a request refused before it read a row or changed one
-NOTHING_OF_THE_STEP_APPLIED = "nothing of the step was applied"  # a sync step failed: no worker's push of it applied
-RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
-SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
 
 
 class DiskFullError(PsError):

@@ -65,6 +65,8 @@ from ps.engine.shard import Shard
 from ps.engine.syncsum import SYNC_KEY_BIT
 from ps.errors import (
     NOTHING_APPLIED,
+    PUSH_REFUSED,
+    READ_REFUSED,
     CheckpointOutsideRootError,
     InvalidArgumentError,
     NoCheckpointRootError,
@@ -82,12 +84,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ps.service")
 MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
-# a Checkpoint hold's or save's refusal for a state id the shard does not hold (Shard.check_state_id): what of it stands,
-# and what the save's caller does
-CHECKPOINT_OUTCOMES = {"hold": "the shard was not held", "save": "the shard saved nothing"}
+# what a refusal for a state id the shard does not hold (Shard.check_state_id) says of a Checkpoint hold or save, a
+# CreateTable and a Shrink (ps.errors.StateReplacedWords): what is gone, what of the call stands, what its caller does
 CHECKPOINT_STOPS = ("A checkpoint save stops there, writing no manifest: save again once the shards hold one model "
                     "(ps-worker stats names each shard's restore)")  # fmt: skip
-SHRINK_STOPS = "The Shrink stops there: send it again, if still wanted, to the model the shards hold now"
+CHECKPOINT_REFUSED = {
+    "hold": READ_REFUSED._replace(outcome="the shard was not held", stops=CHECKPOINT_STOPS),
+    "save": READ_REFUSED._replace(outcome="the shard saved nothing", stops=CHECKPOINT_STOPS),
+}
+CREATE_REFUSED = PUSH_REFUSED._replace(outcome="the table was not created")
+SHRINK_REFUSED = READ_REFUSED._replace(
+    outcome="nothing was shrunk",
+    stops="The Shrink stops there: send it again, if still wanted, to the model the shards hold now",
+)
 
 
 def _check_count(method: str, what: str, n: int) -> None:
@@ -246,7 +255,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def CreateTable(self, request: Any, context: grpc.ServicerContext) -> Message:
-        self.shard.check_state_id(request.state_id, outcome="the table was not created")  # before the spec is read
+        self.shard.check_state_id(request.state_id, CREATE_REFUSED)  # before the spec is read
         cfg, stamp = codec.table_config_from_proto(request.spec), stamp_of(request)
         if request.check_only:
             cfg, num_rows, width = self.shard.check_create(cfg, request.replace_untrained, stamp)
@@ -298,7 +307,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullBatchResponse already serialized (see handler)."""
         _check_count("PullBatch", "pulls", len(request.pulls))
-        self.shard.check_state_id(request.state_id, pull=True)
+        self.shard.check_state_id(request.state_id, READ_REFUSED)
         stamp = stamp_of(request)
         if stamp is not None:
             self.shard.jobs.check(stamp, pull=True)
@@ -353,9 +362,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:
-        if request.phase in CHECKPOINT_OUTCOMES:  # a release is never refused for it: it ends a hold or nothing
-            self.shard.check_state_id(request.state_id, pull=True, outcome=CHECKPOINT_OUTCOMES[request.phase],
-                                      stops=CHECKPOINT_STOPS)  # fmt: skip
+        if request.phase in CHECKPOINT_REFUSED:  # a release is never refused for it: it ends a hold or nothing
+            self.shard.check_state_id(request.state_id, CHECKPOINT_REFUSED[request.phase])
         if request.phase == "hold":
             clock, token = self.shard.hold(request.hold_timeout_s or DEFAULT_HOLD_S, CallerGone(context))
             return ps_pb2.CheckpointResponse(clock=clock, token=token)
@@ -374,7 +382,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def Shrink(self, request: Any, context: grpc.ServicerContext) -> Message:
-        self.shard.check_state_id(request.state_id, pull=True, outcome="nothing was shrunk", stops=SHRINK_STOPS)
+        self.shard.check_state_id(request.state_id, SHRINK_REFUSED)
         return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table))
 
     @rpc_handler

@@ -49,6 +49,8 @@ import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.errors import (
+    PUSH_REFUSED,
+    READ_REFUSED,
     ModelStateReplacedError,
     PsError,
     RequestTooLargeError,
@@ -247,8 +249,9 @@ class ShardCalls:
         """error, a refusal of the shard's of a call that carries no state id, or where the shard's Stats (one
         attempt) give another state id than wait_ready read (it came back restored, or on a new data dir: such a
         call finds no table there), a ModelStateReplacedError saying so after the shard's words
-        (ps.errors.model_state_replaced; read-only: a method of ps.security.READ_ONLY_METHODS). A run stops on it
-        without a --skip-examples hint of its own (worker.train): the servers no longer hold what it trained."""
+        (ps.errors.model_state_replaced: a read's words for a method of ps.security.READ_ONLY_METHODS, else a push's,
+        the call's outcome left to the shard's words). A run stops on it without a --skip-examples hint of its own
+        (worker.train): the servers no longer hold what it trained."""
         seen, cluster = self._seen[shard]
         if not seen:
             return error
@@ -261,7 +264,8 @@ class ShardCalls:
             how += f" of another cluster ({f'cluster {stats.cluster!r}' if stats.cluster else 'unnamed'})"
         if (stats.shard_id, stats.num_shards) != (shard, len(self.servers)):
             how += f" as shard {stats.shard_id} of {stats.num_shards}"
-        said = model_state_replaced(shard, stats.state_id, seen, how, method in READ_ONLY_METHODS)
+        words = READ_REFUSED if method in READ_ONLY_METHODS else PUSH_REFUSED
+        said = model_state_replaced(shard, stats.state_id, seen, how, words._replace(outcome=""))
         replaced = ModelStateReplacedError(f"{error}; {said}")
         replaced.refused_by = shard
         return replaced

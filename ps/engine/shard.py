@@ -67,11 +67,12 @@ from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker
 from ps.engine.writeguard import WriteGuard
 from ps.errors import (
-    NOTHING_READ_OR_APPLIED,
+    PUSH_REFUSED,
     InvalidArgumentError,
     ModelStateReplacedError,
     PsError,
     ShardNeedsRestartError,
+    StateReplacedWords,
     TableNotFoundError,
     WrongShardError,
     echo,
@@ -480,20 +481,19 @@ class Shard:
             "flush_failures": self.flusher.failures,
         }
 
-    def check_state_id(self, seen: int, pull: bool = False, outcome: str = "", stops: str = "") -> None:
+    def check_state_id(self, seen: int, words: StateReplacedWords = PUSH_REFUSED) -> None:
         """ModelStateReplacedError when a client's request carries a state id (seen, nonzero: the one its client read
         from Stats) other than this shard's: the data dir was restored or created anew since the client read it, so
         the model state the client trains on, scores with, creates a table of, checkpoints or shrinks is not here.
-        Called first by each handler of a request with a state id (PushBatch; pull: PullBatch, or a call that changes
-        no row), so nothing is applied, nor read. outcome: what of the call stands ("": the push's, or the pull's);
-        stops: who stops and what to do (ps.errors.model_state_replaced)."""
+        Called first by each handler of a request with a state id, so nothing is applied, created, shrunk, held or
+        read. words: what the refusal says of the call (ps.errors.model_state_replaced): what is gone, what of the
+        call stands and who stops; a PushBatch's by default, a PullBatch's READ_REFUSED, the others' their own
+        (ps.service)."""
         if not seen or seen == self.state_id:
             return
         restored = self.store.meta.restored()
         how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
-        outcome = outcome or (NOTHING_READ_OR_APPLIED if pull else "the push was not applied")
-        raise ModelStateReplacedError(model_state_replaced(self.shard_id, self.state_id, seen, how, pull, outcome,
-                                                           stops))  # fmt: skip
+        raise ModelStateReplacedError(model_state_replaced(self.shard_id, self.state_id, seen, how, words))
 
     def health_stats(self) -> dict[str, int]:
         """For the metrics: ps.engine.shardstats.health_stats of the journal and the flusher's disk watch."""
