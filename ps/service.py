@@ -65,13 +65,13 @@ from ps.engine.shard import Shard
 from ps.engine.syncsum import SYNC_KEY_BIT
 from ps.errors import (
     NOTHING_APPLIED,
-    PUSH_REFUSED,
     READ_REFUSED,
     CheckpointOutsideRootError,
     InvalidArgumentError,
     NoCheckpointRootError,
     ReplyTooLargeError,
     ShardStartingError,
+    StateReplacedWords,
     echo,
 )
 from ps.refusals import RefusalLog
@@ -92,7 +92,12 @@ CHECKPOINT_REFUSED = {
     "hold": READ_REFUSED._replace(outcome="the shard was not held", stops=CHECKPOINT_STOPS),
     "save": READ_REFUSED._replace(outcome="the shard saved nothing", stops=CHECKPOINT_STOPS),
 }
-CREATE_REFUSED = PUSH_REFUSED._replace(outcome="the table was not created")
+CREATE_REFUSED = StateReplacedWords(  # a run's CreateTable comes after its wait_ready, before its pushes
+    "so the tables it held before may be lost there",
+    "the table was not created there",
+    "A training run stops there: start it again on what the shards hold now; its start refuses shards that lost a "
+    "trained table or were restored from different checkpoints, and names them, as ps-worker stats does",
+)
 SHRINK_REFUSED = READ_REFUSED._replace(
     outcome="nothing was shrunk",
     stops="The Shrink stops there: send it again, if still wanted, to the model the shards hold now",

@@ -264,10 +264,14 @@ def test_a_create_table_to_a_shard_replaced_on_a_new_data_dir_is_refused_and_the
             client.push("t", ids, np.ones((len(ids), 2), np.float32))
             shards.replace(1, "d1-new")
             said = (rf"shard 1 at \S+: CreateTable failed with FAILED_PRECONDITION: shard 1 {MODEL_STATE_REPLACED} "
-                    r".*since the client connected, the shard was started on a new, empty data dir, .*; the table "
-                    r"was not created\. A training run stops")  # fmt: skip
-            with pytest.raises(ModelStateReplacedError, match=said):
+                    r"\(state id \w+, the client's \w+\): since the client connected, the shard was started on a new, "
+                    r"empty data dir, so the tables it held before may be lost there; the table was not created "
+                    r"there\. A training run stops there: start it again on what the shards hold now; its start "
+                    r"refuses shards that lost a trained table or were restored from different checkpoints, and names "
+                    r"them, as ps-worker stats does$")  # fmt: skip
+            with pytest.raises(ModelStateReplacedError, match=said) as caught:
                 client.create_table(table)
+            assert "pushed" not in str(caught.value) and "--skip-examples" not in str(caught.value)  # a push's words
             stats = client.stats()
         assert [t.name for t in stats[1].tables] == []
         assert "table t" in lost_tables(stats) and "shard 1" in lost_tables(stats)
