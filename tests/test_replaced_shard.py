@@ -324,6 +324,42 @@ def test_a_checkpoint_save_whose_shard_is_replaced_after_its_checks_holds_and_sa
         shards.stop()
 
 
+def test_a_save_by_a_client_that_outlived_a_restore_is_refused_before_any_hold_until_it_reads_the_shards(tmp_path):
+    """A client whose shards were all restored from one checkpoint since its wait_ready: its save is refused before
+    any hold, saying the shards were replaced since the client read them and what saves them (a new client, or
+    wait_ready again), not that the shards hold two models. After wait_ready it saves them. One shard restored
+    alone from that same checkpoint passes the checks on the Stats (both name it), and is refused the same way."""
+    shards = TwoShards(tmp_path)
+    ids = random_ids(200, seed=17)
+    try:
+        with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
+            client.wait_ready()
+            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+            client.push("t", ids, np.ones((len(ids), 2), np.float32))
+            save(client, str(tmp_path / "a"))
+            seen = client.state_ids
+            for i in range(2):
+                shards.replace(i, f"d{i}-restored", restore_dir=str(tmp_path / "a"))
+            now = [s.state_id for s in client.stats()]
+            said = (rf"^shard 0 {MODEL_STATE_REPLACED} \(state id {now[0]:#x}, the client's {seen[0]:#x}\): since the "
+                    rf"client connected, the shard was restored from checkpoint \S*a, so its rows are not those of the "
+                    r"model state the client read before; no shard was held and nothing was saved\. The save stops "
+                    r"there \(shards replaced since this client first read them: 0, 1\)\. To save what the shards "
+                    r"hold now, save with a new client \(each ps-worker checkpoint save is one\), or call this "
+                    r"client's wait_ready again$")  # fmt: skip
+            with pytest.raises(ModelStateReplacedError, match=said):
+                save(client, str(tmp_path / "b"))
+            assert not (tmp_path / "b").exists()
+            client.wait_ready()  # reads the restored shards' ids: the save holds (no hold was left) and saves
+            assert save(client, str(tmp_path / "b"))["num_shards"] == 2
+            shards.replace(1, "d1-again", restore_dir=str(tmp_path / "a"))
+            with pytest.raises(ModelStateReplacedError, match=r"^shard 1 .*first read them: 1\)\."):
+                save(client, str(tmp_path / "c"))
+            assert not (tmp_path / "c").exists()
+    finally:
+        shards.stop()
+
+
 def test_a_shrink_sent_again_while_its_shard_comes_back_restored_shrinks_nothing_there(tmp_path):
     """A Shrink whose shard is down is sent again until the shard answers (no connection: it was not run). Where the
     shard comes back restored from a checkpoint, the Shrink carries the state id its client read, and the restored

@@ -22,11 +22,12 @@ from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, SAVE_PARTS, write_manifest
 from ps.config import DEFAULT_HOLD_S
-from ps.errors import PsError
+from ps.errors import READ_REFUSED, ModelStateReplacedError, PsError, model_state_replaced
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
 from worker.channels import check_cluster
 from worker.flags import check_new_dir
+from worker.shard_calls import how_replaced
 from worker.tables import cluster_damage, untrained_on_some_shards
 
 if TYPE_CHECKING:
@@ -144,9 +145,10 @@ def _check_before_holding(client: Client, directory: str, tables: set[str] | Non
     file, for shards that lost a trained table or were restored from different checkpoints, or for a table some
     shards lack (of tables, where given); PsError for a server list that is not the cluster's shards in shard order
     (worker.channels.check_cluster: a list missing a shard would save a checkpoint of fewer shards, which restores
-    as a whole model without that shard's rows). Returns the model state id each shard's hold and save carry: the
-    client's (Client.state_ids, what it worked with since wait_ready), else the one these checks read, so that a
-    shard replaced since refuses them (ModelStateReplacedError) rather than mix its state into the checkpoint."""
+    as a whole model without that shard's rows); ModelStateReplacedError for a shard replaced since the client read
+    it at wait_ready (_check_not_replaced). Returns the model state id each shard's hold and save carry, the one
+    these checks read (the client's, where it read one), so that a shard replaced since refuses them
+    (ModelStateReplacedError) rather than mix its state into the checkpoint."""
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
@@ -158,7 +160,32 @@ def _check_before_holding(client: Client, directory: str, tables: set[str] | Non
     partial = untrained_on_some_shards(shard_stats, tables)
     if partial:  # refused now, not by a shard lacking it once every shard has saved
         raise ValueError(f"{partial}; nothing was saved")
-    return [seen or stats.state_id for seen, stats in zip(client.state_ids, shard_stats, strict=True)]
+    _check_not_replaced(client.state_ids, shard_stats)
+    return [stats.state_id for stats in shard_stats]
+
+
+SAVE_REFUSED = READ_REFUSED._replace(
+    outcome="no shard was held and nothing was saved",
+    stops="The save stops there (shards replaced since this client first read them: {}). To save what the shards "
+    "hold now, save with a new client (each ps-worker checkpoint save is one), or call this client's wait_ready again",
+)  # a save whose client read other state ids at wait_ready than the shards hold (_check_not_replaced)
+
+
+def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
+    """ModelStateReplacedError, before any hold, where a shard's state id is not the one the client read at
+    wait_ready (seen; 0: not read): the shard was restored or started on a new data dir since, so the model state the
+    client worked with is not all there (one shard restored alone from the checkpoint the whole cluster was restored
+    from passes the checks on the Stats, not this one). A client that read the shards after a restore of every
+    shard (a new one, or wait_ready again) saves them."""
+    replaced = [
+        i for i, (ours, s) in enumerate(zip(seen, shard_stats, strict=True)) if ours and s.state_id not in (0, ours)
+    ]
+    if replaced:
+        first, stats = replaced[0], shard_stats[replaced[0]]
+        words = SAVE_REFUSED._replace(stops=SAVE_REFUSED.stops.format(", ".join(map(str, replaced))))
+        raise ModelStateReplacedError(
+            model_state_replaced(first, stats.state_id, seen[first], how_replaced(stats), words)
+        )
 
 
 def _hold_and_save(client: Client, directory: str, state_ids: list[int], hold_timeout_s: float,
