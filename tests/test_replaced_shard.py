@@ -32,6 +32,7 @@ from tests.worker_runs import run
 from worker import checkpoint, served
 from worker.checkpoint import save
 from worker.client import Client
+from worker.shard_calls import carries_state_id
 from worker.tables import lost_tables
 
 
@@ -150,6 +151,24 @@ def test_a_push_or_pull_carrying_the_state_id_refused_otherwise_asks_no_stats_a_
         with pytest.raises(PsError, match="DescribeTable failed with NOT_FOUND"):
             client.describe_table("u")
         assert asked == [1]
+
+
+def test_a_request_carries_a_state_id_its_shard_checks_where_it_has_the_field_set_and_is_no_release():
+    """carries_state_id reads the request: every request message with a state_id field, holding an id, carries one
+    (the proto's, found from its descriptors), but a Checkpoint release, whose id the shard never checks; a request
+    without the field, or with 0 in it, carries none."""
+    with_field = [m for name, m in ps_pb2.DESCRIPTOR.message_types_by_name.items()
+                  if name.endswith("Request") and "state_id" in m.fields_by_name]  # fmt: skip
+    assert {m.name for m in with_field} >= {"PushBatchRequest", "PullBatchRequest", "CreateTableRequest",
+                                            "CheckpointRequest", "ShrinkRequest"}  # fmt: skip
+    for m in with_field:
+        request = getattr(ps_pb2, m.name)
+        assert carries_state_id(request(state_id=7)) and not carries_state_id(request()), m.name
+    for phase in ("hold", "save"):
+        assert carries_state_id(ps_pb2.CheckpointRequest(phase=phase, state_id=7))
+    assert not carries_state_id(ps_pb2.CheckpointRequest(phase="release", token="t", state_id=7))
+    assert not carries_state_id(ps_pb2.DescribeTableRequest(table="t"))
+    assert not carries_state_id(None)
 
 
 class TwoShards:

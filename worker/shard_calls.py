@@ -289,17 +289,15 @@ def how_replaced(stats: ps_pb2.StatsResponse) -> str:
     )
 
 
-STATE_ID_REQUESTS = (
-    ps_pb2.PushBatchRequest,
-    ps_pb2.PullBatchRequest,
-    ps_pb2.CreateTableRequest,
-    ps_pb2.CheckpointRequest,
-    ps_pb2.ShrinkRequest,
-)  # the requests with a state_id field (a Checkpoint's hold and save)
+UNCHECKED_PHASE = "release"  # the Checkpoint phase whose state id its shard does not check: it ends a hold or nothing
 
 
 def carries_state_id(request: object) -> bool:
-    """Whether request is one of STATE_ID_REQUESTS that carries a state id (nonzero): its shard checks the id before
-    anything else of the call (ps.engine.shard check_state_id), so a refusal other than ModelStateReplacedError
-    found the id the shard's, and needs no Stats to tell whether the shard was replaced (ShardCalls._replaced)."""
-    return isinstance(request, STATE_ID_REQUESTS) and request.state_id != 0
+    """Whether request has a state_id field holding an id (nonzero) that its shard checks before anything else of
+    the call (ps.engine.shard check_state_id; not a Checkpoint release's, UNCHECKED_PHASE), so that a refusal other
+    than ModelStateReplacedError found the id the shard's, and needs no Stats to tell whether the shard was
+    replaced (ShardCalls._replaced)."""
+    fields = getattr(getattr(request, "DESCRIPTOR", None), "fields_by_name", {})
+    if "state_id" not in fields or not request.state_id:
+        return False
+    return not ("phase" in fields and request.phase == UNCHECKED_PHASE)
