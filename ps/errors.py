@@ -264,10 +264,14 @@ MODEL_STATE_REPLACED = "holds another model state than the one this client start
 
 
 class ModelStateReplacedError(PsError):
-    """A push or pull that carried the shard's state id as its client last saw it (StatsResponse state_id) found
-    another one: the shard's data dir was restored from a checkpoint or started anew since, so the model state the
-    client trained on, or scores with, is gone from it. Nothing of the request is applied or read; not retried (a
-    restarted client trains on, or scores with, what the shard holds now)."""
+    """A request that carried the shard's state id as its client read it (StatsResponse state_id, at wait_ready): a
+    PushBatch, a PullBatch, a CreateTable, a Shrink, or a checkpoint's hold or save, found another one: the shard's
+    data dir was restored from a checkpoint or started anew since, so the model state the client trains on, scores
+    with, creates a table in, shrinks or checkpoints is gone from it. Nothing of the request is applied, created,
+    shrunk, held, saved or read (the message says which: model_state_replaced); not retried (a restarted client
+    works with what the shard holds now). The client raises it too: for a refusal of a call that carries no state id
+    by a shard whose Stats give another one (worker.shard_calls), and for a checkpoint save whose shards were
+    replaced since its client read them, before any hold (worker.checkpoint)."""
 
     status = "FAILED_PRECONDITION"
 
@@ -322,8 +326,11 @@ class CheckpointHoldError(PsError):
 
 
 class CallerGoneError(PsError):
-    """A stamped request's wait ended because its caller left: its RPC was cancelled or passed its deadline
-    (ps.engine.jobs). Nobody reads the status; the wait's RPC thread is free again."""
+    """A request's caller left (its RPC was cancelled or passed its deadline) while the request waited: a stamped
+    request for its job's other workers (ps.engine.jobs), a request for request room or its reply for reply room
+    (ps.engine.room, ps.replies), a checkpoint hold for the pushes in flight (dropped: ps.engine.hold); or before a
+    checkpoint save's write (nothing more is written: ps.engine.hold.save_into). Nobody reads the status; the RPC
+    thread is free again. A PushBatch whose rows to return waited for reply room was applied (ps.service)."""
 
     status = "CANCELLED"
 

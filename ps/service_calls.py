@@ -85,11 +85,12 @@ def rpc_handler(method: Callable) -> Callable:
 
 
 class CallerGone:
-    """For a request's wait: a stamped request's (ps.engine.jobs), one for room for a request or its reply
-    (ps.engine.room, ps.replies) and the checkpoint hold's (ps.engine.hold). Called, whether the request's caller
-    is gone (its RPC cancelled, or past its deadline); watch(wake) has wake() called when the RPC ends, so that a
-    wait whose caller left frees its RPC thread at once (ps.engine.room.watch_caller). Only a wait watches: an RPC
-    that does not wait wakes no one as it ends."""
+    """Whether a request's caller is gone (its RPC cancelled, or past its deadline), for the work of the request that
+    stops without it (CallerGoneError): its waits, a stamped request's for its job's other workers (ps.engine.jobs),
+    one for request room or reply room (ps.engine.room, ps.replies), the checkpoint hold's for the pushes in flight
+    (ps.engine.hold), which watch(wake) wakes as the RPC ends, so that a wait whose caller left frees its RPC thread
+    at once (ps.engine.room.watch_caller); and a checkpoint save, which calls it before each write (ps.engine.hold
+    save_into) and watches nothing: it does not wait, so the RPC's end has no one to wake there."""
 
     def __init__(self, context: grpc.ServicerContext):
         self._context = context
