@@ -84,11 +84,36 @@ def test_a_save_that_fails_on_one_shard_names_the_parts_the_others_left(tmp_path
         text = str(refused.value)
         assert "takes no checkpoints" in text, text
         assert text.startswith(f"the save into {root / 'c'} failed: ") and "with no manifest.json it is not a" in text
-        assert f"{root / 'c'} holds shard-0, the part of each shard whose save finished, and a shard whose" in text
+        assert f"{root / 'c'} holds shard-0, the part of each shard whose save finished; a shard whose" in text
         assert sorted(p.name for p in (root / "c").iterdir()) == ["shard-0"]
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_failed_save_tells_a_finished_part_from_one_a_killed_shard_left_unfinished(tmp_path):
+    """A shard killed mid-save leaves RocksDB's shard-<i>.tmp: the error names it apart, as unfinished, not among
+    the parts whose save finished."""
+    from ps.errors import PsError
+    from worker.checkpoint import _note_parts_left
+
+    for name in ("shard-0", "shard-1.tmp", "shard-2", "shard-3.tmp"):
+        (tmp_path / name).mkdir()
+    error = PsError("shard 1 at 127.0.0.1:1: Checkpoint failed with UNAVAILABLE")
+    _note_parts_left(error, str(tmp_path))
+    assert str(error) == (
+        f"the save into {tmp_path} failed: shard 1 at 127.0.0.1:1: Checkpoint failed with UNAVAILABLE. {tmp_path} "
+        "holds shard-0, shard-2, the part of each shard whose save finished; and shard-1.tmp, shard-3.tmp, the "
+        "unfinished part of each shard whose save was cut off (its server died) or still runs; a shard whose save "
+        "did not answer may still write its part there; with no manifest.json it is not a checkpoint: delete it "
+        "once the shards are done, before saving into it again"
+    )
+    (tmp_path / "shard-0").rmdir()
+    (tmp_path / "shard-2").rmdir()
+    error = PsError("cut off")
+    _note_parts_left(error, str(tmp_path))
+    assert f"{tmp_path} holds shard-1.tmp, shard-3.tmp, the unfinished part" in str(error)
+    assert "whose save finished" not in str(error)
 
 
 def test_a_save_that_left_nothing_does_not_tell_to_delete_a_directory_that_is_not_there(tmp_path):

@@ -63,9 +63,10 @@ def check_save_dir(name: str, directory: str) -> None:
 
 def _note_parts_left(error: BaseException, directory: str, all_saved: bool = False) -> None:
     """Adds to error's message what the save phase leaves in directory: the shard-<i> folders of the shards whose
-    save finished, where this machine sees any, and those of saves that may go on (a save whose deadline passed is
-    not called off). all_saved: every shard's save finished (a failure after the save phase). Without a manifest
-    they are not a checkpoint, and the directory takes no save until they are gone."""
+    save finished, where this machine sees any, apart from the shard-<i>.tmp folders of saves that did not finish
+    (cut off, or going on: a save whose deadline passed is not called off). all_saved: every shard's save finished
+    (a failure after the save phase). Without a manifest they are not a checkpoint, and the directory takes no save
+    until they are gone."""
     if all_saved:
         error.args = (f"the save into {directory} failed after every shard saved its part there: {error}. No "
                       f"{MANIFEST} was written, so the shard-<i> folders there are not a checkpoint: delete "
@@ -81,10 +82,14 @@ def _note_parts_left(error: BaseException, directory: str, all_saved: bool = Fal
         left = sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
     except OSError:
         left = []
-    holds = (
-        f"holds {', '.join(left)}, the part of each shard whose save finished" if left else "holds no shard part yet"
-    )
-    error.args = (f"the save into {directory} failed: {error}. {directory} {holds}, and a shard whose save did not "
+    finished = [name for name in left if not name.endswith(".tmp")]
+    unfinished = [name for name in left if name.endswith(".tmp")]  # RocksDB's, while it makes shard-<i>
+    said = [f"{', '.join(finished)}, the part of each shard whose save finished"] if finished else []
+    if unfinished:
+        said.append(f"{', '.join(unfinished)}, the unfinished part of each shard whose save was cut off (its server "
+                    "died) or still runs")  # fmt: skip
+    holds = f"holds {'; and '.join(said)}" if said else "holds no shard part yet"
+    error.args = (f"the save into {directory} failed: {error}. {directory} {holds}; a shard whose save did not "
                   f"answer may still write its part there; with no {MANIFEST} it is not a checkpoint: delete it once "
                   "the shards are done, before saving into it again",)  # fmt: skip
 

@@ -98,10 +98,8 @@ class PushHold:
         with self._gate:
             now = time.monotonic()
             if self.held_until and now < self.held_until:
-                left = ("while it waits for the pushes in flight" if self._waiting else "while it saves"
-                        if math.isinf(self.held_until) else f"for {self.held_until - now:.0f} s more")  # fmt: skip
                 raise CheckpointHoldError(
-                    f"shard {self.shard_id} is held by another checkpoint ({left} at most); one checkpoint at a "
+                    f"shard {self.shard_id} is held by another checkpoint ({self._other(now)}); one checkpoint at a "
                     "time: take this one once that one has ended; nothing is held"
                 )
             token = self.token = secrets.token_hex(8)
@@ -156,6 +154,16 @@ class PushHold:
             if self.held_until:  # lasting (inf while it waits for the pushes in flight or saves), or expired then
                 return min(time.monotonic(), self.held_until)
             return self._ended_at
+
+    def _other(self, now: float) -> str:
+        """Where the hold another checkpoint has (under _gate, lasting at now) is: taking itself, saving, or held
+        until its checkpoint releases it, which a save does as it ends, and expiring at the latest."""
+        if self._waiting:
+            return "its hold waits for the pushes in flight"
+        if math.isinf(self.held_until):
+            return "it saves now, and releases the shard as its save ends"
+        return (f"released as that checkpoint's save ends, or as its hold expires, {math.ceil(self.held_until - now)} "
+                "s from now at the latest")  # fmt: skip
 
     def _not_held(self) -> str:
         """Why a save's token is not the shard's hold now (under _gate): another checkpoint holds it, no hold was
