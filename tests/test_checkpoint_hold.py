@@ -212,11 +212,11 @@ def test_a_save_whose_dir_another_shards_failed_save_removed_writes_again(tmp_pa
     directory.mkdir()  # shard 1's
     real_write, writes = shard.checkpoints.write, []
 
-    def write_after_the_other_shard_gave_up(path: str) -> dict:
+    def write_after_the_other_shard_gave_up(path: str, caller_gone=None) -> dict:
         writes.append(path)
         if len(writes) == 1:
             directory.rmdir()  # shard 1's failed save cleans up
-        return real_write(path)
+        return real_write(path, caller_gone)
 
     shard.checkpoints.write = write_after_the_other_shard_gave_up
     try:
@@ -236,11 +236,11 @@ def test_a_save_whose_caller_left_makes_nothing_and_its_write_into_a_dir_removed
     directory, caller = tmp_path / "out" / "c", StandInCaller(gone=True)
     real_write, writes = shard.checkpoints.write, []
 
-    def write_as_the_caller_leaves(path: str) -> dict:
+    def write_as_the_caller_leaves(path: str, caller_gone=None) -> dict:
         writes.append(path)
         caller.leave()
         shutil.rmtree(tmp_path / "out")  # the caller's undo of its fresh checkpoint and of the OUT it made
-        return real_write(path)
+        return real_write(path, caller_gone)
 
     shard.checkpoints.write = write_as_the_caller_leaves
     try:
@@ -248,10 +248,48 @@ def test_a_save_whose_caller_left_makes_nothing_and_its_write_into_a_dir_removed
         with pytest.raises(CallerGoneError, match=rf"^the caller of the save into {directory} left; nothing saved$"):
             shard.save_checkpoint(str(directory), token, caller)
         assert not (tmp_path / "out").exists() and writes == []
-        caller.gone = False
-        with pytest.raises(Exception, match="No such file or directory"):
+        caller.gone = False  # leaves as the write begins: the write sees it (after its flush), and is not run again
+        with pytest.raises(CallerGoneError, match=rf"^the caller of the save into {directory} left; nothing saved$"):
             shard.save_checkpoint(str(directory), token, caller)
         assert len(writes) == 1 and not (tmp_path / "out").exists()
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("leaves", ["as_its_dirs_are_made", "during_the_rocksdb_checkpoint"])
+def test_a_save_whose_caller_leaves_once_it_began_leaves_no_checkpoint(tmp_path, monkeypatch, leaves):
+    """The caller leaves after the save's own look at it: as the save makes its directories (the caller's undo ran
+    before, and the save makes them again), or while RocksDB writes the checkpoint (the caller's undo, which runs
+    meanwhile, cannot remove a folder being written into). The save fails, and leaves neither the shard's checkpoint
+    nor the directories it made; the shard saves again for a caller that stays."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    directory, caller = tmp_path / "out" / "c", StandInCaller()
+    real_make_dirs, real_checkpoint = hold_module._make_dirs, shard.checkpoints.store.checkpoint
+
+    def make_dirs_as_the_caller_leaves(path: str) -> list[str]:
+        caller.leave()
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)  # the caller's undo: nothing there yet
+        return real_make_dirs(path)
+
+    def checkpoint_as_the_caller_leaves(path: str) -> None:
+        caller.leave()  # its undo's rmtree ran while RocksDB wrote, and failed: modelled by no removal at all
+        real_checkpoint(path)
+
+    if leaves == "as_its_dirs_are_made":
+        monkeypatch.setattr(hold_module, "_make_dirs", make_dirs_as_the_caller_leaves)
+    else:
+        monkeypatch.setattr(shard.checkpoints.store, "checkpoint", checkpoint_as_the_caller_leaves)
+    try:
+        shard.create_table(TableConfig("emb", 2))
+        shard.push("emb", np.arange(10, dtype=np.uint64), np.ones((10, 2), np.float32))
+        _, token = shard.hold(60)
+        with pytest.raises(CallerGoneError, match=rf"^the caller of the save into {directory} left; nothing saved$"):
+            shard.save_checkpoint(str(directory), token, caller)
+        assert not (tmp_path / "out").exists()
+        assert not shard.checkpoints.gate.save_running
+        monkeypatch.undo()
+        saved = shard.save_checkpoint(str(directory), token, StandInCaller())
+        assert saved["rows"] == {"emb": 10} and (directory / "shard-0" / "CURRENT").exists()
     finally:
         shard.close()
 
@@ -263,7 +301,7 @@ def test_a_save_whose_dir_keeps_going_away_gives_up_after_its_tries(tmp_path):
     directory, writes = tmp_path / "c", []
     directory.mkdir()
 
-    def write_into_a_dir_removed_each_time(path: str) -> None:
+    def write_into_a_dir_removed_each_time(path: str, caller_gone=None) -> None:
         writes.append(path)
         directory.mkdir(exist_ok=True)
         directory.rmdir()

@@ -896,7 +896,7 @@ def test_an_export_whose_save_fails_on_one_shard_does_not_say_to_delete_the_chec
 
     servers, addresses = _two_started_shards(tmp_path)
 
-    def refused(path: str) -> None:
+    def refused(path: str, caller_gone=None) -> None:
         raise CheckpointDirError("cannot write the checkpoint here (the test's)")
 
     out = tmp_path / "out"

@@ -745,7 +745,7 @@ def test_an_export_stopped_while_ps_server_export_writes_lets_it_remove_its_file
 def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_written_again_into_out(tmp_path,
                                                                                                  monkeypatch):  # fmt: skip
     """Ctrl-C while the shard writes ps-worker export's fresh checkpoint: the export ends, removing the checkpoint and
-    the OUT it made under the shard's write, which fails. The shard, whose caller has gone, writes nothing again: OUT
+    the OUT it made under the shard's write, which fails. The shard, whose caller has gone, writes nothing: OUT
     stays gone, not made again after the export ended with a whole checkpoint of the shard in it, named by
     nothing (as a save whose directory another shard's failed save removed is written again)."""
     import subprocess
@@ -761,14 +761,14 @@ def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_writt
     real_write, writes, started = server.shard.checkpoints.write, [], threading.Event()
     export: list[subprocess.Popen] = []
 
-    def write(path: str) -> dict:  # the shard's write of the checkpoint, with Ctrl-C pressed as it begins
+    def write(path: str, caller_gone=None) -> dict:  # the shard's write, with Ctrl-C pressed as it begins
         writes.append(path)
         if len(writes) == 1:
             wait_until(started.is_set, 60, "ps-worker export to start")
             os.killpg(export[0].pid, signal.SIGINT)
             wait_until(lambda: export[0].poll() is not None, 60, "ps-worker export to end")
             wait_until(lambda: callers[-1](), 30, "the server to see the caller of the save gone")
-        return real_write(path)  # into a folder the export removed as it ended: fails
+        return real_write(path, caller_gone)  # its caller gone: fails, writing nothing
 
     server.shard.checkpoints.write = write
     out = tmp_path / "export"

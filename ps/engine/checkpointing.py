@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 
 from ps.checkpoint import file_checksums
-from ps.engine.hold import PushHold, save_into
+from ps.engine.hold import PushHold, check_caller, save_into
 from ps.engine.table import rows_text
-from ps.errors import InvalidArgumentError
+from ps.errors import CallerGoneError, InvalidArgumentError
 from ps.server_config import ServerConfig
 from ps.storage import leftovers
 from ps.storage.store import Store
@@ -57,24 +57,35 @@ class ShardCheckpoints:
         with self.gate.saving(token):
             started = time.monotonic()
             name = f"shard-{self.shard_id}"
-            written = save_into(directory, name, self.config.checkpoint_root, self.write, caller_gone)
+            written = save_into(directory, name, self.config.checkpoint_root,
+                                lambda path: self.write(path, caller_gone), caller_gone)  # fmt: skip
             clock = self._clock()
             saved = {"shard_id": self.shard_id, "dir": name, "clock": clock, **written}
             log.info("checkpoint saved to %s in %.1f s: %s, clock %s", os.path.join(directory, name),
                      time.monotonic() - started, rows_text(sum(saved["rows"].values())), f"{clock:,}")  # fmt: skip
             return saved
 
-    def write(self, path: str) -> dict:
+    def write(self, path: str, caller_gone: Callable[[], bool] | None = None) -> dict:
         """Flushes, writes a RocksDB checkpoint of this shard to path and returns what the manifest records of its
         files and rows. A failure once RocksDB wrote it (reading it back) removes it: a failed save leaves
-        nothing behind."""
+        nothing behind. caller_gone: as save_into's, asked again once the flush is done (CallerGoneError, nothing
+        written) and once the checkpoint is written and read back (CallerGoneError, and the checkpoint removed): a
+        caller that leaves meanwhile removes the directory it gave, which cannot take away a folder RocksDB writes
+        into, and a save_into that made that directory again after the caller's removal would leave the whole
+        checkpoint there."""
+        directory = os.path.dirname(path)
         self._flush()
+        check_caller(caller_gone, directory)  # a flush takes long: the caller may have left during it
         self.store.checkpoint(path)
         try:
-            return {
+            written = {
                 "files": file_checksums(path),
                 "rows": self.store.saved_counts(path),  # as saved: a Shrink may run during the save
             }
-        except BaseException:
-            leftovers.remove([path], f"shard {self.shard_id}'s checkpoint save, which failed once RocksDB wrote it")
+            check_caller(caller_gone, directory)  # nobody reads it, nor removes it after this
+            return written
+        except BaseException as e:
+            whose = ("whose caller left while RocksDB wrote it" if isinstance(e, CallerGoneError)
+                     else "which failed once RocksDB wrote it")  # fmt: skip
+            leftovers.remove([path], f"shard {self.shard_id}'s checkpoint save, {whose}")
             raise

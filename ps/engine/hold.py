@@ -199,6 +199,12 @@ class PushHold:
                     self.held_until = time.monotonic() + self._hold_s
 
 
+def check_caller(caller_gone: Callable[[], bool] | None, directory: str) -> None:
+    """CallerGoneError if the caller of the save into directory left (caller_gone; None: it is not asked)."""
+    if caller_gone is not None and caller_gone():
+        raise CallerGoneError(f"the caller of the save into {directory} left; nothing saved")
+
+
 def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], T],
               caller_gone: Callable[[], bool] | None = None) -> T:  # fmt: skip
     """Creates directory (and its missing parents), then write(path) writes the shard's checkpoint to path,
@@ -214,7 +220,9 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
     save whose caller is gone writes nothing more (CallerGoneError before a write, the write's own error after a failed
     one): the caller removes the directory it gave (an interrupted ps-worker export removes its fresh checkpoint, and
     OUT if it made it), and a write run again would make it again, with the shard's whole checkpoint in it, after the
-    caller has gone."""
+    caller has gone. A caller that leaves after this look, as this makes the directories again or while the write
+    runs, is the write's to see (ShardCheckpoints.write asks caller_gone after its flush and after RocksDB wrote the
+    checkpoint, which it then removes): its CallerGoneError leaves none of the directories this created."""
     path = os.path.join(directory, name)
     if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing
         raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
@@ -223,8 +231,7 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
         raise InvalidArgumentError(f"checkpoint dir {directory} is inside {inside}, a checkpoint or a RocksDB "
                                    "directory; give a directory of its own")  # fmt: skip
     for attempt in range(SAVE_TRIES):
-        if caller_gone is not None and caller_gone():  # nobody reads this save: nothing made for it
-            raise CallerGoneError(f"the caller of the save into {directory} left; nothing saved")
+        check_caller(caller_gone, directory)  # nobody reads this save: nothing made for it
         created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
         if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
             _remove_dirs(created)
