@@ -519,6 +519,34 @@ def test_an_out_made_by_another_process_while_predict_ran_is_replaced_only_with_
     assert len(read_out(out)[1]["line"]) == TEST_ROWS
 
 
+def test_a_failed_fsync_of_outs_folder_after_its_rename_is_a_warning_with_out_whole(tmp_path, monkeypatch, caplog):
+    """OUT is renamed into place whole, then the fsync of its folder fails: the run goes on (OUT is there, whole;
+    only whether its name survives a power loss is unsure), with a warning that says so, and no temporary file."""
+    import stat
+
+    real_fsync, failed = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            failed.append(fd)
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    class Progress:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(predict_module, "_write_rows", lambda f, *rest: f.write("line,probability\n1,0.5\n") and 1)
+    out = tmp_path / "p.csv"
+    caplog.set_level("WARNING", "worker.predict")
+    assert predict_module._write(str(out), [], None, Progress(), overwrite=False) == 1
+    assert failed and out.read_text() == "line,probability\n1,0.5\n" and os.listdir(tmp_path) == ["p.csv"]
+    assert f"--out {out} is written whole (1 rows), but the fsync of its folder failed (Input/output error)" in (
+        caplog.text
+    )
+
+
 def test_eval_and_predict_ask_each_shard_for_its_stats_once(servers, files, tmp_path, monkeypatch):
     """served_model's checks (the cluster ready, the tables' features and shapes, the logit bias, a trained row)
     read one Stats of each shard, the one wait_ready reads, whatever the model's tables."""

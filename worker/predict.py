@@ -30,8 +30,9 @@ files, reported at the end) and empty lines have no row, so `line` skips their n
 header without the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is
 scored all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
 predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole and fsynced (its
-folder fsynced after): a failed run, or a power loss, leaves no OUT cut short (and with --overwrite, the earlier OUT
-as it was). Without --overwrite, an OUT that another process made while this one scored is left as it is, and the
+folder fsynced after: a failure of that fsync is a warning, as OUT is whole and in place, only whether its name
+survives a power loss is unsure): a failed run, or a power loss, leaves no OUT cut short (and with --overwrite, the
+earlier OUT as it was). Without --overwrite, an OUT that another process made while this one scored is left as it is, and the
 run fails (nothing written), as one that found it at its start.
 `--out -` writes them to stdout instead, as they
 are scored (the header with the first rows: nothing when there is none; a failed run leaves the rows written
@@ -320,7 +321,11 @@ def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: Scor
                 sync_file(f)
         if rows:
             _put_in_place(partial, out, overwrite)
-            sync_directory(os.path.dirname(os.path.abspath(out)))  # the name, after a power loss too
+            try:
+                sync_directory(os.path.dirname(os.path.abspath(out)))  # the name, after a power loss too
+            except OSError as e:  # OUT is whole and in place: only whether its name survives a power loss is unsure
+                log.warning("--out %s is written whole (%s rows), but the fsync of its folder failed (%s): a power "
+                            "loss soon may lose its name", out, f"{rows:,}", e.strerror or e)  # fmt: skip
     except OSError as e:
         if e.errno not in _NO_ROOM and e.filename not in (partial, out):  # a data file's read error names that file
             raise
