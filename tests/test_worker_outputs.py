@@ -791,6 +791,54 @@ def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_writt
     assert len(writes) == 1
 
 
+def test_a_server_export_that_does_not_stop_is_killed_in_time_for_the_exports_own_undo(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C reaches ps-worker export while its `ps-server export` runs, and that child's stop hangs: it is
+    waited for CHILD_STOP_S, then killed, and the interrupt goes on to the export's own undo, inside the process's
+    CLEANUP_LIMIT_S (UNDO_S of it left), not cut short by it."""
+    import subprocess
+    import threading
+
+    from ps.terminate import CLEANUP_LIMIT_S
+    from tests.waiting import wait_until
+    from worker import export as worker_export
+
+    assert worker_export.CHILD_STOP_S + worker_export.UNDO_S == CLEANUP_LIMIT_S and worker_export.UNDO_S > 0
+    monkeypatch.setattr(worker_export, "CHILD_STOP_S", 0.5)
+    children, ready = [], tmp_path / "ready"
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            children.append(self)
+
+    monkeypatch.setattr(worker_export.subprocess, "Popen", Recorded)
+    hangs = [sys.executable, "-c", "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)", str(ready)]  # fmt: skip
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    def ctrl_c_once_it_runs() -> None:
+        wait_until(ready.exists, 60, "the child to start")
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    thread = threading.Thread(target=ctrl_c_once_it_runs)
+    try:
+        thread.start()
+        with pytest.raises(KeyboardInterrupt):
+            worker_export._run_server_export(hangs, None)
+    finally:
+        thread.join(60)
+        signal.signal(signal.SIGUSR1, previous)
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert len(children) == 1 and children[0].returncode == -signal.SIGKILL
+    assert "`ps-server export` did not stop within 0.5 s of its SIGTERM: killed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("no_progress", [False, True])
 def test_export_passes_no_progress_to_ps_server_export(no_progress, tmp_path, capsys, monkeypatch):
     from worker import export as worker_export

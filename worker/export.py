@@ -13,8 +13,8 @@
        through it, or --unclaimed where no lock on OUT can be had, which this one said), --since and --tables passed
        on; its exit code is this one's,
        and one killed by signal N is said so, exit code 128 + N. A Ctrl-C or SIGTERM of this process is passed on
-       to it as SIGTERM, and it is waited for, so that its stop removes what it wrote before this one removes the
-       rest (_run_server_export). It puts the new export in place of an earlier one
+       to it as SIGTERM, and it is waited for (CHILD_STOP_S at most, then killed), so that its stop removes what it
+       wrote before this one removes the rest (_run_server_export). It puts the new export in place of an earlier one
        whole, by the rename of its export.json (ps.engine.export.export), and removes the earlier one's files.
        With --keep-checkpoint it moves the fresh checkpoint into the export's folder first (--move-checkpoint), so
        that rename puts the export and its checkpoint, `OUT/<dir>/checkpoint`, in place together; without, the
@@ -44,11 +44,14 @@ from ps.checkpoint import inside_a_checkpoint, table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
 from ps.storage.atomicfile import make_dirs
-from ps.terminate import child_setup, how_it_ended
+from ps.terminate import CLEANUP_LIMIT_S, child_setup, how_it_ended
 from worker.checkpoint import save
 from worker.flags import check_new_dir
 from worker.tables import NEVER_TRAINED
 from worker.temp_dirs import dead_export_checkpoints, export_checkpoint_dir
+
+UNDO_S = 30.0  # of CLEANUP_LIMIT_S after a Ctrl-C or SIGTERM: this process's removal of what it wrote
+CHILD_STOP_S = CLEANUP_LIMIT_S - UNDO_S  # the rest: the stop of its `ps-server export` (then it is killed)
 
 
 def _missing_dirs(path: str) -> list[str]:
@@ -98,8 +101,10 @@ def _run_server_export(command: list[str], claim: int | None) -> int:
     """Runs `ps-server export` (command; claim: the descriptor it claims OUT through) to its end and returns its
     exit status (-N: killed by signal N). A Ctrl-C or SIGTERM that stops this process meanwhile is passed on to it as
     SIGTERM, and it is waited for: its stop removes the files it wrote into OUT (and moves a checkpoint it moved back)
-    before this process removes its fresh checkpoint and the OUT it made; a kill would leave them there. Its stop's
-    cleanup and this one's are each bounded (ps.terminate.CLEANUP_LIMIT_S)."""
+    before this process removes its fresh checkpoint and the OUT it made; a kill would leave them there. This process
+    ends CLEANUP_LIMIT_S (ps.terminate) after the signal whatever it does, so its stop is waited for CHILD_STOP_S of
+    that at most, then it is killed (what it wrote into OUT is left, and the next export into OUT removes it), and
+    UNDO_S of it are left for this one's removal of its fresh checkpoint and the OUT it made."""
     child = subprocess.Popen(command, preexec_fn=child_setup(own_group=False),  # dies with this process
                              pass_fds=() if claim is None else (claim,))  # fmt: skip
     try:
@@ -107,10 +112,15 @@ def _run_server_export(command: list[str], claim: int | None) -> int:
     except BaseException:
         try:
             child.send_signal(signal.SIGTERM)  # (nothing where it has ended)
-            child.wait()
+            child.wait(CHILD_STOP_S)
+        except subprocess.TimeoutExpired:
+            print(f"ps-worker: `ps-server export` did not stop within {CHILD_STOP_S:g} s of its SIGTERM: killed (the "
+                  "next export into OUT removes what it left there)", file=sys.stderr)  # fmt: skip
         finally:
-            if child.poll() is None:  # the wait itself failed: no child left running
+            if child.poll() is None:  # its stop ran past CHILD_STOP_S, or the wait itself failed: none left running
                 child.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(UNDO_S / 10)
         raise
 
 
