@@ -8,26 +8,79 @@
 #   client.pem client.key  a client certificate, for servers started with --tls-ca ca.pem (mutual TLS)
 # The CA's key is not kept: no other certificate can be issued under this CA. Secrets already in DIR are kept
 # (a restart keeps them), unless a certificate there has expired (exit 1, naming it); to add a server name, or to
-# renew, remove DIR and run this again, then restart every pod.
+# renew, remove DIR and run this again, then restart every pod. A NAME that is neither a host name nor an IPv4 or
+# IPv6 address (300.1.1.1, ps-0:50051) fails, naming it, before anything is written; the files are made in a
+# scratch folder and moved into DIR once all are made, so a failing openssl (its words shown) leaves no part of a set.
 #   deploy/gen-secrets.sh DIR NAME...                                      needs the openssl command
 #   deploy/gen-secrets.sh /secrets ps-0 ps-1                               (docker-compose.yml's secrets job)
 #   deploy/gen-secrets.sh ./secrets sparseps-0.sparseps sparseps-1.sparseps \
 #     sparseps-0.sparseps.NAMESPACE.svc sparseps-1.sparseps.NAMESPACE.svc \
 #     && kubectl create secret generic sparseps-secrets --from-file=./secrets   (deploy/k8s)
 set -eu
-# The subjectAltName entry of a NAME: IP:ADDRESS for an IPv4 address (four dot-separated numbers) or an IPv6 one
-# (a colon, which no host name holds), else DNS:NAME.
+# The subjectAltName entry of a NAME: IP:ADDRESS for an IPv4 address (only digits and dots: a dotted quad of
+# 0-255, no leading zeros) or an IPv6 address (a colon, which no host name holds), else DNS:NAME (letters, digits,
+# '-', '.', '_', '*'). A NAME that is neither (300.1.1.1, ps-0:50051, a,b) fails, naming it, returning 1.
 san_of() {
     case $1 in
-        *:*) echo "IP:$1" ;;
-        *[!0-9.]* | *..* | .* | *. | *.*.*.*.*) echo "DNS:$1" ;;
-        *.*.*.*) echo "IP:$1" ;;
-        *) echo "DNS:$1" ;;
+        *:*) is_ipv6 "$1" && echo "IP:$1" && return ;;
+        *[!0-9.]*) case $1 in *[!A-Za-z0-9._*-]* | "") ;; *) echo "DNS:$1"; return ;; esac ;;
+        *) is_ipv4 "$1" && echo "IP:$1" && return ;;
     esac
+    echo "error: NAME '$1' is neither a host name (letters, digits, '-', '.', '_', '*') nor an IPv4 address" \
+         "(four numbers 0-255) nor an IPv6 address (RFC 4291 text form); nothing was written" >&2
+    return 1
+}
+# Whether $1 is four dot-separated numbers 0-255 without leading zeros (1.2.3.4, not 01.2.3.4 nor 1.2.3).
+is_ipv4() (
+    case $1 in *[!0-9.]* | *..* | .* | *. | "") return 1 ;; esac
+    set -f
+    IFS=.
+    # shellcheck disable=SC2086  # split on the dots
+    set -- $1
+    [ $# -eq 4 ] || return 1
+    for octet; do
+        case $octet in ????* | 0?*) return 1 ;; esac
+        [ "$octet" -le 255 ] || return 1
+    done
+)
+# Whether $1 is an IPv6 address in RFC 4291 text form: eight groups of 1-4 hex digits, or fewer with one "::"
+# standing for the rest, the last two optionally an IPv4 address (::ffff:10.1.2.3). No zone (%eth0).
+is_ipv6() (
+    a=$1
+    case $a in *[!0-9A-Fa-f:.]* | *::*::* | *:::*) return 1 ;; esac
+    case $a in *.*) v4=${a##*:}; is_ipv4 "$v4" || return 1; a="${a%"$v4"}0:0" ;; esac
+    case $a in
+        *::*) left=$(hex_groups "${a%%::*}") && right=$(hex_groups "${a#*::}") && [ $((left + right)) -le 7 ] ;;
+        *) [ "$(hex_groups "$a")" = 8 ] ;;
+    esac
+)
+# The number of colon-separated groups of 1-4 hex digits in $1 (0 for ""); returns 1 on anything else.
+hex_groups() (
+    case $1 in "") echo 0; return ;; :* | *: | *::*) return 1 ;; esac
+    set -f
+    IFS=:
+    # shellcheck disable=SC2086  # split on the colons
+    set -- $1
+    for group; do case $group in "" | ?????* | *[!0-9A-Fa-f]*) return 1 ;; esac; done
+    echo $#
+)
+# Runs openssl with the arguments given; on failure shows what openssl said and exits 1 (the secrets are made in
+# a scratch folder and moved into DIR only once all are made, so DIR is left as it was).
+run_openssl() {
+    openssl "$@" 2>"$work/openssl.err" || {
+        echo "error: openssl $1 failed; no secrets were written to $dir; openssl said:" >&2
+        cat "$work/openssl.err" >&2
+        exit 1
+    }
 }
 [ $# -ge 1 ] || { echo "usage: $0 DIR [SERVER-NAME...]" >&2; exit 2; }
 dir=$1
 shift
+san="DNS:localhost,IP:127.0.0.1"
+for name in "$@"; do
+    entry=$(san_of "$name") || exit 1
+    case ",$san," in *",$entry,"*) ;; *) san="$san,$entry" ;; esac  # each name once
+done
 umask 077
 mkdir -p "$dir"
 cd "$dir"
@@ -64,22 +117,20 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-san="DNS:localhost,IP:127.0.0.1"
-for name in "$@"; do
-    entry=$(san_of "$name")
-    case ",$san," in *",$entry,"*) ;; *) san="$san,$entry" ;; esac  # each name once
-done
 # shellcheck disable=SC2086  # $ec is several arguments
-openssl req -x509 $ec -keyout "$work/ca.key" -out ca.pem -days 3650 -subj /CN=sparseps-ca \
-    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+run_openssl req -x509 $ec -keyout "$work/ca.key" -out "$work/ca.pem" -days 3650 -subj /CN=sparseps-ca \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
 for role in server client; do
     usage=$([ "$role" = server ] && echo serverAuth || echo clientAuth)
     # shellcheck disable=SC2086
-    openssl req $ec -keyout "$role.key" -out "$work/$role.csr" -subj "/CN=sparseps-$role" 2>/dev/null
+    run_openssl req $ec -keyout "$work/$role.key" -out "$work/$role.csr" -subj "/CN=sparseps-$role"
     { [ "$role" = server ] && echo "subjectAltName=$san"; echo "extendedKeyUsage=$usage"; } > "$work/$role.ext"
-    openssl x509 -req -in "$work/$role.csr" -CA ca.pem -CAkey "$work/ca.key" -CAcreateserial \
-        -CAserial "$work/ca.srl" -out "$role.pem" -days 825 -extfile "$work/$role.ext" 2>/dev/null
+    run_openssl x509 -req -in "$work/$role.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" -CAcreateserial \
+        -CAserial "$work/ca.srl" -out "$work/$role.pem" -days 825 -extfile "$work/$role.ext"
 done
-openssl rand -hex 32 > token
-chmod 0644 ca.pem server.pem client.pem
+run_openssl rand -hex -out "$work/token" 32
+chmod 0644 "$work/ca.pem" "$work/server.pem" "$work/client.pem"
+# the token last: a run cut short while moving leaves a partial set, which the next run refuses, naming it
+mv "$work/ca.pem" "$work/server.pem" "$work/server.key" "$work/client.pem" "$work/client.key" .
+mv "$work/token" .
 echo "sparseps secrets written to $dir (server certificate for $san)"

@@ -461,6 +461,104 @@ def test_gen_secrets_run_again_over_an_expired_certificate_says_so_and_fails(tmp
     assert {f.name: f.read_bytes() for f in secrets.iterdir()} == before
 
 
+def san_entries(names: list[str]) -> list[str]:
+    """What gen-secrets.sh's san_of says of each name, in one shell: its entry (DNS:... or IP:...) or "error"."""
+    with open(os.path.join(DEPLOY, "gen-secrets.sh")) as f:
+        script = f.read()
+    functions = script[: script.index("[ $# -ge 1 ]")]  # the script up to its argument check: its functions
+    loop = 'for n; do san_of "$n" 2>/dev/null || echo error; done'
+    out = subprocess.run(["sh", "-c", f"{functions}\n{loop}", "sh", *names], capture_output=True, text=True,
+                         timeout=60, check=True).stdout  # fmt: skip
+    return out.splitlines()
+
+
+def san_oracle(name: str) -> str:
+    """The entry a NAME should get: Python's ipaddress judges addresses (a zone, %eth0, is refused: openssl
+    takes none); a host name is letters, digits, '-', '.', '_' and '*' with some character not a digit or dot."""
+    import ipaddress
+
+    if ":" in name or re.fullmatch(r"[0-9.]*", name):
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return "error"
+        return "error" if "%" in name else f"IP:{name}"
+    return f"DNS:{name}" if re.fullmatch(r"[A-Za-z0-9._*-]+", name) else "error"
+
+
+def test_gen_secrets_judges_each_name_as_pythons_ipaddress_does():
+    """san_of against an oracle: chosen names (addresses out of range, a port left on, leading zeros, each IPv6
+    form) and 3000 random strings over the characters addresses are made of."""
+    import random
+
+    chosen = ["300.1.1.1", "ps-0:50051", "1.2.3", "1.2.3.4.5", "01.2.3.4", "255.255.255.255", "256.0.0.0", "0.0.0.0",
+              "1.2.3.4.", ".1.2.3.4", "1..2.3", "", "a,b", "a b", "ps-0", "*.sparseps", "ps_0", "::", "::1", "1::",
+              "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8", "1::2:3:4:5:6:7:8", "1:2:3:4:5:6:7:8:9",
+              ":1:2:3:4:5:6:7", "1:2:3:4:5:6:7:", "1:::2", "1::2::3", "12345::", "fe80::1%eth0", "::ffff:10.1.2.3",
+              "::ffff:01.1.2.3", "1:2:3:4:5:6:1.2.3.4", "1:2:3:4:5:6:7:1.2.3.4", "::1.2.3.4:5", "1.2.3.4::", "g::1",
+              "ABCD:ef01::"]  # fmt: skip
+    rng = random.Random(0)
+    fuzz = ["".join(rng.choice("0123459af:.") for _ in range(rng.randint(1, 16))) for _ in range(3000)]
+    names = chosen + fuzz
+    got = san_entries(names)
+    assert len(got) == len(names)
+    wrong = [(n, g, san_oracle(n)) for n, g in zip(names, got, strict=True) if g != san_oracle(n)]
+    assert wrong == [], wrong[:10]
+    assert sum(g != "error" for g in got[len(chosen) :]) > 100  # the fuzz reaches valid addresses too
+
+
+def test_gen_secrets_writes_every_address_it_accepts_into_the_certificate(tmp_path):
+    """Random IPv6 addresses in compressed, exploded and IPv4-mapped forms, which san_of accepts, are ones openssl
+    takes as well: one run names them all in the server certificate."""
+    import ipaddress
+    import random
+
+    rng = random.Random(1)
+    addresses = [ipaddress.IPv6Address(rng.getrandbits(128) >> rng.choice([0, 32, 64, 96])) for _ in range(10)]
+    names = [a.compressed for a in addresses] + [addresses[0].exploded, f"::ffff:{ipaddress.IPv4Address(7 << 24)}"]
+    assert set(san_entries(names)) == {f"IP:{n}" for n in names}
+    made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(tmp_path / "s"), *names],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    san = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "s" / "server.pem"), "-noout", "-ext",
+                          "subjectAltName"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    named = {ipaddress.ip_address(n.strip().removeprefix("IP Address:")) for n in san.splitlines()[-1].split(",")
+             if n.strip().startswith("IP Address:")}  # fmt: skip
+    assert {ipaddress.ip_address(n) for n in names} <= named, san
+
+
+@pytest.mark.parametrize("bad", ["300.1.1.1", "ps-0:50051", "a,IP:10.9.9.9"])
+def test_gen_secrets_refuses_a_name_that_is_no_address_nor_host_name_and_writes_nothing(tmp_path, bad):
+    """A NAME openssl would refuse (300.1.1.1; a port left on) or that would smuggle in an entry (a comma) fails,
+    naming it, before DIR is made."""
+    secrets = tmp_path / "s"
+    made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(secrets), "ps-0", bad],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 1 and f"NAME '{bad}' is neither a host name" in made.stderr, made.stderr
+    assert not secrets.exists()
+
+
+def test_gen_secrets_shows_what_openssl_said_when_it_fails_and_leaves_no_part_of_a_set(tmp_path):
+    """openssl failing part way (here its client certificate, after the CA and the server's were made) is shown
+    with openssl's own words, and DIR holds none of the files: a run after it makes the whole set."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real = shutil.which("openssl")
+    (shim / "openssl").write_text('#!/bin/sh\ncase "$*" in *sparseps-client*) echo "shim: no entropy" >&2; exit 1 ;;'
+                                  f' esac\nexec {real} "$@"\n')  # fmt: skip
+    (shim / "openssl").chmod(0o755)
+    secrets, script = tmp_path / "s", os.path.join(DEPLOY, "gen-secrets.sh")
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    failed = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60, env=env)
+    assert failed.returncode == 1, failed.stderr
+    assert "error: openssl req failed" in failed.stderr and "shim: no entropy" in failed.stderr, failed.stderr
+    assert list(secrets.iterdir()) == []
+    again = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "written" in again.stdout, again.stderr
+    assert {f.name for f in secrets.iterdir()} == {"token", "ca.pem", "server.pem", "server.key", "client.pem",
+                                                   "client.key"}  # fmt: skip
+
+
 # `docker-compose help` of Compose v1 (1.29), the only Compose in Debian bookworm: the commands an operator can
 # run there. v2 (`docker compose`) has these and more (cp, ls, ...), which v1 answers with "No such command".
 COMPOSE_V1_COMMANDS = {"build", "config", "create", "down", "events", "exec", "help", "images", "kill", "logs",
