@@ -668,7 +668,7 @@ def test_under_memory_bytes_alone_a_start_names_the_least_memory_bytes_that_hold
     for i in range(24):  # rows of over 8 KB: each share at least 1 MiB, 24 MiB in all
         shard.create_table(TableConfig(f"t{i}", 1024, InitializerConfig("zeros"), OptimizerConfig("adagrad", 0.1)))
     shard.close()
-    with pytest.raises(RamTierTooSmallError, match=r"RAM tier \(\d+ bytes, what --memory-bytes 96 MiB leaves it\) "
+    with pytest.raises(RamTierTooSmallError, match=r"RAM tier \(\d+ bytes, what --memory-bytes 96.0 MiB leaves it\) "
                                                    r".*raise --memory-bytes to at least (\d+)M") as info:  # fmt: skip
         Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=96 << 20))
     least = int(re.search(r"at least (\d+)M", str(info.value)).group(1))

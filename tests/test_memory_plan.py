@@ -26,11 +26,12 @@ def test_the_parts_add_up_to_the_bound(memory):
 def test_a_given_cache_must_fit_and_keeps_its_size():
     plan = plan_memory(640 * MiB, 256 * MiB)
     assert plan.ram_tier_bytes == 256 * MiB and sum(plan.parts().values()) <= 640 * MiB
-    with pytest.raises(ValueError, match=r"--cache-bytes 1,024 MiB does not fit in --memory-bytes 640 MiB"):
+    with pytest.raises(ValueError, match=r"--cache-bytes 1\.00 GiB does not fit in --memory-bytes 640\.0 MiB"):
         plan_memory(640 * MiB, 1 << 30)
     with pytest.raises(
         ValueError,
-        match=r"--memory-bytes 80 MiB is too small: .* requests 16 MiB, sync_steps 16 MiB take 76 MiB, leaving 4 MiB ",
+        match=r"--memory-bytes 80\.0 MiB is too small: .* requests 16\.0 MiB, sync_steps 16\.0 MiB take 76\.0 MiB, "
+        r"leaving 4\.0 MiB ",
     ):
         plan_memory(80 * MiB, None)
 
@@ -60,13 +61,24 @@ def test_without_a_bound_the_defaults_hold():
     assert (plan.ram_tier_bytes, plan.block_cache_bytes, plan.bounded) == (2 << 30, DEFAULT_BLOCK_CACHE_BYTES, False)
     assert plan_memory(None, 5 * MiB).ram_tier_bytes == 5 * MiB
     # the start's log line: unbounded requests and sync steps are not "0 bytes" (as if they had no room)
-    assert plan.describe().startswith("memory unbounded: ram_tier 2,048 MiB, ") and plan.describe().endswith(
+    assert plan.describe().startswith("memory unbounded: ram_tier 2,048.0 MiB, ") and plan.describe().endswith(
         ", requests unbounded, sync_steps unbounded"
     )
     bounded = plan_memory(256 * MiB, None)
     assert bounded.describe().endswith(
-        f", requests {bounded.request_bytes // MiB} MiB, sync_steps {bounded.sync_step_bytes // MiB} MiB"
+        f", requests {bounded.request_bytes // MiB}.0 MiB, sync_steps {bounded.sync_step_bytes // MiB}.0 MiB"
     )
+
+
+@pytest.mark.parametrize("memory", [96 * MiB, 1000 * MiB + 12345, 8 << 30])
+def test_the_logged_parts_add_up_to_the_bound_in_one_unit(memory):
+    """The start's log line shows every part in MiB, above 1,000 MiB too, so a reader sees them add up: the figures
+    printed sum to the bound printed, within their rounding (half a tenth each)."""
+    head, parts = plan_memory(memory, None).describe().split(": ", 1)
+    figures = [float(p.rsplit(" ", 2)[1].replace(",", "")) for p in parts.split(", ")]
+    assert all(p.endswith(" MiB") for p in parts.split(", ")) and head.endswith(" MiB")
+    total = float(head.split()[1].replace(",", ""))
+    assert abs(sum(figures) - total) <= 0.05 * (len(figures) + 1), (head, parts)
 
 
 def test_a_bounded_shard_uses_the_plan_and_reports_every_part(tmp_path):
@@ -97,5 +109,5 @@ def test_the_server_refuses_a_cache_that_does_not_fit(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d"), "--memory-bytes", "256M",
                            "--cache-bytes", "1G"], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "--cache-bytes 1,024 MiB does not fit in --memory-bytes 256 MiB" in done.stderr
+    assert "--cache-bytes 1.00 GiB does not fit in --memory-bytes 256.0 MiB" in done.stderr
     assert not (tmp_path / "d").exists()  # refused before anything was created

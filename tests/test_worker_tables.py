@@ -335,7 +335,7 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
         said.startswith(refusal)
         and "this run makes up to 5 more, 7 in all: raise --cache-bytes to at least 1609216" in said
     )
-    bounded = refusal.replace("--cache-bytes 102400", "102400 bytes, what --memory-bytes 200 MiB leaves it").replace(
+    bounded = refusal.replace("--cache-bytes 102400", "102400 bytes, what --memory-bytes 200.0 MiB leaves it").replace(
         "raise --cache-bytes to at least 459776",
         "raise --memory-bytes to at least 200M, which leaves the RAM tier 459776 bytes",
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ps.bytesize import human_bytes
 from ps.rows.layout import layout_of
 from ps.storage import budget
 
@@ -87,7 +88,7 @@ class MemoryPlan:
     def ram_tier_source(self) -> str:
         """How the RAM tier got its size, for messages: "--cache-bytes N", or what --memory-bytes leaves."""
         if self.bounded and not self.cache_given:
-            return f"{self.ram_tier_bytes} bytes, what --memory-bytes {_size(self.memory_bytes)} leaves it"
+            return f"{self.ram_tier_bytes} bytes, what --memory-bytes {human_bytes(self.memory_bytes)} leaves it"
         return f"--cache-bytes {self.ram_tier_bytes}"
 
     def raise_ram_tier_to(self, need_bytes: int) -> str:
@@ -102,17 +103,19 @@ class MemoryPlan:
         return f"raise --cache-bytes to at least {need_bytes}{more}"
 
     def describe(self) -> str:
-        """The plan as the server logs it at start. Without a bound, requests and sync steps take no room: they are
-        unbounded."""
+        """The plan as the server logs it at start, every part in MiB (_in_mib: they add up to the bound). Without a
+        bound, requests and sync steps take no room: they are unbounded."""
         sizes = {**self.parts(), **({} if self.bounded else {"requests": "unbounded", "sync_steps": "unbounded"})}
-        parts = ", ".join(f"{name} {size if isinstance(size, str) else _size(size)}" for name, size in sizes.items())
-        head = f"memory {_size(self.memory_bytes)}" if self.bounded else "memory unbounded"
+        parts = ", ".join(f"{name} {size if isinstance(size, str) else _in_mib(size)}" for name, size in sizes.items())
+        head = f"memory {_in_mib(self.memory_bytes)}" if self.bounded else "memory unbounded"
         return f"{head}: {parts}"
 
 
-def _size(n: int) -> str:
-    """A size as MiB, or as bytes below 1 MiB (which rounds to 0 MiB)."""
-    return f"{n / MiB:,.0f} MiB" if n >= MiB else f"{n:,} byte{'' if n == 1 else 's'}"
+def _in_mib(n: int) -> str:
+    """n bytes in MiB to a tenth, as human_bytes shows MiB ('80.0 MiB'), but in MiB at any size ('2,048.0 MiB'):
+    for the parts of one bound, listed with their sum or with what they leave, which a reader adds up only if
+    they share a unit. Every other byte count here is human_bytes."""
+    return f"{n / MiB:,.1f} MiB"
 
 
 def smallest_ram_tier_bytes() -> int:
@@ -128,9 +131,9 @@ def check_ram_tier(cache_bytes: int) -> None:
     if cache_bytes < floor:
         typical = budget.min_share_bytes(layout_of(16, "adagrad").ram_bytes)
         raise ValueError(
-            f"--cache-bytes {_size(cache_bytes)} is less than any table can use: a table's RAM tier must hold "
-            f"{budget.MIN_SHARE_ROWS} rows ({_size(floor)} for the narrowest, dim 1 with sgd; {_size(typical)} for "
-            "dim 16 with adagrad, times the number of tables); give a larger --cache-bytes"
+            f"--cache-bytes {human_bytes(cache_bytes)} is less than any table can use: a table's RAM tier must hold "
+            f"{budget.MIN_SHARE_ROWS} rows ({human_bytes(floor)} for the narrowest, dim 1 with sgd; "
+            f"{human_bytes(typical)} for dim 16 with adagrad, times the number of tables); give a larger --cache-bytes"
         )
 
 
@@ -182,20 +185,21 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
     fixed = _fixed_parts(m)
     others = sum(fixed.parts().values())
     left = m - others
-    detail = ", ".join(f"{name} {size / MiB:,.0f} MiB" for name, size in fixed.parts().items() if name != "ram_tier")
+    # the parts, what they take together and what they leave the RAM tier: in one unit (_in_mib), to add up
+    detail = ", ".join(f"{name} {_in_mib(size)}" for name, size in fixed.parts().items() if name != "ram_tier")
     if cache_bytes is not None:
         if cache_bytes > left:
             raise ValueError(
-                f"--cache-bytes {_size(cache_bytes)} does not fit in --memory-bytes {_size(m)}: "
-                f"{detail} take {others / MiB:,.0f} MiB, leaving {max(left, 0) // MiB:,} MiB for the RAM tier; "
+                f"--cache-bytes {human_bytes(cache_bytes)} does not fit in --memory-bytes {human_bytes(m)}: "
+                f"{detail} take {_in_mib(others)}, leaving {_in_mib(max(left, 0))} for the RAM tier; "
                 f"give --memory-bytes {smallest_memory_bytes(cache_bytes) // MiB}M or more, or a smaller "
                 "--cache-bytes (or leave it out: it takes what is left)"
             )
         left = cache_bytes
     elif left < MIN_RAM_TIER_BYTES:
         raise ValueError(
-            f"--memory-bytes {_size(m)} is too small: {detail} take {others / MiB:,.0f} MiB, leaving "
-            f"{max(left, 0) // MiB:,} MiB for the RAM tier (at least {MIN_RAM_TIER_BYTES / MiB:,.0f} MiB); "
+            f"--memory-bytes {human_bytes(m)} is too small: {detail} take {_in_mib(others)}, leaving "
+            f"{_in_mib(max(left, 0))} for the RAM tier (at least {_in_mib(MIN_RAM_TIER_BYTES)}); "
             f"give --memory-bytes {smallest_memory_bytes(MIN_RAM_TIER_BYTES) // MiB}M or more"
         )
     return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,
