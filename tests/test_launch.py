@@ -415,7 +415,7 @@ def test_a_chain_of_refused_restarts_keeps_every_job_a_file_was_started_as(tmp_p
     """An ssp job j1 of 2 workers resumed as j2: worker 0 trained a step under j2, worker 1 was refused before its
     first (worker 0's file names j2; worker 1's j1, resuming as j2). Worker 1 started again as j3, refused again, and
     again as j4: its file resumes as j2, j3 and j4, so a launch still takes the two files as one job's."""
-    from worker.resume import recorded_resuming_as
+    from worker.resume import recorded
     from worker.resume_writer import PositionWriter
 
     j1, j2, j3, j4 = (job_hash(name) for name in ("j1", "j2", "j3", "j4"))
@@ -436,7 +436,7 @@ def test_a_chain_of_refused_restarts_keeps_every_job_a_file_was_started_as(tmp_p
     resumed(0, j2, steps=1)
     for job in (j2, j3, j4, j3):  # refused before a step each time (j3 twice: the same command again)
         resumed(1, job, steps=0)
-    assert recorded_resuming_as(str(tmp_path / "p-1.json")) == (j2, j4, j3)
+    assert recorded(str(tmp_path / "p-1.json")) == ((j1, ""), (j2, j4, j3))
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
                              "--mode", "ssp")  # fmt: skip
     assert plan_launch(args, rest).train_config.job_id not in (j1, j2, j3, j4)

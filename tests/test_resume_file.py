@@ -15,7 +15,7 @@ import worker.loop
 from ps.stamp import job_hash
 from worker.__main__ import main as worker_main
 from worker.cluster import LocalCluster
-from worker.resume import RESUMING_AS_KEPT, read_position, recorded, recorded_job, recorded_resuming_as
+from worker.resume import RESUMING_AS_KEPT, read_position, recorded
 from worker.resume_settings import libsvm_reading
 from worker.resume_writer import PositionWriter
 from worker.schema_builtin import resolve_schema
@@ -818,15 +818,14 @@ def test_resuming_as_keeps_the_last_new_jobs_and_reads_a_lone_id_as_one(tmp_path
         writer = PositionWriter(dataclasses.replace(cfg, job_id=job_id), every_s=3600)
         writer.keep_job_until_past(300)
         writer.update(300)
-    assert recorded_resuming_as(str(path)) == tuple(range(103, 103 + RESUMING_AS_KEPT))
+    assert recorded(str(path)) == ((7, ""), tuple(range(103, 103 + RESUMING_AS_KEPT)))
     record = json.loads(path.read_text())
     path.write_text(json.dumps({**record, "resuming_as": 42}))
-    assert recorded_resuming_as(str(path)) == (42,)
+    assert recorded(str(path)) == ((7, ""), (42,))
     writer = PositionWriter(dataclasses.replace(cfg, job_id=43), every_s=3600)
     writer.keep_job_until_past(300)
     writer.update(300)
-    assert (recorded_job(str(path)), recorded_resuming_as(str(path))) == ((7, ""), (42, 43))
-    assert recorded(str(path)) == ((7, ""), (42, 43))  # both from one read
+    assert recorded(str(path)) == ((7, ""), (42, 43))
 
 
 def test_each_worker_has_its_resume_file_by_one_rule_in_train_and_in_launch():

@@ -246,16 +246,16 @@ def new_job_name() -> str:
 
 
 def kept_job(cfg: Any, workers: int) -> tuple[int, str] | None:
-    """The job id the workers' --resume-files keep (worker.resume.recorded_job), where the workers use them, with
+    """The job id the workers' --resume-files keep (worker.resume.recorded), where the workers use them, with
     the job's name where one keeps it ("" where none does): the same launch again goes on under the job's id, which
     the shards let push while they hold the job for workers killed without a word (a job's own workers would
     otherwise be refused for its barrier timeout), and which each worker's file would refuse another of. None
     where no file keeps one, and for sync and ssp, whose job resumes under a new id (worker.resume.resumes_whole);
     ValueError where no one job is every file's (files of two jobs: in every mode, a job resumed from them would
     pair the positions of two runs). For sync and ssp a file that names job J resuming as R (its worker stopped
-    before the new job R trained from it: worker.resume.recorded_resuming_as) is of both J and R, so the files of
-    a job resumed in part as R (some name R, others J resuming as R) are one job's; a file resuming as several
-    new jobs (its worker refused under each) is of each of them."""
+    before the new job R trained from it; worker.resume.recorded reads both) is of both J and R, so the files of a
+    job resumed in part as R (some name R, others J resuming as R) are one job's; a file resuming as several new
+    jobs (its worker refused under each) is of each of them."""
     from worker.resume import recorded, resumes_whole
 
     kept, resuming_as = {}, {}

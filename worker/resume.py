@@ -225,22 +225,14 @@ def ended_before(path: str) -> int | None:
     return examples if type(examples) is int else None
 
 
-def recorded_job(path: str) -> tuple[int, str] | None:
-    """The job id the file at path keeps, with the job's name where it keeps one that is that id's ("" where not),
-    else None (no such file, one that cannot be read, or no id kept): the job a launcher gives the workers it
-    starts again (read_position checks the rest when each starts)."""
-    return recorded(path)[0]
-
-
-def recorded_resuming_as(path: str) -> tuple[int, ...]:
-    """The new job ids the file at path keeps as resuming_as, oldest first (the module docstring: a sync or ssp
-    worker's file that still names the job it resumes from); () where there are none (no such file, one that
-    cannot be read, or none kept). What is not a job id is left out."""
-    return recorded(path)[1]
-
-
 def recorded(path: str) -> tuple[tuple[int, str] | None, tuple[int, ...]]:
-    """(recorded_job(path), recorded_resuming_as(path)), from one read of the file."""
+    """What the file at path keeps of its jobs, from one read: (job, resuming_as).
+
+    job: the job id it keeps, with the job's name where it keeps one that is that id's ("" where not), else None
+    (no such file, one that cannot be read, or no id kept): the job a launcher gives the workers it starts again
+    (read_position checks the rest when each starts). resuming_as: the new job ids it keeps as resuming_as, oldest
+    first (the module docstring: a sync or ssp worker's file that still names the job it resumes from); () where
+    there are none. What is not a job id is left out of either."""
     record = _file_record(path)
     job_id, name = record.get("job_id"), record.get("job_name")
     job = (job_id, name if isinstance(name, str) and names_job(name, job_id) else "") if _is_id(job_id) else None
