@@ -200,6 +200,24 @@ def test_id_slots_reuse_freed_slots_and_keep_pinned_entries():
     assert slots.find(ids[3:]).tolist() == got[3:].tolist() and len(slots) == 7 + len(many)
 
 
+def test_id_slots_compaction_moves_the_owners_arrays_with_the_entries():
+    """The owner's arrays passed to compact_if_sparse come back moved as the entries: each id's slot after it holds
+    that id's row; arrays that are not sparse come back as they are, the very objects."""
+    slots = IdSlots()
+    ids = np.arange(1000, dtype=np.uint64) * np.uint64(7919)
+    added = slots.add(ids)
+    rows, stamps = np.zeros((slots.capacity, 3), np.float32), np.zeros(slots.capacity, np.int64)
+    rows[added], stamps[added] = ids[:, None].astype(np.float32), ids.astype(np.int64)
+    assert all(a is b for a, b in zip(slots.compact_if_sparse(rows, stamps), (rows, stamps), strict=True))
+    assert slots.remove(ids[np.arange(1000) % 10 != 3]) == 900  # 100 entries left, in slots up to 993
+    kept = ids[3::10]
+    moved_rows, moved_stamps = slots.compact_if_sparse(rows, stamps)
+    at = slots.find(kept)
+    assert slots.capacity == len(moved_rows) == len(moved_stamps) == 100 and sorted(at.tolist()) == list(range(100))
+    np.testing.assert_array_equal(moved_rows[at], np.repeat(kept[:, None].astype(np.float32), 3, axis=1))
+    np.testing.assert_array_equal(moved_stamps[at], kept.astype(np.int64))
+
+
 def test_tables_taking_the_budget_in_turn_leave_no_arrays_sized_for_it_behind():
     """8 tables, each filling the whole budget in its turn (its ids hot, the others' not used any more): the entries
     of the tables before leave, and their arrays shrink with them, so the arrays of all 8 stay within twice the

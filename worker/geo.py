@@ -106,11 +106,9 @@ class _LocalTable:
 
     def compact(self) -> None:
         """The arrays shrunk to the rows held, where they hold under half their slots (IdSlots.compact_if_sparse)."""
-        old = self.slots.compact_if_sparse()
-        if old is not None:
-            n = self.slots.capacity
-            self.local, self.base = grown(self.local[old], n), grown(self.base[old], n)
-            self.counts, self.changed = grown(self.counts[old], n), grown(self.changed[old], n)
+        self.local, self.base, self.counts, self.changed = self.slots.compact_if_sparse(
+            self.local, self.base, self.counts, self.changed
+        )
 
     def pending(self) -> np.ndarray:
         """Slots changed since the last push, in the order of their ids."""

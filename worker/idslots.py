@@ -15,7 +15,7 @@ evict_lfu, which frees bytes across several of them:
     compact   IdSlots.compact_if_sparse moves the live entries to the first slots and shrinks the arrays and the
               index to fit them, where the arrays have more than twice the slots the entries take (and 64 more):
               the owner calls it after an eviction, so that a table whose entries left for another's does not keep
-              arrays sized for the whole budget (the owner moves its own arrays by the slots it returns).
+              arrays sized for the whole budget, and passes its own arrays of slots, which it moves as the entries.
 
 SLOT_BYTES, the bookkeeping of one entry: id 8, frequency 4, live flag 1, free-list entry 8 and the index's worst
 case, 64 (2-4 pairs of 16 B at load 1/2..1/4).
@@ -240,14 +240,14 @@ class IdSlots:
         """Bytes of the arrays held: ids, frequencies, live flags, free list and index."""
         return sum(a.nbytes for a in (self.keys, self.freq, self.live, self.free, self.buckets))
 
-    def compact_if_sparse(self) -> np.ndarray | None:
+    def compact_if_sparse(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
         """Where the arrays have more than 2 x live + 64 slots: the live entries moved to slots [0, live) in slot
         order, the arrays shrunk to max(live, 64) slots and the index to load <= 1/2 (at least 1024 buckets), the
-        hand back at slot 0; returns the old slot of each live entry (the owner's arrays: new = old[returned]).
-        None (nothing moved) elsewhere."""
+        hand back at slot 0. Returns the owner's arrays (first axis: slots) moved the same way, as new arrays of
+        capacity slots; elsewhere nothing moves and it returns them as they are."""
         live = len(self)
         if self.capacity <= 2 * live + 64:
-            return None
+            return arrays
         old = self.live_slots()
         n = max(live, 64)
         self.keys, self.freq = grown(self.keys[old], n), grown(self.freq[old], n)
@@ -258,7 +258,7 @@ class IdSlots:
             bits += 1
         self._index(bits)
         _link(self.buckets, self.shift, self.keys[:live], np.arange(live, dtype=np.int64))
-        return old
+        return tuple(grown(a[old], n) for a in arrays)
 
     def live_slots(self) -> np.ndarray:
         return np.flatnonzero(self.live[: self.meta[HIGH]]).astype(np.int64)

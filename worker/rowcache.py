@@ -137,10 +137,7 @@ class RowCache:
         """The arrays of every table that holds under half their slots shrunk to its entries (see the module
         docstring)."""
         for t, index in self._slots.items():
-            old = index.compact_if_sparse()
-            if old is not None:
-                self._rows[t] = grown(self._rows[t][old], index.capacity)
-                self._stamps[t] = grown(self._stamps[t][old], index.capacity)
+            self._rows[t], self._stamps[t] = index.compact_if_sparse(self._rows[t], self._stamps[t])
 
     def invalidate(self, table: str, ids: np.ndarray) -> None:
         """Forgets ids (absent ones are ignored)."""
