@@ -350,7 +350,7 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
             ["--cache-bytes", "1e30"],
             {},
             "--cache-bytes must be at least 1 byte and at most 1024T (1,125,899,906,842,624 "
-            "bytes, beyond any machine's memory), got 1,000,000,000,000,000,019,884,624,838,656",
+            "bytes, beyond any machine's memory), got 1,000,000,000,000,000,000,000,000,000,000",
         ),
         (["--memory-bytes", "1025T"], {}, "--memory-bytes must be at least 1 byte and at most 1024T"),
         (["--host", ""], {}, "--host is empty (''): give an address of this machine (127.0.0.1: this machine only"),
