@@ -30,6 +30,7 @@ from ps.errors import (
     ShardClosingError,
     ShardNeedsRestartError,
     ShardStartingError,
+    ShrinkRunningError,
     StorageError,
     SyncStepTooLargeError,
     TableBusyError,
@@ -77,6 +78,7 @@ SERVER_ERRORS = (
     NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
     CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
     DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError, ModelStateReplacedError,
+    ShrinkRunningError,
 )  # fmt: skip
 """The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the
 client-side ones (ClientIdInUseError, JobIdReusedError, ServerUnavailableError, RequestOutcomeUnknownError)."""

@@ -325,6 +325,14 @@ class CheckpointHoldError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class ShrinkRunningError(PsError):
+    """A Shrink sent to a shard while another runs there (a client's whose deadline passed, an operator's): one at a
+    time (ps.engine.shrinkprogress ShrinkRunning), since a second would decay the rows a second time. Nothing of it
+    is applied; not retried: send none before the next one is due, which shrinks what the running one leaves."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class CallerGoneError(PsError):
     """A request's caller left (its RPC was cancelled or passed its deadline) while the request waited: a stamped
     request for its job's other workers (ps.engine.jobs), a request for request room or its reply for reply room

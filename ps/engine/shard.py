@@ -60,7 +60,7 @@ from ps.engine.push import CheckedPush, TablePush, as_pushes
 from ps.engine.pushpath import PushPath
 from ps.engine.room import RequestRoom, push_cost
 from ps.engine.shardstats import describe_start, health_stats, memory_stats, restore_stats
-from ps.engine.shrinkprogress import ShrinkProgress
+from ps.engine.shrinkprogress import ShrinkProgress, ShrinkRunning
 from ps.engine.stampedpush import StampedPushes
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table
@@ -405,23 +405,25 @@ class Shard:
         ShrinkProgress.refusal says: what was shrunk before it stays, and the message says what (a
         ShardNeedsRestartError's after its own words, which say what a restart does: a restart keeps those rows
         decayed). The log says how far a long one got every ShrinkProgress.PROGRESS_EVERY_S seconds, and how long
-        it took."""
+        it took. One Shrink at a time: ShrinkRunningError, changing nothing, while another runs (ShrinkRunning)."""
         self.guard.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
             self.store.table_number(table.name)
-        self.flush()  # shrink scans RocksDB: it must hold every row
         progress = ShrinkProgress([t.name for t in tables], sum(t.num_rows + t.num_pending for t in tables))
-        try:
-            for table in tables:
-                table.shrink(self.clock, progress=progress)
-                progress.done += 1
-            self.flush()
-        except PsError as e:  # the chunks written before it stay shrunk: the refusal says which
-            partly = progress.refusal(e)
-            if partly is None:
-                raise
-            raise partly from e
+        running = self.__dict__.setdefault("shrink_running", ShrinkRunning(self.shard_id))  # atomic: one per shard
+        with running.begin(progress):
+            try:
+                self.flush()  # shrink scans RocksDB: it must hold every row
+                for table in tables:
+                    table.shrink(self.clock, progress=progress)
+                    progress.done += 1
+                self.flush()
+            except PsError as e:  # the chunks written before it stay shrunk: the refusal says which
+                partly = progress.refusal(e)
+                if partly is None:
+                    raise
+                raise partly from e
         dropped = sum(progress.dropped.values())
         log.info("shrink at step %s dropped %s ids from %s (%s rows scanned in %.1f s)", f"{self.clock:,}",
                  f"{dropped:,}", ", ".join(t.name for t in tables) or "no table", f"{progress.scanned_rows:,}",

@@ -10,14 +10,30 @@ full disk's remedy instead of its RETRY).
 A Shrink of a large table runs for minutes (its scan reads every stored row): the server logs a line every
 PROGRESS_EVERY_S seconds meanwhile, with the rows scanned of those the tables hold, the rate and the time left
 (scanned), and Shard.shrink a final line with the time it took.
+
+One Shrink runs at a time on a shard (ShrinkRunning): another sent meanwhile (a client's whose deadline passed, an
+operator's) would decay the rows a second time, so it is refused (ShrinkRunningError), changing nothing, with when
+the running one began and how far it got.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from ps.errors import PARTLY_APPLIED, RETRY, SHRINK_REMEDY, DiskFullError, PsError, partly_applied
+from ps.errors import (
+    NOTHING_APPLIED,
+    PARTLY_APPLIED,
+    RETRY,
+    SHRINK_REMEDY,
+    DiskFullError,
+    PsError,
+    ShrinkRunningError,
+    partly_applied,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +52,7 @@ class ShrinkProgress:
         self.dropped = dict.fromkeys(tables, 0)  # ids dropped, per table
         self.rows, self.scanned_rows = rows, 0
         self.started = self.said = time.monotonic()
+        self.began_at = time.time()  # wall clock, for a refused Shrink's message
 
     def scanned(self, table: str, n: int) -> None:
         """Notes a chunk of n rows of table's scanned; logs the Shrink's progress where PROGRESS_EVERY_S passed since
@@ -89,6 +106,47 @@ class ShrinkProgress:
             "shrink stopped",
             f"Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; send no Shrink before the next "
             f"one is due: one sent again would decay the rows shrunk already a second time{what_is_left}",
+        )
+
+
+class ShrinkRunning:
+    """The Shrink running on a shard, if any: one at a time."""
+
+    def __init__(self, shard_id: int):
+        self.shard_id = shard_id
+        self._lock = threading.Lock()
+        self.running: ShrinkProgress | None = None
+
+    @contextmanager
+    def begin(self, progress: ShrinkProgress) -> Iterator[None]:
+        """Holds the shard's Shrink slot for progress's Shrink while the block runs; ShrinkRunningError, holding
+        nothing, while another holds it: "shard 0: a Shrink is running (of table 't', since 19:41:05 UTC, 12 s ago:
+        8,192 of 20,580 rows scanned so far); one Shrink at a time: send none before the next one is due: one sent
+        now would decay the rows that one shrinks a second time, and the next shrinks what it leaves; nothing was
+        applied"."""
+        with self._lock:
+            running = self.running
+            if running is None:
+                self.running = progress
+        if running is not None:
+            raise ShrinkRunningError(self._refusal(running))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.running = None
+
+    def _refusal(self, running: ShrinkProgress) -> str:
+        """The message of a Shrink refused while `running` runs."""
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(running.began_at))
+        ago = time.monotonic() - running.started
+        total = max(running.rows, running.scanned_rows)
+        what = f"of {_listed(running.tables)}" if running.tables else "of no table"
+        return (
+            f"shard {self.shard_id}: a Shrink is running ({what}, since {since}, {ago:,.0f} s ago: "
+            f"{running.scanned_rows:,} of {total:,} rows scanned so far); one Shrink at a time: send none before the "
+            "next one is due: one sent now would decay the rows that one shrinks a second time, and the next shrinks "
+            f"what it leaves; {NOTHING_APPLIED}"
         )
 
 
