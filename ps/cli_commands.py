@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -120,8 +121,10 @@ def verify_main(argv: list[str]) -> int:
     143 if stopped by SIGTERM.
     For a checkpoint (or a shard-<i> folder of one): its manifest's checksum, each shard's files against the
     manifest's sha256s, every block of each shard's RocksDB (damage saved into the checkpoint, which the sha256s
-    cover, is found only so), and its rows against the manifest's counts."""
+    cover, is found only so), and its rows against the manifest's counts. A long read logs its progress on stderr
+    every 10 s (rows read of about how many, rate, time left), and how long it took."""
     args = parse_strictly(build_verify_parser(), argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # stderr
     with sigterm_raises():  # a stop removes the read-only view (ps.terminate; main() says it)
         return _verify(args)
 
