@@ -25,6 +25,7 @@ from ps.sharding import NUM_SLOTS
 from ps.storage.budget import MemoryBudget
 from ps.storage.datadir import first_start_cut_short
 from ps.storage.journal import Journal
+from ps.storage.journalreplay import replay_progress
 from ps.storage.memory import MemoryPlan
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
 from ps.storage.store import Store
@@ -315,7 +316,7 @@ def replay(
                      "last run stopped", f"{after:,}")  # fmt: skip
         elif time.monotonic() - said >= REPLAY_PROGRESS_S:
             said = time.monotonic()
-            log.info("replaying: %s journal records so far (at record %s)", f"{records:,}", f"{rec.seq:,}")
+            log.info("%s", replay_progress(records, rec.seq, journal.replay_bytes, said - t0))
         table = tables.get(rec.table)
         if table is None:  # a push was journaled only for tables that exist, and tables are never dropped
             raise DataLossError(

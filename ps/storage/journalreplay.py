@@ -20,6 +20,9 @@ RocksDB holds (rows_seq): that push's record was written, as every one before it
 to the mark are. Past both, a lost tail looks like the torn end of a crash: without sync, an OS crash or a power
 failure can lose pushes that were acknowledged, and the warning that replay logs when it cuts says so. With
 accept_loss, replay logs what it cannot find or read instead of refusing, and goes on with the records it has.
+
+A long replay's progress line (replay_progress, logged by ps.engine.opening every REPLAY_PROGRESS_S) gives the records
+so far, the bytes read of those the segments hold, the rate and the time left.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 from collections.abc import Callable, Generator
 from typing import NamedTuple
 
+from ps.bytesize import human_bytes
 from ps.errors import StorageError
 from ps.storage.journalformat import (
     OLDER_MAGICS,
@@ -48,6 +52,19 @@ from ps.storage.journalformat import (
 from ps.storage.sidefiles import read_mark
 
 log = logging.getLogger(__name__)
+
+
+def replay_progress(records: int, seq: int, read: tuple[int, int], took_s: float) -> str:
+    """A long replay's progress line: "replaying: 120,000 journal records so far (at record 1,234,567), 96.0 MiB of
+    about 240.0 MiB read (40%), 12.0 MiB/s, about 12 s left". read: (bytes read, bytes to read) of the segments
+    (JournalReader.progress: the newest segment's zeros prepared ahead count until it is read, so the total is an
+    estimate); took_s: since the replay began. A total the read reached shows no time left."""
+    done, total = read
+    total = max(total, done)
+    rate = done / max(took_s, 1e-9)
+    left = f", about {(total - done) / rate:,.0f} s left" if total > done and rate > 0 else ""
+    return (f"replaying: {records:,} journal records so far (at record {seq:,}), {human_bytes(done)} of about "
+            f"{human_bytes(total)} read ({100 * done / max(total, 1):.0f}%), {human_bytes(rate)}/s{left}")  # fmt: skip
 
 
 class ReadEnd(NamedTuple):
