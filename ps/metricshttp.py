@@ -1,9 +1,10 @@
 """The HTTP server under both metrics endpoints, a shard's (ps.metrics) and a training worker's (worker.telemetry):
-a thread per connection, at most MAX_CONNECTIONS at once, any more closed unread, each connection closed once it has
-lasted Handler.timeout seconds in all.
+a thread per connection, at most MAX_CONNECTIONS at once, any more closed unread; a connection is closed once its TLS
+handshake and request have taken Handler.timeout seconds in all, or its reply longer than Handler.reply_s and 1 s per
+Handler.reply_bytes_per_s bytes of it (the time the app takes to collect the reply counts in neither).
 
 Without the bound, a peer that opens connections and sends nothing makes the server start a thread for each, without
-end. Without the deadline, a peer that sends its request a byte at a time, or reads the reply so, holds a connection
+end. Without the deadlines, a peer that sends its request a byte at a time, or reads the reply so, holds a connection
 as long as it likes (a socket timeout bounds each read and write, not their sum): MAX_CONNECTIONS such peers would
 keep Prometheus's scrapes out. prometheus-client's own start_http_server has neither bound.
 """
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -54,8 +55,8 @@ def stop(http: WSGIServer) -> None:
 
 class BoundedServer(ThreadingWSGIServer):
     """A thread per connection, at most MAX_CONNECTIONS at once: a connection past them is closed unread, so that
-    a peer opening connections (each held for up to Handler.timeout) cannot make the server start threads without
-    bound."""
+    a peer opening connections (each held until its request's deadline, Handler.timeout) cannot make the server start
+    threads without bound."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -83,40 +84,77 @@ class BoundedServer(ThreadingWSGIServer):
 
 
 class Handler(WSGIRequestHandler):
-    """One connection's request and reply, all within `timeout` seconds of its start: the TLS handshake, the request's
-    read and the reply's write each get what is left of it, and a connection still at any of them when it has
-    passed is closed (TimeoutError, BoundedServer.handle_error's debug line)."""
+    """One connection's request and reply. The TLS handshake and the request's reads keep to one deadline, `timeout`
+    seconds from the connection's start (a client sending its request slowly is cut there); the reply's writes to
+    another, counted from its first byte, so that the time the app takes to collect the reply counts in neither: a
+    reply may take reply_s seconds, and 1 more for each reply_bytes_per_s bytes of it (a client reading it slower is
+    cut). A connection past either is closed (TimeoutError): one debug line, BoundedServer.handle_error's or
+    QuietReply's, not a traceback on stderr."""
 
-    timeout = 10.0  # seconds a connection may last in all: its TLS handshake, its request and the reply
+    timeout = 10.0  # seconds for a connection's TLS handshake and its request, in all
+    reply_s = 10.0  # seconds a reply may take, and 1 more per reply_bytes_per_s bytes of it
+    reply_bytes_per_s = 64 << 10  # the least rate a reply is read at, on average past reply_s: a slower reader is cut
 
     def setup(self) -> None:
         self.connection = self.request
-        stream = DeadlineStream(self.connection, time.monotonic() + self.timeout)
+        stream = DeadlineStream(self.connection, time.monotonic() + self.timeout, self.reply_s, self.reply_bytes_per_s)
         self.rfile = io.BufferedReader(stream)
         self.wfile = DeadlineWriter(stream)
         if isinstance(self.connection, ssl.SSLSocket):
-            stream.time_left()
+            stream.read_time_left()
             self.connection.do_handshake()
+
+    def handle(self) -> None:
+        """wsgiref's WSGIRequestHandler.handle with QuietReply for its ServerHandler."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.send_error(414)
+            return
+        if not self.parse_request():  # an error reply was sent
+            return
+        reply = QuietReply(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        reply.request_handler = self  # as wsgiref's: its close() logs the request through it
+        reply.run(self.server.get_app())
 
     def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
         pass
 
 
-class DeadlineStream(io.RawIOBase):
-    """A connection read and written with each call's socket timeout set to what is left until deadline
-    (time.monotonic()): TimeoutError once it has passed. A TLS socket's handshake, read and write each keep to
-    the timeout they start with as a whole, as a plain socket's recv and send do."""
+class QuietReply(ServerHandler):
+    """wsgiref's reply to one request, its errors logged instead of printed on stderr: a connection's (a reply cut
+    at its deadline, a client gone) at debug, the app's own at error, with its traceback."""
 
-    def __init__(self, connection: socket.socket, deadline: float) -> None:
+    def log_exception(self, exc_info: Any) -> None:
+        peer = self.request_handler.client_address
+        if isinstance(exc_info[1], OSError):
+            log.debug("metrics reply to %s cut", peer, exc_info=exc_info)
+        else:
+            log.error("metrics reply to %s failed", peer, exc_info=exc_info)
+
+
+class DeadlineStream(io.RawIOBase):
+    """A connection whose reads keep to one deadline (time.monotonic()), and whose writes to another, reply_s seconds
+    from the first write and 1 more per bytes_per_s bytes written: each call's socket timeout is set to what is left,
+    TimeoutError once nothing is. A TLS socket's handshake, read and write each keep to the timeout they start with as
+    a whole, as a plain socket's recv and send do."""
+
+    def __init__(self, connection: socket.socket, read_deadline: float, reply_s: float, bytes_per_s: float) -> None:
         super().__init__()
         self._connection = connection
-        self._deadline = deadline
+        self._read_deadline = read_deadline
+        self._reply_s, self._bytes_per_s = reply_s, bytes_per_s
+        self._reply_start: float | None = None  # monotonic time of the first write
+        self._written = 0  # bytes written
 
-    def time_left(self) -> None:
-        """Sets the connection's timeout to the time left; TimeoutError if none is."""
-        left = self._deadline - time.monotonic()
+    def read_time_left(self) -> None:
+        """Sets the connection's timeout to the time left for reads; TimeoutError if none is."""
+        self._set_timeout(self._read_deadline, "the metrics request's deadline (Handler.timeout)")
+
+    def _set_timeout(self, deadline: float, what: str) -> None:
+        left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError("the metrics connection's deadline (Handler.timeout) passed")
+            raise TimeoutError(f"{what} passed")
         self._connection.settimeout(left)
 
     def readable(self) -> bool:
@@ -126,12 +164,19 @@ class DeadlineStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        self.time_left()
+        self.read_time_left()
         return self._connection.recv_into(buffer)
 
     def write(self, data: Any) -> int:
-        self.time_left()
-        return self._connection.send(data)
+        """Sends some of data, within the reply's time for the bytes written before and all of data."""
+        if self._reply_start is None:
+            self._reply_start = time.monotonic()
+        allowed_s = self._reply_s + (self._written + len(data)) / self._bytes_per_s
+        self._set_timeout(self._reply_start + allowed_s, "the metrics reply's deadline (Handler.reply_s and "
+                          "reply_bytes_per_s)")  # fmt: skip
+        sent = self._connection.send(data)
+        self._written += sent
+        return sent
 
 
 class DeadlineWriter(io.BufferedIOBase):

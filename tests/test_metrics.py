@@ -4,6 +4,7 @@ the docs name served, with the labels they give it."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import urllib.error
@@ -242,34 +243,85 @@ def test_a_shards_metrics_port_drops_clients_sending_their_requests_a_byte_at_a_
         server.stop(grace_s=1)
 
 
-def test_a_reply_read_slowly_is_cut_at_the_connections_deadline(monkeypatch):
-    """A client reading a long reply steadily but slowly, each write of it well within a socket timeout, gets only
-    what the server sent before the connection's deadline: the reply's writes share the deadline, as the request's
-    reads do."""
-    monkeypatch.setattr(Handler, "timeout", 1.0)
-    chunk, chunks = b"x" * (256 << 10), 256  # 64 MiB, which this client would read in ~5 s
+def read_slowly(port: int, chunk_bytes: int, give_up_s: float = 60) -> tuple[int, bool]:
+    """Asks 127.0.0.1:port for / over a socket with a small receive buffer and reads the reply chunk_bytes at a time,
+    every 20 ms; returns (bytes read, whether the server ended the connection within give_up_s)."""
+    got = 0
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # before connecting: the kernel buffers little
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        give_up = time.monotonic() + give_up_s
+        while time.monotonic() < give_up:
+            try:
+                data = s.recv(chunk_bytes)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                return got, True
+            got += len(data)
+            time.sleep(0.02)
+    return got, False
+
+
+def serve_chunks(chunk: bytes, chunks: int, collect_s: float = 0.0):
+    """A WSGI app that takes collect_s to collect its reply, then replies chunks times chunk."""
 
     def app(environ, start_response):
+        time.sleep(collect_s)
         start_response("200 OK", [("Content-Type", "text/plain")])
         return (chunk for _ in range(chunks))
 
-    http = serve_wsgi(app, "127.0.0.1", 0, "test-slow-reply")
-    got, ended = 0, False
+    return app
+
+
+def test_a_reply_read_slower_than_its_rate_is_cut_with_a_debug_line_not_a_traceback(monkeypatch, capfd, caplog):
+    """A client reading a long reply steadily but slowly, each write of it well within a socket timeout, gets only
+    what the server sent within reply_s and 1 s per reply_bytes_per_s bytes; the cut is one debug line in the log,
+    nothing on stderr."""
+    monkeypatch.setattr(Handler, "reply_s", 1.0)
+    monkeypatch.setattr(Handler, "reply_bytes_per_s", 16 << 20)
+    caplog.set_level(logging.DEBUG, logger="ps.metrics")
+    chunk, chunks = b"x" * (256 << 10), 256  # 64 MiB: 5 s allowed, which this client (<= 3.2 MB/s) reads in 20 s
+    http = serve_wsgi(serve_chunks(chunk, chunks), "127.0.0.1", 0, "test-slow-reply")
     try:
-        with socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=10) as s:
-            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-            give_up = time.monotonic() + 60
-            while time.monotonic() < give_up:
-                try:
-                    data = s.recv(len(chunk))
-                except ConnectionResetError:
-                    data = b""
-                if not data:
-                    ended = True
-                    break
-                got += len(data)
-                time.sleep(0.02)
+        got, ended = read_slowly(http.server_address[1], 64 << 10)
     finally:
         stop(http)
     assert ended, "the connection was still open after 60 s"
-    assert got < len(chunk) * chunks, f"the whole reply ({got} bytes) came, past the connection's deadline"
+    assert got < len(chunk) * chunks, f"the whole reply ({got} bytes) came, past the reply's deadline"
+    assert "metrics reply to" in caplog.text and "cut" in caplog.text, caplog.text
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "TimeoutError" not in err, err
+
+
+def test_a_reply_whose_collection_outlasts_the_request_deadline_is_served(monkeypatch, capfd):
+    """The time the app takes to collect a reply counts in neither deadline: a shard with many tables, collecting for
+    longer than Handler.timeout, still answers."""
+    monkeypatch.setattr(Handler, "timeout", 1.0)
+    http = serve_wsgi(serve_chunks(b"metrics\n", 3, collect_s=2.0), "127.0.0.1", 0, "test-slow-collect")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http.server_address[1]}/", timeout=10) as reply:
+            assert reply.read() == b"metrics\n" * 3
+    finally:
+        stop(http)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_reply_read_slowly_above_its_rate_is_served_past_the_request_deadline(monkeypatch):
+    """A scraper reading faster than reply_bytes_per_s gets the whole reply, however long past Handler.timeout and
+    reply_s it takes."""
+    monkeypatch.setattr(Handler, "timeout", 1.0)
+    monkeypatch.setattr(Handler, "reply_s", 1.0)
+    monkeypatch.setattr(Handler, "reply_bytes_per_s", 1 << 20)
+    chunk, chunks = b"x" * (256 << 10), 64  # 16 MiB: 17 s allowed; this client (<= 3.2 MB/s) reads it in ~5 s
+    http = serve_wsgi(serve_chunks(chunk, chunks), "127.0.0.1", 0, "test-slow-honest-reply")
+    started = time.monotonic()
+    try:
+        got, ended = read_slowly(http.server_address[1], 64 << 10)
+    finally:
+        stop(http)
+    assert ended, "the connection was still open after 60 s"
+    assert got > len(chunk) * chunks, f"{got} bytes of the reply's {len(chunk) * chunks} (and its headers) came"
+    assert time.monotonic() - started > Handler.timeout + Handler.reply_s  # it took longer than both
