@@ -203,6 +203,36 @@ def test_save_running_is_true_inside_a_save_only():
     held.release(token)
 
 
+def test_held_s_sums_every_holds_time_a_lasting_one_until_now_an_expired_one_until_its_expiry(monkeypatch):
+    """What a pull's barrier timeout leaves out (ps.engine.jobs): the seconds holds refused pushes, summed over holds
+    released, expired (seen by a push, by the next hold, or by nobody) and lasting, a save's time included."""
+    now = [1000.0]
+    monkeypatch.setattr(hold_module.time, "monotonic", lambda: now[0])
+    gate = PushHold(0)
+    assert gate.held_s(now[0]) == 0.0
+    _, token = gate.hold(30, lambda: 0)
+    now[0] += 2
+    assert gate.held_s(now[0]) == 2.0  # lasting: until now
+    with gate.saving(token):
+        now[0] += 40  # a save outlasting the hold's timeout: it cannot expire meanwhile
+    now[0] += 1
+    gate.release(token)
+    assert gate.held_s(now[0] + 5) == 43.0  # released: its time is kept, and no more counts
+    gate.hold(3, lambda: 0)
+    now[0] += 10
+    assert gate.held_s(now[0]) == 46.0  # expired, seen by nobody: until its expiry
+    with gate.push_gate():  # a push sees the expiry and ends the hold
+        pass
+    assert gate.held_s(now[0]) == 46.0
+    gate.hold(3, lambda: 0)
+    now[0] += 5
+    _, token = gate.hold(3, lambda: 0)  # over the expired one, which counts until its expiry
+    now[0] += 1
+    assert gate.held_s(now[0]) == 50.0
+    assert gate.held_s(now[0] - 2) == 49.0  # a time before this hold was taken: none of it
+    gate.release(token)
+
+
 def test_a_save_whose_dir_another_shards_failed_save_removed_writes_again(tmp_path, caplog):
     """The shards of a checkpoint save into one directory at once: shard 1 makes it, shard 0 finds it there, then
     shard 1's save fails and removes it, empty, before shard 0's write puts anything in it. Shard 0 saves all the

@@ -189,7 +189,7 @@ def test_checkpoints_saved_while_two_workers_train(servers, tmp_path, data_file,
 def test_a_hold_longer_than_the_barrier_timeout_pauses_the_job_and_does_not_stop_it(servers, tmp_path, data_file, mode):
     """A checkpoint's hold that outlasts --barrier-timeout (a large shard's save, or a saver that died and left its
     holds to expire) refuses the workers' pushes meanwhile, so a pull waiting for another worker's step cannot be
-    served: its deadline counts from the hold's end, and the job pauses and finishes, as with no hold."""
+    served: its deadline leaves the hold's time out, and the job pauses and finishes, as with no hold."""
     base = TrainConfig(data=data_file, model="fm", recipe="large", epochs=1, progress=False, validation_fraction=0.0,
                        synthetic_eval_rows=0, prefetch=1, batch_size=32, mode=mode, num_workers=2, job_id=7,
                        staleness=0 if mode == "ssp" else None, barrier_timeout_s=1.0)  # fmt: skip

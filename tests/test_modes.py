@@ -870,6 +870,45 @@ def test_a_pull_past_its_deadline_names_every_worker_it_waited_for(tmp_path):
         shard.close()
 
 
+def test_holds_back_to_back_pause_a_pulls_deadline_and_a_dead_worker_still_stops_the_job(tmp_path):
+    """A saver holding the shard more often than the barrier timeout (0.3 s holds 0.3 s apart; 1 s timeout): each
+    hold's time is left out of the pull's wait, and worker 1, which never pushes, still times the pull out while the
+    holds go on, after 1 s of the wait that no hold took."""
+    shard = open_shard(tmp_path)
+    gate, done, capped = shard.checkpoints.gate, threading.Event(), []
+
+    def hold_back_to_back() -> None:
+        give_up = time.monotonic() + 15
+        while not done.is_set():
+            if time.monotonic() > give_up:
+                capped.append(True)
+                return
+            _, token = shard.hold(60)
+            time.sleep(0.3)
+            shard.release(token)
+            time.sleep(0.3)
+
+    holder = threading.Thread(target=hold_back_to_back, daemon=True)
+    try:
+        holder.start()
+        wait_until(lambda: gate.held_s(time.monotonic()) > 0, 10, "the first hold")
+        started = time.monotonic()
+        held_before = gate.held_s(started)
+        with pytest.raises(BarrierTimeoutError) as info:
+            shard.jobs.wait_for_pull(stamp(0, 1, sync=True, barrier_timeout_s=1.0))
+        ended = time.monotonic()
+        done.set()
+        join_thread(holder, 10, "the holder")
+        assert not capped, "the pull did not time out while holds went on"
+        held = gate.held_s(ended) - held_before
+        assert held > 0 and ended - started - held > 0.999, (ended - started, held)  # 1 s not held, at least
+        assert re.search(r"waited 1(\.\d+)? s \(and [\d.]+ s while checkpoints held its pushes\) for worker 1",
+                         str(info.value)), info.value  # fmt: skip
+    finally:
+        done.set()
+        shard.close()
+
+
 def test_a_pull_timeout_names_the_others_not_the_caller_whose_own_step_waits_for_them(tmp_path):
     """Worker 0's pull of step 1 needs every clock at 1, its own too (its sync step 0 waits for worker 1): the
     timeout names worker 1, the one to look at."""

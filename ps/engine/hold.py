@@ -54,7 +54,7 @@ class PushHold:
         self._held_at = 0.0  # monotonic time the hold was taken
         self._refused = 0  # pushes the hold refused (told once, at its end, not per push)
         self._waiting = False  # a hold waits for the pushes in flight (held_until inf meanwhile)
-        self._ended_at = 0.0  # monotonic time the last hold ended (released, expired or dropped); 0: none ended
+        self._ended_held_s = 0.0  # seconds the holds that ended (released, expired or dropped) refused pushes, summed
 
     @contextlib.contextmanager
     def push_gate(self) -> Iterator[None]:
@@ -70,7 +70,7 @@ class PushHold:
                             "took it died, or its save outlived --hold-timeout-s): taking pushes again; %s pushes "
                             "were refused meanwhile (clients retry them)", time.monotonic() - self._held_at,
                             f"{self._refused:,}")  # fmt: skip
-                self._ended_at, self.held_until = self.held_until, 0.0
+                self._end_hold(self.held_until)
             self._pushes_in_flight += 1
         try:
             yield
@@ -102,6 +102,8 @@ class PushHold:
                     f"shard {self.shard_id} is held by another checkpoint ({self._other(now)}); one checkpoint at a "
                     "time: take this one once that one has ended; nothing is held"
                 )
+            if self.held_until:  # an expired hold nobody ended yet
+                self._end_hold(self.held_until)
             token = self.token = secrets.token_hex(8)
             self._held_at = time.monotonic()
             self.held_until = float("inf")  # pushes refused; the expiry counts once the pushes in flight are done
@@ -119,7 +121,8 @@ class PushHold:
             finally:
                 self._waiting = False
                 if gone:
-                    self.held_until, self.token, self._ended_at = 0.0, None, time.monotonic()
+                    self._end_hold(time.monotonic())
+                    self.token = None
                     self._gate.notify_all()
             if gone:
                 raise CallerGoneError(f"shard {self.shard_id}: a checkpoint hold was dropped as it was taken: its "
@@ -137,23 +140,29 @@ class PushHold:
         """Ends the hold that returned token (a stale token releases nothing)."""
         with self._gate:
             if token == self.token:
-                expired = not self.held_until  # which a push found, and said (its end is kept then)
+                expired = not self.held_until  # which a push found, and said (its end is counted then)
                 if not expired:
-                    self._ended_at = min(time.monotonic(), self.held_until)  # an expiry no push found: its time
-                self.held_until, self.token = 0.0, None
+                    self._end_hold(min(time.monotonic(), self.held_until))  # an expiry no push found: its time
+                self.token = None
                 self._gate.notify_all()
                 if not expired:
                     log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, "
                              "which clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
 
-    def pushes_held_until(self) -> float:
-        """Until when a checkpoint's hold refused pushes here (time.monotonic()): now while a hold refuses them,
-        else the end of the last hold (its release, its expiry, or its drop as its caller left); 0.0 if none ended.
-        A wait for other workers' pushes (ps.engine.jobs) counts its deadline from then: they could not push."""
+    def _end_hold(self, ended_at: float) -> None:
+        """Ends the hold taken at _held_at as of ended_at (monotonic; under _gate), counting its time in held_s."""
+        self._ended_held_s += max(0.0, ended_at - self._held_at)
+        self.held_until = 0.0
+
+    def held_s(self, now: float) -> float:
+        """Seconds checkpoint holds refused pushes here from the process's start until now (time.monotonic()), all
+        holds summed: a lasting one counts until now, an expired one until its expiry. A wait for other workers'
+        pushes (ps.engine.jobs) leaves out the time they were held during it: they could not push then."""
         with self._gate:
-            if self.held_until:  # lasting (inf while it waits for the pushes in flight or saves), or expired then
-                return min(time.monotonic(), self.held_until)
-            return self._ended_at
+            if not self.held_until:
+                return self._ended_held_s
+            lasted = min(now, self.held_until) - self._held_at  # held_until inf while it waits for pushes or saves
+            return self._ended_held_s + max(0.0, lasted)
 
     def _other(self, now: float) -> str:
         """Where the hold another checkpoint has (under _gate, lasting at now) is: taking itself, saving, or held

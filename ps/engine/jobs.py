@@ -33,7 +33,9 @@ worker it waited for and its clock (its worker then stops, and its stop stamp st
 sync step's sum is being applied: that waits for no worker (a shard's first sum may take a while: its kernels
 compile), so a contribution to it waits until it is applied, and a pull's deadline counts from its end; nor
 does a pull's while a checkpoint's hold refuses this shard's pushes (the workers it waits for cannot push: a large
-shard's save, or the holds of a saver that died, which last until their --hold-timeout-s), from the hold's end. A
+shard's save, or the holds of a saver that died, which last until their --hold-timeout-s): its deadline counts the
+time of its wait that no hold took, so that holds back to back (saves more often than the barrier timeout) pause it
+and a dead worker still stops the job. A
 sync step whose deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller
 left (its RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread
 (CallerGoneError); its contribution stays in the step for a retry, until the step's own deadline if no contributor
@@ -85,15 +87,15 @@ class JobClocks(FollowedJob):
         max_count: float,
         done_store: tuple[Callable[[int, int], list[int]], Callable[[int, int, list[int]], None]] | None = None,
         sync_step_bytes: int = 0,
-        pushes_held_until: Callable[[], float] | None = None,
+        held_s: Callable[[float], float] | None = None,
     ):
-        """threads: the server's RPC threads (0: no limit on waits); pushes_held_until: until when a checkpoint's
-        hold refused this shard's pushes (ps.engine.hold.PushHold.pushes_held_until; None: never); the others as
+        """threads: the server's RPC threads (0: no limit on waits); held_s(now): the seconds checkpoint holds refused
+        this shard's pushes until now, summed (ps.engine.hold.PushHold.held_s; None: never held); the others as
         FollowedJob takes them."""
         super().__init__(shard_id, sync_steps_applied, max_count, done_store, sync_step_bytes)
         self.threads = threads
         self._waiting = 0  # threads in a wait here
-        self._pushes_held_until = pushes_held_until or (lambda: 0.0)
+        self._held_s = held_s or (lambda now: 0.0)
 
     # ---- pulls ------------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -104,14 +106,15 @@ class JobClocks(FollowedJob):
     def wait_for_pull(self, stamp: WorkerStamp, caller_gone: Callable[[], bool] | None = None) -> int:
         """Waits until min_clock >= stamp.step - stamp.staleness, or every worker is done; returns min_clock then.
         BarrierTimeoutError past the stamp's barrier timeout (counted from the end of a sync sum being applied, if
-        one is, and of a checkpoint's hold of this shard's pushes, if one is), naming the workers it waited for;
-        RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
+        one is, and leaving out the time checkpoint holds refused this shard's pushes), naming the workers it waited
+        for; RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
         the request's caller left (its RPC ended); where it has watch(wake) (ps.service_calls.CallerGone), the wait has
         wake() called when it turns true: the wait ends then, with CallerGoneError, freeing its thread."""
         need = stamp.step - stamp.staleness
         with self._cond:
             generation = self._enter(stamp)
             started, waiting = time.monotonic(), False
+            held_before = self._held_s(started)
             try:
                 while True:
                     self._check_alive(generation)
@@ -122,8 +125,9 @@ class JobClocks(FollowedJob):
                         return low
                     if all(self._done):
                         return low
-                    held = self._pushes_held_until()  # the workers it waits for could not push until then
-                    waited = time.monotonic() - max(started, held)
+                    now = time.monotonic()
+                    held = self._held_s(now) - held_before  # the workers it waits for could not push then
+                    waited = now - started - held
                     applying = self.sync.applying()  # the clocks move when it ends
                     if waited >= stamp.timeout_s and not applying:
                         behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
@@ -131,7 +135,7 @@ class JobClocks(FollowedJob):
                         raise BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
                             f"{stamp.staleness}) waited {waited:.3g} s"
-                            f"{' since a checkpoint hold of its pushes ended' if held > started else ''} for "
+                            f"{f' (and {held:.3g} s while checkpoints held its pushes)' if held > 0 else ''} for "
                             f"{self._named(behind)} of job "
                             f"{self.tenancy.named(stamp)}; is it alive? the job stops"
                         )
@@ -145,6 +149,7 @@ class JobClocks(FollowedJob):
                     self._cond.wait(None if applying else stamp.timeout_s - waited)
                     if applying:  # the workers waited for the sum too: their time counts from its end
                         started = time.monotonic()
+                        held_before = self._held_s(started)
             finally:
                 if waiting:
                     self._waiting -= 1

@@ -154,7 +154,7 @@ class Shard:
                               config.threads, MAX_COUNT_PER_ID,
                               done_store=(self.store.meta.job_done, self.store.meta.set_job_done),
                               sync_step_bytes=self.memory.sync_step_bytes,
-                              pushes_held_until=lambda: self.checkpoints.gate.pushes_held_until())  # fmt: skip
+                              held_s=lambda now: self.checkpoints.gate.held_s(now))  # fmt: skip
         if unnamed:
             self.store.meta.record_cluster(config.cluster)
         self.state_id = self.store.meta.state_id()  # drawn for a new dir, and again by a restore
