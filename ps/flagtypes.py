@@ -14,7 +14,11 @@ from ps.tlsprobe import GRPC_DNS
 SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-SIZE_DIGITS = 100  # a size of more digits is no size (a slip): refused before its bytes are worked out
+SIZE_DIGITS = 100  # sizes lie below 10**SIZE_DIGITS bytes; a number past 1e±SIZE_DIGITS is a slip, refused unworked
+
+
+class SizeTooLargeError(ValueError):
+    """A size whose magnitude is 10**SIZE_DIGITS bytes or more (byte_size); its message names that bound."""
 
 
 def exact_number(text: str) -> decimal.Decimal | None:
@@ -31,18 +35,30 @@ def exact_number(text: str) -> decimal.Decimal | None:
 def byte_size(text: str) -> int:
     """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
     and "1.5G" alike; a fraction of a byte that a unit leaves is dropped: "1.1G"), or a whole number of bytes
-    ("67108864", "1e9"), taken exactly (exact_number). ValueError for anything else (text, inf, nan, "1.5" bytes,
-    SIZE_DIGITS digits or more); the sign is the caller's to check."""
+    ("67108864", "1e9"), taken exactly (exact_number). SizeTooLargeError for a magnitude of 10**SIZE_DIGITS bytes
+    or more; ValueError for anything else (text, inf, nan, "1.5" bytes, a number other than 0 whose magnitude is
+    below 1e-(SIZE_DIGITS - 1)): the number's exponent refuses both ends before any bytes are worked out (10**N
+    for the exponent N of "1e-100000000" hangs). The sign is the caller's to check."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = SIZE_UNITS.get(t[-1:], 1)
     value = exact_number(t[:-1] if unit > 1 else t)
-    if value is None or value.adjusted() >= SIZE_DIGITS:
+    if value is None or (not value.is_zero() and value.adjusted() <= -SIZE_DIGITS):
         raise ValueError(f"not a size: {text!r}")
+    if not value.is_zero() and value.adjusted() >= SIZE_DIGITS:
+        raise SizeTooLargeError(_too_large(text))
     numerator, denominator = value.as_integer_ratio()
     if unit == 1 and denominator != 1:  # "1.5": bytes come whole (a fraction is a slip, not a size)
         raise ValueError(f"not a whole number of bytes: {text!r}")
     whole = abs(numerator) * unit // denominator  # the fraction of a byte dropped
+    if whole >= 10**SIZE_DIGITS:  # a unit took it there: "1e99T"
+        raise SizeTooLargeError(_too_large(text))
     return whole if numerator >= 0 else -whole
+
+
+def _too_large(text: str) -> str:
+    """The message of SizeTooLargeError, naming the bound (for a negative size, the bound on its magnitude)."""
+    side = "above -" if text.strip().startswith("-") else "below "
+    return f"size too large: {text!r} (sizes are {side}1e{SIZE_DIGITS} bytes)"
 
 
 def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:

@@ -13,7 +13,7 @@ from ps.config import (
     MAX_MEMORY_TEXT,
     OPTIMIZER_PARAMS,
 )
-from ps.flagtypes import HelpFormatter, byte_size, integer, number
+from ps.flagtypes import HelpFormatter, SizeTooLargeError, byte_size, integer, number
 from worker.cli_flags import (
     SECONDS,
     SECONDS_OR_0,
@@ -34,6 +34,8 @@ def _size(text: str) -> int:
     """Bytes of a size flag, 0 to MAX_MEMORY_BYTES, spelled as the server's sizes are (ps.flagtypes.byte_size)."""
     try:
         value = byte_size(text)
+    except SizeTooLargeError:
+        value = MAX_MEMORY_BYTES + 1  # refused below, naming the bound
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of bytes, e.g. 67108864, or 64M") from None
     if not 0 <= value <= MAX_MEMORY_BYTES:
