@@ -185,6 +185,19 @@ def test_return_free_of_a_few_rows_keeps_the_arrays_and_their_ghost_and_settles_
     assert a.grow(1, a.new_stamp()).tolist() == [190_000] and a.data is data
 
 
+def test_return_free_that_shrinks_the_arrays_gives_back_the_pages_past_the_rows_left():
+    """500,000 rows of 600,000 dropped: the data shrinks to 200,000 rows, still a mapping of its own, and rows
+    [100,000, 200,000), which held lines of dropped rows, go back to the OS: the pages past the one row 100,000
+    starts on read zeros, while the rows kept hold their lines."""
+    a, ids, rows = _filled(600_000, MemoryBudget(1 << 30))
+    a.release(rows[:500_000])
+    assert a.return_free() == 500_000 and (a.used, a.capacity) == (100_000, 200_000)
+    assert hugepages._mapping(a.data) is not None
+    assert not a.data[100_200:].any()
+    found = a.index.lookup(ids[500_000:])
+    assert (a.data[found, :2] == np.arange(1_000_000, 1_200_000, dtype=np.float32).reshape(-1, 2)).all()
+
+
 def test_return_free_shrinks_the_arrays_to_twice_the_rows_left_once_under_a_quarter():
     """Of 100 rows (room for 100) 70 dropped: 30 rows fill a quarter of it or more, so the arrays keep their size;
     then 10 more dropped: 20 rows fill under a quarter, so the arrays shrink to 40 rows; then all go: none."""

@@ -225,14 +225,13 @@ class Arena(ArenaLookups):
 
     def _fit(self, capacity: int) -> None:
         """Gives the arrays room for `capacity` rows (>= used), and shrinks the id index to the charge of the rows
-        in use, so their memory goes back to the OS; arrays that keep their capacity give back the pages past the
-        rows in use (hugepages.release). MemoryError or OSError where they get no memory to move into (_resize: the
-        rows stay)."""
+        in use, so their memory goes back to the OS; then the arrays give back the pages past the rows in use
+        (hugepages.release), which hold the lines of rows gone or moved down, resized or not. MemoryError or OSError
+        where they get no memory to move into (_resize: the rows stay)."""
         if capacity != self.capacity:
             self._resize(capacity)
-        else:
-            hugepages.release(self.data, self.used)
-            hugepages.release(self.ids, self.used)
+        hugepages.release(self.data, self.used)
+        hugepages.release(self.ids, self.used)
         self.index.shrink(INDEX_BYTES_PER_ROW * self.used)  # within the charge of the rows left
 
     def _kept_capacity(self) -> int:
