@@ -725,6 +725,37 @@ def test_a_shard_that_fails_during_a_checkpoints_pause_is_warned_about(caplog):
     assert "is unavailable (connection refused: nothing listens there) after a checkpoint's pause" in said[1][1]
 
 
+@pytest.mark.parametrize(("server_timeout_s", "lasted_s"), [(5.0, 11.0), (15.0, 20.0)])
+@pytest.mark.parametrize("then", ["shard 0 is taking a checkpoint; retry shortly", "Connection refused"])
+def test_a_pause_past_the_clients_wait_is_not_warned_about_as_waited_for(caplog, server_timeout_s, lasted_s, then):
+    """A checkpoint's pause that has lasted past server_timeout_s (shorter than LONG_PAUSE_S, or spent by an earlier
+    call of the same outage), then a call's failure of either kind: the call waits no more, and no warning offers
+    to wait a negative time; with time left, the same failure is warned about, saying what is left."""
+    from worker.retry import LONG_PAUSE_S, Outages
+
+    class Failed(grpc.RpcError):
+        def __init__(self, details: str):
+            self._details = details
+
+        def details(self) -> str:
+            return self._details
+
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+    paused = Failed("shard 0 is taking a checkpoint; retry shortly")
+    for timeout_s, waits in ((server_timeout_s, False), (lasted_s + 60, True)):
+        outages = Outages(["127.0.0.1:1"])
+        with caplog.at_level("INFO", "worker.client"):
+            assert outages.keep_waiting(0, paused, timeout_s, time.monotonic())
+            outages.down[0] -= lasted_s  # the pause began lasted_s ago (>= LONG_PAUSE_S)
+            caplog.clear()
+            assert outages.keep_waiting(0, Failed(then), timeout_s, time.monotonic()) is waits
+        said = [r.getMessage() for r in caplog.records if r.name == "worker.client" and r.levelname == "WARNING"]
+        assert lasted_s >= LONG_PAUSE_S and len(said) == waits, said
+        assert all(f"waiting for it for up to {timeout_s - lasted_s:.0f} s more" in m for m in said), said
+
+
 def test_a_host_name_that_does_not_resolve_is_said_so():
     from worker.channels import why_not_ready
 

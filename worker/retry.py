@@ -231,9 +231,10 @@ class Outages:
 
     def keep_waiting(self, shard: int, e: grpc.RpcError, server_timeout_s: float, began: float) -> bool:
         """True while the shard has been failing for less than server_timeout_s, since the first failure of its
-        outage (logs when that starts), and is not gone. e: the error of an attempt of a call whose first attempt
-        was sent at time.monotonic() `began`: a failure seen within server_timeout_s before it began keeps the
-        outage going, and so do the call's own (its retries, however far apart its backoff or deadlines put them)."""
+        outage (logs when that starts, and, while time is left, a pause that lasts and a failure after a pause), and
+        is not gone. e: the error of an attempt of a call whose first attempt was sent at time.monotonic() `began`:
+        a failure seen within server_timeout_s before it began keeps the outage going, and so do the call's own (its
+        retries, however far apart its backoff or deadlines put them)."""
         if server_timeout_s <= 0 or (self.gone is not None and self.gone(shard)):
             return False
         now = time.monotonic()
@@ -252,14 +253,14 @@ class Outages:
             long = paused and shard in self.pausing and now - since >= LONG_PAUSE_S and shard not in self.long_paused
             if long:
                 self.long_paused.add(shard)
-        if long:
+        left = server_timeout_s - (now - since)  # none: this call ends with error(), which says why
+        if long and left > 0:
             log.warning("shard %d at %s has refused pushes for %.0f s: a checkpoint holds them (the save of a large "
                         "shard, or the hold of a saver that died, which ends after its --hold-timeout-s); waiting for "
-                        "it for up to %.0f s more", shard, self.servers[shard], now - since,
-                        server_timeout_s - (now - since))  # fmt: skip
-        if outage:
-            log.warning("shard %d at %s is %s (%s) after a checkpoint's pause; waiting for it for up to %.0f s more",
-                        shard, self.servers[shard], failing(e), why_failed(e), server_timeout_s - (now - since))  # fmt: skip
+                        "it for up to %.0f s more", shard, self.servers[shard], now - since, left)  # fmt: skip
+        if outage and left > 0:
+            log.warning("shard %d at %s is %s (%s) after a checkpoint's pause; waiting for it for up to %.0f s "
+                        "more", shard, self.servers[shard], failing(e), why_failed(e), left)  # fmt: skip
         doing = starting(e)
         if since is now and doing:  # this call marked it
             log.warning("shard %d at %s is starting (%s); waiting for it for up to %.0f s", shard, self.servers[shard],
@@ -267,7 +268,7 @@ class Outages:
         elif since is now:
             log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is %s (%s); waiting for it for up to "
                     "%.0f s", shard, self.servers[shard], failing(e), why_failed(e), server_timeout_s)  # fmt: skip
-        return now - since < server_timeout_s
+        return left > 0
 
     def outcome_unknown(
         self, shard: int, request: ps_pb2.PushBatchRequest, e: grpc.RpcError, client_id: int
