@@ -59,15 +59,16 @@ def _unverified() -> ssl.SSLContext:
     return context
 
 
-def served_not_before(address: str, timeout_s: float = 1.0) -> float | None:
+def served_not_before(address: str, server_name: str | None = None, timeout_s: float = 1.0) -> float | None:
     """The start of the validity (Unix time) of the certificate the TLS server at host:port presents, as a
-    handshake that verifies nothing finds it within timeout_s; None where none is had (no connection, no TLS, a
-    certificate that does not parse)."""
+    handshake that verifies nothing finds it within timeout_s, asking for server_name, else the address's host, as
+    verified_handshake does (SNI: a shard behind an ingress that routes by it presents its own certificate); None
+    where none is had (no connection, no TLS, a certificate that does not parse)."""
     host, port = host_and_port(address)
     try:
         with (
             socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
-            _unverified().wrap_socket(raw) as tls,
+            _unverified().wrap_socket(raw, server_hostname=server_name or host) as tls,
         ):
             der = tls.getpeercert(binary_form=True)
         return validity(der)[0] if der else None
@@ -131,7 +132,7 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
                 "do")  # fmt: skip
     verdict = verified_handshake(address, ca, cert, key, server_name, timeout_s) if found in ("tls", "mutual") else None
     if verdict == "early":
-        return not_yet_valid_hint(address, ca, timeout_s)
+        return not_yet_valid_hint(address, ca, server_name, timeout_s)
     if verdict and verdict.startswith("untrusted: "):
         against = f"--tls-ca {ca}" if ca else "the system's CA certificates (no --tls-ca)"
         return (f"; the shard's TLS certificate does not verify against {against}: {verdict.removeprefix('untrusted: ')}"
@@ -152,12 +153,12 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
     return ""
 
 
-def not_yet_valid_hint(address: str, ca: str | None, timeout_s: float = 1.0) -> str:
+def not_yet_valid_hint(address: str, ca: str | None, server_name: str | None = None, timeout_s: float = 1.0) -> str:
     """tls_hint's "; ..." for a shard at address whose certificate chain, verified against ca, holds a certificate
     not yet valid by this machine's clock: the date from which the shard's own certificate is valid
-    (served_not_before) where that is the one, else that a certificate which signs it is; and that the clocks
-    of both machines may be the cause."""
-    start, now = served_not_before(address, timeout_s), time.time()
+    (served_not_before, asking for server_name) where that is the one, else that a certificate which signs it is;
+    and that the clocks of both machines may be the cause."""
+    start, now = served_not_before(address, server_name, timeout_s), time.time()
     clocks = (f"(this machine's clock says {utc(now)}): check the clocks of both machines, the shard's and this "
               "one, or wait until then")  # fmt: skip
     if start is not None and start > now:

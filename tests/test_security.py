@@ -3,6 +3,7 @@ refused with a clear error, and health checks need no token. Certificates are ma
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
@@ -892,6 +893,48 @@ def test_a_ca_not_yet_valid_is_warned_of_at_start_and_named_to_its_clients(pki, 
         f"; a certificate that signs the shard's (the CA of --tls-ca {future_ca}, or an intermediate) is not yet "
         "valid (this machine's clock says ") in text and text.endswith(
         "check the clocks of both machines, the shard's and this one, or wait until then"), text  # fmt: skip
+
+
+def test_the_probe_of_a_certificates_start_asks_for_the_server_name_as_the_verified_handshake_does(pki, expired):
+    """An ingress that routes by SNI, here a TLS server presenting future.pem to "shard.example" and server.pem to
+    any other name or none: served_not_before finds the start of the certificate for the name the client gives
+    (--tls-server-name), else for the address's host, as verified_handshake asks."""
+    from ps.secretfiles import utc
+    from ps.tlsprobe import served_not_before
+
+    def context(cert: str) -> ssl.SSLContext:
+        c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        c.load_cert_chain(cert, str(expired / "expired.key") if "future" in cert else str(pki / "server.key"))
+        return c
+
+    other, routed = context(str(pki / "server.pem")), context(str(expired / "future.pem"))
+    asked = []
+
+    def route(tls: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
+        asked.append(name)
+        if name == "shard.example":
+            tls.context = routed
+
+    other.sni_callback = route
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        for _ in range(3):
+            conn, _ = listener.accept()
+            with contextlib.suppress(OSError), other.wrap_socket(conn, server_side=True):
+                pass
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        starts = [served_not_before(address, name, timeout_s=5) for name in ("shard.example", None, "localhost")]
+    finally:
+        server.join(10)
+        listener.close()
+    assert asked == ["shard.example", None, "localhost"]  # no SNI for an address: 127.0.0.1 sends none
+    assert starts[0] is not None and utc(starts[0]) == "2099-01-01 00:00:00 UTC", starts
+    assert starts[1] is not None and starts[1] == starts[2] < starts[0], starts
 
 
 def test_a_certificate_valid_now_is_served_without_a_warning_of_its_start(pki, start, caplog):
