@@ -81,18 +81,21 @@ class PushPath:
         # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
         # entries go with the clients' `applied` entries (forget_advances)
         self.advanced: dict[int, int] = {client: seq for client, (seq, _) in notes.items()}
+        # client -> the digest its advance note keeps, until note_advanced puts it in the journal's `applied` table
+        self._note_digests: dict[int, int] = {client: digest for client, (_, digest) in notes.items()}
 
     def replayed_to(self, step: int) -> None:
         """The clock after the journal's replay at start: at least the newest replayed record's step."""
         with self._lock:
             self.clock = max(self.clock, step)
 
-    def note_advanced(self, notes: dict[int, tuple[int, int]]) -> None:
+    def note_advanced(self) -> None:
         """Notes in the journal's `applied` table the requests whose clock advance is applied (at start, after the
-        replay), with the digests their notes keep (notes: the ones given to the constructor): a client's entry
-        there is at least its advance note's request."""
+        replay), with the digests their notes keep (those of the notes the constructor took, dropped here): a
+        client's entry there is at least its advance note's request."""
+        digests, self._note_digests = self._note_digests, {}
         for client, client_seq in self.advanced.items():
-            self._journal.note_applied((client, client_seq, -1, notes.get(client, (0, 0))[1]))
+            self._journal.note_applied((client, client_seq, -1, digests.get(client, 0)))
 
     def push_batch(
         self,

@@ -182,7 +182,7 @@ class Shard:
         if records or self.journal.losses:  # flushed at once: the next start does not find them again
             self._progress.enter("flushing")
             self.flush()
-        self.pushes.note_advanced(notes)
+        self.pushes.note_advanced()
 
     @property
     def clock(self) -> int:
