@@ -193,13 +193,13 @@ def sent_once(method: str, request: object) -> bool:
 
 
 class Outages:
-    """The shards a client's calls find failing, since when (down: shard -> time.monotonic() it started failing;
-    failed: shard -> that of its latest failed attempt), and which of them a checkpoint's pause holds (pausing:
-    logged at INFO, not WARNING, until it has lasted LONG_PAUSE_S: long_paused, warned once). A shard's outage lasts until a call to it is answered (back), or until none of
-    its calls failed for server_timeout_s before a call began (that call's first failure starts a new one): a
-    call that gave up on the shard does not end it, so the calls that follow wait for no more than what is left of
-    it; nor do a call's own attempts, however far apart its backoff or its deadlines put them. Every method takes lock:
-    a client's calls run on any thread. servers: the client's addresses, for its messages."""
+    """The shards a client's calls find failing, since when (down: shard -> time.monotonic() it started failing; failed:
+    shard -> that of its latest failed attempt), and which of them a checkpoint's pause holds (pausing: logged at INFO,
+    not WARNING, until it has lasted LONG_PAUSE_S: long_paused, warned once). A shard's outage lasts until a call to it
+    is answered (back), or until none of its calls failed for server_timeout_s before a call began (that call's first
+    failure starts a new one): a call that gave up on the shard does not end it, so the calls that follow wait for no
+    more than what is left of it; nor do a call's own attempts, however far apart its backoff or its deadlines put them.
+    Every method takes lock: a client's calls run on any thread. servers: the client's addresses, for its messages."""
 
     def __init__(self, servers: list[str], gone: Callable[[int], str | None] | None = None):
         """gone(shard): why the shard can never answer again (a local shard whose process exited), else None:
@@ -279,8 +279,8 @@ class Outages:
         what = f"PushBatch request {request.seq}" if request.seq else "a sync PushBatch"
         return RequestOutcomeUnknownError(
             f"shard {shard} at {self.servers[shard]} did not answer {what} of client id {client_id:#x} within "
-            f"{RETRY_WINDOW_S / 86400:.3g} days of its first attempt (last: {why_failed(e)}), so it is not sent again: a "
-            f"shard forgets a request {REQUEST_RETENTION_S / 86400:.3g} days after applying it, and an attempt after "
+            f"{RETRY_WINDOW_S / 86400:.3g} days of its first attempt (last: {why_failed(e)}), so it is not sent again: "
+            f"a shard forgets a request {REQUEST_RETENTION_S / 86400:.3g} days after applying it, and an attempt after "
             "that would be applied a second time. Its outcome is unknown: it may or may not have been applied. To be "
             "exact, restore the servers from a checkpoint saved before it (ps-server --restore) and train on from "
             "there; a job that can take one push lost or kept (async SGD, say) can start again on the "

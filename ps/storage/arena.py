@@ -12,11 +12,11 @@ Memory: every row in use [0, used) is paid for from the MemoryBudget shared by a
 (ps.storage.budget: the budget bounds the sum, there are no unpaid rows), and the arrays have room for `capacity`
 rows, grown by doubling as rows are paid for, so what a table maps (virtual memory) follows what it holds: at
 most twice its rows after a growth, four times once a Shrink dropped rows (return_free shrinks the arrays under
-that, and gives the pages past the rows in use back to the OS), and never more than the budget. Growing moves the pages to a larger mapping where the OS
-can (ps.accel.hugepages.resize), so the arrays are replaced: callers re-read `data` and the views after any
-call that admits rows (grow). When the budget is spent a table reuses its own cold rows (victims,
-ps.storage.eviction); a table under its fair share takes rows back from tables above theirs (give_up).
-All per-row work is in compiled loops; the Table serializes calls with `lock`, which reclaim takes too.
+that, and gives the pages past the rows in use back to the OS), and never more than the budget. Growing moves the
+pages to a larger mapping where the OS can (ps.accel.hugepages.resize), so the arrays are replaced: callers re-read
+`data` and the views after any call that admits rows (grow). When the budget is spent a table reuses its own cold
+rows (victims, ps.storage.eviction); a table under its fair share takes rows back from tables above theirs
+(give_up). All per-row work is in compiled loops; the Table serializes calls with `lock`, which reclaim takes too.
 """
 
 from __future__ import annotations
