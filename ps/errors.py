@@ -4,7 +4,9 @@ The service maps them to status codes in one place (`ps.service_calls`); clients
 `worker.client`, by the class name the refusal carries (`ps.errornames`). Messages say what was expected and what
 arrived; a value that came from a client is echoed through `echo`, so that no message grows with the request, and
 the service sends at most MAX_DETAILS_BYTES of a message (`clip`): gRPC carries it in a trailer, and refuses
-trailers over its metadata limit (8 KiB by default).
+trailers over its metadata limit (8 KiB by default). An error's own fields (wire_fields: a DiskFullError's reason,
+path, remedy) cross beside its message, whole, in that trailer (ps.errornames), and the client's copy is built with
+them (PsError.received), never read back out of the message.
 
 A full disk is classified here, once (`disk_full_reason`): the journal, the store and the checkpoint save turn
 such a failure into a DiskFullError naming the path, and the service maps any other error that carries one to
@@ -13,7 +15,6 @@ RESOURCE_EXHAUSTED as well.
 
 import copy
 import errno
-import re
 from typing import NamedTuple
 
 MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
@@ -40,9 +41,22 @@ def clip(message: str, max_bytes: int = MAX_DETAILS_BYTES) -> str:
 
 
 class PsError(Exception):
-    """Base class. `status` is the name of a `grpc.StatusCode` member."""
+    """Base class. `status` is the name of a `grpc.StatusCode` member; wire_fields: the attributes a shard's refusal
+    sends its client beside the message (ps.errornames.error_metadata), str each."""
 
     status = "INTERNAL"
+    wire_fields: tuple[str, ...] = ()
+
+    @classmethod
+    def received(cls, message: str, head: str, fields: dict[str, str]) -> "PsError":
+        """A client's copy of a shard's refusal of this class: message, the client's words (head: where and which
+        call, "shard 1 at H:P: Shrink failed with NOT_FOUND: ") before the shard's; fields: the wire_fields its
+        shard sent (ps.errornames.error_fields), set as they came."""
+        error = cls(message)
+        for name in cls.wire_fields:
+            if name in fields:
+                setattr(error, name, fields[name])
+        return error
 
 
 class InvalidArgumentError(PsError, ValueError):
@@ -386,6 +400,7 @@ class DiskFullError(PsError):
     way until space is freed on the server."""
 
     status = "RESOURCE_EXHAUSTED"
+    wire_fields = ("reason", "what", "disk", "outcome", "remedy")
 
     def __init__(self, message: str, reason: str = "", what: str = "", disk: str = "", outcome: str = "",
                  remedy: str = RETRY):  # fmt: skip
@@ -416,14 +431,15 @@ class DiskFullError(PsError):
         )
 
     @classmethod
-    def read(cls, text: str) -> "DiskFullError":
-        """The error whose message is text, its fields read back from it as of() writes them: a client's copy of a
-        shard's refusal carries only its message. Its words before DISK_FULL_PREFIX (the shard, the call) start
-        `what`. A text of() did not write gives DiskFullError(text), its fields empty."""
-        m = _DISK_FULL_WORDS.fullmatch(text)
-        if m is None:
-            return cls(text)
-        return cls.of(m["reason"], m["head"] + m["what"], m["outcome"] or "", m["disk"] or "", m["remedy"])
+    def received(cls, message: str, head: str, fields: dict[str, str]) -> "DiskFullError":
+        """A client's copy of a shard's DiskFullError (see PsError.received): its fields as the shard sent them, head
+        starting `what` (the message names the shard and the call there). A refusal that came without them all (a
+        shard that sends none, or one whose fields were over ps.errornames MAX_FIELDS_BYTES) has its message
+        alone: every field "", its remedy included (not known; partly_applied rewords its message as it is)."""
+        if any(name not in fields for name in cls.wire_fields):
+            return cls(message, remedy="")
+        f = fields
+        return cls(message, f["reason"], head + f["what"], f["disk"], f["outcome"], f["remedy"])
 
     def instead(self, outcome: str, disk: str | None = None, remedy: str | None = None) -> "DiskFullError":
         """The same error with another outcome (and disk, and remedy, if given: else its own)."""
@@ -432,22 +448,16 @@ class DiskFullError(PsError):
         return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
 
 
-_DISK_FULL_WORDS = re.compile(  # DiskFullError.of's message, after any words that name where it was refused
-    rf"(?P<head>.*?){DISK_FULL_PREFIX} \((?P<reason>[^)]*)\): (?P<what>.*?); free space on "
-    r"(?:the disk of (?P<disk>.*?)|that disk) \(or raise the quota\) and (?P<remedy>.*?)(?:; (?P<outcome>.*))?",
-    re.DOTALL,
-)
-
-
 def partly_applied(e: PsError, stopped: str, outcome: str) -> PsError:
     """e, the failure that stopped a request part of which was applied and stays, reworded to say so: a copy of e,
     its class and attributes kept, whose message is "<stopped>: <e's message less its '; nothing was applied'>.
     <outcome>"; a DiskFullError's keeps its start (DISK_FULL_PREFIX), its remedy and its own outcome, unless that
-    is "nothing was applied", and ends "; <stopped>. <outcome>" (DiskFullError.instead); so does a
+    is "nothing was applied", and ends "; <stopped>. <outcome>" (DiskFullError.instead: one whose fields are known,
+    `what` not ""; a client's copy that came without them is reworded as the others); so does a
     ShardNeedsRestartError's, whose message, kept whole and first, says what a restart does. outcome: what of the
     request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
     again does."""
-    if isinstance(e, DiskFullError):
+    if isinstance(e, DiskFullError) and e.what:
         own = "" if e.outcome in ("", NOTHING_APPLIED) else f"{e.outcome}; "
         return e.instead(f"{own}{stopped}. {outcome}")
     reworded = copy.copy(e)  # the class and the attributes (a refusal's own fields) as they are

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import grpc
 
 from ps import codec
-from ps.errornames import ERROR_NAME_KEY
+from ps.errornames import error_metadata
 from ps.errors import (
     CheckpointInProgressError,
     ClientTableFullError,
@@ -29,8 +29,9 @@ from ps.terminate import SIGNAL_CHECK_S
 
 def refuse(context: grpc.ServicerContext, e: PsError) -> None:
     """Ends the call with e's status and message, naming e's class in the trailing metadata (ERROR_NAME_KEY: the
-    client raises that class). context.abort raises: nothing after this runs."""
-    context.set_trailing_metadata(((ERROR_NAME_KEY, type(e).__name__),))
+    client raises that class) and carrying its fields (ps.errornames.error_metadata). context.abort raises: nothing
+    after this runs."""
+    context.set_trailing_metadata(error_metadata(e))
     context.abort(grpc.StatusCode[e.status], clip(str(e)))
 
 

@@ -783,6 +783,32 @@ def test_a_refusal_is_raised_as_the_class_the_server_named_where_it_has_the_stat
     assert error_class("UNIMPLEMENTED", None) is PsError
 
 
+def test_a_refusals_fields_cross_percent_encoded_and_only_within_their_bound():
+    """A DiskFullError's fields cross as printable ASCII ("%", a newline and UTF-8 percent-encoded) and come back
+    whole; fields over MAX_FIELDS_BYTES together are left out, the class still named, and the client's copy then
+    has its message alone, its remedy included (not RETRY: not known)."""
+    from ps.errornames import MAX_FIELDS_BYTES, error_fields, error_metadata
+    from ps.errors import RETRY, DiskFullError, TableNotFoundError
+
+    odd = "/d/donn\u00e9es 100%\nx"
+    e = DiskFullError.of("Disk quota exceeded", f"the journal in {odd}", disk=odd)
+    metadata = error_metadata(e)
+    assert all(v.isascii() and v.isprintable() for _, v in metadata), metadata
+    assert ("sparseps-error-disk", "/d/donn%C3%A9es 100%25%0Ax") in metadata
+    fields = error_fields(metadata)
+    assert fields == {"reason": "Disk quota exceeded", "what": f"the journal in {odd}", "disk": odd,
+                      "outcome": "nothing was applied", "remedy": RETRY}  # fmt: skip
+    copy = DiskFullError.received("shard 0 at h:1: Push failed with RESOURCE_EXHAUSTED: " + str(e), "head: ", fields)
+    assert (copy.reason, copy.what, copy.disk, copy.remedy) == (e.reason, "head: " + e.what, odd, RETRY)
+
+    wide = DiskFullError.of("No space left on device", "the journal in /d", disk="/" + "\u00e9" * 600)  # 6 x 600
+    assert MAX_FIELDS_BYTES < 6 * 600
+    assert error_metadata(wide) == (("sparseps-error", "DiskFullError"),)
+    alone = DiskFullError.received("head: " + str(wide), "head: ", error_fields(error_metadata(wide)))
+    assert (alone.reason, alone.what, alone.disk, alone.outcome, alone.remedy) == ("", "", "", "", "")
+    assert error_metadata(TableNotFoundError("no table")) == (("sparseps-error", "TableNotFoundError"),)
+
+
 def test_every_server_side_error_class_can_be_named_to_the_client():
     """Each PsError of ps/errors.py is in SERVER_ERRORS (the client raises it by name) unless it is one the client
     raises itself: a class missing there reaches the client as its status's class (FAILED_PRECONDITION:

@@ -20,6 +20,7 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.accel.prefault import Prefaulter
+from ps.errornames import error_fields
 from ps.errors import DiskFullError, StorageError, disk_full_reason
 from ps.server import Server
 from ps.server_config import ServerConfig
@@ -492,6 +493,13 @@ def test_any_other_error_of_a_full_disk_is_resource_exhausted(serve, monkeypatch
         "space left on device: '/somewhere/file'; free space on that disk (or raise the quota) and retry"
     )
     assert ("sparseps-error", "DiskFullError") in e.trailing_metadata()  # the client raises DiskFullError
+    assert error_fields(e.trailing_metadata()) == {  # with its fields (worker.retry)
+        "reason": "No space left on device",
+        "what": "Stats failed on the server: OSError: [Errno 28] No space left on device: '/somewhere/file'",
+        "disk": "",
+        "outcome": "",
+        "remedy": "retry",
+    }
 
     def other():
         raise OSError(errno.EIO, os.strerror(errno.EIO))

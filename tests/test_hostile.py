@@ -547,3 +547,34 @@ def test_a_checkpoint_dir_that_holds_a_shards_data_dir_is_refused(serve, tmp_pat
     assert sorted(os.listdir(root)) == ["run1"] and sorted(os.listdir(root / "run1")) == ["data0"]
     reply = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir="run1/ck", token=token), timeout=TIMEOUT_S)
     assert reply.clock == 0 and os.listdir(root / "run1" / "ck") == ["shard-0"]
+
+
+def test_a_refusals_fields_at_their_bound_and_past_it_do_not_overflow_the_trailer(serve, monkeypatch):
+    """A DiskFullError whose fields take MAX_FIELDS_BYTES once percent-encoded (a path of "é", 6 bytes each), and
+    whose message, clipped, is as wide: its client gets RESOURCE_EXHAUSTED, the class named and the fields whole,
+    every time (not gRPC's refusal of a trailer over its limit); one byte more of them, and they are left out."""
+    from ps.errornames import MAX_FIELDS_BYTES, error_fields, error_metadata
+    from ps.errors import DiskFullError
+
+    server, stub = serve()
+    base = sum(len(s) for s in ("Disk quota exceeded", "the journal in /", "/", "nothing was applied", "retry"))
+    wide = (MAX_FIELDS_BYTES - base) // 12  # of "é" in each of the two paths
+    what, disk = "the journal in /" + "\u00e9" * wide, "/" + "\u00e9" * wide + "x" * ((MAX_FIELDS_BYTES - base) % 12)
+    at_bound = DiskFullError.of("Disk quota exceeded", what, disk=disk)
+    past_bound = DiskFullError.of("Disk quota exceeded", what, disk=disk + "x")
+    assert sum(len(v) for k, v in error_metadata(at_bound) if k != "sparseps-error") == MAX_FIELDS_BYTES
+    assert len(error_metadata(past_bound)) == 1
+    for error, fields in ((at_bound, {"reason": "Disk quota exceeded", "what": what, "disk": disk,
+                                      "outcome": "nothing was applied", "remedy": "retry"}), (past_bound, {})):  # fmt: skip
+
+        def stats(error=error):
+            raise error
+
+        monkeypatch.setattr(server.shard, "stats", stats)
+        for _ in range(10):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+            assert ("sparseps-error", "DiskFullError") in e.value.trailing_metadata()
+            assert error_fields(e.value.trailing_metadata()) == fields
+            assert "\u00e9" * 100 in e.value.details()

@@ -69,3 +69,62 @@ def test_a_full_disk_on_one_shard_while_another_shrank_says_to_send_no_shrink_on
     )
     assert (e.value.remedy, e.value.reason, e.value.refused_by) == (SHRINK_REMEDY, "No space left on device", 1)
     assert NOTHING_APPLIED not in said and e.value.outcome.startswith("Shrink failed on shard 1. Of the Shrink")
+
+
+# a path of 1,213 characters, "é" among them: the shard's message, clipped to 1,024 bytes, cannot hold it
+LONG_DIR = "/data/donn\u00e9es/" + "/".join(f"{i:02d}" + "d" * 97 for i in range(12))
+
+
+def _quota_on_shard_1(s1) -> None:
+    """Shard 1's Shrink fails for a spent disk quota under LONG_DIR."""
+
+    def quota(name: str = "") -> dict:
+        raise DiskFullError.of("Disk quota exceeded", f"writing the rows of table 't' in data dir {LONG_DIR}",
+                               disk=LONG_DIR)  # fmt: skip
+
+    s1.shard.create_table(CFG)
+    s1.shard.shrink = quota
+
+
+def test_a_quota_refusal_with_a_long_path_reaches_the_client_with_its_fields(servers):
+    """The refusal's fields cross beside its message (ps.errornames), whole: the client's error says the quota is
+    spent on the disk of LONG_DIR, once, and to wait for the next Shrink, though the message that crossed was cut
+    short of the path."""
+    addresses, _, s1 = _two_shards_t_on_shard_0(servers)
+    _quota_on_shard_1(s1)
+    with Client(addresses, timeout_s=10, server_timeout_s=5) as client, pytest.raises(DiskFullError) as e:
+        client.shrink()
+    assert (e.value.reason, e.value.disk, e.value.remedy) == ("Disk quota exceeded", LONG_DIR, SHRINK_REMEDY)
+    assert e.value.refused_by == 1
+    assert str(e.value) == (
+        f"the server's disk is full (Disk quota exceeded): shard 1 at {addresses[1]}: Shrink failed with "
+        f"RESOURCE_EXHAUSTED: writing the rows of table 't' in data dir {LONG_DIR}; free space on the disk of "
+        f"{LONG_DIR} (or raise the quota) and {SHRINK_REMEDY}; Shrink failed on shard 1. Of the Shrink, shard(s) 0 "
+        f"shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left): those changes were {PARTLY_APPLIED}; send "
+        "no Shrink before the next one is due, also once shard 1 is mended: one sent again would decay their rows a "
+        "second time"
+    )
+
+
+def test_a_quota_refusal_of_a_shard_that_sends_no_fields_is_reworded_as_its_message(servers, monkeypatch):
+    """A shard that names the class but sends no fields (an older server): the client's DiskFullError has its
+    message alone, its fields empty (none made up: no reason, no remedy), and the Shrink's error is that message
+    reworded, in the shard's words, then what shard 0 changed."""
+    from ps import service_calls
+
+    monkeypatch.setattr(service_calls, "error_metadata", lambda e: (("sparseps-error", type(e).__name__),))
+    addresses, _, s1 = _two_shards_t_on_shard_0(servers)
+    _quota_on_shard_1(s1)
+    with Client(addresses, timeout_s=10, server_timeout_s=5) as client, pytest.raises(DiskFullError) as e:
+        client.shrink()
+    fields = (e.value.reason, e.value.what, e.value.disk, e.value.outcome, e.value.remedy, e.value.refused_by)
+    assert fields == ("", "", "", "", "", 1)
+    said = str(e.value)
+    assert said.startswith(f"Shrink failed on shard 1: shard 1 at {addresses[1]}: Shrink failed with "
+                           "RESOURCE_EXHAUSTED: the server's disk is full (Disk quota exceeded): writing the rows of "
+                           "table 't' in data dir /data/donn\u00e9es/"), said  # fmt: skip
+    assert said.count("the server's disk is full") == 1 and "No space left on device" not in said, said
+    assert said.endswith(f"more bytes cut). Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 "
+                         f"pending ids left): those changes were {PARTLY_APPLIED}; send no Shrink before the next one "
+                         "is due, also once shard 1 is mended: one sent again would decay their rows a second "
+                         "time"), said  # fmt: skip

@@ -25,7 +25,7 @@ import grpc
 
 from protos import ps_pb2
 from ps.config import REQUEST_RETENTION_S, RETRY_WINDOW_S
-from ps.errornames import ERROR_NAME_KEY, error_class
+from ps.errornames import ERROR_NAME_KEY, error_class, error_fields
 from ps.errors import (
     CHECKPOINT_PAUSE,
     OVERLOADED,
@@ -51,11 +51,15 @@ log = logging.getLogger("worker.client")
 
 def error_name(e: grpc.RpcError) -> str | None:
     """The PsError class a refusal's server named (ps.errornames.ERROR_NAME_KEY), None if it named none."""
+    return next((v for k, v in _trailers(e) if k == ERROR_NAME_KEY), None)
+
+
+def _trailers(e: grpc.RpcError) -> tuple:
+    """The trailing metadata of the call that failed with e: () for none."""
     try:
-        metadata = e.trailing_metadata() or ()
+        return tuple(e.trailing_metadata() or ())
     except Exception:  # an error raised by the client side itself has no call behind it
-        return None
-    return next((v for k, v in metadata if k == ERROR_NAME_KEY), None)
+        return ()
 
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -344,9 +348,12 @@ class Outages:
         return self._refusal(method, shard, e)
 
     def _refusal(self, method: str, shard: int, e: grpc.RpcError, after: str = "") -> PsError:
-        """The PsError of e's status, the class its shard named, in the shard's words (and `after` them)."""
-        code, where = e.code().name, f"shard {shard} at {self.servers[shard]}"
-        error = error_class(code, error_name(e))(f"{where}: {method} failed with {code}: {e.details()}{after}")
+        """The PsError of e's status, the class its shard named, in the shard's words (and `after` them), with the
+        fields its shard sent (ps.errornames.error_fields: a DiskFullError's reason, path and remedy)."""
+        code = e.code().name
+        head = f"shard {shard} at {self.servers[shard]}: {method} failed with {code}: "
+        fields = error_fields(_trailers(e))
+        error = error_class(code, error_name(e)).received(f"{head}{e.details()}{after}", head, fields)
         error.refused_by = shard  # a shard's refusal, not the worker's own error (worker.stopping.stopped_by)
         return error
 

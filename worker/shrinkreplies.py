@@ -21,7 +21,7 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
     <PARTLY_APPLIED>; send no Shrink before the next one is due, also once shard <s> is mended: one sent again
     would decay their rows a second time" (and which other shards failed, where more did); a full disk's refusal
-    read back into its fields (DiskFullError.read), its remedy RETRY replaced by SHRINK_REMEDY."""
+    with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received)."""
     failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
     if not failed:
         return outcomes
@@ -37,10 +37,8 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
                f"{PARTLY_APPLIED}; send no Shrink before the next one is due, also once shard {shard} is mended: one "
                f"sent again would decay their rows a second time{also}")  # fmt: skip
     own = error
-    if isinstance(error, DiskFullError):
-        own = DiskFullError.read(str(error)) if not error.what else error
-        if own.remedy == RETRY:
-            own = own.instead(own.outcome, remedy=SHRINK_REMEDY)
+    if isinstance(error, DiskFullError) and error.remedy == RETRY:
+        own = error.instead(error.outcome, remedy=SHRINK_REMEDY)
     reworded = partly_applied(own, f"Shrink failed on shard {shard}", outcome)
     for name, value in vars(error).items():  # what the client noted of the refusal (refused_by), where it is new
         vars(reworded).setdefault(name, value)
