@@ -442,13 +442,18 @@ class DiskFullError(PsError):
         return cls(message, f["reason"], head + f["what"], f["disk"], f["outcome"], f["remedy"])
 
     def instead(self, outcome: str, disk: str | None = None, remedy: str | None = None) -> "DiskFullError":
-        """The same error with another outcome (and disk, and remedy, if given: else its own)."""
+        """The same error with another outcome (and disk, and remedy, if given: else its own): a copy, its class and
+        other attributes (a client's refused_by) kept."""
         disk = self.disk if disk is None else disk
         remedy = self.remedy if remedy is None else remedy
-        return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
+        fresh = DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
+        reworded = copy.copy(self)
+        vars(reworded).update(vars(fresh))
+        reworded.args = fresh.args
+        return reworded
 
 
-def partly_applied(e: PsError, stopped: str, outcome: str) -> PsError:
+def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> PsError:
     """e, the failure that stopped a request part of which was applied and stays, reworded to say so: a copy of e,
     its class and attributes kept, whose message is "<stopped>: <e's message less its '; nothing was applied'>.
     <outcome>"; a DiskFullError's keeps its start (DISK_FULL_PREFIX), its remedy and its own outcome, unless that
@@ -456,10 +461,12 @@ def partly_applied(e: PsError, stopped: str, outcome: str) -> PsError:
     `what` not ""; a client's copy that came without them is reworded as the others); so does a
     ShardNeedsRestartError's, whose message, kept whole and first, says what a restart does. outcome: what of the
     request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
-    again does."""
+    again does. remedy: what a DiskFullError whose remedy is RETRY says to do instead once space is freed, where
+    sending the request again would apply its part twice (SHRINK_REMEDY); "": RETRY stays."""
     if isinstance(e, DiskFullError) and e.what:
         own = "" if e.outcome in ("", NOTHING_APPLIED) else f"{e.outcome}; "
-        return e.instead(f"{own}{stopped}. {outcome}")
+        instead = remedy if remedy and e.remedy == RETRY else None
+        return e.instead(f"{own}{stopped}. {outcome}", remedy=instead)
     reworded = copy.copy(e)  # the class and the attributes (a refusal's own fields) as they are
     if isinstance(e, ShardNeedsRestartError):
         reworded.args = (f"{e}; {stopped}. {outcome}", *e.args[1:])

@@ -21,7 +21,7 @@ import pytest
 from protos import ps_pb2, ps_pb2_grpc
 from ps.accel.prefault import Prefaulter
 from ps.errornames import error_fields
-from ps.errors import DiskFullError, StorageError, disk_full_reason
+from ps.errors import SHRINK_REMEDY, DiskFullError, StorageError, disk_full_reason
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.storage import journal as journal_module
@@ -535,13 +535,20 @@ def test_a_request_stopped_part_way_by_a_stopped_background_writer_keeps_its_rem
     with pytest.raises(DiskFullError) as stopped:
         wb.drain()
     wb.close()
-    e = partly_applied(stopped.value, "shrink stopped", "Of the Shrink, table 't' was shrunk whole: those stay")
+    e = partly_applied(stopped.value, "shrink stopped", "Of the Shrink, table 't' was shrunk whole: those stay",
+                       remedy=SHRINK_REMEDY)  # fmt: skip
     assert isinstance(e, DiskFullError) and str(e).endswith(
         "(or raise the quota) and restart the server (its journal replays every acknowledged push); the background "
         "writer of evicted rows stopped there; shrink stopped. Of the Shrink, table 't' was shrunk whole: those stay"
     ), str(e)
     plain = partly_applied(DiskFullError.of("No space left on device", "x"), "shrink stopped", "some stays")
     assert str(plain).endswith("(or raise the quota) and retry; shrink stopped. some stays"), str(plain)
+    refused = DiskFullError.of("Disk quota exceeded", "x")
+    refused.refused_by = 2  # what a client notes of a shard's refusal
+    shrink = partly_applied(refused, "shrink stopped", "some stays", remedy=SHRINK_REMEDY)
+    assert str(shrink).endswith(f"(or raise the quota) and {SHRINK_REMEDY}; shrink stopped. some stays"), str(shrink)
+    assert (shrink.remedy, shrink.reason, shrink.refused_by) == (SHRINK_REMEDY, "Disk quota exceeded", 2)
+    assert (refused.remedy, str(refused).endswith("and retry; nothing was applied")) == ("retry", True)  # a copy
 
 
 def test_a_server_whose_disk_is_full_at_its_stop_says_so_in_a_line(capsys):

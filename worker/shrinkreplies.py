@@ -11,7 +11,7 @@ remedy RETRY becomes SHRINK_REMEDY there too).
 from __future__ import annotations
 
 from protos import ps_pb2
-from ps.errors import PARTLY_APPLIED, RETRY, SHRINK_REMEDY, DiskFullError, PsError, partly_applied
+from ps.errors import PARTLY_APPLIED, SHRINK_REMEDY, PsError, partly_applied
 
 
 def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
@@ -21,7 +21,8 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
     <PARTLY_APPLIED>; send no Shrink before the next one is due, also once shard <s> is mended: one sent again
     would decay their rows a second time" (and which other shards failed, where more did); a full disk's refusal
-    with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received)."""
+    with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received). The
+    error keeps what the client noted of the refusal (refused_by)."""
     failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
     if not failed:
         return outcomes
@@ -36,10 +37,4 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     outcome = (f"Of the Shrink, shard(s) {', '.join(str(s) for s, _ in done)} shrank ({shrank}): those changes were "
                f"{PARTLY_APPLIED}; send no Shrink before the next one is due, also once shard {shard} is mended: one "
                f"sent again would decay their rows a second time{also}")  # fmt: skip
-    own = error
-    if isinstance(error, DiskFullError) and error.remedy == RETRY:
-        own = error.instead(error.outcome, remedy=SHRINK_REMEDY)
-    reworded = partly_applied(own, f"Shrink failed on shard {shard}", outcome)
-    for name, value in vars(error).items():  # what the client noted of the refusal (refused_by), where it is new
-        vars(reworded).setdefault(name, value)
-    raise reworded
+    raise partly_applied(error, f"Shrink failed on shard {shard}", outcome, remedy=SHRINK_REMEDY)

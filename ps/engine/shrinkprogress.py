@@ -24,16 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ps.errors import (
-    NOTHING_APPLIED,
-    PARTLY_APPLIED,
-    RETRY,
-    SHRINK_REMEDY,
-    DiskFullError,
-    PsError,
-    ShrinkRunningError,
-    partly_applied,
-)
+from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHRINK_REMEDY, PsError, ShrinkRunningError, partly_applied
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +90,12 @@ class ShrinkProgress:
         parts += [f"table {t!r} was shrunk in part ({self.changed(t)} so far)" for t in current]
         parts += [f"{_named(rest)} not shrunk"] if rest else []
         what_is_left = f", and the next shrinks what this one left ({_listed(left)})" if left else ""
-        if isinstance(e, DiskFullError) and e.remedy == RETRY:
-            e = e.instead(e.outcome, remedy=SHRINK_REMEDY)
         return partly_applied(
             e,
             "shrink stopped",
             f"Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; send no Shrink before the next "
             f"one is due: one sent again would decay the rows shrunk already a second time{what_is_left}",
+            remedy=SHRINK_REMEDY,
         )
 
 
