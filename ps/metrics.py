@@ -45,12 +45,12 @@ import hmac
 import ssl
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ps.engine.startup import PHASES, StartProgress
 from ps.errors import DataDirLostError, ShardNeedsRestartError
-from ps.metricshttp import serve_wsgi, stop
+from ps.metricshttp import exposition_app, serve_wsgi, stop
 
 if TYPE_CHECKING:
     from ps.engine.shard import Shard
@@ -210,7 +210,7 @@ class ServerMetrics:
         key, ca or None) PEM files: HTTPS, and with ca, clients must present a certificate it signed. token: requests
         must carry `Authorization: Bearer <token>`, or <read_token> (the read-only one: metrics change nothing)."""
         context = _tls_context(*tls) if tls is not None else None
-        app = _guarded(make_wsgi_app(self.registry), token, read_token)
+        app = _guarded(exposition_app(self.registry), token, read_token)
         self._http = serve_wsgi(app, host, port, "ps-metrics", context)  # close()'s stop() waits for its thread
         return self._http.server_address[1]
 

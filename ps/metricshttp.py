@@ -1,5 +1,5 @@
-"""The HTTP server under both metrics endpoints, a shard's (ps.metrics) and a training worker's (worker.telemetry):
-a thread per connection, at most MAX_CONNECTIONS at once, any more closed unread; a connection is closed once its TLS
+"""The HTTP server under both metrics endpoints, a shard's (ps.metrics) and a training worker's (worker.telemetry),
+and the app both serve (exposition_app): a thread per connection, at most MAX_CONNECTIONS at once, any more closed unread; a connection is closed once its TLS
 handshake and request have taken Handler.timeout seconds in all, or its reply longer than Handler.reply_s and 1 s per
 Handler.reply_bytes_per_s bytes of it (the time the app takes to collect the reply counts in neither).
 
@@ -21,7 +21,10 @@ from collections.abc import Callable
 from typing import Any
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
+
+from ps.errors import echo
 
 log = logging.getLogger("ps.metrics")
 
@@ -45,6 +48,26 @@ def serve_wsgi(app: Callable, host: str, port: int, thread_name: str,
         raise
     threading.Thread(target=http.serve_forever, name=thread_name, daemon=True).start()
     return http
+
+
+def exposition_app(registry: CollectorRegistry) -> Callable:
+    """prometheus-client's WSGI app of registry, behind a check of the request's Accept header: one naming a format
+    version that is not dotted numbers ("application/openmetrics-text; version=1.0.x", "text/plain;version=x"), on
+    which the app's choice of encoder fails (it compares "x" with 0: a 500, and an ERROR line with a traceback in
+    the log), is answered 400 naming the header."""
+    app = make_wsgi_app(registry)
+
+    def checked(environ: dict, start_response: Callable) -> Any:
+        accept = environ.get("HTTP_ACCEPT", "")
+        try:
+            choose_encoder(accept)
+        except (TypeError, ValueError):
+            start_response("400 Bad Request", [("Content-Type", "text/plain")])
+            return [f"the Accept header {echo(accept)} names a format version that is not dotted numbers (such as "
+                    "version=1.0.0)\n".encode()]  # fmt: skip
+        return app(environ, start_response)
+
+    return checked
 
 
 def stop(http: WSGIServer) -> None:

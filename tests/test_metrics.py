@@ -325,3 +325,37 @@ def test_a_reply_read_slowly_above_its_rate_is_served_past_the_request_deadline(
     assert ended, "the connection was still open after 60 s"
     assert got > len(chunk) * chunks, f"{got} bytes of the reply's {len(chunk) * chunks} (and its headers) came"
     assert time.monotonic() - started > Handler.timeout + Handler.reply_s  # it took longer than both
+
+
+def test_an_accept_header_naming_an_unreadable_format_version_is_a_400_on_both_endpoints(tmp_path, capfd, caplog):
+    """An Accept header naming OpenMetrics (or text/plain) with a version that is not dotted numbers ("1.0.x") is the
+    client's slip: a 400 naming the header, not the 500 and the ERROR line with a traceback that prometheus-client's
+    encoder choice gives (it compares "x" with 0); the scrape that follows, and one asking version 1.0.0, are
+    served."""
+    from worker.telemetry import TrainTelemetry
+
+    caplog.set_level(logging.DEBUG, logger="ps.metrics")
+    server = Server(ServerConfig(data_dir=str(tmp_path), port=0, metrics_port=0))
+    server.start()
+    telemetry = TrainTelemetry()
+    unreadable = ("application/openmetrics-text; version=1.0.x", "text/plain;version=x", "text/plain;version=a")
+    try:
+        for port in (server.metrics_port, telemetry.serve(0, "127.0.0.1")):
+            for accept in unreadable:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
+                try:
+                    urllib.request.urlopen(request, timeout=10)
+                    raise AssertionError(f"{accept!r} was served")
+                except urllib.error.HTTPError as e:
+                    assert e.code == 400, (accept, e.code)
+                    assert f"the Accept header {accept!r}" in e.read().decode()
+            good = {"Accept": "application/openmetrics-text; version=1.0.0"}
+            reply = urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=good),
+                                           timeout=10)  # fmt: skip
+            assert reply.status == 200 and reply.headers["Content-Type"].startswith("application/openmetrics-text")
+            assert scrape(port)
+    finally:
+        telemetry.close()
+        server.stop(grace_s=1)
+    assert "failed" not in caplog.text and "Traceback" not in caplog.text, caplog.text
+    assert "Traceback" not in capfd.readouterr().err

@@ -11,10 +11,10 @@ and closes any more unread.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ps.listen_address import host_port
-from ps.metricshttp import serve_wsgi, stop
+from ps.metricshttp import exposition_app, serve_wsgi, stop
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -45,7 +45,7 @@ class TrainTelemetry:
         """Serves GET /metrics over plain HTTP on host:port (0: a free port); returns the port. ValueError naming
         --metrics-port if the port cannot be had (in use, not allowed)."""
         try:
-            self._http = serve_wsgi(make_wsgi_app(self.registry), host, port, "ps-worker-metrics")
+            self._http = serve_wsgi(exposition_app(self.registry), host, port, "ps-worker-metrics")
         except OSError as e:
             raise ValueError(f"cannot listen on {host_port(host, port)} (--metrics-port): {e.strerror or e}; give a free port, "
                              "or 0 for any free one") from None  # fmt: skip
