@@ -7,7 +7,7 @@ import argparse
 import math
 
 from ps.config import DEFAULT_REPLY_READ_TIMEOUT_S, MAX_INTERVAL_S
-from ps.flagtypes import HelpFormatter, SizeTooLargeError, byte_size, integer, number
+from ps.flagtypes import HelpFormatter, SizeBelowOneByteError, SizeTooLargeError, byte_size, integer, number
 from ps.settings import LOG_LEVELS, add_config_flag
 
 
@@ -15,7 +15,7 @@ def parse_bytes(text: str, least: int = 1) -> int:
     """'512M' -> 536870912; plain numbers are bytes; ArgumentTypeError for anything but a size >= least bytes."""
     try:
         size = byte_size(text)
-    except SizeTooLargeError as e:
+    except (SizeTooLargeError, SizeBelowOneByteError) as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     except ValueError:
         raise argparse.ArgumentTypeError(

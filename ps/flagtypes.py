@@ -21,6 +21,11 @@ class SizeTooLargeError(ValueError):
     """A size whose magnitude is 10**SIZE_DIGITS bytes or more (byte_size); its message names that bound."""
 
 
+class SizeBelowOneByteError(ValueError):
+    """A size other than 0 that comes to less than one byte once its unit is worked out ("0.0001K", "1e-99G"):
+    a slip, never taken as 0, which means no bound or none of a thing to the flags that take it (byte_size)."""
+
+
 def exact_number(text: str) -> decimal.Decimal | None:
     """text as an exact decimal number: an integer, a fraction or scientific notation ("1e9", "2.5e6", "1.5"), taken
     exactly however many digits it has (no float rounds it); None where it is no number, inf or nan. The parser of
@@ -36,7 +41,8 @@ def byte_size(text: str) -> int:
     """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
     and "1.5G" alike; a fraction of a byte that a unit leaves is dropped: "1.1G"), or a whole number of bytes
     ("67108864", "1e9"), taken exactly (exact_number). SizeTooLargeError for a magnitude of 10**SIZE_DIGITS bytes
-    or more; ValueError for anything else (text, inf, nan, "1.5" bytes, a number other than 0 whose magnitude is
+    or more; SizeBelowOneByteError for a number other than 0 that comes to less than a byte ("0.0001K": 0 bytes,
+    once the fraction is dropped, would read as 0); ValueError for anything else (text, inf, nan, "1.5" bytes, a number other than 0 whose magnitude is
     below 1e-(SIZE_DIGITS - 1)): the number's exponent refuses both ends before any bytes are worked out (10**N
     for the exponent N of "1e-100000000" hangs). The sign is the caller's to check."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
@@ -50,6 +56,9 @@ def byte_size(text: str) -> int:
     if unit == 1 and denominator != 1:  # "1.5": bytes come whole (a fraction is a slip, not a size)
         raise ValueError(f"not a whole number of bytes: {text!r}")
     whole = abs(numerator) * unit // denominator  # the fraction of a byte dropped
+    if whole == 0 and numerator != 0:  # "0.0001K": not 0 (no bound, none), which was not asked for
+        raise SizeBelowOneByteError(f"size below one byte: {text!r} (a size other than 0 comes to 1 byte or more; 0 "
+                                    "is written 0)")  # fmt: skip
     if whole >= 10**SIZE_DIGITS:  # a unit took it there: "1e99T"
         raise SizeTooLargeError(_too_large(text))
     return whole if numerator >= 0 else -whole

@@ -1,5 +1,6 @@
 """byte_size's bounds on a size's exponent: a number too small or too large is refused from its exponent at once, and
-one too large says so, naming the bound, through both CLIs' size flags."""
+one too large says so, naming the bound, through both CLIs' size flags; a size other than 0 that comes to less than
+one byte is refused, not taken as 0 (no bound, no cache)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import time
 
 import pytest
 
-from ps.cli_server_flags import parse_bytes
-from ps.flagtypes import SIZE_DIGITS, SizeTooLargeError, byte_size
+from ps.cli_server_flags import bound_bytes, build_parser, parse_bytes
+from ps.flagtypes import SIZE_DIGITS, SizeBelowOneByteError, SizeTooLargeError, byte_size
 from worker.cli_train_flags import _size
 
 
@@ -24,7 +25,7 @@ def test_a_size_with_a_tiny_exponent_is_refused_before_its_bytes_are_worked_out(
     assert not isinstance(refused.value, SizeTooLargeError)
 
 
-@pytest.mark.parametrize(("text", "size"), [("1e-99K", 0), ("0e-100000000", 0), ("0e100000000G", 0), ("-0", 0)])
+@pytest.mark.parametrize(("text", "size"), [("0e-100000000", 0), ("0.0K", 0), ("0e100000000G", 0), ("-0", 0)])
 def test_a_size_at_the_small_bound_or_zero_of_any_exponent_is_taken(text, size):
     assert byte_size(text) == size
 
@@ -46,3 +47,22 @@ def test_a_size_of_1e100_bytes_or_more_is_refused_as_too_large_naming_the_bound(
 def test_the_largest_size_taken_is_one_byte_below_the_bound():
     assert byte_size("9" * SIZE_DIGITS) == 10**SIZE_DIGITS - 1
     assert byte_size("9765624.999e90K") == 10**SIZE_DIGITS - 1024 * 10**87
+
+
+@pytest.mark.parametrize("text", ["1e-99K", "0.0001K", "-0.0001K", "1e-99G", "0.5e-3K", "1e-13T"])
+def test_a_size_other_than_0_that_comes_to_less_than_one_byte_is_refused_not_taken_as_0(text, capsys):
+    """--reply-bytes 0.0001K would be 0 once the fraction of a byte is dropped: no bound at all, the opposite of what
+    was asked (and --row-cache-bytes no cache). 1e-99K passes the exponent's bound (not "not a size") and is refused
+    for its bytes."""
+    with pytest.raises(SizeBelowOneByteError) as refused:
+        byte_size(text)
+    expected = f"size below one byte: {text!r} (a size other than 0 comes to 1 byte or more; 0 is written 0)"
+    assert str(refused.value) == expected
+    for parse in (parse_bytes, bound_bytes, _size):
+        with pytest.raises(argparse.ArgumentTypeError) as flag:
+            parse(text)
+        assert str(flag.value) == expected
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--data-dir", "d", f"--reply-bytes={text}"])
+    assert f"--reply-bytes: {expected}" in capsys.readouterr().err
+    assert bound_bytes("0") == _size("0") == 0 and bound_bytes("0.001K") == 1  # 0 itself, and a byte, are taken

@@ -13,7 +13,7 @@ from ps.config import (
     MAX_MEMORY_TEXT,
     OPTIMIZER_PARAMS,
 )
-from ps.flagtypes import HelpFormatter, SizeTooLargeError, byte_size, integer, number
+from ps.flagtypes import HelpFormatter, SizeBelowOneByteError, SizeTooLargeError, byte_size, integer, number
 from worker.cli_flags import (
     SECONDS,
     SECONDS_OR_0,
@@ -36,6 +36,8 @@ def _size(text: str) -> int:
         value = byte_size(text)
     except SizeTooLargeError:
         value = MAX_MEMORY_BYTES + 1  # refused below, naming the bound
+    except SizeBelowOneByteError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of bytes, e.g. 67108864, or 64M") from None
     if not 0 <= value <= MAX_MEMORY_BYTES:
