@@ -578,3 +578,30 @@ def test_a_refusals_fields_at_their_bound_and_past_it_do_not_overflow_the_traile
             assert ("sparseps-error", "DiskFullError") in e.value.trailing_metadata()
             assert error_fields(e.value.trailing_metadata()) == fields
             assert "\u00e9" * 100 in e.value.details()
+
+
+def test_a_state_id_no_shard_draws_is_refused_as_invalid_and_changes_nothing(serve):
+    """A state id at or past 2^63 (2^64-1 included) is no shard's: shards draw theirs in [1, 2^63) (StatsResponse
+    state_id). Every request that carries one is refused INVALID_ARGUMENT, saying so, not FAILED_PRECONDITION telling
+    its client that the shard was restored or started anew; no table is made, no push applied, no shard held or
+    shrunk."""
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    other = ps_pb2.TableSpec(name="other", dim=2, initializer=SUM_SPEC.initializer, optimizer=SUM_SPEC.optimizer)
+    push = push_request(1.0)
+    pull = ps_pb2.PullRequest(table="sum", ids=push.ids)
+    for bad in (2**63, 2**64 - 1):
+        for call, request in (
+            (stub.CreateTable, ps_pb2.CreateTableRequest(spec=other, state_id=bad)),
+            (stub.PushBatch, ps_pb2.PushBatchRequest(pushes=[push], state_id=bad, advance_clock=1)),
+            (stub.PullBatch, ps_pb2.PullBatchRequest(pulls=[pull], state_id=bad)),
+            (stub.Checkpoint, ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60, state_id=bad)),
+            (stub.Shrink, ps_pb2.ShrinkRequest(table="sum", state_id=bad)),
+        ):
+            code, details = refused(call, request)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (type(request).__name__, code, details)
+            assert details.startswith(f"state_id {bad:#x} is no shard's"), details
+    assert [t.name for t in stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S).tables] == ["sum"]
+    assert clock(stub) == 0 and not rows(stub).any()
+    stub.Push(push, timeout=TIMEOUT_S)  # not held
+    assert (rows(stub) == -1.0).all()

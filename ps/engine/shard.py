@@ -86,6 +86,7 @@ from ps.stamp import WorkerStamp
 from ps.storage.diskspace import measure
 from ps.storage.journalformat import NO_ORIGIN, Origin
 from ps.storage.memory import plan_memory
+from ps.storage.shardmeta import STATE_ID_BITS
 
 log = logging.getLogger("ps.engine.shard")
 
@@ -490,9 +491,14 @@ class Shard:
         Called first by each handler of a request with a state id, so nothing is applied, created, shrunk, held or
         read. words: what the refusal says of the call (ps.errors.model_state_replaced): what is gone, what of the
         call stands and who stops; a PushBatch's by default, a PullBatch's READ_REFUSED, the others' their own
-        (ps.service)."""
+        (ps.service). A seen of 2^STATE_ID_BITS or more is no shard's state id: InvalidArgumentError, since no
+        restore or new data dir explains it."""
         if not seen or seen == self.state_id:
             return
+        if seen >> STATE_ID_BITS:
+            raise InvalidArgumentError(f"state_id {seen:#x} is no shard's: a shard's model state id is in [1, "
+                                       f"2^{STATE_ID_BITS}) (StatsResponse state_id); send the one Stats gave, or 0 "
+                                       "to send none")  # fmt: skip
         restored = self.store.meta.restored()
         how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
         raise ModelStateReplacedError(model_state_replaced(self.shard_id, self.state_id, seen, how, words))

@@ -53,9 +53,12 @@ JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remed
 )
 
 
+STATE_ID_BITS = 63  # a model state's id is in [1, 2^STATE_ID_BITS): one past it is no shard's
+
+
 def _drawn_state_id() -> bytes:
-    """A new "state_id" value as stored: a random int in [1, 2^63), in decimal."""
-    return str(secrets.randbits(63) or 1).encode()
+    """A new "state_id" value as stored: a random int in [1, 2^STATE_ID_BITS), in decimal."""
+    return str(secrets.randbits(STATE_ID_BITS) or 1).encode()
 
 
 class ShardMeta:
