@@ -9,6 +9,8 @@ not 2.0 GiB give or take 51 MiB.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 UNITS = (("KiB", 10, 1), ("MiB", 20, 1), ("GiB", 30, 2), ("TiB", 40, 2), ("PiB", 50, 2))
 """Each unit's name, its power of 2 and the decimals it is shown with, smallest first."""
 
@@ -22,3 +24,14 @@ def human_bytes(n: float) -> str:
         return f"{round(n):,} B"
     unit, shift, decimals = next((u for u in UNITS if round(n / 2 ** u[1], u[2]) < 1000), UNITS[-1])
     return f"{n / 2**shift:,.{decimals}f} {unit}"
+
+
+def bytes_apart(a: int, b: int, form_a: Callable[[float], str] = human_bytes,
+                form_b: Callable[[float], str] = human_bytes) -> tuple[str, str]:  # fmt: skip
+    """a and b as a message comparing them shows them: in their forms (human_bytes), or, where they differ but would
+    read the same so (33,791 and 33,792 bytes, both '33.0 KiB'), both as exact counts ('33,791 bytes'), so that
+    the message does not say a figure is less than itself."""
+    text_a, text_b = form_a(a), form_b(b)
+    if a != b and text_a == text_b:
+        return f"{a:,} bytes", f"{b:,} bytes"
+    return text_a, text_b

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ps.bytesize import human_bytes
+from ps.bytesize import bytes_apart, human_bytes
 
 KiB, MiB, GiB, TiB, PiB = (1 << s for s in (10, 20, 30, 40, 50))
 SCALE = {"B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": TiB, "PiB": PiB}
@@ -58,3 +58,9 @@ def test_human_bytes_is_the_smallest_unit_under_1000_and_within_rounding_of_the_
     smaller = list(SCALE)[: list(SCALE).index(unit)]
     assert all(round(n / SCALE[u], 1 if u in ("KiB", "MiB") else 2) >= 1000 for u in smaller if u != "B"), text
     assert unit != "B" or n < 1000
+
+
+def test_bytes_apart_tells_counts_apart_only_where_their_forms_meet():
+    assert bytes_apart(33791, 33792) == ("33,791 bytes", "33,792 bytes")  # both '33.0 KiB'
+    assert bytes_apart(20 * KiB, 33792) == ("20.0 KiB", "33.0 KiB")
+    assert bytes_apart(MiB, MiB) == ("1.0 MiB", "1.0 MiB")  # equal counts: nothing to tell apart

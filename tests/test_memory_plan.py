@@ -3,6 +3,7 @@ server that reports each part."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,14 @@ import pytest
 from ps.config import TableConfig
 from ps.engine.shard import Shard
 from ps.server_config import ServerConfig
-from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, MIN_RAM_TIER_BYTES, MiB, plan_memory, smallest_memory_bytes
+from ps.storage.memory import (
+    DEFAULT_BLOCK_CACHE_BYTES,
+    MIN_RAM_TIER_BYTES,
+    MiB,
+    plan_memory,
+    smallest_memory_bytes,
+    smallest_ram_tier_bytes,
+)
 
 
 @pytest.mark.parametrize("memory", [96 * MiB, 256 * MiB, 640 * MiB, 8 << 30])
@@ -111,3 +119,27 @@ def test_the_server_refuses_a_cache_that_does_not_fit(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "--cache-bytes 1.00 GiB does not fit in --memory-bytes 256.0 MiB" in done.stderr
     assert not (tmp_path / "d").exists()  # refused before anything was created
+
+
+def _refusal(memory: int | None, cache: int | None) -> str:
+    with pytest.raises(ValueError) as refused:
+        plan_memory(memory, cache)
+    return str(refused.value)
+
+
+def test_a_refusal_one_byte_short_shows_two_figures_apart():
+    """A value one byte under its limit is refused with the two figures told apart (exact counts where the rounded
+    ones would read the same), never as 'X is less than X'."""
+    floor = smallest_ram_tier_bytes()
+    text = _refusal(None, floor - 1)
+    given, least = re.search(r"--cache-bytes (.+?) is less .*? rows \((.+?) for the narrowest", text).groups()
+    assert (given, least) == (f"{floor - 1:,} bytes", f"{floor:,} bytes")
+    left = plan_memory(256 * MiB, None).ram_tier_bytes
+    text = _refusal(256 * MiB, left + 1)
+    given, leaving = re.search(r"--cache-bytes (.+?) does not fit .*, leaving (.+?) for the RAM tier", text).groups()
+    assert (given, leaving) == (f"{left + 1:,} bytes", f"{left:,} bytes")
+    memory = smallest_memory_bytes(MIN_RAM_TIER_BYTES) - 1  # leaves the RAM tier one byte under its least
+    text = _refusal(memory, None)
+    leaving, least = re.search(r"leaving (.+?) for the RAM tier \(at least (.+?)\)", text).groups()
+    assert (leaving, least) == (f"{MIN_RAM_TIER_BYTES - 1:,} bytes", f"{MIN_RAM_TIER_BYTES:,} bytes")
+    assert "--cache-bytes 20.0 KiB is less" in _refusal(None, 20 * 1024)  # figures that read apart keep their form

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ps.bytesize import human_bytes
+from ps.bytesize import bytes_apart, human_bytes
 from ps.rows.layout import layout_of
 from ps.storage import budget
 
@@ -130,9 +130,10 @@ def check_ram_tier(cache_bytes: int) -> None:
     floor = smallest_ram_tier_bytes()
     if cache_bytes < floor:
         typical = budget.min_share_bytes(layout_of(16, "adagrad").ram_bytes)
+        given, least = bytes_apart(cache_bytes, floor)
         raise ValueError(
-            f"--cache-bytes {human_bytes(cache_bytes)} is less than any table can use: a table's RAM tier must hold "
-            f"{budget.MIN_SHARE_ROWS} rows ({human_bytes(floor)} for the narrowest, dim 1 with sgd; "
+            f"--cache-bytes {given} is less than any table can use: a table's RAM tier must hold "
+            f"{budget.MIN_SHARE_ROWS} rows ({least} for the narrowest, dim 1 with sgd; "
             f"{human_bytes(typical)} for dim 16 with adagrad, times the number of tables); give a larger --cache-bytes"
         )
 
@@ -189,17 +190,19 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
     detail = ", ".join(f"{name} {_in_mib(size)}" for name, size in fixed.parts().items() if name != "ram_tier")
     if cache_bytes is not None:
         if cache_bytes > left:
+            given, leaving = bytes_apart(cache_bytes, max(left, 0), form_b=_in_mib)
             raise ValueError(
-                f"--cache-bytes {human_bytes(cache_bytes)} does not fit in --memory-bytes {human_bytes(m)}: "
-                f"{detail} take {_in_mib(others)}, leaving {_in_mib(max(left, 0))} for the RAM tier; "
+                f"--cache-bytes {given} does not fit in --memory-bytes {human_bytes(m)}: "
+                f"{detail} take {_in_mib(others)}, leaving {leaving} for the RAM tier; "
                 f"give --memory-bytes {smallest_memory_bytes(cache_bytes) // MiB}M or more, or a smaller "
                 "--cache-bytes (or leave it out: it takes what is left)"
             )
         left = cache_bytes
     elif left < MIN_RAM_TIER_BYTES:
+        leaving, least = bytes_apart(max(left, 0), MIN_RAM_TIER_BYTES, _in_mib, _in_mib)
         raise ValueError(
             f"--memory-bytes {human_bytes(m)} is too small: {detail} take {_in_mib(others)}, leaving "
-            f"{_in_mib(max(left, 0))} for the RAM tier (at least {_in_mib(MIN_RAM_TIER_BYTES)}); "
+            f"{leaving} for the RAM tier (at least {least}); "
             f"give --memory-bytes {smallest_memory_bytes(MIN_RAM_TIER_BYTES) // MiB}M or more"
         )
     return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,
