@@ -273,6 +273,7 @@ NOTHING_READ_OR_APPLIED = "nothing was read or applied"  # a request refused bef
 NOTHING_OF_THE_STEP_APPLIED = "nothing of the step was applied"  # a sync step failed: no worker's push of it applied
 RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
 SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
+REMEDY_AFTER = "(or raise the quota) and "  # what a DiskFullError's message says before its remedy (DiskFullError.of)
 
 MODEL_STATE_REPLACED = "holds another model state than the one this client started with"  # its message's words
 
@@ -421,7 +422,7 @@ class DiskFullError(PsError):
         remedy: what to do once space is freed."""
         where = f"the disk of {disk}" if disk else "that disk"
         return cls(
-            f"{DISK_FULL_PREFIX} ({reason}): {what}; free space on {where} (or raise the quota) and {remedy}"
+            f"{DISK_FULL_PREFIX} ({reason}): {what}; free space on {where} {REMEDY_AFTER}{remedy}"
             + (f"; {outcome}" if outcome else ""),
             reason,
             what,
@@ -435,7 +436,8 @@ class DiskFullError(PsError):
         """A client's copy of a shard's DiskFullError (see PsError.received): its fields as the shard sent them, head
         starting `what` (the message names the shard and the call there). A refusal that came without them all (a
         shard that sends none, or one whose fields were over ps.errornames MAX_FIELDS_BYTES) has its message
-        alone: every field "", its remedy included (not known; partly_applied rewords its message as it is)."""
+        alone: every field "", its remedy included (not known; partly_applied rewords its message, the remedy at its
+        end included)."""
         if any(name not in fields for name in cls.wire_fields):
             return cls(message, remedy="")
         f = fields
@@ -462,7 +464,10 @@ def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> 
     ShardNeedsRestartError's, whose message, kept whole and first, says what a restart does. outcome: what of the
     request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
     again does. remedy: what a DiskFullError whose remedy is RETRY says to do instead once space is freed, where
-    sending the request again would apply its part twice (SHRINK_REMEDY); "": RETRY stays."""
+    sending the request again would apply its part twice (SHRINK_REMEDY); "": RETRY stays. A client's copy of a
+    DiskFullError that came without its fields gets remedy too where its message, less "; nothing was applied",
+    ends "<REMEDY_AFTER>retry" (the shard's disk-full sentence, whole); its fields stay "" (none came); a message
+    cut short (clip) keeps its words, and the outcome after them says what to do."""
     if isinstance(e, DiskFullError) and e.what:
         own = "" if e.outcome in ("", NOTHING_APPLIED) else f"{e.outcome}; "
         instead = remedy if remedy and e.remedy == RETRY else None
@@ -470,8 +475,11 @@ def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> 
     reworded = copy.copy(e)  # the class and the attributes (a refusal's own fields) as they are
     if isinstance(e, ShardNeedsRestartError):
         reworded.args = (f"{e}; {stopped}. {outcome}", *e.args[1:])
-    else:
-        reworded.args = (f"{stopped}: {str(e).removesuffix(f'; {NOTHING_APPLIED}')}. {outcome}", *e.args[1:])
+        return reworded
+    said = str(e).removesuffix(f"; {NOTHING_APPLIED}")
+    if remedy and isinstance(e, DiskFullError) and said.endswith(REMEDY_AFTER + RETRY):
+        said = said.removesuffix(RETRY) + remedy
+    reworded.args = (f"{stopped}: {said}. {outcome}", *e.args[1:])
     return reworded
 
 

@@ -128,3 +128,31 @@ def test_a_quota_refusal_of_a_shard_that_sends_no_fields_is_reworded_as_its_mess
                          f"pending ids left): those changes were {PARTLY_APPLIED}; send no Shrink before the next one "
                          "is due, also once shard 1 is mended: one sent again would decay their rows a second "
                          "time"), said  # fmt: skip
+
+
+def test_a_full_disk_refusal_without_fields_says_to_wait_for_the_next_shrink_not_to_retry():
+    """A client's copy of a shard's DiskFullError that came without its fields (over MAX_FIELDS_BYTES, its message
+    whole) ends its disk-full sentence "and retry": the Shrink's error says SHRINK_REMEDY there instead, as the
+    outcome after it does, its fields left "" (none came); a message cut short keeps its words."""
+    from protos import ps_pb2
+    from worker.shrinkreplies import shrink_replies
+
+    head = "shard 1 at h:1: Shrink failed with RESOURCE_EXHAUSTED: "
+    shard_said = str(DiskFullError.of("Disk quota exceeded", "writing the rows of table 't' in data dir /d"))
+    assert shard_said.endswith("(or raise the quota) and retry; nothing was applied"), shard_said
+    shrank = ps_pb2.ShrinkResponse(dropped=1, num_rows=1, pending_ids=0)
+    fieldless = DiskFullError.received(head + shard_said, head, {})
+    with pytest.raises(DiskFullError) as e:
+        shrink_replies([shrank, fieldless])
+    said = str(e.value)
+    assert said.startswith(f"Shrink failed on shard 1: {head}the server's disk is full (Disk quota exceeded): "
+                           "writing the rows of table 't' in data dir /d; free space on that disk (or raise the quota) "
+                           f"and {SHRINK_REMEDY}. Of the Shrink, shard(s) 0 shrank"), said  # fmt: skip
+    assert "retry" not in said and NOTHING_APPLIED not in said, said
+    assert (e.value.reason, e.value.what, e.value.remedy) == ("", "", "")
+    assert str(fieldless) == head + shard_said  # the refusal itself is not changed
+
+    cut = DiskFullError.received(head + shard_said[:60] + " ... (99 more bytes cut)", head, {})
+    with pytest.raises(DiskFullError) as e:
+        shrink_replies([shrank, cut])
+    assert str(e.value).startswith(f"Shrink failed on shard 1: {head}{shard_said[:60]} ... (99 more bytes cut). Of")

@@ -21,8 +21,8 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
     <PARTLY_APPLIED>; send no Shrink before the next one is due, also once shard <s> is mended: one sent again
     would decay their rows a second time" (and which other shards failed, where more did); a full disk's refusal
-    with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received). The
-    error keeps what the client noted of the refusal (refused_by)."""
+    with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received) or,
+    without them, its message ends with it. The error keeps what the client noted of the refusal (refused_by)."""
     failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
     if not failed:
         return outcomes
