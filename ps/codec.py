@@ -287,6 +287,12 @@ def parse_grammar(text: str) -> dict[str, dict[int, Field]]:
 
 SCHEMA = parse_grammar(GRAMMAR)
 
+STATE_ID_PHASES = frozenset({"hold", "save"})
+"""The CheckpointRequest phases whose state_id its shard checks before anything else of the call (ps.service
+Checkpoint, with CHECKPOINT_REFUSED's words for each), as the grammar's state_id line says; a release ends a hold or
+nothing, whatever the id. A client reads it to tell whether a refusal found the id the shard's (worker.shard_calls
+carries_state_id)."""
+
 
 class MalformedError(ValueError):
     """Bytes that are not an encoding of the message being read."""

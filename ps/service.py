@@ -88,7 +88,7 @@ MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
 # CreateTable and a Shrink (ps.errors.StateReplacedWords): what is gone, what of the call stands, what its caller does
 CHECKPOINT_STOPS = ("A checkpoint save stops there, writing no manifest: save again once the shards hold one model "
                     "(ps-worker stats names each shard's restore)")  # fmt: skip
-CHECKPOINT_REFUSED = {
+CHECKPOINT_REFUSED = {  # by each of ps.codec STATE_ID_PHASES
     "hold": READ_REFUSED._replace(outcome="the shard was not held", stops=CHECKPOINT_STOPS),
     "save": READ_REFUSED._replace(outcome="the shard saved nothing", stops=CHECKPOINT_STOPS),
 }
@@ -367,7 +367,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:
-        if request.phase in CHECKPOINT_REFUSED:  # a release is never refused for it: it ends a hold or nothing
+        if request.phase in codec.STATE_ID_PHASES:  # a release is never refused for it: it ends a hold or nothing
             self.shard.check_state_id(request.state_id, CHECKPOINT_REFUSED[request.phase])
         if request.phase == "hold":
             clock, token = self.shard.hold(request.hold_timeout_s or DEFAULT_HOLD_S, CallerGone(context))

@@ -16,6 +16,7 @@ import pytest
 from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
 from ps.checkpoint import MANIFEST
+from ps.codec import STATE_ID_PHASES
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import (
     MODEL_STATE_REPLACED,
@@ -26,6 +27,7 @@ from ps.errors import (
 )
 from ps.server import Server
 from ps.server_config import ServerConfig
+from ps.service import CHECKPOINT_REFUSED
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
 from tests.worker_runs import run
@@ -155,18 +157,22 @@ def test_a_push_or_pull_carrying_the_state_id_refused_otherwise_asks_no_stats_a_
 
 def test_a_request_carries_a_state_id_its_shard_checks_where_it_has_the_field_set_and_is_no_release():
     """carries_state_id reads the request: every request message with a state_id field, holding an id, carries one
-    (the proto's, found from its descriptors), but a Checkpoint release, whose id the shard never checks; a request
-    without the field, or with 0 in it, carries none."""
+    (the proto's, found from its descriptors), but a Checkpoint of a phase whose id the shard does not check (a
+    release, an unknown phase: refused INVALID_ARGUMENT); a request without the field, or with 0 in it, carries
+    none. The shard's words for a replaced state cover exactly the phases it checks."""
     with_field = [m for name, m in ps_pb2.DESCRIPTOR.message_types_by_name.items()
                   if name.endswith("Request") and "state_id" in m.fields_by_name]  # fmt: skip
     assert {m.name for m in with_field} >= {"PushBatchRequest", "PullBatchRequest", "CreateTableRequest",
                                             "CheckpointRequest", "ShrinkRequest"}  # fmt: skip
     for m in with_field:
         request = getattr(ps_pb2, m.name)
-        assert carries_state_id(request(state_id=7)) and not carries_state_id(request()), m.name
-    for phase in ("hold", "save"):
+        phase = {"phase": "hold"} if m.name == "CheckpointRequest" else {}
+        assert carries_state_id(request(state_id=7, **phase)) and not carries_state_id(request(**phase)), m.name
+    assert set(CHECKPOINT_REFUSED) == STATE_ID_PHASES
+    for phase in STATE_ID_PHASES:
         assert carries_state_id(ps_pb2.CheckpointRequest(phase=phase, state_id=7))
-    assert not carries_state_id(ps_pb2.CheckpointRequest(phase="release", token="t", state_id=7))
+    for phase in ("release", "", "bogus"):
+        assert not carries_state_id(ps_pb2.CheckpointRequest(phase=phase, token="t", state_id=7)), phase
     assert not carries_state_id(ps_pb2.DescribeTableRequest(table="t"))
     assert not carries_state_id(None)
 

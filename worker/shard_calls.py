@@ -48,6 +48,7 @@ from collections.abc import Callable
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
+from ps.codec import STATE_ID_PHASES
 from ps.errors import (
     PUSH_REFUSED,
     READ_REFUSED,
@@ -289,15 +290,12 @@ def how_replaced(stats: ps_pb2.StatsResponse) -> str:
     )
 
 
-UNCHECKED_PHASE = "release"  # the Checkpoint phase whose state id its shard does not check: it ends a hold or nothing
-
-
 def carries_state_id(request: object) -> bool:
     """Whether request has a state_id field holding an id (nonzero) that its shard checks before anything else of
-    the call (ps.engine.shard check_state_id; not a Checkpoint release's, UNCHECKED_PHASE), so that a refusal other
-    than ModelStateReplacedError found the id the shard's, and needs no Stats to tell whether the shard was
-    replaced (ShardCalls._replaced)."""
+    the call (ps.engine.shard check_state_id; of a Checkpoint, only in the phases of ps.codec STATE_ID_PHASES), so
+    that a refusal other than ModelStateReplacedError found the id the shard's, and needs no Stats to tell whether
+    the shard was replaced (ShardCalls._replaced)."""
     fields = getattr(getattr(request, "DESCRIPTOR", None), "fields_by_name", {})
     if "state_id" not in fields or not request.state_id:
         return False
-    return not ("phase" in fields and request.phase == UNCHECKED_PHASE)
+    return "phase" not in fields or request.phase in STATE_ID_PHASES
