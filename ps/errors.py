@@ -51,12 +51,9 @@ class PsError(Exception):
     def received(cls, message: str, head: str, fields: dict[str, str]) -> "PsError":
         """A client's copy of a shard's refusal of this class: message, the client's words (head: where and which
         call, "shard 1 at H:P: Shrink failed with NOT_FOUND: ") before the shard's; fields: the wire_fields its
-        shard sent (ps.errornames.error_fields), set as they came."""
-        error = cls(message)
-        for name in cls.wire_fields:
-            if name in fields:
-                setattr(error, name, fields[name])
-        return error
+        shard sent (ps.errornames.error_fields). A class with wire_fields overrides this to set them
+        (DiskFullError.received); this one, for a class without any, makes the error of the message alone."""
+        return cls(message)
 
 
 class InvalidArgumentError(PsError, ValueError):

@@ -823,6 +823,25 @@ def test_every_server_side_error_class_can_be_named_to_the_client():
     assert classes - {"PsError"} - client_side == named, (classes - named, named - classes)
 
 
+def test_every_error_class_with_wire_fields_reads_them_back():
+    """PsError.received makes the error of its message alone: each class that sends fields (wire_fields) has its
+    own received, which sets them, so no field a shard sends is dropped by the client."""
+    import inspect
+
+    from ps import errors
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PsError)]
+    senders = [c for c in classes if c.wire_fields]
+    assert senders, "no class sends fields"
+    for cls in senders:
+        assert cls.received.__func__ is not errors.PsError.received.__func__, cls.__name__
+        fields = {name: f"{name} value" for name in cls.wire_fields}
+        error = cls.received("head: message", "head: ", fields)
+        assert all(getattr(error, name).endswith(f"{name} value") for name in cls.wire_fields), cls.__name__
+    plain = errors.TableNotFoundError.received("head: no table", "head: ", {"what": "x"})
+    assert (type(plain), str(plain), hasattr(plain, "what")) == (errors.TableNotFoundError, "head: no table", False)
+
+
 def test_the_router_keeps_the_routes_of_few_ids_only_and_routes_the_same_either_way():
     """A dense table's few ids come back every step: their routes are kept; a sparse table's many ids, of another
     count each step, are routed anew and not kept (they filled the cache with copies never asked for again)."""
