@@ -169,13 +169,6 @@ def _check_before_holding(client: Client, directory: str, tables: set[str] | Non
     return [stats.state_id for stats in shard_stats]
 
 
-SAVE_REFUSED = READ_REFUSED._replace(
-    outcome="no shard was held and nothing was saved",
-    stops="The save stops there (shards replaced since this client first read them: {}). To save what the shards "
-    "hold now, save with a new client (each ps-worker checkpoint save is one), or call this client's wait_ready again",
-)  # a save whose client read other state ids at wait_ready than the shards hold (_check_not_replaced)
-
-
 def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
     """ModelStateReplacedError, before any hold, where a shard's state id is not the one the client read at
     wait_ready (seen; 0: not read): the shard was restored or started on a new data dir since, so the model state the
@@ -187,7 +180,12 @@ def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
     ]
     if replaced:
         first, stats = replaced[0], shard_stats[replaced[0]]
-        words = SAVE_REFUSED._replace(stops=SAVE_REFUSED.stops.format(", ".join(map(str, replaced))))
+        words = READ_REFUSED._replace(
+            outcome="no shard was held and nothing was saved",
+            stops="The save stops there (shards replaced since this client first read them: "
+            f"{', '.join(map(str, replaced))}). To save what the shards hold now, save with a new client (each "
+            "ps-worker checkpoint save is one), or call this client's wait_ready again",
+        )
         raise ModelStateReplacedError(
             model_state_replaced(first, stats.state_id, seen[first], how_replaced(stats), words)
         )
