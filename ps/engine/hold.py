@@ -225,13 +225,12 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
     shards of a checkpoint save into one directory at once, and a shard whose save fails removes the directories it
     created while they are empty: a write that failed, or a look at the directory that found it gone, because it went
     away before this shard wrote anything runs again (SAVE_TRIES in all), so that shard's error, not this one's, says
-    why the checkpoint failed. caller_gone: whether the save's caller left (its RPC cancelled or past its deadline); a
-    save whose caller is gone writes nothing more (CallerGoneError before a write, the write's own error after a failed
-    one): the caller removes the directory it gave (an interrupted ps-worker export removes its fresh checkpoint, and
-    OUT if it made it), and a write run again would make it again, with the shard's whole checkpoint in it, after the
-    caller has gone. A caller that leaves after this look, as this makes the directories again or while the write
-    runs, is the write's to see (ShardCheckpoints.write asks caller_gone after its flush and after RocksDB wrote the
-    checkpoint, which it then removes): its CallerGoneError leaves none of the directories this created."""
+    why the checkpoint failed. caller_gone: whether the save's caller left (its RPC cancelled or past its deadline),
+    asked before each attempt makes the directories (CallerGoneError, nothing made) and before a failed write would
+    run again (its error raised instead): the caller removes the directory it gave (an interrupted ps-worker export
+    removes its fresh checkpoint, and OUT if it made it), and a write run again would make it again, with the shard's
+    whole checkpoint in it, after the caller has gone. It is not asked while write runs: a caller that leaves then is
+    write's to see, and what write raises for it (CallerGoneError) leaves none of the directories this created."""
     path = os.path.join(directory, name)
     if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing
         raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
