@@ -1,7 +1,8 @@
 """What a hostile or careless caller can no longer do to a shard, through gRPC and the CLI (issue 16, items 1 and
 4-7): carry the clock out of range (also by racing a batch's advance), hold pushes with a NaN timeout, write
 checkpoints outside the operator's root, stop another client's pushes with a forged sequence number, push counts
-that overflow the admission hash, or overflow gRPC's trailer with a long name. Each rejected request gets a
+that overflow the admission hash, or overflow gRPC's trailer with a long name; nor can a server's trailers make a
+client read a refusal's fields as other than text. Each rejected request gets a
 precise status, never INTERNAL, and changes nothing; a clock the disk did not take is not kept either."""
 
 from __future__ import annotations
@@ -605,3 +606,46 @@ def test_a_state_id_no_shard_draws_is_refused_as_invalid_and_changes_nothing(ser
     assert clock(stub) == 0 and not rows(stub).any()
     stub.Push(push, timeout=TIMEOUT_S)  # not held
     assert (rows(stub) == -1.0).all()
+
+
+class _RefusedCall(grpc.RpcError):
+    """A refused call as a client sees it: a status, its details and the trailing metadata given."""
+
+    def __init__(self, trailers: tuple):
+        super().__init__()
+        self.trailers = trailers
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def details(self) -> str:
+        return "the server's disk is full (...)"
+
+    def trailing_metadata(self) -> tuple:
+        return self.trailers
+
+
+def test_a_refusals_hostile_trailers_decode_to_text_and_nothing_else():
+    """The fields of a refusal's trailing metadata as a careless or hostile server may send them: a "%" that starts
+    no escape stays as it is, an escape of bytes that are not UTF-8 reads as U+FFFD, a bytes value (a -bin key's)
+    and a key outside ERROR_NAME_KEY-<field> are not read, and a field no class has sets nothing. The client's
+    DiskFullError has the fields as decoded; one that lacks a field, sent as bytes, has its message alone."""
+    from ps.errors import DiskFullError
+    from worker.retry import Outages
+
+    fields = (("sparseps-error-reason", "%C3%28"), ("sparseps-error-what", "a%zz%"), ("sparseps-error-disk", "/d%2"),
+              ("sparseps-error-outcome", "%E2%82"), ("sparseps-error-remedy", "retry%20now"))  # fmt: skip
+    noise = (("sparseps-error-bogus", "x"), ("x-sparseps-error-what", "y"), ("sparseps-error-what-bin", b"\xff"))
+    outages = Outages(["h:1"])
+    e = outages.error("Stats", 0, _RefusedCall((("sparseps-error", "DiskFullError"), *fields, *noise)), 5, None, 5)
+    assert isinstance(e, DiskFullError), e
+    head = "shard 0 at h:1: Stats failed with RESOURCE_EXHAUSTED: "
+    assert str(e) == head + "the server's disk is full (...)"
+    said = (e.reason, e.what, e.disk, e.outcome, e.remedy, e.refused_by)
+    assert said == ("\ufffd(", head + "a%zz%", "/d%2", "\ufffd", "retry now", 0), said
+    assert not hasattr(e, "bogus")
+
+    as_bytes = tuple((k, v.encode()) if k.endswith("-disk") else (k, v) for k, v in fields)
+    e = outages.error("Stats", 0, _RefusedCall((("sparseps-error", "DiskFullError"), *as_bytes)), 5, None, 5)
+    assert isinstance(e, DiskFullError) and str(e) == head + "the server's disk is full (...)"
+    assert (e.reason, e.what, e.disk, e.outcome, e.remedy) == ("", "", "", "", "")
