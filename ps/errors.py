@@ -5,8 +5,8 @@ The service maps them to status codes in one place (`ps.service_calls`); clients
 arrived; a value that came from a client is echoed through `echo`, so that no message grows with the request, and
 the service sends at most MAX_DETAILS_BYTES of a message (`clip`): gRPC carries it in a trailer, and refuses
 trailers over its metadata limit (8 KiB by default). An error's own fields (wire_fields: a DiskFullError's reason,
-path, remedy) cross beside its message, whole, in that trailer (ps.errornames), and the client's copy is built with
-them (PsError.received), never read back out of the message.
+path, remedy) cross beside its message, whole, in that trailer (ps.errornames), and the client's copy takes them
+from there (PsError.received); its message is the shard's text as it came.
 
 A full disk is classified here, once (`disk_full_reason`): the journal, the store and the checkpoint save turn
 such a failure into a DiskFullError naming the path, and the service maps any other error that carries one to
@@ -290,7 +290,7 @@ class ModelStateReplacedError(PsError):
 
 class StateReplacedWords(NamedTuple):
     """What a ModelStateReplacedError says of the call it refused (model_state_replaced), after how its shard was
-    replaced: the caller picks them by what the call does, not by whether it reads or writes."""
+    replaced: the caller picks them by what the call does (PUSH_REFUSED, READ_REFUSED, or its own)."""
 
     gone: str  # what of the model state the client worked with is not on the shard, from ", so ..."
     outcome: str  # what of the call stands; "": the words before these say it (a client's note of a refusal)

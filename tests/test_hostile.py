@@ -2,8 +2,8 @@
 4-7): carry the clock out of range (also by racing a batch's advance), hold pushes with a NaN timeout, write
 checkpoints outside the operator's root, stop another client's pushes with a forged sequence number, push counts
 that overflow the admission hash, or overflow gRPC's trailer with a long name; nor can a server's trailers make a
-client read a refusal's fields as other than text. Each rejected request gets a
-precise status, never INTERNAL, and changes nothing; a clock the disk did not take is not kept either."""
+client read a refusal's fields as other than text. Each rejected request gets a precise status, never INTERNAL, and
+changes nothing; a clock the disk did not take is not kept either."""
 
 from __future__ import annotations
 
@@ -565,8 +565,9 @@ def test_a_refusals_fields_at_their_bound_and_past_it_do_not_overflow_the_traile
     past_bound = DiskFullError.of("Disk quota exceeded", what, disk=disk + "x")
     assert sum(len(v) for k, v in error_metadata(at_bound) if k != "sparseps-error") == MAX_FIELDS_BYTES
     assert len(error_metadata(past_bound)) == 1
-    for error, fields in ((at_bound, {"reason": "Disk quota exceeded", "what": what, "disk": disk,
-                                      "outcome": "nothing was applied", "remedy": "retry"}), (past_bound, {})):  # fmt: skip
+    whole = {"reason": "Disk quota exceeded", "what": what, "disk": disk, "outcome": "nothing was applied",
+             "remedy": "retry"}  # fmt: skip
+    for error, fields in ((at_bound, whole), (past_bound, {})):
 
         def stats(error=error):
             raise error

@@ -17,7 +17,10 @@ from ps.storage.verify import verify_data_dir
 from ps.storage.verifyscan import VERIFY_CHUNK_ROWS
 
 ROWS = VERIFY_CHUNK_ROWS * 2 + 1000  # three chunks of the scan, the last a short one
-CLOSING = r"verified {dir}'s RocksDB: {rows:,} rows \([\d.,]+ [KM]iB\) and \d+ other keys read in \d+\.\d s, every block's checksum verified"
+CLOSING = (
+    r"verified {dir}'s RocksDB: {rows:,} rows \([\d.,]+ [KM]iB\) and \d+ other keys read in \d+\.\d s, "
+    r"every block's checksum verified"
+)
 
 
 def _data_dir(path) -> str:

@@ -29,17 +29,16 @@ One row per example, in the input's order (file by file). Malformed lines skippe
 files, reported at the end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv
 header without the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is
 scored all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
-predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole and fsynced (its
-folder fsynced after: a failure of that fsync is a warning, as OUT is whole and in place, only whether its name
-survives a power loss is unsure): a failed run, or a power loss, leaves no OUT cut short (and with --overwrite, the
-earlier OUT as it was). Without --overwrite, an OUT that another process made while this one scored is left as it is, and the
-run fails (nothing written), as one that found it at its start.
-`--out -` writes them to stdout instead, as they
-are scored (the header with the first rows: nothing when there is none; a failed run leaves the rows written
-before it, its exit status not 0), and the final line goes to stderr with the logs and progress. The name is .<name of
-OUT>.<pid>-<host>-<8 hex> .partial (worker.temp_dirs.partial_file: a name of OUT past 161 bytes is cut to its start and
-a hash there, so that the whole fits in a file name); a run killed by SIGKILL leaves it, and the next predict into OUT
-removes those of this host whose process is gone, with a log line each (others are reported and left).
+predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole and fsynced (its folder
+fsynced after: a failure of that fsync is a warning, as OUT is whole and in place, only whether its name survives a
+power loss is unsure): a failed run, or a power loss, leaves no OUT cut short (and with --overwrite, the earlier OUT as
+it was). Without --overwrite, an OUT that another process made while this one scored is left as it is, and the run fails
+(nothing written), as one that found it at its start. `--out -` writes them to stdout instead, as they are scored (the
+header with the first rows: nothing when there is none; a failed run leaves the rows written before it, its exit status
+not 0), and the final line goes to stderr with the logs and progress. The name is .<name of OUT>.<pid>-<host>-<8 hex>
+.partial (worker.temp_dirs.partial_file: a name of OUT past 161 bytes is cut to its start and a hash there, so that the
+whole fits in a file name); a run killed by SIGKILL leaves it, and the next predict into OUT removes those of this host
+whose process is gone, with a log line each (others are reported and left).
 """
 
 from __future__ import annotations

@@ -35,13 +35,12 @@ compile), so a contribution to it waits until it is applied, and a pull's deadli
 does a pull's while a checkpoint's hold refuses this shard's pushes (the workers it waits for cannot push: a large
 shard's save, or the holds of a saver that died, which last until their --hold-timeout-s): its deadline counts the
 time of its wait that no hold took, so that holds back to back (saves more often than the barrier timeout) pause it
-and a dead worker still stops the job. A
-sync step whose deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller
-left (its RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread
-(CallerGoneError); its contribution stays in the step for a retry, until the step's own deadline if no contributor
-waits then (a timer drops it, so that steps nobody waits for do not pile up in memory). At most MAX_OPEN_SYNC_STEPS
-steps of a job gather at once: a contribution that would open another is refused (InvalidArgumentError). The steps
-and their contributions are held by ps.engine.syncsteps.
+and a dead worker still stops the job. A sync step whose deadline passes drops its contributions: nothing of it was
+applied or acknowledged. A wait whose caller left (its RPC cancelled, or past its deadline: the service's caller_gone)
+ends then, freeing its thread (CallerGoneError); its contribution stays in the step for a retry, until the step's own
+deadline if no contributor waits then (a timer drops it, so that steps nobody waits for do not pile up in memory). At
+most MAX_OPEN_SYNC_STEPS steps of a job gather at once: a contribution that would open another is refused
+(InvalidArgumentError). The steps and their contributions are held by ps.engine.syncsteps.
 """
 
 from __future__ import annotations
