@@ -19,11 +19,11 @@ def host_and_port(address: str) -> tuple[str, str]:
     return host.strip("[]"), port
 
 
-def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
+def speaks_tls(address: str, server_name: str | None = None, timeout_s: float = 1.0) -> str | None:
     """What listens at host:port, as a TLS handshake that verifies nothing and presents no certificate finds it
-    within timeout_s: "tls" (a TLS server that took the connection), "mutual" (a TLS server that closed it after
-    the handshake: it wants a client certificate), "plain" (it answered, not in TLS), None (no connection, no
-    answer, or not host:port)."""
+    within timeout_s, asking for server_name, else the address's host (_probe_wrap): "tls" (a TLS server that took
+    the connection), "mutual" (a TLS server that closed it after the handshake: it wants a client certificate),
+    "plain" (it answered, not in TLS), None (no connection, no answer, or not host:port)."""
     deadline = time.monotonic() + timeout_s
     host, port = host_and_port(address)
     try:
@@ -33,7 +33,7 @@ def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
     with raw:
         try:
             raw.settimeout(max(deadline - time.monotonic(), 0.01))
-            tls = _unverified().wrap_socket(raw)
+            tls = _probe_wrap(raw, host, server_name)
         except TimeoutError:
             return None
         except ssl.SSLError as e:  # an alert is the other side speaking TLS; any other failure: it does not
@@ -59,6 +59,14 @@ def _unverified() -> ssl.SSLContext:
     return context
 
 
+def _probe_wrap(raw: socket.socket, host: str, server_name: str | None,
+                context: ssl.SSLContext | None = None) -> ssl.SSLSocket:  # fmt: skip
+    """raw wrapped in TLS by context (by default _unverified's), its handshake asking for server_name, else host, as
+    gRPC's does (SNI: an ingress that routes by it may send a handshake without it elsewhere, or close it); an IP
+    address as host asks for no name."""
+    return (context or _unverified()).wrap_socket(raw, server_hostname=server_name or host)
+
+
 def served_not_before(address: str, server_name: str | None = None, timeout_s: float = 1.0) -> float | None:
     """The start of the validity (Unix time) of the certificate the TLS server at host:port presents, as a
     handshake that verifies nothing finds it within timeout_s, asking for server_name, else the address's host, as
@@ -68,7 +76,7 @@ def served_not_before(address: str, server_name: str | None = None, timeout_s: f
     try:
         with (
             socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
-            _unverified().wrap_socket(raw, server_hostname=server_name or host) as tls,
+            _probe_wrap(raw, host, server_name) as tls,
         ):
             der = tls.getpeercert(binary_form=True)
         return validity(der)[0] if der else None
@@ -97,7 +105,7 @@ def verified_handshake(address: str, ca: str | None, cert: str | None, key: str 
     with raw:
         try:
             raw.settimeout(max(deadline - time.monotonic(), 0.01))
-            tls = context.wrap_socket(raw, server_hostname=server_name or host)
+            tls = _probe_wrap(raw, host, server_name, context)
         except ssl.SSLCertVerificationError as e:
             return "early" if e.verify_code == NOT_YET_VALID else f"untrusted: {e.verify_message}"
         except TimeoutError:
@@ -124,7 +132,7 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
     did not sign the shard's certificate, a client certificate the shard's CA did not sign), as speaks_tls and
     verified_handshake find the shard; "" where its TLS setting is not the cause, or is unknown (nothing listens)."""
     tls, client_cert = bool(ca or cert or key), bool(cert)
-    found = speaks_tls(address, timeout_s)
+    found = speaks_tls(address, server_name, timeout_s)
     if found in ("tls", "mutual") and not tls:
         also = (" and --tls-cert/--tls-key (it requires a client certificate: mutual TLS)" if found == "mutual"
                 else "")  # fmt: skip

@@ -937,6 +937,49 @@ def test_the_probe_of_a_certificates_start_asks_for_the_server_name_as_the_verif
     assert starts[1] is not None and starts[1] == starts[2] < starts[0], starts
 
 
+def test_the_probe_of_what_listens_asks_for_the_server_name_as_the_verified_handshake_does(pki):
+    """An ingress that routes by SNI, here one that closes a handshake not asking for "shard.example" and serves
+    server.pem (which does not name it) to one that does: speaks_tls, asking for the name given, finds TLS there,
+    and without it finds it plain; tls_hint, given that name, says the certificate does not name it, rather than
+    to drop the TLS flags."""
+    from ps.tlsprobe import speaks_tls, tls_hint
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pki / "server.pem"), str(pki / "server.key"))
+    context.set_alpn_protocols(["h2"])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+
+    def route(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            hello = conn.recv(16384, socket.MSG_PEEK)  # the ClientHello, left for the handshake to read
+            if b"shard.example" not in hello:
+                return
+            with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True) as tls:
+                tls.sendall(b"\0")  # as gRPC's HTTP/2 settings, sent at once to a client it took
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                route(listener.accept()[0])
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        found = [speaks_tls(address, name, timeout_s=5) for name in ("shard.example", None)]
+        hint = tls_hint(address, ca=str(pki / "ca.pem"), server_name="shard.example", timeout_s=5)
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept, where close alone does not
+        listener.close()
+        server.join(10)
+    assert not server.is_alive()
+    assert found == ["tls", "plain"], found
+    assert hint.startswith(f"; the shard's TLS certificate does not verify against --tls-ca {pki / 'ca.pem'}: "), hint
+    assert "'shard.example'" in hint, hint
+
+
 def test_a_certificate_valid_now_is_served_without_a_warning_of_its_start(pki, start, caplog):
     with caplog.at_level("WARNING", logger="ps.server"):
         start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=str(pki / "ca.pem"))
