@@ -6,11 +6,13 @@ import logging
 import re
 
 import numpy as np
+import pytest
 
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.engine.shrinkprogress import ShrinkProgress
 from ps.engine.table import FLUSH_CHUNK_ROWS
+from ps.errors import ShrinkRunningError
 from ps.server_config import ServerConfig
 
 
@@ -54,3 +56,31 @@ def test_a_total_the_scan_passes_is_shown_as_the_count_with_no_time_left(caplog,
     progress.scanned("t", 12)
     assert re.fullmatch(r"shrinking: 12 of 12 rows scanned \(100%\), [\d,]+ rows/s \(table 't', 1 of 1\)",
                         caplog.records[-1].getMessage())  # fmt: skip
+
+
+def test_the_total_counts_only_the_tables_with_a_rule_on(tmp_path, caplog, monkeypatch):
+    """Table a has a rule on (100 rows), table off none (300 rows, which Table.shrink does not scan): the lines
+    say 100 rows, all of them scanned, not 100 of 400; a Shrink refused meanwhile says "of 100 rows"."""
+    monkeypatch.setattr(ShrinkProgress, "PROGRESS_EVERY_S", 0.0)
+    scanned, refusals = ShrinkProgress.scanned, []
+
+    def scanned_and_refused(self: ShrinkProgress, table: str, n: int) -> None:
+        scanned(self, table, n)
+        with pytest.raises(ShrinkRunningError) as refused, shard.shrink_running.begin(ShrinkProgress([table])):
+            pass
+        refusals.append(str(refused.value))
+
+    monkeypatch.setattr(ShrinkProgress, "scanned", scanned_and_refused)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
+    try:
+        shard.create_table(_table("a"))
+        shard.create_table(TableConfig("off", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+        for name, rows in (("a", 100), ("off", 300)):
+            shard.push(name, np.arange(rows, dtype=np.uint64), np.ones((rows, 4), np.float32))
+        caplog.set_level(logging.INFO)
+        assert shard.shrink()["dropped"] == 0
+    finally:
+        shard.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shrinking: ")]
+    assert len(lines) == 1 and lines[0].startswith("shrinking: 100 of 100 rows scanned (100%), "), lines
+    assert len(refusals) == 1 and " 100 of 100 rows scanned so far" in refusals[0], refusals

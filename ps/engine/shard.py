@@ -61,6 +61,7 @@ from ps.engine.pushpath import PushPath
 from ps.engine.room import RequestRoom, push_cost
 from ps.engine.shardstats import describe_start, health_stats, memory_stats, restore_stats
 from ps.engine.shrinkprogress import ShrinkProgress, ShrinkRunning
+from ps.engine.shrinkrule import rule_is_off
 from ps.engine.stampedpush import StampedPushes
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table
@@ -145,6 +146,7 @@ class Shard:
         self.budget = new_budget(self.memory)
         self.journal = open_journal(config, self.memory)
         self.guard = WriteGuard(self.shard_id, self.journal, lambda: self.flusher.wake())  # refuses writes once lost
+        self.shrink_running = ShrinkRunning(self.shard_id)  # one Shrink at a time
         self.tables: dict[str, Table] = open_tables(self.store, self.journal, self.budget, stored)
         self._maker = TableMaker(self.shard_id, self.tables, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
@@ -411,9 +413,9 @@ class Shard:
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
             self.store.table_number(table.name)
-        progress = ShrinkProgress([t.name for t in tables], sum(t.num_rows + t.num_pending for t in tables))
-        running = self.__dict__.setdefault("shrink_running", ShrinkRunning(self.shard_id))  # atomic: one per shard
-        with running.begin(progress):
+        scanned = [t for t in tables if not rule_is_off(t.cfg.eviction)]  # Table.shrink scans no table with no rule on
+        progress = ShrinkProgress([t.name for t in tables], sum(t.num_rows + t.num_pending for t in scanned))
+        with self.shrink_running.begin(progress):
             try:
                 self.flush()  # shrink scans RocksDB: it must hold every row
                 for table in tables:

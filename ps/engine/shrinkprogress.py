@@ -36,7 +36,7 @@ class ShrinkProgress:
     PROGRESS_EVERY_S = 10.0  # between the log lines of a long Shrink
 
     def __init__(self, tables: list[str], rows: int = 0):
-        """rows: the rows (and pending ids) the tables hold, which the scan reads (0: unknown)."""
+        """rows: the rows (and pending ids) the scan reads, those of the tables with a rule on (0: unknown)."""
         self.tables = tables
         self.done = 0  # tables shrunk whole (Shard.shrink counts them)
         self.written = dict.fromkeys(tables, 0)  # kept rows rewritten (decayed), per table
