@@ -110,10 +110,10 @@ class ShrinkRunning:
     @contextmanager
     def begin(self, progress: ShrinkProgress) -> Iterator[None]:
         """Holds the shard's Shrink slot for progress's Shrink while the block runs; ShrinkRunningError, holding
-        nothing, while another holds it: "shard 0: a Shrink is running (of table 't', since 19:41:05 UTC, 12 s ago:
-        8,192 of 20,580 rows scanned so far); one Shrink at a time: send none before the next one is due: one sent
-        now would decay the rows that one shrinks a second time, and the next shrinks what it leaves; nothing was
-        applied"."""
+        nothing, while another holds it: "shard 0: a Shrink is running (of table 't', since 2026-12-07 19:41:05 UTC,
+        12 s ago: 8,192 of 20,580 rows scanned so far); one Shrink at a time: send none before the next one is due:
+        one sent now would decay the rows that one shrinks a second time, and the next shrinks what it leaves;
+        nothing was applied"."""
         with self._lock:
             running = self.running
             if running is None:
