@@ -18,7 +18,7 @@ SIZE_DIGITS = 100  # sizes lie below 10**SIZE_DIGITS bytes; a number past 1e±SI
 
 
 class SizeTooLargeError(ValueError):
-    """A size whose magnitude is 10**SIZE_DIGITS bytes or more (byte_size); its message names that bound."""
+    """A size of 10**SIZE_DIGITS bytes or more (byte_size); its message names that bound."""
 
 
 class SizeBelowOneByteError(ValueError):
@@ -40,17 +40,20 @@ def exact_number(text: str) -> decimal.Decimal | None:
 def byte_size(text: str) -> int:
     """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
     and "1.5G" alike; a fraction of a byte that a unit leaves is dropped: "1.1G"), or a whole number of bytes
-    ("67108864", "1e9"), taken exactly (exact_number). SizeTooLargeError for a magnitude of 10**SIZE_DIGITS bytes
-    or more; SizeBelowOneByteError for a number other than 0 that comes to less than a byte ("0.0001K": 0 bytes,
-    once the fraction is dropped, would read as 0); ValueError for anything else (text, inf, nan, "1.5" bytes, a number other than 0 whose magnitude is
-    below 1e-(SIZE_DIGITS - 1)): the number's exponent refuses both ends before any bytes are worked out (10**N
-    for the exponent N of "1e-100000000" hangs). The sign is the caller's to check."""
+    ("67108864", "1e9"), taken exactly (exact_number). SizeTooLargeError for a size of 10**SIZE_DIGITS bytes or
+    more; SizeBelowOneByteError for a number other than 0 that comes to less than a byte ("0.0001K": 0 bytes, once
+    the fraction is dropped, would read as 0); ValueError for anything else (text, inf, nan, "1.5" bytes, a number
+    other than 0 whose magnitude is below 1e-(SIZE_DIGITS - 1)): the number's exponent refuses both ends before any
+    bytes are worked out (10**N for the exponent N of "1e-100000000" hangs). The sign is the caller's to check: a negative size comes back
+    negative, -10**SIZE_DIGITS where its number's magnitude is 10**SIZE_DIGITS or more (its bytes not worked out)."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = SIZE_UNITS.get(t[-1:], 1)
     value = exact_number(t[:-1] if unit > 1 else t)
     if value is None or (not value.is_zero() and value.adjusted() <= -SIZE_DIGITS):
         raise ValueError(f"not a size: {text!r}")
     if not value.is_zero() and value.adjusted() >= SIZE_DIGITS:
+        if value < 0:
+            return -(10**SIZE_DIGITS)
         raise SizeTooLargeError(_too_large(text))
     numerator, denominator = value.as_integer_ratio()
     if unit == 1 and denominator != 1:  # "1.5": bytes come whole (a fraction is a slip, not a size)
@@ -59,15 +62,14 @@ def byte_size(text: str) -> int:
     if whole == 0 and numerator != 0:  # "0.0001K": not 0 (no bound, none), which was not asked for
         raise SizeBelowOneByteError(f"size below one byte: {text!r} (a size other than 0 comes to 1 byte or more; 0 "
                                     "is written 0)")  # fmt: skip
-    if whole >= 10**SIZE_DIGITS:  # a unit took it there: "1e99T"
+    if whole >= 10**SIZE_DIGITS and numerator > 0:  # a unit took it there: "1e99T"
         raise SizeTooLargeError(_too_large(text))
     return whole if numerator >= 0 else -whole
 
 
 def _too_large(text: str) -> str:
-    """The message of SizeTooLargeError, naming the bound (for a negative size, the bound on its magnitude)."""
-    side = "above -" if text.strip().startswith("-") else "below "
-    return f"size too large: {text!r} (sizes are {side}1e{SIZE_DIGITS} bytes)"
+    """The message of SizeTooLargeError, naming the bound."""
+    return f"size too large: {text!r} (sizes are below 1e{SIZE_DIGITS} bytes)"
 
 
 def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
