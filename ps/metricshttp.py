@@ -1,7 +1,7 @@
 """The HTTP server under both metrics endpoints, a shard's (ps.metrics) and a training worker's (worker.telemetry),
-and the app both serve (exposition_app): a thread per connection, at most MAX_CONNECTIONS at once, any more closed unread; a connection is closed once its TLS
-handshake and request have taken Handler.timeout seconds in all, or its reply longer than Handler.reply_s and 1 s per
-Handler.reply_bytes_per_s bytes of it (the time the app takes to collect the reply counts in neither).
+and the app both serve (exposition_app): a thread per connection, at most MAX_CONNECTIONS at once, any more closed
+unread; a connection is closed once its TLS handshake and request have taken Handler.timeout seconds in all, or its
+reply Handler.reply_s seconds from its first byte (the time the app takes to collect the reply counts in neither).
 
 Without the bound, a peer that opens connections and sends nothing makes the server start a thread for each, without
 end. Without the deadlines, a peer that sends its request a byte at a time, or reads the reply so, holds a connection
@@ -78,8 +78,9 @@ def stop(http: WSGIServer) -> None:
 
 class BoundedServer(ThreadingWSGIServer):
     """A thread per connection, at most MAX_CONNECTIONS at once: a connection past them is closed unread, so that
-    a peer opening connections (each held until its request's deadline, Handler.timeout) cannot make the server start
-    threads without bound."""
+    a peer opening connections cannot make the server start threads without bound. Each is held until its reply
+    ends or a deadline cuts it: Handler.timeout for its handshake and request, Handler.reply_s for its reply, and
+    the time the app takes to collect the reply between them."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -109,18 +110,16 @@ class BoundedServer(ThreadingWSGIServer):
 class Handler(WSGIRequestHandler):
     """One connection's request and reply. The TLS handshake and the request's reads keep to one deadline, `timeout`
     seconds from the connection's start (a client sending its request slowly is cut there); the reply's writes to
-    another, counted from its first byte, so that the time the app takes to collect the reply counts in neither: a
-    reply may take reply_s seconds, and 1 more for each reply_bytes_per_s bytes of it (a client reading it slower is
-    cut). A connection past either is closed (TimeoutError): one debug line, BoundedServer.handle_error's or
-    QuietReply's, not a traceback on stderr."""
+    another, reply_s seconds from its first byte, so that the time the app takes to collect the reply counts in
+    neither (a client reading the reply slower is cut: a metrics reply is small, read in far less). A connection past either is closed
+    (TimeoutError): one debug line, BoundedServer.handle_error's or QuietReply's, not a traceback on stderr."""
 
     timeout = 10.0  # seconds for a connection's TLS handshake and its request, in all
-    reply_s = 10.0  # seconds a reply may take, and 1 more per reply_bytes_per_s bytes of it
-    reply_bytes_per_s = 64 << 10  # the least rate a reply is read at, on average past reply_s: a slower reader is cut
+    reply_s = 30.0  # seconds for a reply's writes, in all, from its first byte
 
     def setup(self) -> None:
         self.connection = self.request
-        stream = DeadlineStream(self.connection, time.monotonic() + self.timeout, self.reply_s, self.reply_bytes_per_s)
+        stream = DeadlineStream(self.connection, time.monotonic() + self.timeout, self.reply_s)
         self.rfile = io.BufferedReader(stream)
         self.wfile = DeadlineWriter(stream)
         if isinstance(self.connection, ssl.SSLSocket):
@@ -129,6 +128,9 @@ class Handler(WSGIRequestHandler):
 
     def handle(self) -> None:
         """wsgiref's WSGIRequestHandler.handle with QuietReply for its ServerHandler."""
+        # CPython 3.11's wsgiref.simple_server.WSGIRequestHandler.handle, copied with QuietReply in place of its
+        # ServerHandler: wsgiref has no hook for the reply's class, and its ServerHandler prints each error's
+        # traceback on stderr (a reply cut at its deadline among them).
         self.raw_requestline = self.rfile.readline(65537)
         if len(self.raw_requestline) > 65536:
             self.requestline, self.request_version, self.command = "", "", ""
@@ -158,17 +160,16 @@ class QuietReply(ServerHandler):
 
 class DeadlineStream(io.RawIOBase):
     """A connection whose reads keep to one deadline (time.monotonic()), and whose writes to another, reply_s seconds
-    from the first write and 1 more per bytes_per_s bytes written: each call's socket timeout is set to what is left,
-    TimeoutError once nothing is. A TLS socket's handshake, read and write each keep to the timeout they start with as
-    a whole, as a plain socket's recv and send do."""
+    from the first write: each call's socket timeout is set to what is left, TimeoutError once nothing is. A TLS
+    socket's handshake, read and write each keep to the timeout they start with as a whole, as a plain socket's recv
+    and send do."""
 
-    def __init__(self, connection: socket.socket, read_deadline: float, reply_s: float, bytes_per_s: float) -> None:
+    def __init__(self, connection: socket.socket, read_deadline: float, reply_s: float) -> None:
         super().__init__()
         self._connection = connection
         self._read_deadline = read_deadline
-        self._reply_s, self._bytes_per_s = reply_s, bytes_per_s
-        self._reply_start: float | None = None  # monotonic time of the first write
-        self._written = 0  # bytes written
+        self._reply_s = reply_s
+        self._reply_deadline: float | None = None  # set by the first write
 
     def read_time_left(self) -> None:
         """Sets the connection's timeout to the time left for reads; TimeoutError if none is."""
@@ -191,19 +192,16 @@ class DeadlineStream(io.RawIOBase):
         return self._connection.recv_into(buffer)
 
     def write(self, data: Any) -> int:
-        """Sends some of data, within the reply's time for the bytes written before and all of data."""
-        if self._reply_start is None:
-            self._reply_start = time.monotonic()
-        allowed_s = self._reply_s + (self._written + len(data)) / self._bytes_per_s
-        self._set_timeout(self._reply_start + allowed_s, "the metrics reply's deadline (Handler.reply_s and "
-                          "reply_bytes_per_s)")  # fmt: skip
-        sent = self._connection.send(data)
-        self._written += sent
-        return sent
+        """Sends some of data within the reply's deadline, reply_s seconds from the first write."""
+        if self._reply_deadline is None:
+            self._reply_deadline = time.monotonic() + self._reply_s
+        self._set_timeout(self._reply_deadline, "the metrics reply's deadline (Handler.reply_s)")
+        return self._connection.send(data)
 
 
 class DeadlineWriter(io.BufferedIOBase):
-    """Writes all of each write to a DeadlineStream, as socketserver's own writer does with sendall."""
+    """Writes all of each write to a DeadlineStream, as socketserver's own writer does with sendall, one send at a
+    time, so that each keeps to the reply's deadline (SSLSocket.sendall's timeout is per send, not for the whole)."""
 
     def __init__(self, stream: DeadlineStream) -> None:
         super().__init__()
