@@ -1,7 +1,11 @@
-"""CountProgress: the progress of a count of work (rows exported, examples scored) as the long commands show it: a
-tqdm bar on a terminal; a plain line every PLAIN_EVERY_S seconds on stderr that is none (a log file); nothing
-when off. A subclass says what its plain line reads (line) or writes its own lines (say, every every_s seconds),
-and may grow the bar's total as it goes (advance_bar).
+"""The progress of long work as it is shown: CountProgress, a count (rows exported, examples scored) as the long
+commands show it; and the part of a server's progress log lines (a journal replay, a restore, a verify, a Shrink)
+that says how far it got, how fast and how long is left (pace), with the one interval between those lines
+(LOG_EVERY_S, log_due).
+
+CountProgress shows a tqdm bar on a terminal; a plain line every PLAIN_EVERY_S seconds on stderr that is none (a
+log file); nothing when off. A subclass says what its plain line reads (line) or writes its own lines (say, every
+every_s seconds), and may grow the bar's total as it goes (advance_bar).
 
 The tqdm bar exists only where it is shown (`bar` is None otherwise): tqdm starts its monitor thread for every
 instance it makes, a disabled one too, and a progress not shown starts no thread.
@@ -11,8 +15,34 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from tqdm import tqdm
+
+LOG_EVERY_S = 10.0  # between the progress log lines of a long replay, restore, verify or Shrink
+
+
+def log_due(said: float, now: float) -> bool:
+    """Whether a progress log line is due at now, the last said (both time.monotonic()): LOG_EVERY_S passed."""
+    return now - said >= LOG_EVERY_S
+
+
+def _count(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def pace(done: int, expected: int, took_s: float, what: str, per_s: str = " rows/s",
+         show: Callable[[float], str] = _count, about: str = "about ", aside: str = "") -> str:  # fmt: skip
+    """How far work got of what was expected, taking took_s so far: "1,200,000 of about 3,000,000 rows read (40%),
+    400,000 rows/s, about 5 s left", where what is "rows read", per_s " rows/s" (the rate's unit after show's), show
+    formats a count (human_bytes for bytes: "96.0 MiB of about 240.0 MiB read (40%), 12.0 MiB/s, ..."), about comes
+    before the total ("" for a total that is no estimate), aside goes after the share, in its brackets. A total
+    under done (an estimate the work passed, or 0: none known) is shown as done, with no time left."""
+    total = max(expected, done)
+    rate = done / max(took_s, 1e-9)
+    left = f", about {(total - done) / rate:,.0f} s left" if total > done and rate > 0 else ""
+    share = 100 * done / max(total, 1)
+    return f"{show(done)} of {about}{show(total)} {what} ({share:.0f}%{aside}), {show(rate)}{per_s}{left}"
 
 
 class CountProgress:

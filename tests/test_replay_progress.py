@@ -1,5 +1,5 @@
-"""What a long journal replay logs (ps.storage.journalreplay replay_progress, every ps.engine.opening
-REPLAY_PROGRESS_S seconds): the records so far, the bytes read of about those the segments hold, the rate and the
+"""What a long journal replay logs (ps.storage.journalreplay replay_progress, every ps.progress
+LOG_EVERY_S seconds): the records so far, the bytes read of about those the segments hold, the rate and the
 time left."""
 
 import logging
@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 
+from ps import progress
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.engine import opening
 from ps.engine.shard import Shard
 from ps.server_config import ServerConfig
 from ps.storage.journalreplay import replay_progress
@@ -32,7 +32,7 @@ def test_the_line_gives_the_bytes_read_of_the_total_the_rate_and_the_time_left()
 
 
 def test_a_replay_logs_its_progress_with_the_bytes_read_a_rate_and_the_time_left(tmp_path, caplog, monkeypatch):
-    """PUSHES records left in the journal by a crash, a line per record after the first (REPLAY_PROGRESS_S 0): the
+    """PUSHES records left in the journal by a crash, a line per record after the first (LOG_EVERY_S 0): the
     records so far, bytes read growing to the journal's end, a rate, the time left until the last record."""
     cfg = TableConfig("t", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))
     shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
@@ -40,7 +40,7 @@ def test_a_replay_logs_its_progress_with_the_bytes_read_a_rate_and_the_time_left
     for k in range(PUSHES):
         shard.push("t", np.arange(k * 10, k * 10 + 10, dtype=np.uint64), np.ones((10, 4), np.float32))
     crash(shard)
-    monkeypatch.setattr(opening, "REPLAY_PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
     caplog.set_level(logging.INFO, logger="ps.engine.shard")
     shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
     shard.close()

@@ -1042,12 +1042,12 @@ def test_a_checkpoint_whose_save_has_not_finished_is_named_so_by_restore_export_
 
 
 def test_a_restore_logs_its_progress_with_a_rate_and_the_time_left(tmp_path, caplog, monkeypatch):
-    """A restore writes its rows in batches of 65,536: with a line after each (RESTORE_PROGRESS_S 0), the log says
+    """A restore writes its rows in batches of 65,536: with a line after each (LOG_EVERY_S 0), the log says
     the rows written of about the checkpoint's (this shard's slots' share), the share, a rate and the time left
     while rows are left; then the restore's own final line."""
-    from ps.engine import opening
+    from ps import progress
 
-    monkeypatch.setattr(opening, "RESTORE_PROGRESS_S", 0.0, raising=False)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
     rows = 150_000
     ckpt = one_table_checkpoint(tmp_path, rows)
     with caplog.at_level("INFO", "ps.engine.shard"):

@@ -1,5 +1,5 @@
 """What the server logs while a Shrink runs (ps.engine.shrinkprogress ShrinkProgress.scanned): a line every
-PROGRESS_EVERY_S seconds with the rows scanned of those the tables hold, the rate and the time left, and a final
+ps.progress.LOG_EVERY_S seconds with the rows scanned of those the tables hold, the rate and the time left, and a final
 line with the rows scanned and the time it took."""
 
 import logging
@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from ps import progress
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.engine.shrinkprogress import ShrinkProgress
@@ -22,10 +23,10 @@ def _table(name: str) -> TableConfig:
 
 
 def test_a_shrink_logs_its_progress_with_a_rate_and_the_time_left_then_how_long_it_took(tmp_path, caplog, monkeypatch):
-    """Tables a (2.5 chunks of rows) and b (100 rows), a line after every chunk (PROGRESS_EVERY_S 0): the rows
+    """Tables a (2.5 chunks of rows) and b (100 rows), a line after every chunk (LOG_EVERY_S 0): the rows
     scanned of both tables' 20,580, the share, a rate, the time left while rows are left, the table being
     scanned; then the final line."""
-    monkeypatch.setattr(ShrinkProgress, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
     n = FLUSH_CHUNK_ROWS * 5 // 2
     shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
     try:
@@ -50,10 +51,10 @@ def test_a_shrink_logs_its_progress_with_a_rate_and_the_time_left_then_how_long_
 def test_a_total_the_scan_passes_is_shown_as_the_count_with_no_time_left(caplog, monkeypatch):
     """Rows pushed during the scan make it read more than the tables held as it began: the line shows the count
     as the total, 100%, and no time left."""
-    monkeypatch.setattr(ShrinkProgress, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
     caplog.set_level(logging.INFO)
-    progress = ShrinkProgress(["t"], rows=10)
-    progress.scanned("t", 12)
+    shrink = ShrinkProgress(["t"], rows=10)
+    shrink.scanned("t", 12)
     assert re.fullmatch(r"shrinking: 12 of 12 rows scanned \(100%\), [\d,]+ rows/s \(table 't', 1 of 1\)",
                         caplog.records[-1].getMessage())  # fmt: skip
 
@@ -61,7 +62,7 @@ def test_a_total_the_scan_passes_is_shown_as_the_count_with_no_time_left(caplog,
 def test_the_total_counts_only_the_tables_with_a_rule_on(tmp_path, caplog, monkeypatch):
     """Table a has a rule on (100 rows), table off none (300 rows, which Table.shrink does not scan): the lines
     say 100 rows, all of them scanned, not 100 of 400; a Shrink refused meanwhile says "of 100 rows"."""
-    monkeypatch.setattr(ShrinkProgress, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
     scanned, refusals = ShrinkProgress.scanned, []
 
     def scanned_and_refused(self: ShrinkProgress, table: str, n: int) -> None:

@@ -1,4 +1,4 @@
-"""What a verify logs while it reads (ps.storage.verifyscan ScanProgress): a line every VERIFY_PROGRESS_S seconds
+"""What a verify logs while it reads (ps.storage.verifyscan ScanProgress): a line every ps.progress.LOG_EVERY_S seconds
 with the rows read of about those RocksDB holds, their bytes, the rate and the time left, and a closing line with
 what it read and how long it took; at --verify-on-start in the server's log, for `ps-server verify` on stderr."""
 
@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from ps import progress
 from ps.config import TableConfig
 from ps.engine.shard import Shard
 from ps.server_config import ServerConfig
@@ -36,10 +37,10 @@ def _data_dir(path) -> str:
 def test_a_verify_logs_rows_read_of_about_the_total_with_a_rate_and_the_time_left_then_how_long_it_took(
     tmp_path, caplog, monkeypatch
 ):
-    """A line after every chunk (VERIFY_PROGRESS_S 0): the rows read of RocksDB's estimate of ROWS, the share, the
+    """A line after every chunk (LOG_EVERY_S 0): the rows read of RocksDB's estimate of ROWS, the share, the
     bytes, a rate, the time left while rows are left; then the closing line."""
     path = _data_dir(tmp_path / "d")
-    monkeypatch.setattr(verifyscan, "VERIFY_PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
     caplog.set_level(logging.INFO, logger="ps.storage.verifyscan")
     lines, damaged = verify_data_dir(path)
     assert not damaged, lines
@@ -56,7 +57,7 @@ def test_a_verify_logs_rows_read_of_about_the_total_with_a_rate_and_the_time_lef
 
 def test_a_total_the_read_passes_is_shown_as_the_count_with_no_time_left(caplog, monkeypatch):
     """RocksDB's estimate is under the rows read (or there is none): the count so far is the total, no time left."""
-    monkeypatch.setattr(verifyscan, "VERIFY_PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
     caplog.set_level(logging.INFO, logger="ps.storage.verifyscan")
     for expected in (10, 0):
         verifyscan.ScanProgress("D", expected).read(12, 480)

@@ -19,6 +19,7 @@ from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table, rows_text
 from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
+from ps.progress import log_due, pace
 from ps.rows.layout import layout_of
 from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS
@@ -32,8 +33,6 @@ from ps.storage.store import Store
 from ps.storage.tablecatalog import LOST_TABLE_ROWS
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: opening its data dir is a part of its start
-REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
-RESTORE_PROGRESS_S = 10.0  # between the log lines of a long restore (--restore)
 
 
 def start_error(e: Exception, data_dir: str) -> PsError | None:
@@ -212,7 +211,7 @@ def _restore_watch(
     config: ServerConfig, manifest: dict, progress: StartProgress
 ) -> tuple[Callable[[int], None], Callable[[], float]]:
     """(on_written for restore_into, the share of the restore done for progress). on_written counts the rows
-    written, logs the restore's progress every RESTORE_PROGRESS_S seconds ("restoring: 1,200,000 of about
+    written, logs the restore's progress every ps.progress.LOG_EVERY_S seconds ("restoring: 1,200,000 of about
     3,000,000 rows written (40%), 400,000 rows/s, about 5 s left"), then checks for a stop: a stop there leaves
     the dir marked, and the next start starts the restore over. The share: the rows written over this shard's
     slots' share of the rows the manifest counts (an estimate: slots hold about equal rows)."""
@@ -224,12 +223,9 @@ def _restore_watch(
     def on_written(n: int) -> None:
         written[0] += n
         now = time.monotonic()
-        if now - said[0] >= RESTORE_PROGRESS_S:
-            said[0], done = now, written[0]
-            rate, total = done / max(now - started, 1e-9), max(expected, done)
-            left = f", about {(total - done) / rate:,.0f} s left" if total > done and rate > 0 else ""
-            log.info("restoring: %s of about %s rows written (%.0f%%), %s rows/s%s", f"{done:,}", f"{total:,}",
-                     100 * done / total, f"{rate:,.0f}", left)  # fmt: skip
+        if log_due(said[0], now):
+            said[0] = now
+            log.info("restoring: %s", pace(written[0], expected, now - started, "rows written"))
         progress.check()
 
     return on_written, lambda: written[0] / expected
@@ -314,7 +310,7 @@ def replay(
         if not records:
             log.info("replaying the journal past record %s: the pushes not yet written to RocksDB when the "
                      "last run stopped", f"{after:,}")  # fmt: skip
-        elif time.monotonic() - said >= REPLAY_PROGRESS_S:
+        elif log_due(said, time.monotonic()):
             said = time.monotonic()
             log.info("%s", replay_progress(records, rec.seq, journal.replay_bytes, said - t0))
         table = tables.get(rec.table)

@@ -407,7 +407,7 @@ class Shard:
         would decay their rows again. A failure part way (a chunk's write, the flush after) is raised as
         ShrinkProgress.refusal says: what was shrunk before it stays, and the message says what (a
         ShardNeedsRestartError's after its own words, which say what a restart does: a restart keeps those rows
-        decayed). The log says how far a long one got every ShrinkProgress.PROGRESS_EVERY_S seconds, and how long
+        decayed). The log says how far a long one got every ps.progress.LOG_EVERY_S seconds, and how long
         it took. One Shrink at a time: ShrinkRunningError, changing nothing, while another runs (ShrinkRunning)."""
         self.guard.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())

@@ -8,7 +8,7 @@ instruction: send no Shrink before the next one is due, which shrinks what this 
 full disk's remedy instead of its RETRY).
 
 A Shrink of a large table runs for minutes (its scan reads every stored row): the server logs a line every
-PROGRESS_EVERY_S seconds meanwhile, with the rows scanned of those the tables hold, the rate and the time left
+ps.progress.LOG_EVERY_S seconds meanwhile, with the rows scanned of those the tables hold, the rate and the time left
 (scanned), and Shard.shrink a final line with the time it took.
 
 One Shrink runs at a time on a shard (ShrinkRunning): another sent meanwhile (a client's whose deadline passed, an
@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHRINK_REMEDY, PsError, ShrinkRunningError, partly_applied
+from ps.progress import log_due, pace
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,6 @@ log = logging.getLogger(__name__)
 class ShrinkProgress:
     """The tables of one Shrink, in the order it shrinks them, what each chunk written changed of them, and the rows
     scanned so far of those the tables held as it began."""
-
-    PROGRESS_EVERY_S = 10.0  # between the log lines of a long Shrink
 
     def __init__(self, tables: list[str], rows: int = 0):
         """rows: the rows (and pending ids) the scan reads, those of the tables with a rule on (0: unknown)."""
@@ -46,21 +45,17 @@ class ShrinkProgress:
         self.began_at = time.time()  # wall clock, for a refused Shrink's message
 
     def scanned(self, table: str, n: int) -> None:
-        """Notes a chunk of n rows of table's scanned; logs the Shrink's progress where PROGRESS_EVERY_S passed since
+        """Notes a chunk of n rows of table's scanned; logs the Shrink's progress where LOG_EVERY_S passed since
         it began or since its last line: "shrinking: 1,200,000 of 3,000,000 rows scanned (40%), 80,000 rows/s,
         about 23 s left (table 't', 1 of 2)" (a total the scan passed, rows pushed meanwhile, is shown as the count
         so far, with no time left)."""
         self.scanned_rows += n
         now = time.monotonic()
-        if now - self.said < self.PROGRESS_EVERY_S:
+        if not log_due(self.said, now):
             return
         self.said = now
-        rate = self.scanned_rows / max(now - self.started, 1e-9)
-        total = max(self.rows, self.scanned_rows)
-        left = f", about {(total - self.scanned_rows) / rate:,.0f} s left" if self.rows > self.scanned_rows else ""
-        log.info("shrinking: %s of %s rows scanned (%.0f%%), %s rows/s%s (table %r, %d of %d)",
-                 f"{self.scanned_rows:,}", f"{total:,}", 100 * self.scanned_rows / max(total, 1), f"{rate:,.0f}",
-                 left, table, self.tables.index(table) + 1, len(self.tables))  # fmt: skip
+        scanned = pace(self.scanned_rows, self.rows, now - self.started, "rows scanned", about="")
+        log.info("shrinking: %s (table %r, %d of %d)", scanned, table, self.tables.index(table) + 1, len(self.tables))
 
     def wrote(self, table: str, written: int, dropped: int) -> None:
         """Notes a chunk of table's written: `written` kept rows rewritten, `dropped` ids deleted."""

@@ -21,8 +21,8 @@ to the mark are. Past both, a lost tail looks like the torn end of a crash: with
 failure can lose pushes that were acknowledged, and the warning that replay logs when it cuts says so. With
 accept_loss, replay logs what it cannot find or read instead of refusing, and goes on with the records it has.
 
-A long replay's progress line (replay_progress, logged by ps.engine.opening every REPLAY_PROGRESS_S) gives the records
-so far, the bytes read of those the segments hold, the rate and the time left.
+A long replay's progress line (replay_progress, logged by ps.engine.opening every ps.progress.LOG_EVERY_S) gives the
+records so far, the bytes read of those the segments hold, the rate and the time left (ps.progress.pace).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from ps.bytesize import human_bytes
 from ps.errors import StorageError
+from ps.progress import pace
 from ps.storage.journalformat import (
     OLDER_MAGICS,
     JournalCorruptError,
@@ -60,11 +61,8 @@ def replay_progress(records: int, seq: int, read: tuple[int, int], took_s: float
     (JournalReader.progress: the newest segment's zeros prepared ahead count until it is read, so the total is an
     estimate); took_s: since the replay began. A total the read reached shows no time left."""
     done, total = read
-    total = max(total, done)
-    rate = done / max(took_s, 1e-9)
-    left = f", about {(total - done) / rate:,.0f} s left" if total > done and rate > 0 else ""
-    return (f"replaying: {records:,} journal records so far (at record {seq:,}), {human_bytes(done)} of about "
-            f"{human_bytes(total)} read ({100 * done / max(total, 1):.0f}%), {human_bytes(rate)}/s{left}")  # fmt: skip
+    bytes_read = pace(done, total, took_s, "read", per_s="/s", show=human_bytes)
+    return f"replaying: {records:,} journal records so far (at record {seq:,}), {bytes_read}"
 
 
 class ReadEnd(NamedTuple):

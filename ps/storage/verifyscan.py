@@ -2,9 +2,9 @@
 on: every block of every column family with its checksum verified, every meta value read as ps.storage.meta's
 grammar says, and the size of every stored row counted per table (RowSizes).
 
-A verify reads every row, for minutes on a large data dir: it logs a line every VERIFY_PROGRESS_S seconds meanwhile,
-with the rows read of about those the "rows" column family holds (RocksDB's estimate), their bytes, the rate and the
-time left (ScanProgress), and a closing line with what it read and how long it took.
+A verify reads every row, for minutes on a large data dir: it logs a line every ps.progress.LOG_EVERY_S seconds
+meanwhile, with the rows read of about those the "rows" column family holds (RocksDB's estimate), their bytes, the
+rate and the time left (ScanProgress), and a closing line with what it read and how long it took.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from ps.bytesize import human_bytes
 from ps.errors import StorageError
+from ps.progress import log_due, pace
 from ps.rows.layout import KEY_BYTES
 from ps.storage.meta import (
     META_CF,
@@ -33,7 +34,6 @@ from ps.storage.rocks import ColumnFamily
 from ps.storage.rowformat import KEY_DTYPE, ROWS_CF
 
 VERIFY_CHUNK_ROWS = 1 << 16  # "rows" values whose sizes verify_rocksdb counts with numpy at once
-VERIFY_PROGRESS_S = 10.0  # between the log lines of a long verify (--verify-on-start, ps-server verify)
 ESTIMATED_KEYS = "rocksdb.estimate-num-keys"  # a column family's property: about how many keys it holds
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 class ScanProgress:
     """The rows (and their bytes: keys and values) a verify has read of one RocksDB's "rows" column family, of
-    `expected` (RocksDB's estimate; 0: unknown), logged every VERIFY_PROGRESS_S seconds."""
+    `expected` (RocksDB's estimate; 0: unknown), logged every ps.progress.LOG_EVERY_S seconds."""
 
     def __init__(self, path: str, expected: int = 0):
         self.path, self.expected = path, expected
@@ -50,20 +50,18 @@ class ScanProgress:
 
     def read(self, rows: int, nbytes: int) -> None:
         """Notes rows read, nbytes in all; logs "verifying D: 1,200,000 of about 3,000,000 rows read (40%, 96.0
-        MiB), 400,000 rows/s, about 5 s left" where VERIFY_PROGRESS_S passed since the start or the last line (a
+        MiB), 400,000 rows/s, about 5 s left" where LOG_EVERY_S passed since the start or the last line (a
         total the read passed, or none known, shows the count so far as the total, with no time left)."""
         self.rows += rows
         self.bytes += nbytes
         now = time.monotonic()
-        if now - self.said < VERIFY_PROGRESS_S:
+        if not log_due(self.said, now):
             return
         self.said = now
-        rate = self.rows / max(now - self.started, 1e-9)
-        total = max(self.expected, self.rows)
-        left = f", about {(total - self.rows) / rate:,.0f} s left" if total > self.rows and rate > 0 else ""
-        log.info("verifying %s: %s of about %s rows read (%.0f%%, %s), %s rows/s%s", self.path, f"{self.rows:,}",
-                 f"{total:,}", 100 * self.rows / max(total, 1), human_bytes(self.bytes), f"{rate:,.0f}",
-                 left)  # fmt: skip
+        rows_read = pace(
+            self.rows, self.expected, now - self.started, "rows read", aside=f", {human_bytes(self.bytes)}"
+        )
+        log.info("verifying %s: %s", self.path, rows_read)
 
     def finished(self, other_keys: int, damaged: list[str]) -> None:
         """Logs the closing line: "verified D's RocksDB: 3,000,000 rows (240.0 MiB) and 9 other keys read in 7.5 s,
