@@ -16,7 +16,7 @@ import numpy as np
 from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import data_files
-from worker.dense import DenseSync, dense_norm, table_name
+from worker.dense import TABLE_PREFIX, DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
 from worker.job import job_client, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_data_upto
@@ -65,6 +65,7 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False, tr
         (bias,) = [p for p in params if p.name == LOGIT_BIAS]
         without_bias = table_name(bias) not in {t.name for t in shard_stats[0].tables}
         if without_bias:
+            _check_no_other_model(client, cfg.model, table_name(bias), features, shard_stats, doing)
             wanted = [t for t in wanted if t.name != table_name(bias)]
             params = [p for p in params if p is not bias]
         check_tables(client, wanted, doing, for_eval=True,  # the rest of the model is there, in its shapes
@@ -76,6 +77,30 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False, tr
         dense_values = DenseSync(client, params).pull()
         dense_values.setdefault(LOGIT_BIAS, np.zeros(bias.shape, dtype=np.float32))
         yield ServedModel(cfg, data, spec, backend, client, dense_values, len(client.servers))
+
+
+def _check_no_other_model(client: Client, model: str, bias_table: str, features: str, shard_stats: list,
+                          doing: str) -> None:  # fmt: skip
+    """ValueError where the servers, which hold no table bias_table (model's logit bias), hold dense parameter
+    tables of another model (dense.<other>.<name>) made with features, this run's schema: the sparse tables of such
+    a schema (its tables named in the schema file, not after the model) are that model's, trained by it (deepfm's
+    read as fm's would score without its MLP, with b = 0); a model trained before models had a logit bias holds no
+    other model's. doing: what was not done, for the message."""
+    first: dict[str, str] = {}  # {other model: one of its dense tables}
+    for t in sorted(shard_stats[0].tables, key=lambda t: t.name):
+        if t.name.startswith(TABLE_PREFIX):
+            other = t.name[len(TABLE_PREFIX) :].split(".", 1)[0]
+            if other != model:
+                first.setdefault(other, t.name)
+    shard = [shard_stats[0].shard_id]
+    others = [m for m, name in first.items() if client.describe_table(name, shard)[0].spec.features == features]
+    if others:
+        flags = " or ".join(f"--model {m}" for m in others)
+        raise ValueError(f"the servers hold no table {bias_table}, the logit bias of {model}, and hold the dense "
+                         f"parameter tables of {', '.join(others)} ({', '.join(f'{TABLE_PREFIX}{m}.*' for m in others)}) "
+                         f"made with this run's schema ({features}), whose sparse tables these are: the model the "
+                         f"servers hold was trained with {flags}, not --model {model}; give its flags ({flags}, its "
+                         f"--hidden and --embedding-dim): {doing}")  # fmt: skip
 
 
 def check_trained(client: Client, spec: ModelSpec, model: str, doing: str, shard_stats: list | None = None) -> None:
