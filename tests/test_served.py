@@ -1,13 +1,20 @@
-"""Tests for the model eval and predict score with (worker/served.py): a model of another --model whose sparse
-tables these are is refused, not scored as a model trained before models had a logit bias, nor with its own dense
-parameters at their initial values."""
+"""Models that share a schema's named sparse tables: eval and predict (worker/served.py) refuse a model of another
+--model whose sparse tables these are, instead of scoring it as a model trained before models had a logit bias, or
+with its own dense parameters at their initial values; train refuses a model new on the servers whose sparse tables
+another model trained (worker/model_tables.py check_not_others_tables)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from ps.errors import TableNotFoundError
 from tests.worker_runs import run
+from worker.client import Client
 from worker.cluster import LocalCluster
+from worker.job import prepare
+from worker.model_tables import table_configs
+from worker.train_config import TrainConfig
 
 SCHEMA = """format = "csv"
 label = "click"
@@ -66,18 +73,22 @@ def test_fms_eval_and_predict_of_deepfms_tables_of_a_named_table_are_refused_nam
 
 
 def test_deepfms_eval_and_predict_of_fms_tables_beside_an_untrained_mlp_are_refused_naming_fm(tmp_path, capsys):
-    """fm trained the schema's table; `train --model deepfm --create-tables-only` made deepfm's dense tables beside
-    it (the large recipe gives both models one sparse table config). eval and predict with --model deepfm are
-    refused, naming fm and the dense tables never trained, instead of scoring fm's rows through an MLP at its
-    initial values; fm's own flags score its model."""
+    """fm trained the schema's table; deepfm's dense tables were made beside it and never trained (by a client of
+    its own here: train refuses to make them, below). eval and predict with --model deepfm are refused, naming fm
+    and the dense tables never trained, instead of scoring fm's rows through an MLP at its initial values; fm's own
+    flags score its model."""
     data, schema = csv_data(tmp_path)
     with LocalCluster(1) as cluster:
         flags = ["--servers", cluster.addresses[0], "--data", data, "--schema", schema]
         deepfm = ["--model", "deepfm", "--hidden", "4"]
         code, err = run(["train", *flags, "--model", "fm", "--recipe", "large", "--no-progress"], capsys)
         assert code == 0, err
-        code, err = run(["train", *flags, *deepfm, "--recipe", "large", "--create-tables-only"], capsys)
-        assert code == 0, err
+        cfg, made, spec, _ = prepare(TrainConfig(servers=tuple(cluster.addresses), data=data, schema=schema,
+                                                 model="deepfm", hidden=(4,), recipe="large"))  # fmt: skip
+        with Client(cluster.addresses) as client:
+            for t in table_configs(cfg, spec, made.schema.table_overrides(), made.schema.fingerprint()):
+                if t.name.startswith("dense.deepfm."):
+                    client.create_table(t)
         code, err = run(["eval", *flags, *deepfm], capsys)
         assert code == 2, err
         assert "the servers hold the sparse tables of deepfm (t) trained, but never trained its dense parameter " \
@@ -88,4 +99,30 @@ def test_deepfms_eval_and_predict_of_fms_tables_beside_an_untrained_mlp_are_refu
         assert code == 2 and "trained by --model fm" in err and "nothing was written" in err, err
         assert not out.exists()
         code, err = run(["eval", *flags, "--model", "fm"], capsys)
+        assert code == 0, err
+
+
+def test_a_model_new_on_the_servers_is_not_trained_on_the_sparse_tables_another_model_trained(tmp_path, capsys):
+    """fm trained the schema's table (the large recipe gives deepfm the same sparse table config): train --model
+    deepfm, and --create-tables-only, are refused naming fm, creating nothing, where they would train fm's rows as
+    deepfm's; fm trains further. On servers of its own, deepfm trains."""
+    data, schema = csv_data(tmp_path)
+    with LocalCluster(1) as cluster:
+        flags = ["--servers", cluster.addresses[0], "--data", data, "--schema", schema, "--recipe", "large"]
+        deepfm = ["--model", "deepfm", "--hidden", "4"]
+        code, err = run(["train", *flags, "--model", "fm", "--no-progress"], capsys)
+        assert code == 0, err
+        for more in (["--no-progress"], ["--create-tables-only"]):
+            code, err = run(["train", *flags, *deepfm, *more], capsys)
+            assert code == 2, err
+            assert "the servers hold the sparse tables of this run (t) trained by --model fm (its dense tables " \
+                   "dense.fm.* were made with this run's schema" in err, err  # fmt: skip
+            assert "Train that model further with --model fm" in err and "nothing was created" in err, err
+        with Client(cluster.addresses) as client, pytest.raises(TableNotFoundError):
+            client.describe_table("dense.deepfm.logit.bias")
+        code, err = run(["train", *flags, "--model", "fm", "--no-progress"], capsys)
+        assert code == 0, err
+    with LocalCluster(1) as cluster:
+        code, err = run(["train", "--servers", cluster.addresses[0], "--data", data, "--schema", schema, "--recipe",
+                         "large", *deepfm, "--no-progress"], capsys)  # fmt: skip
         assert code == 0, err

@@ -7,6 +7,8 @@ check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a
 check_allreduce_tables           --dense allreduce refuses MLP tables' settings only the servers would apply
 weaker_l2_toml                   a --table-config file dividing the sparse tables' l2 by WEAKER_L2_DIVISOR
 sparse_table_stats, missing_shares    what the shards hold of the model's tables, and a shard that lacks its part
+other_models, check_not_others_tables  the models whose dense tables share the run's schema, and a new model's
+                                 run refused on the sparse tables another model trained
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 from ps.config import FULL_AT_REST, OPTIMIZER_PARAMS, InitializerConfig, OptimizerConfig, TableConfig
 from ps.table_toml import table_configs_from_toml
 from worker.client import Client
+from worker.dense import TABLE_PREFIX
 from worker.dense import table_config as dense_table_config
+from worker.dense import table_name as dense_table_name
 from worker.models.spec import ModelSpec
 from worker.recipe import EMBEDDING_INIT_SCALE, WEAKER_L2_DIVISOR
 from worker.schema_toml import toml_key
@@ -237,6 +241,41 @@ def missing_shares(shard_stats: list, spec: ModelSpec, servers: list[str]) -> li
                            f"--data-dir (its: {shard.data_dir or 'unknown'})? The model this run trains further lacks "
                            "that shard's rows")  # fmt: skip
     return out
+
+
+def other_models(client: Client, model: str, features: str, shard_stats: list) -> list[str]:
+    """The models other than `model` whose dense parameter tables (dense.<other>.<name>) the servers hold made with
+    features, the run's schema: where its tables are named in the schema file, not after the model, those models
+    share the run's sparse tables. One table of each is described, on shard 0 (shard_stats: the shards'
+    StatsResponses)."""
+    first: dict[str, str] = {}  # {other model: one of its dense tables}
+    for t in sorted(shard_stats[0].tables, key=lambda t: t.name):
+        if t.name.startswith(TABLE_PREFIX):
+            other = t.name[len(TABLE_PREFIX) :].split(".", 1)[0]
+            if other != model:
+                first.setdefault(other, t.name)
+    shard = [shard_stats[0].shard_id]
+    return [m for m, name in first.items() if client.describe_table(name, shard)[0].spec.features == features]
+
+
+def check_not_others_tables(client: Client, spec: ModelSpec, features: str, shard_stats: list) -> None:
+    """ValueError, before anything is created, where the servers hold spec's sparse tables trained, no dense
+    parameter table of spec's model trained (a model new there), and the dense tables of another model made with
+    this schema (other_models): those rows are that model's, and this run would train them as its own, changing
+    the model the other's eval and predict score."""
+    trained = {t.name for shard in shard_stats for t in shard.tables if t.trained}
+    if not set(spec.table_dims()) & trained or {dense_table_name(p) for p in spec.dense_params()} & trained:
+        return
+    others = other_models(client, spec.name, features, shard_stats)
+    if others:
+        flags = " or ".join(f"--model {m}" for m in others)
+        raise ValueError(f"the servers hold the sparse tables of this run ({', '.join(sorted(spec.table_dims()))}) "
+                         f"trained by {flags} (its dense tables {', '.join(f'{TABLE_PREFIX}{m}.*' for m in others)} "
+                         f"were made with this run's schema, {features}), and no trained dense table of "
+                         f"{spec.name}: this run would train those rows as {spec.name}'s, changing the model that eval "
+                         f"and predict with {flags} score. Train that model further with {flags}, or give {spec.name} "
+                         "tables of its own (other names under the schema's [tables], or other servers); nothing "
+                         "was created")  # fmt: skip
 
 
 def held_features(client: Client, schema: Any, tables: list[str], shard_stats: list | None = None) -> str:

@@ -20,7 +20,7 @@ from worker.dense import TABLE_PREFIX, DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
 from worker.job import job_client, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_data_upto
-from worker.model_tables import held_features, sparse_table_stats, table_configs
+from worker.model_tables import held_features, other_models, sparse_table_stats, table_configs
 from worker.models.spec import LOGIT_BIAS, ModelSpec
 from worker.readers.share import ReadStats
 from worker.scoring import ScoringProgress, evaluate
@@ -51,7 +51,8 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False, tr
     validation split: --max-bad-lines 1,000 unless given), then, once the servers answer, ValueError unless they
     hold every table of that model with its shapes (check_tables for_eval; doing: what was not done, for the
     message) and a trained row in them (check_trained), its dense parameter tables trained too
-    (_check_dense_trained), and the dense parameters pulled. labels_optional, trained_on_data, warn: as prepare's. The checks read the shards' Stats once, as wait_ready reads them."""
+    (_check_dense_trained), and the dense parameters pulled. labels_optional, trained_on_data, warn: as prepare's.
+    The checks read the shards' Stats once, as wait_ready reads them."""
     cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
     cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional, trained_on_data=trained_on_data,
                                  warn=warn)  # fmt: skip
@@ -80,31 +81,18 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False, tr
         yield ServedModel(cfg, data, spec, backend, client, dense_values, len(client.servers))
 
 
-def _other_models(client: Client, model: str, features: str, shard_stats: list) -> list[str]:
-    """The models other than `model` whose dense parameter tables (dense.<other>.<name>) the servers hold made with
-    features, this run's schema: where its tables are named in the schema file, not after the model, those models
-    share the run's sparse tables. One table of each is described, on shard 0."""
-    first: dict[str, str] = {}  # {other model: one of its dense tables}
-    for t in sorted(shard_stats[0].tables, key=lambda t: t.name):
-        if t.name.startswith(TABLE_PREFIX):
-            other = t.name[len(TABLE_PREFIX) :].split(".", 1)[0]
-            if other != model:
-                first.setdefault(other, t.name)
-    shard = [shard_stats[0].shard_id]
-    return [m for m, name in first.items() if client.describe_table(name, shard)[0].spec.features == features]
-
-
 def _check_no_other_model(client: Client, model: str, bias_table: str, features: str, shard_stats: list,
                           doing: str) -> None:  # fmt: skip
     """ValueError where the servers, which hold no table bias_table (model's logit bias), hold dense parameter
-    tables of another model made with this run's schema (_other_models): the sparse tables are that model's,
-    trained by it (deepfm's read as fm's would score without its MLP, with b = 0); a model trained before models had
-    a logit bias holds no other model's. doing: what was not done, for the message."""
-    others = _other_models(client, model, features, shard_stats)
+    tables of another model made with this run's schema (model_tables.other_models): the sparse tables are that
+    model's, trained by it (deepfm's read as fm's would score without its MLP, with b = 0); a model trained before
+    models had a logit bias holds no other model's. doing: what was not done, for the message."""
+    others = other_models(client, model, features, shard_stats)
     if others:
         flags = " or ".join(f"--model {m}" for m in others)
+        held = ", ".join(f"{TABLE_PREFIX}{m}.*" for m in others)
         raise ValueError(f"the servers hold no table {bias_table}, the logit bias of {model}, and hold the dense "
-                         f"parameter tables of {', '.join(others)} ({', '.join(f'{TABLE_PREFIX}{m}.*' for m in others)}) "
+                         f"parameter tables of {', '.join(others)} ({held}) "
                          f"made with this run's schema ({features}), whose sparse tables these are: the model the "
                          f"servers hold was trained with {flags}, not --model {model}; give its flags ({flags}, its "
                          f"--hidden and --embedding-dim): {doing}")  # fmt: skip
@@ -114,15 +102,15 @@ def _check_dense_trained(client: Client, spec: ModelSpec, features: str, shard_s
     """ValueError for a dense parameter table of spec's model that the servers hold and no shard ever trained
     (TableStats.trained), called once its sparse tables are known trained (check_trained): every run of the model
     pushes its dense parameters, so those sparse tables were trained by another model that shares them
-    (_other_models), and this one's tables were made by `train --create-tables-only` or a train that failed before
-    its first step's push; its scores would take those parameters at their initial values. doing: what was not
-    done, for the message."""
+    (model_tables.other_models), and this one's tables were made by `train --create-tables-only` or a train that
+    failed before its first step's push; its scores would take those parameters at their initial values. doing:
+    what was not done, for the message."""
     held = {t.name for t in shard_stats[0].tables}
     trained = {t.name for shard in shard_stats for t in shard.tables if t.trained}
     never = [table_name(p) for p in spec.dense_params() if table_name(p) in held - trained]
     if not never:
         return
-    others = _other_models(client, spec.name, features, shard_stats)
+    others = other_models(client, spec.name, features, shard_stats)
     by = f"--model {' or --model '.join(others)}" if others else "another model"
     raise ValueError(f"the servers hold the sparse tables of {spec.name} ({', '.join(sorted(spec.table_dims()))}) "
                      f"trained, but never trained its dense parameter table{'s' * (len(never) > 1)} "

@@ -43,7 +43,14 @@ from worker.dense import dense_norm, start_logit_bias
 from worker.dense import table_name as dense_table
 from worker.job import CheckedJob, check_training, dense_path, job_client, job_lines, loop_settings, make_backend
 from worker.loop import LoopResult, TrainingDataError, run_epochs
-from worker.model_tables import held_features, initializers_given, missing_shares, sparse_table_stats, weaker_l2_toml
+from worker.model_tables import (
+    check_not_others_tables,
+    held_features,
+    initializers_given,
+    missing_shares,
+    sparse_table_stats,
+    weaker_l2_toml,
+)
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import resumes_whole, state_changed
@@ -150,6 +157,7 @@ class _Run:
                 raise ValueError(changed)
             position.state_ids = client.state_ids
         features = held_features(client, self.data.schema, [t.name for t in self.tables], self.shard_stats)
+        check_not_others_tables(client, spec, features, self.shard_stats)
         tables = [dataclasses.replace(t, features=features) for t in self.tables]
         dense_rows = {dense_table(p): p.shape[0] for p in spec.dense_params()}  # trained whole: its initializer kept
         self.specs = held_specs(client, [t.name for t in tables], self.shard_stats)
