@@ -54,10 +54,11 @@ def check_connections_bounded(port: int, scrape: Callable[[], None], wait_s: flo
 def check_slow_clients_dropped(port: int, scrape: Callable[[], None], deadline_s: float) -> None:
     """Opens MAX_CONNECTIONS connections to 127.0.0.1:port that send a request's header a byte every DRIP_S, never
     ending it, and asserts that scrape() (raising URLError or ConnectionError while no thread is free) passes within
-    deadline_s (the handler's whole-connection deadline, ps.metricshttp.Handler.timeout) and 10 s more of their
-    opening, the slow clients still sending, and that the server closed each of them. deadline_s of 3 s or more:
-    a connection past the listen backlog may see its first bytes over a second after it was accepted (the handshake's
-    retry), and a shorter per-read timeout would end it before any drip, hiding a deadline that is not there."""
+    deadline_s (the handler's deadline for a connection's TLS handshake and request, ps.metricshttp.Handler.timeout;
+    a reply keeps to Handler.reply_s of its own) and 10 s more of their opening, the slow clients still sending, and
+    that the server closed each of them. deadline_s of 3 s or more: a connection past the listen backlog may see its
+    first bytes over a second after it was accepted (the handshake's retry), and a shorter per-read timeout would end
+    it before any drip, hiding a deadline that is not there."""
     slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]
     opened, stop = time.monotonic(), threading.Event()
 

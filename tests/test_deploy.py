@@ -2,11 +2,12 @@
 server with TLS and a token and every client with the CA and the token, and every command in them is accepted by
 the CLI (no PS_* variable among them that no flag reads); the manifests agree with each other (shards, server
 lists, ports, workers, memory, the stop's grace), and they and the Secret deploy/gen-secrets.sh makes pass the
-Kubernetes schemas (offline, with kubernetes-validate's bundled schemas); the host-network override puts every server on its own 127.0.0.1 ports;
-the exact-sum pusher deploy/smoke.sh runs finds a lost or doubled push; and the compose services, run as local
-processes (127.0.0.1, ports remapped, small data, secrets made by deploy/gen-secrets.sh), train to completion over
-TLS with health checks SERVING and metrics served only with the token. deploy/smoke.sh itself (images built,
-the cluster run in containers, a server killed) runs only where a Docker engine answers: skipped otherwise."""
+Kubernetes schemas (offline, with kubernetes-validate's bundled schemas); the host-network override puts every
+server on its own 127.0.0.1 ports; the exact-sum pusher deploy/smoke.sh runs finds a lost or doubled push; and the
+compose services, run as local processes (127.0.0.1, ports remapped, small data, secrets made by
+deploy/gen-secrets.sh), train to completion over TLS with health checks SERVING and metrics served only with the
+token. deploy/smoke.sh itself (images built, the cluster run in containers, a server killed) runs only where a
+Docker engine answers: skipped otherwise."""
 
 from __future__ import annotations
 
@@ -370,8 +371,8 @@ def test_the_schema_validation_catches_a_misspelled_field_and_a_wrong_type():
 
 def test_the_secret_gen_secrets_makes_passes_the_schema_and_holds_every_key_the_pods_mount(tmp_path):
     assert shutil.which("openssl"), "deploy/gen-secrets.sh needs the openssl command (Debian: apt install openssl)"
-    made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(tmp_path / "secrets"),
-                           "sparseps-0.sparseps", "sparseps-1.sparseps"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    argv = ["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(tmp_path / "secrets"), "sparseps-0.sparseps"]
+    made = subprocess.run([*argv, "sparseps-1.sparseps"], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     secret = secret_as_kubectl_makes_it(str(tmp_path / "secrets"))
     for version in KUBERNETES_VERSIONS:
@@ -422,8 +423,10 @@ def test_gen_secrets_names_an_ip_address_as_one_so_that_any_tls_client_may_dial_
                                  auth_token_file=str(s / "token")))  # fmt: skip
     server.start()
     try:
-        request = urllib.request.Request(f"https://127.0.0.2:{server.metrics_port}/metrics",
-                                         headers={"Authorization": f"Bearer {(s / 'token').read_text().strip()}"})  # fmt: skip
+        token = (s / "token").read_text().strip()
+        request = urllib.request.Request(
+            f"https://127.0.0.2:{server.metrics_port}/metrics", headers={"Authorization": f"Bearer {token}"}
+        )
         context = ssl.create_default_context(cafile=str(s / "ca.pem"))
         with urllib.request.urlopen(request, timeout=15, context=context) as reply:
             assert reply.status == 200 and b"sparseps_" in reply.read()
@@ -444,13 +447,17 @@ def test_gen_secrets_run_again_over_an_expired_certificate_says_so_and_fails(tmp
     ca.mkdir()
     (ca / "index.txt").write_text("")
     (ca / "serial").write_text("01\n")
-    (ca / "ca.cnf").write_text("[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n"
-                               "default_md = sha256\nunique_subject = no\npolicy = p\n[p]\ncommonName = supplied\n")  # fmt: skip
+    (ca / "ca.cnf").write_text(
+        "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n"
+        "default_md = sha256\nunique_subject = no\npolicy = p\n[p]\ncommonName = supplied\n"
+    )
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    for argv in (["req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca"],
-                 ["req", *ec, "-keyout", "old.key", "-out", "old.csr", "-subj", "/CN=old"],
-                 ["ca", "-batch", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in", "old.csr",
-                  "-out", "old.pem", "-notext", "-startdate", "20200101000000Z", "-enddate", "20210101000000Z"]):  # fmt: skip
+    sign = ["ca", "-batch", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in", "old.csr"]
+    for argv in (
+        ["req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca"],
+        ["req", *ec, "-keyout", "old.key", "-out", "old.csr", "-subj", "/CN=old"],
+        [*sign, "-out", "old.pem", "-notext", "-startdate", "20200101000000Z", "-enddate", "20210101000000Z"],
+    ):
         subprocess.run(["openssl", *argv], cwd=ca, check=True, capture_output=True)
     shutil.copy(ca / "old.pem", secrets / "server.pem")
     before = {f.name: f.read_bytes() for f in secrets.iterdir()}
@@ -699,8 +706,8 @@ def test_the_compose_services_run_as_local_processes(tmp_path):
             probe[probe.index("127.0.0.1:5000")] = f"127.0.0.1:{grpc_ports[n]}"
             health = subprocess.run(probe, capture_output=True, text=True, timeout=30)
             assert health.returncode == 0 and "SERVING" in health.stdout, health.stderr
-        setup = subprocess.run(local(services["create-tables"]["command"], "create-tables"), env=env_of("create-tables"),
-                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        create = local(services["create-tables"]["command"], "create-tables")
+        setup = subprocess.run(create, env=env_of("create-tables"), capture_output=True, text=True, timeout=120)
         assert setup.returncode == 0 and "created tables deepfm" in setup.stdout, setup.stderr
         workers = [subprocess.Popen(local(services[n]["command"], n), env=env_of(n), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True) for n in ("worker-0", "worker-1")]  # fmt: skip

@@ -697,9 +697,10 @@ def test_a_health_probe_whose_tls_setting_differs_from_the_shards_says_which_fla
 
 
 def test_a_probe_with_tls_files_the_shard_does_not_take_names_the_file(pki, start):
-    """A CA that did not sign the shard's certificate, or a client certificate its CA did not sign: before, the
-    worker said "it did not answer as a sparseps shard (gRPC): it may be another service's port", and health said
-    that the shard requires a client certificate, where one was given or the shard's own did not verify."""
+    """A CA that did not sign the shard's certificate, or a client certificate its CA did not sign: the worker and
+    health name the TLS file at fault; neither says "it did not answer as a sparseps shard (gRPC): it may be another
+    service's port", nor that the shard requires a client certificate where one was given or the shard's own did
+    not verify."""
     ca, rogue = str(pki / "ca.pem"), str(pki / "rogue.pem")
     client = {"tls_cert": str(pki / "client.pem"), "tls_key": str(pki / "client.key")}
     intruder = {"tls_cert": str(pki / "intruder.pem"), "tls_key": str(pki / "intruder.key")}
@@ -857,7 +858,7 @@ def test_a_certificate_not_yet_valid_is_served_with_a_warning_and_its_clients_to
 ):
     """The clock that puts a certificate's start in the future may be the wrong one, so the server serves it, and
     warns at start naming the file and the date; a client that cannot connect is told the date and to check the
-    clocks, not to give another CA (before, it said "give --tls-ca the CA that signed the shard's certificate")."""
+    clocks, and is not told to give another CA ("give --tls-ca the CA that signed the shard's certificate")."""
     future, key, ca = expired / "future.pem", str(expired / "expired.key"), str(pki / "ca.pem")
     now = r"\(this machine's clock says \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)"
     with caplog.at_level("WARNING", logger="ps.server"):

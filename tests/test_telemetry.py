@@ -121,8 +121,9 @@ def test_the_endpoint_serves_a_bounded_number_of_connections_and_closes_the_rest
 
 def test_clients_sending_their_requests_a_byte_at_a_time_are_dropped_so_that_a_scrape_is_served(monkeypatch):
     """MAX_CONNECTIONS clients dripping a request's header, each byte well within a read's timeout, hold every thread
-    only until the handler's deadline for the whole connection: then a scrape is served (a slowloris would otherwise
-    keep Prometheus out for as long as it drips)."""
+    only until the handler's deadline for a connection's TLS handshake and request (Handler.timeout; a reply keeps
+    to Handler.reply_s of its own): then a scrape is served (a slowloris would otherwise keep Prometheus out for as
+    long as it drips)."""
     from ps.metricshttp import Handler
     from tests.bounded_http import check_slow_clients_dropped
 

@@ -647,8 +647,9 @@ def test_stats_marks_a_shards_disk_low_below_the_servers_threshold(low, servers,
     assert json.loads(out)["shards"][0]["disk_low"] == int(low)
 
 
-def test_an_export_whose_ps_server_export_is_killed_names_the_signal_and_leaves_out_as_it_was(tmp_path, capsys,
-                                                                                                monkeypatch):  # fmt: skip
+def test_an_export_whose_ps_server_export_is_killed_names_the_signal_and_leaves_out_as_it_was(
+    tmp_path, capsys, monkeypatch
+):
     """A `ps-server export` killed by a signal (the OOM killer's SIGKILL) ends ps-worker export with a line naming
     it and 128 + its number, as a shell reports such a death (not the child's raw returncode, -9); OUT holds the
     earlier export alone, and an OUT the export made is gone."""
@@ -742,8 +743,9 @@ def test_an_export_stopped_while_ps_server_export_writes_lets_it_remove_its_file
     assert not out.exists(), sorted(str(p.relative_to(tmp_path)) for p in out.rglob("*"))
 
 
-def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_written_again_into_out(tmp_path,
-                                                                                                 monkeypatch):  # fmt: skip
+def test_an_export_interrupted_while_the_servers_save_leaves_no_checkpoint_written_again_into_out(
+    tmp_path, monkeypatch
+):
     """Ctrl-C while the shard writes ps-worker export's fresh checkpoint: the export ends, removing the checkpoint and
     the OUT it made under the shard's write, which fails. The shard, whose caller has gone, writes nothing: OUT
     stays gone, not made again after the export ended with a whole checkpoint of the shard in it, named by

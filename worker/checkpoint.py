@@ -104,14 +104,14 @@ def save(
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. PsError, before any shard is held, unless the client's servers are
     every shard of the cluster in shard order (Client.wait_ready's check). ValueError, before any hold, for a
-    directory that holds a checkpoint or any other file, for shards that lost a trained table or were restored from different
-    checkpoints (worker.tables.cluster_damage), or for a table some shards lack (untrained_on_some_shards: its
-    manifest entry is described by every shard); tables: look only at these for such a table, for a checkpoint
-    that is read for them alone, an export's. A failure once the shards began to save says what they left in
-    directory (_note_parts_left), unless temporary: the caller removes directory when the save fails (an export's
-    fresh checkpoint, whose leftovers the next export removes), so the error says nothing of what is in it. A table
-    made during the save is left out of the manifest, or refused (ValueError) where a shard saved rows of it
-    (_made_during_the_save)."""
+    directory that holds a checkpoint or any other file, for shards that lost a trained table or were restored
+    from different checkpoints (worker.tables.cluster_damage), or for a table some shards lack
+    (untrained_on_some_shards: its manifest entry is described by every shard); tables: look only at these for
+    such a table, for a checkpoint that is read for them alone, an export's. A failure once the shards began to
+    save says what they left in directory (_note_parts_left), unless temporary: the caller removes directory when
+    the save fails (an export's fresh checkpoint, whose leftovers the next export removes), so the error says
+    nothing of what is in it. A table made during the save is left out of the manifest, or refused (ValueError)
+    where a shard saved rows of it (_made_during_the_save)."""
     directory = os.path.abspath(directory)
     parts_in = None if temporary else directory  # where a failure's error says what the shards left
     state_ids = _check_before_holding(client, directory, tables)
@@ -233,9 +233,11 @@ def _check_parts_seen(directory: str, shards: list[dict]) -> None:
     """PermissionError or ValueError, no manifest written, where this machine cannot read directory or sees no
     shard-<i> folder the servers saved (their DIR is another machine's, another mount)."""
     if not os.access(directory, os.R_OK | os.X_OK):
-        raise PermissionError(f"the servers saved their parts into {directory}, which this user cannot read (the "
-                              "servers' user made it): no manifest was written; save as a user that can read the "
-                              "servers' --checkpoint-root, and delete the shard-<i> folders the servers left there")  # fmt: skip
+        raise PermissionError(
+            f"the servers saved their parts into {directory}, which this user cannot read (the servers' user made "
+            "it): no manifest was written; save as a user that can read the servers' --checkpoint-root, and delete "
+            "the shard-<i> folders the servers left there"
+        )
     absent = [s["dir"] for s in shards if not os.path.isdir(os.path.join(directory, s["dir"]))]
     if absent:  # the servers saved into a DIR of their own (another machine's, another mount) than this one
         raise ValueError(f"the servers saved their parts, but {directory} here holds no {', '.join(absent)}: the "
@@ -268,8 +270,9 @@ def _made_during_the_save(shards: list[dict], tables: set[str] | None, parts_in:
     """The tables (of tables, where given) that some shards saved and others did not: made during the save (a
     CreateTable is not held), after the save of those that lack it. Every table was on every shard before the hold
     (untrained_on_some_shards), so such a table is not part of the cut: save leaves it out of the manifest (its
-    tables, and its shards' rows), as a restore finds no table number for it in the parts that lack it. A part holds no row of it where its CreateTable came after
-    that shard's hold; ValueError, saying what the shards left in parts_in, where one holds some."""
+    tables, and its shards' rows), as a restore finds no table number for it in the parts that lack it. A part
+    holds no row of it where its CreateTable came after that shard's hold; ValueError, saying what the shards
+    left in parts_in, where one holds some."""
     saved = [set(s["rows"]) for s in shards]
     partial = {name for name in set().union(*saved) - set.intersection(*saved) if tables is None or name in tables}
     trained = sorted(name for name in partial if any(s["rows"].get(name, 0) for s in shards))
