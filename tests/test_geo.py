@@ -574,14 +574,11 @@ def test_tables_training_in_turn_leave_no_arrays_of_their_rows_behind_and_train_
             plain.create_table(cfg)
         capacity = 400 * (4 * 6 + 4 * 6 + 9 + SLOT_BYTES)  # 400 rows of `other`, 100 ids a step
         geo = GeoTables(server, configs, every=2, capacity_bytes=capacity)
-        rng = np.random.default_rng(6)
+        rng, first = np.random.default_rng(6), np.arange(10, dtype=np.uint64)
         for turn in range(6):
             t = ("emb", "other")[turn % 2]
             for k in range(8):  # ids new to the turn, and a few of its first step again
-                new, first = (
-                    np.arange(100, dtype=np.uint64) + np.uint64(10**6 * turn + 100 * k),
-                    np.arange(10, dtype=np.uint64),
-                )
+                new = np.arange(100, dtype=np.uint64) + np.uint64(10**6 * turn + 100 * k)
                 ids = np.unique(np.concatenate([new, first + np.uint64(10**6 * turn)]))
                 geo.rows({t: ids})
                 grads = rng.standard_normal((len(ids), configs[t].dim)).astype(F32) * 0.01

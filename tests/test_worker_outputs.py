@@ -564,6 +564,7 @@ def test_stats_gives_a_large_disk_in_tib_and_no_figure_as_1000_of_a_unit(total, 
 
     monkeypatch.setattr(Client, "stats", stats)
     code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
+    assert code == 0, err
     [disk] = [x for x in out.splitlines() if x.startswith("    0 disk: ")]
     assert disk.startswith(f"    0 disk: {line}"), disk
 
