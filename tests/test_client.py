@@ -31,6 +31,7 @@ from ps.errors import (
 from ps.rows.initializers import init_rows
 from ps.sharding import SlotMap
 from tests.conftest import call_slots_taken, random_ids
+from tests.rpc_errors import RefusedCall
 from worker import shard_calls
 from worker.client import Client, PushItem, push_arrays, sum_duplicates
 from worker.retry import retryable, sent_once
@@ -294,16 +295,6 @@ def _client_on(clock: mock.Mock, attempt, **kwargs) -> Iterator[Client]:
         yield client
 
 
-class _ConnectionRefused(grpc.RpcError):
-    """An attempt's failure where nothing listens at the shard's address."""
-
-    def code(self):
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self):
-        return "Connection refused"
-
-
 def test_a_shard_that_stays_down_is_waited_for_the_server_timeout_in_all_not_per_call():
     """--server-timeout bounds the wait for a shard from the first failure the client saw of it: a call made after
     another gave up on the shard, still failing, tries once and fails at once, saying how long the shard has been
@@ -315,7 +306,7 @@ def test_a_shard_that_stays_down_is_waited_for_the_server_timeout_in_all_not_per
 
     def attempt(call, timeout_s, interruptible):
         attempts.append(now[0])
-        return _ConnectionRefused()
+        return RefusedCall(grpc.StatusCode.UNAVAILABLE, "Connection refused")  # nothing listens there
 
     def waited(call) -> tuple[float, int, str]:
         """(fake seconds the call took, its attempts, its error)"""
@@ -349,7 +340,7 @@ def test_a_server_timeout_shorter_than_the_backoff_between_attempts_still_ends_t
         attempts.append(now[0])
         if len(attempts) > 20:  # the call would go on for ever: end it here
             raise AssertionError(f"{len(attempts) - 1} attempts in {now[0] - 1000:.2f} s, and still waiting")
-        return _ConnectionRefused()
+        return RefusedCall(grpc.StatusCode.UNAVAILABLE, "Connection refused")  # nothing listens there
 
     failing = r"it has been failing for 0 s \(server timeout 0.2 s\)"
     with (
@@ -368,13 +359,6 @@ def test_a_shard_that_answers_no_attempt_within_a_deadline_longer_than_the_serve
     a deadline at a time). A stand-in fails each attempt at its deadline under a fake clock."""
     now, clock = _fake_clock()
 
-    class Late(grpc.RpcError):
-        def code(self):
-            return grpc.StatusCode.DEADLINE_EXCEEDED
-
-        def details(self):
-            return "Deadline Exceeded"
-
     attempts = []
 
     def attempt(call, timeout_s, interruptible):
@@ -382,7 +366,7 @@ def test_a_shard_that_answers_no_attempt_within_a_deadline_longer_than_the_serve
         if len(attempts) > 10:  # the call would go on for ever: end it here
             raise AssertionError(f"{len(attempts) - 1} attempts in {now[0] - 1000:.0f} s, and still waiting")
         now[0] += timeout_s
-        return Late()
+        return RefusedCall(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     with _client_on(clock, attempt, timeout_s=600, server_timeout_s=30) as client:
         with pytest.raises(ServerUnavailableError, match=r"it has been failing for 600 s \(server timeout 30 s\)"):
@@ -529,13 +513,6 @@ def test_a_call_is_sent_again_while_another_of_its_batch_still_waits(servers):
     addresses, _ = servers(2)
     retried = threading.Event()
 
-    class Unavailable(grpc.RpcError):
-        def code(self):
-            return grpc.StatusCode.UNAVAILABLE
-
-        def details(self):
-            return "restarting"
-
     attempts = []
 
     def attempt(call, timeout_s, interruptible):
@@ -544,7 +521,7 @@ def test_a_call_is_sent_again_while_another_of_its_batch_still_waits(servers):
             assert retried.wait(10), "shard 1's call was not sent again while shard 0's waited"
             return "reply 0"
         if attempts.count(1) == 1:
-            return Unavailable()
+            return RefusedCall(grpc.StatusCode.UNAVAILABLE, "restarting")
         retried.set()
         return "reply 1"
 
@@ -640,29 +617,36 @@ def test_a_server_list_that_mixes_two_clusters_shards_is_refused(tmp_path):
             s.stop(grace_s=1)
 
 
-def test_a_push_held_by_a_checkpoint_waits_and_says_so_at_info_not_as_an_outage(servers, sgd1_table, caplog):
-    """A checkpoint holds pushes for seconds, routinely: the client waits it out, logging at INFO only. The hold
-    ends once the client has said it waits (not after a fixed time, which a slow start could outlast)."""
+def _push_while_held(servers, table: TableConfig, caplog, hold_s: float, released_on: str) -> list[tuple[str, str]]:
+    """Creates table on one shard and pushes 4 ids to it while a checkpoint's hold of hold_s seconds is on it, the
+    hold released once the client logs a message holding released_on; returns the (level, message) of each record
+    worker.client logged meanwhile (INFO and up)."""
     addresses, (server,) = servers(1)
-    _, token = server.shard.hold(60)
+    _, token = server.shard.hold(hold_s)
 
-    class ReleaseOnceTold(logging.Handler):
+    class ReleaseOnceSaid(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "is taking a checkpoint" in record.getMessage():  # a second release of token releases nothing
+            if released_on in record.getMessage():  # a second release of token releases nothing
                 server.shard.release(token)
 
-    told = ReleaseOnceTold()
-    logging.getLogger("worker.client").addHandler(told)
+    release = ReleaseOnceSaid()
+    logging.getLogger("worker.client").addHandler(release)
     try:
         with (
             Client(addresses, timeout_s=5.0, server_timeout_s=30.0) as client,
             caplog.at_level("INFO", "worker.client"),
         ):
-            client.create_table(sgd1_table)
-            client.push(sgd1_table.name, np.arange(4, dtype=np.uint64), np.ones((4, sgd1_table.dim), np.float32))
+            client.create_table(table)
+            client.push(table.name, np.arange(4, dtype=np.uint64), np.ones((4, table.dim), np.float32))
     finally:
-        logging.getLogger("worker.client").removeHandler(told)
-    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
+        logging.getLogger("worker.client").removeHandler(release)
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
+
+
+def test_a_push_held_by_a_checkpoint_waits_and_says_so_at_info_not_as_an_outage(servers, sgd1_table, caplog):
+    """A checkpoint holds pushes for seconds, routinely: the client waits it out, logging at INFO only. The hold
+    ends once the client has said it waits (not after a fixed time, which a slow start could outlast)."""
+    said = _push_while_held(servers, sgd1_table, caplog, hold_s=60, released_on="is taking a checkpoint")
     assert [level for level, _ in said] == ["INFO", "INFO"], said
     assert "shard 0 is taking a checkpoint" in said[0][1] and "is back after" in said[1][1]
 
@@ -674,27 +658,8 @@ def test_a_checkpoints_pause_that_lasts_is_warned_about_once_and_its_end_too(ser
     ends once the client has warned, else it expires after 5 s.)"""
     from worker import retry
 
-    monkeypatch.setattr(retry, "LONG_PAUSE_S", 0.5, raising=False)
-    addresses, (server,) = servers(1)
-    _, token = server.shard.hold(5)
-
-    class ReleaseOnceWarned(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if "has refused pushes for" in record.getMessage():
-                server.shard.release(token)
-
-    warned = ReleaseOnceWarned()
-    logging.getLogger("worker.client").addHandler(warned)
-    try:
-        with (
-            Client(addresses, timeout_s=5.0, server_timeout_s=30.0) as client,
-            caplog.at_level("INFO", "worker.client"),
-        ):
-            client.create_table(sgd1_table)
-            client.push(sgd1_table.name, np.arange(4, dtype=np.uint64), np.ones((4, sgd1_table.dim), np.float32))
-    finally:
-        logging.getLogger("worker.client").removeHandler(warned)
-    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
+    monkeypatch.setattr(retry, "LONG_PAUSE_S", 0.5)
+    said = _push_while_held(servers, sgd1_table, caplog, hold_s=5, released_on="has refused pushes for")
     assert [level for level, _ in said] == ["INFO", "WARNING", "WARNING"], said
     assert "shard 0 is taking a checkpoint" in said[0][1], said
     assert "shard 0 at " in said[1][1] and "has refused pushes for " in said[1][1], said
@@ -705,21 +670,16 @@ def test_a_checkpoints_pause_that_lasts_is_warned_about_once_and_its_end_too(ser
 def test_a_shard_that_fails_during_a_checkpoints_pause_is_warned_about(caplog):
     """The pause is told at INFO; a failure of another kind while it lasts is an outage: a WARNING."""
 
-    class Failed(grpc.RpcError):
-        def __init__(self, details: str):
-            self._details = details
-
-        def details(self) -> str:
-            return self._details
-
-        def code(self) -> grpc.StatusCode:
-            return grpc.StatusCode.UNAVAILABLE
+    def unavailable(details: str) -> RefusedCall:
+        return RefusedCall(grpc.StatusCode.UNAVAILABLE, details)
 
     with Client(["127.0.0.1:1"], server_timeout_s=30) as client, caplog.at_level("INFO", "worker.client"):
         assert client._outages.keep_waiting(
-            0, Failed("shard 0 is taking a checkpoint; retry shortly"), client.server_timeout_s, time.monotonic()
+            0, unavailable("shard 0 is taking a checkpoint; retry shortly"), client.server_timeout_s, time.monotonic()
         )
-        assert client._outages.keep_waiting(0, Failed("Connection refused"), client.server_timeout_s, time.monotonic())
+        assert client._outages.keep_waiting(
+            0, unavailable("Connection refused"), client.server_timeout_s, time.monotonic()
+        )
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
     assert [level for level, _ in said] == ["INFO", "WARNING"], said
     assert "is unavailable (connection refused: nothing listens there) after a checkpoint's pause" in said[1][1]
@@ -733,24 +693,17 @@ def test_a_pause_past_the_clients_wait_is_not_warned_about_as_waited_for(caplog,
     to wait a negative time; with time left, the same failure is warned about, saying what is left."""
     from worker.retry import LONG_PAUSE_S, Outages
 
-    class Failed(grpc.RpcError):
-        def __init__(self, details: str):
-            self._details = details
+    def unavailable(details: str) -> RefusedCall:
+        return RefusedCall(grpc.StatusCode.UNAVAILABLE, details)
 
-        def details(self) -> str:
-            return self._details
-
-        def code(self) -> grpc.StatusCode:
-            return grpc.StatusCode.UNAVAILABLE
-
-    paused = Failed("shard 0 is taking a checkpoint; retry shortly")
+    paused = unavailable("shard 0 is taking a checkpoint; retry shortly")
     for timeout_s, waits in ((server_timeout_s, False), (lasted_s + 60, True)):
         outages = Outages(["127.0.0.1:1"])
         with caplog.at_level("INFO", "worker.client"):
             assert outages.keep_waiting(0, paused, timeout_s, time.monotonic())
             outages.down[0] -= lasted_s  # the pause began lasted_s ago (>= LONG_PAUSE_S)
             caplog.clear()
-            assert outages.keep_waiting(0, Failed(then), timeout_s, time.monotonic()) is waits
+            assert outages.keep_waiting(0, unavailable(then), timeout_s, time.monotonic()) is waits
         said = [r.getMessage() for r in caplog.records if r.name == "worker.client" and r.levelname == "WARNING"]
         assert lasted_s >= LONG_PAUSE_S and len(said) == waits, said
         assert all(f"waiting for it for up to {timeout_s - lasted_s:.0f} s more" in m for m in said), said
@@ -867,20 +820,10 @@ def test_a_shard_past_a_calls_deadline_is_said_to_be_slow_not_down(caplog):
     """A deadline says the shard did not answer in time, which a busy shard does too (requests waiting for their
     memory room): the log says "not answering in time" and why, where a refused connection says "unavailable"."""
 
-    class Failed(grpc.RpcError):
-        def __init__(self, code: grpc.StatusCode, details: str):
-            self._code, self._details = code, details
-
-        def details(self) -> str:
-            return self._details
-
-        def code(self) -> grpc.StatusCode:
-            return self._code
-
     with Client(["127.0.0.1:1", "127.0.0.1:2"], server_timeout_s=30) as client, caplog.at_level("INFO"):
-        late = Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        late = RefusedCall(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         assert client._outages.keep_waiting(0, late, client.server_timeout_s, time.monotonic())
-        refused = Failed(grpc.StatusCode.UNAVAILABLE, "Connection refused")
+        refused = RefusedCall(grpc.StatusCode.UNAVAILABLE, "Connection refused")
         assert client._outages.keep_waiting(1, refused, client.server_timeout_s, time.monotonic())
     said = [r.getMessage() for r in caplog.records if r.name == "worker.client"]
     assert "shard 0 at 127.0.0.1:1 is not answering in time (DEADLINE_EXCEEDED: Deadline Exceeded; down, or busy: " \
@@ -1097,22 +1040,14 @@ def test_only_an_overloaded_servers_resource_exhausted_is_sent_again():
     """A shard's own RESOURCE_EXHAUSTED (a request larger than its room, a full disk) names its error and stays
     one; so does gRPC's for a message over its limit."""
 
-    class Failed(grpc.RpcError):
-        def __init__(self, details: str, name: str | None = None):
-            self._details, self._name = details, name
+    def exhausted(details: str, name: str | None = None) -> RefusedCall:
+        return RefusedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, details, ((ERROR_NAME_KEY, name),) if name else ())
 
-        def code(self):
-            return grpc.StatusCode.RESOURCE_EXHAUSTED
-
-        def details(self):
-            return self._details
-
-        def trailing_metadata(self):
-            return ((ERROR_NAME_KEY, self._name),) if self._name else ()
-
-    assert retryable(Failed("Concurrent RPC limit exceeded!"))
-    assert not retryable(Failed("Received message larger than max (600 vs. 500)"))
-    assert not retryable(Failed("request needs 1 GiB of room; Concurrent RPC limit exceeded", "RequestTooLargeError"))
+    assert retryable(exhausted("Concurrent RPC limit exceeded!"))
+    assert not retryable(exhausted("Received message larger than max (600 vs. 500)"))
+    assert not retryable(
+        exhausted("request needs 1 GiB of room; Concurrent RPC limit exceeded", "RequestTooLargeError")
+    )
 
 
 def test_after_a_signal_stops_a_calls_wait_later_calls_block_instead_of_waiting_on_a_future():

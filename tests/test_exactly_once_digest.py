@@ -7,25 +7,17 @@ versions before them) opens, its requests' digests unknown, so any content of su
 from __future__ import annotations
 
 import pathlib
-import struct
 
 import numpy as np
 import pytest
 
 from ps.errors import RequestSeqReusedError
-from ps.storage.checksum import checksum64
 from ps.storage.journalformat import SegmentReader, list_segments
 from ps.storage.meta import ADVANCED_PREFIX, APPLIED_PREFIX, APPLIED_VALUE, OLDER_APPLIED_VALUE, client_key
 from ps.storage.store import Store
 from tests.conftest import crash
 from tests.test_exactly_once import A, B, empty_push, open_shard, push, rows
-
-# the records of the version before the digest, as it wrote them (its grammar): magic "PSJ5", and a head ending in
-# the rule
-PSJ5 = 0x354A5350
-PSJ5_HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
-PSJ5_CHECKED = struct.Struct("<IQI")  # magic, seq, payload_len: the header's part the checksum covers
-PSJ5_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
+from tests.test_journal_format import PSJ5, encode_record
 
 RESTARTS = ["clean stop", "kill -9", "flush, then kill -9"]
 REQUESTS = {  # a client's first request: its pushes (the clock advance is 2)
@@ -98,15 +90,8 @@ def rewrite_without_digests(journal_dir) -> int:
             rec, pos = reader.record_at(pos)
             if rec is None:
                 break
-            name = rec.table.encode()
-            n, dim = rec.grads.shape
-            client, client_seq, part, _digest = rec.origin
-            head = struct.pack("<H", len(name)) + name + PSJ5_HEAD.pack(n, dim, rec.step, client, client_seq,
-                                                                        part, rec.rule)  # fmt: skip
-            arrays = [np.ascontiguousarray(a).tobytes() for a in (rec.ids, rec.grads, rec.shows, rec.clicks)]
-            payload_len = len(head) + sum(map(len, arrays))
-            check = checksum64([PSJ5_CHECKED.pack(PSJ5, rec.seq, payload_len), head, *arrays])
-            out += [PSJ5_HEADER.pack(PSJ5, rec.seq, payload_len, check), head, *arrays]
+            arrays = (rec.ids, rec.grads, rec.shows, rec.clicks)  # origin: client, client_seq, part, digest (left out)
+            out.append(encode_record(PSJ5, rec.seq, rec.table, rec.step, rec.origin[:3], rec.rule, arrays, None))
             count += 1
         reader.close()
         with open(path, "wb") as f:

@@ -23,6 +23,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps.config import MAX_CLOCK
 from ps.server import Server
 from ps.server_config import ServerConfig
+from tests.rpc_errors import RefusedCall
 
 SUM_SPEC = ps_pb2.TableSpec(  # zeros and SGD with lr 1: a row is minus the sum of its grads
     name="sum",
@@ -609,21 +610,9 @@ def test_a_state_id_no_shard_draws_is_refused_as_invalid_and_changes_nothing(ser
     assert (rows(stub) == -1.0).all()
 
 
-class _RefusedCall(grpc.RpcError):
-    """A refused call as a client sees it: a status, its details and the trailing metadata given."""
-
-    def __init__(self, trailers: tuple):
-        super().__init__()
-        self.trailers = trailers
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-
-    def details(self) -> str:
-        return "the server's disk is full (...)"
-
-    def trailing_metadata(self) -> tuple:
-        return self.trailers
+def _disk_full(trailers: tuple) -> RefusedCall:
+    """A DiskFullError's refusal as a client sees it, with the trailing metadata given."""
+    return RefusedCall(grpc.StatusCode.RESOURCE_EXHAUSTED, "the server's disk is full (...)", trailers)
 
 
 def test_a_refusals_hostile_trailers_decode_to_text_and_nothing_else():
@@ -638,7 +627,7 @@ def test_a_refusals_hostile_trailers_decode_to_text_and_nothing_else():
               ("sparseps-error-outcome", "%E2%82"), ("sparseps-error-remedy", "retry%20now"))  # fmt: skip
     noise = (("sparseps-error-bogus", "x"), ("x-sparseps-error-what", "y"), ("sparseps-error-what-bin", b"\xff"))
     outages = Outages(["h:1"])
-    e = outages.error("Stats", 0, _RefusedCall((("sparseps-error", "DiskFullError"), *fields, *noise)), 5, None, 5)
+    e = outages.error("Stats", 0, _disk_full((("sparseps-error", "DiskFullError"), *fields, *noise)), 5, None, 5)
     assert isinstance(e, DiskFullError), e
     head = "shard 0 at h:1: Stats failed with RESOURCE_EXHAUSTED: "
     assert str(e) == head + "the server's disk is full (...)"
@@ -647,6 +636,6 @@ def test_a_refusals_hostile_trailers_decode_to_text_and_nothing_else():
     assert not hasattr(e, "bogus")
 
     as_bytes = tuple((k, v.encode()) if k.endswith("-disk") else (k, v) for k, v in fields)
-    e = outages.error("Stats", 0, _RefusedCall((("sparseps-error", "DiskFullError"), *as_bytes)), 5, None, 5)
+    e = outages.error("Stats", 0, _disk_full((("sparseps-error", "DiskFullError"), *as_bytes)), 5, None, 5)
     assert isinstance(e, DiskFullError) and str(e) == head + "the server's disk is full (...)"
     assert (e.reason, e.what, e.disk, e.outcome, e.remedy) == ("", "", "", "", "")

@@ -16,7 +16,8 @@ from ps.storage.checksum import checksum64
 from ps.storage.journal import Journal
 from ps.storage.journalformat import JournalCorruptError, holds_a_whole_record, segment_path
 
-# the version before the digest, as it wrote its records (its grammar): magic "PSJ5", the head ending in the rule
+# the journal's record layout, by hand (ps.storage.journalformat's grammar): magic "PSJ5" (the version before the
+# digest) ends the head in the rule, "PSJ6" in the digest; tests/test_exactly_once_digest.py writes PSJ5 journals
 PSJ5 = 0x354A5350
 PSJ6 = 0x364A5350
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
@@ -25,21 +26,39 @@ HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule
 DIGEST = struct.Struct("<Q")  # a PSJ6 head's last field
 
 
+def encode_record(
+    magic: int,
+    seq: int,
+    table: str,
+    step: int,
+    origin: tuple[int, int, int],
+    rule: int,
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    digest: int | None,
+) -> bytes:
+    """One record's bytes, built by hand from the grammar: the header, then the payload: the table's name, HEAD
+    (origin: client, client_seq, part), the digest where one is given, and arrays (ids, grads, shows, clicks)."""
+    name = table.encode()
+    n, dim = arrays[1].shape
+    head = struct.pack("<H", len(name)) + name + HEAD.pack(n, dim, step, *origin, rule)
+    if digest is not None:
+        head += DIGEST.pack(digest)
+    data = [np.ascontiguousarray(a).tobytes() for a in arrays]
+    payload_len = len(head) + sum(map(len, data))
+    check = checksum64([CHECKED.pack(magic, seq, payload_len), head, *data])
+    return HEADER.pack(magic, seq, payload_len, check) + head + b"".join(data)
+
+
 def record(magic: int, seq: int, origin=(7, 1, 0), digest: int = 0, with_digest: bool | None = None) -> bytes:
-    """The bytes of a record of a push of 3 ids of grads of 2 floats to table "t" at step 10 + seq, built by hand
-    from the grammar: its head ends in the digest where with_digest says (None: where the magic says, PSJ6)."""
+    """The bytes of a record of a push of 3 ids of grads of 2 floats to table "t" at step 10 + seq: its head ends
+    in the digest where with_digest says (None: where the magic says, PSJ6)."""
     rng = np.random.default_rng(seq)
     n, dim = 3, 2
     # shows and clicks 1.0: the record's last byte is not 0, so a cut record followed by zeros is not whole again
-    arrays = [rng.integers(1, 2**64 - 1, n, dtype="<u8"), rng.standard_normal((n, dim)).astype("<f4"),
-              np.ones(n, "<f4"), np.ones(n, "<f4")]  # fmt: skip
-    head = struct.pack("<H", 1) + b"t" + HEAD.pack(n, dim, 10 + seq, *origin, 0)
-    if (magic == PSJ6) if with_digest is None else with_digest:
-        head += DIGEST.pack(digest)
-    arrays = [a.tobytes() for a in arrays]
-    payload_len = len(head) + sum(map(len, arrays))
-    check = checksum64([CHECKED.pack(magic, seq, payload_len), head, *arrays])
-    return HEADER.pack(magic, seq, payload_len, check) + head + b"".join(arrays)
+    arrays = (rng.integers(1, 2**64 - 1, n, dtype="<u8"), rng.standard_normal((n, dim)).astype("<f4"),
+              np.ones(n, "<f4"), np.ones(n, "<f4"))  # fmt: skip
+    with_digest = (magic == PSJ6) if with_digest is None else with_digest
+    return encode_record(magic, seq, "t", 10 + seq, origin, 0, arrays, digest if with_digest else None)
 
 
 def _write(directory, first_seq: int, data: bytes) -> str:

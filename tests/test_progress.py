@@ -1,11 +1,16 @@
-"""ps.progress.CountProgress: a progress not shown starts no thread (tqdm starts its monitor thread for every bar
-it makes, a disabled one too)."""
+"""ps.progress: pace's line, where an estimate the work passed (or none known) shows the count as the total with no
+time left; a CountProgress not shown starts no thread (tqdm starts its monitor thread for every bar it makes, a
+disabled one too)."""
 
 from __future__ import annotations
 
 import pathlib
 import subprocess
 import sys
+
+import pytest
+
+from ps.progress import pace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -56,3 +61,17 @@ def test_examples_progress_on_a_non_terminal_writes_plain_lines(capsys):
     progress.close()
     assert progress.bar is None
     assert capsys.readouterr().err.startswith("progress: 5 of 10 (50%) examples, ")
+
+
+@pytest.mark.parametrize(
+    "expected, line",
+    [
+        (30, "12 of about 30 rows read (40%), 6 rows/s, about 3 s left"),  # 18 rows left at 6 rows/s
+        (12, "12 of about 12 rows read (100%), 6 rows/s"),
+        (10, "12 of about 12 rows read (100%), 6 rows/s"),  # an estimate the work passed: the count is the total
+        (0, "12 of about 12 rows read (100%), 6 rows/s"),  # none known
+    ],
+    ids=["above", "equal", "under", "none"],
+)
+def test_pace_shows_an_estimate_the_work_passed_as_the_count_with_no_time_left(expected, line):
+    assert pace(12, expected, 2.0, "rows read") == line

@@ -6,6 +6,7 @@ rows of two model states; a new client (wait_ready again) trains on."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 
@@ -37,6 +38,21 @@ from worker.client import Client
 from worker.shard_calls import carries_state_id
 from worker.tables import lost_tables
 
+TABLE = TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))
+
+
+def trained_and_saved(
+    client: Client, ids: np.ndarray, into: str, table: TableConfig = TABLE, again: bool = True
+) -> None:
+    """The opening of a test of a replaced shard: wait_ready, table (named "t", dim 2) created, ids pushed once (1.0
+    each), a checkpoint saved into into; where again, ids pushed once more, a push the checkpoint lacks."""
+    client.wait_ready()
+    client.create_table(table)
+    client.push("t", ids, np.ones((len(ids), 2), np.float32))
+    save(client, into)
+    if again:
+        client.push("t", ids, np.ones((len(ids), 2), np.float32))
+
 
 @pytest.mark.parametrize("replaced", ["restored", "new data dir"])
 def test_a_push_to_a_replaced_shard_is_refused_and_applies_nothing_there(tmp_path, replaced):
@@ -52,11 +68,7 @@ def test_a_push_to_a_replaced_shard_is_refused_and_applies_nothing_there(tmp_pat
     ones = np.ones((len(ids), 2), np.float32)
     try:
         with Client([f"127.0.0.1:{p}" for p in ports], timeout_s=10, server_timeout_s=30) as client:
-            client.wait_ready()
-            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
-            client.push("t", ids, ones)
-            save(client, str(tmp_path / "ckpt"))
-            client.push("t", ids, ones)  # not in the checkpoint
+            trained_and_saved(client, ids, str(tmp_path / "ckpt"))  # the second push is not in the checkpoint
             servers[1].stop(grace_s=1)
             if replaced == "restored":
                 servers[1] = Server(config(1, "d1-restored", restore_dir=str(tmp_path / "ckpt")))
@@ -74,7 +86,7 @@ def test_a_push_to_a_replaced_shard_is_refused_and_applies_nothing_there(tmp_pat
         with Client([f"127.0.0.1:{p}" for p in ports], timeout_s=10, server_timeout_s=30) as again:
             again.wait_ready()
             if rows_1 is None:  # the new dir holds no table
-                again.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+                again.create_table(TABLE)
                 rows_1 = 0
             np.testing.assert_array_equal(again.pull("t", on_1), rows_1)  # the refused push changed nothing
             again.push("t", on_1, np.ones((len(on_1), 2), np.float32))
@@ -102,7 +114,7 @@ def test_a_call_without_a_state_id_a_replaced_shard_refuses_says_the_shard_was_r
     try:
         with Client([f"127.0.0.1:{p}" for p in ports], timeout_s=10, server_timeout_s=30) as client:
             client.wait_ready()
-            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+            client.create_table(TABLE)
             client.push("t", ids, np.ones((len(ids), 2), np.float32))
             with pytest.raises(PsError, match="table 'u' does not exist on shard") as same:
                 client.describe_table("u")  # a refusal of shards not replaced: as it was
@@ -137,7 +149,7 @@ def test_a_push_or_pull_carrying_the_state_id_refused_otherwise_asks_no_stats_a_
     addresses, (server,) = servers(1)
     with Client(addresses, timeout_s=10, server_timeout_s=5) as client:
         client.wait_ready()
-        client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+        client.create_table(TABLE)
         asked, stats = [], server.shard.stats
         server.shard.stats = lambda *a, **kw: (asked.append(1), stats(*a, **kw))[1]
         seen, ids = client.state_ids[0], wire.encode_ids(np.arange(3, dtype=np.uint64))
@@ -219,11 +231,7 @@ def test_a_pull_carrying_a_state_id_the_restored_shard_does_not_hold_is_refused_
     on = [ids[SlotMap.contiguous(2).shard_of(ids) == i] for i in range(2)]
     try:
         with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
-            client.wait_ready()
-            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
-            client.push("t", ids, np.ones((len(ids), 2), np.float32))
-            save(client, str(tmp_path / "ckpt"))
-            client.push("t", ids, np.ones((len(ids), 2), np.float32))  # not in the checkpoint
+            trained_and_saved(client, ids, str(tmp_path / "ckpt"))  # the second push is not in the checkpoint
             seen = client.state_ids[1]
             np.testing.assert_array_equal(raw_pull(shards.addresses[1], on[1], seen), -2)  # the id it holds: served
             shards.replace(1, "d1-restored", restore_dir=str(tmp_path / "ckpt"))
@@ -280,12 +288,11 @@ def test_a_create_table_to_a_shard_replaced_on_a_new_data_dir_is_refused_and_the
     so the trained table stays missing there and lost_tables still finds the loss. A table made there would hide it:
     the next run would find the table on every shard and train shard 1's part from scratch, saying nothing."""
     shards = TwoShards(tmp_path)
-    table = TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))
     ids = random_ids(200, seed=14)
     try:
         with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
             client.wait_ready()
-            client.create_table(table)
+            client.create_table(TABLE)
             client.push("t", ids, np.ones((len(ids), 2), np.float32))
             shards.replace(1, "d1-new")
             said = (rf"shard 1 at \S+: CreateTable failed with FAILED_PRECONDITION: shard 1 {MODEL_STATE_REPLACED} "
@@ -295,14 +302,14 @@ def test_a_create_table_to_a_shard_replaced_on_a_new_data_dir_is_refused_and_the
                     r"refuses shards that lost a trained table or were restored from different checkpoints, and names "
                     r"them, as ps-worker stats does$")  # fmt: skip
             with pytest.raises(ModelStateReplacedError, match=said) as caught:
-                client.create_table(table)
+                client.create_table(TABLE)
             assert "pushed" not in str(caught.value) and "--skip-examples" not in str(caught.value)  # a push's words
             stats = client.stats()
         assert [t.name for t in stats[1].tables] == []
         assert "table t" in lost_tables(stats) and "shard 1" in lost_tables(stats)
         with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as again:  # read the shards' ids now: made
             again.wait_ready()
-            again.create_table(table)
+            again.create_table(TABLE)
             assert [t.name for t in again.stats()[1].tables] == ["t"]
     finally:
         shards.stop()
@@ -324,11 +331,7 @@ def test_a_checkpoint_save_whose_shard_is_replaced_after_its_checks_holds_and_sa
 
     try:
         with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
-            client.wait_ready()
-            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
-            client.push("t", ids, np.ones((len(ids), 2), np.float32))
-            save(client, str(tmp_path / "a"))
-            client.push("t", ids, np.ones((len(ids), 2), np.float32))  # not in checkpoint a
+            trained_and_saved(client, ids, str(tmp_path / "a"))  # the second push is not in checkpoint a
             monkeypatch.setattr(checkpoint, "_check_before_holding", checked_then_replaced)
             said = (rf"shard 1 at \S+: Checkpoint failed with FAILED_PRECONDITION: shard 1 {MODEL_STATE_REPLACED} "
                     r".*restored from checkpoint \S*a, .*; the shard was not held\. A checkpoint save stops there, "
@@ -358,10 +361,7 @@ def test_a_save_by_a_client_that_outlived_a_restore_is_refused_before_any_hold_u
     ids = random_ids(200, seed=17)
     try:
         with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
-            client.wait_ready()
-            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
-            client.push("t", ids, np.ones((len(ids), 2), np.float32))
-            save(client, str(tmp_path / "a"))
+            trained_and_saved(client, ids, str(tmp_path / "a"), again=False)
             seen = client.state_ids
             for i in range(2):
                 shards.replace(i, f"d{i}-restored", restore_dir=str(tmp_path / "a"))
@@ -393,21 +393,11 @@ def test_a_shrink_sent_again_while_its_shard_comes_back_restored_shrinks_nothing
     table's threshold)."""
     shards = TwoShards(tmp_path)
     ids = random_ids(200, seed=16)
-    table = TableConfig(
-        "t",
-        2,
-        InitializerConfig("zeros", 0.0),
-        OptimizerConfig("sgd", 1.0),
-        eviction=EvictionConfig(score_threshold=0.5),
-    )  # 2 shows, no click: score 0.2, dropped
+    table = dataclasses.replace(TABLE, eviction=EvictionConfig(score_threshold=0.5))  # 2 shows, no click: 0.2, dropped
     outcome: list = []
     try:
         with Client(shards.addresses, timeout_s=10, server_timeout_s=30) as client:
-            client.wait_ready()
-            client.create_table(table)
-            client.push("t", ids, np.ones((len(ids), 2), np.float32))
-            save(client, str(tmp_path / "a"))
-            client.push("t", ids, np.ones((len(ids), 2), np.float32))  # not in checkpoint a
+            trained_and_saved(client, ids, str(tmp_path / "a"), table)  # the second push is not in checkpoint a
             saved_rows = client.stats()[1].tables[0].num_rows
             assert saved_rows > 0
             shards.servers[1].stop(grace_s=1)

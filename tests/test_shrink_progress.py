@@ -9,17 +9,13 @@ import numpy as np
 import pytest
 
 from ps import progress
-from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.engine.shrinkprogress import ShrinkProgress
 from ps.engine.table import FLUSH_CHUNK_ROWS
 from ps.errors import ShrinkRunningError
 from ps.server_config import ServerConfig
-
-
-def _table(name: str) -> TableConfig:
-    return TableConfig(name, 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
-                       eviction=EvictionConfig(ttl_steps=5))  # fmt: skip
+from tests.test_shrink_ram import shrinkable_table
 
 
 def test_a_shrink_logs_its_progress_with_a_rate_and_the_time_left_then_how_long_it_took(tmp_path, caplog, monkeypatch):
@@ -31,7 +27,7 @@ def test_a_shrink_logs_its_progress_with_a_rate_and_the_time_left_then_how_long_
     shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
     try:
         for name, rows in (("a", n), ("b", 100)):
-            shard.create_table(_table(name))
+            shard.create_table(shrinkable_table(name, 4))
             shard.push(name, np.arange(rows, dtype=np.uint64), np.ones((rows, 4), np.float32))
         caplog.set_level(logging.INFO)
         assert shard.shrink()["dropped"] == 0
@@ -46,17 +42,6 @@ def test_a_shrink_logs_its_progress_with_a_rate_and_the_time_left_then_how_long_
         want = rf"shrinking: {done:,} of {total:,} rows scanned \({100 * done / total:.0f}%\), [\d,]+ rows/s{left} "
         assert re.fullmatch(want + rf"\(table {table}\)", line), line
     assert re.search(rf"shrink at step 0 dropped 0 ids from a, b \({total:,} rows scanned in \d+\.\d s\)", caplog.text)
-
-
-def test_a_total_the_scan_passes_is_shown_as_the_count_with_no_time_left(caplog, monkeypatch):
-    """Rows pushed during the scan make it read more than the tables held as it began: the line shows the count
-    as the total, 100%, and no time left."""
-    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
-    caplog.set_level(logging.INFO)
-    shrink = ShrinkProgress(["t"], rows=10)
-    shrink.scanned("t", 12)
-    assert re.fullmatch(r"shrinking: 12 of 12 rows scanned \(100%\), [\d,]+ rows/s \(table 't', 1 of 1\)",
-                        caplog.records[-1].getMessage())  # fmt: skip
 
 
 def test_the_total_counts_only_the_tables_with_a_rule_on(tmp_path, caplog, monkeypatch):
@@ -74,7 +59,7 @@ def test_the_total_counts_only_the_tables_with_a_rule_on(tmp_path, caplog, monke
     monkeypatch.setattr(ShrinkProgress, "scanned", scanned_and_refused)
     shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
     try:
-        shard.create_table(_table("a"))
+        shard.create_table(shrinkable_table("a", 4))
         shard.create_table(TableConfig("off", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
         for name, rows in (("a", 100), ("off", 300)):
             shard.push(name, np.arange(rows, dtype=np.uint64), np.ones((rows, 4), np.float32))

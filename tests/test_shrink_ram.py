@@ -12,9 +12,26 @@ from ps.rows.layout import layout_of
 from ps.server_config import ServerConfig
 
 
-def _table(name: str) -> TableConfig:
-    return TableConfig(name, 8, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
-                       eviction=EvictionConfig(ttl_steps=5))  # fmt: skip
+def shrinkable_table(name: str, dim: int = 8) -> TableConfig:
+    """A table of zeros trained by sgd (lr 1), whose ids not pushed for 5 steps a Shrink drops."""
+    return TableConfig(
+        name, dim, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0), eviction=EvictionConfig(ttl_steps=5)
+    )
+
+
+@pytest.fixture
+def pushed_500(tmp_path):
+    """(shard, table a): a shard with RAM for 1,000 rows, table a on it, ids 0..499 pushed at step 0 and the clock
+    at 10, so that a Shrink drops every id not pushed again."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600,
+                               cache_bytes=1000 * layout_of(8, "sgd").ram_bytes))  # fmt: skip
+    try:
+        a = shard.create_table(shrinkable_table("a"))
+        shard.push("a", np.arange(500, dtype=np.uint64), np.ones((500, 8), np.float32))
+        shard.advance_clock(10)
+        yield shard, a
+    finally:
+        shard.close()
 
 
 def test_the_rows_a_shrink_drops_give_their_ram_to_the_other_tables(tmp_path):
@@ -25,7 +42,7 @@ def test_the_rows_a_shrink_drops_give_their_ram_to_the_other_tables(tmp_path):
     shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600,
                                cache_bytes=budget_rows * layout_of(8, "sgd").ram_bytes))  # fmt: skip
     try:
-        a, b = shard.create_table(_table("a")), shard.create_table(_table("b"))
+        a, b = shard.create_table(shrinkable_table("a")), shard.create_table(shrinkable_table("b"))
         ids = np.arange(10_000, dtype=np.uint64)
         for name in ("a", "b"):
             shard.push(name, ids, np.ones((10_000, 8), np.float32))
@@ -47,55 +64,41 @@ def test_the_rows_a_shrink_drops_give_their_ram_to_the_other_tables(tmp_path):
         shard.close()
 
 
-def test_a_shrink_whose_table_arrays_cannot_shrink_still_gives_the_rows_back_and_succeeds(tmp_path, caplog):
+def test_a_shrink_whose_table_arrays_cannot_shrink_still_gives_the_rows_back_and_succeeds(pushed_500, caplog):
     """The arrays get no memory to shrink into once the dropped rows left them: the Shrink still answers, what it
     dropped stays dropped, the log says what happened, and the budget counts exactly the rows in use."""
-    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600,
-                               cache_bytes=1000 * layout_of(8, "sgd").ram_bytes))  # fmt: skip
-    try:
-        a = shard.create_table(_table("a"))
-        shard.push("a", np.arange(500, dtype=np.uint64), np.ones((500, 8), np.float32))
-        shard.advance_clock(10)
-        shard.push("a", np.arange(10, dtype=np.uint64), np.ones((10, 8), np.float32))
-        resize = a.arena._resize
+    shard, a = pushed_500
+    shard.push("a", np.arange(10, dtype=np.uint64), np.ones((10, 8), np.float32))
+    resize = a.arena._resize
 
-        def no_memory_to_shrink(capacity: int) -> None:
-            if capacity < a.arena.capacity:
-                raise MemoryError(f"no pages for {capacity} rows")
-            resize(capacity)
+    def no_memory_to_shrink(capacity: int) -> None:
+        if capacity < a.arena.capacity:
+            raise MemoryError(f"no pages for {capacity} rows")
+        resize(capacity)
 
-        a.arena._resize = no_memory_to_shrink
-        assert shard.shrink("a")["dropped"] == 490
-        assert "table 'a' gave 490 free rows back to the budget; shrinking its arrays" in caplog.text
-        assert a.arena.used == 10 and shard.budget.used_bytes == 10 * a.arena.row_charge
-        np.testing.assert_array_equal(a.peek(np.arange(12, dtype=np.uint64))[:, :8],
-                                      np.repeat([[-2.0], [0.0]], [10, 2], axis=0) * np.ones(8))  # fmt: skip
-    finally:
-        shard.close()
+    a.arena._resize = no_memory_to_shrink
+    assert shard.shrink("a")["dropped"] == 490
+    assert "table 'a' gave 490 free rows back to the budget; shrinking its arrays" in caplog.text
+    assert a.arena.used == 10 and shard.budget.used_bytes == 10 * a.arena.row_charge
+    np.testing.assert_array_equal(a.peek(np.arange(12, dtype=np.uint64))[:, :8],
+                                  np.repeat([[-2.0], [0.0]], [10, 2], axis=0) * np.ones(8))  # fmt: skip
 
 
-def test_a_shrink_that_fails_part_way_still_gives_back_the_ram_of_the_rows_it_dropped(tmp_path):
+def test_a_shrink_that_fails_part_way_still_gives_back_the_ram_of_the_rows_it_dropped(pushed_500):
     """A Shrink of 500 rows in chunks of 100 whose third chunk's write fails: the error comes out, the 200 ids the
     first two chunks dropped stay dropped, and their RAM rows go back to the budget (none left free and charged)."""
-    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600,
-                               cache_bytes=1000 * layout_of(8, "sgd").ram_bytes))  # fmt: skip
-    try:
-        a = shard.create_table(_table("a"))
-        shard.push("a", np.arange(500, dtype=np.uint64), np.ones((500, 8), np.float32))
-        shard.advance_clock(10)
-        shard.flush()
-        write_shrink, calls = a.writer.write_shrink, []
+    shard, a = pushed_500
+    shard.flush()
+    write_shrink, calls = a.writer.write_shrink, []
 
-        def fails_third(*args) -> None:
-            calls.append(1)
-            if len(calls) == 3:
-                raise StorageError("the third chunk's write failed")
-            write_shrink(*args)
+    def fails_third(*args) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise StorageError("the third chunk's write failed")
+        write_shrink(*args)
 
-        a.writer.write_shrink = fails_third
-        with pytest.raises(StorageError):
-            a.shrink(shard.clock, ShrinkProgress(["a"]), chunk_rows=100)
-        assert a.counters["dropped"] == 200 and len(a.arena.free) == 0
-        assert a.arena.used == 300 and shard.budget.used_bytes == 300 * a.arena.row_charge
-    finally:
-        shard.close()
+    a.writer.write_shrink = fails_third
+    with pytest.raises(StorageError):
+        a.shrink(shard.clock, ShrinkProgress(["a"]), chunk_rows=100)
+    assert a.counters["dropped"] == 200 and len(a.arena.free) == 0
+    assert a.arena.used == 300 and shard.budget.used_bytes == 300 * a.arena.row_charge

@@ -11,17 +11,30 @@ from worker.__main__ import main
 from worker.telemetry import TrainTelemetry
 
 
-def test_the_endpoint_listens_on_the_loopback_by_default():
+def _scrape(port: int) -> bytes:
+    """The page the worker's endpoint at 127.0.0.1:port serves at /metrics, asserted to hold the steps counter."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read()
+    assert b"sparseps_worker_steps_total" in text
+    return text
+
+
+@pytest.fixture
+def served():
+    """(telemetry, port): a TrainTelemetry serving on a free port of its default host, closed at the end."""
     telemetry = TrainTelemetry()
     port = telemetry.serve(0)
     try:
-        assert telemetry._http.server_address[0] == "127.0.0.1"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-            text = reply.read()
-        assert b"sparseps_worker_steps_total" in text
-        assert b"sparseps_worker_train_logloss NaN" in text  # before the first step: no loss yet, not a perfect one
+        yield telemetry, port
     finally:
         telemetry.close()
+
+
+def test_the_endpoint_listens_on_the_loopback_by_default(served):
+    telemetry, port = served
+    assert telemetry._http.server_address[0] == "127.0.0.1"
+    text = _scrape(port)
+    assert b"sparseps_worker_train_logloss NaN" in text  # before the first step: no loss yet, not a perfect one
 
 
 def test_metrics_host_is_a_train_flag_defaulting_to_the_loopback():
@@ -99,27 +112,18 @@ def test_a_metrics_port_in_use_stops_the_run_naming_the_flag_before_any_table_is
         taken.close()
 
 
-def test_the_endpoint_serves_a_bounded_number_of_connections_and_closes_the_rest_unread(monkeypatch):
+def test_the_endpoint_serves_a_bounded_number_of_connections_and_closes_the_rest_unread(served, monkeypatch):
     """As a shard's metrics port: each connection takes a thread while its client idles, so past MAX_CONNECTIONS at
     once a connection is closed at once; once the idle ones are gone, scrapes are served again."""
     from ps.metricshttp import Handler
     from tests.bounded_http import check_connections_bounded
 
     monkeypatch.setattr(Handler, "timeout", 120.0)  # no idle connection is closed for its timeout meanwhile
-    telemetry = TrainTelemetry()
-    port = telemetry.serve(0)
-
-    def scrape() -> None:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-            assert b"sparseps_worker_steps_total" in reply.read()
-
-    try:
-        check_connections_bounded(port, scrape, wait_s=20)
-    finally:
-        telemetry.close()
+    port = served[1]
+    check_connections_bounded(port, lambda: _scrape(port), wait_s=20)
 
 
-def test_clients_sending_their_requests_a_byte_at_a_time_are_dropped_so_that_a_scrape_is_served(monkeypatch):
+def test_clients_sending_their_requests_a_byte_at_a_time_are_dropped_so_that_a_scrape_is_served(served, monkeypatch):
     """MAX_CONNECTIONS clients dripping a request's header, each byte well within a read's timeout, hold every thread
     only until the handler's deadline for a connection's TLS handshake and request (Handler.timeout; a reply keeps
     to Handler.reply_s of its own): then a scrape is served (a slowloris would otherwise keep Prometheus out for as
@@ -128,17 +132,8 @@ def test_clients_sending_their_requests_a_byte_at_a_time_are_dropped_so_that_a_s
     from tests.bounded_http import check_slow_clients_dropped
 
     monkeypatch.setattr(Handler, "timeout", 3.0)  # check_slow_clients_dropped: why not less
-    telemetry = TrainTelemetry()
-    port = telemetry.serve(0)
-
-    def scrape() -> None:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-            assert b"sparseps_worker_steps_total" in reply.read()
-
-    try:
-        check_slow_clients_dropped(port, scrape, deadline_s=Handler.timeout)
-    finally:
-        telemetry.close()
+    port = served[1]
+    check_slow_clients_dropped(port, lambda: _scrape(port), deadline_s=Handler.timeout)
 
 
 def test_the_run_names_an_ipv6_endpoint_by_a_url_that_reaches_it(capsys):

@@ -13,7 +13,6 @@ from ps import progress
 from ps.config import TableConfig
 from ps.engine.shard import Shard
 from ps.server_config import ServerConfig
-from ps.storage import verifyscan
 from ps.storage.verify import verify_data_dir
 from ps.storage.verifyscan import VERIFY_CHUNK_ROWS
 
@@ -53,16 +52,6 @@ def test_a_verify_logs_rows_read_of_about_the_total_with_a_rate_and_the_time_lef
         assert re.fullmatch(rf"verifying {path}: {done:,} of about {ROWS:,} rows read {share}, [\d,]+ rows/s{left}",
                             line), line  # fmt: skip
     assert re.search(CLOSING.format(dir=re.escape(path), rows=ROWS), caplog.text), caplog.text
-
-
-def test_a_total_the_read_passes_is_shown_as_the_count_with_no_time_left(caplog, monkeypatch):
-    """RocksDB's estimate is under the rows read (or there is none): the count so far is the total, no time left."""
-    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
-    caplog.set_level(logging.INFO, logger="ps.storage.verifyscan")
-    for expected in (10, 0):
-        verifyscan.ScanProgress("D", expected).read(12, 480)
-        assert re.fullmatch(r"verifying D: 12 of about 12 rows read \(100%, 480 B\), [\d,]+ rows/s",
-                            caplog.records[-1].getMessage())  # fmt: skip
 
 
 def test_verify_on_start_and_ps_server_verify_say_how_long_the_read_took(tmp_path, caplog, servers):
