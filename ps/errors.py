@@ -310,6 +310,13 @@ READ_REFUSED = StateReplacedWords(
 )  # a pull's (PullBatch), or a call of ps.security.READ_ONLY_METHODS that carries no state id (the client's note)
 
 
+def how_replaced(restored_from: str) -> str:
+    """How a shard that holds another model state than its client read was replaced, in model_state_replaced's
+    `how`: "restored from checkpoint C" where restored_from names the checkpoint C, else (""), "started on a new,
+    empty data dir". The shard's words (ps.engine.shard check_state_id) and the client's from its Stats alike."""
+    return f"restored from checkpoint {restored_from}" if restored_from else "started on a new, empty data dir"
+
+
 def model_state_replaced(shard: int, state_id: int, seen: int, how: str, words: StateReplacedWords) -> str:
     """A ModelStateReplacedError's message, the shard's (ps.engine.shard check_state_id) and the client's for a call
     that carries no state id (worker.shard_calls): shard `shard` holds state_id, not seen (the one its client read

@@ -22,12 +22,11 @@ from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, SAVE_PARTS, write_manifest
 from ps.config import DEFAULT_HOLD_S
-from ps.errors import READ_REFUSED, ModelStateReplacedError, PsError, model_state_replaced
+from ps.errors import READ_REFUSED, ModelStateReplacedError, PsError, how_replaced, model_state_replaced
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
 from worker.channels import check_cluster
 from worker.flags import check_new_dir
-from worker.shard_calls import how_replaced
 from worker.tables import cluster_damage, untrained_on_some_shards
 
 if TYPE_CHECKING:
@@ -187,7 +186,7 @@ def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
             "ps-worker checkpoint save is one), or call this client's wait_ready again",
         )
         raise ModelStateReplacedError(
-            model_state_replaced(first, stats.state_id, seen[first], how_replaced(stats), words)
+            model_state_replaced(first, stats.state_id, seen[first], how_replaced(stats.restored_from), words)
         )
 
 

@@ -51,7 +51,12 @@ log = logging.getLogger("worker.client")
 
 def error_name(e: grpc.RpcError) -> str | None:
     """The PsError class a refusal's server named (ps.errornames.ERROR_NAME_KEY), None if it named none."""
-    return next((v for k, v in _trailers(e) if k == ERROR_NAME_KEY), None)
+    return _name_in(_trailers(e))
+
+
+def _name_in(trailers: tuple) -> str | None:
+    """The PsError class named in a refusal's trailing metadata (error_name's), None if none is."""
+    return next((v for k, v in trailers if k == ERROR_NAME_KEY), None)
 
 
 def _trailers(e: grpc.RpcError) -> tuple:
@@ -352,8 +357,9 @@ class Outages:
         fields its shard sent (ps.errornames.error_fields: a DiskFullError's reason, path and remedy)."""
         code = e.code().name
         head = f"shard {shard} at {self.servers[shard]}: {method} failed with {code}: "
-        fields = error_fields(_trailers(e))
-        error = error_class(code, error_name(e)).received(f"{head}{e.details()}{after}", head, fields)
+        trailers = _trailers(e)  # read once: the class named and the fields
+        cls = error_class(code, _name_in(trailers))
+        error = cls.received(f"{head}{e.details()}{after}", head, error_fields(trailers))
         error.refused_by = shard  # a shard's refusal, not the worker's own error (worker.stopping.stopped_by)
         return error
 

@@ -56,6 +56,7 @@ from ps.errors import (
     PsError,
     RequestTooLargeError,
     ServerUnavailableError,
+    how_replaced,
     model_state_replaced,
 )
 from ps.security import READ_ONLY_METHODS
@@ -259,7 +260,7 @@ class ShardCalls:
         stats, _ = self._probe(shard)
         if stats is None or stats.state_id in (0, seen):
             return error
-        how = how_replaced(stats)
+        how = how_replaced(stats.restored_from)
         if stats.cluster != cluster:
             how += f" of another cluster ({f'cluster {stats.cluster!r}' if stats.cluster else 'unnamed'})"
         if (stats.shard_id, stats.num_shards) != (shard, len(self.servers)):
@@ -280,14 +281,6 @@ class ShardCalls:
         closing.join(timeout_s)
         if closing.is_alive():
             log.warning("the client's gRPC channels did not close within %.3g s; going on without them", timeout_s)
-
-
-def how_replaced(stats: ps_pb2.StatsResponse) -> str:
-    """How a shard whose Stats give another state id than its client read was replaced, as the shard's own refusal
-    says it (ps.engine.shard check_state_id): "restored from checkpoint C", or "started on a new, empty data dir"."""
-    return (
-        f"restored from checkpoint {stats.restored_from}" if stats.restored_from else "started on a new, empty data dir"
-    )
 
 
 def carries_state_id(request: object) -> bool:

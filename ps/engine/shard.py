@@ -77,6 +77,7 @@ from ps.errors import (
     TableNotFoundError,
     WrongShardError,
     echo,
+    how_replaced,
     model_state_replaced,
 )
 from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
@@ -502,7 +503,7 @@ class Shard:
                                        f"2^{STATE_ID_BITS}) (StatsResponse state_id); send the one Stats gave, or 0 "
                                        "to send none")  # fmt: skip
         restored = self.store.meta.restored()
-        how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
+        how = how_replaced(restored["checkpoint"] if restored else "")
         raise ModelStateReplacedError(model_state_replaced(self.shard_id, self.state_id, seen, how, words))
 
     def health_stats(self) -> dict[str, int]:
