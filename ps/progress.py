@@ -1,7 +1,7 @@
 """The progress of long work as it is shown: CountProgress, a count (rows exported, examples scored) as the long
-commands show it; and the part of a server's progress log lines (a journal replay, a restore, a verify, a Shrink)
-that says how far it got, how fast and how long is left (pace), with the one interval between those lines
-(LOG_EVERY_S, log_due).
+commands show it; and a server's progress log lines (a journal replay, a restore, a verify, a Shrink): LoggedCount,
+the count of such work with a line every LOG_EVERY_S seconds, and pace, the part of a line that says how far it got,
+how fast and how long is left.
 
 CountProgress shows a tqdm bar on a terminal; a plain line every PLAIN_EVERY_S seconds on stderr that is none (a
 log file); nothing when off. A subclass says what its plain line reads (line) or writes its own lines (say, every
@@ -13,6 +13,7 @@ instance it makes, a disabled one too, and a progress not shown starts no thread
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -22,9 +23,26 @@ from tqdm import tqdm
 LOG_EVERY_S = 10.0  # between the progress log lines of a long replay, restore, verify or Shrink
 
 
-def log_due(said: float, now: float) -> bool:
-    """Whether a progress log line is due at now, the last said (both time.monotonic()): LOG_EVERY_S passed."""
-    return now - said >= LOG_EVERY_S
+class LoggedCount:
+    """A count of long work done so far (done) and when it began (started, time.monotonic()), with a log line, at
+    INFO on logger, every LOG_EVERY_S seconds: line(done, seconds since it began) says what it reads."""
+
+    def __init__(self, logger: logging.Logger, line: Callable[[int, float], str]) -> None:
+        self.logger, self.line = logger, line
+        self.done = 0
+        self.started = self._said = time.monotonic()
+
+    def add(self, n: int) -> None:
+        """Counts n more done; logs the line where LOG_EVERY_S passed since the count began or since its last line."""
+        self.done += n
+        now = time.monotonic()
+        if now - self._said >= LOG_EVERY_S:
+            self._said = now
+            self.logger.info("%s", self.line(self.done, now - self.started), stacklevel=2)  # the caller of add
+
+    def took_s(self) -> float:
+        """Seconds since the count began."""
+        return time.monotonic() - self.started
 
 
 def _count(n: float) -> str:

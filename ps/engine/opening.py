@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import traceback
-from collections.abc import Callable
 
 from ps.checkpoint import MANIFEST, checkpoint_folder_around, load_manifest, read_manifest, slot_range, unfinished_save
 from ps.config import TableConfig
@@ -19,7 +17,7 @@ from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table, rows_text
 from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
-from ps.progress import log_due, pace
+from ps.progress import LoggedCount, pace
 from ps.rows.layout import layout_of
 from ps.server_config import ServerConfig
 from ps.sharding import NUM_SLOTS
@@ -184,14 +182,19 @@ def check_store(
     if manifest is None:  # a dir with data and no table (check_data_dir checks a new one): checked before a row is in
         manifest = read_manifest(config.restore_dir)
         check_room_for(memory, manifest, config.restore_dir)
-    on_written, share = _restore_watch(config, manifest, progress)
-    progress.enter("restoring", share)
-    started = time.monotonic()
+    expected = _rows_to_restore(config, manifest)
+    written = LoggedCount(log, lambda rows, took_s: f"restoring: {pace(rows, expected, took_s, 'rows written')}")
+    progress.enter("restoring", lambda: written.done / expected)
+
+    def on_written(n: int) -> None:  # after each batch: a stop there leaves the dir marked, to start over
+        written.add(n)
+        progress.check()
+
     summary = restore_into(store, config.restore_dir, config.shard_id, config.num_shards, manifest, on_written)
     progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
     tables = ", ".join(f"{name} {rows_text(counts['admitted'])}" for name, counts in summary["tables"].items())
     log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
-             summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
+             summary["from_shards"], written.took_s(), tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
     return True, store.load_tables()  # what the restore wrote
 
 
@@ -207,28 +210,13 @@ def check_room_for(memory: MemoryPlan, manifest: dict, checkpoint: str) -> None:
     check_tables_fit(new_budget(memory), tables, f"tables of checkpoint {checkpoint}")
 
 
-def _restore_watch(
-    config: ServerConfig, manifest: dict, progress: StartProgress
-) -> tuple[Callable[[int], None], Callable[[], float]]:
-    """(on_written for restore_into, the share of the restore done for progress). on_written counts the rows
-    written, logs the restore's progress every ps.progress.LOG_EVERY_S seconds ("restoring: 1,200,000 of about
-    3,000,000 rows written (40%), 400,000 rows/s, about 5 s left"), then checks for a stop: a stop there leaves
-    the dir marked, and the next start starts the restore over. The share: the rows written over this shard's
-    slots' share of the rows the manifest counts (an estimate: slots hold about equal rows)."""
+def _rows_to_restore(config: ServerConfig, manifest: dict) -> int:
+    """The rows a restore writes to this shard, about: its slots' share of the rows the manifest counts (slots hold
+    about equal rows); at least 1. A restore logs "restoring: 1,200,000 of about 3,000,000 rows written (40%),
+    400,000 rows/s, about 5 s left" every ps.progress.LOG_EVERY_S seconds, and its share done is the rows written
+    over these."""
     lo, hi = slot_range(config.shard_id, config.num_shards)
-    expected = max(1, round(sum(sum(s["rows"].values()) for s in manifest["shards"]) * (hi - lo) / NUM_SLOTS))
-    written, started = [0], time.monotonic()
-    said = [started]
-
-    def on_written(n: int) -> None:
-        written[0] += n
-        now = time.monotonic()
-        if log_due(said[0], now):
-            said[0] = now
-            log.info("restoring: %s", pace(written[0], expected, now - started, "rows written"))
-        progress.check()
-
-    return on_written, lambda: written[0] / expected
+    return max(1, round(sum(sum(s["rows"].values()) for s in manifest["shards"]) * (hi - lo) / NUM_SLOTS))
 
 
 def _restored_already(store: Store, config: ServerConfig, checkpoint: str) -> bool:
@@ -299,20 +287,16 @@ def replay(
     (journal.losses) must be flushed at once by the caller, as must the records applied, so that RocksDB's flushed
     position passes them and the next start does not find them again."""
     after = store.meta.flushed_seq()
-    records = rows = step = 0
-    t0 = time.monotonic()
-    said = t0
+    rows = step = seq = 0  # seq: the record applied last, which the line names
+    records = LoggedCount(log, lambda done, took_s: replay_progress(done, seq, journal.replay_bytes, took_s))
     read = lambda: journal.replay_bytes[0] / max(1, journal.replay_bytes[1])
     progress.enter("replaying", read)
     written = store.meta.written_seq()  # rows written back before a flush hold pushes up to it
     for rec in journal.replay(after, accept_loss=accept_loss, rows_seq=written):
         progress.check()  # between records: a stop leaves them all to the next start's replay
-        if not records:
+        if not records.done:
             log.info("replaying the journal past record %s: the pushes not yet written to RocksDB when the "
                      "last run stopped", f"{after:,}")  # fmt: skip
-        elif log_due(said, time.monotonic()):
-            said = time.monotonic()
-            log.info("%s", replay_progress(records, rec.seq, journal.replay_bytes, said - t0))
         table = tables.get(rec.table)
         if table is None:  # a push was journaled only for tables that exist, and tables are never dropped
             raise DataLossError(
@@ -321,12 +305,12 @@ def replay(
                 "a backup or checkpoint"
             )
         rows += table.replay(rec)
-        records += 1
-        step = max(step, rec.step)
-    if records:
-        log.info("replayed %s journal records (%s row updates) in %.2f s", f"{records:,}", f"{rows:,}",
-                 time.monotonic() - t0)  # fmt: skip
-    return records, step
+        seq, step = rec.seq, max(step, rec.step)
+        records.add(1)  # its line every ps.progress.LOG_EVERY_S seconds
+    if records.done:
+        log.info("replayed %s journal records (%s row updates) in %.2f s", f"{records.done:,}", f"{rows:,}",
+                 records.took_s())  # fmt: skip
+    return records.done, step
 
 
 def close_after_failed_start(data_dir: str, store: Store, journal: Journal | None) -> None:

@@ -430,8 +430,8 @@ class Shard:
                 raise partly from e
         dropped = sum(progress.dropped.values())
         log.info("shrink at step %s dropped %s ids from %s (%s rows scanned in %.1f s)", f"{self.clock:,}",
-                 f"{dropped:,}", ", ".join(t.name for t in tables) or "no table", f"{progress.scanned_rows:,}",
-                 time.monotonic() - progress.started)  # fmt: skip
+                 f"{dropped:,}", ", ".join(t.name for t in tables) or "no table", f"{progress.scan.done:,}",
+                 progress.scan.took_s())  # fmt: skip
         return {
             "dropped": dropped,
             "num_rows": sum(t.num_rows for t in tables),

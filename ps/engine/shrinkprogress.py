@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHRINK_REMEDY, PsError, ShrinkRunningError, partly_applied
-from ps.progress import log_due, pace
+from ps.progress import LoggedCount, pace
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +40,21 @@ class ShrinkProgress:
         self.done = 0  # tables shrunk whole (Shard.shrink counts them)
         self.written = dict.fromkeys(tables, 0)  # kept rows rewritten (decayed), per table
         self.dropped = dict.fromkeys(tables, 0)  # ids dropped, per table
-        self.rows, self.scanned_rows = rows, 0
-        self.started = self.said = time.monotonic()
+        self.rows = rows
+        self.table = tables[0] if tables else ""  # the table being scanned
+        self.scan = LoggedCount(log, self._line)  # the rows scanned so far
         self.began_at = time.time()  # wall clock, for a refused Shrink's message
 
     def scanned(self, table: str, n: int) -> None:
-        """Notes a chunk of n rows of table's scanned; logs the Shrink's progress where LOG_EVERY_S passed since
-        it began or since its last line: "shrinking: 1,200,000 of 3,000,000 rows scanned (40%), 80,000 rows/s,
-        about 23 s left (table 't', 1 of 2)" (a total the scan passed, rows pushed meanwhile, is shown as the count
-        so far, with no time left)."""
-        self.scanned_rows += n
-        now = time.monotonic()
-        if not log_due(self.said, now):
-            return
-        self.said = now
-        scanned = pace(self.scanned_rows, self.rows, now - self.started, "rows scanned", about="")
-        log.info("shrinking: %s (table %r, %d of %d)", scanned, table, self.tables.index(table) + 1, len(self.tables))
+        """Notes a chunk of n rows of table's scanned; logs the Shrink's progress every ps.progress.LOG_EVERY_S
+        seconds: "shrinking: 1,200,000 of 3,000,000 rows scanned (40%), 80,000 rows/s, about 23 s left (table 't',
+        1 of 2)" (a total the scan passed, rows pushed meanwhile, is shown as the count so far, with no time left)."""
+        self.table = table
+        self.scan.add(n)
+
+    def _line(self, scanned: int, took_s: float) -> str:
+        rows = pace(scanned, self.rows, took_s, "rows scanned", about="")
+        return f"shrinking: {rows} (table {self.table!r}, {self.tables.index(self.table) + 1} of {len(self.tables)})"
 
     def wrote(self, table: str, written: int, dropped: int) -> None:
         """Notes a chunk of table's written: `written` kept rows rewritten, `dropped` ids deleted."""
@@ -124,12 +123,12 @@ class ShrinkRunning:
     def _refusal(self, running: ShrinkProgress) -> str:
         """The message of a Shrink refused while `running` runs."""
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(running.began_at))
-        ago = time.monotonic() - running.started
-        total = max(running.rows, running.scanned_rows)
+        ago = running.scan.took_s()
+        total = max(running.rows, running.scan.done)
         what = f"of {_listed(running.tables)}" if running.tables else "of no table"
         return (
             f"shard {self.shard_id}: a Shrink is running ({what}, since {since}, {ago:,.0f} s ago: "
-            f"{running.scanned_rows:,} of {total:,} rows scanned so far); one Shrink at a time: send none before the "
+            f"{running.scan.done:,} of {total:,} rows scanned so far); one Shrink at a time: send none before the "
             "next one is due: one sent now would decay the rows that one shrinks a second time, and the next shrinks "
             f"what it leaves; {NOTHING_APPLIED}"
         )

@@ -10,13 +10,12 @@ rate and the time left (ScanProgress), and a closing line with what it read and 
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
 from ps.bytesize import human_bytes
 from ps.errors import StorageError
-from ps.progress import log_due, pace
+from ps.progress import LoggedCount, pace
 from ps.rows.layout import KEY_BYTES
 from ps.storage.meta import (
     META_CF,
@@ -45,32 +44,28 @@ class ScanProgress:
 
     def __init__(self, path: str, expected: int = 0):
         self.path, self.expected = path, expected
-        self.rows = self.bytes = 0
-        self.started = self.said = time.monotonic()
+        self.bytes = 0
+        self.rows = LoggedCount(log, self._line)
 
     def read(self, rows: int, nbytes: int) -> None:
         """Notes rows read, nbytes in all; logs "verifying D: 1,200,000 of about 3,000,000 rows read (40%, 96.0
-        MiB), 400,000 rows/s, about 5 s left" where LOG_EVERY_S passed since the start or the last line (a
-        total the read passed, or none known, shows the count so far as the total, with no time left)."""
-        self.rows += rows
+        MiB), 400,000 rows/s, about 5 s left" every ps.progress.LOG_EVERY_S seconds (a total the read passed, or
+        none known, shows the count so far as the total, with no time left)."""
         self.bytes += nbytes
-        now = time.monotonic()
-        if not log_due(self.said, now):
-            return
-        self.said = now
-        rows_read = pace(
-            self.rows, self.expected, now - self.started, "rows read", aside=f", {human_bytes(self.bytes)}"
-        )
-        log.info("verifying %s: %s", self.path, rows_read)
+        self.rows.add(rows)
+
+    def _line(self, rows: int, took_s: float) -> str:
+        rows_read = pace(rows, self.expected, took_s, "rows read", aside=f", {human_bytes(self.bytes)}")
+        return f"verifying {self.path}: {rows_read}"
 
     def finished(self, other_keys: int, damaged: list[str]) -> None:
         """Logs the closing line: "verified D's RocksDB: 3,000,000 rows (240.0 MiB) and 9 other keys read in 7.5 s,
         every block's checksum verified" (or "; damage stopped the read of column family rows")."""
-        took = time.monotonic() - self.started
+        took = self.rows.took_s()
         end = f"; damage stopped the read of column family {', '.join(damaged)}" if damaged else (
             ", every block's checksum verified")  # fmt: skip
         log.info("verified %s's RocksDB: %s rows (%s) and %s other keys read in %.1f s%s", self.path,
-                 f"{self.rows:,}", human_bytes(self.bytes), f"{other_keys:,}", took, end)  # fmt: skip
+                 f"{self.rows.done:,}", human_bytes(self.bytes), f"{other_keys:,}", took, end)  # fmt: skip
 
 
 class RowSizes:
