@@ -270,6 +270,8 @@ NOTHING_READ_OR_APPLIED = "nothing was read or applied"  # a request refused bef
 NOTHING_OF_THE_STEP_APPLIED = "nothing of the step was applied"  # a sync step failed: no worker's push of it applied
 RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
 SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
+# what the errors of a Shrink that ran in part, may have run, or runs say to do: one sent again decays rows twice
+SHRINK_NOT_AGAIN = "send no Shrink before the next one is due"
 REMEDY_AFTER = "(or raise the quota) and "  # what a DiskFullError's message says before its remedy (DiskFullError.of)
 
 MODEL_STATE_REPLACED = "holds another model state than the one this client started with"  # its message's words
@@ -347,7 +349,7 @@ class CheckpointHoldError(PsError):
 class ShrinkRunningError(PsError):
     """A Shrink sent to a shard while another runs there (a client's whose deadline passed, an operator's): one at a
     time (ps.engine.shrinkprogress ShrinkRunning), since a second would decay the rows a second time. Nothing of it
-    is applied; not retried: send none before the next one is due, which shrinks what the running one leaves."""
+    is applied; not retried: SHRINK_NOT_AGAIN; the next one shrinks what the running one leaves."""
 
     status = "FAILED_PRECONDITION"
 

@@ -54,7 +54,7 @@ def test_a_shrink_sent_while_another_runs_is_refused_and_the_rows_are_decayed_on
     assert re.fullmatch(
         rf"shard 0 at {address}: Shrink failed with FAILED_PRECONDITION: shard 0: a Shrink is running \(of table 't', "
         r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+ s ago: 1 of 1 rows scanned so far\); one Shrink at a time: "
-        "send none before the next one is due: one sent now would decay the rows that one shrinks a second time, "
+        "send no Shrink before the next one is due: one sent now would decay the rows that one shrinks a second time, "
         f"and the next shrinks what it leaves; {NOTHING_APPLIED}",
         said,
     ), said

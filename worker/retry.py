@@ -31,6 +31,7 @@ from ps.errors import (
     OVERLOADED,
     PARTLY_APPLIED,
     SHARD_STARTING,
+    SHRINK_NOT_AGAIN,
     ClientIdInUseError,
     DataDirLostError,
     DiskFullError,
@@ -75,9 +76,9 @@ MAY_HAVE_RUN = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 NOT_CONNECTED = ("failed to connect to all addresses", "DNS resolution failed", "Connection refused")
 # never sent again after a deadline (but a Checkpoint release), with what to do then
 APPLIED_AGAIN_IF_SENT_AGAIN = {
-    "Shrink": "send no Shrink before the next one is due: one sent again would decay the rows this one shrank a "
-    "second time; the shard's log says how far it got, and 'shrink at step ...' with the seconds it took once it "
-    "ended: a --timeout-s past those gives the next Shrink of these tables the time it needs",
+    "Shrink": f"{SHRINK_NOT_AGAIN}: one sent again would decay the rows this one shrank a second time; the "
+    "shard's log says how far it got, and 'shrink at step ...' with the seconds it took once it ended: a "
+    "--timeout-s past those gives the next Shrink of these tables the time it needs",
     "Checkpoint": "a hold whose reply was lost keeps the shard from taking pushes for up to --hold-timeout-s; a "
     "larger --timeout-s gives a large shard's save the time it needs",
 }

@@ -11,7 +11,7 @@ remedy RETRY becomes SHRINK_REMEDY there too).
 from __future__ import annotations
 
 from protos import ps_pb2
-from ps.errors import PARTLY_APPLIED, SHRINK_REMEDY, PsError, partly_applied
+from ps.errors import PARTLY_APPLIED, SHRINK_NOT_AGAIN, SHRINK_REMEDY, PsError, partly_applied
 
 
 def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
@@ -19,10 +19,10 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     replies where no shard failed. Else raises the first failure: as it is where no shard shrank; where some did,
     reworded by ps.errors.partly_applied (its class and attributes kept) with "Shrink failed on shard <s>" and "Of
     the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
-    <PARTLY_APPLIED>; send no Shrink before the next one is due, also once shard <s> is mended: one sent again
-    would decay their rows a second time" (and which other shards failed, where more did); a full disk's refusal
-    with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received) or,
-    without them, its message ends with it. The error keeps what the client noted of the refusal (refused_by)."""
+    <PARTLY_APPLIED>; <SHRINK_NOT_AGAIN>, also once shard <s> is mended: one sent again would decay their rows a
+    second time" (and which other shards failed, where more did); a full disk's refusal with its remedy RETRY
+    replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received) or, without them, its
+    message ends with it. The error keeps what the client noted of the refusal (refused_by)."""
     failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
     if not failed:
         return outcomes
@@ -35,6 +35,6 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     more = [s for s, _ in failed[1:]]
     also = f"; shard(s) {', '.join(map(str, more))} failed too" if more else ""
     outcome = (f"Of the Shrink, shard(s) {', '.join(str(s) for s, _ in done)} shrank ({shrank}): those changes were "
-               f"{PARTLY_APPLIED}; send no Shrink before the next one is due, also once shard {shard} is mended: one "
-               f"sent again would decay their rows a second time{also}")  # fmt: skip
+               f"{PARTLY_APPLIED}; {SHRINK_NOT_AGAIN}, also once shard {shard} is mended: one sent again "
+               f"would decay their rows a second time{also}")  # fmt: skip
     raise partly_applied(error, f"Shrink failed on shard {shard}", outcome, remedy=SHRINK_REMEDY)

@@ -4,8 +4,8 @@ A Shrink writes its tables one after the other, each in chunks (Table.shrink), e
 keeps no record of how far it got. A failure part way leaves the chunks written before it shrunk, so its refusal
 says which (ps.errors PARTLY_APPLIED's wording: worker.retry.may_have_run then knows the call ran, and the client
 does not send it again). A Shrink sent again would decay those rows a second time, so the refusal gives one
-instruction: send no Shrink before the next one is due, which shrinks what this one left (SHRINK_REMEDY, and a
-full disk's remedy instead of its RETRY).
+instruction, SHRINK_NOT_AGAIN ("send no Shrink before the next one is due"): the next shrinks what this one left
+(and a full disk's remedy is SHRINK_REMEDY instead of its RETRY).
 
 A Shrink of a large table runs for minutes (its scan reads every stored row): the server logs a line every
 ps.progress.LOG_EVERY_S seconds meanwhile, with the rows scanned of those the tables hold, the rate and the time left
@@ -24,7 +24,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHRINK_REMEDY, PsError, ShrinkRunningError, partly_applied
+from ps.errors import (
+    NOTHING_APPLIED,
+    PARTLY_APPLIED,
+    SHRINK_NOT_AGAIN,
+    SHRINK_REMEDY,
+    PsError,
+    ShrinkRunningError,
+    partly_applied,
+)
 from ps.progress import LoggedCount, pace
 
 log = logging.getLogger(__name__)
@@ -70,8 +78,8 @@ class ShrinkProgress:
         its class and attributes kept; a DiskFullError's remedy RETRY becomes SHRINK_REMEDY): None where no chunk was
         written (e's own outcome stands); else with "shrink stopped" and "Of the Shrink, <the tables shrunk whole,
         the one in part (where a chunk of it was written), those not at all>: those changes were applied, and the
-        clock was not advanced; send no Shrink before the next one is due: one sent again would decay the rows shrunk
-        already a second time, and the next shrinks what this one left (<the tables not shrunk whole, if any>)"."""
+        clock was not advanced; <SHRINK_NOT_AGAIN>: one sent again would decay the rows shrunk already a second
+        time, and the next shrinks what this one left (<the tables not shrunk whole, if any>)"."""
         if not any(self.written.values()) and not any(self.dropped.values()):
             return None
         done, rest = self.tables[: self.done], self.tables[self.done :]
@@ -87,8 +95,8 @@ class ShrinkProgress:
         return partly_applied(
             e,
             "shrink stopped",
-            f"Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; send no Shrink before the next "
-            f"one is due: one sent again would decay the rows shrunk already a second time{what_is_left}",
+            f"Of the Shrink, {'; '.join(parts)}: those changes were {PARTLY_APPLIED}; {SHRINK_NOT_AGAIN}: "
+            f"one sent again would decay the rows shrunk already a second time{what_is_left}",
             remedy=SHRINK_REMEDY,
         )
 
@@ -105,8 +113,8 @@ class ShrinkRunning:
     def begin(self, progress: ShrinkProgress) -> Iterator[None]:
         """Holds the shard's Shrink slot for progress's Shrink while the block runs; ShrinkRunningError, holding
         nothing, while another holds it: "shard 0: a Shrink is running (of table 't', since 2026-12-07 19:41:05 UTC,
-        12 s ago: 8,192 of 20,580 rows scanned so far); one Shrink at a time: send none before the next one is due:
-        one sent now would decay the rows that one shrinks a second time, and the next shrinks what it leaves;
+        12 s ago: 8,192 of 20,580 rows scanned so far); one Shrink at a time: send no Shrink before the next one is
+        due: one sent now would decay the rows that one shrinks a second time, and the next shrinks what it leaves;
         nothing was applied"."""
         with self._lock:
             running = self.running
@@ -128,8 +136,8 @@ class ShrinkRunning:
         what = f"of {_listed(running.tables)}" if running.tables else "of no table"
         return (
             f"shard {self.shard_id}: a Shrink is running ({what}, since {since}, {ago:,.0f} s ago: "
-            f"{running.scan.done:,} of {total:,} rows scanned so far); one Shrink at a time: send none before the "
-            "next one is due: one sent now would decay the rows that one shrinks a second time, and the next shrinks "
+            f"{running.scan.done:,} of {total:,} rows scanned so far); one Shrink at a time: {SHRINK_NOT_AGAIN}: "
+            "one sent now would decay the rows that one shrinks a second time, and the next shrinks "
             f"what it leaves; {NOTHING_APPLIED}"
         )
 
