@@ -61,7 +61,6 @@ from ps.engine.pushpath import PushPath
 from ps.engine.room import RequestRoom, push_cost
 from ps.engine.shardstats import describe_start, health_stats, memory_stats, restore_stats
 from ps.engine.shrinkprogress import ShrinkProgress, ShrinkRunning
-from ps.engine.shrinkrule import rule_is_off
 from ps.engine.stampedpush import StampedPushes
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table
@@ -414,8 +413,7 @@ class Shard:
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
             self.store.table_number(table.name)
-        scanned = [t for t in tables if not rule_is_off(t.cfg.eviction)]  # Table.shrink scans no table with no rule on
-        progress = ShrinkProgress([t.name for t in tables], sum(t.num_rows + t.num_pending for t in scanned))
+        progress = ShrinkProgress([t.name for t in tables], sum(t.shrink_rows for t in tables))
         with self.shrink_running.begin(progress):
             try:
                 self.flush()  # shrink scans RocksDB: it must hold every row

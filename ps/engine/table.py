@@ -325,6 +325,11 @@ class Table:
                 time.sleep(FLUSH_PAUSE_S)
             ready = wait or yield_to is None
 
+    @property
+    def shrink_rows(self) -> int:
+        """The rows (and pending ids) a Shrink scans, as the table holds them: 0 with no rule on (shrink skips it)."""
+        return 0 if rule_is_off(self.cfg.eviction) else self.num_rows + self.num_pending
+
     def shrink(self, clock: int, progress: ShrinkProgress, chunk_rows: int = FLUSH_CHUNK_ROWS) -> None:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
         `clock` or scoring under eviction.score_threshold, in RocksDB and in RAM. Scans RocksDB in chunks of
