@@ -357,9 +357,11 @@ class ShrinkRunningError(PsError):
 class CallerGoneError(PsError):
     """A request's caller left (its RPC was cancelled or passed its deadline) while the request waited: a stamped
     request for its job's other workers (ps.engine.jobs), a request for request room or its reply for reply room
-    (ps.engine.room, ps.replies), a checkpoint hold for the pushes in flight (dropped: ps.engine.hold); or before a
-    checkpoint save's write (nothing more is written: ps.engine.hold.save_into). Nobody reads the status; the RPC
-    thread is free again. A PushBatch whose rows to return waited for reply room was applied (ps.service)."""
+    (ps.engine.room, ps.replies), a checkpoint hold for the pushes in flight (dropped: ps.engine.hold); or during a
+    checkpoint save: before each write (nothing more is written: ps.engine.hold.save_into), after the flush (nothing
+    written) and once the checkpoint is written and read back (it is removed: ps.engine.checkpointing
+    ShardCheckpoints.write). Nobody reads the status; the RPC thread is free again. A PushBatch whose rows to
+    return waited for reply room was applied (ps.service)."""
 
     status = "CANCELLED"
 

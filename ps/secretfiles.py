@@ -14,6 +14,8 @@ import ssl
 import stat
 import time
 
+from ps.utctime import utc
+
 MAX_FILE_BYTES = 16 << 20  # a token, key, certificate or CA bundle file: a larger one is none of them
 _KINDS = ((stat.S_ISFIFO, "a FIFO or pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISSOCK, "a socket"))  # fmt: skip
@@ -239,11 +241,6 @@ def not_yet_valid_warnings(cert: str | None, ca: str | None) -> list[str]:
     may be the one that is wrong, so the server warns and serves."""
     files = (("TLS certificate (--tls-cert)", cert, True), ("TLS CA (--tls-ca)", ca, False))
     return [warning for what, path, first in files if path and (warning := not_yet_valid(path, what, first))]
-
-
-def utc(seconds: float) -> str:
-    """A Unix time as the errors and warnings of certificates give it: YYYY-MM-DD HH:MM:SS UTC."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
 def _der_elements(data: bytes) -> list[tuple[int, bytes]]:

@@ -91,7 +91,8 @@ class CallerGone:
     one for request room or reply room (ps.engine.room, ps.replies), the checkpoint hold's for the pushes in flight
     (ps.engine.hold), which watch(wake) wakes as the RPC ends, so that a wait whose caller left frees its RPC thread
     at once (ps.engine.room.watch_caller); and a checkpoint save, which calls it before each write (ps.engine.hold
-    save_into) and watches nothing: it does not wait, so the RPC's end has no one to wake there."""
+    save_into), after the flush and once the checkpoint is written and read back (ps.engine.checkpointing
+    ShardCheckpoints.write), and watches nothing: it does not wait, so the RPC's end has no one to wake there."""
 
     def __init__(self, context: grpc.ServicerContext):
         self._context = context

@@ -7,7 +7,8 @@ import socket
 import ssl
 import time
 
-from ps.secretfiles import utc, validity
+from ps.secretfiles import validity
+from ps.utctime import utc
 
 GRPC_DNS = "dns:///"  # gRPC's own name for a host:port resolved by DNS, which a channel takes as it is
 NOT_YET_VALID = 9  # OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID: a certificate of the chain starts after the clock's now

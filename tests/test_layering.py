@@ -3,8 +3,8 @@ x`, relative, inside functions too), with no exemptions:
 
 - ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
       foundation  ps.errors, ps.errornames, ps.hashing, ps.bytesize, ps.config, ps.server_config, ps.table_toml,
-                  ps.sharding, ps.checkpoint, ps.wire, ps.codec, ps.storage.atomicfile (stdlib only: ps.checkpoint
-                  writes the manifest with it)
+                  ps.sharding, ps.checkpoint, ps.wire, ps.codec, ps.utctime, ps.storage.atomicfile (stdlib only:
+                  ps.checkpoint writes the manifest with it)
       accel       ps.accel.*    optional OS-level accelerations
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
@@ -42,6 +42,7 @@ FOUNDATION = {
     "ps.checkpoint",
     "ps.wire",
     "ps.codec",
+    "ps.utctime",
     "ps.progress",
     "ps.stamp",
     "ps.terminate",

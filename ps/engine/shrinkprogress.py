@@ -34,6 +34,7 @@ from ps.errors import (
     partly_applied,
 )
 from ps.progress import LoggedCount, pace
+from ps.utctime import utc
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class ShrinkRunning:
 
     def _refusal(self, running: ShrinkProgress) -> str:
         """The message of a Shrink refused while `running` runs."""
-        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(running.began_at))
+        since = utc(running.began_at)
         ago = running.scan.took_s()
         total = max(running.rows, running.scan.done)
         what = f"of {_listed(running.tables)}" if running.tables else "of no table"
