@@ -16,9 +16,9 @@ shards: one entry per shard_id in 0..n-1; rows: the shard's rows per table, as i
 (ps.storage.checkpointread.admitted_counts); files: every file under its dir. sha256: of the manifest without it
 (manifest_digest). Reading (load_manifest) checks format, num_slots, sha256 (a manifest without it is refused:
 every save writes it), and that num_shards, clock, tables and shards hang together (each shard entry's clock and
-rows too: integers >= 0); read_manifest checks every file too, and that a shard's dir holds no file its entry does not list (RocksDB would
-read it: a stray write-ahead log replays into the rows). created and pushes_held_s are informational: no reader
-checks them (`ps-worker checkpoint save` prints pushes_held_s).
+rows too: integers >= 0); read_manifest checks every file too, and that a shard's dir holds no file its entry does
+not list (RocksDB would read it: a stray write-ahead log replays into the rows). created and pushes_held_s are
+informational: no reader checks them (`ps-worker checkpoint save` prints pushes_held_s).
 
 The cut: every shard stops taking pushes (waits for the ones in flight), then each flushes and checkpoints,
 then all take pushes again. Every push acknowledged before the hold is in the checkpoint and none after; one

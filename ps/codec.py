@@ -239,7 +239,7 @@ message StatsResponse
   29 restored_from    LEN     string                   the checkpoint the data dir was restored from; empty: none
   30 restored_sha256  LEN     string                   that checkpoint's manifest sha256
   31 request_room_used_bytes VARINT uint64             request room held now by the pulls and pushes running
-  32 state_id         VARINT  uint64                   the model state's random id in [1, 2^63), new per data dir or restore
+  32 state_id         VARINT  uint64                   model state id, random in [1, 2^63): new per data dir or restore
   33 flush_failures   VARINT  uint32                   background flushes failed in a row (0: the last succeeded)
   34 sync_steps_bytes VARINT  uint64                   room for sync steps' contributions and sums; 0: none
   35 sync_steps_held_bytes VARINT uint64               bytes of the sync steps' contributions held now

@@ -44,8 +44,9 @@ def byte_size(text: str) -> int:
     more; SizeBelowOneByteError for a number other than 0 that comes to less than a byte ("0.0001K": 0 bytes, once
     the fraction is dropped, would read as 0); ValueError for anything else (text, inf, nan, "1.5" bytes, a number
     other than 0 whose magnitude is below 1e-(SIZE_DIGITS - 1)): the number's exponent refuses both ends before any
-    bytes are worked out (10**N for the exponent N of "1e-100000000" hangs). The sign is the caller's to check: a negative size comes back
-    negative, -10**SIZE_DIGITS where its number's magnitude is 10**SIZE_DIGITS or more (its bytes not worked out)."""
+    bytes are worked out (10**N for the exponent N of "1e-100000000" hangs). The sign is the caller's to check: a
+    negative size comes back negative, -10**SIZE_DIGITS where its number's magnitude is 10**SIZE_DIGITS or more (its
+    bytes not worked out)."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = SIZE_UNITS.get(t[-1:], 1)
     value = exact_number(t[:-1] if unit > 1 else t)

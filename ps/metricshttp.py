@@ -111,8 +111,9 @@ class Handler(WSGIRequestHandler):
     """One connection's request and reply. The TLS handshake and the request's reads keep to one deadline, `timeout`
     seconds from the connection's start (a client sending its request slowly is cut there); the reply's writes to
     another, reply_s seconds from its first byte, so that the time the app takes to collect the reply counts in
-    neither (a client reading the reply slower is cut: a metrics reply is small, read in far less). A connection past either is closed
-    (TimeoutError): one debug line, BoundedServer.handle_error's or QuietReply's, not a traceback on stderr."""
+    neither (a client reading the reply slower is cut: a metrics reply is small, read in far less). A connection past
+    either is closed (TimeoutError): one debug line, BoundedServer.handle_error's or QuietReply's, not a traceback on
+    stderr."""
 
     timeout = 10.0  # seconds for a connection's TLS handshake and its request, in all
     reply_s = 30.0  # seconds for a reply's writes, in all, from its first byte
