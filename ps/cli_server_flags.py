@@ -7,30 +7,11 @@ import argparse
 import math
 
 from ps.config import DEFAULT_REPLY_READ_TIMEOUT_S, MAX_INTERVAL_S
-from ps.flagtypes import HelpFormatter, SizeBelowOneByteError, SizeTooLargeError, byte_size, integer, number
+from ps.flagtypes import HelpFormatter, integer, number, size_flag
 from ps.settings import LOG_LEVELS, add_config_flag
 
-
-def parse_bytes(text: str, least: int = 1) -> int:
-    """'512M' -> 536870912; plain numbers are bytes; ArgumentTypeError for anything but a size >= least bytes."""
-    try:
-        size = byte_size(text)
-    except (SizeTooLargeError, SizeBelowOneByteError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of bytes or a size such as 512M or 2G, got {text!r}"
-        ) from None
-    if size < least:
-        raise argparse.ArgumentTypeError(
-            f"expected a size of at least {least} byte{'' if least == 1 else 's'}, such as 512M or 2G, got {text!r}"
-        )
-    return size
-
-
-def bound_bytes(text: str) -> int:
-    """parse_bytes, or 0: no bound."""
-    return parse_bytes(text, least=0)
+parse_bytes = size_flag(1)  # '512M' -> 536870912; plain numbers are bytes; a size of 1 byte or more
+bound_bytes = size_flag(0)  # parse_bytes, or 0: no bound
 
 
 def seconds(text: str) -> float:

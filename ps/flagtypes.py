@@ -15,15 +15,7 @@ SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 SIZE_DIGITS = 100  # sizes lie below 10**SIZE_DIGITS bytes; a number past 1e±SIZE_DIGITS is a slip, refused unworked
-
-
-class SizeTooLargeError(ValueError):
-    """A size of 10**SIZE_DIGITS bytes or more (byte_size); its message names that bound."""
-
-
-class SizeBelowOneByteError(ValueError):
-    """A size other than 0 that comes to less than one byte once its unit is worked out ("0.0001K", "1e-99G"):
-    a slip, never taken as 0, which means no bound or none of a thing to the flags that take it (byte_size)."""
+LARGEST_SIZE = 10**SIZE_DIGITS - 1  # the largest size byte_size takes
 
 
 def exact_number(text: str) -> decimal.Decimal | None:
@@ -37,40 +29,62 @@ def exact_number(text: str) -> decimal.Decimal | None:
     return value if value.is_finite() else None
 
 
-def byte_size(text: str) -> int:
-    """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
-    and "1.5G" alike; a fraction of a byte that a unit leaves is dropped: "1.1G"), or a whole number of bytes
-    ("67108864", "1e9"), taken exactly (exact_number). SizeTooLargeError for a size of 10**SIZE_DIGITS bytes or
-    more; SizeBelowOneByteError for a number other than 0 that comes to less than a byte ("0.0001K": 0 bytes, once
-    the fraction is dropped, would read as 0); ValueError for anything else (text, inf, nan, "1.5" bytes, a number
-    other than 0 whose magnitude is below 1e-(SIZE_DIGITS - 1)): the number's exponent refuses both ends before any
-    bytes are worked out (10**N for the exponent N of "1e-100000000" hangs). The sign is the caller's to check: a
-    negative size comes back negative, -10**SIZE_DIGITS where its number's magnitude is 10**SIZE_DIGITS or more (its
-    bytes not worked out)."""
+def byte_size(text: str, *, least: int = 0, most: int = LARGEST_SIZE, most_said: str = "") -> int:
+    """Bytes of a size flag, least..most (0 <= least <= most <= LARGEST_SIZE): a number with an optional K, M, G or
+    T suffix (powers of 1024; "64M", "64MiB", "64MB" and "1.5G" alike; a fraction of a byte that a unit leaves is
+    dropped: "1.1G"), or a whole number of bytes ("67108864", "1e9"), taken exactly (exact_number). ValueError, its
+    message the one a user reads, for anything else: no number (text, inf, nan, "1.5" bytes, a number other than 0
+    whose magnitude is below 1e-(SIZE_DIGITS - 1)); a number other than 0 that comes to less than a byte
+    ("0.0001K": 0 bytes, once the fraction is dropped, would read as 0, no bound or none of a thing); a size outside
+    least..most, a negative one included (most_said spells most in that message, else its bytes are). The number's
+    exponent refuses both ends before any bytes are worked out (10**N for the exponent N of "1e-100000000" or
+    "-1e100000000" hangs)."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = SIZE_UNITS.get(t[-1:], 1)
     value = exact_number(t[:-1] if unit > 1 else t)
     if value is None or (not value.is_zero() and value.adjusted() <= -SIZE_DIGITS):
-        raise ValueError(f"not a size: {text!r}")
-    if not value.is_zero() and value.adjusted() >= SIZE_DIGITS:
-        if value < 0:
-            return -(10**SIZE_DIGITS)
-        raise SizeTooLargeError(_too_large(text))
+        raise ValueError(_not_a_size(text))
+    if value < 0 or (not value.is_zero() and value.adjusted() >= SIZE_DIGITS):  # refused unworked
+        raise ValueError(_outside(text, value > 0, least, most, most_said))
     numerator, denominator = value.as_integer_ratio()
     if unit == 1 and denominator != 1:  # "1.5": bytes come whole (a fraction is a slip, not a size)
-        raise ValueError(f"not a whole number of bytes: {text!r}")
-    whole = abs(numerator) * unit // denominator  # the fraction of a byte dropped
+        raise ValueError(_not_a_size(text))
+    whole = numerator * unit // denominator  # the fraction of a byte dropped
     if whole == 0 and numerator != 0:  # "0.0001K": not 0 (no bound, none), which was not asked for
-        raise SizeBelowOneByteError(f"size below one byte: {text!r} (a size other than 0 comes to 1 byte or more; 0 "
-                                    "is written 0)")  # fmt: skip
-    if whole >= 10**SIZE_DIGITS and numerator > 0:  # a unit took it there: "1e99T"
-        raise SizeTooLargeError(_too_large(text))
-    return whole if numerator >= 0 else -whole
+        raise ValueError(f"size below one byte: {text!r} (a size other than 0 comes to 1 byte or more; 0 is "
+                         "written 0)")  # fmt: skip
+    if not least <= whole <= most:
+        raise ValueError(_outside(text, whole > most, least, most, most_said))
+    return whole
 
 
-def _too_large(text: str) -> str:
-    """The message of SizeTooLargeError, naming the bound."""
-    return f"size too large: {text!r} (sizes are below 1e{SIZE_DIGITS} bytes)"
+def _not_a_size(text: str) -> str:
+    """The message of byte_size for text that is no size."""
+    return f"expected a whole number of bytes or a size such as 512M or 2G, got {text!r}"
+
+
+def _outside(text: str, above: bool, least: int, most: int, most_said: str) -> str:
+    """The message of byte_size for a size outside least..most (above: past most, else below least)."""
+    if most < LARGEST_SIZE:
+        return f"expected bytes from {least} to {most_said or f'{most:,}'}, got {text!r}"
+    if above:
+        return f"size too large: {text!r} (sizes are below 1e{SIZE_DIGITS} bytes)"
+    return f"expected a size of at least {least} byte{'' if least == 1 else 's'}, such as 512M or 2G, got {text!r}"
+
+
+def size_flag(least: int, most: int = LARGEST_SIZE, most_said: str = "") -> Callable[[str], int]:
+    """An argparse type: a size of least..most bytes (byte_size, whose message argparse puts after the flag);
+    most_said spells most in that message."""
+    if not 0 <= least <= most <= LARGEST_SIZE:
+        raise ValueError(f"size_flag({least}, {most}): expected 0 <= least <= most <= LARGEST_SIZE")
+
+    def parse(text: str) -> int:
+        try:
+            return byte_size(text, least=least, most=most, most_said=most_said)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
 
 
 def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:

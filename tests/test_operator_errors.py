@@ -672,4 +672,5 @@ def test_a_workers_row_cache_bytes_beyond_any_machines_memory_is_refused_naming_
         return
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--row-cache-bytes", given])
-    assert f"argument --row-cache-bytes: {given!r}: expected bytes from 0 to 1024T" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --row-cache-bytes: expected bytes from 0 to 1024T (" in err and f", got {given!r}" in err

@@ -13,7 +13,7 @@ from ps.config import (
     MAX_MEMORY_TEXT,
     OPTIMIZER_PARAMS,
 )
-from ps.flagtypes import HelpFormatter, SizeBelowOneByteError, SizeTooLargeError, byte_size, integer, number
+from ps.flagtypes import HelpFormatter, integer, number, size_flag
 from worker.cli_flags import (
     SECONDS,
     SECONDS_OR_0,
@@ -30,19 +30,7 @@ from worker.train_config_ignored import DEFAULT_METRICS_HOST
 RATE = number(0, MAX_HYPERPARAMETER, above=True)
 
 
-def _size(text: str) -> int:
-    """Bytes of a size flag, 0 to MAX_MEMORY_BYTES, spelled as the server's sizes are (ps.flagtypes.byte_size)."""
-    try:
-        value = byte_size(text)
-    except SizeTooLargeError:
-        value = MAX_MEMORY_BYTES + 1  # refused below, naming the bound
-    except SizeBelowOneByteError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of bytes, e.g. 67108864, or 64M") from None
-    if not 0 <= value <= MAX_MEMORY_BYTES:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes from 0 to {MAX_MEMORY_TEXT}")
-    return value
+_size = size_flag(0, MAX_MEMORY_BYTES, MAX_MEMORY_TEXT)  # bytes of --row-cache-bytes, spelled as the server's are
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
