@@ -138,12 +138,14 @@ def check_token(token: str) -> str:
     return token
 
 
-def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) -> None:
+def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) -> list[str]:
     """ValueError naming the file that is wrong, and why, unless cert holds PEM certificates, the first of them
     not expired, key the unencrypted PEM private key of that one, and ca PEM certificates, not all expired (each
     where given). gRPC itself reports a bad pair only when it binds a port ("Failed to bind") or as a connection
-    that never comes up, and an expired certificate as a handshake the other side fails."""
-    for path, what in ((cert, "TLS certificate (--tls-cert)"), (ca, "TLS CA (--tls-ca)")):
+    that never comes up, and an expired certificate as a handshake the other side fails. Returns the warnings of
+    certificates not yet valid (dates_problem), read from the same bytes."""
+    warnings = []
+    for path, what, own in ((cert, "TLS certificate (--tls-cert)", True), (ca, "TLS CA (--tls-ca)", False)):
         if path:
             pem = read_file(path, what)
             try:
@@ -151,15 +153,10 @@ def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) ->
             except ssl.SSLError as e:
                 raise ValueError(f"{what} {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----' "
                                  f"blocks; {e.reason or e})") from None  # fmt: skip
-            ends = [not_after(block) for block in PEM_CERTIFICATE.findall(pem)]
-            ends = ends[:1] if path == cert else ends  # a certificate's own, not its chain's; a CA: any may do
-            now = time.time()
-            if ends and all(end is not None and end < now for end in ends):
-                raise ValueError(f"{what} {path} expired on {utc(max(ends))} (this machine's clock says {utc(now)}): "
-                                 "the other side of every connection refuses it; make new certificates "
-                                 "(deploy/gen-secrets.sh)")  # fmt: skip
+            warning = dates_problem(pem, f"{what} {path}", first_only=own)
+            warnings += [warning] if warning else []
     if not (cert and key):
-        return
+        return warnings
     read_file(key, "TLS key (--tls-key)")
 
     def encrypted() -> bytes:
@@ -173,27 +170,38 @@ def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) ->
                              f"{cert}: their public keys differ") from None  # fmt: skip
         raise ValueError(f"TLS key (--tls-key) {key} holds no PEM private key (expected a '-----BEGIN ... PRIVATE "
                          "KEY-----' block)") from None  # fmt: skip
+    return warnings
 
 
 PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.DOTALL)
 
 
-def not_after(pem_body: bytes) -> float | None:
-    """The end of a certificate's validity (Unix time), from the base64 body of its PEM block; None where it does
-    not parse (validity)."""
+def pem_validity(pem_body: bytes) -> tuple[float, float] | None:
+    """(start, end) of a certificate's validity (Unix times), from the base64 body of its PEM block; None where it
+    does not parse (validity)."""
     try:
-        return validity(base64.b64decode(pem_body))[1]
+        return validity(base64.b64decode(pem_body))
     except (ValueError, binascii.Error):
         return None
 
 
-def not_before(pem_body: bytes) -> float | None:
-    """The start of a certificate's validity (Unix time), from the base64 body of its PEM block; None where it does
-    not parse (validity)."""
-    try:
-        return validity(base64.b64decode(pem_body))[0]
-    except (ValueError, binascii.Error):
-        return None
+def dates_problem(pem: bytes, named: str, first_only: bool) -> str | None:
+    """Of the certificates of pem (its first only, with first_only: a certificate's own, not its chain's), named
+    (the flag's words and the path) in the message: ValueError where they are all expired by this machine's clock;
+    a warning where they are all not yet valid (a certificate served before its start is refused by every client,
+    yet the clock that says so may be the one that is wrong, so a server warns and serves); None otherwise. A
+    certificate whose dates do not parse is neither (ssl, which loads it, is the judge)."""
+    dates = [pem_validity(block) for block in PEM_CERTIFICATE.findall(pem)]
+    dates = dates[:1] if first_only else dates
+    now = time.time()
+    if dates and all(d is not None and d[1] < now for d in dates):
+        raise ValueError(f"{named} expired on {utc(max(d[1] for d in dates))} (this machine's clock says {utc(now)}): "
+                         "the other side of every connection refuses it; make new certificates "
+                         "(deploy/gen-secrets.sh)")  # fmt: skip
+    if dates and all(d is not None and d[0] > now for d in dates):
+        return (f"{named} is not valid until {utc(min(d[0] for d in dates))} (this machine's clock says {utc(now)}): "
+                "until then clients refuse it; check the clocks of this machine and of the one that made it")  # fmt: skip
+    return None
 
 
 def validity(der: bytes) -> tuple[float, float]:
@@ -217,30 +225,6 @@ def _der_time(tag: int, value: bytes) -> float:
     if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ: years 50-99 are 19xx (RFC 5280 4.1.2.5.1)
         text = ("19" if int(text[:2]) >= 50 else "20") + text
     return calendar.timegm(time.strptime(text, "%Y%m%d%H%M%SZ"))
-
-
-def not_yet_valid(path: str, what: str, first_only: bool) -> str | None:
-    """A warning naming what (the flag's words), path and the date, where the certificates of path (its first only,
-    with first_only: a certificate's own, not its chain's) are all not yet valid by this machine's clock; None
-    otherwise, or where the file cannot be read (check_tls_files says why)."""
-    try:
-        starts = [not_before(block) for block in PEM_CERTIFICATE.findall(read_file(path, what))]
-    except ValueError:
-        return None
-    starts = starts[:1] if first_only else starts
-    now = time.time()
-    if not starts or any(start is None or start <= now for start in starts):
-        return None
-    return (f"{what} {path} is not valid until {utc(min(starts))} (this machine's clock says {utc(now)}): until "
-            "then clients refuse it; check the clocks of this machine and of the one that made it")  # fmt: skip
-
-
-def not_yet_valid_warnings(cert: str | None, ca: str | None) -> list[str]:
-    """not_yet_valid's warnings for a server's --tls-cert (its own certificate) and --tls-ca (all its certificates),
-    each where given: a certificate served before its start is refused by every client, yet the clock that says so
-    may be the one that is wrong, so the server warns and serves."""
-    files = (("TLS certificate (--tls-cert)", cert, True), ("TLS CA (--tls-ca)", ca, False))
-    return [warning for what, path, first in files if path and (warning := not_yet_valid(path, what, first))]
 
 
 def _der_elements(data: bytes) -> list[tuple[int, bytes]]:

@@ -38,13 +38,15 @@ STAMPED_METHODS = ("PullBatch",)
 METHODS = frozenset(ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name)
 
 
-def server_credentials(cert: str, key: str, ca: str | None = None) -> grpc.ServerCredentials:
-    """TLS with the server's certificate; with ca, clients must present a certificate that ca signed."""
-    check_tls_files(cert, key, ca)
+def server_credentials(cert: str, key: str, ca: str | None = None) -> tuple[grpc.ServerCredentials, list[str]]:
+    """TLS with the server's certificate; with ca, clients must present a certificate that ca signed. With them, the
+    warnings of check_tls_files (certificates not yet valid), for the server to log as it serves."""
+    warnings = check_tls_files(cert, key, ca)
     pair = [(read_file(key, "TLS key"), read_file(cert, "TLS certificate"))]
     if ca is None:
-        return grpc.ssl_server_credentials(pair)
-    return grpc.ssl_server_credentials(pair, root_certificates=read_file(ca, "TLS CA"), require_client_auth=True)
+        return grpc.ssl_server_credentials(pair), warnings
+    roots = read_file(ca, "TLS CA")
+    return grpc.ssl_server_credentials(pair, root_certificates=roots, require_client_auth=True), warnings
 
 
 def channel_credentials(ca: str | None, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials:

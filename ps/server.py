@@ -24,7 +24,6 @@ from ps.replies import reply_room_bytes
 from ps.secretfiles import (
     READ_TOKEN_FILE,
     TOKEN_FILE,
-    not_yet_valid_warnings,
     optional_token,
     readable_by_all,
     refuse_empty,
@@ -82,10 +81,10 @@ class Server:
         self.metrics = ServerMetrics(self.progress) if config.metrics_port is not None else None
         refused = self.metrics.refused_unread if self.metrics is not None else None
         interceptors = [TokenCheck(self._token, self._read_token, refused)] if self._token else []
-        self._credentials = (
-            server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
+        self._credentials, tls_warnings = (
+            server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else (None, [])
         )  # read before anything starts: a missing key file fails here, with its name
-        for warning in not_yet_valid_warnings(config.tls_cert, config.tls_ca) if config.tls_cert else ():
+        for warning in tls_warnings:  # a certificate not yet valid: the clock that says so may be the wrong one
             log.warning("%s", warning)
         self._grpc = grpc.server(
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),

@@ -29,7 +29,7 @@ from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
 from ps.listen_address import exposure_warning
-from ps.secretfiles import PEM_CERTIFICATE, READ_TOKEN_FILE, not_after, not_before, optional_token, read_token
+from ps.secretfiles import PEM_CERTIFICATE, READ_TOKEN_FILE, optional_token, pem_validity, read_token
 from ps.security import READ_ONLY_METHODS, TokenHeader
 from ps.server import Server
 from ps.server_config import ServerConfig
@@ -847,10 +847,8 @@ def test_a_certificates_start_and_end_are_read_as_ssl_reads_them(pki, expired):
                  pki / "server.pem"):  # fmt: skip
         (body,) = PEM_CERTIFICATE.findall(path.read_bytes())
         decoded = ssl._ssl._test_decode_cert(str(path))
-        assert not_after(body) == ssl.cert_time_to_seconds(decoded["notAfter"])
-        assert not_before(body) == ssl.cert_time_to_seconds(decoded["notBefore"])
-    assert not_after(b"bm90IGEgY2VydGlmaWNhdGU=") is None  # "not a certificate": left to ssl to judge
-    assert not_before(b"bm90IGEgY2VydGlmaWNhdGU=") is None
+        assert pem_validity(body) == tuple(ssl.cert_time_to_seconds(decoded[k]) for k in ("notBefore", "notAfter"))
+    assert pem_validity(b"bm90IGEgY2VydGlmaWNhdGU=") is None  # "not a certificate": left to ssl to judge
 
 
 def test_a_certificate_not_yet_valid_is_served_with_a_warning_and_its_clients_told_its_date_and_the_clocks(
@@ -1023,3 +1021,32 @@ def test_callers_without_the_token_take_no_call_slot_from_those_with_it(tmp_path
         release.set()
         server.shard.stats = real_stats
         server.stop(grace_s=1)
+
+
+def test_one_read_of_each_certificate_file_refuses_it_expired_and_warns_of_it_not_yet_valid(
+    pki, expired, tmp_path, monkeypatch
+):
+    """check_tls_files reads each file once for both dates: its warnings are of certificates not yet valid, and a
+    bundle is judged by its first certificate as --tls-cert (the server's own), by all of them as --tls-ca."""
+    from ps import secretfiles
+
+    future, future_ca, key = str(expired / "future.pem"), str(expired / "future-ca.pem"), str(expired / "expired.key")
+    reads, read = [], secretfiles.read_file
+    monkeypatch.setattr(
+        secretfiles, "read_file", lambda path, what, pipe_ok=False: reads.append(path) or read(path, what)
+    )
+    warnings = secretfiles.check_tls_files(future, key, future_ca)
+    assert sorted(reads) == sorted([future, key, future_ca])  # once each
+    assert [w.split(" is not valid until 2099-01-01 00:00:00 UTC (this machine's clock says ")[0] for w in warnings] == [
+        f"TLS certificate (--tls-cert) {future}", f"TLS CA (--tls-ca) {future_ca}"], warnings  # fmt: skip
+    ca = (pki / "ca.pem").read_bytes()
+    late, old = tmp_path / "late.pem", tmp_path / "old.pem"
+    late.write_bytes((expired / "future.pem").read_bytes() + ca)
+    old.write_bytes((expired / "expired.pem").read_bytes() + ca)
+    assert (
+        len(secretfiles.check_tls_files(str(late), None)) == 1
+        and secretfiles.check_tls_files(None, None, str(late)) == []
+    )
+    assert secretfiles.check_tls_files(None, None, str(old)) == []  # a CA bundle not all expired
+    with pytest.raises(ValueError, match=rf"^TLS certificate \(--tls-cert\) {re.escape(str(old))} expired on "):
+        secretfiles.check_tls_files(str(old), None)
