@@ -20,35 +20,25 @@ def host_and_port(address: str) -> tuple[str, str]:
     return host.strip("[]"), port
 
 
-def speaks_tls(address: str, server_name: str | None = None, timeout_s: float = 1.0) -> str | None:
+def speaks_tls(address: str, server_name: str | None = None,
+               timeout_s: float = 1.0) -> tuple[str | None, bytes | None]:  # fmt: skip
     """What listens at host:port, as a TLS handshake that verifies nothing and presents no certificate finds it
-    within timeout_s, asking for server_name, else the address's host (_probe_wrap): "tls" (a TLS server that took
+    within timeout_s, asking for server_name, else the address's host (_handshake): "tls" (a TLS server that took
     the connection), "mutual" (a TLS server that closed it after the handshake: it wants a client certificate),
-    "plain" (it answered, not in TLS), None (no connection, no answer, or not host:port)."""
-    deadline = time.monotonic() + timeout_s
-    host, port = host_and_port(address)
+    "plain" (it answered, not in TLS), None (no connection, no answer, or not host:port); with the certificate the
+    server presented (DER), where the handshake completed, else None."""
     try:
-        raw = socket.create_connection((host, int(port)), timeout=timeout_s)
-    except (OSError, ValueError):
-        return None
-    with raw:
-        try:
-            raw.settimeout(max(deadline - time.monotonic(), 0.01))
-            tls = _probe_wrap(raw, host, server_name)
-        except TimeoutError:
-            return None
-        except ssl.SSLError as e:  # an alert is the other side speaking TLS; any other failure: it does not
-            return "tls" if "ALERT" in str(e.reason or "") else "plain"
-        except OSError:  # reset or closed at our hello
-            return "plain"
-        with tls:  # gRPC sends its HTTP/2 settings at once to a client it took; one wanting a certificate closes
-            try:
-                tls.settimeout(max(deadline - time.monotonic(), 0.01))
-                return "tls" if tls.recv(1) else "mutual"
-            except TimeoutError:
-                return "tls"
-            except OSError:  # an alert (certificate required) or a reset
-                return "mutual"
+        tls = _handshake(address, server_name, timeout_s, _unverified())
+    except TimeoutError:
+        return None, None
+    except ssl.SSLError as e:  # an alert is the other side speaking TLS; any other failure: it does not
+        return ("tls" if "ALERT" in str(e.reason or "") else "plain"), None
+    except OSError:  # reset or closed at our hello
+        return "plain", None
+    if tls is None:
+        return None, None
+    der = tls.getpeercert(binary_form=True)
+    return ("tls" if _kept(tls) else "mutual"), der
 
 
 def _unverified() -> ssl.SSLContext:
@@ -60,29 +50,37 @@ def _unverified() -> ssl.SSLContext:
     return context
 
 
-def _probe_wrap(raw: socket.socket, host: str, server_name: str | None,
-                context: ssl.SSLContext | None = None) -> ssl.SSLSocket:  # fmt: skip
-    """raw wrapped in TLS by context (by default _unverified's), its handshake asking for server_name, else host, as
-    gRPC's does (SNI: an ingress that routes by it may send a handshake without it elsewhere, or close it); an IP
-    address as host asks for no name."""
-    return (context or _unverified()).wrap_socket(raw, server_hostname=server_name or host)
-
-
-def served_not_before(address: str, server_name: str | None = None, timeout_s: float = 1.0) -> float | None:
-    """The start of the validity (Unix time) of the certificate the TLS server at host:port presents, as a
-    handshake that verifies nothing finds it within timeout_s, asking for server_name, else the address's host, as
-    verified_handshake does (SNI: a shard behind an ingress that routes by it presents its own certificate); None
-    where none is had (no connection, no TLS, a certificate that does not parse)."""
+def _handshake(address: str, server_name: str | None, timeout_s: float,
+               context: ssl.SSLContext) -> ssl.SSLSocket | None:  # fmt: skip
+    """A connection to host:port wrapped in TLS by context within timeout_s, the rest of which it keeps for its
+    reads; its handshake asks for server_name, else the address's host, as gRPC's does (SNI: an ingress that routes
+    by it may send a handshake without it elsewhere, or close it); an IP address as host asks for no name. None
+    where no connection is made (not host:port, refused, unreachable, timed out); the handshake's failures are
+    raised (ssl.SSLError, TimeoutError, OSError), the connection closed."""
+    deadline = time.monotonic() + timeout_s
     host, port = host_and_port(address)
     try:
-        with (
-            socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
-            _probe_wrap(raw, host, server_name) as tls,
-        ):
-            der = tls.getpeercert(binary_form=True)
-        return validity(der)[0] if der else None
+        raw = socket.create_connection((host, int(port)), timeout=timeout_s)
     except (OSError, ValueError):
         return None
+    with raw:  # wrap_socket takes the connection over (raw detached) and closes it where the handshake fails
+        raw.settimeout(max(deadline - time.monotonic(), 0.01))
+        tls = context.wrap_socket(raw, server_hostname=server_name or host)
+    tls.settimeout(max(deadline - time.monotonic(), 0.01))
+    return tls
+
+
+def _kept(tls: ssl.SSLSocket) -> bool:
+    """Whether the server kept the connection of a completed handshake (tls, closed here): gRPC sends its HTTP/2
+    settings at once to a client it took, or stays silent to the deadline; one that does not accept the client (no
+    client certificate, or one it does not take) closes it or alerts."""
+    with tls:
+        try:
+            return bool(tls.recv(1))
+        except TimeoutError:
+            return True
+        except OSError:  # an alert (certificate required, or not accepted) or a reset
+            return False
 
 
 def verified_handshake(address: str, ca: str | None, cert: str | None, key: str | None,
@@ -93,36 +91,26 @@ def verified_handshake(address: str, ca: str | None, cert: str | None, key: str 
     not name server_name, else the address's host: WHY is the verifier's reason), "refused" (the shard closed the
     connection after the handshake, or alerted during it, with cert presented: it does not accept that
     certificate), "ok", or None (no connection, no answer, or files ssl cannot load)."""
-    deadline = time.monotonic() + timeout_s
-    host, port = host_and_port(address)
     try:
         context = ssl.create_default_context(cafile=ca)
         if cert and key:
             context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key is refused, not prompted for
         context.set_alpn_protocols(["h2"])
-        raw = socket.create_connection((host, int(port)), timeout=timeout_s)
     except (OSError, ValueError):  # ssl.SSLError is an OSError
         return None
-    with raw:
-        try:
-            raw.settimeout(max(deadline - time.monotonic(), 0.01))
-            tls = _probe_wrap(raw, host, server_name, context)
-        except ssl.SSLCertVerificationError as e:
-            return "early" if e.verify_code == NOT_YET_VALID else f"untrusted: {e.verify_message}"
-        except TimeoutError:
-            return None
-        except ssl.SSLError as e:
-            return "refused" if cert and "ALERT" in str(e.reason or "") else None
-        except OSError:
-            return "refused" if cert else None
-        with tls:  # gRPC sends its HTTP/2 settings at once to a client it took (speaks_tls)
-            try:
-                tls.settimeout(max(deadline - time.monotonic(), 0.01))
-                return "ok" if tls.recv(1) else "refused"
-            except TimeoutError:
-                return "ok"
-            except OSError:  # an alert (a certificate it does not accept) or a reset
-                return "refused"
+    try:
+        tls = _handshake(address, server_name, timeout_s, context)
+    except ssl.SSLCertVerificationError as e:
+        return "early" if e.verify_code == NOT_YET_VALID else f"untrusted: {e.verify_message}"
+    except TimeoutError:
+        return None
+    except ssl.SSLError as e:
+        return "refused" if cert and "ALERT" in str(e.reason or "") else None
+    except OSError:
+        return "refused" if cert else None
+    if tls is None:
+        return None
+    return "ok" if _kept(tls) else "refused"
 
 
 def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
@@ -133,7 +121,7 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
     did not sign the shard's certificate, a client certificate the shard's CA did not sign), as speaks_tls and
     verified_handshake find the shard; "" where its TLS setting is not the cause, or is unknown (nothing listens)."""
     tls, client_cert = bool(ca or cert or key), bool(cert)
-    found = speaks_tls(address, server_name, timeout_s)
+    found, served = speaks_tls(address, server_name, timeout_s)
     if found in ("tls", "mutual") and not tls:
         also = (" and --tls-cert/--tls-key (it requires a client certificate: mutual TLS)" if found == "mutual"
                 else "")  # fmt: skip
@@ -141,7 +129,7 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
                 "do")  # fmt: skip
     verdict = verified_handshake(address, ca, cert, key, server_name, timeout_s) if found in ("tls", "mutual") else None
     if verdict == "early":
-        return not_yet_valid_hint(address, ca, server_name, timeout_s)
+        return not_yet_valid_hint(served, ca)
     if verdict and verdict.startswith("untrusted: "):
         against = f"--tls-ca {ca}" if ca else "the system's CA certificates (no --tls-ca)"
         return (f"; the shard's TLS certificate does not verify against {against}: {verdict.removeprefix('untrusted: ')}"
@@ -162,12 +150,16 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
     return ""
 
 
-def not_yet_valid_hint(address: str, ca: str | None, server_name: str | None = None, timeout_s: float = 1.0) -> str:
-    """tls_hint's "; ..." for a shard at address whose certificate chain, verified against ca, holds a certificate
-    not yet valid by this machine's clock: the date from which the shard's own certificate is valid
-    (served_not_before, asking for server_name) where that is the one, else that a certificate which signs it is;
-    and that the clocks of both machines may be the cause."""
-    start, now = served_not_before(address, server_name, timeout_s), time.time()
+def not_yet_valid_hint(served: bytes | None, ca: str | None) -> str:
+    """tls_hint's "; ..." for a shard whose certificate chain, verified against ca, holds a certificate not yet valid
+    by this machine's clock: the date from which the shard's own certificate (served: the DER speaks_tls had, asking
+    for the same server name) is valid where that is the one, else that a certificate which signs it is; and that
+    the clocks of both machines may be the cause."""
+    try:
+        start = validity(served)[0] if served else None
+    except ValueError:  # a certificate that does not parse: its signer's words
+        start = None
+    now = time.time()
     clocks = (f"(this machine's clock says {utc(now)}): check the clocks of both machines, the shard's and this "
               "one, or wait until then")  # fmt: skip
     if start is not None and start > now:

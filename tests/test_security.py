@@ -896,10 +896,10 @@ def test_a_ca_not_yet_valid_is_warned_of_at_start_and_named_to_its_clients(pki, 
 
 def test_the_probe_of_a_certificates_start_asks_for_the_server_name_as_the_verified_handshake_does(pki, expired):
     """An ingress that routes by SNI, here a TLS server presenting future.pem to "shard.example" and server.pem to
-    any other name or none: served_not_before finds the start of the certificate for the name the client gives
+    any other name or none: speaks_tls has the certificate (its start read here) for the name the client gives
     (--tls-server-name), else for the address's host, as verified_handshake asks."""
-    from ps.secretfiles import utc
-    from ps.tlsprobe import served_not_before
+    from ps.secretfiles import utc, validity
+    from ps.tlsprobe import speaks_tls
 
     def context(cert: str) -> ssl.SSLContext:
         c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -927,7 +927,7 @@ def test_the_probe_of_a_certificates_start_asks_for_the_server_name_as_the_verif
     server.start()
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     try:
-        starts = [served_not_before(address, name, timeout_s=5) for name in ("shard.example", None, "localhost")]
+        starts = [validity(speaks_tls(address, name, 5)[1])[0] for name in ("shard.example", None, "localhost")]
     finally:
         server.join(10)
         listener.close()
@@ -968,6 +968,8 @@ def test_the_probe_of_what_listens_asks_for_the_server_name_as_the_verified_hand
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     try:
         found = [speaks_tls(address, name, timeout_s=5) for name in ("shard.example", None)]
+        assert found[0][1] == ssl.PEM_cert_to_DER_cert((pki / "server.pem").read_text()) and found[1][1] is None
+        found = [kind for kind, _ in found]
         hint = tls_hint(address, ca=str(pki / "ca.pem"), server_name="shard.example", timeout_s=5)
     finally:
         listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept, where close alone does not
@@ -1050,3 +1052,34 @@ def test_one_read_of_each_certificate_file_refuses_it_expired_and_warns_of_it_no
     assert secretfiles.check_tls_files(None, None, str(old)) == []  # a CA bundle not all expired
     with pytest.raises(ValueError, match=rf"^TLS certificate \(--tls-cert\) {re.escape(str(old))} expired on "):
         secretfiles.check_tls_files(str(old), None)
+
+
+def test_the_hint_for_a_certificate_not_yet_valid_reads_its_start_from_the_first_probes_handshake(pki, expired):
+    """tls_hint makes two connections for a shard serving a certificate not yet valid: speaks_tls's, which keeps the
+    certificate the shard presented, and verified_handshake's, which finds it early; the date comes from the first."""
+    from ps.tlsprobe import tls_hint
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(expired / "future.pem"), str(expired / "expired.key"))
+    context.set_alpn_protocols(["h2"])
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn = listener.accept()[0]
+                accepted.append(conn)
+                with conn, contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True) as tls:
+                    tls.sendall(b"\0")  # as gRPC's HTTP/2 settings, sent at once to a client it took
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        hint = tls_hint(f"127.0.0.1:{listener.getsockname()[1]}", ca=str(pki / "ca.pem"), timeout_s=5)
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept, where close alone does not
+        listener.close()
+        server.join(10)
+    assert not server.is_alive() and len(accepted) == 2, accepted
+    assert hint.startswith("; the shard's TLS certificate is not valid until 2099-01-01 00:00:00 UTC "), hint
