@@ -917,11 +917,13 @@ def test_a_refused_start_error_dropped_by_its_caller_is_freed_at_once(tmp_path):
     (b"clock", 2**40 + 1, "1,099,511,627,777 is past the largest clock a shard takes, 1,099,511,627,776 (an "
                           "out-of-range clock advance put it there)"),
     (b"flushed_seq", 5 * 2**64, "not below 2^64"),
+    (b"state_id", 0, "0 is no model state's id, which is in [1, 2^63)"),
+    (b"state_id", 2**63, "not below 2^63"),
 ])  # fmt: skip
 def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verify(stopped_cleanly, tmp_path, key,
                                                                                   value, why):  # fmt: skip
-    """A table's number is a key's u32 field, the clock at most MAX_CLOCK, the other decimals u64s: one past that
-    does not read, as damage (a table's number fails a pull with DATA_LOSS, not INTERNAL; the others refuse a
+    """A table's number is a key's u32 field, the clock at most MAX_CLOCK, the state id in [1, 2^63) (0 would
+    turn its checks off), the other decimals u64s: one past that does not read, as damage (a table's number fails a pull with DATA_LOSS, not INTERNAL; the others refuse a
     start), and verify says so."""
     from ps.errors import DataLossError
 

@@ -87,7 +87,7 @@ from ps.stamp import WorkerStamp
 from ps.storage.diskspace import measure
 from ps.storage.journalformat import NO_ORIGIN, Origin
 from ps.storage.memory import plan_memory
-from ps.storage.shardmeta import STATE_ID_BITS
+from ps.storage.meta import STATE_ID_BITS
 
 log = logging.getLogger("ps.engine.shard")
 

@@ -83,6 +83,7 @@ CLIENT_PREFIXES = (ADVANCED_PREFIX, APPLIED_PREFIX)  # the prefixes a client id 
 CLIENT_ID_BYTES = 8
 TABLE_NUMBER_BITS = 32  # a table number is below 2^32: its rows' keys hold it in a u32 (ps.storage.rowformat.KEY_DTYPE)
 MAX_TABLE_NUMBER = (1 << TABLE_NUMBER_BITS) - 1
+STATE_ID_BITS = 63  # a model state's id is in [1, 2^STATE_ID_BITS): one past it is no shard's
 
 
 def _decimal(raw: bytes, bits: int | None = 64) -> int:
@@ -122,6 +123,15 @@ def _applied_value(raw: bytes) -> tuple[int, int, int, int]:
 def _table_number(raw: bytes) -> int:
     """A "tid/" value: a decimal below 2^32 (TABLE_NUMBER_BITS), the table field of its rows' keys."""
     return _decimal(raw, TABLE_NUMBER_BITS)
+
+
+def _state_id(raw: bytes) -> int:
+    """The "state_id" value: a decimal in [1, 2^STATE_ID_BITS). 0 is what a request carries for "no state id seen",
+    so a shard holding it (or one past the range, which no shard draws) would take every request's as its own."""
+    state_id = _decimal(raw, STATE_ID_BITS)
+    if not state_id:
+        raise ValueError(f"0 is no model state's id, which is in [1, 2^{STATE_ID_BITS})")
+    return state_id
 
 
 def _parse_counts(raw: bytes) -> dict:
@@ -197,7 +207,7 @@ META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key pr
     LEGACY_APPLIED: _legacy_applied,
     b"restore_pending": bytes.decode,
     b"restored": _restored,
-    b"state_id": _decimal,
+    b"state_id": _state_id,
     b"job_done": _job_done,
 }
 

@@ -36,6 +36,7 @@ from ps.storage.meta import (
     APPLIED_PREFIX,
     APPLIED_VALUE,
     LEGACY_APPLIED,
+    STATE_ID_BITS,
     client_key,
     client_of,
     meta_value,
@@ -51,9 +52,6 @@ JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remed
     "nothing to restore: a worker that finished before the shard's start is waited for, and the record is written "
     "anew at the job's next done stamp"
 )
-
-
-STATE_ID_BITS = 63  # a model state's id is in [1, 2^STATE_ID_BITS): one past it is no shard's
 
 
 def _drawn_state_id() -> bytes:
