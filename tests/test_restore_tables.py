@@ -1059,4 +1059,4 @@ def test_a_restore_logs_its_progress_with_a_rate_and_the_time_left(tmp_path, cap
         left = r", about [\d,]+ s left" if done < rows else ""
         want = rf"restoring: {done:,} of about {rows:,} rows written \({100 * done / rows:.0f}%\), [\d,]+ rows/s{left}"
         assert re.fullmatch(want, line), line
-    assert f"restored from checkpoint {ckpt} (1 shards) in " in caplog.text
+    assert f"restored from checkpoint {ckpt} (1 shard) in " in caplog.text

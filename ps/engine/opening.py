@@ -193,8 +193,9 @@ def check_store(
     summary = restore_into(store, config.restore_dir, config.shard_id, config.num_shards, manifest, on_written)
     progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
     tables = ", ".join(f"{name} {rows_text(counts['admitted'])}" for name, counts in summary["tables"].items())
-    log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
-             summary["from_shards"], written.took_s(), tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
+    shards = summary["from_shards"]
+    log.info("restored from checkpoint %s (%d shard%s) in %.1f s: %s; clock %s", config.restore_dir, shards,
+             "s" * (shards != 1), written.took_s(), tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
     return True, store.load_tables()  # what the restore wrote
 
 
