@@ -638,7 +638,8 @@ def test_out_dash_writes_the_csv_alone_to_stdout(servers, files, tmp_path, capsy
     monkeypatch.chdir(tmp_path)
     assert predict(addresses[0], "-", *flags) == 0
     out, err = capsys.readouterr()
-    assert out == (tmp_path / "p.csv").read_text() and f"wrote {TEST_ROWS} predictions" in err and " to -" in err
+    assert out == (tmp_path / "p.csv").read_text(), out
+    assert f"wrote {TEST_ROWS} predictions" in err and " to stdout in " in err, err
     assert predict(addresses[0], "-", *flags, "--json") == 0
     out, err = capsys.readouterr()
     assert out == (tmp_path / "p.csv").read_text() and f'"rows": {TEST_ROWS}' in err

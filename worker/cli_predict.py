@@ -66,7 +66,8 @@ def run_predict(args: argparse.Namespace) -> int:
     lines = f"{r['bad_lines']:,} malformed line{'s' * (r['bad_lines'] != 1)}"
     skipped = f"; skipped {lines} (first: {r['first_bad']})" if r["bad_lines"] else ""
     of_files = f" ({r['files']:,} files)" if r["files"] > 1 else ""
-    print(f"wrote {r['rows']:,} prediction{'s' * (r['rows'] != 1)} of {r['model']} ({columns}) for {r['predict_data']}{of_files} to {r['out']}"
+    dest = "stdout" if args.out == STDOUT else r["out"]
+    print(f"wrote {r['rows']:,} prediction{'s' * (r['rows'] != 1)} of {r['model']} ({columns}) for {r['predict_data']}{of_files} to {dest}"
           f" in {r['seconds']:.2f} s ({r['rows'] / max(r['seconds'], 1e-9):,.0f} rows/s){skipped}", file=said,
           flush=True)  # fmt: skip
     return 0
