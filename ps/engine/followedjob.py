@@ -207,7 +207,7 @@ class FollowedJob:
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
         done = self._stored_done(stamp)  # read before anything changes
         if stamp.unclocked:  # its worker runs (its create or push); the record of a run that ended here is that run's
-            done = [w for w in done if w != stamp.worker and stamp.job != self.job]
+            done = [w for w in done if w != stamp.worker] if stamp.job != self.job else []
         old, new = self.tenancy.named(), stamp.named
         log.info("shard %d follows job %s of %d workers (clocks from %d)%s", self.shard_id, new, num_workers, seed,
                  f", in place of job {old}" if self.job else "")  # fmt: skip
