@@ -201,13 +201,18 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = getattr(base, "compression", None)
 
 
+def uses_tls(tls_ca: str | None, tls_cert: str | None, tls_key: str | None) -> bool:
+    """Whether a client given these paths speaks TLS to its servers (client_channel): a CA or a client certificate."""
+    return bool(tls_ca or tls_cert or tls_key)
+
+
 def client_channel(address: str, options: list, tls_ca: str | None = None, tls_cert: str | None = None,
                    tls_key: str | None = None, token: str | None = None) -> grpc.Channel:  # fmt: skip
     """A channel to one server: plain, TLS (tls_ca or a client certificate given) or mutual TLS, and with the
     token header on every call if token is given. ValueError for an empty path: taken as none, it would make the
     channel plain without a word."""
     refuse_empty(("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key))
-    if tls_ca or tls_cert or tls_key:
+    if uses_tls(tls_ca, tls_cert, tls_key):
         channel = grpc.secure_channel(address, channel_credentials(tls_ca, tls_cert, tls_key), options=options)
     else:
         channel = grpc.insecure_channel(address, options=options)

@@ -16,7 +16,7 @@ from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
 from ps.listen_address import is_loopback
 from ps.secretfiles import TOKEN_FILE, optional_token, readable_by_all
-from ps.security import client_channel
+from ps.security import client_channel, uses_tls
 from ps.tlsprobe import host_and_port, tls_hint
 
 log = logging.getLogger("worker.client")
@@ -50,7 +50,7 @@ def open_channels(
     """One channel per server address (ps.security.client_channel: TLS and token as given), in order; a warning
     logged where a token goes without TLS to a server of another machine (as a server warns of listening so)."""
     plain = [a for a in servers if not is_loopback(host_and_port(a)[0])]
-    if auth_token and not (tls_ca or tls_cert or tls_key) and plain:
+    if auth_token and not uses_tls(tls_ca, tls_cert, tls_key) and plain:
         log.warning("the token of --auth-token-file crosses the network in plain text to %s (no TLS): whoever reads "
                     "it there can read and overwrite every table; give --tls-ca (docs/security.md)",
                     ", ".join(plain))  # fmt: skip
