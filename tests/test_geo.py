@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ps.config import OptimizerConfig, TableConfig
+from ps.config import EvictionConfig, OptimizerConfig, TableConfig
 from ps.rows.layout import CLICK, LAST_STEP, SHOW
 from tests.inprocess import InProcessTables
 from worker.geo import GeoTables
@@ -212,6 +212,38 @@ def test_memory_stays_within_capacity_after_each_push_and_training_stays_exact(s
         np.testing.assert_allclose(server.pull("emb", ids), plain.pull("emb", ids), rtol=1e-6, atol=1e-9)
     finally:
         plain.close()
+
+
+def test_a_delta_pushed_after_a_shrink_dropped_its_row_lands_on_the_initial_row(server):
+    """A Shrink's drop is final, as a push of any mode finds it: a geo worker's later delta of a dropped id (taken
+    from the row it held before the drop) is added to the id's initial row, whose statistics count from that push,
+    and the push returns that row to the worker; a dropped row the worker holds but does not change keeps, locally,
+    its value from before the drop. Oracle: numpy SGD on the rows, the delta added to the initial rows."""
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5), eviction=EvictionConfig(ttl_steps=2))
+    server.create_table(cfg)
+    ids = np.array([5, 9], np.uint64)  # 5 trained in both rounds, 9 in the first only
+    initial = server.pull("emb", ids)
+    geo = GeoTables(server, {"emb": cfg}, every=2)
+    rng = np.random.default_rng(7)
+    first = [rng.standard_normal((2, 4)).astype(F32) for _ in range(2)]
+    train(geo, "emb", [(ids, g, np.ones(2, F32), np.zeros(2, F32)) for g in first])
+    trained = initial - F32(0.5) * first[0] - F32(0.5) * first[1]
+    np.testing.assert_allclose(server.pull("emb", ids), trained, rtol=1e-6)
+    server.advance_clock(10)
+    assert server.shard.shrink()["dropped"] == 2  # both last pushed at clock 0, more than 2 steps before 12
+    np.testing.assert_array_equal(server.pull("emb", ids), initial)
+    second = [rng.standard_normal((1, 4)).astype(F32) for _ in range(2)]
+    geo.rows({"emb": ids})
+    assert train(geo, "emb", [(ids[:1], g, np.full(1, 3, F32), np.zeros(1, F32)) for g in second]) == [False, True]
+    local = trained[0] - F32(0.5) * second[0][0] - F32(0.5) * second[1][0]
+    on_server = initial[0] + (local - trained[0])  # the round's delta, on the initial row
+    np.testing.assert_allclose(server.pull("emb", ids), [on_server, initial[1]], rtol=1e-5, atol=1e-7)
+    assert not np.allclose(on_server, local, atol=1e-3)  # not the worker's row: the trained row is gone
+    held = geo.rows({"emb": ids})["emb"]
+    np.testing.assert_array_equal(held[0], server.pull("emb", ids[:1])[0])  # the row the push returned
+    np.testing.assert_allclose(held[1], trained[1], rtol=1e-6)  # held, unchanged: from before the drop
+    table = server.shard.table("emb")
+    assert table.peek(ids[:1])[0, table.stats_col + SHOW] == 6  # the shows of its pushes since the drop
 
 
 def test_apply_needs_the_rows_held_and_every_must_be_positive(server):

@@ -33,7 +33,12 @@ and worker.idslots.SLOT_BYTES of bookkeeping.
 What the servers do and the local step does not: the lazy L2 of TableConfig.l2 (it decays rows at optimizer
 pushes; an add-delta push adds the delta as it is, so geo mode refuses tables with an l2: worker.model_tables);
 admission (an id that the server has not admitted yet only counts its shows, and its delta is dropped: its row comes
-back at its initial value). Rows held but not changed between two pushes keep the embedding of their last refresh. FTRL
+back at its initial value); a Shrink (ps.engine.shrinkrule: TTL, score), whose drop of a held row this worker does not
+learn of: the delta of a row dropped since its last refresh is added to the id's initial row (any push to a dropped
+id trains its initial row), and that row (initial + delta) comes back as the local one, its local optimizer state
+kept; the trained row is not brought back (Paddle's GEO-SGD table likewise creates a missing id's row before it adds
+a delta to it).
+Rows held but not changed between two pushes keep the embedding of their last refresh, a dropped one's too. FTRL
 derives its embedding from its local state at each step, so for it the other workers' deltas last only until
 this worker's next step on the row.
 """
