@@ -9,6 +9,7 @@ import pytest
 
 from ps.config import EvictionConfig, OptimizerConfig, TableConfig
 from ps.rows.layout import CLICK, LAST_STEP, SHOW
+from ps.rows.pushcheck import MAX_COUNT_PER_ID
 from tests.inprocess import InProcessTables
 from worker.geo import GeoTables
 from worker.idslots import SLOT_BYTES
@@ -244,6 +245,26 @@ def test_a_delta_pushed_after_a_shrink_dropped_its_row_lands_on_the_initial_row(
     np.testing.assert_allclose(held[1], trained[1], rtol=1e-6)  # held, unchanged: from before the drop
     table = server.shard.table("emb")
     assert table.peek(ids[:1])[0, table.stats_col + SHOW] == 6  # the shows of its pushes since the drop
+
+
+def test_a_rounds_counts_past_a_pushs_limit_per_id_are_clipped_to_it_as_a_sync_sum_clips_them(server):
+    """A hot id's shows summed over a geo round can pass what one push may carry per id (MAX_COUNT_PER_ID, 2^24:
+    an id in every example of batches of 16,384 over --geo-every 2,048 does it), which the servers refuse, and the
+    run with them: the round's counts are clipped to that limit, as a sync step's sum of its workers' counts is, and
+    the round's delta lands."""
+    server.create_table(SGD)
+    geo = GeoTables(server, {"emb": SGD}, every=3)
+    ids = np.array([7, 8], np.uint64)
+    initial = server.pull("emb", ids)
+    for _ in range(3):
+        geo.rows({"emb": ids})
+        geo.apply("emb", ids, np.full((2, 4), 0.001, F32), np.array([2**23, 2], F32), np.array([2**22, 1], F32))
+        assert geo.end_step() == (geo.steps == 3)
+    table = server.shard.table("emb")
+    stats = table.peek(ids)[:, table.stats_col :]
+    np.testing.assert_array_equal(stats[:, SHOW], [MAX_COUNT_PER_ID, 6])  # 3 x 2^23 clipped; 6 as summed
+    np.testing.assert_array_equal(stats[:, CLICK], [3 * 2**22, 3])  # under the limit: as summed
+    np.testing.assert_allclose(server.pull("emb", ids), initial - F32(0.5 * 0.003), rtol=1e-5)  # the deltas landed
 
 
 def test_apply_needs_the_rows_held_and_every_must_be_positive(server):

@@ -13,7 +13,8 @@ and pushes the accumulated deltas every `every` steps; the servers add them with
                   deltas of a row averaged, as Paddle's GEO-SGD does: each took its own steps from the same rows,
                   and their sum would move a row common to all, the bias first, N times as far as one step of
                   training; 3 workers summing on 30,000 rows end above the base rate's logloss), its shows and
-                  its clicks. Then
+                  its clicks (each clipped to what one push may carry per id, ps.rows.pushcheck.MAX_COUNT_PER_ID, as
+                  a sync step's sum of its workers' counts is: a hot id's round can pass it). Then
                   base = local embedding = the rows returned, which carry the other workers' deltas too; the local
                   optimizer state stays. A round with nothing pending pushes nothing and advances no clock: the
                   next push advances it by its steps too.
@@ -52,6 +53,7 @@ import numpy as np
 
 from ps.config import TableConfig
 from ps.rows.optim import get_optimizer
+from ps.rows.pushcheck import MAX_COUNT_PER_ID
 from ps.stamp import WorkerStamp
 from worker.client import PushItem
 from worker.idslots import SLOT_BYTES, IdSlots, evict_lfu, grown
@@ -219,7 +221,7 @@ class GeoTables:
             items = []
             for t, local, slots in plan:
                 delta = (_gathered(local.local, slots, local.dim) - local.base[slots]) * self.delta_scale
-                counts = local.counts[slots]
+                counts = np.minimum(local.counts[slots], np.float32(MAX_COUNT_PER_ID))  # a push's limit per id
                 items.append(PushItem(t, local.slots.keys[slots], delta, clicks=counts[:, 1], shows=counts[:, 0]))
             returned = self.tables.push_many(items, advance_clock=self.steps - self.clocked_steps, return_rows=True,
                                              add_delta=True, stamp=self.stamp)  # fmt: skip
