@@ -10,6 +10,7 @@ import pytest
 
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shrinkprogress import ShrinkProgress, ShrinkRunning
+from ps.engine.table import Table
 from ps.errors import NOTHING_APPLIED, InvalidArgumentError, ShrinkRunningError
 from ps.rows.layout import SHOW
 from worker.client import Client
@@ -77,3 +78,29 @@ def test_a_shrink_that_failed_frees_the_slot_and_a_refused_one_holds_none():
             pass
         assert running.running is first
     assert running.running is None
+
+
+def test_a_shrink_of_every_table_goes_on_past_an_untrained_table_replaced_while_it_runs(servers, monkeypatch):
+    """A Shrink of every table lists them as it begins; table 's', never trained, is replaced by one of another spec
+    (CreateTable's replace_untrained, from another client) once table 't' is shrunk. The Shrink ends OK, 't' decayed
+    once: 's' held nothing to shrink, and a Shrink that failed there would leave 't' shrunk and tell its caller to
+    send no Shrink again."""
+    (address,), (server,) = servers(1)
+    server.shard.create_table(CFG)
+    server.shard.create_table(TableConfig("s", 2, eviction=EvictionConfig(decay=0.5)))
+    server.shard.push("t", np.array([1], np.uint64), np.ones((1, 2), np.float32), shows=np.array([4], np.float32),
+                      clicks=np.zeros(1, np.float32))  # fmt: skip
+    real_shrink = Table.shrink
+
+    def shrink_then_replace(self, clock, progress, **kwargs):
+        real_shrink(self, clock, progress, **kwargs)
+        if self.name == "t":
+            with Client([address], timeout_s=30) as other:
+                other.create_table(TableConfig("s", 3, eviction=EvictionConfig(decay=0.5)), replace_untrained=True)
+
+    monkeypatch.setattr(Table, "shrink", shrink_then_replace)
+    with Client([address], timeout_s=30) as client:
+        assert [(r.dropped, r.num_rows) for r in client.shrink("")] == [(0, 1)]
+    assert server.shard.table("s").dim == 3
+    table = server.shard.table("t")
+    assert table.peek(np.array([1], np.uint64))[0, table.stats_col + SHOW] == 2.0  # decayed once: 4 * 0.5

@@ -357,10 +357,14 @@ class Table:
             self.arena.return_free()  # the RAM of the rows dropped, for any table to take
 
     def _shrink_chunks(self, clock: int, progress: ShrinkProgress, chunk_rows: int) -> None:
-        """shrink's scan: each chunk read, ruled and written, under the lock."""
+        """shrink's scan: each chunk read, ruled and written, under the lock. A table replaced since the Shrink
+        listed it (CreateTable's replace_untrained) is done: it was never trained, and the Shrink of the other
+        tables goes on."""
         after = None
         while True:
             with self.lock:
+                if self.replaced:  # only a table never trained is replaced: RocksDB holds nothing of it to shrink
+                    return
                 self._check_open()
                 got = self.store.scan(self.name, self.width, after, chunk_rows)
                 if got is None:
