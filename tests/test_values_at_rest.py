@@ -6,6 +6,7 @@ the setting it was created with. Oracle: numpy's astype(float16) of the float32 
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.export import export
 from ps.engine.shard import Shard
 from ps.engine.table import layout_for
-from ps.errors import CheckpointDamagedError, DataLossError, InvalidArgumentError, TableExistsError
+from ps.errors import CheckpointDamagedError, DataLossError, InvalidArgumentError, ShardClosingError, TableExistsError
 from ps.rows.layout import layout_of
 from ps.server_config import ServerConfig
 from ps.sharding import SlotMap, slot_of
@@ -285,3 +286,75 @@ def test_a_table_config_file_or_schema_with_a_values_at_rest_other_than_the_two_
     with pytest.raises(ValueError, match=rf"^s.toml \[tables\]: {said}"):
         schema_from_text(schema, "s.toml", default_table="emb", default_dim=4)
     assert table_configs_from_toml("[emb]\ndim = 4\n")["emb"].get("values_at_rest") is None  # left out: the default
+
+
+class ContendedLock:
+    """A lock's stand-in that sets `contended` when a thread finds it held by another and waits for it."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.contended = lock, threading.Event()
+
+    def __enter__(self) -> ContendedLock:
+        if not self.lock.acquire(blocking=False):
+            self.contended.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
+def test_a_read_of_a_table_replaced_meanwhile_leaves_the_new_table_its_own_values_at_rest(tmp_path, monkeypatch):
+    """A pull of the untrained float32 table 'emb' reads its misses from RocksDB without the table lock: the store
+    reads the table's config to know how its rows are at rest. Right after that read, the table is replaced (from
+    another thread) by a float16 one, which is then trained. Its rows are stored as float16: after a restart they
+    read back, rounded; a stale float32 layout left behind by the read would have stored them at the other size."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    lock = shard.store._numbers_lock = ContendedLock(shard.store._numbers_lock)
+    real_config, replaced = Store._config, threading.Event()
+
+    def replace() -> None:
+        shard.create_table(table_config(HALF), replace_untrained=True)
+        replaced.set()
+
+    def config_then_replace(self, table: str) -> TableConfig:
+        cfg = real_config(self, table)
+        if threading.current_thread() is reader:  # the first read only: the replace runs before this one ends
+            monkeypatch.setattr(Store, "_config", real_config)
+            replacing = threading.Thread(target=replace)
+            replacing.start()
+            while replacing.is_alive() and not lock.contended.is_set():  # done, or waiting for this read to end
+                replaced.wait(0.01)
+            threads.append(replacing)
+        return cfg
+
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+    try:
+        shard.create_table(table_config("float32"))
+        monkeypatch.setattr(Store, "_config", config_then_replace)
+
+        def pull() -> None:
+            try:
+                shard.pull("emb", np.array([7], np.uint64))
+            except BaseException as e:
+                errors.append(e)
+
+        reader = threading.Thread(target=pull)
+        reader.start()
+        reader.join(60)
+        for t in threads:
+            t.join(60)
+        assert replaced.is_set() and not reader.is_alive()
+        assert [type(e) for e in errors] in ([], [ShardClosingError])  # the pull ran on, or met the replace
+        assert shard.table("emb").cfg.values_at_rest == HALF
+        grads = np.array([[0.1, 0.2, 0.3, 0.4]], np.float32)
+        shard.push("emb", np.array([7], np.uint64), grads)
+        want = shard.pull("emb", np.array([7], np.uint64))
+    finally:
+        shard.close()
+    reopened = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        np.testing.assert_array_equal(reopened.pull("emb", np.array([7], np.uint64)), rounded(want))
+    finally:
+        reopened.close()

@@ -86,7 +86,7 @@ class Store(StoredRows):
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
         self._dir = OpenDataDir(open_rocksdb(path, self._opts, entries, shard), path, sync)  # shared with self.meta
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
-        self._numbers_lock = threading.RLock()  # _table_numbers' and create_table's (see _numbers)
+        self._numbers_lock = threading.RLock()  # _table_numbers', create_table's and _at_rest_of's (see _numbers)
         self._cfs: dict[str, Rdict] = {}
         self._at_rest: dict[str, AtRest] = {}  # {table: how its rows are at rest}, read from its config once
         self.read_threads = max(1, read_threads)

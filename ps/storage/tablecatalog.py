@@ -44,7 +44,7 @@ class TableCatalog:
     path: str  # the data dir
     _dir: OpenDataDir  # its open RocksDB, shared with Store.meta
     _opts: Options  # what the "rows" column family is created with
-    _numbers_lock: threading.RLock  # _table_numbers' and create_table's (see _numbers)
+    _numbers_lock: threading.RLock  # _table_numbers', create_table's and _at_rest_of's (see _numbers)
     _cfs: dict[str, Rdict]  # the column families held open ("rows", once used)
     _at_rest: dict[str, AtRest]  # {table: how its rows are at rest}, read from its config once
 
@@ -209,10 +209,16 @@ class TableCatalog:
         return layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest)
 
     def _at_rest_of(self, table: str) -> AtRest:
-        """How the table's trained rows are at rest: their leading floats stored as float16, and its weight_bound."""
+        """How the table's trained rows are at rest: their leading floats stored as float16, and its weight_bound.
+        Read from the config and kept under _numbers_lock, which create_table holds from its write of a config to
+        its drop of what was kept of the name: a read of a config that a replace (another spec, the same name)
+        writes meanwhile keeps it before that drop, not after it."""
         at_rest = self._at_rest.get(table)
         if at_rest is None:
-            cfg = self._config(table)
-            half = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest).half_floats
-            at_rest = self._at_rest[table] = AtRest(half, cfg.weight_bound)
+            with self._numbers_lock:
+                at_rest = self._at_rest.get(table)
+                if at_rest is None:
+                    cfg = self._config(table)
+                    half = layout_of(cfg.dim, cfg.optimizer.name, cfg.values_at_rest).half_floats
+                    at_rest = self._at_rest[table] = AtRest(half, cfg.weight_bound)
         return at_rest
