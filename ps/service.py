@@ -281,8 +281,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         held = self.replies.hold(size, context.add_callback, CallerGone(context))
         replies = []
 
-        def reply_rows(n: int, dim: int) -> Any:  # rows of the reply, made once the pull holds its request room
-            reply, rows = codec.pull_response_to_fill(n, dim)
+        def reply_rows(n: int, _: int) -> Any:  # rows of the reply, made once the pull holds its request room, of
+            reply, rows = codec.pull_response_to_fill(n, dim)  # the dim checked: a table of another dim that replaced
+            # the one checked refuses them (ShardClosingError, Table.pull), and the reply stays the size checked
             replies.append(reply)
             return rows
 
@@ -317,13 +318,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if stamp is not None:
             self.shard.jobs.check(stamp, pull=True)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
-        size = self._check_reply("PullBatch", [(len(ids), self.shard.table(name).dim) for name, ids in pulls])
+        shapes = [(len(ids), self.shard.table(name).dim) for name, ids in pulls]
+        size = self._check_reply("PullBatch", shapes)
         cost = self.shard.pulls.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
         # after the ssp wait: no wait for the job's other workers is made holding reply room
         held = self.replies.hold(size, context.add_callback, CallerGone(context))
         reply = self.shard.pulls.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
-                                            CallerGone(context))  # fmt: skip
+                                            CallerGone(context), [dim for _, dim in shapes])  # fmt: skip
         held.handed("PullBatch", context.cancel, context.peer)
         return reply
 
@@ -360,7 +362,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         with self.shard.store.foreground.serving():
             reply = self.shard.pulls.pull_batch(
                 back, cost, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
-                CallerGone(context),
+                CallerGone(context), [dim for _, dim in returned],
             )  # fmt: skip
         held.handed("PushBatch", context.cancel, context.peer)
         return reply

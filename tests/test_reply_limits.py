@@ -207,3 +207,35 @@ def test_a_batch_of_more_than_max_batch_items_pulls_or_pushes_is_refused_and_app
     assert stats_state(stub) == before and server.shard.clock == 0 and 3 not in server.shard.journal.applied
     batch = ps_pb2.PushBatchRequest(pushes=[empty] * 4096, advance_clock=1, client_id=3, seq=1)
     assert stub.PushBatch(batch, timeout=30).step == 1
+
+
+@pytest.mark.parametrize("method", ["Pull", "PullBatch"])
+def test_a_pull_checked_against_a_table_replaced_before_its_rows_are_read_is_refused_as_replaced(small_limit, method):
+    """Table 's' (dim 2, never trained) is replaced by one of dim 64 right after the servicer checked the pull of
+    20,000 ids against it (a 160,000-byte reply). The pull is refused (UNAVAILABLE, the replace named: the client
+    sends it again), not answered with a 5,120,000-byte reply, 5x the message limit, that gRPC would refuse to
+    send; sent again, the servicer refuses it with its own message, naming the size and the limit."""
+    stub, server = small_limit
+    pulls = server.shard.pulls
+    server.shard.create_table(TableConfig("s", 2))
+    check = "check_pull" if method == "Pull" else "check_pull_batch"
+    real_check = getattr(pulls, check)
+
+    def check_then_replace(*args, **kwargs):
+        cost = real_check(*args, **kwargs)
+        setattr(pulls, check, real_check)  # the first pull's check only
+        server.shard.create_table(TableConfig("s", 64), replace_untrained=True)
+        return cost
+
+    setattr(pulls, check, check_then_replace)
+    ids = np.arange(20_000, dtype=np.uint64)
+    if method == "Pull":
+        call = lambda: stub.Pull(pull_request(ids, "s"), timeout=30)
+    else:
+        call = lambda: stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[pull_request(ids, "s")]), timeout=30)
+    with pytest.raises(grpc.RpcError) as first:
+        call()
+    assert first.value.code() == grpc.StatusCode.UNAVAILABLE, first.value.details()
+    assert first.value.details() == ("table 's' was replaced just now by a table of its name and another spec; send "
+                                     "the request again")  # fmt: skip
+    refused(call, f"{method} reply would be", "20,000 ids x dim 64", f"message limit of {LIMIT:,} bytes")

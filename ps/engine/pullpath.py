@@ -85,9 +85,14 @@ class PullPath:
         cost: int,
         encode: Callable[[list[np.ndarray]], T],
         caller_gone: Callable[[], bool] | None = None,
+        dims: list[int] | None = None,
     ) -> T:
         """encode(the rows of each pull of (table, ids)), pulls that check_pull_batch passed and priced at cost:
         one take of that much request room for the rows and the reply encode makes of them. caller_gone: as
-        pull's."""
+        pull's. dims: each pull's dim as its reply was sized (None: its table's now): a table replaced since by one of
+        another dim refuses the pull (ShardClosingError, Table.pull) instead of making the reply another size."""
         with self._room.take(cost, caller_gone), self._foreground.serving():
-            return encode([self._table(name).pull(ids) for name, ids in pulls])
+            if dims is None:
+                return encode([self._table(name).pull(ids) for name, ids in pulls])
+            return encode([self._table(name).pull(ids, np.empty((len(ids), dim), np.float32))
+                           for (name, ids), dim in zip(pulls, dims, strict=True)])  # fmt: skip
