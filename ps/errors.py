@@ -15,7 +15,6 @@ RESOURCE_EXHAUSTED as well.
 
 import copy
 import errno
-from typing import NamedTuple
 
 MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
 MAX_DETAILS_BYTES = 1024  # of a status message, UTF-8; percent-encoded in the trailer, it takes at most 3x this
@@ -282,51 +281,12 @@ class ModelStateReplacedError(PsError):
     PushBatch, a PullBatch, a CreateTable, a Shrink, or a checkpoint's hold or save, found another one: the shard's
     data dir was restored from a checkpoint or started anew since, so the model state the client trains on, scores
     with, creates a table in, shrinks or checkpoints is gone from it. Nothing of the request is applied, created,
-    shrunk, held, saved or read (the message says which: model_state_replaced); not retried (a restarted client
-    works with what the shard holds now). The client raises it too: for a refusal of a call that carries no state id
-    by a shard whose Stats give another one (worker.shard_calls), and for a checkpoint save whose shards were
-    replaced since its client read them, before any hold (worker.checkpoint)."""
+    shrunk, held, saved or read (the message says which: ps.replacedstate.model_state_replaced); not retried (a
+    restarted client works with what the shard holds now). The client raises it too: for a refusal of a call that
+    carries no state id by a shard whose Stats give another one (worker.shard_calls), and for a checkpoint save whose
+    shards were replaced since its client read them, before any hold (worker.checkpoint)."""
 
     status = "FAILED_PRECONDITION"
-
-
-class StateReplacedWords(NamedTuple):
-    """What a ModelStateReplacedError says of the call it refused (model_state_replaced), after how its shard was
-    replaced: the caller picks them by what the call does (PUSH_REFUSED, READ_REFUSED, or its own)."""
-
-    gone: str  # what of the model state the client worked with is not on the shard, from ", so ..."
-    outcome: str  # what of the call stands; "": the words before these say it (a client's note of a refusal)
-    stops: str  # a sentence: who stops, and what to do
-
-
-PUSH_REFUSED = StateReplacedWords(
-    "so what the client pushed before is not here",
-    "the push was not applied",
-    "A training run stops: start it again on what the shards hold now (from the checkpoint's position, with "
-    "--skip-examples)",
-)  # a push's (PushBatch), or a call that changes rows and carries no state id (the client's note)
-READ_REFUSED = StateReplacedWords(
-    "so its rows are not those of the model state the client read before",
-    NOTHING_READ_OR_APPLIED,
-    "A training run, an eval or a predict stops: start it again on what the shards hold now",
-)  # a pull's (PullBatch), or a call of ps.security.READ_ONLY_METHODS that carries no state id (the client's note)
-
-
-def how_replaced(restored_from: str) -> str:
-    """How a shard that holds another model state than its client read was replaced, in model_state_replaced's
-    `how`: "restored from checkpoint C" where restored_from names the checkpoint C, else (""), "started on a new,
-    empty data dir". The shard's words (ps.engine.shard check_state_id) and the client's from its Stats alike."""
-    return f"restored from checkpoint {restored_from}" if restored_from else "started on a new, empty data dir"
-
-
-def model_state_replaced(shard: int, state_id: int, seen: int, how: str, words: StateReplacedWords) -> str:
-    """A ModelStateReplacedError's message, the shard's (ps.engine.shard check_state_id) and the client's for a call
-    that carries no state id (worker.shard_calls): shard `shard` holds state_id, not seen (the one its client read
-    from Stats), since it was `how` ("restored from checkpoint C", "started on a new, empty data dir", ...); then
-    words: what is gone, what of the call stands, and who stops, with what to do."""
-    outcome = f"; {words.outcome}" if words.outcome else ""
-    return (f"shard {shard} {MODEL_STATE_REPLACED} (state id {state_id:#x}, the client's {seen:#x}): since the client "
-            f"connected, the shard was {how}, {words.gone}{outcome}. {words.stops}")  # fmt: skip
 
 
 class ShardNeedsRestartError(PsError):

@@ -65,16 +65,15 @@ from ps.engine.shard import Shard
 from ps.engine.syncsum import SYNC_KEY_BIT
 from ps.errors import (
     NOTHING_APPLIED,
-    READ_REFUSED,
     CheckpointOutsideRootError,
     InvalidArgumentError,
     NoCheckpointRootError,
     ReplyTooLargeError,
     ShardStartingError,
-    StateReplacedWords,
     echo,
 )
 from ps.refusals import RefusalLog
+from ps.replacedstate import CHECKPOINT_REFUSED, CREATE_REFUSED, READ_REFUSED, SHRINK_REFUSED
 from ps.replies import REPLY_FRAME_BYTES, ReplyRoom
 from ps.service_calls import CallerGone, RunningCalls, refuse, rpc_handler
 from ps.stamp import WorkerStamp
@@ -84,24 +83,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ps.service")
 MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
-# what a refusal for a state id the shard does not hold (Shard.check_state_id) says of a Checkpoint hold or save, a
-# CreateTable and a Shrink (ps.errors.StateReplacedWords): what is gone, what of the call stands, what its caller does
-CHECKPOINT_STOPS = ("A checkpoint save stops there, writing no manifest: save again once the shards hold one model "
-                    "(ps-worker stats names each shard's restore)")  # fmt: skip
-CHECKPOINT_REFUSED = {  # by each of ps.codec STATE_ID_PHASES
-    "hold": READ_REFUSED._replace(outcome="the shard was not held", stops=CHECKPOINT_STOPS),
-    "save": READ_REFUSED._replace(outcome="the shard saved nothing", stops=CHECKPOINT_STOPS),
-}
-CREATE_REFUSED = StateReplacedWords(  # a run's CreateTable comes after its wait_ready, before its pushes
-    "so the tables it held before may be lost there",
-    "the table was not created there",
-    "A training run stops there: start it again on what the shards hold now; its start refuses shards that lost a "
-    "trained table or were restored from different checkpoints, and names them, as ps-worker stats does",
-)
-SHRINK_REFUSED = READ_REFUSED._replace(
-    outcome="nothing was shrunk",
-    stops="The Shrink stops there: send it again, if still wanted, to the model the shards hold now",
-)
 
 
 def _check_count(method: str, what: str, n: int) -> None:

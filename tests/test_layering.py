@@ -33,6 +33,7 @@ FOUNDATION = {
     "ps",
     "ps.errors",
     "ps.errornames",
+    "ps.replacedstate",
     "ps.hashing",
     "ps.bytesize",
     "ps.config",
@@ -57,6 +58,7 @@ GRPC_USERS = {"ps.service", "ps.service_calls", "ps.server", "ps.health", "ps.se
 STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.errornames", "ps.hashing", "ps.config", "ps.table_toml", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
+    "ps.replacedstate",  # a ModelStateReplacedError's words, the shard's and the client's own
     "ps.security",  # TLS and token settings of a client channel
     "ps.secretfiles",  # the token and TLS files, read and checked as the server reads its own
     "ps.tlsprobe",  # what a client that cannot connect is told of the server's TLS

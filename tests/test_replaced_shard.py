@@ -26,9 +26,9 @@ from ps.errors import (
     ModelStateReplacedError,
     PsError,
 )
+from ps.replacedstate import CHECKPOINT_REFUSED
 from ps.server import Server
 from ps.server_config import ServerConfig
-from ps.service import CHECKPOINT_REFUSED
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
 from tests.worker_runs import run

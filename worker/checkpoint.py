@@ -22,7 +22,8 @@ from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, SAVE_PARTS, write_manifest
 from ps.config import DEFAULT_HOLD_S
-from ps.errors import READ_REFUSED, ModelStateReplacedError, PsError, how_replaced, model_state_replaced
+from ps.errors import ModelStateReplacedError, PsError
+from ps.replacedstate import READ_REFUSED, how_replaced, model_state_replaced
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
 from worker.channels import check_cluster

@@ -50,15 +50,12 @@ import grpc
 from protos import ps_pb2, ps_pb2_grpc
 from ps.codec import STATE_ID_PHASES
 from ps.errors import (
-    PUSH_REFUSED,
-    READ_REFUSED,
     ModelStateReplacedError,
     PsError,
     RequestTooLargeError,
     ServerUnavailableError,
-    how_replaced,
-    model_state_replaced,
 )
+from ps.replacedstate import PUSH_REFUSED, READ_REFUSED, how_replaced, model_state_replaced
 from ps.security import READ_ONLY_METHODS
 from worker.channels import open_channels
 from worker.fanout import CallThreads, at_once, attempt
@@ -251,7 +248,7 @@ class ShardCalls:
         """error, a refusal of the shard's of a call that carries no state id, or where the shard's Stats (one
         attempt) give another state id than wait_ready read (it came back restored, or on a new data dir: such a
         call finds no table there), a ModelStateReplacedError saying so after the shard's words
-        (ps.errors.model_state_replaced: a read's words for a method of ps.security.READ_ONLY_METHODS, else a push's,
+        (ps.replacedstate.model_state_replaced: a read's words for a method of ps.security.READ_ONLY_METHODS, else a push's,
         the call's outcome left to the shard's words). A run stops on it without a --skip-examples hint of its own
         (worker.train): the servers no longer hold what it trained."""
         seen, cluster = self._seen[shard]

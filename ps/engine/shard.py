@@ -67,18 +67,15 @@ from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker
 from ps.engine.writeguard import WriteGuard
 from ps.errors import (
-    PUSH_REFUSED,
     InvalidArgumentError,
     ModelStateReplacedError,
     PsError,
     ShardNeedsRestartError,
-    StateReplacedWords,
     TableNotFoundError,
     WrongShardError,
     echo,
-    how_replaced,
-    model_state_replaced,
 )
+from ps.replacedstate import PUSH_REFUSED, StateReplacedWords, how_replaced, model_state_replaced
 from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.server_config import ServerConfig
@@ -490,9 +487,9 @@ class Shard:
         from Stats) other than this shard's: the data dir was restored or created anew since the client read it, so
         the model state the client trains on, scores with, creates a table of, checkpoints or shrinks is not here.
         Called first by each handler of a request with a state id, so nothing is applied, created, shrunk, held or
-        read. words: what the refusal says of the call (ps.errors.model_state_replaced): what is gone, what of the
+        read. words: what the refusal says of the call (ps.replacedstate.model_state_replaced): what is gone, what of the
         call stands and who stops; a PushBatch's by default, a PullBatch's READ_REFUSED, the others' their own
-        (ps.service). A seen of 2^STATE_ID_BITS or more is no shard's state id: InvalidArgumentError, since no
+        (ps.replacedstate, as ps.service picks them). A seen of 2^STATE_ID_BITS or more is no shard's state id: InvalidArgumentError, since no
         restore or new data dir explains it."""
         if not seen or seen == self.state_id:
             return
