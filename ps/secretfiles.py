@@ -14,6 +14,7 @@ import ssl
 import stat
 import time
 
+from ps.emptyflags import refuse_empty_path
 from ps.utctime import utc
 
 MAX_FILE_BYTES = 16 << 20  # a token, key, certificate or CA bundle file: a larger one is none of them
@@ -75,11 +76,9 @@ def refuse_empty(
 ) -> None:
     """ValueError naming the first flag of flags ((flag, path) pairs) given an empty or blank path (an unset
     variable in a template, PS_TLS_CERT=, say), saying to give `what`: taken as not given, it would `unsaid`
-    without a word."""
+    without a word (ps.emptyflags.refuse_empty_path, the rule ps-server's --restore follows too)."""
     for flag, path in flags:
-        if path is not None and not path.strip():
-            raise ValueError(f"{flag} is empty ({path!r}): give {what}, or leave the flag out (an empty path is "
-                             f"not taken as the flag left out, which would {unsaid} without a word)")  # fmt: skip
+        refuse_empty_path(flag, path, what, unsaid)
 
 
 TOKEN_FILE = "auth token file (--auth-token-file)"

@@ -14,6 +14,7 @@ from ps.config import (
     MAX_MESSAGE_BYTES,
     MIN_REPLY_READ_TIMEOUT_S,
 )
+from ps.emptyflags import refuse_empty_host, refuse_empty_path
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,7 @@ class ServerConfig:
         if not 0 <= self.shard_id < self.num_shards:
             raise ValueError(f"--shard-id {self.shard_id} must be in 0..{self.num_shards - 1} (--num-shards "
                              f"{self.num_shards})")  # fmt: skip
-        if not self.host.strip("[] \t"):  # gRPC refuses it with no reason given; a plain socket takes it as all
-            raise ValueError(f"--host is empty ({self.host!r}): give an address of this machine (127.0.0.1: this "
-                             "machine only; 0.0.0.0: all of its addresses)")  # fmt: skip
+        refuse_empty_host("--host", self.host)
         if not 0 <= self.port < 65536:
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         for flag, size in (("--cache-bytes", self.cache_bytes), ("--memory-bytes", self.memory_bytes)):
@@ -102,10 +101,8 @@ class ServerConfig:
                              "leave the flag out to refuse checkpoints")  # fmt: skip
         if not self.data_dir.strip():
             raise ValueError("--data-dir is empty; give the shard's data directory")
-        if self.restore_dir is not None and not self.restore_dir.strip():  # `--restore "$CKPT"`, CKPT unset
-            raise ValueError(f"--restore is empty ({self.restore_dir!r}): give the checkpoint to fill the data dir "
-                             "from, or leave the flag out (an empty path is not taken as the flag left out, which "
-                             "would start the shard with no tables)")  # fmt: skip
+        refuse_empty_path("--restore", self.restore_dir, "the checkpoint to fill the data dir from",
+                          "start the shard with no tables")  # fmt: skip
         for flag, path in (("--data-dir", self.data_dir), ("--restore", self.restore_dir),
                            ("--checkpoint-root", self.checkpoint_root)):  # fmt: skip
             try:

@@ -34,6 +34,7 @@ FOUNDATION = {
     "ps.errors",
     "ps.errornames",
     "ps.replacedstate",
+    "ps.emptyflags",
     "ps.hashing",
     "ps.bytesize",
     "ps.config",
@@ -59,6 +60,7 @@ STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.errornames", "ps.hashing", "ps.config", "ps.table_toml", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
     "ps.replacedstate",  # a ModelStateReplacedError's words, the shard's and the client's own
+    "ps.emptyflags",  # flags given empty (a path, a host), refused as ps-server refuses its own (stdlib only)
     "ps.security",  # TLS and token settings of a client channel
     "ps.secretfiles",  # the token and TLS files, read and checked as the server reads its own
     "ps.tlsprobe",  # what a client that cannot connect is told of the server's TLS

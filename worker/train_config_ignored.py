@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ps.emptyflags import refuse_empty_host
 from worker.models.spec import MLP_MODELS
 
 if TYPE_CHECKING:
@@ -51,6 +52,4 @@ def check_given_metrics_host(host: str | None, port: int | None) -> None:
     given empty: the endpoint, plain HTTP with no token, would listen on every address (as ps-server's --host)."""
     if host is not None and port is None:
         raise ValueError(ignored_setting("--metrics-host", host, METRICS_HOST_SETTING, "no --metrics-port"))
-    if host is not None and not host.strip("[] \t"):
-        raise ValueError(f"--metrics-host is empty ({host!r}): give an address of this machine ({DEFAULT_METRICS_HOST}, "
-                         "the default: this machine only; 0.0.0.0: all of its addresses)")  # fmt: skip
+    refuse_empty_host("--metrics-host", host, DEFAULT_METRICS_HOST)
