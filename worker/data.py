@@ -33,7 +33,7 @@ from worker.data_checks import DataChecks
 from worker.data_reports import DataReports
 from worker.datafiles import data_files
 from worker.format_detection import check_same_format
-from worker.formats import ReadStats, column_stats, file_has_labels, read_batches
+from worker.formats import ReadStats, column_stats, file_has_labels, file_residue, read_batches
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_data_upto
 from worker.schema import Schema
 from worker.schema_builtin import resolve_schema
@@ -47,13 +47,13 @@ HELD_WARNING_BYTES = 1 << 30  # training examples held for --shuffle on: a WARNI
 
 def share_examples(count: LineCount, worker_id: int, num_workers: int) -> int:
     """Worker worker_id's share of num_workers of the lines counted: of each file counted to its end
-    (count.per_file), its lines j with j % n == (worker_id + k) % n for the k-th file, as read_batches shares them
+    (count.per_file), its lines j with j % n == file_residue(worker_id, k, n) for the k-th file, as read_batches reads
     (exact where every line of the file holds data); of a count that stopped (count.more), the count of worker_id,
     worker_id + n, ... below its estimate. The shares of the job's workers sum to the count."""
     n = num_workers
     if count.more:
         return (count.estimate - worker_id + n - 1) // n
-    return sum((lines - (worker_id + k) % n + n - 1) // n for k, lines in enumerate(count.per_file))
+    return sum((lines - file_residue(worker_id, k, n) + n - 1) // n for k, lines in enumerate(count.per_file))
 
 
 class LabelOrder:

@@ -5,6 +5,7 @@
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     idle_workers(file_residues, num_workers) -> [worker id, ...]   # those whose share of such files holds no line
+    file_residue(worker_id, k, num_workers) -> int  # worker_id reads file k's lines j with j % num_workers == it
     first_with_content(path) -> str             # the first file that is not empty (its first, if all are)
     csv_records(path, delimiter, rows) -> (header, records)   # a sample of the first file holding records
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
@@ -34,8 +35,8 @@ Common to all formats:
   - `path` may name many files (worker/datafiles.py: a directory, a glob, a comma-separated list), read in order
     as one stream: batches run on across files, and bad lines count against max_bad_lines over the stream, each
     named by its own file and line. Worker i reads, of the k-th file (from 0), the lines whose number % n ==
-    (i + k) % n: still every line exactly once, and small files spread over the workers rather than all to worker
-    0. format_detection.check_same_format refuses files that differ in format from the first. A file of no
+    (i + k) % n (file_residue): still every line exactly once, and small files spread over the workers rather than
+    all to worker 0. format_detection.check_same_format refuses files that differ in format from the first. A file of no
     content (no bytes, or whitespace only: Spark's gzip'ed part file of an empty partition) among others holds no
     examples: the first file, wherever one file speaks for all (the header, labels or not), is the first one with
     content.
@@ -79,6 +80,7 @@ import math
 import os
 import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -139,9 +141,9 @@ def read_batches(
     stats = stats if stats is not None else ReadStats()
 
     def stream() -> Iterator[Batch]:
-        for k, name in enumerate(files):  # file k's share: its lines whose number % n == (worker_id + k) % n
+        for k, name in enumerate(files):
             share = Share(
-                (worker_id + k) % num_workers,
+                file_residue(worker_id, k, num_workers),
                 num_workers,
                 BadLines(name, max_bad_lines, stats, max_bad_share, labels=labeled and not blank_labels),
             )
@@ -150,14 +152,27 @@ def read_batches(
     return rebatch(stream(), batch_size)
 
 
+WorkerIds = TypeVar("WorkerIds", int, np.ndarray)  # one worker id, or an array of them
+
+
+def file_residue(worker_id: WorkerIds, file_index: int, num_workers: int) -> WorkerIds:
+    """The residue of the lines worker worker_id of num_workers reads of the file_index-th file (from 0) of a data
+    input: its lines j (numbered from 0, a CSV's header left out) with j % num_workers == this, (worker_id +
+    file_index) % num_workers. Shifting the residue by the file spreads the files of fewer lines than workers over
+    the workers; each line is still read by exactly one worker. read_batches reads by it, idle_workers and
+    worker.data.share_examples count by it. worker_id may be an array of ids: their residues, element-wise."""
+    return (worker_id + file_index) % num_workers
+
+
 def idle_workers(file_residues: Sequence[Collection[int]], num_workers: int) -> list[int]:
-    """The workers of num_workers whose shares (read_batches) of files, in reading order, hold no line of data:
-    file_residues, of each file, the residues mod num_workers of its data lines' 0-based indices among its lines
-    (linecount.LineCount.per_file_residues; a CSV's, of records: csv_records.csv_data_places); worker i reads
-    line j of the k-th file when j % num_workers == (i + k) % num_workers."""
+    """The workers of num_workers whose shares (read_batches, file_residue) of files, in reading order, hold no line
+    of data: file_residues, of each file, the residues mod num_workers of its data lines' 0-based indices among its
+    lines (linecount.LineCount.per_file_residues; a CSV's, of records: csv_records.csv_data_places)."""
+    workers = np.arange(num_workers)
     reads = np.zeros(num_workers, dtype=bool)
     for k, residues in enumerate(file_residues):
-        reads[(np.fromiter(residues, dtype=np.int64, count=len(residues)) - k) % num_workers] = True
+        found = np.fromiter(residues, dtype=np.int64, count=len(residues))
+        reads |= np.isin(file_residue(workers, k, num_workers), found)
     return np.flatnonzero(~reads).tolist()
 
 
