@@ -91,6 +91,7 @@ def health_main(argv: list[str]) -> int:
     anything else (nothing listens, no answer in --timeout-s, a TLS mismatch, NOT_SERVING while it stops).
     Exit 2: a flag is wrong."""
     args = parse_strictly(build_health_parser(), argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # stderr
     from ps.health import check_health  # imported late: grpc stays out of `--help`
     from ps.secretfiles import optional_token
 

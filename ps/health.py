@@ -22,6 +22,7 @@ could grow the server without end.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -31,6 +32,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ps.errors import OVERLOADED
 from ps.tlsprobe import tls_hint
+
+log = logging.getLogger("ps.health")  # check_health's warnings (the probe's own TLS files)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -213,12 +216,16 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
     does not name the address dialed (a probe of 127.0.0.1, say). An UNAVAILABLE whose cause is a TLS setting that
     differs from the shard's (gRPC says only "Socket closed") says which flag is missing or too many (tls_hint).
     A Check an overloaded shard refuses (its threads busy, its queue of calls full: ps.errors.OVERLOADED) is asked
-    again within timeout_s: such a shard is alive."""
-    from ps.security import client_channel
+    again within timeout_s: such a shard is alive. A TLS file of the probe's not yet valid is warned of once, on the
+    logger "ps.health", as a server warns of its own."""
+    from ps.security import client_channels
 
     options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
+    (channel,), warnings = client_channels([address], options, tls_ca, tls_cert, tls_key)
+    for warning in warnings:  # a certificate of the probe's not yet valid: logged as a server logs its own
+        log.warning("%s", warning)
     try:
-        with client_channel(address, options, tls_ca, tls_cert, tls_key) as channel:
+        with channel:
             reply, call = _check(health_pb2_grpc.HealthStub(channel), timeout_s)
     except grpc.RpcError as e:
         text = f"{e.code().name}: {e.details()}"

@@ -137,12 +137,13 @@ def check_token(token: str) -> str:
     return token
 
 
-def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) -> list[str]:
+def check_tls_files(cert: str | None, key: str | None, ca: str | None = None, client: bool = False) -> list[str]:
     """ValueError naming the file that is wrong, and why, unless cert holds PEM certificates, the first of them
     not expired, key the unencrypted PEM private key of that one, and ca PEM certificates, not all expired (each
     where given). gRPC itself reports a bad pair only when it binds a port ("Failed to bind") or as a connection
     that never comes up, and an expired certificate as a handshake the other side fails. Returns the warnings of
-    certificates not yet valid (dates_problem), read from the same bytes."""
+    certificates not yet valid (dates_problem), read from the same bytes, saying who refuses them: a server's
+    (client False) or a client's (client True) files."""
     warnings = []
     for path, what, own in ((cert, "TLS certificate (--tls-cert)", True), (ca, "TLS CA (--tls-ca)", False)):
         if path:
@@ -152,7 +153,7 @@ def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) ->
             except ssl.SSLError as e:
                 raise ValueError(f"{what} {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----' "
                                  f"blocks; {e.reason or e})") from None  # fmt: skip
-            warning = dates_problem(pem, f"{what} {path}", first_only=own)
+            warning = dates_problem(pem, f"{what} {path}", first_only=own, refused_by=EARLY_REFUSED_BY[client, own])
             warnings += [warning] if warning else []
     if not (cert and key):
         return warnings
@@ -172,6 +173,12 @@ def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) ->
     return warnings
 
 
+EARLY_REFUSED_BY = {  # (client, own certificate): who refuses a certificate of that file before its start
+    (False, True): "clients refuse it",
+    (False, False): "clients refuse it",
+    (True, True): "shards that require a client certificate (mutual TLS) refuse it",
+    (True, False): "this client refuses the shards' certificates it signed",
+}
 PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.DOTALL)
 
 
@@ -184,12 +191,13 @@ def pem_validity(pem_body: bytes) -> tuple[float, float] | None:
         return None
 
 
-def dates_problem(pem: bytes, named: str, first_only: bool) -> str | None:
+def dates_problem(pem: bytes, named: str, first_only: bool, refused_by: str = "clients refuse it") -> str | None:
     """Of the certificates of pem (its first only, with first_only: a certificate's own, not its chain's), named
     (the flag's words and the path) in the message: ValueError where they are all expired by this machine's clock;
-    a warning where they are all not yet valid (a certificate served before its start is refused by every client,
-    yet the clock that says so may be the one that is wrong, so a server warns and serves); None otherwise. A
-    certificate whose dates do not parse is neither (ssl, which loads it, is the judge)."""
+    a warning where they are all not yet valid, saying refused_by (who refuses it until then: a certificate
+    presented before its start is refused by every peer, yet the clock that says so may be the one that is wrong,
+    so a server warns and serves, a client warns and connects); None otherwise. A certificate whose dates do not
+    parse is neither (ssl, which loads it, is the judge)."""
     dates = [pem_validity(block) for block in PEM_CERTIFICATE.findall(pem)]
     dates = dates[:1] if first_only else dates
     now = time.time()
@@ -199,7 +207,7 @@ def dates_problem(pem: bytes, named: str, first_only: bool) -> str | None:
                          "(deploy/gen-secrets.sh)")  # fmt: skip
     if dates and all(d is not None and d[0] > now for d in dates):
         return (f"{named} is not valid until {utc(min(d[0] for d in dates))} (this machine's clock says {utc(now)}): "
-                "until then clients refuse it; check the clocks of this machine and of the one that made it")  # fmt: skip
+                f"until then {refused_by}; check the clocks of this machine and of the one that made it")  # fmt: skip
     return None
 
 

@@ -49,16 +49,19 @@ def server_credentials(cert: str, key: str, ca: str | None = None) -> tuple[grpc
     return grpc.ssl_server_credentials(pair, root_certificates=roots, require_client_auth=True), warnings
 
 
-def channel_credentials(ca: str | None, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials:
-    """Verify servers against ca (None: the system's roots); present cert/key to servers that require one."""
+def channel_credentials(ca: str | None, cert: str | None = None,
+                        key: str | None = None) -> tuple[grpc.ChannelCredentials, list[str]]:  # fmt: skip
+    """Verify servers against ca (None: the system's roots); present cert/key to servers that require one. With them,
+    the warnings of check_tls_files (the client's certificate or CA not yet valid), for the client to log once."""
     if (cert is None) != (key is None):
         raise ValueError("give both --tls-cert and --tls-key, or neither")
-    check_tls_files(cert, key, ca)
-    return grpc.ssl_channel_credentials(
+    warnings = check_tls_files(cert, key, ca, client=True)
+    credentials = grpc.ssl_channel_credentials(
         root_certificates=read_file(ca, "TLS CA") if ca else None,
         private_key=read_file(key, "TLS key") if key else None,
         certificate_chain=read_file(cert, "TLS certificate") if cert else None,
     )
+    return credentials, warnings
 
 
 class TokenCheck(grpc.ServerInterceptor):
@@ -202,18 +205,24 @@ class _CallDetails(grpc.ClientCallDetails):
 
 
 def uses_tls(tls_ca: str | None, tls_cert: str | None, tls_key: str | None) -> bool:
-    """Whether a client given these paths speaks TLS to its servers (client_channel): a CA or a client certificate."""
+    """Whether a client given these paths speaks TLS to its servers (client_channels): a CA or a client certificate."""
     return bool(tls_ca or tls_cert or tls_key)
 
 
-def client_channel(address: str, options: list, tls_ca: str | None = None, tls_cert: str | None = None,
-                   tls_key: str | None = None, token: str | None = None) -> grpc.Channel:  # fmt: skip
-    """A channel to one server: plain, TLS (tls_ca or a client certificate given) or mutual TLS, and with the
-    token header on every call if token is given. ValueError for an empty path: taken as none, it would make the
-    channel plain without a word."""
+def client_channels(addresses: list[str], options: list, tls_ca: str | None = None, tls_cert: str | None = None,
+                    tls_key: str | None = None, token: str | None = None) -> tuple[list[grpc.Channel], list[str]]:  # fmt: skip
+    """A channel to each server of addresses, in order: plain, TLS (tls_ca or a client certificate given) or mutual
+    TLS, and with the token header on every call if token is given; with the warnings of channel_credentials, which
+    reads the TLS files once for all the channels, for the caller to log (once, not once a channel). ValueError for an
+    empty path: taken as none, it would make the channels plain without a word."""
     refuse_empty(("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key))
-    if uses_tls(tls_ca, tls_cert, tls_key):
-        channel = grpc.secure_channel(address, channel_credentials(tls_ca, tls_cert, tls_key), options=options)
-    else:
-        channel = grpc.insecure_channel(address, options=options)
-    return grpc.intercept_channel(channel, TokenHeader(token)) if token else channel
+    credentials, warnings = channel_credentials(tls_ca, tls_cert, tls_key) if uses_tls(tls_ca, tls_cert, tls_key) else (
+        None, [])  # fmt: skip
+    channels = []
+    for address in addresses:
+        if credentials is not None:
+            channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            channel = grpc.insecure_channel(address, options=options)
+        channels.append(grpc.intercept_channel(channel, TokenHeader(token)) if token else channel)
+    return channels, warnings

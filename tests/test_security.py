@@ -1083,3 +1083,45 @@ def test_the_hint_for_a_certificate_not_yet_valid_reads_its_start_from_the_first
         server.join(10)
     assert not server.is_alive() and len(accepted) == 2, accepted
     assert hint.startswith("; the shard's TLS certificate is not valid until 2099-01-01 00:00:00 UTC "), hint
+
+
+def _early_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "not valid until" in r.getMessage()]
+
+
+def test_a_client_given_its_own_certificate_not_yet_valid_warns_once_naming_it_and_its_start(pki, expired, caplog):
+    """A worker of three shards warns once (not once a channel) of its --tls-cert not yet valid, naming the file and
+    the date its validity starts, as a server warns of its own; the shards refuse it until then (mutual TLS)."""
+    future, key, ca = str(expired / "future.pem"), str(expired / "expired.key"), str(pki / "ca.pem")
+    with caplog.at_level("WARNING", logger="worker.client"):
+        client = Client(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], tls_ca=ca, tls_cert=future, tls_key=key)
+    client.close()
+    warnings = _early_warnings(caplog)
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"TLS certificate (--tls-cert) {future} is not valid until 2099-01-01 00:00:00 UTC (this machine's clock says "
+    ), warnings  # fmt: skip
+    assert "shards that require a client certificate (mutual TLS) refuse it" in warnings[0], warnings
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="worker.client"):
+        Client(["127.0.0.1:1"], tls_ca=ca, tls_cert=str(pki / "client.pem"), tls_key=str(pki / "client.key")).close()
+    assert _early_warnings(caplog) == []
+
+
+def test_a_probe_given_its_own_certificate_not_yet_valid_warns_once_naming_it_and_its_start(pki, expired, caplog):
+    future, key, ca = str(expired / "future.pem"), str(expired / "expired.key"), str(pki / "ca.pem")
+    with caplog.at_level("WARNING", logger="ps.health"):
+        health = check_health("127.0.0.1:1", timeout_s=0.5, tls_ca=ca, tls_cert=future, tls_key=key)
+    assert not health.serving
+    warnings = _early_warnings(caplog)
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"TLS certificate (--tls-cert) {future} is not valid until 2099-01-01 00:00:00 UTC "), warnings  # fmt: skip
+
+
+def test_ps_server_health_prints_the_warning_of_its_certificate_not_yet_valid_on_stderr(pki, expired):
+    future, key, ca = str(expired / "future.pem"), str(expired / "expired.key"), str(pki / "ca.pem")
+    done = subprocess.run([sys.executable, "-m", "ps", "health", "127.0.0.1:1", "--timeout-s", "0.5", "--tls-ca", ca,
+                           "--tls-cert", future, "--tls-key", key], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    said = [line for line in done.stderr.splitlines() if "not valid until" in line]
+    assert len(said) == 1 and f"WARNING ps.health: TLS certificate (--tls-cert) {future} is not valid until" in said[0], (
+        done.stderr)  # fmt: skip

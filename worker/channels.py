@@ -16,7 +16,7 @@ from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
 from ps.listen_address import is_loopback
 from ps.secretfiles import TOKEN_FILE, optional_token, readable_by_all
-from ps.security import client_channel, uses_tls
+from ps.security import client_channels, uses_tls
 from ps.tlsprobe import host_and_port, tls_hint
 
 log = logging.getLogger("worker.client")
@@ -47,14 +47,18 @@ OPTIONS = [
 def open_channels(
     servers: list[str], tls_ca: str | None, tls_cert: str | None, tls_key: str | None, auth_token: str | None
 ) -> list[grpc.Channel]:
-    """One channel per server address (ps.security.client_channel: TLS and token as given), in order; a warning
-    logged where a token goes without TLS to a server of another machine (as a server warns of listening so)."""
+    """One channel per server address (ps.security.client_channels: TLS and token as given), in order; a warning
+    logged where a token goes without TLS to a server of another machine (as a server warns of listening so), and
+    once for a TLS file of the client's not yet valid (as a server warns of its own)."""
     plain = [a for a in servers if not is_loopback(host_and_port(a)[0])]
     if auth_token and not uses_tls(tls_ca, tls_cert, tls_key) and plain:
         log.warning("the token of --auth-token-file crosses the network in plain text to %s (no TLS): whoever reads "
                     "it there can read and overwrite every table; give --tls-ca (docs/security.md)",
                     ", ".join(plain))  # fmt: skip
-    return [client_channel(a, OPTIONS, tls_ca, tls_cert, tls_key, auth_token) for a in servers]
+    channels, warnings = client_channels(servers, OPTIONS, tls_ca, tls_cert, tls_key, auth_token)
+    for warning in warnings:  # a certificate not yet valid: the clock that says so may be the wrong one
+        log.warning("%s", warning)
+    return channels
 
 
 def why_not_ready(address: str, tls: tuple[str | None, str | None, str | None], timeout_s: float = 1.0) -> str:
