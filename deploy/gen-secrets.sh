@@ -7,7 +7,8 @@
 #                          against the certificate's IP names only)
 #   client.pem client.key  a client certificate, for servers started with --tls-ca ca.pem (mutual TLS)
 # The CA's key is not kept: no other certificate can be issued under this CA. Secrets already in DIR are kept
-# (a restart keeps them), unless a certificate there has expired (exit 1, naming it); to add a server name, or to
+# (a restart keeps them), unless a certificate there has expired or client.pem or client.key is missing (exit 1,
+# naming it: no certificate can be made for the kept CA, whose key is gone); to add a server name, or to
 # renew, remove DIR and run this again, then restart every pod. A NAME that is neither a host name nor an IPv4 or
 # IPv6 address (300.1.1.1, ps-0:50051) fails, naming it, before anything is written; the files are made in a
 # scratch folder and moved into DIR once all are made, so a failing openssl (its words shown) leaves no part of a set.
@@ -85,6 +86,15 @@ umask 077
 mkdir -p "$dir"
 cd "$dir"
 if [ -s token ] && [ -s server.pem ] && [ -s server.key ] && [ -s ca.pem ]; then
+    for f in client.pem client.key; do  # the CA's key is not kept: a missing one cannot be made again
+        if [ ! -s "$f" ]; then
+            echo "error: $dir holds the servers' secrets (token, ca.pem, server.pem, server.key) but no $f: no" \
+                 "client certificate can be made for the kept CA (its key is not kept), and servers under mutual" \
+                 "TLS (--tls-ca) refuse clients without one; nothing was changed; to make a new set, remove $dir," \
+                 "run this again and restart every server and worker" >&2
+            exit 1
+        fi
+    done
     expired=""  # a kept certificate past its end: servers, workers and probes refuse it at start
     for f in ca.pem server.pem client.pem; do
         end=$(openssl x509 -in "$f" -noout -enddate 2>/dev/null | sed 's/^notAfter=//' || true)
@@ -106,7 +116,7 @@ if [ -s token ] && [ -s server.pem ] && [ -s server.key ] && [ -s ca.pem ]; then
     done
     exit 0
 fi
-for f in token server.pem server.key ca.pem; do
+for f in token server.pem server.key ca.pem client.pem client.key; do
     if [ -e "$f" ]; then
         echo "error: $dir holds part of a set of secrets ($f, but not all of token, ca.pem, server.pem and" \
              "server.key): making a new set would lock out the servers and workers that use the old one; remove" \

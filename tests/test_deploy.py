@@ -468,6 +468,37 @@ def test_gen_secrets_run_again_over_an_expired_certificate_says_so_and_fails(tmp
     assert {f.name: f.read_bytes() for f in secrets.iterdir()} == before
 
 
+@pytest.mark.parametrize("missing", [["client.pem"], ["client.key"], ["client.pem", "client.key"]])
+def test_gen_secrets_run_again_over_secrets_without_the_client_certificate_refuses_and_changes_nothing(
+    tmp_path, missing
+):
+    """The CA's key is not kept, so a client certificate or key removed from kept secrets cannot be made again: a
+    run over them fails naming the file missing, and leaves the rest as it was (it does not say "kept")."""
+    script, secrets = os.path.join(DEPLOY, "gen-secrets.sh"), tmp_path / "s"
+    made = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    for name in missing:
+        (secrets / name).unlink()
+    before = {f.name: f.read_bytes() for f in secrets.iterdir()}
+    again = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "kept" not in again.stdout, (again.stdout, again.stderr)
+    assert f"error: {secrets} holds the servers' secrets (token, ca.pem, server.pem, server.key) but no {missing[0]}:" in (
+        again.stderr), again.stderr  # fmt: skip
+    assert f"nothing was changed; to make a new set, remove {secrets}," in again.stderr, again.stderr
+    assert {f.name: f.read_bytes() for f in secrets.iterdir()} == before
+
+
+def test_gen_secrets_refuses_a_client_certificate_alone_as_part_of_a_set(tmp_path):
+    """A DIR holding only a client certificate is part of a set: refused, not written over."""
+    secrets = tmp_path / "s"
+    secrets.mkdir()
+    (secrets / "client.pem").write_text("kept\n")
+    made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(secrets), "ps-0"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 1 and "holds part of a set of secrets (client.pem," in made.stderr, made.stderr
+    assert [f.name for f in secrets.iterdir()] == ["client.pem"] and (secrets / "client.pem").read_text() == "kept\n"
+
+
 def san_entries(names: list[str]) -> list[str]:
     """What gen-secrets.sh's san_of says of each name, in one shell: its entry (DNS:... or IP:...) or "error"."""
     with open(os.path.join(DEPLOY, "gen-secrets.sh")) as f:
