@@ -10,8 +10,9 @@
 # (a restart keeps them), unless a certificate there has expired or client.pem or client.key is missing (exit 1,
 # naming it: no certificate can be made for the kept CA, whose key is gone); to add a server name, or to
 # renew, remove DIR and run this again, then restart every pod. A NAME that is neither a host name nor an IPv4 or
-# IPv6 address (300.1.1.1, ps-0:50051) fails, naming it, before anything is written; the files are made in a
-# scratch folder and moved into DIR once all are made, so a failing openssl (its words shown) leaves no part of a set.
+# IPv6 address (300.1.1.1, ps-0:50051, -ps, a..b) fails, naming it, before anything is written; the files are made
+# in a scratch folder and moved into DIR once all are made, so a failing openssl (its words shown) leaves no part of
+# a set.
 #   deploy/gen-secrets.sh DIR NAME...                                      needs the openssl command
 #   deploy/gen-secrets.sh /secrets ps-0 ps-1                               (docker-compose.yml's secrets job)
 #   deploy/gen-secrets.sh ./secrets sparseps-0.sparseps sparseps-1.sparseps \
@@ -19,18 +20,35 @@
 #     && kubectl create secret generic sparseps-secrets --from-file=./secrets   (deploy/k8s)
 set -eu
 # The subjectAltName entry of a NAME: IP:ADDRESS for an IPv4 address (only digits and dots: a dotted quad of
-# 0-255, no leading zeros) or an IPv6 address (a colon, which no host name holds), else DNS:NAME (letters, digits,
-# '-', '.', '_', '*'). A NAME that is neither (300.1.1.1, ps-0:50051, a,b) fails, naming it, returning 1.
+# 0-255, no leading zeros) or an IPv6 address (a colon, which no host name holds), else DNS:NAME for a host name
+# (is_host_name). A NAME that is none of these (300.1.1.1, ps-0:50051, a,b, -ps, a..b) fails, naming it, returning 1.
 san_of() {
     case $1 in
         *:*) is_ipv6 "$1" && echo "IP:$1" && return ;;
-        *[!0-9.]*) case $1 in *[!A-Za-z0-9._*-]* | "") ;; *) echo "DNS:$1"; return ;; esac ;;
+        *[!0-9.]*) is_host_name "$1" && echo "DNS:$1" && return ;;
         *) is_ipv4 "$1" && echo "IP:$1" && return ;;
     esac
-    echo "error: NAME '$1' is neither a host name (letters, digits, '-', '.', '_', '*') nor an IPv4 address" \
-         "(four numbers 0-255) nor an IPv6 address (RFC 4291 text form); nothing was written" >&2
+    echo "error: NAME '$1' is neither a host name (labels of 1-63 letters, digits, '-' or '_' joined by single" \
+         "dots, none starting or ending with '-'; '*.' before them for a wildcard) nor an IPv4 address (four" \
+         "numbers 0-255) nor an IPv6 address (RFC 4291 text form); nothing was written" >&2
     return 1
 }
+# Whether $1 is a host name of RFC 1123 labels joined by single dots, 253 characters at most: each label 1-63
+# letters, digits and '-', neither first nor last a '-'; also '_' (not RFC 1123's, but Docker Compose's service
+# names, which its network resolves, may hold it), and a first label '*' (a wildcard) with at least one after it.
+is_host_name() (
+    case $1 in "" | *[!A-Za-z0-9._*-]* | .* | *. | *..*) return 1 ;; esac
+    [ ${#1} -le 253 ] || return 1
+    case $1 in \*.*) rest=${1#\*.} ;; *) rest=$1 ;; esac
+    set -f
+    IFS=.
+    # shellcheck disable=SC2086  # split on the dots
+    set -- $rest
+    for label; do
+        case $label in "" | -* | *- | *\**) return 1 ;; esac
+        [ ${#label} -le 63 ] || return 1
+    done
+)
 # Whether $1 is four dot-separated numbers 0-255 without leading zeros (1.2.3.4, not 01.2.3.4 nor 1.2.3).
 is_ipv4() (
     case $1 in *[!0-9.]* | *..* | .* | *. | "") return 1 ;; esac

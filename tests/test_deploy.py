@@ -510,9 +510,13 @@ def san_entries(names: list[str]) -> list[str]:
     return out.splitlines()
 
 
+HOST_LABEL = r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)"  # RFC 1123's, and '_' (Docker Compose service names)
+
+
 def san_oracle(name: str) -> str:
     """The entry a NAME should get: Python's ipaddress judges addresses (a zone, %eth0, is refused: openssl
-    takes none); a host name is letters, digits, '-', '.', '_' and '*' with some character not a digit or dot."""
+    takes none); a host name, with some character not a digit or dot, is HOST_LABELs joined by single dots, '*.'
+    before them for a wildcard, 253 characters at most."""
     import ipaddress
 
     if ":" in name or re.fullmatch(r"[0-9.]*", name):
@@ -521,7 +525,8 @@ def san_oracle(name: str) -> str:
         except ValueError:
             return "error"
         return "error" if "%" in name else f"IP:{name}"
-    return f"DNS:{name}" if re.fullmatch(r"[A-Za-z0-9._*-]+", name) else "error"
+    host = re.fullmatch(rf"(\*\.)?{HOST_LABEL}(\.{HOST_LABEL})*", name) and len(name) <= 253
+    return f"DNS:{name}" if host else "error"
 
 
 def test_gen_secrets_judges_each_name_as_pythons_ipaddress_does():
@@ -534,15 +539,21 @@ def test_gen_secrets_judges_each_name_as_pythons_ipaddress_does():
               "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8", "1::2:3:4:5:6:7:8", "1:2:3:4:5:6:7:8:9",
               ":1:2:3:4:5:6:7", "1:2:3:4:5:6:7:", "1:::2", "1::2::3", "12345::", "fe80::1%eth0", "::ffff:10.1.2.3",
               "::ffff:01.1.2.3", "1:2:3:4:5:6:1.2.3.4", "1:2:3:4:5:6:7:1.2.3.4", "::1.2.3.4:5", "1.2.3.4::", "g::1",
-              "ABCD:ef01::"]  # fmt: skip
+              "ABCD:ef01::", "-ps", "ps-", "a..b", "ps-0.", ".ps-0", "a.-b", "a-.b", "*", "*.", "a.*.b", "*.*.b",
+              "a*b", "*a.b", "x" * 63, "x" * 64, "a." + "x" * 64, ".".join(["x" * 63] * 4),
+              ".".join(["x" * 63] * 3 + ["x" * 61]), "1.2.3.a", "p--s"]  # fmt: skip
     rng = random.Random(0)
     fuzz = ["".join(rng.choice("0123459af:.") for _ in range(rng.randint(1, 16))) for _ in range(3000)]
+    pieces = ["a", "b0", "-", "_", ".", "*", "*.", "x" * 60]  # host names: long labels and wildcards among them
+    fuzz += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 8))) for _ in range(3000)]
     names = chosen + fuzz
     got = san_entries(names)
     assert len(got) == len(names)
     wrong = [(n, g, san_oracle(n)) for n, g in zip(names, got, strict=True) if g != san_oracle(n)]
     assert wrong == [], wrong[:10]
-    assert sum(g != "error" for g in got[len(chosen) :]) > 100  # the fuzz reaches valid addresses too
+    addresses, hosts = got[len(chosen) : len(chosen) + 3000], got[len(chosen) + 3000 :]
+    assert sum(g != "error" for g in addresses) > 100  # the fuzz reaches valid addresses too
+    assert sum(g.startswith("DNS:") for g in hosts) > 100 and "error" in hosts  # and host names, either way
 
 
 def test_gen_secrets_writes_every_address_it_accepts_into_the_certificate(tmp_path):
@@ -565,10 +576,11 @@ def test_gen_secrets_writes_every_address_it_accepts_into_the_certificate(tmp_pa
     assert {ipaddress.ip_address(n) for n in names} <= named, san
 
 
-@pytest.mark.parametrize("bad", ["300.1.1.1", "ps-0:50051", "a,IP:10.9.9.9"])
+@pytest.mark.parametrize("bad", ["300.1.1.1", "ps-0:50051", "a,IP:10.9.9.9", "-foo", "a..b", "ps-0-"])
 def test_gen_secrets_refuses_a_name_that_is_no_address_nor_host_name_and_writes_nothing(tmp_path, bad):
-    """A NAME openssl would refuse (300.1.1.1; a port left on) or that would smuggle in an entry (a comma) fails,
-    naming it, before DIR is made."""
+    """A NAME openssl would refuse (300.1.1.1; a port left on), that would smuggle in an entry (a comma) or that is
+    no host name by RFC 1123 (a label starting or ending with '-', an empty one) fails, naming it, before DIR is
+    made."""
     secrets = tmp_path / "s"
     made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(secrets), "ps-0", bad],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
