@@ -113,7 +113,7 @@ class Handler(WSGIRequestHandler):
     another, reply_s seconds from its first byte, so that the time the app takes to collect the reply counts in
     neither (a client reading the reply slower is cut: a metrics reply is small, read in far less). A connection past
     either is closed (TimeoutError): one debug line, BoundedServer.handle_error's or QuietReply's, not a traceback on
-    stderr."""
+    stderr. An HTTP/0.9 request (no version, no headers) is answered 400 as it arrives (refused_http09)."""
 
     timeout = 10.0  # seconds for a connection's TLS handshake and its request, in all
     reply_s = 30.0  # seconds for a reply's writes, in all, from its first byte
@@ -137,11 +137,28 @@ class Handler(WSGIRequestHandler):
             self.requestline, self.request_version, self.command = "", "", ""
             self.send_error(414)
             return
+        if self.refused_http09():
+            return
         if not self.parse_request():  # an error reply was sent
             return
         reply = QuietReply(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
         reply.request_handler = self  # as wsgiref's: its close() logs the request through it
         reply.run(self.server.get_app())
+
+    def refused_http09(self) -> bool:
+        """Whether the request line is an HTTP/0.9 GET (a method and a path, no version: `GET /metrics`), which has
+        been answered 400, the connection to be closed. http.server's parse_request would read header lines after
+        it, which HTTP/0.9 has none of, until the request's deadline; a 400 with a status line (HTTP/1.0's) says
+        at once what to send instead."""
+        words = self.raw_requestline.decode("iso-8859-1").split()
+        if len(words) != 2 or words[0] != "GET":  # anything else: parse_request's to judge, at once
+            return False
+        self.command, self.path = words
+        self.requestline, self.request_version = " ".join(words), "HTTP/1.0"  # 0.9's replies have no status line
+        self.close_connection = True
+        self.send_error(400, explain=f"the request line {echo(self.requestline)} has no HTTP version (HTTP/0.9, not "
+                        "served): send 'GET PATH HTTP/1.1' and its headers")  # fmt: skip
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:  # no access log on stderr
         pass

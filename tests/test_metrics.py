@@ -356,3 +356,26 @@ def test_an_accept_header_naming_an_unreadable_format_version_is_a_400_on_both_e
         server.stop(grace_s=1)
     assert "failed" not in caplog.text and "Traceback" not in caplog.text, caplog.text
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_http09_request_is_answered_400_at_once_and_closed(monkeypatch):
+    """A request line with no version (HTTP/0.9: `GET /metrics`), which has no headers, is answered 400 and closed
+    as it arrives, not held for header lines until the request's deadline: the reply and the close come within a
+    socket timeout far below that deadline."""
+    monkeypatch.setattr(Handler, "timeout", 60.0)  # the deadline the request would otherwise be held to
+    http = serve_wsgi(serve_chunks(b"metrics\n", 1), "127.0.0.1", 0, "test-http09")
+    try:
+        with socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=10) as conn:
+            conn.sendall(b"GET /metrics\r\n")
+            reply = b""
+            while data := conn.recv(4096):  # TimeoutError past 10 s: the server held it
+                reply += data
+        with socket.create_connection(("127.0.0.1", http.server_address[1]), timeout=10) as conn:
+            conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            served = b"".join(iter(lambda: conn.recv(4096), b""))
+    finally:
+        stop(http)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 400 Bad Request\r\n") and b"Connection: close" in head, reply
+    assert b"the request line 'GET /metrics' has no HTTP version (HTTP/0.9, not served)" in body, body
+    assert served.startswith(b"HTTP/1.0 200 OK\r\n") and served.endswith(b"\r\n\r\nmetrics\n"), served
