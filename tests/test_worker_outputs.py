@@ -1069,3 +1069,34 @@ def test_a_csv_run_says_how_it_reads_each_column(tmp_path, capsys):
     assert code == 0, err
     assert ("columns  label 'click' (the schema's `label`); 1 categorical, each value an id: site; 1 numeric (log): "
             "price; 1 bucketized (bucketize): price_b; not read: row_id, hour\n") in out  # fmt: skip
+
+
+def test_stats_text_gives_each_shards_job_as_its_json_does(servers, capsys):
+    """The job fields of Stats (the job a shard follows, its workers, the slowest one's clock, the largest gap a
+    stamped pull was served at) are a line of the text as they are fields of --json: none on a fresh shard; here an
+    ssp job of 2 workers, worker 0 past 2 steps and worker 1 past 1, and worker 0's pull of step 2 served 1 step
+    ahead of the slowest clock."""
+    from ps.engine.push import TablePush
+    from ps.stamp import WorkerStamp
+
+    addresses, (server,) = servers(1)
+    code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
+    assert code == 0 and "    0 job: none (the shard follows no training job)" in out.splitlines(), (out, err)
+    job, setup, shard = 0xA51C, "mode=ssp staleness=1 model=fm fields=3:abcd numeric=0", server.shard
+
+    def stamp(w: int, step: int) -> WorkerStamp:
+        return WorkerStamp(job, w, 2, step, staleness=1, setup=setup, barrier_timeout_s=30.0, acked=step)
+
+    shard.create_table(TableConfig("emb", 4), stamp=stamp(0, 0))
+    ids = np.array([3, 5, 8], np.uint64)
+    for seq, (w, step) in enumerate([(0, 0), (0, 1), (1, 0)], start=1):
+        pushes = [TablePush(name="emb", ids=ids, grads=np.ones((3, 4), np.float32), shows=None, clicks=None)]
+        shard.push_stamped(pushes, 1, 11 + w, seq, stamp(w, step))
+    assert shard.jobs.wait_for_pull(stamp(0, 2)) == 1
+    code, out, err = worker(["stats", "--servers", addresses[0], "--json"], capsys)
+    (s,) = json.loads(out)["shards"]
+    assert (s["job"], s["num_workers"], s["min_clock"], s["max_gap"]) == (job, 2, 1, 1), s
+    code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
+    assert code == 0, err
+    assert (f"    0 job {job}: 2 workers, slowest at clock 1, largest gap 1 (steps a stamped pull was served ahead of "
+            "the slowest clock)") in out.splitlines(), out  # fmt: skip

@@ -47,29 +47,13 @@ def run_stats(args: argparse.Namespace) -> int:
         print(f"{s.shard_id:>5} data dir {s.data_dir}{restored}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
               f"{human_bytes(s.ram_used_bytes)} of {human_bytes(s.ram_budget_bytes)}, journal "
               f"{human_bytes(s.journal_bytes)}")  # fmt: skip
-        bound = f"of {human_bytes(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
-        alone = (
-            " (a sync step's push larger than the room runs alone)"
-            if s.request_room_used_bytes > s.request_room_bytes
-            else ""
-        )
-        room = (f", room for requests {human_bytes(s.request_room_used_bytes)} of "
-                f"{human_bytes(s.request_room_bytes)}{alone} ({s.request_room_waits:,} requests waited for it)"
-                if s.request_room_bytes else "")  # fmt: skip
-        sync = (f", sync steps hold {human_bytes(s.sync_steps_held_bytes)} of {human_bytes(s.sync_steps_bytes)} "
-                "(counted with the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
-        replies = _replies_clause(s)
-        print(
-            f"{s.shard_id:>5} memory {bound}: block cache {human_bytes(s.block_cache_used_bytes)} of "
-            f"{human_bytes(s.block_cache_budget_bytes)}, memtables {human_bytes(s.memtable_bytes)}, table readers "
-            f"{human_bytes(s.table_reader_bytes)}, write-behind {human_bytes(s.write_behind_bytes)}, journal map "
-            f"{human_bytes(s.journal_map_bytes)}{room}{sync}{replies}"
-        )
+        print(f"{s.shard_id:>5} {_memory_clause(s)}")
         low = _disk_low_bytes(s)
         mark = f", LOW: below {human_bytes(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
         print(f"{s.shard_id:>5} disk: data dir {human_bytes(s.data_dir_bytes)}, free "
               f"{human_bytes(s.disk_free_bytes)} of {human_bytes(s.disk_total_bytes)} "
               f"({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
+        print(f"{s.shard_id:>5} {_job_clause(s)}")
     print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
@@ -87,6 +71,37 @@ def _column_widths(shards: list) -> list[int]:
     that every figure stands under its name."""
     tables = [t for s in shards for t in s.tables]
     return [max([12, len(c), *(len(f"{getattr(t, c):,}") for t in tables)]) for c in COLUMNS]
+
+
+def _memory_clause(s: Any) -> str:
+    """A shard's memory line (StatsResponse s), after its shard number: the bound and each part's use."""
+    bound = f"of {human_bytes(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
+    alone = (
+        " (a sync step's push larger than the room runs alone)"
+        if s.request_room_used_bytes > s.request_room_bytes
+        else ""
+    )
+    room = (f", room for requests {human_bytes(s.request_room_used_bytes)} of "
+            f"{human_bytes(s.request_room_bytes)}{alone} ({s.request_room_waits:,} requests waited for it)"
+            if s.request_room_bytes else "")  # fmt: skip
+    sync = (f", sync steps hold {human_bytes(s.sync_steps_held_bytes)} of {human_bytes(s.sync_steps_bytes)} "
+            "(counted with the copies their sums make)" if s.sync_steps_bytes else "")  # fmt: skip
+    replies = _replies_clause(s)
+    return (
+        f"memory {bound}: block cache {human_bytes(s.block_cache_used_bytes)} of "
+        f"{human_bytes(s.block_cache_budget_bytes)}, memtables {human_bytes(s.memtable_bytes)}, table readers "
+        f"{human_bytes(s.table_reader_bytes)}, write-behind {human_bytes(s.write_behind_bytes)}, journal map "
+        f"{human_bytes(s.journal_map_bytes)}{room}{sync}{replies}"
+    )
+
+
+def _job_clause(s: Any) -> str:
+    """A shard's job line (StatsResponse s): the job whose worker clocks it follows, its workers, the slowest one's
+    clock and the largest gap a stamped pull was served at; "job: none" where it follows none."""
+    if not s.job:
+        return "job: none (the shard follows no training job)"
+    return (f"job {s.job}: {s.num_workers:,} worker{'s' * (s.num_workers != 1)}, slowest at clock {s.min_clock:,}, "
+            f"largest gap {s.max_gap:,} (steps a stamped pull was served ahead of the slowest clock)")  # fmt: skip
 
 
 def _replies_clause(s: Any) -> str:

@@ -14,7 +14,8 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     for name, help_text in (
         (
             "stats",
-            "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters, its disk's use; "
+            "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters, its disk's use, the "
+            "training job it follows; "
             "exit 1, warning, when a shard lacks a table others hold trained (it lost its data dir) or the shards "
             "were restored from different checkpoints",
         ),
