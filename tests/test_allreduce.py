@@ -351,6 +351,34 @@ def test_a_mean_gradient_with_a_nan_or_inf_is_refused_and_changes_nothing(monkey
             dense.close()
 
 
+@pytest.mark.parametrize("name", ["adagrad", "adam"])
+def test_a_step_that_would_overflow_the_weights_or_state_is_refused_and_changes_nothing(monkeypatch, name):
+    """A finite mean gradient whose step overflows float32 (1e21: its square, in Adagrad's accumulator or Adam's v,
+    is Inf) is refused as a server refuses such a push: the step raises, naming the parameter and element, and the
+    weights and the optimizer's state stay those of the step before (the steps after are the oracle's without it)."""
+    group_env(monkeypatch, free_port(), 0, 1)
+    with dense_tables() as tables:
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS[name])
+        dense._next_write = math.inf  # no periodic write
+        try:
+            start = flat(dense.pull())
+            dense.step(grads_of(0, 0))
+            after_first = flat(dense.values)
+            huge = grads_of(0, 1)
+            param = PARAMS[2].name  # mlp.1.weight: (8, 8)
+            huge[param][0, 5] = 1e21
+            with pytest.raises(ValueError, match=rf"dense parameter '{param}' .* at \[0, 5\]\) would make it or its "
+                               r"optimizer state non-finite \(step 2\): float32 overflow"):  # fmt: skip
+                dense.step(huge)
+            np.testing.assert_array_equal(flat(dense.values), after_first)
+            np.testing.assert_array_equal(dense.weights, after_first)
+            for s in range(1, 3):
+                dense.step(grads_of(0, s))
+            np.testing.assert_allclose(flat(dense.values), oracle(name, start, world=1)[3], rtol=1e-6, atol=1e-6)
+        finally:
+            dense.close()
+
+
 def test_rank_0_writes_the_mlp_while_the_job_trains_after_its_first_step_then_every_interval(monkeypatch):
     """A checkpoint, export, eval or predict taken during a run reads the MLP rank 0 wrote last: after the first
     step, then at most WRITE_EVERY_S seconds old; no other rank writes."""
@@ -427,6 +455,35 @@ def test_the_local_optimizer_is_the_servers_rule(name):
         local.apply(weights, g.ravel())
     # the servers' kernels are compiled with fastmath (reassociated float32): adam drifts ~1e-6 in 20 steps
     np.testing.assert_allclose(weights, buf[:, :dim].ravel(), rtol=0, atol=3e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "weight", "grad"), [("sgd", 3.3e38, -3e38), ("adagrad", 1.0, 1e20), ("adam", 1.0, 1e21)]
+)
+def test_a_local_step_is_refused_whole_where_the_servers_kernel_makes_a_row_non_finite(name, weight, grad):
+    """Where ps.rows.optim's kernel makes a row (weight or state) Inf or NaN, which a server's push refuses whole,
+    the local step raises ValueError (NonFiniteStepError) naming the element and changes nothing: the next step gives what it
+    gives to an optimizer that never saw the refused one."""
+    server = get_optimizer(OPTIMIZERS[name])
+    dim = 3
+    buf = np.zeros((1, dim + server.state_floats(dim)), np.float32)
+    buf[0, :dim] = [0.5, weight, -0.5]
+    server.init_state(buf, dim)
+    bad = np.array([[0.25, grad, 0.25]], np.float32)
+    server.apply(buf, bad)
+    assert not np.isfinite(buf).all()  # the oracle: the server's check refuses such a push
+    local, fresh = LocalOptimizer(OPTIMIZERS[name], dim), LocalOptimizer(OPTIMIZERS[name], dim)
+    before = np.array([0.5, weight, -0.5], np.float32)
+    weights = before.copy()
+    with pytest.raises(ValueError, match=r"element 1 non-finite .*: float32 overflow; nothing was applied"):
+        local.apply(weights, bad.ravel())
+    np.testing.assert_array_equal(weights, before)
+    good = np.array([0.125, -0.25, 0.5], np.float32)
+    expected = weights.copy()
+    fresh.apply(expected, good)
+    local.apply(weights, good)
+    np.testing.assert_array_equal(weights, expected)
+    assert local.steps == fresh.steps == 1
 
 
 def test_ftrl_is_refused():

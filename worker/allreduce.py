@@ -12,8 +12,9 @@ between, a step's gradients (every parameter flattened, in params order, into on
 per rank: 1 in its own from a worker with a batch) go through one all_reduce (SUM) and are divided by the number of
 workers that had a batch; each worker then applies the optimizer to that mean itself (worker/local_optimizer.py
 LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal weights, bit for bit. A
-mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a push: every rank raises
-ValueError at that step, its values and optimizer state those of the step before.
+mean with an Inf or NaN (a worker's loss diverged), or a step that would make a weight or its optimizer state Inf or NaN
+(float32 overflow), is refused as a server refuses such a push: every rank raises ValueError at that step, its values
+and optimizer state those of the step before.
 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
@@ -48,7 +49,7 @@ from ps.rows.finite import first_non_finite
 from worker.allreduce_group import init_process_group_from_env, rank_device, timed_out, torch_reason
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
-from worker.local_optimizer import LocalOptimizer
+from worker.local_optimizer import LocalOptimizer, NonFiniteStepError
 from worker.models.spec import DenseParam
 
 WRITE_EVERY_S = 30.0  # the writer's writes of the MLP to the servers while the job trains
@@ -119,7 +120,8 @@ class AllReduceDense:
 
     def step(self, grads: dict[str, np.ndarray]) -> None:
         """Averages grads ({name: (r, c)}) over the workers with a batch in one all_reduce and applies the
-        optimizer to the mean; a mean with an Inf or NaN changes nothing and raises ValueError on every rank."""
+        optimizer to the mean; a mean with an Inf or NaN, or a step that would make a value or its optimizer state
+        one, changes nothing and raises ValueError on every rank."""
         if self._closed:
             raise RuntimeError("AllReduceDense.step after close()")
         if not self.params:
@@ -168,7 +170,15 @@ class AllReduceDense:
         if active > 1:
             np.divide(self._grads, np.float32(active), out=self._grads)
         self._refuse_non_finite(self._grads)
-        self.optimizer.apply(self.weights, self._grads)
+        try:
+            self.optimizer.apply(self.weights, self._grads)
+        except NonFiniteStepError as e:
+            name, row, col = self._element(e.index)
+            raise ValueError(
+                f"the {self.optimizer.name} step of dense parameter {name!r} with the mean gradient over the workers "
+                f"({float(self._grads[e.index])} at [{row}, {col}]) would make it or its optimizer state non-finite "
+                f"(step {self.syncs + 1}): float32 overflow; {NOTHING_APPLIED}, the values are those of the step before"
+            ) from e
         self.values = self._split(self.weights)
         self.syncs += 1
         if self.rank == self._writer and time.monotonic() >= self._next_write:
@@ -183,16 +193,21 @@ class AllReduceDense:
         bad = first_non_finite(grads)
         if bad < 0:
             return
+        name, row, col = self._element(bad)
+        raise ValueError(
+            f"the mean gradient of dense parameter {name!r} over the workers holds {float(grads[bad])} at "
+            f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the step before"
+        )
+
+    def _element(self, index: int) -> tuple[str, int, int]:
+        """(parameter name, row, column) of an index into the flat vector of every parameter (params order)."""
         start = 0
         for p, size in zip(self.params, self.sizes, strict=True):
-            if bad < start + size:
-                row, col = divmod(bad - start, p.shape[1])
-                raise ValueError(
-                    f"the mean gradient of dense parameter {p.name!r} over the workers holds {float(grads[bad])} at "
-                    f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the "
-                    "step before"
-                )
+            if index < start + size:
+                row, col = divmod(index - start, p.shape[1])
+                return p.name, row, col
             start += size
+        raise IndexError(f"index {index} is past the {start} dense values")
 
     def flush(self, writer: int = 0) -> None:
         """(Collective: in finish(), or when every rank has taken the same steps.) Rank `writer` writes its values
