@@ -1,14 +1,17 @@
 """One training step (worker/step.py): --dense-l2 adds l2 * W to the gradients of the MLP's weights only, not to
-its biases, the logit bias or FM's projections, and the MLP's step gets them with the rows' push beside it."""
+its biases, the logit bias or FM's projections, and the MLP's step gets them with the rows' push beside it; a step
+whose predictions or gradients hold an Inf or NaN says the model diverged and pushes nothing."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from worker.batch import Bags, Batch, table_ids
+from worker.models.numpy_backend import NumpyModel
 from worker.models.spec import BIAS_FIELD, FieldSpec, ModelSpec
 from worker.scoring import field_tables
-from worker.step import Prepared, Step
+from worker.step import DivergedError, Prepared, Step, check_finite
 
 
 class _ZeroGrads:
@@ -72,3 +75,50 @@ def test_models_without_an_mlp_have_no_mlp_weights():
     fields = (FieldSpec("a", "wide", 3), FieldSpec("b", "narrow", 2), FieldSpec(BIAS_FIELD, "wide", 3))
     assert ModelSpec("fm", fields, num_dense=0).mlp_weights() == []
     assert "proj.narrow" in ModelSpec("fm", fields, num_dense=0).initial_params()
+
+
+class _HugeRows(_Source):
+    """Rows of 1e20: FM's sum of squares overflows float32 (Inf - Inf), as the rows of a model trained at too high
+    a learning rate do."""
+
+    def rows(self, step, tids, prepared):
+        return {t: np.full((len(ti.uniq), self.spec.row_dim(t)), 1e20, np.float32) for t, ti in tids.items()}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_step_whose_model_diverged_says_so_and_pushes_nothing(backend):
+    """Predictions of NaN (the model's weights overflow float32) end the step with DivergedError, which says what
+    diverged and what to change, before any push of the rows or of the MLP."""
+    if backend == "torch":
+        torch_backend = pytest.importorskip("worker.models.torch_backend", reason="torch is not installed")
+        model = torch_backend.TorchModel
+    else:
+        model = NumpyModel
+    fields = (FieldSpec("a", "wide", 3), FieldSpec("b", "wide", 3), FieldSpec(BIAS_FIELD, "wide", 3))
+    spec = ModelSpec("fm", fields, num_dense=0)
+    n = 4
+    batch = Batch(np.array([0, 1, 0, 1], np.float32),
+                  {f.name: Bags.one_per_example(np.arange(n) + 10 * i) for i, f in enumerate(fields)},
+                  np.zeros((n, 0), np.float32))  # fmt: skip
+    dense, source = _Dense(spec.initial_params(seed=1)), _HugeRows(spec)
+    step = Step(spec, model(spec), dense, source, dense_l2=0.0)
+    try:
+        with pytest.raises(DivergedError, match=r"^training diverged in step 8: the model's predictions hold nan \(4 "
+                           r"of 4 values not finite\).* lower --learning-rate"):  # fmt: skip
+            step(Prepared(7, batch, table_ids(batch, field_tables(spec)), None))
+    finally:
+        step.pusher.shutdown()
+    assert source.pushed == [] and dense.given is None
+
+
+def test_the_first_non_finite_gradient_is_named_by_table_or_parameter():
+    probs = np.full(2, 0.5, np.float32)
+    rows = {"wide": np.zeros((3, 2), np.float32), "narrow": np.array([[0, 1], [np.inf, 2]], np.float32)}
+    dense = {"mlp.0.weight": np.array([[np.nan]], np.float64)}
+    with pytest.raises(DivergedError, match=r"step 1: the model's gradients for table 'narrow' hold inf \(1 of 4"):
+        check_finite(0, probs, rows, dense)
+    rows["narrow"][1, 0] = 0
+    with pytest.raises(DivergedError, match=r"gradients of dense parameter 'mlp.0.weight' hold nan \(1 of 1 "):
+        check_finite(0, probs, rows, dense)
+    dense["mlp.0.weight"][0, 0] = 1e300  # finite in float64
+    check_finite(0, probs, rows, dense)

@@ -1,7 +1,8 @@
 """One training step of a prepared batch (Prepared: its step number, ids per table, rows pulled ahead): its rows
 from the row source, forward/backward, the gradients pushed, the MLP's step (see worker/loop.py). A failed MLP
 step (a background push's error, an allreduce's) ends the step once the rows' push it ran beside has ended: the
-loop then tells the shards the worker stopped, and no push of the worker may come after that.
+loop then tells the shards the worker stopped, and no push of the worker may come after that. A forward or backward
+pass that gives an Inf or NaN (a diverging model) ends the step before it pushes anything (DivergedError).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ps.rows.finite import first_non_finite
 from ps.terminate import result_of
 from worker.batch import Batch, TableIds
 from worker.dense import DensePath
@@ -43,6 +45,7 @@ class Step:
         )
         for name in self._l2_weights:
             dense_grads[name] += self._l2 * dense.values[name]
+        check_finite(item.step, probs, row_grads, dense_grads)
         if dense.inline:  # the MLP's push goes with the rows' push when one is due
             due = dense.add(dense_grads, sync)
             returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
@@ -75,6 +78,35 @@ class Step:
             result_of(pushing)
         except Exception as e:
             log.warning("the step's push failed too, as the step stopped: %s", e)
+
+
+class DivergedError(ValueError):
+    """A training step whose predictions or gradients hold an Inf or NaN: the model diverged (its weights, or the
+    features fed to them, overflow float32). The step pushed nothing."""
+
+
+def check_finite(step: int, probs: np.ndarray, row_grads: dict[str, np.ndarray],
+                 dense_grads: dict[str, np.ndarray]) -> None:  # fmt: skip
+    """DivergedError naming the first of a step's predictions, rows' gradients (by table) and MLP gradients (by
+    parameter) that holds an Inf or NaN, and what to change."""
+    arrays = [("predictions", probs), *((f"gradients for table {t!r}", g) for t, g in row_grads.items()),
+              *((f"gradients of dense parameter {n!r}", g) for n, g in dense_grads.items())]  # fmt: skip
+    for what, a in arrays:
+        a = np.asarray(a)
+        if a.dtype == np.float32:  # a compiled scan, no mask (the common case)
+            bad = first_non_finite(a)
+        else:
+            where = np.flatnonzero(~np.isfinite(a))
+            bad = int(where[0]) if len(where) else -1
+        if bad < 0:
+            continue
+        count = a.size - int(np.count_nonzero(np.isfinite(a)))
+        raise DivergedError(
+            f"training diverged in step {step + 1}: the model's {what} hold {float(a.flat[bad])} ({count:,} of "
+            f"{a.size:,} values not finite): its weights, or the features fed to them, overflow float32. The step "
+            "pushed nothing. Train with a lower --learning-rate (the sparse tables') or --dense-learning-rate (the "
+            "MLP's), and look for huge numbers in the data (numeric columns, feature weights)"
+        )
 
 
 class Prepared:
