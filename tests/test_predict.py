@@ -1051,3 +1051,26 @@ def test_predict_warns_of_the_first_value_its_auto_one_hot_read_left_out(servers
     assert predict(addresses[0], tmp_path / "out.csv", *flags) == 0
     said = [r.getMessage() for r in caplog.records if "other than 0 and 1" in r.getMessage()]
     assert said == [LEFT_VALUES.format(first=f"{scored / 'b.svm'} line 2: value 0.5", data=train_path)]
+
+
+def test_an_example_the_model_scores_as_nan_is_named_by_its_line_not_written_as_a_probability(servers, tmp_path,
+                                                                                               capsys):  # fmt: skip
+    """A weight of 3e38 (finite in float32, as the reader takes it) overflows FM's sum of squares: the example's
+    probability is NaN. predict fails naming the file and line and writes no OUT (no "nan" probability), and eval
+    names the line (not "scores contain NaN")."""
+    train_path, score_path = tmp_path / "train.svm", tmp_path / "score.svm"
+    write_valued_libsvm(train_path, 600, 1, np.random.default_rng(0).normal(0, 1, 20))
+    lines = train_path.read_text().splitlines()
+    lines[3] = "1 2:3e38 5:1"
+    score_path.write_text("\n".join(lines) + "\n")
+    (a,), _ = servers(1)
+    train(small_run([a], str(train_path)))
+    out = tmp_path / "out.csv"
+    assert predict(a, out, "--model", "fm", "--data", str(train_path), "--predict-data", str(score_path)) == 2
+    assert (
+        f"the model's probability for the example of line 4 of {score_path} is NaN (1 of the batch's 64 "
+        "examples): the example's numbers, or the model's weights, overflow float32"
+    ) in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ValueError, match=r"the model's probability for the example of line 4 of its file is NaN"):
+        evaluate_servers(TrainConfig(servers=(a,), data=str(train_path), eval_data=str(score_path), model="fm"))

@@ -16,7 +16,7 @@ each the same format as the first (format_detection.check_same_format). The outp
     line        := the 1-based physical line of the example in its input file, in decimal (a CSV header is
                    line 1; a CSV record over several lines: its first)
     probability := the model's click probability as printf's "%.9g" writes a float32 (enough digits to read
-                   the same float32 back; "1e-05" style for small ones)
+                   the same float32 back; "1e-05" style for small ones); never NaN: such an example fails the run
     label       := "0" | "1" | ""                           # the input's label of the example; "": its label
                                                                   # cell was blank (or NA, ?), or no label (2,
                                                                   # x: formats.py's "Blank labels", counted in
@@ -254,7 +254,7 @@ def _scored(m: ServedModel, files: list[str], stats: ReadStats, kept: tuple[str,
         records = column_cells(name, m.data.schema.delimiter, list(kept)) if kept else None
         try:
             with contextlib.closing(predictions(m.client, m.spec, m.backend, m.dense_values, batches,
-                                                m.cfg.prefetch)) as s:  # fmt: skip
+                                                m.cfg.prefetch, name)) as s:  # fmt: skip
                 for batch, probs in s:
                     tails = [""] * len(batch) if records is None else _kept_tails(name, records, batch.line_nos)
                     yield name, batch, probs, tails
