@@ -300,8 +300,9 @@ class ShardNeedsRestartError(PsError):
 
 
 class CheckpointHoldError(PsError):
-    """A checkpoint's hold cannot be had (another checkpoint holds the shard) or was lost (it expired, or was
-    released, before the save). Not retried: waiting does not end another checkpoint, nor revive an expired hold."""
+    """A checkpoint's hold cannot be had (another checkpoint holds the shard, or a Shrink runs there) or was lost (it
+    expired, or was released, before the save). Not retried: waiting does not end another checkpoint, nor revive an
+    expired hold, and a Shrink runs for minutes."""
 
     status = "FAILED_PRECONDITION"
 

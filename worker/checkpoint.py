@@ -1,8 +1,8 @@
 """`ps-worker checkpoint save`: a checkpoint of every shard at one cut, with a manifest (format: ps/checkpoint.py).
 
 hold on shard 0, then on the others at once (each stops taking pushes once those in flight are done; pushes sent
-meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint holds refuses at once,
-FAILED_PRECONDITION: of two saves at once, the one that holds shard 0 goes on) -> save on every shard (flush,
+meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint holds, or one a Shrink runs on, refuses
+at once, FAILED_PRECONDITION, not sent again: of two saves at once, the one that holds shard 0 goes on) -> save on every shard (flush,
 RocksDB checkpoint to DIR/shard-<i>) -> release on every shard held, also if anything failed -> write
 DIR/manifest.json. The servers write only inside their
 --checkpoint-root (ps.service.checkpoint_dir), and this worker writes the manifest: DIR is sent as an absolute path

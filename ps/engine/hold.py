@@ -2,8 +2,13 @@
 
 A checkpoint of a running cluster holds every shard (hold: the shard stops taking pushes once the ones in flight
 are done), saves each (a flush, then a RocksDB checkpoint into <dir>/shard-<id>: save_into) under its hold's token,
-then releases them. A hold stops pushes and nothing else. A shard owns one PushHold, through its ShardCheckpoints
-(ps.engine.checkpointing).
+then releases them. A shard owns one PushHold, through its ShardCheckpoints (ps.engine.checkpointing).
+
+A hold and a Shrink exclude each other on a shard, so that a checkpoint holds a Shrink wholly or not at all, never the
+chunks or tables it wrote before the save and not those after: a Shrink asked for while a hold lasts waits for its
+release (or expiry) before it changes anything (shrink_slot), and a hold asked for while a Shrink runs is refused
+(CheckpointHoldError), holding nothing: a Shrink runs for minutes, and a hold that waited for it would stop the
+shard's pushes all that time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.engine.room import CALLER_CHECK_S, watch_caller
 from ps.errors import (
     CHECKPOINT_PAUSE,
+    NOTHING_APPLIED,
     CallerGoneError,
     CheckpointDirError,
     CheckpointHoldError,
@@ -40,7 +46,7 @@ SAVE_TRIES = 3  # writes of a save whose directory another shard's failed save r
 
 class PushHold:
     """Counts the pushes in flight and refuses new ones while a checkpoint holds them; one hold at a time, and
-    one save at a time."""
+    one save at a time; no hold while a Shrink runs, and no Shrink while a hold lasts."""
 
     def __init__(self, shard_id: int):
         self.shard_id = shard_id
@@ -55,6 +61,7 @@ class PushHold:
         self._refused = 0  # pushes the hold refused (told once, at its end, not per push)
         self._waiting = False  # a hold waits for the pushes in flight (held_until inf meanwhile)
         self._ended_held_s = 0.0  # seconds the holds that ended (released, expired or dropped) refused pushes, summed
+        self._shrink: Callable[[], str] | None = None  # what the Shrink running here is ("a Shrink is running (...)")
 
     @contextlib.contextmanager
     def push_gate(self) -> Iterator[None]:
@@ -85,11 +92,11 @@ class PushHold:
         """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S) counted
         from when the pushes in flight are done (it waits for them first); returns (clock(), read then, token): save
         and release need the token. Every push acknowledged before this returns is in the checkpoint, none after.
-        One hold at a time: CheckpointHoldError while another lasts. InvalidArgumentError unless 0 < timeout_s <=
-        MAX_HOLD_S. caller_gone: looked at as the wait wakes and once it ends (where it has watch(wake),
-        ps.service_calls.CallerGone, the wait is woken as the caller leaves; else it looks every CALLER_CHECK_S);
-        once true, the hold is dropped (pushes taken again) and CallerGoneError raised: nobody would have its token
-        to save or release."""
+        One hold at a time: CheckpointHoldError while another lasts, and while a Shrink runs (shrink_slot).
+        InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S. caller_gone: looked at as the wait wakes and once it
+        ends (where it has watch(wake), ps.service_calls.CallerGone, the wait is woken as the caller leaves; else it
+        looks every CALLER_CHECK_S); once true, the hold is dropped (pushes taken again) and CallerGoneError raised:
+        nobody would have its token to save or release."""
         if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_HOLD_S):
             raise InvalidArgumentError(
                 f"hold_timeout_s must be finite, > 0 and <= {MAX_HOLD_S:g} seconds (0 in a request: "
@@ -101,6 +108,12 @@ class PushHold:
                 raise CheckpointHoldError(
                     f"shard {self.shard_id} is held by another checkpoint ({self._other(now)}); one checkpoint at a "
                     "time: take this one once that one has ended; nothing is held"
+                )
+            if self._shrink is not None:
+                raise CheckpointHoldError(
+                    f"shard {self.shard_id}: {self._shrink()}; a checkpoint saved meanwhile would hold part of that "
+                    "Shrink, so a shard takes no checkpoint hold while one runs: save once it has ended (the shard's "
+                    "log says how far it got, and 'shrink at step ...' once it ended); nothing is held"
                 )
             if self.held_until:  # an expired hold nobody ended yet
                 self._end_hold(self.held_until)
@@ -128,6 +141,7 @@ class PushHold:
                 raise CallerGoneError(f"shard {self.shard_id}: a checkpoint hold was dropped as it was taken: its "
                                       "caller left (its deadline passed, or it was cancelled); nothing is held")  # fmt: skip
             self.held_until = time.monotonic() + timeout_s
+            self._gate.notify_all()  # a Shrink waiting for the hold (shrink_slot) looks again: it has an expiry now
             log.info("checkpoint hold taken: pushes paused for at most %g s", timeout_s)
             return clock(), token
 
@@ -206,6 +220,44 @@ class PushHold:
             with self._gate:
                 if self.token == token:
                     self.held_until = time.monotonic() + self._hold_s
+                    self._gate.notify_all()  # a Shrink waiting for the hold (shrink_slot) looks again: its expiry
+
+    @contextlib.contextmanager
+    def shrink_slot(self, running: Callable[[], str], caller_gone: Callable[[], bool] | None = None) -> Iterator[None]:
+        """Runs a Shrink's block with no checkpoint hold on the shard: waits first while a hold lasts (until its
+        release, or its expiry), then refuses holds while the block runs, running() saying why ("a Shrink is running
+        (...)"). caller_gone: looked at as the wait wakes (woken as the caller leaves where it has watch(wake), else
+        every CALLER_CHECK_S); once true, CallerGoneError, and the block does not run."""
+        with self._gate:
+            waited = self._wait_for_the_hold(caller_gone)
+            self._shrink = running
+        if waited:
+            log.info("shrink waited %.1f s for a checkpoint's hold to end", waited)
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._shrink = None
+
+    def _wait_for_the_hold(self, caller_gone: Callable[[], bool] | None) -> float:
+        """Waits (under _gate) while a checkpoint hold lasts; returns the seconds waited. CallerGoneError once
+        caller_gone is true."""
+        started = time.monotonic()
+        if not (self.held_until and started < self.held_until):
+            return 0.0
+        log.info("shrink waits for a checkpoint's hold to end (%s)", self._other(started))
+        watched = watch_caller(caller_gone, self._wake)
+        while self.held_until and time.monotonic() < self.held_until:
+            if caller_gone is not None and caller_gone():
+                raise CallerGoneError(f"shard {self.shard_id}: a Shrink waiting for a checkpoint's hold to end was "
+                                      f"dropped: its caller left (its deadline passed, or it was cancelled); "
+                                      f"{NOTHING_APPLIED}")  # fmt: skip
+            left = self.held_until - time.monotonic()  # inf while the hold waits for pushes, or a save runs
+            timeout = left if math.isfinite(left) else None  # woken as the hold gets its expiry, or ends
+            if caller_gone is not None and not watched:
+                timeout = CALLER_CHECK_S if timeout is None else min(timeout, CALLER_CHECK_S)
+            self._gate.wait(timeout)
+        return time.monotonic() - started
 
 
 def check_caller(caller_gone: Callable[[], bool] | None, directory: str) -> None:

@@ -11,6 +11,9 @@ A Shrink of a large table runs for minutes (its scan reads every stored row): th
 ps.progress.LOG_EVERY_S seconds meanwhile, with the rows scanned of those the tables hold, the rate and the time left
 (scanned), and Shard.shrink a final line with the time it took.
 
+A Shrink runs with no checkpoint hold on its shard (ps.engine.hold PushHold.shrink_slot): it waits for a hold's
+release, and a hold asked for while it runs is refused, saying what runs (ShrinkProgress.running).
+
 One Shrink runs at a time on a shard (ShrinkRunning): another sent meanwhile (a client's whose deadline passed, an
 operator's) would decay the rows a second time, so it is refused (ShrinkRunningError), changing nothing, with when
 the running one began and how far it got.
@@ -54,6 +57,11 @@ class ShrinkProgress:
         self.scan = LoggedCount(log, self._line)  # the rows scanned so far
         self.began_at = time.time()  # wall clock, for a refused Shrink's message
 
+    def start(self) -> None:
+        """Counts the Shrink's time and scan from now: it had to wait for a checkpoint's hold to end first."""
+        self.scan = LoggedCount(log, self._line)
+        self.began_at = time.time()
+
     def scanned(self, table: str, n: int) -> None:
         """Notes a chunk of n rows of table's scanned; logs the Shrink's progress every ps.progress.LOG_EVERY_S
         seconds: "shrinking: 1,200,000 of 3,000,000 rows scanned (40%), 80,000 rows/s, about 23 s left (table 't',
@@ -73,6 +81,14 @@ class ShrinkProgress:
     def changed(self, table: str) -> str:
         """What the chunks written changed of table: "1,024 rows decayed and 7 ids dropped"."""
         return f"{self.written[table]:,} rows decayed and {self.dropped[table]:,} ids dropped"
+
+    def running(self) -> str:
+        """What this Shrink is, for the refusal of a call it keeps out (another Shrink, a checkpoint's hold): "a Shrink
+        is running (of table 't', since 2026-12-07 19:41:05 UTC, 12 s ago: 8,192 of 20,580 rows scanned so far)"."""
+        total = max(self.rows, self.scan.done)
+        what = f"of {_listed(self.tables)}" if self.tables else "of no table"
+        return (f"a Shrink is running ({what}, since {utc(self.began_at)}, {self.scan.took_s():,.0f} s ago: "
+                f"{self.scan.done:,} of {total:,} rows scanned so far)")  # fmt: skip
 
     def refusal(self, e: PsError) -> PsError | None:
         """e, the failure that stopped the Shrink, reworded to say what of the Shrink stays (ps.errors.partly_applied:
@@ -131,13 +147,8 @@ class ShrinkRunning:
 
     def _refusal(self, running: ShrinkProgress) -> str:
         """The message of a Shrink refused while `running` runs."""
-        since = utc(running.began_at)
-        ago = running.scan.took_s()
-        total = max(running.rows, running.scan.done)
-        what = f"of {_listed(running.tables)}" if running.tables else "of no table"
         return (
-            f"shard {self.shard_id}: a Shrink is running ({what}, since {since}, {ago:,.0f} s ago: "
-            f"{running.scan.done:,} of {total:,} rows scanned so far); one Shrink at a time: {SHRINK_NOT_AGAIN}: "
+            f"shard {self.shard_id}: {running.running()}; one Shrink at a time: {SHRINK_NOT_AGAIN}: "
             "one sent now would decay the rows that one shrinks a second time, and the next shrinks "
             f"what it leaves; {NOTHING_APPLIED}"
         )
