@@ -55,6 +55,7 @@ from worker.retry import push_left, why_failed
 from worker.routing import Router
 from worker.shard_calls import ShardCalls
 from worker.shrinkreplies import shrink_replies
+from worker.tabledims import TableDims, read_rows
 
 __all__ = ["Client", "PushItem", "WorkerStamp", "push_arrays", "segment_sum", "sum_duplicates"]
 
@@ -90,7 +91,7 @@ class Client(ShardCalls):
         tls = (tls_ca, tls_cert, tls_key)
         super().__init__(servers, timeout_s, server_timeout_s, max_request_bytes, tls, auth_token, shard_gone)
         self._numbers = RequestNumbers(len(servers))  # PushBatch requests sent to each shard, and the push lock
-        self._dims: dict[str, int] = {}
+        self._dims = TableDims(self.describe_table)  # each table's dim as read: its pulls' rows are checked by it
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
         """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a call that may
@@ -148,19 +149,19 @@ class Client(ShardCalls):
         if len(self._stubs) > 1:
             self._call_all("CreateTable", requests(check_only=True))
         self._call_all("CreateTable", requests(check_only=False))
-        self._dims[cfg.name] = cfg.dim
+        self._dims.note(cfg.name, cfg.dim)
 
     def describe_table(self, name: str, shards: list[int] | None = None) -> list[ps_pb2.TableInfo]:
         """Each shard's TableInfo of the table, in shard order (shards: of these shards only; None: of all)."""
         shards = list(range(len(self._stubs))) if shards is None else shards
         infos = self._call_many("DescribeTable", shards, [ps_pb2.DescribeTableRequest(table=name)] * len(shards))
-        self._dims[name] = infos[0].spec.dim
+        self._dims.note(name, infos[0].spec.dim)
         return infos
 
     def dim(self, table: str) -> int:
-        if table not in self._dims:
-            self.describe_table(table)
-        return self._dims[table]
+        """The table's dim as this client read it (create_table, describe_table; read now where it was not): its
+        pulls and pushes are of it, and a pull answered with rows of another dim raises TableReplacedError."""
+        return self._dims.of(table)
 
     # ---- data -----------------------------------------------------------------------------------------
     def pull(self, table: str, ids: np.ndarray) -> np.ndarray:
@@ -194,8 +195,8 @@ class Client(ShardCalls):
                  for shard, g in groups]  # fmt: skip
         replies = self._call_mixed(calls, timeout_s=self._deadline(stamp))
         for (_, group), batch in zip(groups, replies):
-            for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.replies, strict=True):
-                rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
+            for (shard, request, _, (rows, sel, dim)), reply in zip(group, batch.replies, strict=True):
+                rows[sel] = read_rows(request.table, dim, reply, len(sel), self._where(shard))
         out = [rows if inverse is None else rows[inverse.ravel()] for rows, inverse in plans]
         return out if stamp is None else (out, min(r.min_clock for r in replies))
 
