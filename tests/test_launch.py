@@ -787,6 +787,28 @@ def test_merge_metrics_and_summary():
                                                         "400 examples (stopped at --max-examples 400) in 4.0 s")  # fmt: skip
 
 
+def test_a_resumed_jobs_summary_says_what_its_workers_had_trained_before():
+    """A job launched again after a stop: each worker trains on from its position (skipped_examples, its
+    --resume-file's or --skip-examples), and the job's line and --metrics-out say so (they said neither, and the
+    uneven line put a resumed worker's fewer examples down to early stopping or its share's end)."""
+    workers = [
+        {"train_examples": 22_150, "skipped_examples": 157_696, "train_seconds": 3.5, "epochs_run": 1},
+        {"train_examples": 179_846, "train_seconds": 19.2, "epochs_run": 1},
+    ]
+    m = merge_metrics(workers, ["numpy", "numpy"], "async", {}, 2)
+    assert (m["train_examples"], m["skipped_examples"]) == (201_996, 157_696)
+    lines = format_summary(m).splitlines()
+    assert lines[0].startswith("launched 2 workers (numpy, numpy; mode async) on 2 shards: 201,996 examples "
+                               "(resumed after 157,696 examples) in 19.2 s")  # fmt: skip
+    assert lines[1] == (
+        "uneven examples per worker: worker 0 22,150 (1 epoch, resumed after 157,696), worker 1 179,846 (1 epoch); "
+        "each worker stops on its own (its early stopping, on its own validation split, or the end of its share); "
+        "a resumed worker trains what its stopped run left"
+    )
+    fresh = merge_metrics([dict(w, skipped_examples=0) for w in workers], ["numpy", "numpy"], "async", {}, 2)
+    assert "skipped_examples" not in fresh and "resumed" not in format_summary(fresh)
+
+
 # --- the children ------------------------------------------------------------------------------------------------
 
 

@@ -6,7 +6,9 @@ PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
     {"workers": N, "backends": [each worker's: "numpy", "torch" (CPU) or "torch:cuda"], "mode": async|sync|ssp|geo,
      "shards": S, "train_examples": sum over workers,
      ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
-     train_examples); absent when none was], ["max_examples": the job's --max-examples, "stopped_at_max_examples":
+     train_examples); absent when none was], ["skipped_examples": sum over workers of the examples a stopped run
+     had trained before each resumed (its --skip-examples, or its --resume-file's position; never in
+     train_examples); absent when none resumed], ["max_examples": the job's --max-examples, "stopped_at_max_examples":
      true; when a worker's training stopped there], "train_seconds": the longest worker's, "examples_per_s":
      train_examples / train_seconds, ["eval_auc", "eval_logloss", "eval_examples", "eval_positive_rate",
      "eval_constant_logloss" (of predicting that rate for all): on --eval-data or the synthetic eval rows; absent
@@ -168,8 +170,10 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
     examples = sum(int(m.get("train_examples", 0)) for m in per_worker)
     seconds = max((float(m.get("train_seconds", 0.0)) for m in per_worker), default=0.0)
     skipped = sum(int(m.get("skipped_lines", 0)) for m in per_worker)
+    resumed = sum(int(m.get("skipped_examples", 0)) for m in per_worker)
     out = {"workers": len(per_worker), "backends": list(backends), "mode": mode, "shards": shards,
-           "train_examples": examples, **({"skipped_lines": skipped} if skipped else {}), "train_seconds": seconds,
+           "train_examples": examples, **({"skipped_lines": skipped} if skipped else {}),
+           **({"skipped_examples": resumed} if resumed else {}), "train_seconds": seconds,
            "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
     if any(m.get("stopped_at_max_examples") for m in per_worker):  # the limit is the job's: every worker's is the same
         out.update(max_examples=int(per_worker[0]["max_examples"]), stopped_at_max_examples=True)
@@ -205,7 +209,8 @@ UNEVEN = 1.5  # the most trained worker's examples over the least's from which t
 
 def _uneven(m: dict) -> list[str]:
     """A line listing each worker's trained examples and epochs when they differ by UNEVEN or more (each worker
-    stops on its own: early stopping on its own validation split, or a share of another size), else none."""
+    stops on its own: early stopping on its own validation split, or a share of another size; and a resumed worker
+    trains what its stopped run left, said beside it), else none."""
     per = m.get("per_worker") or []
     counts = [int(w.get("train_examples", 0)) for w in per]
     if len(counts) < 2 or min(counts) * UNEVEN > max(counts):
@@ -214,10 +219,14 @@ def _uneven(m: dict) -> list[str]:
     def said(i: int, n: int, w: dict) -> str:
         notes = [f"{w['epochs_run']} epoch{'s' * (w['epochs_run'] != 1)}"] if "epochs_run" in w else []
         notes += ["stopped early"] if w.get("stopped_early") else []
+        notes += [f"resumed after {w['skipped_examples']:,}"] if w.get("skipped_examples") else []
         return f"worker {i} {n:,}" + (f" ({', '.join(notes)})" if notes else "")
 
     each = ", ".join(said(i, n, w) for i, (n, w) in enumerate(zip(counts, per)))
+    resumed = (
+        "; a resumed worker trains what its stopped run left" if any(w.get("skipped_examples") for w in per) else ""
+    )
     return [
         f"uneven examples per worker: {each}; each worker stops on its own (its early stopping, on its own "
-        "validation split, or the end of its share)"
+        f"validation split, or the end of its share){resumed}"
     ]
