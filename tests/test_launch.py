@@ -1417,7 +1417,9 @@ def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_c
 def test_a_launch_whose_workers_runs_ended_before_says_there_is_nothing_to_do(fakes, capsys, tmp_path):
     """The same command again after a finished job: each worker's --resume-file says its run ended, so it says
     "nothing to do" and exits 0 without figures; launch says so too and exits 0 (it failed: "metrics ...
-    unreadable"). Where only some workers' runs had ended, launch has no figures to merge and says why."""
+    unreadable"). Where only some workers' runs had ended (a job stopped after worker 0 finished its share), the
+    others train on: the job ends, evaluated, its figures merged with the ended runs' examples counted as trained
+    before (it failed, telling the user to remove the ended worker's file, which trains its share twice)."""
 
     from worker.resume_writer import PositionWriter
 
@@ -1436,10 +1438,22 @@ def test_a_launch_whose_workers_runs_ended_before_says_there_is_nothing_to_do(fa
     assert "every worker's --resume-file says its run ended before: nothing to do" in out and "unreadable" not in err
     position(1, False)  # worker 1 trained (its figures below), worker 0 had nothing to do
     (tmp_path / "pids").rename(tmp_path / "pids-1")
-    command, _ = fakes([{"action": "exit", "code": 0}, {"action": "metrics", "metrics": {"train_examples": 5}}])
-    assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 1
-    assert "worker 0's --resume-file says its run ended before, after 300 examples, while other workers trained" \
-        in capsys.readouterr().err  # fmt: skip
+    trained = {"train_examples": 5, "train_seconds": 1.0, "config": {"max_bad_lines": 7, "max_bad_share": 0.5}}
+    command, _ = fakes([{"action": "exit", "code": 0}, {"action": "metrics", "metrics": trained}])
+    evaluated = []
+    job = tmp_path / "job.json"
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress", "--metrics-out", str(job))
+    assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps,
+                      evaluate=lambda cfg: evaluated.append(cfg) or EVALUATION) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    assert "ended before" not in err and "remove" not in err, err
+    assert [(c.max_bad_lines, c.max_bad_share) for c in evaluated] == [(7, 0.5)]  # worker 1's, as it read
+    assert "launched 2 workers (numpy, numpy; mode async) on 1 shard: 5 examples (resumed after 300 examples)" in out
+    assert "worker 0 0 (its run had ended before, after 300), worker 1 5; " in out
+    written = json.loads(job.read_text())
+    assert (written["train_examples"], written["skipped_examples"], written["eval_auc"]) == (5, 300, 0.75)
+    assert written["per_worker"][0] == {"ended_before": True, "train_examples": 0, "skipped_examples": 300,
+                                        "train_seconds": 0.0}  # fmt: skip
 
 
 def test_the_final_evaluation_standardizes_as_the_workers_did_where_the_schema_gives_no_mean_and_std(servers, tmp_path):

@@ -23,9 +23,10 @@ def workers_bad_lines(train_config: Any, per_worker: list[dict]) -> dict:
     else those the workers' recipe gave them (their --metrics-out config), as each worker's own final evaluation
     would."""
     given = getattr(train_config, "max_bad_lines", None)
-    if given is not None or not per_worker:
+    configs = [m["config"] for m in per_worker if "config" in m]  # not of a worker whose run had ended before
+    if given is not None or not configs:
         return {"max_bad_lines": given}
-    config = per_worker[0].get("config", {})
+    config = configs[0]
     return {"max_bad_lines": config.get("max_bad_lines"), "max_bad_share": config.get("max_bad_share")}
 
 
@@ -129,12 +130,14 @@ def report_failure(worker: int, code: int, tails: Sequence[Sequence[str]]) -> No
 
 
 def read_worker_metrics(metrics_dir: str, plan: LaunchPlan) -> list[dict] | None:
-    """Every worker's --metrics-out object; [] where none wrote one because each one's --resume-file says its run
-    ended before (resume.ended_before: such a worker exits 0 having nothing to do); None (reported) when one is
-    missing or not JSON otherwise."""
+    """Every worker's --metrics-out object, in worker order; for a worker that wrote none because its
+    --resume-file says its run ended before (resume.ended_before: such a worker exits 0 having nothing to do),
+    ended_figures of that run's examples, where other workers trained on (a job stopped after some workers had
+    finished, launched again); [] where every worker's run ended before; None (reported) when one is missing or
+    not JSON otherwise."""
     from worker.resume import ended_before
 
-    out, ended = [], []
+    out, ended = [], 0
     for i in range(plan.workers):
         path = os.path.join(metrics_dir, f"worker-{i}.json")
         try:
@@ -149,11 +152,12 @@ def read_worker_metrics(metrics_dir: str, plan: LaunchPlan) -> list[dict] | None
             print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {problem}",
                   file=sys.stderr)  # fmt: skip
             return None
-        ended.append((i, examples))
-    if ended and out:
-        i, examples = ended[0]
-        print(f"ps-worker launch: worker {i}'s --resume-file says its run ended before, after {examples:,} examples, "
-              "while other workers trained: there are no figures of the job to merge; remove that file (or all of "
-              "them) and run the command again", file=sys.stderr)  # fmt: skip
-        return None
-    return out
+        out.append(ended_figures(examples))
+        ended += 1
+    return [] if ended == plan.workers else out
+
+
+def ended_figures(examples: int) -> dict:
+    """The figures of a worker whose run had ended before, after examples (its --resume-file's): it trained none
+    in this launch; its examples are the job's, trained before it resumed (launch_report.merge_metrics)."""
+    return {"ended_before": True, "train_examples": 0, "skipped_examples": examples, "train_seconds": 0.0}

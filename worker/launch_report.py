@@ -17,7 +17,9 @@ PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
      ["dense_norm": the L2 norm of the MLP the servers held at the evaluation (worker/dense.py); a worker's
      object has its own MLP's, as it ended],
      ["cache_hit_rate": examples-weighted mean of the workers' that report one, "cache_bytes_saved": their sum],
-     "per_worker": [worker i's --metrics-out object]}
+     "per_worker": [worker i's --metrics-out object; of a worker whose --resume-file says its run had ended
+     before, while others trained on: {"ended_before": true, "train_examples": 0, "skipped_examples": that run's
+     examples, "train_seconds": 0.0}]}
 """
 
 from __future__ import annotations
@@ -175,8 +177,9 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
            "train_examples": examples, **({"skipped_lines": skipped} if skipped else {}),
            **({"skipped_examples": resumed} if resumed else {}), "train_seconds": seconds,
            "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
-    if any(m.get("stopped_at_max_examples") for m in per_worker):  # the limit is the job's: every worker's is the same
-        out.update(max_examples=int(per_worker[0]["max_examples"]), stopped_at_max_examples=True)
+    stopped = [m for m in per_worker if m.get("stopped_at_max_examples")]
+    if stopped:  # the limit is the job's: every worker's is the same
+        out.update(max_examples=int(stopped[0]["max_examples"]), stopped_at_max_examples=True)
     out.update({k: v for k, v in evaluation.items() if k.startswith("eval_")})
     out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss", "dense_norm") if k in evaluation})
     hits = [
@@ -219,7 +222,10 @@ def _uneven(m: dict) -> list[str]:
     def said(i: int, n: int, w: dict) -> str:
         notes = [f"{w['epochs_run']} epoch{'s' * (w['epochs_run'] != 1)}"] if "epochs_run" in w else []
         notes += ["stopped early"] if w.get("stopped_early") else []
-        notes += [f"resumed after {w['skipped_examples']:,}"] if w.get("skipped_examples") else []
+        if w.get("ended_before"):
+            notes.append(f"its run had ended before, after {w['skipped_examples']:,}")
+        elif w.get("skipped_examples"):
+            notes.append(f"resumed after {w['skipped_examples']:,}")
         return f"worker {i} {n:,}" + (f" ({', '.join(notes)})" if notes else "")
 
     each = ", ".join(said(i, n, w) for i, (n, w) in enumerate(zip(counts, per)))
