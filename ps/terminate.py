@@ -220,7 +220,8 @@ def sigterm_raises(
     compiles raise when it is done (see the module docstring). cleanup_limit_s: the process exits (EXIT_CODE, or
     130 after a Ctrl-C) that long after the first signal whatever it does; None: never (tests that send signals to
     their own process). ctrl_c_again_raises: every Ctrl-C raises, with no time limit (a cleanup that a second Ctrl-C
-    cuts short on purpose: launch's grace for its workers)."""
+    cuts short on purpose: launch's grace for its workers), also where the block is inside another one (launch's,
+    inside ps-worker's)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -248,7 +249,11 @@ class _SignalStop:
 
     def install(self) -> None:
         self.previous = signal.signal(signal.SIGTERM, self.on_term)
-        interrupting = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+        current = signal.getsignal(signal.SIGINT)
+        # not where SIGINT is ignored; a block whose every Ctrl-C raises takes it from an enclosing block too (launch's
+        # within ps-worker's: there the enclosing block would ignore the second Ctrl-C)
+        enclosing = isinstance(getattr(current, "__self__", None), _SignalStop)
+        interrupting = current is signal.default_int_handler or (self.ctrl_c_again_raises and enclosing)
         self.previous_int = signal.signal(signal.SIGINT, self.on_int) if interrupting else None
         self.previous_nudge = signal.signal(RAISE_PENDING_SIGNAL, _raise_pending)
         self.previous_hook, sys.unraisablehook = sys.unraisablehook, self.on_lost

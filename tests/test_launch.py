@@ -55,8 +55,9 @@ EVALUATION = {"eval_auc": 0.75, "eval_logloss": 0.5, "eval_examples": 1000, "ora
 # A stand-in for `ps-worker train`: behaves as plan["workers"][its --worker-id] says, records its pid (and its
 # child's) under plan["pids"], prints its environment and flags, then its PROGRESS lines, waits for the files
 # named in "wait_for", and acts: metrics (write --metrics-out, exit 0), exit (code), kill (SIGKILL itself), sleep
-# (after its "say" lines, if any, and a record "said-<i>"). ignore_term: it ignores SIGTERM; say_term: it says
-# "ps-worker: terminated" on SIGTERM, as ps-worker does, and exits 143.
+# (after its "say" lines, if any, and a record "said-<i>"). ignore_term: it ignores SIGTERM; note_term: it records
+# "term-<i>" on SIGTERM and runs on; say_term: it says "ps-worker: terminated" on SIGTERM, as ps-worker does, and
+# exits 143.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
     plan = json.load(open(sys.argv[1]))
@@ -72,6 +73,8 @@ FAKE_WORKER = textwrap.dedent("""
 
     if me.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if me.get("note_term"):  # it records "term-<i>" on SIGTERM, and sleeps on
+        signal.signal(signal.SIGTERM, lambda *a: record(f"term-{i}", os.getpid()))
     if me.get("say_term"):  # as ps-worker says a SIGTERM (ps.terminate.exit_code)
         signal.signal(signal.SIGTERM, lambda *a: (print("ps-worker: terminated", file=sys.stderr, flush=True),
                                                   os._exit(143)))
@@ -1145,6 +1148,41 @@ def test_ctrl_c_or_sigterm_stops_every_worker(fakes, tmp_path, signum, code):
     assert proc.wait(timeout=60) == code
     assert_all_gone(pids, {"worker-0", "grandchild-0", "worker-1"})
     assert os.listdir(tmp_path / "temp") == []  # its metrics directory removed
+
+
+# `ps-worker launch` as its command line runs it (worker.__main__.main, whose sigterm_raises block encloses launch's),
+# with the fake workers and a stand-in train config
+CLI_DRIVER = textwrap.dedent("""
+    import functools, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as DRIVER
+    sys.path.insert(0, sys.argv[1])
+    import worker.__main__ as cli
+    from worker.launch import run_launch
+    from worker.train_config import TrainConfig
+    cli.run_launch = functools.partial(run_launch, worker_command=sys.argv[2:], evaluate=lambda cfg: {},
+                                       train_config=lambda argv: TrainConfig(servers=("127.0.0.1:7",)))
+    sys.exit(cli.main(["launch", "--workers", "2", "--servers", "127.0.0.1:7", "--no-progress"]))
+""")
+
+
+def test_a_second_ctrl_c_to_the_ps_worker_command_kills_the_workers_at_once(fakes, tmp_path):
+    """launch's own Ctrl-C handler (every Ctrl-C raises: a second one cuts the workers' grace period short) is
+    in place under ps-worker's, which encloses it: the second Ctrl-C was ignored ("stopping already: this signal is
+    ignored while the stop finishes, 120 s after the first at most"), and launch waited out the grace period."""
+    command, pids = fakes([{"action": "sleep", "note_term": True}, {"action": "sleep", "note_term": True}])
+    driver = tmp_path / "cli_driver.py"
+    driver.write_text(CLI_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(driver), str(ROOT), *command], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_until(lambda: len(recorded_pids(pids)) == 2 or proc.poll() is not None, 60, "the workers")
+    assert proc.poll() is None, f"the launch exited with {proc.returncode}"
+    proc.send_signal(signal.SIGINT)
+    wait_until(lambda: {"term-0", "term-1"} <= set(recorded_pids(pids)), 60, "the workers' SIGTERM")
+    proc.send_signal(signal.SIGINT)  # while launch waits out the grace period of workers that run on
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "stopping already" not in err, err
+    assert "ps-worker launch: interrupted; the workers were stopped" in err
+    assert_all_gone(pids, {"worker-0", "worker-1", "term-0", "term-1"})
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
