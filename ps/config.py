@@ -18,6 +18,7 @@ HALF_AT_REST = "float16"  # the TableConfig.values_at_rest whose embeddings Rock
 VALUES_AT_REST = (FULL_AT_REST, HALF_AT_REST)  # every TableConfig.values_at_rest: how RocksDB holds an embedding
 HALF_MAX = float(np.finfo(np.float16).max)  # 65504: a float16 embedding at rest is clipped to +-HALF_MAX
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+TABLE_NAME_RULE = "1-128 characters of [A-Za-z0-9_.-]"  # TABLE_NAME_RE, as the messages refusing a name say it
 FEATURES_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}")  # a TableConfig.features value
 MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
@@ -72,6 +73,14 @@ def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusiv
     if not ok:
         op = ">=" if low_inclusive else ">"
         raise InvalidArgumentError(f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}, got {value}")
+
+
+def check_table_name(name: str) -> None:
+    """InvalidArgumentError unless name is one a table may have (TABLE_NAME_RE): the check of a new table's spec,
+    and of a name a request gives before a shard looks it up, so that a name no table can have is refused as
+    such, not as a table the shard lacks."""
+    if not TABLE_NAME_RE.fullmatch(name):
+        raise InvalidArgumentError(f"table name {echo(name)} is invalid; expected {TABLE_NAME_RULE}")
 
 
 def ftrl_divides_by_zero(at: str, whose: str = "") -> str:
@@ -243,10 +252,7 @@ class TableConfig:
     values_at_rest: str = FULL_AT_REST
 
     def validate(self) -> None:
-        if not TABLE_NAME_RE.fullmatch(self.name):
-            raise InvalidArgumentError(
-                f"table name {echo(self.name)} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
-            )
+        check_table_name(self.name)
         if not 1 <= self.dim <= MAX_DIM:
             raise InvalidArgumentError(f"table {self.name!r}: dim must be in 1..{MAX_DIM}, got {self.dim}")
         self.initializer.validate()

@@ -1,5 +1,5 @@
 """The argparse types and help of both CLIs' flags (ps-server, ps-worker): sizes with K/M/G/T suffixes, integers and
-numbers within bounds, HOST:PORT addresses, and the help formatter that appends each option's default."""
+numbers within bounds, HOST:PORT addresses, table names, and the help formatter that appends each option's default."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Callable
 
+from ps.config import TABLE_NAME_RE, TABLE_NAME_RULE
 from ps.tlsprobe import GRPC_DNS
 
 SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -163,6 +164,13 @@ def number(lowest: float, highest: float = math.inf, *, above: bool = False) -> 
         return value
 
     return parse
+
+
+def table_name(text: str) -> str:
+    """An argparse type: a name a table may have (ps.config.TABLE_NAME_RE), or "" for every table."""
+    if text and not TABLE_NAME_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"table name {text!r} is invalid; expected {TABLE_NAME_RULE}")
+    return text
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -167,6 +167,14 @@ def test_a_server_that_is_not_host_port_is_named(servers, entry, capsys):
     assert code == 2 and f"--servers {servers!r}: {entry} is not host:port" in err, err
 
 
+@pytest.mark.parametrize("name", ["a/b", "x" * 129, "emb table"])
+def test_a_shrink_of_a_table_name_no_table_may_have_is_refused_before_any_server_is_asked(name, capsys):
+    """Port 1 has no server: a name that reached one would wait --server-timeout for it, not exit 2."""
+    code, err = worker(["shrink", "--servers", "127.0.0.1:1", "--server-timeout", "30", "--table", name], capsys)
+    said = f"argument --table: table name {name!r} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
+    assert code == 2 and said in err, err
+
+
 @pytest.mark.parametrize("servers, hint", [("http://127.0.0.1:5611", "(no scheme: 127.0.0.1:5611)"),
                                            ("ps-0:5000/tables", "(no scheme, path or user part: host:port alone)")])  # fmt: skip
 def test_a_server_given_as_a_url_is_refused_at_once_saying_what_to_write(servers, hint, capsys):

@@ -9,7 +9,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
-from ps.errors import ShardClosingError
+from ps.errors import ShardClosingError, echo
 from ps.server import grpc_options
 from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
@@ -130,6 +130,34 @@ def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1):
             fragment,
         )
     assert [t.name for t in stub.Stats(ps_pb2.StatsRequest()).tables] == ["emb"]
+
+
+def test_every_call_naming_a_table_refuses_a_name_no_table_may_have_as_invalid_not_as_missing(shard1):
+    stub, mine, _, shard = shard1
+    before = snapshot(shard, mine)
+    ids, grads = wire.encode_ids(mine[:2]), wire.encode_rows(np.ones((2, 4)))
+    calls = {
+        "CreateTable": lambda t: stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name=t, dim=4))),
+        "DescribeTable": lambda t: stub.DescribeTable(ps_pb2.DescribeTableRequest(table=t)),
+        "Pull": lambda t: stub.Pull(ps_pb2.PullRequest(table=t, ids=ids)),
+        "PullBatch": lambda t: stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table=t, ids=ids)])),
+        "Push": lambda t: stub.Push(ps_pb2.PushRequest(table=t, ids=ids, grads=grads, dim=4)),
+        "PushBatch": lambda t: stub.PushBatch(
+            ps_pb2.PushBatchRequest(pushes=[ps_pb2.PushRequest(table=t, ids=ids, grads=grads, dim=4)])
+        ),
+        "Shrink": lambda t: stub.Shrink(ps_pb2.ShrinkRequest(table=t)),
+    }
+    for method, call in calls.items():
+        for name in ("a/b", "emb\n", "x" * 129):
+            with pytest.raises(grpc.RpcError) as info:
+                call(name)
+            said = f"table name {echo(name)} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, said), method
+        if method != "CreateTable":  # a valid name the shard lacks is missing
+            assert_status(lambda call=call: call("nope"), grpc.StatusCode.NOT_FOUND, "table 'nope' does not exist")
+    after = snapshot(shard, mine)
+    np.testing.assert_array_equal(after[0], before[0])
+    assert after[1:] == before[1:] and [t.name for t in stub.Stats(ps_pb2.StatsRequest()).tables] == ["emb"]
 
 
 def test_unset_spec_fields_take_defaults_and_set_ones_are_kept():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
-from ps.flagtypes import HelpFormatter, integer, number
+from ps.flagtypes import HelpFormatter, integer, number, table_name
 from worker.cli_flags import SECONDS, SECONDS_OR_0, add_security_args
 
 
@@ -31,7 +31,7 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
             'make the exit code 1], "notes": [...]}' if name == "stats" else ""))  # fmt: skip
         add_security_args(p)
         if name == "shrink":
-            p.add_argument("--table", default="", help="only this table (default: all)")
+            p.add_argument("--table", type=table_name, default="", help="only this table (default: all)")
     help_text = (
         "checkpoint every shard at one cut into DIR (restore with ps-server --restore DIR, onto any number of servers)"
     )

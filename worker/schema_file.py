@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import tomllib
 
-from ps.config import MAX_DIM, TABLE_NAME_RE, TableConfig
+from ps.config import MAX_DIM, TABLE_NAME_RE, TABLE_NAME_RULE, TableConfig
 from ps.table_toml import table_configs_from_dict
 from worker.models.spec import BIAS_FIELD, POOLINGS
 from worker.schema import Schema, TableSchema
@@ -122,7 +122,7 @@ def _tables(doc: dict, path: str, default_dim: int, model: str | None) -> dict[s
     for name, fields in table_configs_from_dict(doc, f"{path} [tables]").items():
         where = f"{path}: [tables.{name}]"
         if not TABLE_NAME_RE.fullmatch(name):
-            raise ValueError(f"{where}: the name is invalid; expected 1-128 characters of [A-Za-z0-9_.-]")
+            raise ValueError(f"{where}: the name is invalid; expected {TABLE_NAME_RULE}")
         if name.startswith("dense."):
             raise ValueError(f"{where}: names starting with 'dense.' are the MLP's tables; choose another name")
         dim = _value(fields, "dim", int, where, default_dim)
@@ -176,7 +176,7 @@ def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -
         raise ValueError(f"{where}: raw ids have no id space; drop id_space or use ids = 'hashed'")
     table = _value(spec, "table", str, where, default_table) if sparse else None
     if table is not None and not TABLE_NAME_RE.fullmatch(table):
-        raise ValueError(f"{where}: table {table!r}, expected 1-128 characters of [A-Za-z0-9_.-]")
+        raise ValueError(f"{where}: table {table!r}, expected {TABLE_NAME_RULE}")
     id_space = _value(spec, "id_space", str, where, name) if sparse and ids == "hashed" else None
     if id_space == "":
         raise ValueError(f"{where}: id_space is empty")

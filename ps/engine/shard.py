@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ps.config import TableConfig
+from ps.config import TableConfig, check_table_name
 from ps.engine.checkpointing import ShardCheckpoints
 from ps.engine.closing import close_data_dir
 from ps.engine.flusher import Flusher
@@ -244,6 +244,7 @@ class Shard:
     def table(self, name: str) -> Table:
         table = self.tables.get(name)
         if table is None:
+            check_table_name(name)  # a name no table may have is refused as invalid, not as missing
             names = sorted(self.tables)
             known = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
             raise TableNotFoundError(
