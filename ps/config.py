@@ -23,8 +23,11 @@ FEATURES_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}")  # a TableConfig.features val
 MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
 ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest float32 below 1
-MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal float32 whose reciprocal is finite
-# (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
+MIN_POSITIVE_HYPERPARAMETER = 1e-30  # the least magnitude of a hyperparameter other than 0 (a learning rate,
+# epsilon, a decay, l1/l2, a bound, a threshold): a normal float32 whose reciprocal is finite (smaller ones become 0
+# or subnormal in the kernels' float32, so that they act as 0 or slow every step, and a division by them overflows)
+MIN_ADMISSION_PROBABILITY = 2.0**-53  # the admission draw is a multiple of 2**-53 (ps.rows.update): a smaller
+# probability admits as often as this one does
 FTRL_TINY_GRADIENT = 2.0**-75  # the largest |g| whose float32 square is 0 (2**-150 rounds to 0, to even)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together, without --memory-bytes
@@ -65,14 +68,20 @@ MAX_CLIENTS = 1_000_000
 
 
 def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:
-    """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER; `> 0` means at least
+    """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER, and value is 0 or of magnitude at
+    least MIN_POSITIVE_HYPERPARAMETER (1e-320 is no value a float32 kernel holds); `> 0` means at least
     MIN_POSITIVE_HYPERPARAMETER."""
     if not low_inclusive and low == 0:
         low, low_inclusive = MIN_POSITIVE_HYPERPARAMETER, True
     ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= MAX_HYPERPARAMETER
-    if not ok:
+    tiny = ok and 0 < abs(value) < MIN_POSITIVE_HYPERPARAMETER  # in the range, which spans 0, but not float32's
+    if not ok or tiny:
         op = ">=" if low_inclusive else ">"
-        raise InvalidArgumentError(f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}, got {value}")
+        why = (f", and 0 or at least {MIN_POSITIVE_HYPERPARAMETER:g} in magnitude (a smaller one is 0 or subnormal "
+               "in float32)") if tiny else ""  # fmt: skip
+        raise InvalidArgumentError(
+            f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}{why}, got {value!r}"
+        )
 
 
 def check_table_name(name: str) -> None:
@@ -167,21 +176,23 @@ class OptimizerConfig:
                 f"optimizer {self.name!r} got unknown parameters {echo(unknown)}; expected some of {sorted(defaults)}"
             )
         p = self.all_params()
-        for k, v in p.items():
-            check_hyperparameter(f"optimizer {self.name!r} parameter {k}", v, low=-MAX_HYPERPARAMETER)
         if self.name in ("adagrad", "adagrad_rowwise"):
             check_hyperparameter(f"{self.name} initial_accumulator", p["initial_accumulator"])
             check_hyperparameter(f"{self.name} epsilon", p["epsilon"], low_inclusive=False)
         elif self.name == "adam":
             for b in ("beta1", "beta2"):  # the kernel's 1 - b ** t divides: b must stay below 1 in float32
-                if not (0 <= p[b] < 1 and np.float32(p[b]) < 1):
+                if not (0 <= p[b] < 1 and np.float32(p[b]) < 1) or 0 < p[b] < MIN_POSITIVE_HYPERPARAMETER:
                     raise InvalidArgumentError(
-                        f"adam {b} must be in [0, 1) and below 1 in float32 (at most {ADAM_BETA_MAX!r}), got {p[b]}"
+                        f"adam {b} must be in [0, 1) and below 1 in float32 (at most {ADAM_BETA_MAX!r}), and 0 or "
+                        f"at least {MIN_POSITIVE_HYPERPARAMETER:g} (a smaller one is 0 or subnormal in float32), got "
+                        f"{p[b]!r}"
                     )
             check_hyperparameter("adam epsilon", p["epsilon"], low_inclusive=False)
         elif self.name == "ftrl":
             for k in ("beta", "l1", "l2"):
                 check_hyperparameter(f"ftrl {k}", p[k])
+        for k, v in p.items():  # each parameter of each optimizer has its range above; this bounds any other
+            check_hyperparameter(f"optimizer {self.name!r} parameter {k}", v, low=-MAX_HYPERPARAMETER)
 
     def all_params(self) -> dict[str, float]:
         """Every parameter of this optimizer: the given ones, defaults for the rest (name must be known)."""
@@ -204,8 +215,11 @@ class AdmissionConfig:
     def validate(self) -> None:
         if not 1 <= self.min_count <= 2**24:
             raise InvalidArgumentError(f"admission min_count must be in 1..{2**24}, got {self.min_count}")
-        if not (math.isfinite(self.probability) and 0 < self.probability <= 1):
-            raise InvalidArgumentError(f"admission probability must be in (0, 1], got {self.probability}")
+        if not (math.isfinite(self.probability) and MIN_ADMISSION_PROBABILITY <= self.probability <= 1):
+            raise InvalidArgumentError(
+                f"admission probability must be in [2**-53, 1] (a draw is a multiple of 2**-53, so a smaller one "
+                f"admits as 2**-53 does), got {self.probability!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -224,8 +238,11 @@ class EvictionConfig:
     def validate(self) -> None:
         if self.ttl_steps < 0:
             raise InvalidArgumentError(f"eviction ttl_steps must be >= 0, got {self.ttl_steps}")
-        if not (math.isfinite(self.decay) and 0 < self.decay <= 1):
-            raise InvalidArgumentError(f"eviction decay must be in (0, 1], got {self.decay}")
+        if not (math.isfinite(self.decay) and MIN_POSITIVE_HYPERPARAMETER <= self.decay <= 1):
+            raise InvalidArgumentError(
+                f"eviction decay must be in [{MIN_POSITIVE_HYPERPARAMETER:g}, 1] (a smaller one is 0 or subnormal in "
+                f"float32: it would zero the counts), got {self.decay!r}"
+            )
         for k in ("score_threshold", "nonclk_coeff", "click_coeff"):
             check_hyperparameter(f"eviction {k}", getattr(self, k))
 
