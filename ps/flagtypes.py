@@ -19,10 +19,23 @@ SIZE_DIGITS = 100  # sizes lie below 10**SIZE_DIGITS bytes; a number past 1e±SI
 LARGEST_SIZE = 10**SIZE_DIGITS - 1  # the largest size byte_size takes
 
 
+def is_plain_number(text: str) -> bool:
+    """text is ASCII without an underscore: Python's int(), float() and Decimal() also read other scripts' digits
+    ("١٠٠", "１００") and digit separators ("1_0_0"), which no number of a flag or a setting is written with."""
+    return text.isascii() and "_" not in text
+
+
+def not_plain(text: str) -> str:
+    """What a message refusing text as a number adds where text is not is_plain_number's: " (digits 0-9, no '_')"."""
+    return "" if is_plain_number(text) else " (digits 0-9, no '_')"
+
+
 def exact_number(text: str) -> decimal.Decimal | None:
     """text as an exact decimal number: an integer, a fraction or scientific notation ("1e9", "2.5e6", "1.5"), taken
-    exactly however many digits it has (no float rounds it); None where it is no number, inf or nan. The parser of
-    byte_size and whole_number."""
+    exactly however many digits it has (no float rounds it); None where it is no number, inf or nan, or not written
+    in ASCII digits without '_' (is_plain_number). The parser of byte_size and whole_number."""
+    if not is_plain_number(text):
+        return None
     try:
         value = decimal.Decimal(text.strip())
     except decimal.InvalidOperation:
@@ -61,7 +74,7 @@ def byte_size(text: str, *, least: int = 0, most: int = LARGEST_SIZE, most_said:
 
 def _not_a_size(text: str) -> str:
     """The message of byte_size for text that is no size."""
-    return f"expected a whole number of bytes or a size such as 512M or 2G, got {text!r}"
+    return f"expected a whole number of bytes or a size such as 512M or 2G, got {text!r}{not_plain(text)}"
 
 
 def _outside(text: str, above: bool, least: int, most: int, most_said: str) -> str:
@@ -88,14 +101,31 @@ def size_flag(least: int, most: int = LARGEST_SIZE, most_said: str = "") -> Call
     return parse
 
 
+def plain_int(text: str) -> int:
+    """An argparse type: an integer in ASCII digits (is_plain_number), of any value."""
+    try:
+        if is_plain_number(text):
+            return int(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}{not_plain(text)}")
+
+
+def plain_float(text: str) -> float:
+    """float(text) for text in ASCII without '_' (is_plain_number); ValueError, naming text, for anything else."""
+    try:
+        if is_plain_number(text):
+            return float(text)
+    except ValueError:
+        pass
+    raise ValueError(f"expected a number, got {text!r}{not_plain(text)}")
+
+
 def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer in lowest..highest (argparse puts the flag before its message)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        value = plain_int(text)
         if value < lowest or (highest is not None and value > highest):
             span = f">= {lowest}" if highest is None else f"in {lowest}..{highest}"
             raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
@@ -111,7 +141,7 @@ def whole_number(lowest: int, highest: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = exact_number(text)
         if value is None or value != value.to_integral_value():
-            raise argparse.ArgumentTypeError(f"expected a whole number (1e9 is fine), got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a whole number (1e9 is fine), got {text!r}{not_plain(text)}")
         if not lowest <= value <= highest:
             raise argparse.ArgumentTypeError(f"expected a whole number in {lowest}..{highest}, got {text!r}")
         return int(value)
@@ -153,9 +183,9 @@ def number(lowest: float, highest: float = math.inf, *, above: bool = False) -> 
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            value = plain_float(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         low_ok = value > lowest if above else value >= lowest
         if not (math.isfinite(value) and low_ok and value <= highest):
             low = f"{'>' if above else '>='} {lowest:g}"

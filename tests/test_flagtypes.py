@@ -1,17 +1,20 @@
 """byte_size's bounds on a size's exponent: a number too small or too large is refused from its exponent at once, and
 one too large says so, naming the bound, through both CLIs' size flags; a size other than 0 that comes to less than
-one byte is refused, not taken as 0 (no bound, no cache)."""
+one byte is refused, not taken as 0 (no bound, no cache). Every number flag type refuses digits other than ASCII's
+and underscores, on the command line and in a config file."""
 
 from __future__ import annotations
 
 import argparse
 import decimal
+import re
 
 import pytest
 
 from ps import flagtypes
-from ps.cli_server_flags import bound_bytes, build_parser, parse_bytes
+from ps.cli_server_flags import bound_bytes, build_parser, parse_bytes, seconds
 from ps.flagtypes import SIZE_DIGITS, byte_size, size_flag
+from worker.cli_train_config import hidden_widths
 from worker.cli_train_flags import _size
 
 
@@ -126,3 +129,54 @@ def test_size_flag_refuses_a_size_outside_its_range_and_takes_its_ends(least, mo
 def test_size_flag_refuses_a_range_no_size_fits(least, most):
     with pytest.raises(ValueError, match=r"expected 0 <= least <= most <= LARGEST_SIZE"):
         size_flag(least, most)
+
+
+NOT_ASCII_DIGITS = ["١٠٠", "１００", "1_0_0", "1_0K", "٣G", "1e1_0", "0x_1"]  # Arabic-Indic, fullwidth, separators
+
+
+@pytest.mark.parametrize("text", NOT_ASCII_DIGITS)
+def test_every_number_flag_type_refuses_other_digits_and_underscores_naming_the_text(text):
+    """Python's int(), float() and Decimal() read "١٠٠" and "1_0_0" as 100: each flag type refuses them, saying so."""
+    types = {"size_flag": size_flag(0), "integer": flagtypes.integer(0), "plain_int": flagtypes.plain_int,
+             "whole_number": flagtypes.whole_number(0, 10**12), "number": flagtypes.number(0), "seconds": seconds,
+             "parse_bytes": parse_bytes, "bound_bytes": bound_bytes, "--row-cache-bytes": _size}  # fmt: skip
+    for name, parse in types.items():
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            parse(text)
+        assert str(refused.value).endswith(f"got {text!r} (digits 0-9, no '_')"), (name, str(refused.value))
+    assert flagtypes.exact_number(text) is None
+    with pytest.raises(ValueError, match=re.escape(f"--hidden '64,{text}': expected comma-separated integers")):
+        hidden_widths(f"64,{text}", "dnn")
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [(["--data-dir", "d", "--cache-bytes", "١٠٠M"], "--cache-bytes"), (["--data-dir", "d", "--port", "5_000"], "--port"),
+     (["--data-dir", "d", "--flush-interval-s", "１"], "--flush-interval-s")],
+)  # fmt: skip
+def test_a_server_flag_of_other_digits_is_refused_naming_the_flag_and_text(argv, flag, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert f"argument {flag}: expected " in (err := capsys.readouterr().err) and f"got {argv[-1]!r} (digits" in err, err
+
+
+def test_worker_and_launch_flags_and_toml_values_of_other_digits_are_refused_naming_the_flag_and_text(tmp_path, capsys):
+    from ps.settings import apply_defaults
+    from worker.__main__ import build_parser as worker_parser
+
+    for argv, flag in [(["train", "--batch-size", "1_024"], "--batch-size"),
+                       (["launch", "--workers", "٢"], "--workers"), (["launch", "--workers", "2", "--local-shards",
+                        "1_0"], "--local-shards"), (["launch", "--workers", "2", "--barrier-timeout", "6_0"],
+                       "--barrier-timeout")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            worker_parser().parse_args(argv)
+        assert f"argument {flag}: expected " in (err := capsys.readouterr().err), err
+        assert f"got {argv[-1]!r} (digits 0-9, no '_')" in err, err
+    config = tmp_path / "c.toml"
+    config.write_text('[server]\ncache_bytes = "1_0_0M"\n')
+    said = f"config file {config} [server] 'cache_bytes' (for --cache-bytes): expected a whole number of bytes"
+    with pytest.raises(ValueError, match=re.escape(said) + r".* got '1_0_0M' \(digits 0-9, no '_'\)"):
+        apply_defaults(build_parser(), ["--data-dir", "d", "--config", str(config)], {}, section="server")
+    config.write_text("[server]\ncache_bytes = 1_000_000\n")  # a TOML integer: its underscores are TOML's own
+    apply_defaults(parser := build_parser(), argv := ["--data-dir", "d", "--config", str(config)], {}, section="server")
+    assert parser.parse_args(argv).cache_bytes == 1_000_000

@@ -8,6 +8,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from ps.flagtypes import is_plain_number, not_plain
 from ps.settings import add_config_flag, apply_defaults
 from ps.stamp import is_job_name, job_hash
 from worker.cli_train_flags import add_train_parser
@@ -30,9 +31,11 @@ def hidden_widths(text: str | None, model: str) -> tuple[int, ...]:
     try:
         if "" in parts:
             raise ValueError("an empty entry")
-        widths = tuple(int(s) for s in parts)
+        widths = tuple(int(s) for s in parts if is_plain_number(s))
     except ValueError:
-        raise ValueError(f"--hidden {text!r}: expected comma-separated integers, e.g. 400,400,400") from None
+        widths = ()
+    if len(widths) != len(parts):
+        raise ValueError(f"--hidden {text!r}: expected comma-separated integers, e.g. 400,400,400{not_plain(text)}")
     check_given_hidden(widths, model)
     return widths
 

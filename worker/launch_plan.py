@@ -14,6 +14,8 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ps.config import MAX_BARRIER_S
+from ps.flagtypes import number, plain_int
 from ps.stamp import job_named
 from worker.cluster import without_security_variables
 from worker.flags import check_not_an_input, check_output_file, same_file, server_list
@@ -62,7 +64,7 @@ def add_launch_parser(subparsers: Any) -> None:
         epilog="example: ps-worker launch --workers 4 --backends numpy,numpy,torch,torch --local-shards 2 "
         "--mode sync --model deepfm --synthetic-rows 200000",
     )
-    p.add_argument("--workers", type=int, required=True, help="worker processes to start")
+    p.add_argument("--workers", type=plain_int, required=True, help="worker processes to start")
     p.add_argument(
         "--backends",
         default="numpy",
@@ -71,7 +73,7 @@ def add_launch_parser(subparsers: Any) -> None:
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
-    where.add_argument("--local-shards", type=int, default=None,
+    where.add_argument("--local-shards", type=plain_int, default=None,
                        help="instead of --servers: N throwaway shards (no TLS or token, on 127.0.0.1) started here "
                             "first and stopped at the end")  # fmt: skip
     p.add_argument(
@@ -80,7 +82,7 @@ def add_launch_parser(subparsers: Any) -> None:
         help="write the job's figures as one JSON object to this file (replaced if it exists)",
     )
     p.add_argument("--no-progress", action="store_true", help="a merged progress line every 10 s instead of a bar")
-    p.add_argument("--barrier-timeout", type=float, default=None,
+    p.add_argument("--barrier-timeout", type=number(0, MAX_BARRIER_S, above=True), default=None,
                    help="given to every worker's train: seconds a sync or ssp wait may last (default: train's)")  # fmt: skip
 
 
