@@ -636,6 +636,30 @@ def test_an_mlp_table_of_values_at_rest_float16_is_refused_a_sparse_one_is_not(t
     assert [(t.name, t.values_at_rest) for t in tables] == [("fm", "float16"), ("dense.fm.logit.bias", "float32")]
 
 
+@pytest.mark.parametrize("dense", ["ps", "allreduce"])
+def test_an_mlp_table_with_eviction_is_refused_a_sparse_one_is_not(dense, tmp_path):
+    """A Shrink of every table would drop rows of the MLP's weights, which the servers would then serve at their
+    initial values: eviction settings on an MLP table are refused in --table-config before any server is touched,
+    whichever --dense path trains it."""
+    from worker.model_tables import table_configs
+
+    cfg, _, spec, _ = prepare(TrainConfig(servers=("h:1",), model="fm", synthetic_rows=100, progress=False))
+    cfg = dataclasses.replace(cfg, dense=dense, table_config=str(tmp_path / "sets.toml"))
+    (tmp_path / "sets.toml").write_text('["dense.fm.logit.bias"]\neviction = { ttl_steps = 10, decay = 0.5 }\n')
+    with pytest.raises(ValueError) as refused:
+        table_configs(cfg, spec)
+    assert str(refused.value) == (
+        f"{tmp_path / 'sets.toml'}: table dense.fm.logit.bias: eviction ttl_steps=10 decay=0.5 is not for an MLP "
+        "table: a Shrink (ps-worker shrink, of every table) would drop rows of the MLP's weights, which the servers "
+        "would then serve at their initial values; the MLP's tables keep every row; leave it out"
+    )
+    (tmp_path / "sets.toml").write_text('[fm]\neviction = { ttl_steps = 10 }\n["dense.fm.logit.bias"]\neviction = {}\n')
+    assert [(t.name, t.eviction.ttl_steps) for t in table_configs(cfg, spec)] == [
+        ("fm", 10),
+        ("dense.fm.logit.bias", 0),
+    ]
+
+
 def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp_path):
     """Large data is read as it trains: a stray line would stop a long run part way. Small data is read whole
     (its validation split) before the first push."""

@@ -1,6 +1,7 @@
 """The tables of a model: their configs from the flags, the schema and --table-config, and what the shards hold.
 
-table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter (float32 at rest)
+table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter (float32 at rest,
+                                 no eviction)
 table_config_note                what --table-config changed of the recipe's and the flags' choice
 initializers_given               the tables whose initializer --table-config sets
 check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
@@ -17,7 +18,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from ps.config import FULL_AT_REST, OPTIMIZER_PARAMS, InitializerConfig, OptimizerConfig, TableConfig
+from ps.config import FULL_AT_REST, OPTIMIZER_PARAMS, EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.table_toml import table_configs_from_toml
 from worker.client import Client
 from worker.dense import TABLE_PREFIX
@@ -30,6 +31,8 @@ from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
 
+DENSE_EVICTION = ("a Shrink (ps-worker shrink, of every table) would drop rows of the MLP's weights, which the "
+                  "servers would then serve at their initial values; the MLP's tables keep every row")  # fmt: skip
 DENSE_AT_REST = ("the servers would hold its values rounded to float16 once they go through RocksDB, another MLP "
                  "than the one the job trained and scored, which training on, eval, predict and export read")  # fmt: skip
 
@@ -103,6 +106,11 @@ def table_configs(
             raise ValueError(f"{cfg.table_config}: table {t.name}: values_at_rest {tables[-1].values_at_rest!r} is "
                              f"not for an MLP table: {DENSE_AT_REST}; leave it out (the MLP's tables are "
                              f"{FULL_AT_REST!r})")  # fmt: skip
+        evict, off = dataclasses.asdict(tables[-1].eviction), dataclasses.asdict(EvictionConfig())
+        if evict != off:  # whichever --dense path trains it
+            given = " ".join(f"{k}={v:g}" for k, v in evict.items() if v != off[k])
+            raise ValueError(f"{cfg.table_config}: table {t.name}: eviction {given} is not for an MLP table: "
+                             f"{DENSE_EVICTION}; leave it out")  # fmt: skip
     return [dataclasses.replace(t, features=features) for t in tables]
 
 
