@@ -9,8 +9,8 @@ import os
 import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-from ps.bytesize import human_bytes
-from ps.cli_server_flags import build_parser
+from ps.bytesize import exact_bytes, human_bytes
+from ps.cli_server_flags import bound_bytes, build_parser, parse_bytes
 from ps.errors import PsError
 from ps.replies import check_reply_bytes, reply_room_bytes
 from ps.server_config import ServerConfig
@@ -19,14 +19,16 @@ from ps.storage.memory import plan_memory
 
 def _given_settings(args: argparse.Namespace) -> str:
     """The flags whose values differ from their built-in defaults (from the command line, PS_* variables or
-    --config alike), as a command line would give them: a token file's path, never a token."""
+    --config alike), as a command line would give them, but for sizes, in ps.bytesize.exact_bytes' form ("--cache-bytes
+    64.0 MiB"): a token file's path, never a token."""
     out = []
     for action in build_parser()._actions:  # a new parser: its defaults are the built-in ones
         if not action.option_strings or action.dest in ("help", "config"):
             continue
         value = getattr(args, action.dest, None)
         if value != action.default:
-            out.append(action.option_strings[-1] if value is True else f"{action.option_strings[-1]} {value}")
+            shown = exact_bytes(value) if action.type in (parse_bytes, bound_bytes) else value
+            out.append(action.option_strings[-1] if value is True else f"{action.option_strings[-1]} {shown}")
     return " ".join(out) or "none"
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from ps.bytesize import exact_bytes, human_bytes
 from ps.config import CLIENT_MESSAGE_BYTES, DEFAULT_REPLY_BYTES, ROOM_SHARE, message_bytes_for
 from ps.engine.room import RequestRoom
 from ps.errors import NOTHING_READ_OR_APPLIED, ReplyTooLargeError
@@ -70,9 +71,10 @@ def check_reply_bytes(reply_bytes: int, request_room_bytes: int) -> None:
         source = (f"1/{ROOM_SHARE} of the server's request room, the `requests` part of --memory-bytes"
                   if request_room_bytes else "its largest message")  # fmt: skip
         raise ValueError(
-            f"--reply-bytes {reply_bytes:,} is too small for one reply: ps-worker asks this server for up to "
-            f"{least // REPLY_COPIES - 2 * REPLY_FRAME_BYTES:,} bytes of rows a request ({source}), and a reply is "
-            f"held {REPLY_COPIES} times while it is sent; give --reply-bytes {least:,} or more (0: no bound)"
+            f"--reply-bytes {exact_bytes(reply_bytes)} is too small for one reply: ps-worker asks this server for up "
+            f"to {human_bytes(least // REPLY_COPIES - 2 * REPLY_FRAME_BYTES)} of rows a request ({source}), and a "
+            f"reply is held {REPLY_COPIES} times while it is sent; give --reply-bytes {exact_bytes(least)} or more "
+            "(0: no bound)"
         )
 
 

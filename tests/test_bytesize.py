@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ps.bytesize import bytes_apart, human_bytes
+from ps.bytesize import bytes_apart, exact_bytes, human_bytes, read_bytes
 
 KiB, MiB, GiB, TiB, PiB = (1 << s for s in (10, 20, 30, 40, 50))
 SCALE = {"B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": TiB, "PiB": PiB}
@@ -64,3 +64,23 @@ def test_bytes_apart_tells_counts_apart_only_where_their_forms_meet():
     assert bytes_apart(33791, 33792) == ("33,791 bytes", "33,792 bytes")  # both '33.0 KiB'
     assert bytes_apart(20 * KiB, 33792) == ("20.0 KiB", "33.0 KiB")
     assert bytes_apart(MiB, MiB) == ("1.0 MiB", "1.0 MiB")  # equal counts: nothing to tell apart
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (999, "999 B"), (1000, "1.0 KiB (1,000 bytes)"), (KiB, "1.0 KiB"), (229_888, "224.5 KiB"),
+     (16 * MiB + 160, "16.0 MiB (16,777,376 bytes)"), (64 * MiB, "64.0 MiB"), (3 * GiB // 2, "1.50 GiB"),
+     (10**6, "976.6 KiB (1,000,000 bytes)")],
+)  # fmt: skip
+def test_exact_bytes_adds_the_exact_count_only_where_the_figure_is_rounded(n, text):
+    assert exact_bytes(n) == text and read_bytes(text) == n
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_read_bytes_reads_back_every_count_exact_bytes_shows(n):
+    assert read_bytes(exact_bytes(n)) == n
+
+
+@pytest.mark.parametrize("text", ["", "12", "1.5 B", "1.0 kib", "4 GB", "1.0 KiB (x bytes)"])
+def test_read_bytes_refuses_text_of_neither_form(text):
+    assert read_bytes(text) is None

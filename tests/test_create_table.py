@@ -187,7 +187,7 @@ def test_a_table_one_shards_ram_tier_cannot_take_is_created_on_none(two_shards):
     with Client(addresses) as client:
         for i in range(4):
             client.create_table(TableConfig(f"w{i}", WIDE))
-        with pytest.raises(PsError, match=r"--cache-bytes 4194304\) cannot take table number 5") as e:
+        with pytest.raises(PsError, match=r"--cache-bytes 4.0 MiB\) cannot take table number 5") as e:
             client.create_table(TableConfig("w4", WIDE))
         assert e.value.status == "RESOURCE_EXHAUSTED"
         assert sorted(s0.shard.tables) == sorted(s1.shard.tables) == [f"w{i}" for i in range(4)]

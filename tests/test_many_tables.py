@@ -115,7 +115,7 @@ def test_a_table_the_ram_tier_cannot_hold_is_refused_and_leaves_nothing(server):
         client.wait_ready()
         for t in range(fits):
             client.create_table(TableConfig(f"w{t}", DIM))
-        with pytest.raises(PsError, match=r"--cache-bytes 4194304\) cannot take table number 5") as e:
+        with pytest.raises(PsError, match=r"--cache-bytes 4.0 MiB\) cannot take table number 5") as e:
             client.create_table(TableConfig("one_too_many", DIM))
         assert e.value.status == "RESOURCE_EXHAUSTED"
         client.pull("w0", np.arange(10, dtype=np.uint64))  # the tables there still work

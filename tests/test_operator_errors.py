@@ -377,15 +377,16 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (
             ["--reply-bytes", "64M"],
             {},
-            "--reply-bytes 67,108,864 is too small for one reply: ps-worker asks this server for up to 67,108,864 "
-            "bytes of rows a request (its largest message), and a reply is held 2 times while it is sent; give "
-            "--reply-bytes 134,217,888 or more (0: no bound)",
+            "--reply-bytes 64.0 MiB is too small for one reply: ps-worker asks this server for up to 64.0 MiB of "
+            "rows a request (its largest message), and a reply is held 2 times while it is sent; give --reply-bytes "
+            "128.0 MiB (134,217,888 bytes) or more (0: no bound)",
         ),
         (
             ["--reply-bytes", "16M"],
             {"PS_MEMORY_BYTES": "1G"},
-            "for up to 8,388,608 bytes of rows a request (1/16 of the server's request room, the `requests` part of "
-            "--memory-bytes), and a reply is held 2 times while it is sent; give --reply-bytes 16,777,376 or more",
+            "for up to 8.0 MiB of rows a request (1/16 of the server's request room, the `requests` part of "
+            "--memory-bytes), and a reply is held 2 times while it is sent; give --reply-bytes 16.0 MiB (16,777,376 "
+            "bytes) or more",
         ),
     ],
 )

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from ps.bytesize import read_bytes
 from ps.checkpoint import write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
@@ -457,10 +458,11 @@ def test_a_restore_the_ram_tier_cannot_hold_is_refused_before_a_row_is_copied(tm
         shard.close()
     target = tmp_path / "new"
     with pytest.raises(RamTierTooSmallError, match=r"cannot hold the 2 tables of checkpoint .*ckpt: .*raise "
-                                                   r"--cache-bytes to at least (\d+)") as info:  # fmt: skip
+                                                   r"--cache-bytes to at least (.+)$") as info:  # fmt: skip
         Shard(ServerConfig(data_dir=str(target), restore_dir=str(tmp_path / "ckpt"), cache_bytes=40_000))
     assert not target.exists()
-    least = int(str(info.value).rsplit(" ", 1)[1])
+    least = read_bytes(str(info.value).split("at least ")[-1])  # its exact count, where the figure is rounded
+    assert least is not None, str(info.value)
     restored = Shard(ServerConfig(data_dir=str(target), restore_dir=str(tmp_path / "ckpt"), cache_bytes=least))
     assert sorted(restored.tables) == ["kept", "wide"]  # that much holds them, restored and started on
     restored.close()

@@ -234,9 +234,11 @@ def test_the_servers_settings_line_gives_what_differs_from_the_defaults_as_flags
 
     parser = server_parser()
     argv = ["--data-dir", str(tmp_path), "--sync"]
-    apply_defaults(parser, argv, {"PS_CACHE_BYTES": "64M", "PS_AUTH_TOKEN_FILE": "/run/token"}, section="server")
+    env = {"PS_CACHE_BYTES": "64M", "PS_AUTH_TOKEN_FILE": "/run/token", "PS_REPLY_BYTES": "1000000"}
+    apply_defaults(parser, argv, env, section="server")
     line = _given_settings(parser.parse_args(argv))
-    assert line == f"--data-dir {tmp_path} --sync --cache-bytes 67108864 --auth-token-file /run/token", line
+    reply = "--reply-bytes 976.6 KiB (1,000,000 bytes)"  # the exact count where the figure is rounded
+    assert line == f"--data-dir {tmp_path} {reply} --sync --cache-bytes 64.0 MiB --auth-token-file /run/token", line
 
 
 def test_a_ps_variable_that_sets_nothing_is_warned_of_with_the_closest_names(tmp_path):

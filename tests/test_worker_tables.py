@@ -12,7 +12,7 @@ import pytest
 
 from ps import codec
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.errors import ShardClosingError, TableExistsError, TableNotFoundError
+from ps.errors import RamTierTooSmallError, ShardClosingError, TableExistsError, TableNotFoundError
 from tests.inprocess import InProcessTables
 from tests.worker_runs import SMALL, run
 from worker.__main__ import main as worker_main
@@ -325,26 +325,32 @@ def test_tables_remember_the_schema_another_is_refused_and_new_data_of_the_same_
 
 
 def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
+    from ps.storage.budget import MemoryBudget
     from worker.train import too_small_for_the_model
 
-    refusal = ("the RAM tier (--cache-bytes 102400) cannot take table number 2: shared by 2 tables it gives each "
-               "51200 bytes, under the 229888 bytes a table's share must hold (256 rows of the widest table, 898 "
-               "bytes a row); raise --cache-bytes to at least 459776")  # fmt: skip
+    budget = MemoryBudget(300 << 10)
+    budget.check_room(1, 898, "holds one table")  # a share of 256 rows of 898 bytes: one fits, two do not
+    with pytest.raises(RamTierTooSmallError) as refused:
+        budget.check_room(2, 898, "cannot take table number 2")
+    refusal = ("the RAM tier (--cache-bytes 300.0 KiB) cannot take table number 2: shared by 2 tables it gives each "
+               "150.0 KiB, under the 224.5 KiB a table's share must hold (256 rows of the widest table, 898 bytes a "
+               "row); raise --cache-bytes to at least 449.0 KiB")  # fmt: skip
+    assert str(refused.value) == refusal
     said = too_small_for_the_model(refusal, 5)
-    assert (
+    assert (  # 7 shares of 229,888 bytes: 1,609,216 bytes, which 1.5 MiB rounds
         said.startswith(refusal)
-        and "this run makes up to 5 more, 7 in all: raise --cache-bytes to at least 1609216" in said
+        and "this run makes up to 5 more, 7 in all: raise --cache-bytes to at least 1.5 MiB (1,609,216 bytes)" in said
     )
-    bounded = refusal.replace("--cache-bytes 102400", "102400 bytes, what --memory-bytes 200.0 MiB leaves it").replace(
-        "raise --cache-bytes to at least 459776",
-        "raise --memory-bytes to at least 200M, which leaves the RAM tier 459776 bytes",
+    bounded = refusal.replace("--cache-bytes 300.0 KiB", "300.0 KiB, what --memory-bytes 200.0 MiB leaves it").replace(
+        "raise --cache-bytes to at least 449.0 KiB",
+        "raise --memory-bytes to at least 200M, which leaves the RAM tier 449.0 KiB",
     )
     said = too_small_for_the_model(bounded, 5)
-    assert "raise --memory-bytes until it leaves the RAM tier 1609216 bytes for them all" in said
+    assert "raise --memory-bytes until it leaves the RAM tier 1.5 MiB (1,609,216 bytes) for them all" in said
     assert "--cache-bytes to at least" not in said
-    both = refusal.replace("459776", "459776 and --memory-bytes to at least 80M")
+    both = refusal.replace("449.0 KiB", "449.0 KiB and --memory-bytes to at least 80M")
     said = too_small_for_the_model(both, 5)
-    assert "raise --cache-bytes to at least 1609216 for them all and --memory-bytes to fit it" in said, said
+    assert "raise --cache-bytes to at least 1.5 MiB (1,609,216 bytes) for them all and --memory-bytes to fit it" in said
     assert too_small_for_the_model(refusal, 0) == refusal  # the last table: the shard's figure is the whole need
     assert too_small_for_the_model("no figure", 3).endswith("this run makes 3 more tables after this one, each "
                                                             "needing its share too")  # fmt: skip

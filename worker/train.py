@@ -36,6 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ps.bytesize import exact_bytes, read_bytes
 from ps.errors import ModelStateReplacedError, PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
@@ -347,20 +348,23 @@ def _finish(cfg: TrainConfig, data: DataSource, position: PositionWriter | None,
 
 def too_small_for_the_model(refusal: str, tables_after: int) -> str:
     """A shard's refusal of a table its RAM tier cannot share ("... cannot take table number n ... under the F
-    bytes a table's share must hold ... raise --cache-bytes (or --memory-bytes) ..."), with what the whole model
-    needs: the run makes tables_after more tables after this one, each with its share."""
+    a table's share must hold ... raise --cache-bytes (or --memory-bytes) ...", F in ps.bytesize.exact_bytes'
+    form), with what the whole model needs: the run makes tables_after more tables after this one, each with its
+    share."""
     if not tables_after:
         return refusal
-    m = re.search(r"cannot take table number (\d+):.* under the (\d+) bytes a table's share must hold", refusal)
-    if m is None:
+    m = re.search(r"cannot take table number (\d+):.* under the (.+?) a table's share must hold", refusal)
+    floor = None if m is None else read_bytes(m.group(2))
+    if floor is None:
         return f"{refusal}; this run makes {tables_after} more tables after this one, each needing its share too"
-    n, floor = int(m.group(1)) + tables_after, int(m.group(2))
+    n = int(m.group(1)) + tables_after
+    need = exact_bytes(n * floor)
     fits = " and --memory-bytes to fit it" if "and --memory-bytes to at least" in refusal else ""
     if "raise --memory-bytes" in refusal:  # the shard's RAM tier is what its --memory-bytes leaves
-        change = (f"raise --memory-bytes until it leaves the RAM tier {n * floor} bytes for them all (a server given "
+        change = (f"raise --memory-bytes until it leaves the RAM tier {need} for them all (a server given "
                   f"--cache-bytes {n * floor} with a --memory-bytes too small for it names the least that fits)")  # fmt: skip
     else:
-        change = f"raise --cache-bytes to at least {n * floor} for them all{fits}"
+        change = f"raise --cache-bytes to at least {need} for them all{fits}"
         if fits:
             change += " (ps-server names the least --memory-bytes that holds a --cache-bytes)"
     return (f"{refusal}. That counts the tables up to this one; this run makes up to {tables_after} more, {n} in all: "

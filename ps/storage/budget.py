@@ -48,6 +48,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from ps.bytesize import exact_bytes, human_bytes
 from ps.errors import RamTierTooSmallError
 
 log = logging.getLogger("ps.storage.budget")
@@ -80,12 +81,12 @@ class MemoryBudget:
     """Bytes the RAM tiers of one server may use, shared by its tables (see the module docstring)."""
 
     def __init__(self, limit_bytes: int, source: str = "", raise_to: Callable[[int], str] | None = None):
-        """source: how limit_bytes was set, for messages (default "--cache-bytes N"); raise_to(n): what to change
-        for a RAM tier of n bytes (default "raise --cache-bytes to at least n"); ps.storage.memory.MemoryPlan
-        gives both."""
+        """source: how limit_bytes was set, for messages (default "--cache-bytes N", N in exact_bytes' form);
+        raise_to(n): what to change for a RAM tier of n bytes (default "raise --cache-bytes to at least n");
+        ps.storage.memory.MemoryPlan gives both."""
         self.limit_bytes = int(limit_bytes)
-        self.source = source or f"--cache-bytes {self.limit_bytes}"
-        self.raise_to = raise_to or (lambda n: f"raise --cache-bytes to at least {n}")
+        self.source = source or f"--cache-bytes {exact_bytes(self.limit_bytes)}"
+        self.raise_to = raise_to or (lambda n: f"raise --cache-bytes to at least {exact_bytes(n)}")
         self.used_bytes = 0
         self._lock = threading.Lock()
         self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
@@ -118,8 +119,8 @@ class MemoryBudget:
         if share < floor:
             raise RamTierTooSmallError(
                 f"the RAM tier ({self.source}) {what}: shared by {n} tables it gives each "
-                f"{share} bytes, under the {floor} bytes a table's share must hold ({floor // widest} rows of the "
-                f"widest table, {widest} bytes a row); {self.raise_to(n * floor)}"
+                f"{human_bytes(share)}, under the {exact_bytes(floor)} a table's share must hold ({floor // widest} "
+                f"rows of the widest table, {widest:,} bytes a row); {self.raise_to(n * floor)}"
             )
 
     def leave(self, member: Member) -> None:

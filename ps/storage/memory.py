@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ps.bytesize import bytes_apart, human_bytes
+from ps.bytesize import bytes_apart, exact_bytes, human_bytes
 from ps.rows.layout import layout_of
 from ps.storage import budget
 
@@ -88,19 +88,19 @@ class MemoryPlan:
     def ram_tier_source(self) -> str:
         """How the RAM tier got its size, for messages: "--cache-bytes N", or what --memory-bytes leaves."""
         if self.bounded and not self.cache_given:
-            return f"{self.ram_tier_bytes} bytes, what --memory-bytes {human_bytes(self.memory_bytes)} leaves it"
-        return f"--cache-bytes {self.ram_tier_bytes}"
+            return f"{exact_bytes(self.ram_tier_bytes)}, what --memory-bytes {human_bytes(self.memory_bytes)} leaves it"
+        return f"--cache-bytes {exact_bytes(self.ram_tier_bytes)}"
 
     def raise_ram_tier_to(self, need_bytes: int) -> str:
         """What to change so that the RAM tier holds need_bytes: the flag that set it, and --memory-bytes where
         the larger tier would not fit in it."""
         if not self.bounded:
-            return f"raise --cache-bytes to at least {need_bytes}"
+            return f"raise --cache-bytes to at least {exact_bytes(need_bytes)}"
         least = smallest_memory_bytes(need_bytes) // MiB
         if not self.cache_given:
-            return f"raise --memory-bytes to at least {least}M, which leaves the RAM tier {need_bytes} bytes"
+            return f"raise --memory-bytes to at least {least}M, which leaves the RAM tier {exact_bytes(need_bytes)}"
         more = f" and --memory-bytes to at least {least}M" if least * MiB > self.memory_bytes else ""
-        return f"raise --cache-bytes to at least {need_bytes}{more}"
+        return f"raise --cache-bytes to at least {exact_bytes(need_bytes)}{more}"
 
     def describe(self) -> str:
         """The plan as the server logs it at start, every part in MiB (_in_mib: they add up to the bound). Without a
