@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from string import printable, whitespace
 from urllib.parse import quote, unquote
 
+from ps.diskfull import DiskFullError
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
@@ -27,7 +28,6 @@ from ps.errors import (
     ClientTableFullError,
     DataDirLostError,
     DataLossError,
-    DiskFullError,
     FileTooLargeError,
     InvalidArgumentError,
     JobConflictError,

@@ -8,13 +8,9 @@ trailers over its metadata limit (8 KiB by default). An error's own fields (wire
 path, remedy) cross beside its message, whole, in that trailer (ps.errornames), and the client's copy takes them
 from there (PsError.received); its message is the shard's text as it came.
 
-A full disk is classified here, once (`disk_full_reason`): the journal, the store and the checkpoint save turn
-such a failure into a DiskFullError naming the path, and the service maps any other error that carries one to
-RESOURCE_EXHAUSTED as well.
+A full disk's error, and how a failure is recognised as one, are in ps.diskfull; a refusal of a request part of
+which stays is reworded by ps.partlyapplied.
 """
-
-import copy
-import errno
 
 MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
 MAX_DETAILS_BYTES = 1024  # of a status message, UTF-8; percent-encoded in the trailer, it takes at most 3x this
@@ -51,7 +47,8 @@ class PsError(Exception):
         """A client's copy of a shard's refusal of this class: message, the client's words (head: where and which
         call, "shard 1 at H:P: Shrink failed with NOT_FOUND: ") before the shard's; fields: the wire_fields its
         shard sent (ps.errornames.error_fields). A class with wire_fields overrides this to set them
-        (DiskFullError.received); this one, for a class without any, makes the error of the message alone."""
+        (ps.diskfull DiskFullError.received); this one, for a class without any, makes the error of the message
+        alone."""
         return cls(message)
 
 
@@ -267,11 +264,8 @@ class DataDirLostError(PsError):
 NOTHING_APPLIED = "nothing was applied"  # a refusal's outcome where none of the request was applied
 NOTHING_READ_OR_APPLIED = "nothing was read or applied"  # a request refused before it read a row or changed one
 NOTHING_OF_THE_STEP_APPLIED = "nothing of the step was applied"  # a sync step failed: no worker's push of it applied
-RETRY = "retry"  # a DiskFullError's remedy where the request is sent again, once space is freed, as it was
-SHRINK_REMEDY = "wait for the next Shrink"  # a full disk's, once space is freed, for a Shrink that ran in part
 # what the errors of a Shrink that ran in part, may have run, or runs say to do: one sent again decays rows twice
 SHRINK_NOT_AGAIN = "send no Shrink before the next one is due"
-REMEDY_AFTER = "(or raise the quota) and "  # what a DiskFullError's message says before its remedy (DiskFullError.of)
 
 MODEL_STATE_REPLACED = "holds another model state than the one this client started with"  # its message's words
 
@@ -335,121 +329,11 @@ class BarrierTimeoutError(PsError):
     status = "ABORTED"
 
 
-# errno of a write that found no room: the disk is full, or the user's disk quota is spent
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-DISK_FULL_PREFIX = "the server's disk is full"  # how a DiskFullError's message starts
-# their texts, as RocksDB's errors carry them ("IO error: No space left on device: <file>"; a plain Exception)
-DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
-
-
-def disk_full_reason(e: BaseException) -> str | None:
-    """Why e says a write found the disk full, or None: "No space left on device" (ENOSPC) or "Disk quota
-    exceeded" (EDQUOT), for an OSError of either errno, a DiskFullError, or an error that is no OSError whose
-    text holds either (rocksdict raises RocksDB's "IO error: ..." as a plain Exception)."""
-    if isinstance(e, DiskFullError):
-        return e.reason or DISK_FULL_TEXTS[0]
-    if isinstance(e, OSError) and e.errno is not None:
-        return DISK_FULL_TEXTS[DISK_FULL_ERRNOS.index(e.errno)] if e.errno in DISK_FULL_ERRNOS else None
-    text = str(e)
-    return next((t for t in DISK_FULL_TEXTS if t in text), None)
-
-
 class FileTooLargeError(PsError):
     """A write the limit on a file's size refused (EFBIG: the process's `ulimit -f`, or the file system's largest
     file): a resource of the server, as a full disk is."""
 
     status = "RESOURCE_EXHAUSTED"
-
-
-class DiskFullError(PsError):
-    """A write this server needed found its disk full (ENOSPC) or its disk quota spent (EDQUOT):
-    RESOURCE_EXHAUSTED, gRPC's code for "the entire file system is out of space". The message says so, names the
-    path (the data dir, its journal, or the checkpoint dir) and says what of the request was applied: nothing,
-    unless it says otherwise (partly_applied: a PushBatch's pushes applied before a later push, or its clock
-    advance, failed; a Shrink's chunks written before it stopped). Not retried by the client: it fails the same
-    way until space is freed on the server."""
-
-    status = "RESOURCE_EXHAUSTED"
-    wire_fields = ("reason", "what", "disk", "outcome", "remedy")
-
-    def __init__(self, message: str, reason: str = "", what: str = "", disk: str = "", outcome: str = "",
-                 remedy: str = RETRY):  # fmt: skip
-        super().__init__(message)
-        self.reason = reason  # DISK_FULL_TEXTS' entry, where known
-        self.what = what  # what failed, and where
-        self.disk = disk  # a path on the disk that is full, where `what` names more than one
-        self.outcome = outcome  # what of the request stands, as the message ends ("": not said)
-        self.remedy = remedy  # what to do once space is freed
-
-    @classmethod
-    def of(
-        cls, reason: str, what: str, outcome: str = NOTHING_APPLIED, disk: str = "", remedy: str = RETRY
-    ) -> "DiskFullError":
-        """The error for `what` (what failed, naming the path) failing for `reason` (disk_full_reason's);
-        outcome: what of the request stands, the message's end ("": none; partly_applied adds what stays when
-        part of the request was applied); disk: a path on the full disk, named when `what` names more than one;
-        remedy: what to do once space is freed."""
-        where = f"the disk of {disk}" if disk else "that disk"
-        return cls(
-            f"{DISK_FULL_PREFIX} ({reason}): {what}; free space on {where} {REMEDY_AFTER}{remedy}"
-            + (f"; {outcome}" if outcome else ""),
-            reason,
-            what,
-            disk,
-            outcome,
-            remedy,
-        )
-
-    @classmethod
-    def received(cls, message: str, head: str, fields: dict[str, str]) -> "DiskFullError":
-        """A client's copy of a shard's DiskFullError (see PsError.received): its fields as the shard sent them, head
-        starting `what` (the message names the shard and the call there). A refusal that came without them all (a
-        shard that sends none, or one whose fields were over ps.errornames MAX_FIELDS_BYTES) has its message
-        alone: every field "", its remedy included (not known; partly_applied rewords its message, the remedy at its
-        end included)."""
-        if any(name not in fields for name in cls.wire_fields):
-            return cls(message, remedy="")
-        f = fields
-        return cls(message, f["reason"], head + f["what"], f["disk"], f["outcome"], f["remedy"])
-
-    def instead(self, outcome: str, disk: str | None = None, remedy: str | None = None) -> "DiskFullError":
-        """The same error with another outcome (and disk, and remedy, if given: else its own): a copy, its class and
-        other attributes (a client's refused_by) kept."""
-        disk = self.disk if disk is None else disk
-        remedy = self.remedy if remedy is None else remedy
-        fresh = DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
-        reworded = copy.copy(self)
-        vars(reworded).update(vars(fresh))
-        reworded.args = fresh.args
-        return reworded
-
-
-def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> PsError:
-    """e, the failure that stopped a request part of which was applied and stays, reworded to say so: a copy of e,
-    its class and attributes kept, whose message is "<stopped>: <e's message less its '; nothing was applied'>.
-    <outcome>"; a DiskFullError's keeps its start (DISK_FULL_PREFIX), its remedy and its own outcome, unless that
-    is "nothing was applied", and ends "; <stopped>. <outcome>" (DiskFullError.instead: one whose fields are known,
-    `what` not ""; a client's copy that came without them is reworded as the others); so does a
-    ShardNeedsRestartError's, whose message, kept whole and first, says what a restart does. outcome: what of the
-    request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
-    again does. remedy: what a DiskFullError whose remedy is RETRY says to do instead once space is freed, where
-    sending the request again would apply its part twice (SHRINK_REMEDY); "": RETRY stays. A client's copy of a
-    DiskFullError that came without its fields gets remedy too where its message, less "; nothing was applied",
-    ends "<REMEDY_AFTER>retry" (the shard's disk-full sentence, whole); its fields stay "" (none came); a message
-    cut short (clip) keeps its words, and the outcome after them says what to do."""
-    if isinstance(e, DiskFullError) and e.what:
-        own = "" if e.outcome in ("", NOTHING_APPLIED) else f"{e.outcome}; "
-        instead = remedy if remedy and e.remedy == RETRY else None
-        return e.instead(f"{own}{stopped}. {outcome}", remedy=instead)
-    reworded = copy.copy(e)  # the class and the attributes (a refusal's own fields) as they are
-    if isinstance(e, ShardNeedsRestartError):
-        reworded.args = (f"{e}; {stopped}. {outcome}", *e.args[1:])
-        return reworded
-    said = str(e).removesuffix(f"; {NOTHING_APPLIED}")
-    if remedy and isinstance(e, DiskFullError) and said.endswith(REMEDY_AFTER + RETRY):
-        said = said.removesuffix(RETRY) + remedy
-    reworded.args = (f"{stopped}: {said}. {outcome}", *e.args[1:])
-    return reworded
 
 
 class StorageError(PsError):

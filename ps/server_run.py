@@ -11,9 +11,10 @@ import sys
 import threading
 import time
 
+from ps.diskfull import DiskFullError
 from ps.engine.startup import StartProgress, StartStopped
 from ps.engine.warmup import warm_up
-from ps.errors import DataDirLostError, DiskFullError, ShardNeedsRestartError
+from ps.errors import DataDirLostError, ShardNeedsRestartError
 from ps.listen_address import host_port
 from ps.server import Server
 from ps.server_config import ServerConfig

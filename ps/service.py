@@ -3,8 +3,8 @@ ps.service_calls.rpc_handler).
 
 No client ever sees UNKNOWN: a request whose bytes do not decode is INVALID_ARGUMENT (ps.codec reads every
 request), ps.errors exceptions map to their status, anything else is INTERNAL, logged. A full disk (ENOSPC,
-EDQUOT) is RESOURCE_EXHAUSTED: the journal, the store and the checkpoint save raise ps.errors.DiskFullError,
-naming the path and what of the request stands; any other error of a full disk (ps.errors.disk_full_reason) is
+EDQUOT) is RESOURCE_EXHAUSTED: the journal, the store and the checkpoint save raise ps.diskfull.DiskFullError,
+naming the path and what of the request stands; any other error of a full disk (ps.diskfull.disk_full_reason) is
 mapped to RESOURCE_EXHAUSTED here too. Refusals are logged through ps.refusals: a client's mistake at INFO (a full
 table of clients at WARNING), damage and a full disk at ERROR, each kind (method, error class and status) at most
 once a minute, the count of the others in a line at the minute's end.

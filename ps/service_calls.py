@@ -13,16 +13,15 @@ from collections.abc import Callable
 import grpc
 
 from ps import codec
+from ps.diskfull import DiskFullError, disk_full_reason
 from ps.errornames import error_metadata
 from ps.errors import (
     CheckpointInProgressError,
     ClientTableFullError,
-    DiskFullError,
     FileTooLargeError,
     InvalidArgumentError,
     PsError,
     clip,
-    disk_full_reason,
 )
 from ps.terminate import SIGNAL_CHECK_S
 

@@ -385,7 +385,8 @@ def test_a_shrink_that_stops_part_way_on_a_full_disk_stays_a_disk_full_error(tmp
     """A DiskFullError that stops a Shrink part way is raised as one still: its reason, what and disk kept, its
     message starting as every DiskFullError's does, and saying what of the Shrink stays. Its one instruction is to
     wait for the next Shrink (a Shrink sent again would decay table 'a' a second time), not to retry."""
-    from ps.errors import DISK_FULL_PREFIX, PARTLY_APPLIED, DiskFullError
+    from ps.diskfull import DISK_FULL_PREFIX, DiskFullError
+    from ps.errors import PARTLY_APPLIED
 
     shard = _decaying_shard(tmp_path, "ab")
     try:

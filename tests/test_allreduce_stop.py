@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ps import errors
+from ps import diskfull, errors
 from ps.errors import ModelStateReplacedError, ServerUnavailableError
 from worker.allreduce_stop import save_dense_on_stop
 
@@ -55,7 +55,7 @@ def _refusals() -> list:
         (errors.WorkerDoneError("worker 0 is done"), job, False),
         (errors.JobIdReusedError("step 3 applied before"), job, False),
         (errors.ClientIdInUseError("applied before"), job, False),
-        (errors.DiskFullError.of("No space left on device", "the journal of /d"), failed, False),
+        (diskfull.DiskFullError.of("No space left on device", "the journal of /d"), failed, False),
         (errors.ServerUnavailableError("shard 0 did not answer"), failed, False),
         (errors.RequestOutcomeUnknownError("no answer in time"), failed, False),
         (errors.ShardClosingError("shutting down"), failed, False),

@@ -25,9 +25,10 @@ import pytest
 from ps.accel import hugepages
 from ps.bytesize import read_bytes
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+from ps.diskfull import DiskFullError
 from ps.engine import table as table_module
 from ps.engine.shard import Shard
-from ps.errors import DiskFullError, RamTierTooSmallError, StorageError, TableBusyError
+from ps.errors import RamTierTooSmallError, StorageError, TableBusyError
 from ps.rows.layout import INDEX_BYTES_PER_ROW, layout_of
 from ps.server_config import ServerConfig
 from ps.storage import budget as budget_module

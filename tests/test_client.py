@@ -717,15 +717,9 @@ def test_a_host_name_that_does_not_resolve_is_said_so():
 
 
 def test_a_refusal_is_raised_as_the_class_the_server_named_where_it_has_the_status():
+    from ps.diskfull import DiskFullError
     from ps.errornames import error_class
-    from ps.errors import (
-        CheckpointHoldError,
-        DataDirLostError,
-        DiskFullError,
-        PsError,
-        TableNotFoundError,
-        WrongShardError,
-    )
+    from ps.errors import CheckpointHoldError, DataDirLostError, PsError, TableNotFoundError, WrongShardError
 
     assert error_class("FAILED_PRECONDITION", "DataDirLostError") is DataDirLostError
     assert error_class("FAILED_PRECONDITION", "CheckpointHoldError") is CheckpointHoldError
@@ -740,8 +734,9 @@ def test_a_refusals_fields_cross_percent_encoded_and_only_within_their_bound():
     """A DiskFullError's fields cross as printable ASCII ("%", a newline and UTF-8 percent-encoded) and come back
     whole; fields over MAX_FIELDS_BYTES together are left out, the class still named, and the client's copy then
     has its message alone, its remedy included (not RETRY: not known)."""
+    from ps.diskfull import RETRY, DiskFullError
     from ps.errornames import MAX_FIELDS_BYTES, error_fields, error_metadata
-    from ps.errors import RETRY, DiskFullError, TableNotFoundError
+    from ps.errors import TableNotFoundError
 
     odd = "/d/donn\u00e9es 100%\nx"
     e = DiskFullError.of("Disk quota exceeded", f"the journal in {odd}", disk=odd)
@@ -762,16 +757,24 @@ def test_a_refusals_fields_cross_percent_encoded_and_only_within_their_bound():
     assert error_metadata(TableNotFoundError("no table")) == (("sparseps-error", "TableNotFoundError"),)
 
 
-def test_every_server_side_error_class_can_be_named_to_the_client():
-    """Each PsError of ps/errors.py is in SERVER_ERRORS (the client raises it by name) unless it is one the client
-    raises itself: a class missing there reaches the client as its status's class (FAILED_PRECONDITION:
-    WrongShardError, whose message is about slot maps)."""
+def error_classes() -> list[type]:
+    """Every PsError class that ps/errors.py and ps/diskfull.py define, PsError included."""
     import inspect
 
-    from ps import errornames, errors
+    from ps import diskfull, errors
+
+    return [c for m in (errors, diskfull) for _, c in inspect.getmembers(m, inspect.isclass)
+            if issubclass(c, errors.PsError) and c.__module__ == m.__name__]  # fmt: skip
+
+
+def test_every_server_side_error_class_can_be_named_to_the_client():
+    """Each PsError of ps/errors.py and ps/diskfull.py is in SERVER_ERRORS (the client raises it by name) unless it
+    is one the client raises itself: a class missing there reaches the client as its status's class
+    (FAILED_PRECONDITION: WrongShardError, whose message is about slot maps)."""
+    from ps import errornames
 
     client_side = {"ClientIdInUseError", "JobIdReusedError", "ServerUnavailableError", "RequestOutcomeUnknownError"}
-    classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PsError)}
+    classes = {c.__name__ for c in error_classes()}
     named = {c.__name__ for c in errornames.SERVER_ERRORS}
     assert classes - {"PsError"} - client_side == named, (classes - named, named - classes)
 
@@ -779,12 +782,9 @@ def test_every_server_side_error_class_can_be_named_to_the_client():
 def test_every_error_class_with_wire_fields_reads_them_back():
     """PsError.received makes the error of its message alone: each class that sends fields (wire_fields) has its
     own received, which sets them, so no field a shard sends is dropped by the client."""
-    import inspect
-
     from ps import errors
 
-    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PsError)]
-    senders = [c for c in classes if c.wire_fields]
+    senders = [c for c in error_classes() if c.wire_fields]
     assert senders, "no class sends fields"
     for cls in senders:
         assert cls.received.__func__ is not errors.PsError.received.__func__, cls.__name__

@@ -634,7 +634,8 @@ STORE_CALLS = {
 @pytest.mark.parametrize("full", [False, True], ids=["damage", "full disk"])
 @pytest.mark.parametrize("call", STORE_CALLS)
 def test_every_store_call_says_damage_is_data_loss_and_a_full_disk_is_one(tmp_path, call, full):
-    from ps.errors import DataLossError, DiskFullError
+    from ps.diskfull import DiskFullError
+    from ps.errors import DataLossError
 
     store = Store(str(tmp_path / "d"))
     try:

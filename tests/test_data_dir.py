@@ -309,7 +309,7 @@ def test_a_start_stopped_by_permissions_or_a_full_disk_says_so_not_damage(good_d
     """Neither is damage: the message names the file and the user, or the full disk, and what to do."""
     import ps.engine.opening as opening
     import ps.engine.shard as shard_module
-    from ps.errors import DiskFullError
+    from ps.diskfull import DiskFullError
 
     journal_dir = os.path.join(good_dir, "journal")
 

@@ -20,8 +20,9 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.accel.prefault import Prefaulter
+from ps.diskfull import SHRINK_REMEDY, DiskFullError, disk_full_reason
 from ps.errornames import error_fields
-from ps.errors import SHRINK_REMEDY, DiskFullError, StorageError, disk_full_reason
+from ps.errors import StorageError
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.storage import journal as journal_module
@@ -523,7 +524,7 @@ def test_a_request_stopped_part_way_by_a_stopped_background_writer_keeps_its_rem
     """The write-behind's full disk stops its writer until a restart: reworded by partly_applied (a push batch or
     a Shrink stopped part way), the error still says to restart the server, not to retry, and that the writer
     stopped, then what of the request stays."""
-    from ps.errors import partly_applied
+    from ps.partlyapplied import partly_applied
     from ps.storage.writebehind import PendingBatch, WriteBehind
 
     def write(batch):

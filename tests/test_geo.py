@@ -280,10 +280,10 @@ def test_apply_needs_the_rows_held_and_every_must_be_positive(server):
 def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_they_cannot_land():
     """So that the examples a stopped run says it trained (its --skip-examples) are on the servers; not where the
     servers failed, hold another model state or refuse the job."""
+    from ps.diskfull import DiskFullError
     from ps.errors import (
         BarrierTimeoutError,
         ClientIdInUseError,
-        DiskFullError,
         InvalidArgumentError,
         JobConflictError,
         ModelStateReplacedError,

@@ -556,8 +556,8 @@ def test_a_refusals_fields_at_their_bound_and_past_it_do_not_overflow_the_traile
     """A DiskFullError whose fields take MAX_FIELDS_BYTES once percent-encoded (a path of "é", 6 bytes each), and
     whose message, clipped, is as wide: its client gets RESOURCE_EXHAUSTED, the class named and the fields whole,
     every time (not gRPC's refusal of a trailer over its limit); one byte more of them, and they are left out."""
+    from ps.diskfull import DiskFullError
     from ps.errornames import MAX_FIELDS_BYTES, error_fields, error_metadata
-    from ps.errors import DiskFullError
 
     server, stub = serve()
     base = sum(len(s) for s in ("Disk quota exceeded", "the journal in /", "/", "nothing was applied", "retry"))
@@ -621,7 +621,7 @@ def test_a_refusals_hostile_trailers_decode_to_text_and_nothing_else():
     no escape stays as it is, an escape of bytes that are not UTF-8 reads as U+FFFD, a bytes value (a -bin key's)
     and a key outside ERROR_NAME_KEY-<field> are not read, and a field no class has sets nothing. The client's
     DiskFullError has the fields as decoded; one that lacks a field, sent as bytes, has its message alone."""
-    from ps.errors import DiskFullError
+    from ps.diskfull import DiskFullError
     from worker.retry import Outages
 
     fields = (("sparseps-error-reason", "%C3%28"), ("sparseps-error-what", "a%zz%"), ("sparseps-error-disk", "/d%2"),

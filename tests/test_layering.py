@@ -2,8 +2,8 @@
 x`, relative, inside functions too), with no exemptions:
 
 - ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
-      foundation  ps.errors, ps.errornames, ps.hashing, ps.bytesize, ps.config, ps.server_config, ps.table_toml,
-                  ps.sharding, ps.checkpoint, ps.wire, ps.codec, ps.utctime, ps.storage.atomicfile (stdlib only:
+      foundation  ps.errors, ps.errornames, ps.diskfull, ps.partlyapplied, ps.hashing, ps.bytesize, ps.config,
+                  ps.server_config, ps.table_toml, ps.sharding, ps.checkpoint, ps.wire, ps.codec, ps.utctime, ps.storage.atomicfile (stdlib only:
                   ps.checkpoint writes the manifest with it)
       accel       ps.accel.*    optional OS-level accelerations
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
@@ -34,6 +34,8 @@ FOUNDATION = {
     "ps.errors",
     "ps.errornames",
     "ps.replacedstate",
+    "ps.diskfull",
+    "ps.partlyapplied",
     "ps.emptyflags",
     "ps.hashing",
     "ps.bytesize",
@@ -60,6 +62,8 @@ STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.errornames", "ps.hashing", "ps.config", "ps.table_toml", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
     "ps.replacedstate",  # a ModelStateReplacedError's words, the shard's and the client's own
+    "ps.diskfull",  # DiskFullError, which the client raises by name and does not retry; DISK_FULL_ERRNOS (predict)
+    "ps.partlyapplied",  # a Shrink that failed on some shards, reworded as a shard rewords a request part of which stays
     "ps.emptyflags",  # flags given empty (a path, a host), refused as ps-server refuses its own (stdlib only)
     "ps.security",  # TLS and token settings of a client channel
     "ps.secretfiles",  # the token and TLS files, read and checked as the server reads its own

@@ -1,6 +1,6 @@
 """The words of a refusal's outcome are written once, in ps/errors.py (NOTHING_APPLIED, NOTHING_READ_OR_APPLIED,
 NOTHING_OF_THE_STEP_APPLIED, PARTLY_APPLIED): every other module of ps/ and worker/ that produces them uses the
-constant, so that the modules which read them (worker.retry, ps.errors.partly_applied, ps.engine.rowloader) and the
+constant, so that the modules which read them (worker.retry, ps.partlyapplied, ps.engine.rowloader) and the
 messages they read cannot drift apart. Read from the source: every string a module builds (its implicit concatenations
 and f-strings joined; docstrings and bare strings left out, they only describe)."""
 

@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.errors import DiskFullError, InvalidArgumentError, TableNotFoundError
+from ps.diskfull import DiskFullError
+from ps.errors import InvalidArgumentError, TableNotFoundError
 from ps.refusals import RefusalLog
 
 LOGGER = "tests.refusals"

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
-from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHRINK_REMEDY, DiskFullError, TableNotFoundError
+from ps.diskfull import SHRINK_REMEDY, DiskFullError
+from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, TableNotFoundError
 from ps.rows.layout import SHOW
 from worker.client import Client
 

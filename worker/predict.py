@@ -57,7 +57,7 @@ from typing import IO
 
 import numpy as np
 
-from ps.errors import DISK_FULL_ERRNOS
+from ps.diskfull import DISK_FULL_ERRNOS
 from ps.storage import leftovers
 from ps.storage.atomicfile import sync_directory, sync_file
 from worker.batch import Batch

@@ -25,6 +25,7 @@ import grpc
 
 from protos import ps_pb2
 from ps.config import REQUEST_RETENTION_S, RETRY_WINDOW_S
+from ps.diskfull import DiskFullError
 from ps.errornames import ERROR_NAME_KEY, error_class, error_fields
 from ps.errors import (
     CHECKPOINT_PAUSE,
@@ -34,7 +35,6 @@ from ps.errors import (
     SHRINK_NOT_AGAIN,
     ClientIdInUseError,
     DataDirLostError,
-    DiskFullError,
     FileTooLargeError,
     JobConflictError,
     JobIdReusedError,

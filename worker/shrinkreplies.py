@@ -11,13 +11,15 @@ remedy RETRY becomes SHRINK_REMEDY there too).
 from __future__ import annotations
 
 from protos import ps_pb2
-from ps.errors import PARTLY_APPLIED, SHRINK_NOT_AGAIN, SHRINK_REMEDY, PsError, partly_applied
+from ps.diskfull import SHRINK_REMEDY
+from ps.errors import PARTLY_APPLIED, SHRINK_NOT_AGAIN, PsError
+from ps.partlyapplied import partly_applied
 
 
 def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     """outcomes: each shard's ShrinkResponse, or the PsError its Shrink ended with, in shard order. Returns the
     replies where no shard failed. Else raises the first failure: as it is where no shard shrank; where some did,
-    reworded by ps.errors.partly_applied (its class and attributes kept) with "Shrink failed on shard <s>" and "Of
+    reworded by ps.partlyapplied (its class and attributes kept) with "Shrink failed on shard <s>" and "Of
     the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
     <PARTLY_APPLIED>; <SHRINK_NOT_AGAIN>, also once shard <s> is mended: one sent again would decay their rows a
     second time" (and which other shards failed, where more did); a full disk's refusal with its remedy RETRY

@@ -26,6 +26,7 @@ from typing import TypeVar
 
 from ps.checkpoint import inside_a_checkpoint
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
+from ps.diskfull import DiskFullError, disk_full_reason
 from ps.engine.room import CALLER_CHECK_S, watch_caller
 from ps.errors import (
     CHECKPOINT_PAUSE,
@@ -34,9 +35,7 @@ from ps.errors import (
     CheckpointDirError,
     CheckpointHoldError,
     CheckpointInProgressError,
-    DiskFullError,
     InvalidArgumentError,
-    disk_full_reason,
 )
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: a hold is a part of its shard

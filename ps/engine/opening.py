@@ -13,10 +13,11 @@ import traceback
 
 from ps.checkpoint import MANIFEST, checkpoint_folder_around, load_manifest, read_manifest, slot_range, unfinished_save
 from ps.config import TableConfig
+from ps.diskfull import DiskFullError, disk_full_reason
 from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table, rows_text
-from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
+from ps.errors import DataLossError, PsError, StorageError
 from ps.progress import LoggedCount, pace
 from ps.rows.layout import layout_of
 from ps.server_config import ServerConfig

@@ -37,8 +37,8 @@ from ps.errors import (
     PsError,
     RequestSeqReusedError,
     ShardNeedsRestartError,
-    partly_applied,
 )
+from ps.partlyapplied import partly_applied
 from ps.storage.checksum import checksum64
 from ps.storage.journal import Journal
 from ps.storage.journalformat import Origin
@@ -366,7 +366,7 @@ def _advance_out_of_range(steps: int, at: str = "", why: str = "") -> InvalidArg
 
 def _partly_applied(e: PsError, failed: str, applied: range, where: str, request: tuple[int, int, int],
                     rest: int | None) -> PsError:  # fmt: skip
-    """e, a failure after the pushes `applied` of a batch were applied, reworded by ps.errors.partly_applied with
+    """e, a failure after the pushes `applied` of a batch were applied, reworded by ps.partlyapplied with
     `failed` and "The pushes <applied> <where> were applied and stay applied, and the clock was not advanced
     (PARTLY_APPLIED); <what a retry does>". rest: the first push that a retry with the request's client id applies
     (None: none of them, only the clock advance)."""

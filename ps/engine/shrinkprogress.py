@@ -27,15 +27,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ps.errors import (
-    NOTHING_APPLIED,
-    PARTLY_APPLIED,
-    SHRINK_NOT_AGAIN,
-    SHRINK_REMEDY,
-    PsError,
-    ShrinkRunningError,
-    partly_applied,
-)
+from ps.diskfull import SHRINK_REMEDY
+from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHRINK_NOT_AGAIN, PsError, ShrinkRunningError
+from ps.partlyapplied import partly_applied
 from ps.progress import LoggedCount, pace
 from ps.utctime import utc
 
@@ -91,7 +85,7 @@ class ShrinkProgress:
                 f"{self.scan.done:,} of {total:,} rows scanned so far)")  # fmt: skip
 
     def refusal(self, e: PsError) -> PsError | None:
-        """e, the failure that stopped the Shrink, reworded to say what of the Shrink stays (ps.errors.partly_applied:
+        """e, the failure that stopped the Shrink, reworded to say what of the Shrink stays (ps.partlyapplied:
         its class and attributes kept; a DiskFullError's remedy RETRY becomes SHRINK_REMEDY): None where no chunk was
         written (e's own outcome stands); else with "shrink stopped" and "Of the Shrink, <the tables shrunk whole,
         the one in part (where a chunk of it was written), those not at all>: those changes were applied, and the

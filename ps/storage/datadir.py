@@ -12,15 +12,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ps.errors import (
-    NOTHING_APPLIED,
-    DataDirLostError,
-    DataLossError,
-    DiskFullError,
-    PsError,
-    StorageError,
-    disk_full_reason,
-)
+from ps.diskfull import DiskFullError, disk_full_reason
+from ps.errors import NOTHING_APPLIED, DataDirLostError, DataLossError, PsError, StorageError
 from ps.sharding import NUM_SLOTS
 from ps.storage.atomicfile import make_dirs
 from ps.storage.meta import META_CF, meta_value, shard_record

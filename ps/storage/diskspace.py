@@ -1,6 +1,6 @@
 """The disk under a data dir: its bytes used and free (measure), and DiskWatch, which logs while free space is low.
 
-A shard whose disk fills stops taking pushes (RESOURCE_EXHAUSTED, ps.errors.DiskFullError) and its background
+A shard whose disk fills stops taking pushes (RESOURCE_EXHAUSTED, ps.diskfull.DiskFullError) and its background
 flushes fail; DiskWatch says so in the log beforehand. The flusher thread calls DiskWatch.poll at each wake-up, so
 no request pays for the directory walk and statvfs it costs (at most one measure every CHECK_S).
 

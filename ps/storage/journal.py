@@ -13,7 +13,7 @@ same bytes in the file; the mapped copy is optional and never used with sync. Wi
 fsynced before it returns (it survives power loss, not only a crash of the process). A failed append is cut off
 before the error is raised, so the file ends with the last acknowledged record, and takes no seq: the next append
 writes the same seq at the same offset. A short pwritev (a disk that filled up part-way) is written on once, to
-complete the record or to get the real error; a full disk (ENOSPC, EDQUOT) is a ps.errors.DiskFullError naming
+complete the record or to get the real error; a full disk (ENOSPC, EDQUOT) is a ps.diskfull.DiskFullError naming
 the journal's directory.
 
 The mark: a journal given a mark_path keeps there, in a file outside the journal's directory
@@ -46,14 +46,8 @@ import numpy as np
 
 from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
-from ps.errors import (
-    NOTHING_APPLIED,
-    DataDirLostError,
-    DiskFullError,
-    FileTooLargeError,
-    StorageError,
-    disk_full_reason,
-)
+from ps.diskfull import DiskFullError, disk_full_reason
+from ps.errors import NOTHING_APPLIED, DataDirLostError, FileTooLargeError, StorageError
 from ps.storage.applied import AppliedChanges, AppliedTable
 from ps.storage.atomicfile import sync_directory
 from ps.storage.checksum import checksum64, copy_with_checksum64

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.errors import DiskFullError
+from ps.diskfull import DiskFullError
 from ps.storage.foreground import Foreground
 
 
