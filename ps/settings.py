@@ -25,7 +25,7 @@ import sys
 import tomllib
 from collections.abc import Mapping
 
-from ps.secretfiles import refuse_empty
+from ps.emptyflags import refuse_empty_path
 
 CONFIG_ENV = "PS_CONFIG"
 CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shrink", "checkpoint", "export",
@@ -137,7 +137,7 @@ def _config_path(argv: list[str], environ) -> str | None:
             path, source = argv[i + 1], "--config"
         elif token.startswith("--config="):
             path, source = token.split("=", 1)[1], "--config"
-    refuse_empty((source, path), what="the config file's path", unsaid="drop the file's settings")
+    refuse_empty_path(source, path, "the config file's path", "drop the file's settings")
     return path
 
 

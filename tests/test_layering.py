@@ -2,15 +2,18 @@
 x`, relative, inside functions too), with no exemptions:
 
 - ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
-      foundation  ps.errors, ps.errornames, ps.diskfull, ps.partlyapplied, ps.hashing, ps.bytesize, ps.config,
-                  ps.server_config, ps.table_toml, ps.sharding, ps.checkpoint, ps.wire, ps.codec, ps.utctime, ps.storage.atomicfile (stdlib only:
-                  ps.checkpoint writes the manifest with it)
+      foundation  ps.errors, ps.errornames, ps.replacedstate, ps.emptyflags, ps.diskfull, ps.partlyapplied,
+                  ps.hashing, ps.bytesize, ps.config, ps.server_config, ps.table_toml, ps.sharding, ps.checkpoint,
+                  ps.wire, ps.codec, ps.utctime, ps.progress, ps.stamp, ps.terminate, ps.signalsafe, ps.metricshttp,
+                  ps.storage.atomicfile (stdlib only: ps.checkpoint writes the manifest with it)
       accel       ps.accel.*    optional OS-level accelerations
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
-      process     ps.service, ps.service_calls, ps.server_run, ps.listen_address, ps.refusals, ps.replies, ps.unreadreplies, ps.server, ps.health, ps.security, ps.secretfiles, ps.tlsprobe, ps.metrics, ps.settings, ps.flagtypes, ps.sizing, ps.__main__,
-                  ps.cli_server_flags, ps.cli_server, ps.cli_commands
+      process     ps.service, ps.service_calls, ps.server_run, ps.listen_address, ps.refusals, ps.replies,
+                  ps.unreadreplies, ps.server, ps.health, ps.security, ps.secretfiles, ps.tlsprobe, ps.metrics,
+                  ps.settings, ps.settings_names, ps.flagtypes, ps.sizing, ps.__main__, ps.cli_server_flags,
+                  ps.cli_server, ps.cli_commands
 - one module imports rocksdict, the RocksDB binding (ROCKSDB_MODULE, ps.storage.rocks); the other storage modules
   take its types from there;
 - in ps/, only the process modules that speak gRPC (service, service_calls, server, health, security) import grpc, and only they and
@@ -236,6 +239,14 @@ def test_the_rules_allow_a_right_import():
 def test_cycles_are_found():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_docstring_names_every_module_of_the_foundation_and_process_layers():
+    """The layers listed at the top of this file are FOUNDATION's and PROCESS's modules, every one of them."""
+    import re
+
+    listed = set(re.findall(r"ps(?:\.\w+)+", __doc__))
+    assert sorted((FOUNDATION | PROCESS) - {"ps"} - listed) == []
 
 
 def test_every_module_is_named_in_docs_architecture_md():

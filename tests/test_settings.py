@@ -117,6 +117,12 @@ def test_a_config_file_may_hold_the_section_of_every_command_of_both_clis(tmp_pa
     assert parser.parse_args(["--data-dir", str(tmp_path)]).sync is True
 
 
+WHOLE_CONFIG_REFUSAL = (
+    ": give the config file's path, or leave the flag out (an empty path is not taken as the "
+    "flag left out, which would drop the file's settings without a word)"
+)  # ps.emptyflags' words
+
+
 @pytest.mark.parametrize("argv, env, said", [
     (["--config", ""], {}, "--config is empty ('')"),
     (["--config=  "], {}, "--config is empty ('  ')"),
@@ -126,7 +132,7 @@ def test_an_empty_config_path_is_refused_not_taken_as_no_file(tmp_path, argv, en
     """`--config "$CONFIG"` with CONFIG unset: read as no file, it would drop the file's TLS and token settings,
     and a server on 0.0.0.0 would serve in the clear without a word."""
     for parser, command in ((server_parser(), ["--data-dir", str(tmp_path)]), (worker_parser(), ["stats"])):
-        with pytest.raises(ValueError, match=re.escape(said) + ": give the config file's path"):
+        with pytest.raises(ValueError, match=re.escape(said + WHOLE_CONFIG_REFUSAL)):
             apply_defaults(parser, command + argv, env, section="server" if command[0] != "stats" else None)
     r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d"), *argv], stdin=subprocess.DEVNULL,
                        env={**env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)  # fmt: skip
