@@ -175,7 +175,7 @@ def check_tls_files(cert: str | None, key: str | None, ca: str | None = None, cl
 
 EARLY_REFUSED_BY = {  # (client, own certificate): who refuses a certificate of that file before its start
     (False, True): "clients refuse it",
-    (False, False): "clients refuse it",
+    (False, False): "this server refuses the client certificates it signed (mutual TLS)",  # clients use their own CA
     (True, True): "shards that require a client certificate (mutual TLS) refuse it",
     (True, False): "this client refuses the shards' certificates it signed",
 }

@@ -894,6 +894,43 @@ def test_a_ca_not_yet_valid_is_warned_of_at_start_and_named_to_its_clients(pki, 
         "check the clocks of both machines, the shard's and this one, or wait until then"), text  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def early_client(pki, expired):
+    """A client certificate valid now (early-client.pem, its key early-client.key) that future-ca signed, and
+    now-ca.pem: future-ca's name and key, valid now, so that either CA verifies that certificate."""
+    d = expired
+    _openssl("req", *EC, "-keyout", "early-client.key", "-out", "early-client.csr", "-subj", "/CN=early-client", cwd=d)
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-cert", "future-ca.pem", "-keyfile", "future-ca.key",
+             "-in", "early-client.csr", "-out", "early-client.pem", "-notext", "-startdate", "20200101000000Z",
+             "-enddate", "20600101000000Z", "-extfile", str(pki / "client.ext"), cwd=d)  # fmt: skip
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-selfsign", "-keyfile", "future-ca.key", "-in", "future-ca.csr",
+             "-out", "now-ca.pem", "-notext", "-startdate", "20200101000000Z", "-enddate", "20600101000000Z",
+             "-extfile", "ca.ext", cwd=d)  # fmt: skip
+    return d
+
+
+def test_a_servers_own_ca_not_yet_valid_is_warned_of_as_what_refuses_its_clients_certificates(
+    pki, early_client, start, caplog
+):
+    """Under mutual TLS the server checks its clients' certificates against its --tls-ca; its clients check the
+    server's against their own. So a server CA not yet valid has the server refuse a client certificate it signed,
+    and the warning says so: a client whose own files are all valid is refused by that server, and served by one
+    whose CA, of the same name and key, is valid now."""
+    d = early_client
+    client = dict(tls_ca=str(pki / "ca.pem"), tls_cert=str(d / "early-client.pem"), tls_key=str(d / "early-client.key"))
+    server = dict(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"))
+    assert works(start(**server, tls_ca=str(d / "now-ca.pem")), **client)
+    with caplog.at_level("WARNING", logger="ps.server"):
+        address = start(**server, tls_ca=str(d / "future-ca.pem"))
+    with pytest.raises(ServerUnavailableError):
+        works(address, **client)
+    warnings = [r.getMessage() for r in caplog.records if "not valid until" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(f"TLS CA (--tls-ca) {d / 'future-ca.pem'} is not valid until "
+                                                         "2099-01-01 00:00:00 UTC"), warnings  # fmt: skip
+    assert ": until then this server refuses the client certificates it signed (mutual TLS); check the clocks" in (
+        warnings[0]), warnings  # fmt: skip
+
+
 def test_the_probe_of_a_certificates_start_asks_for_the_server_name_as_the_verified_handshake_does(pki, expired):
     """An ingress that routes by SNI, here a TLS server presenting future.pem to "shard.example" and server.pem to
     any other name or none: speaks_tls has the certificate (its start read here) for the name the client gives
