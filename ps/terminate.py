@@ -157,14 +157,17 @@ def stopped_by_signal(e: BaseException) -> tuple[str, int] | None:
 def exit_code(program: str, run: Callable[[], int]) -> int:
     """run()'s exit code, the whole of a command's main: a Ctrl-C or SIGTERM that ends it (stopped_by_signal) is
     said on stderr ('PROGRAM: interrupted', or 'terminated') and gives 130 (or EXIT_CODE, 143); any other
-    exception goes on."""
+    exception goes on. Notes the code it stopped added to the signal's exception (add_note: what that code left,
+    a checkpoint's save or an export, say) follow the word, on its line."""
     try:
         return run()
     except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (signal_behind)
         stopped = stopped_by_signal(e)
         if stopped is None:
             raise
-        print(f"{program}: {stopped[0]}", file=sys.stderr, flush=True)
+        notes = getattr(signal_behind(e), "__notes__", [])
+        said = f"{program}: {stopped[0]}" + (f": {' '.join(notes)}" if notes else "")
+        print(said, file=sys.stderr, flush=True)
         return stopped[1]
 
 

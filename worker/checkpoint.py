@@ -4,7 +4,8 @@ hold on shard 0, then on the others at once (each stops taking pushes once those
 meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint holds, or one a Shrink runs on, refuses
 at once, FAILED_PRECONDITION, not sent again: of two saves at once, the one that holds shard 0 goes on) -> save on every shard (flush,
 RocksDB checkpoint to DIR/shard-<i>) -> release on every shard held, also if anything failed -> write
-DIR/manifest.json. The servers write only inside their
+DIR/manifest.json. A Ctrl-C or SIGTERM that stops it ends with a line saying what DIR holds and which shards take
+pushes again (_Progress). The servers write only inside their
 --checkpoint-root (ps.service.checkpoint_dir), and this worker writes the manifest: DIR is sent as an absolute path
 (a relative one is taken from this worker's working directory), so it must lie inside that root under the same
 path here and on the servers (one machine, or a volume shared at the same path).
@@ -12,9 +13,11 @@ path here and on the servers (one machine, or a volume shared at the same path).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -26,6 +29,7 @@ from ps.errors import ModelStateReplacedError, PsError
 from ps.replacedstate import READ_REFUSED, how_replaced, model_state_replaced
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
+from ps.terminate import stopped_by_signal
 from worker.channels import check_cluster
 from worker.flags import check_new_dir
 from worker.tables import cluster_damage, untrained_on_some_shards
@@ -62,22 +66,28 @@ def check_save_dir(name: str, directory: str) -> None:
 
 
 def _note_parts_left(error: BaseException, directory: str, all_saved: bool = False) -> None:
-    """Adds to error's message what the save phase leaves in directory: the shard-<i> folders of the shards whose
+    """Adds to error's message what the save phase leaves in directory (_parts_left; all_saved: every shard's save
+    finished, a failure after the save phase)."""
+    if all_saved:
+        error.args = (f"the save into {directory} failed after every shard saved its part there: {error}. "
+                      f"{_parts_left(directory, True)}",)  # fmt: skip
+        return
+    error.args = (f"the save into {directory} failed: {error}. {_parts_left(directory)}",)
+
+
+def _parts_left(directory: str, all_saved: bool = False) -> str:
+    """What the save phase leaves in directory, said in a sentence or two: the shard-<i> folders of the shards whose
     save finished, where this machine sees any, apart from the shard-<i>.tmp folders of saves that did not finish
-    (cut off, or going on: a save whose deadline passed is not called off). all_saved: every shard's save finished
-    (a failure after the save phase). Without a manifest they are not a checkpoint, and the directory takes no save
+    (cut off, or going on: a save whose deadline passed, or whose call was given up, is not called off). all_saved:
+    every shard's save finished. Without a manifest they are not a checkpoint, and the directory takes no save
     until they are gone."""
     if all_saved:
-        error.args = (f"the save into {directory} failed after every shard saved its part there: {error}. No "
-                      f"{MANIFEST} was written, so the shard-<i> folders there are not a checkpoint: delete "
-                      f"{directory} before saving into it again",)  # fmt: skip
-        return
+        return (f"No {MANIFEST} was written, so the shard-<i> folders there are not a checkpoint: delete {directory} "
+                "before saving into it again")  # fmt: skip
     if not os.path.isdir(directory):  # the shards that failed removed what they made, and none finished
-        error.args = (f"the save into {directory} failed: {error}. This machine sees nothing at {directory}; a "
-                      "shard whose save did not answer may still make it and write its part there, and where the "
-                      "servers' DIR is another machine's, the shards that finished left their shard-<i> folders "
-                      "there: delete any before saving into it again",)  # fmt: skip
-        return
+        return (f"This machine sees nothing at {directory}; a shard whose save did not answer may still make it and "
+                "write its part there, and where the servers' DIR is another machine's, the shards that finished "
+                "left their shard-<i> folders there: delete any before saving into it again")  # fmt: skip
     try:
         left = sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
     except OSError:
@@ -89,9 +99,10 @@ def _note_parts_left(error: BaseException, directory: str, all_saved: bool = Fal
         said.append(f"{', '.join(unfinished)}, the unfinished part of each shard whose save was cut off (its server "
                     "died) or still runs")  # fmt: skip
     holds = f"holds {'; and '.join(said)}" if said else "holds no shard part yet"
-    error.args = (f"the save into {directory} failed: {error}. {directory} {holds}; a shard whose save did not "
-                  f"answer may still write its part there; with no {MANIFEST} it is not a checkpoint: delete it once "
-                  "the shards are done, before saving into it again",)  # fmt: skip
+    return (
+        f"{directory} {holds}; a shard whose save did not answer may still write its part there; with no "
+        f"{MANIFEST} it is not a checkpoint: delete it once the shards are done, before saving into it again"
+    )
 
 
 def save(
@@ -113,10 +124,22 @@ def save(
     nothing of what is in it. A table made during the save is left out of the manifest, or refused (ValueError)
     where a shard saved rows of it (_made_during_the_save)."""
     directory = os.path.abspath(directory)
-    parts_in = None if temporary else directory  # where a failure's error says what the shards left
     state_ids = _check_before_holding(client, directory, tables)
+    progress = _Progress(None if temporary else directory, hold_timeout_s or DEFAULT_HOLD_S)
+    try:
+        return _save_held(client, directory, state_ids, tables, progress)
+    except BaseException as e:
+        if stopped_by_signal(e) is not None:  # a Ctrl-C or SIGTERM: its last line says what the save left
+            e.add_note(progress.stopped_words())
+        raise
+
+
+def _save_held(client: Client, directory: str, state_ids: list[int], tables: set[str] | None,
+               progress: _Progress) -> dict:  # fmt: skip
+    """save's work from the first hold on, progress kept as it goes; returns the manifest."""
+    parts_in = progress.directory  # where a failure's error says what the shards left
     started = time.monotonic()
-    held_s, replies = _hold_and_save(client, directory, state_ids, hold_timeout_s, parts_in)
+    held_s, replies = _hold_and_save(client, directory, state_ids, progress)
     n = len(state_ids)
     shards = [json.loads(r.shard_json) for r in replies]
     _check_parts_seen(directory, shards)
@@ -136,6 +159,7 @@ def save(
     }
     try:
         manifest = write_manifest(directory, manifest)
+        progress.manifest = True
     except OSError as e:
         raise OSError(
             f"the shards saved their files in {directory}, but writing its {MANIFEST} failed ({e}): "
@@ -191,27 +215,28 @@ def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
         )
 
 
-def _hold_and_save(client: Client, directory: str, state_ids: list[int], hold_timeout_s: float,
-                   parts_in: str | None) -> tuple[float, list]:  # fmt: skip
+def _hold_and_save(client: Client, directory: str, state_ids: list[int], progress: _Progress) -> tuple[float, list]:
     """(seconds from the hold of shard 0 sent, which refuses pushes as it comes, while it waits for the pushes in
     flight, to the release of every shard; every shard's save reply): shard 0 held first, alone (of two saves at
     once, one gets it), then the others at once; every shard saved into directory; every hold taken released,
-    whatever failed. Shard i's hold and save carry state_ids[i]. parts_in: where a failure's error says what the
-    shards left (see save)."""
-    tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
-    saving = saved = False  # the save phase was sent (from here on a failure leaves parts in directory); it ended
+    whatever failed (a release that fails after a Ctrl-C or SIGTERM is kept in progress, and the signal goes on).
+    Shard i's hold and save carry state_ids[i]. progress.directory: where a failure's error says what the shards
+    left (see save)."""
+    tokens, parts_in, timeout_s = progress.tokens, progress.directory, progress.hold_timeout_s
     n = len(state_ids)
     try:
         held = time.monotonic()  # pushes are refused from the hold's coming, not from its reply
-        _hold(client, 0, hold_timeout_s, tokens, state_ids[0])  # first alone: of two saves at once, one gets it
+        progress.asked = {0}
+        _hold(client, 0, timeout_s, tokens, state_ids[0])  # first alone: of two saves at once, one gets it
         if n > 1:
+            progress.asked = set(range(n))
             with ThreadPoolExecutor(min(n - 1, 32)) as pool:
-                futures = [pool.submit(_hold, client, s, hold_timeout_s, tokens, state_ids[s]) for s in range(1, n)]
+                futures = [pool.submit(_hold, client, s, timeout_s, tokens, state_ids[s]) for s in range(1, n)]
                 errors = [f.exception() for f in futures]  # every hold has ended (its token kept) first
             first = next((e for e in errors if e is not None), None)
             if first is not None:
                 raise first
-        saving = True
+        progress.saving = True  # from here on a failure leaves parts in directory
         try:
             replies = client.checkpoint(
                 {
@@ -223,10 +248,70 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], hold_ti
             if parts_in is not None:
                 _note_parts_left(e, parts_in)
             raise
-        saved = True
-    finally:  # every hold taken is released, whatever failed
-        _release(client, tokens, parts_in if saving else None, saved)
+        progress.saved = True
+    except BaseException as e:  # every hold taken is released, whatever failed
+        stopping = stopped_by_signal(e) is not None  # its words say what the save left (progress), not the error
+        try:
+            _release(client, tokens, parts_in if progress.saving and not stopping else None, progress.saved)
+        except PsError as failed:
+            if not stopping:
+                raise
+            progress.release_failed = str(failed)  # the signal goes on
+        raise
+    _release(client, tokens, parts_in, progress.saved)
     return time.monotonic() - held, replies
+
+
+@dataclasses.dataclass
+class _Progress:
+    """How far a save got, for the words that a Ctrl-C or SIGTERM stopping it ends with (stopped_words).
+    directory: where the shards save, None for a temporary one (whose caller says what is left of it)."""
+
+    directory: str | None
+    hold_timeout_s: float
+    asked: set[int] = dataclasses.field(default_factory=set)  # the shards sent a hold
+    tokens: dict[int, str] = dataclasses.field(default_factory=dict)  # shard -> its hold's token, of those held
+    saving: bool = False  # the save phase was sent
+    saved: bool = False  # every shard's save answered
+    manifest: bool = False  # the manifest was written: the checkpoint is whole
+    release_failed: str = ""  # the error of the release sent as the signal stopped the save; "": none failed
+
+    def stopped_words(self) -> str:
+        """What the save left, from what it knew as it stopped: what the directory holds (not for a temporary one),
+        and whether the servers take pushes again."""
+        said = []
+        if self.directory is not None and self.manifest:
+            said.append(f"the checkpoint {self.directory} is whole: its {MANIFEST} was written.")
+        elif self.directory is not None and not self.saving:
+            said.append(f"no shard was asked to save: nothing was written into {self.directory}.")
+        elif self.directory is not None and self.saved:
+            said.append(f"every shard saved its part into {self.directory}. {_parts_left(self.directory, True)}.")
+        elif self.directory is not None:
+            said.append(f"the save was stopped while the shards saved. {_parts_left(self.directory)}.")
+        return " ".join([*said, self._pushes_words()])
+
+    def _pushes_words(self) -> str:
+        """Whether the servers take pushes again: the shards held released, or which refuse pushes until when."""
+        if not self.asked:
+            return "No shard was held: the servers took pushes throughout."
+        until = f"until its hold times out, {self.hold_timeout_s:g} s after it was taken"
+        unanswered = sorted(self.asked - set(self.tokens))
+        said = []
+        if self.release_failed and self.tokens:
+            said.append(f"The release of the hold of {_shards(self.tokens)} failed ({self.release_failed}): each "
+                        f"refuses pushes {until}.")  # fmt: skip
+        elif self.tokens:
+            said.append(f"The hold of {_shards(self.tokens)} was released: pushes are taken there again.")
+        if unanswered:
+            said.append(f"No answer came to the hold sent to {_shards(unanswered)}: where it took, each refuses "
+                        f"pushes {until}.")  # fmt: skip
+        return " ".join(said)
+
+
+def _shards(ids: Iterable[int]) -> str:
+    """'shard 3', or 'shards 0, 1, 2': shard ids in order."""
+    ids = sorted(ids)
+    return f"shard{'s' * (len(ids) != 1)} {', '.join(map(str, ids))}"
 
 
 def _check_parts_seen(directory: str, shards: list[dict]) -> None:

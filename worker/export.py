@@ -30,6 +30,7 @@ it was (an OUT this export created is removed).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import os
 import re
@@ -44,7 +45,7 @@ from ps.checkpoint import inside_a_checkpoint, table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
 from ps.storage.atomicfile import make_dirs
-from ps.terminate import CLEANUP_LIMIT_S, child_setup, how_it_ended
+from ps.terminate import CLEANUP_LIMIT_S, child_setup, how_it_ended, signal_behind, stopped_by_signal
 from worker.checkpoint import save
 from worker.flags import check_new_dir
 from worker.tables import NEVER_TRAINED
@@ -74,15 +75,23 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     _check_out(args.out)
     made = _missing_dirs(args.out)  # OUT and the parents this export creates, deepest first
     make_dirs(args.out, "OUT")
+    stage = _Stage(args.out, fresh)
     try:  # the claim on OUT is held to the end: ps-server export claims OUT through it (--claim-fd)
         with export_claim(args.out, lambda: _check_out_claimed(args)) as claim:
+            earlier = stage.earlier = leftovers.export_in_place(args.out)
             with client(args) as servers:
                 _save_checkpoint(args, servers, patterns, fresh)
+            stage.saved = True
             command = _server_export_command(args, fresh, claim)
-            earlier = leftovers.export_in_place(args.out)
             returncode = _run_server_export(command, claim)
-    except BaseException:
+            stage.child_ended = True
+    except BaseException as e:
+        fresh_there = os.path.exists(fresh)
         _undo(fresh, made)
+        if stopped_by_signal(e) is not None:  # a Ctrl-C or SIGTERM: its line says what the export left
+            signal_error = signal_behind(e)
+            notes = getattr(signal_error, "__notes__", [])  # the save's (worker/checkpoint.py), where it was stopped
+            signal_error.__notes__ = [stage.stopped_words(fresh_there, bool(notes)), *notes]
         raise
     if returncode != 0:  # an earlier export in OUT is as it was
         _undo(fresh, made)
@@ -95,6 +104,42 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
               "(the next export into it removes any temporary files the child left there)", file=sys.stderr)  # fmt: skip
         return 128 - returncode  # as a shell gives a child's death by signal N: 128 + N
     return 0
+
+
+@dataclasses.dataclass
+class _Stage:
+    """How far an export into out got, for the words that a Ctrl-C or SIGTERM stopping it ends with
+    (stopped_words)."""
+
+    out: str
+    fresh: str  # its fresh checkpoint
+    earlier: str | None = None  # the export in place in out as it began (its folder), under its claim
+    saved: bool = False  # its checkpoint was saved: the servers' hold ended
+    child_ended: bool = False  # its `ps-server export` ended by itself
+
+    def stopped_words(self, fresh_there: bool, held_said: bool) -> str:
+        """What the export left, said once its traces were removed (_undo; fresh_there: its fresh checkpoint was
+        there before): the export in place in out, its fresh checkpoint, and the servers' hold, unless the save's
+        own words (held_said: they follow) say it."""
+        now = leftovers.export_in_place(self.out)
+        json_path = os.path.join(self.out, "export.json")
+        if now is not None and now != self.earlier:
+            said = [f"the new export is in place ({json_path} names {now})" + (
+                "" if self.child_ended else "; the next export into it removes any files `ps-server export` left "
+                "there")]  # fmt: skip
+        elif self.earlier is not None and now == self.earlier:
+            said = [f"nothing was exported: {json_path} names {self.earlier}, the export it named before"]
+        elif os.path.isdir(self.out):
+            said = [f"nothing was exported: {self.out} holds no export, as before"]
+        else:
+            said = [f"nothing was exported: {self.out}, which this export made, was removed"]
+        if fresh_there:
+            gone = not os.path.exists(self.fresh)
+            said.append(f"Its fresh checkpoint {self.fresh} " + ("was removed" if gone else "is left: delete it"))
+        text = ". ".join(said) + "."
+        if self.saved:
+            return f"{text} The servers' hold ended with the save of its checkpoint: they take pushes."
+        return text if held_said else f"{text} No shard was held: the servers took pushes throughout."
 
 
 def _run_server_export(command: list[str], claim: int | None) -> int:

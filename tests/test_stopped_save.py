@@ -1,0 +1,165 @@
+"""A Ctrl-C (or SIGTERM) that stops `ps-worker checkpoint save` or `ps-worker export` ends with a line that says
+what it left, from what the command knew as it stopped: what the checkpoint directory (or OUT) holds, and whether
+the servers take pushes again. The signal is raised at a chosen point of the real command (the client's Checkpoint
+call, the export's `ps-server export`), as a Ctrl-C there raises KeyboardInterrupt in the main thread."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from ps.config import TableConfig
+from ps.errors import PsError
+from ps.server import Server
+from ps.server_config import ServerConfig
+from worker.__main__ import main
+from worker.client import Client
+
+TIMEOUT_S = 30
+
+
+@pytest.fixture
+def two_shards(tmp_path):
+    """(addresses, root): two shards with --checkpoint-root root, a table emb of 100 rows trained on both."""
+    root = tmp_path / "root"
+    servers = [Server(ServerConfig(data_dir=str(tmp_path / f"d{i}"), port=0, shard_id=i, num_shards=2,
+                                   checkpoint_root=str(root))) for i in range(2)]  # fmt: skip
+    try:
+        addresses = [f"127.0.0.1:{s.start()}" for s in servers]
+        with Client(addresses) as client:
+            client.create_table(TableConfig(name="emb", dim=2))
+            client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+        yield addresses, root
+    finally:
+        for s in servers:
+            s.stop(grace_s=1)
+
+
+def _stop_at(monkeypatch, phase: str, after_sending: bool, shard: int | None = None, release_fails: bool = False):
+    """Client.checkpoint raises KeyboardInterrupt at the first request of `phase` (to `shard`, where given): after
+    the real call where after_sending, else in its place; release_fails: a release then raises PsError, sent."""
+    real = Client.checkpoint
+    fired = []
+
+    def checkpoint(self, requests):
+        phases = {r.phase for r in requests.values()}
+        if release_fails and "release" in phases:
+            real(self, requests)
+            raise PsError("the release did not answer")
+        if not fired and phase in phases and (shard is None or shard in requests):
+            fired.append(True)
+            if after_sending:
+                real(self, requests)
+            raise KeyboardInterrupt
+        return real(self, requests)
+
+    monkeypatch.setattr(Client, "checkpoint", checkpoint)
+
+
+def _save(addresses, target, capsys) -> tuple[int, str]:
+    """`ps-worker checkpoint save target`'s exit code and the last line of its stderr."""
+    code = main(["checkpoint", "save", str(target), "--servers", ",".join(addresses), "--hold-timeout-s", "7"])
+    return code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def _pushes_taken(addresses) -> None:
+    """A push is applied on both shards (one whose hold was kept would refuse it until its hold times out, 7 s)."""
+    with Client(addresses, timeout_s=2, server_timeout_s=0) as client:
+        client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+
+
+def test_a_stop_as_every_shard_saved_says_the_parts_are_no_checkpoint_and_the_pushes_go_on(
+    two_shards, capsys, monkeypatch
+):
+    addresses, root = two_shards
+
+    def stopped(*args):
+        raise KeyboardInterrupt  # after the release, as the manifest's table configs are read
+
+    monkeypatch.setattr(Client, "describe_table", stopped)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: every shard saved its part into {root / 'c'}. No manifest.json was written, so "
+        f"the shard-<i> folders there are not a checkpoint: delete {root / 'c'} before saving into it again. The "
+        "hold of shards 0, 1 was released: pushes are taken there again."
+    ), last
+    assert sorted(os.listdir(root / "c")) == ["shard-0", "shard-1"]
+    monkeypatch.undo()
+    _pushes_taken(addresses)
+
+
+def test_a_stop_while_the_shards_save_names_the_parts_and_a_failed_release_says_pushes_are_refused(
+    two_shards, capsys, monkeypatch
+):
+    addresses, root = two_shards
+    _stop_at(monkeypatch, "save", after_sending=True, release_fails=True)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: the save was stopped while the shards saved. {root / 'c'} holds shard-0, shard-1, "
+        "the part of each shard whose save finished; a shard whose save did not answer may still write its part "
+        "there; with no manifest.json it is not a checkpoint: delete it once the shards are done, before saving into "
+        "it again. The release of the hold of shards 0, 1 failed (the release did not answer): each refuses pushes until its "
+        "hold times out, 7 s after it was taken."
+    ), last
+
+
+def test_a_stop_before_the_save_phase_says_nothing_was_written_and_names_the_hold_that_did_not_answer(
+    two_shards, capsys, monkeypatch
+):
+    addresses, root = two_shards
+    _stop_at(monkeypatch, "hold", after_sending=False, shard=1)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: no shard was asked to save: nothing was written into {root / 'c'}. The hold of "
+        "shard 0 was released: pushes are taken there again. No answer came to the hold sent to shard 1: where it "
+        "took, each refuses pushes until its hold times out, 7 s after it was taken."
+    ), last
+    assert not (root / "c").exists()
+    monkeypatch.undo()
+    _pushes_taken(addresses)  # shard 1's hold was never sent
+
+
+def test_a_stop_of_an_export_after_its_new_files_are_in_place_says_the_export_is_in_place(
+    two_shards, capsys, monkeypatch
+):
+    import worker.export
+
+    addresses, root = two_shards
+    out, real_run = root / "out", worker.export._run_server_export
+
+    def then_stopped(command, claim):
+        assert real_run(command, claim) == 0
+        raise KeyboardInterrupt  # as a Ctrl-C that comes as `ps-server export` ends (its files in place)
+
+    monkeypatch.setattr(worker.export, "_run_server_export", then_stopped)
+    code = main(["export", str(out), "--servers", ",".join(addresses), "--no-progress"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    placed = json.loads((out / "export.json").read_text())["dir"]
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: the new export is in place ({out / 'export.json'} names {placed}); the next export "
+        "into it removes any files `ps-server export` left there. The servers' hold ended with the save of its "
+        "checkpoint: they take pushes."
+    ), last
+    assert sorted(os.listdir(out)) == sorted([placed, "export.json"])
+
+
+def test_a_stop_of_an_export_in_its_save_says_its_checkpoint_was_removed_and_out_is_as_it_was(
+    two_shards, capsys, monkeypatch
+):
+    addresses, root = two_shards
+    out = root / "out"
+    assert main(["export", str(out), "--servers", ",".join(addresses), "--no-progress"]) == 0
+    before = sorted(os.listdir(out))
+    earlier = json.loads((out / "export.json").read_text())["dir"]
+    _stop_at(monkeypatch, "save", after_sending=True)
+    code = main(["export", str(out), "--servers", ",".join(addresses), "--no-progress", "--overwrite"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 130 and last.startswith(
+        f"ps-worker: interrupted: nothing was exported: {out / 'export.json'} names {earlier}, the export it named "
+        f"before. Its fresh checkpoint {out}/checkpoint.new-"
+    ), last
+    assert last.endswith(" was removed. The hold of shards 0, 1 was released: pushes are taken there again."), last
+    assert sorted(os.listdir(out)) == before
