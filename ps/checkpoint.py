@@ -3,7 +3,8 @@
 A checkpoint directory (written by `ps-worker checkpoint save`, see worker/checkpoint.py):
     manifest.json   manifest := {"format": 1, "num_shards": n, "num_slots": NUM_SLOTS, "clock": int,
                                  "created": "YYYY-MM-DDTHH:MM:SSZ", "pushes_held_s": float,
-                                 "tables": [TableConfig.to_dict()], "shards": [shard], "sha256": hex}
+                                 "tables": [TableConfig.to_dict()], "shards": [shard],
+                                 "positions": [position] (optional), "sha256": hex}
                     shard    := {"shard_id": i, "dir": "shard-<i>", "clock": int, "rows": {table name: rows},
                                  "files": {relative path: sha256 hex}}
     shard-<i>/      a RocksDB checkpoint of shard i (ps/storage/store.py layout), taken after a flush
@@ -14,7 +15,9 @@ tables: every table every shard saved, in name order (one made during the save, 
 after its CreateTable hold, is not part of the cut: worker.checkpoint leaves it out, and a restore reads no other).
 shards: one entry per shard_id in 0..n-1; rows: the shard's rows per table, as its checkpoint records them
 (ps.storage.checkpointread.admitted_counts); files: every file under its dir. sha256: of the manifest without it
-(manifest_digest). Reading (load_manifest) checks format, num_slots, sha256 (a manifest without it is refused:
+(manifest_digest). positions: the training workers' positions read from their --resume-file while every shard
+was held, where the save was given them (--record-positions; worker/resume_checkpoint.py has a position's grammar);
+no reader here reads them. Reading (load_manifest) checks format, num_slots, sha256 (a manifest without it is refused:
 every save writes it), and that num_shards, clock, tables and shards hang together (each shard entry's clock and
 rows too: integers >= 0); read_manifest checks every file too, and that a shard's dir holds no file its entry does
 not list (RocksDB would read it: a stray write-ahead log replays into the rows). created and pushes_held_s are

@@ -96,6 +96,7 @@ WORKER = frozenset(
         "PS_PREFETCH",
         "PS_PROGRESS_LINES",
         "PS_RECIPE",
+        "PS_RECORD_POSITIONS",
         "PS_RESUME_FILE",
         "PS_ROWS",
         "PS_ROW_CACHE_BYTES",

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -111,6 +111,7 @@ def save(
     hold_timeout_s: float = DEFAULT_HOLD_S,
     tables: set[str] | None = None,
     temporary: bool = False,
+    positions: Callable[[], list[dict]] | None = None,
 ) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. PsError, before any shard is held, unless the client's servers are
@@ -122,24 +123,26 @@ def save(
     save says what they left in directory (_note_parts_left), unless temporary: the caller removes directory when
     the save fails (an export's fresh checkpoint, whose leftovers the next export removes), so the error says
     nothing of what is in it. A table made during the save is left out of the manifest, or refused (ValueError)
-    where a shard saved rows of it (_made_during_the_save)."""
+    where a shard saved rows of it (_made_during_the_save). positions: read while every shard is held, before
+    the save phase, the training positions the manifest records (worker/resume_checkpoint.py; an error it raises
+    fails the save before any shard saves)."""
     directory = os.path.abspath(directory)
     state_ids = _check_before_holding(client, directory, tables)
     progress = _Progress(None if temporary else directory, hold_timeout_s or DEFAULT_HOLD_S)
     try:
-        return _save_held(client, directory, state_ids, tables, progress)
+        return _save_held(client, directory, state_ids, tables, progress, positions)
     except BaseException as e:
         if stopped_by_signal(e) is not None:  # a Ctrl-C or SIGTERM: its last line says what the save left
             e.add_note(progress.stopped_words())
         raise
 
 
-def _save_held(client: Client, directory: str, state_ids: list[int], tables: set[str] | None,
-               progress: _Progress) -> dict:  # fmt: skip
+def _save_held(client: Client, directory: str, state_ids: list[int], tables: set[str] | None, progress: _Progress,
+               positions: Callable[[], list[dict]] | None) -> dict:  # fmt: skip
     """save's work from the first hold on, progress kept as it goes; returns the manifest."""
     parts_in = progress.directory  # where a failure's error says what the shards left
     started = time.monotonic()
-    held_s, replies = _hold_and_save(client, directory, state_ids, progress)
+    held_s, replies, recorded = _hold_and_save(client, directory, state_ids, progress, positions)
     n = len(state_ids)
     shards = [json.loads(r.shard_json) for r in replies]
     _check_parts_seen(directory, shards)
@@ -156,6 +159,7 @@ def _save_held(client: Client, directory: str, state_ids: list[int], tables: set
         "pushes_held_s": round(held_s, 3),
         "tables": configs,
         "shards": shards,
+        **({} if recorded is None else {"positions": recorded}),
     }
     try:
         manifest = write_manifest(directory, manifest)
@@ -215,9 +219,11 @@ def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
         )
 
 
-def _hold_and_save(client: Client, directory: str, state_ids: list[int], progress: _Progress) -> tuple[float, list]:
+def _hold_and_save(client: Client, directory: str, state_ids: list[int], progress: _Progress,
+                   positions: Callable[[], list[dict]] | None) -> tuple[float, list, list[dict] | None]:  # fmt: skip
     """(seconds from the hold of shard 0 sent, which refuses pushes as it comes, while it waits for the pushes in
-    flight, to the release of every shard; every shard's save reply): shard 0 held first, alone (of two saves at
+    flight, to the release of every shard; every shard's save reply; positions() read once every shard is held,
+    None without it): shard 0 held first, alone (of two saves at
     once, one gets it), then the others at once; every shard saved into directory; every hold taken released,
     whatever failed (a release that fails after a Ctrl-C or SIGTERM is kept in progress, and the signal goes on).
     Shard i's hold and save carry state_ids[i]. progress.directory: where a failure's error says what the shards
@@ -236,6 +242,7 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
             first = next((e for e in errors if e is not None), None)
             if first is not None:
                 raise first
+        recorded = None if positions is None else positions()  # every shard held: each count is within the cut
         progress.saving = True  # from here on a failure leaves parts in directory
         try:
             replies = client.checkpoint(
@@ -259,7 +266,7 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
             progress.release_failed = str(failed)  # the signal goes on
         raise
     _release(client, tokens, parts_in, progress.saved)
-    return time.monotonic() - held, replies
+    return time.monotonic() - held, replies, recorded
 
 
 @dataclasses.dataclass

@@ -192,14 +192,31 @@ def run_shrink(args: argparse.Namespace) -> int:
 
 def run_checkpoint(args: argparse.Namespace) -> int:
     from worker.checkpoint import check_save_dir, save
+    from worker.resume_checkpoint import check_same_model, positions_line, read_positions
 
     check_save_dir("DIR", args.dir)  # before any server is asked (save checks again)
+    resume_file = args.record_positions
+
+    def read(client: Any) -> list[dict]:  # a Client, or None
+        try:
+            positions = read_positions(resume_file)
+            if client is not None:  # read while the shards are held: trained into the model they hold
+                check_same_model(positions, client.state_ids, client.servers)
+            return positions
+        except ValueError as e:
+            raise ValueError(f"{e}; nothing was saved") from None
+
+    if resume_file is not None:
+        read(None)  # each file read once before any server is asked: one missing is refused, nothing saved
     with _client(args) as client:
         client.wait_ready()
-        m = save(client, args.dir, args.hold_timeout_s)
+        positions = None if resume_file is None else lambda: read(client)
+        m = save(client, args.dir, args.hold_timeout_s, positions=positions)
     rows = {t["name"]: sum(s["rows"].get(t["name"], 0) for s in m["shards"]) for t in m["tables"]}
     print(f"checkpoint of {m['num_shards']} shard{'s' * (m['num_shards'] != 1)} at clock {m['clock']} in {args.dir} ({m['seconds']:.1f} s, pushes "
           f"held {m['pushes_held_s']:.1f} s): " + ", ".join(f"{k} {v:,} row{'s' * (v != 1)}" for k, v in rows.items()))  # fmt: skip
+    if "positions" in m:
+        print(positions_line(m["positions"]))
     return 0
 
 

@@ -1,0 +1,121 @@
+"""The training positions a checkpoint records (`ps-worker checkpoint save DIR --record-positions FILE`), and the
+--skip-examples that trains on from it once the servers were restored from it.
+
+A checkpoint holds every push acknowledged before its hold (ps/checkpoint.py); the servers know no worker's count
+of examples, so the save reads each worker's --resume-file (worker/resume.py) while it holds every shard, before
+the shards save, and records what it holds in the manifest's "positions":
+
+    position := {"resume_file": full path, "worker_id": i, "num_workers": n, "examples": N, "trained": bool,
+                 "state_ids": [ID, ...], "run": {SETTING: VALUE, ...}}
+
+examples: the file's count then, whose updates the checkpoint holds (each was acknowledged before the file was
+written, and the file was read once every shard was held). A running worker writes its file every
+resume_writer.WRITE_EVERY_S seconds, so the count can be behind the cut by that many seconds of examples, which a
+run trained on from it trains again (their updates then applied twice, as after a kill -9); a worker stopped or
+finished before the save wrote its count at its stop, and the count is the cut's. trained: the run's training was
+over. state_ids: the shards' model state ids the file's position was trained into, which must be the saved
+shards' (check_same_model; empty: not known). run: the file's run settings, which a resumed run's must equal.
+
+A `train --resume-file FILE` refused because the servers were restored from a checkpoint since FILE was written
+(resume.state_changed) says the --skip-examples of this worker's position there (restored_position_words).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ps.checkpoint import load_manifest
+from ps.errors import StorageError
+from worker.resume import FORMAT, state_changed
+from worker.resume_settings import RECORDED_LATER
+from worker.train_config import RESUME_WORKER, resume_file_of
+
+
+def read_positions(resume_file: str) -> list[dict]:
+    """The position (the module docstring's grammar) of each worker's --resume-file: resume_file itself, or where it
+    holds RESUME_WORKER, the file of each worker 0..n-1, n the num_workers worker 0's file ran with. ValueError,
+    naming the file, for one missing or that is no position a run wrote."""
+    first = _position(resume_file_of(resume_file, 0))
+    if RESUME_WORKER not in resume_file:
+        return [first]
+    return [first, *(_position(resume_file_of(resume_file, i)) for i in range(1, first["num_workers"]))]
+
+
+def _position(path: str) -> dict:
+    """The position the --resume-file at path holds, as a checkpoint records it. ValueError where it cannot."""
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read())
+        run = {**RECORDED_LATER, **record["run"]}
+        position = {"resume_file": os.path.abspath(path), "worker_id": run["worker_id"],
+                    "num_workers": run["num_workers"], "examples": record["examples"],
+                    "trained": record["trained"], "state_ids": record.get("state_ids", []), "run": run}  # fmt: skip
+        counts = (position["worker_id"], position["num_workers"], position["examples"])
+        if record.get("format") != FORMAT or not all(type(n) is int and n >= 0 for n in counts):
+            raise ValueError("a field of the wrong type")
+        if not isinstance(position["state_ids"], list) or not all(type(n) is int for n in position["state_ids"]):
+            raise ValueError("a field of the wrong type")
+        if type(position["trained"]) is not bool or position["worker_id"] >= position["num_workers"]:
+            raise ValueError("a field of the wrong type")
+    except FileNotFoundError:
+        raise ValueError(f"--resume-file {path} does not exist: give the file a training run keeps its position "
+                         "in (its --resume-file, {worker} in its name for a job of several workers)") from None  # fmt: skip
+    except OSError as e:
+        raise ValueError(f"--resume-file {path} cannot be read: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"--resume-file {path} is no position a training run wrote ({e})") from None
+    return position
+
+
+def check_same_model(positions: list[dict], state_ids: tuple[int, ...], servers: list[str]) -> None:
+    """ValueError where a position was trained into another model than the servers' (state_ids, as the client read
+    them: resume.state_changed tells, another shard count or another id on a shard)."""
+    for position in positions:
+        if state_changed(position["resume_file"], position["state_ids"], state_ids, servers):
+            raise ValueError(f"--resume-file {position['resume_file']} holds the position of a model these servers do "
+                             "not hold (another shard count, or shards restored or started on new data dirs since it "
+                             "was written): a checkpoint of them would record a position none of their rows has seen")  # fmt: skip
+
+
+def positions_line(positions: list[dict]) -> str:
+    """What a save says of the positions it recorded: each worker's count, and the --skip-examples of the job."""
+    each = ", ".join(f"worker {p['worker_id']} at {p['examples']:,} examples{', trained' * p['trained']}"
+                     for p in positions)  # fmt: skip
+    return (f"positions recorded ({each}): a run on servers restored from it trains on with --skip-examples "
+            f"{min(p['examples'] for p in positions)} (its --resume-file removed)")  # fmt: skip
+
+
+def restored_position_words(resume_file: str, run: dict, shard_stats: list) -> str:
+    """Where every shard was restored from one checkpoint (Stats restored_from, restored_sha256) that this machine
+    reads at the same path: the position it recorded of resume_file (a worker's --resume-file, written with the
+    run settings `run`) as the --skip-examples that trains on from it, or that it recorded none; "" where the
+    shards were not all restored from one checkpoint, or it cannot be read here."""
+    froms = {(s.restored_from, s.restored_sha256) for s in shard_stats}
+    if len(froms) != 1 or not all(next(iter(froms))):
+        return ""
+    ((directory, digest),) = froms
+    try:
+        manifest = load_manifest(directory)
+    except StorageError:
+        return ""
+    if manifest["sha256"] != digest:  # another checkpoint at that path now
+        return ""
+    positions = manifest.get("positions")
+    path = os.path.abspath(resume_file)
+    ours = [p for p in positions or [] if isinstance(p, dict) and p.get("resume_file") == path]
+    if not ours or ours[0].get("run") != {**RECORDED_LATER, **run}:
+        return (f"The servers were restored from checkpoint {directory}, which records no position of {path} under "
+                "these settings (it was saved without `--record-positions`): take the count from FILE's `examples` where "
+                "the run had stopped before the save, or from the progress the run printed")  # fmt: skip
+    position = ours[0]
+    if position.get("trained"):
+        return (f"The servers were restored from checkpoint {directory}, saved once this worker's training was over "
+                f"({position['examples']:,} examples): there is nothing to train on from it (ps-worker eval scores "
+                "it)")  # fmt: skip
+    job = [p["examples"] for p in positions if isinstance(p, dict) and p.get("num_workers") == position["num_workers"]]
+    of_job = (f" (a job's workers, given one value by ps-worker launch: --skip-examples {min(job)}, the fewest of its "
+              f"{len(job)} recorded)") if position["num_workers"] > 1 else ""  # fmt: skip
+    return (f"The servers were restored from checkpoint {directory}, saved at {position['examples']:,} examples of "
+            f"this worker's run: to train on from it, remove {resume_file} and run the same command with "
+            f"--skip-examples {position['examples']}{of_job}")  # fmt: skip
