@@ -167,6 +167,29 @@ def test_a_bad_worker_value_on_the_command_line_names_its_flag(capsys):
     assert "argument --learning-rate: expected a number > 0 and <= 1e+30, got '-1'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--learning-rate", "--dense-learning-rate"])
+@pytest.mark.parametrize("given", ["1e-320", "1e-31", "-1e-320", "inf"])
+def test_a_learning_rate_float32_cannot_hold_is_refused_at_its_flag_and_in_a_train_config(capsys, flag, given):
+    """1e-320 is 0 in float32 (a rate that steps by nothing): the flag refuses it, as the tables' check does
+    (ps.config.MIN_POSITIVE_HYPERPARAMETER), and so does TrainConfig.validate; 1e-30 passes both."""
+    import dataclasses
+
+    from worker.train_config import TrainConfig
+
+    with pytest.raises(SystemExit) as stopped:
+        parse(worker_parser(), ["train", f"{flag}={given}"], {})
+    assert stopped.value.code == 2
+    tiny = (
+        ", at least 1e-30 (a smaller one is 0 or subnormal in float32)" if given == "1e-31" or given == "1e-320" else ""
+    )
+    assert f"argument {flag}: expected a number > 0 and <= 1e+30{tiny}, got '{given}'" in capsys.readouterr().err
+    field = flag.lstrip("-").replace("-", "_")
+    with pytest.raises(ValueError, match=rf"^{flag} {float(given)}: expected a number > 0 and <= 1e\+30"):
+        dataclasses.replace(TrainConfig(local_shards=1), **{field: float(given)}).validate()
+    assert getattr(parse(worker_parser(), ["train", flag, "1e-30"], {}), field) == 1e-30
+    dataclasses.replace(TrainConfig(local_shards=1), **{field: 1e-30}).validate()
+
+
 def test_log_level_goes_before_or_after_the_command_and_the_command_line_beats_the_environment():
     environ = {"PS_LOG_LEVEL": "INFO"}
     out = "--out=/nonexistent/x.csv"

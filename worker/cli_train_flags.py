@@ -8,12 +8,11 @@ import argparse
 from ps.config import (
     DEFAULT_LEARNING_RATES,
     MAX_BARRIER_S,
-    MAX_HYPERPARAMETER,
     MAX_MEMORY_BYTES,
     MAX_MEMORY_TEXT,
     OPTIMIZER_PARAMS,
 )
-from ps.flagtypes import HelpFormatter, integer, number, size_flag
+from ps.flagtypes import HelpFormatter, integer, number, plain_float, size_flag
 from worker.cli_flags import (
     SECONDS,
     SECONDS_OR_0,
@@ -26,8 +25,19 @@ from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import BIG_BATCH_EXAMPLES, EARLY_STOP_METRICS, LARGE, RECIPES, SMALL
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 from worker.train_config_ignored import DEFAULT_METRICS_HOST
+from worker.train_numbers import rate_refusal
 
-RATE = number(0, MAX_HYPERPARAMETER, above=True)
+
+def rate(text: str) -> float:
+    """An argparse type: a learning rate (worker.train_numbers.rate_refusal says which)."""
+    try:
+        value = plain_float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    refusal = rate_refusal(value)
+    if refusal:
+        raise argparse.ArgumentTypeError(f"{refusal}, got {text!r}")
+    return value
 
 
 _size = size_flag(0, MAX_MEMORY_BYTES, MAX_MEMORY_TEXT)  # bytes of --row-cache-bytes, spelled as the server's are
@@ -118,7 +128,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 300 for small data, "
         "adagrad for large)",
     )
-    model.add_argument("--learning-rate", type=RATE, default=None,
+    model.add_argument("--learning-rate", type=rate, default=None,
                        help="sparse optimizer step size (default: the recipe's, or the optimizer's: "
                        + ", ".join(f"{rate:g} {name}" for name, rate in DEFAULT_LEARNING_RATES.items()) + ")")  # fmt: skip
     model.add_argument(
@@ -128,7 +138,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="server-side optimizer of the MLP",
     )
     model.add_argument(
-        "--dense-learning-rate", type=RATE, default=d.dense_learning_rate, help="dense optimizer step size"
+        "--dense-learning-rate", type=rate, default=d.dense_learning_rate, help="dense optimizer step size"
     )
     model.add_argument(
         "--dense-sync-every",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ps.config import MAX_BARRIER_S, MAX_DIM, MAX_HYPERPARAMETER, MAX_INTERVAL_S
+from ps.config import MAX_BARRIER_S, MAX_DIM, MAX_HYPERPARAMETER, MAX_INTERVAL_S, MIN_POSITIVE_HYPERPARAMETER
 from worker.models.spec import MODEL_NAMES, row_floats
 
 if TYPE_CHECKING:
@@ -49,8 +49,9 @@ def check_numbers(cfg: TrainConfig) -> None:
         ("--dense-learning-rate", cfg.dense_learning_rate),
     ]
     for flag, value in rates:
-        if not (math.isfinite(value) and 0 < value <= MAX_HYPERPARAMETER):
-            raise ValueError(f"{flag} {value}: expected a number > 0 and <= {MAX_HYPERPARAMETER:g}")
+        refusal = rate_refusal(value)
+        if refusal:
+            raise ValueError(f"{flag} {value}: {refusal}")
     if not 0 < cfg.timeout_s <= MAX_INTERVAL_S:
         raise ValueError(f"--timeout-s {cfg.timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}")
     if not 0 < cfg.barrier_timeout_s <= MAX_BARRIER_S:
@@ -60,6 +61,18 @@ def check_numbers(cfg: TrainConfig) -> None:
                          f"{MAX_INTERVAL_S:g}")  # fmt: skip
     if cfg.metrics_port is not None and not 0 <= cfg.metrics_port < 65536:
         raise ValueError(f"--metrics-port {cfg.metrics_port}: expected a port in 0..65535 (0: a free one)")
+
+
+def rate_refusal(value: float) -> str | None:
+    """Why `value` is no learning rate (--learning-rate, --dense-learning-rate), None where it is one: finite, > 0
+    and <= MAX_HYPERPARAMETER, and at least MIN_POSITIVE_HYPERPARAMETER, which ps.config's table check asks of a
+    learning rate too (a smaller one is 0 or subnormal in float32: 1e-320 steps by 0)."""
+    if not (math.isfinite(value) and 0 < value <= MAX_HYPERPARAMETER):
+        return f"expected a number > 0 and <= {MAX_HYPERPARAMETER:g}"
+    if value < MIN_POSITIVE_HYPERPARAMETER:
+        return (f"expected a number > 0 and <= {MAX_HYPERPARAMETER:g}, at least {MIN_POSITIVE_HYPERPARAMETER:g} (a "
+                "smaller one is 0 or subnormal in float32)")  # fmt: skip
+    return None
 
 
 def rows_past_a_server(model: str, dim: int) -> str | None:
