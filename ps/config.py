@@ -28,6 +28,9 @@ MIN_POSITIVE_HYPERPARAMETER = 1e-30  # the least magnitude of a hyperparameter o
 # or subnormal in the kernels' float32, so that they act as 0 or slow every step, and a division by them overflows)
 MIN_ADMISSION_PROBABILITY = 2.0**-53  # the admission draw is a multiple of 2**-53 (ps.rows.update): a smaller
 # probability admits as often as this one does
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+NORMAL_DRAW_MAX = math.sqrt(48 * math.log(2))  # the largest |draw| / scale of the normal initializer (~5.77):
+# Box-Muller's radius sqrt(-2 ln u) at its least u, 2**-24 (ps.rows.initializers)
 FTRL_TINY_GRADIENT = 2.0**-75  # the largest |g| whose float32 square is 0 (2**-150 rounds to 0, to even)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together, without --memory-bytes
@@ -296,8 +299,9 @@ class TableConfig:
         sqrt(n)) / lr + l2), whose divisor is then 0 at every dim whose n is 0: such a row cannot hold an initial
         embedding other than 0 (a dim's first gradient of exactly 0 sets it to 0), and a gradient whose square is 0
         in float32 (|g| <= FTRL_TINY_GRADIENT) makes it non-finite: the push is refused (with a weight_bound, the
-        dim is clipped to the bound instead). A table a data dir holds already (a checkpoint's included) opens
-        without this check."""
+        dim is clipped to the bound instead); and ftrl whose initial z passes float32's largest
+        (_ftrl_initial_z_overflow). A table a data dir holds already (a checkpoint's included) opens without these
+        checks."""
         p = self.optimizer.all_params() if self.optimizer.name == "ftrl" else {}
         if p and p["beta"] == 0 and p["l2"] == 0:
             advice = ftrl_divides_by_zero(
@@ -305,6 +309,28 @@ class TableConfig:
                 f"other than 0, and a gradient of |g| <= {FTRL_TINY_GRADIENT:.2g} would make the row non-finite"
             )
             raise InvalidArgumentError(f"table {self.name!r}: {advice}")
+        overflow = self._ftrl_initial_z_overflow()
+        if overflow:
+            raise InvalidArgumentError(f"table {self.name!r}: {overflow}")
+
+    def _ftrl_initial_z_overflow(self) -> str | None:
+        """Why ftrl's initial z = -w (beta / learning_rate + l2) - sign(w) l1 (ps.rows.optim.Ftrl.init_state) may
+        pass float32's largest for the initial embeddings w the initializer makes (|w| up to scale, or
+        NORMAL_DRAW_MAX times scale for normal): such a row's z is Inf, and every push to it is refused as a float32
+        overflow. None for other optimizers, zeros, and z within float32."""
+        if self.optimizer.name != "ftrl" or self.initializer.name == "zeros":
+            return None
+        p, lr, init = self.optimizer.all_params(), float(self.optimizer.learning_rate), self.initializer
+        w = float(np.float32(init.scale)) * (NORMAL_DRAW_MAX if init.name == "normal" else 1.0)
+        z = w * (p["beta"] / lr + p["l2"]) + p["l1"]
+        if z <= FLOAT32_MAX:
+            return None
+        most = f"{NORMAL_DRAW_MAX:.4g} times scale" if init.name == "normal" else "scale"
+        return (f"ftrl's initial z = -w (beta / learning_rate + l2) - sign(w) l1 reaches {z:.3g} for initial embeddings "
+                f"|w| up to {w:.3g} ({init.name} initializer: {most} {init.scale:g}; learning_rate {lr:g}, params.beta "
+                f"{p['beta']:g}, l2 {p['l2']:g}, l1 {p['l1']:g}), past float32's {FLOAT32_MAX:.3g}: such a row's z "
+                "is Inf and every push to it would be refused; lower the initializer's scale or beta, l2 and l1, or "
+                "raise learning_rate")  # fmt: skip
 
     def as_new(self) -> TableConfig:
         """The config of a table made of self: an unspecified values_at_rest ("") is FULL_AT_REST, "float32"."""

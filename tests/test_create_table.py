@@ -209,6 +209,54 @@ def test_check_only_over_the_wire_creates_nothing_and_answers_as_create_would(tw
     assert [i.num_rows for i in checked] == [0, 0]
 
 
+@pytest.mark.parametrize(
+    "initializer, lr, params, refused",
+    [
+        (
+            InitializerConfig("uniform", 1e9),
+            1e-30,
+            {},
+            "reaches 1e\\+39 for initial embeddings \\|w\\| up to 1e\\+09 "
+            "\\(uniform initializer: scale 1e\\+09; learning_rate 1e-30, params.beta 1, l2 0, l1 0\\)",
+        ),
+        (
+            InitializerConfig("normal", 1e8),
+            1e-30,
+            {},
+            "reaches 5.77e\\+38 for initial embeddings \\|w\\| up to "
+            "5.77e\\+08 \\(normal initializer: 5.768 times scale 1e\\+08; learning_rate 1e-30, params.beta 1",
+        ),
+        (InitializerConfig("uniform", 1e9), 1.0, {"beta": 0.0, "l2": 1e30}, "reaches 1e\\+39 .* l2 1e\\+30, l1 0"),
+        (InitializerConfig("uniform", 1e8), 1e-30, {}, None),  # z up to 1e38: finite
+        (InitializerConfig("zeros"), 1e-30, {"beta": 1e30}, None),  # z = 0
+    ],
+)
+def test_ftrl_whose_initial_z_overflows_float32_is_refused_for_a_new_table(
+    two_shards, initializer, lr, params, refused
+):
+    """FTRL's initial z = -w (beta / lr + l2) - sign(w) l1: past float32's largest it is Inf, and every push to
+    the row would be refused as an overflow. CreateTable refuses such a spec (INVALID_ARGUMENT, naming the options
+    that combine) and creates nothing; one whose z stays finite is made, with finite z."""
+    cfg = TableConfig("t", 4, initializer, optimizer=OptimizerConfig("ftrl", lr, params))
+    addresses, (s0, s1) = two_shards()
+    with Client(addresses) as client:
+        if refused:
+            with pytest.raises(
+                PsError, match=f"table 't': ftrl's initial z = .*{refused}.* past float32's 3.4e\\+38"
+            ) as e:
+                client.create_table(cfg)
+            assert e.value.status == "INVALID_ARGUMENT"
+            assert not s0.shard.tables and not s1.shard.tables
+            return
+        client.create_table(cfg)
+        ids = np.arange(1000, dtype=np.uint64)
+        rows = client.pull("t", ids)
+        client.push("t", ids, np.zeros((len(ids), 4), np.float32))  # refused as an overflow where a z is Inf
+        after = client.pull("t", ids)
+    assert np.isfinite(rows).all() and (rows != 0).any() == (initializer.name != "zeros")
+    np.testing.assert_allclose(after, rows, rtol=1e-6)  # a zero gradient keeps z, and w = f(z) with it
+
+
 @pytest.mark.parametrize("initializer", [InitializerConfig(), InitializerConfig("zeros")])
 def test_ftrl_without_beta_and_l2_is_refused_for_a_new_table_only(tmp_path, two_shards, monkeypatch, initializer):
     """Such a table cannot hold its initial rows (a dim's first zero gradient sets it to 0, as below on a table
