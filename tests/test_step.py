@@ -1,8 +1,11 @@
 """One training step (worker/step.py): --dense-l2 adds l2 * W to the gradients of the MLP's weights only, not to
 its biases, the logit bias or FM's projections, and the MLP's step gets them with the rows' push beside it; a step
-whose predictions or gradients hold an Inf or NaN says the model diverged and pushes nothing."""
+whose predictions or gradients hold an Inf or NaN says the model diverged and pushes nothing, and scoring's NaN
+probabilities name their example, neither after a numpy RuntimeWarning."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from worker.batch import Bags, Batch, table_ids
 from worker.models.numpy_backend import NumpyModel
 from worker.models.spec import BIAS_FIELD, FieldSpec, ModelSpec
-from worker.scoring import field_tables
+from worker.scoring import field_tables, predictions
 from worker.step import DivergedError, Prepared, Step, check_finite
 
 
@@ -104,11 +107,36 @@ def test_a_step_whose_model_diverged_says_so_and_pushes_nothing(backend):
     step = Step(spec, model(spec), dense, source, dense_l2=0.0)
     try:
         with pytest.raises(DivergedError, match=r"^training diverged in step 8: the model's predictions hold nan \(4 "
-                           r"of 4 values not finite\).* lower --learning-rate"):  # fmt: skip
+                           r"of 4 values not finite\).* lower --learning-rate"), warnings.catch_warnings():  # fmt: skip
+            warnings.simplefilter("error")  # numpy's overflow and invalid-value warnings: none before the message
             step(Prepared(7, batch, table_ids(batch, field_tables(spec)), None))
     finally:
         step.pusher.shutdown()
     assert source.pushed == [] and dense.given is None
+
+
+class _HugeTables:
+    """Tables whose every row is 1e20 (a pull_many of worker/steprows.py)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def pull_many(self, requests):
+        return [np.full((len(ids), self.spec.row_dim(t)), 1e20, np.float32) for t, ids in requests]
+
+
+def test_scoring_a_model_whose_probabilities_are_nan_says_so_with_no_numpy_warning_before():
+    """The numpy model's NaN probabilities (FM's Inf - Inf) end the scoring with the message naming the example,
+    and numpy prints no RuntimeWarning (overflow, invalid value) before it."""
+    fields = (FieldSpec("a", "wide", 3), FieldSpec(BIAS_FIELD, "wide", 3))
+    spec = ModelSpec("fm", fields, num_dense=0)
+    batch = Batch(np.array([0, 1], np.float32), {f.name: Bags.one_per_example(np.arange(2) + 10 * i)
+                                                for i, f in enumerate(fields)}, np.zeros((2, 0), np.float32))  # fmt: skip
+    scored = predictions(_HugeTables(spec), spec, NumpyModel(spec), spec.initial_params(seed=1), [batch], prefetch=0)
+    with pytest.raises(ValueError, match=r"^the model's probability for the example of example 1 of a batch of 2 is "
+                                         r"NaN \(2 of the batch's 2 examples\)"), warnings.catch_warnings():  # fmt: skip
+        warnings.simplefilter("error")
+        next(scored)
 
 
 def test_the_first_non_finite_gradient_is_named_by_table_or_parameter():

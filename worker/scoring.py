@@ -72,7 +72,8 @@ def predictions(
     ahead = prefetched(parsed, lambda item: pull_rows(tables, spec, item[1]), prefetch)
     try:
         for (batch, tids), rows in ahead:
-            probs = backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
+            with np.errstate(all="ignore"):  # no numpy RuntimeWarning: a NaN is checked_probabilities' to report
+                probs = backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
             yield batch, checked_probabilities(batch, probs, source)
     finally:  # stopped early (an error, Ctrl-C): the thread stops reading
         ahead.close()

@@ -2,7 +2,8 @@
 from the row source, forward/backward, the gradients pushed, the MLP's step (see worker/loop.py). A failed MLP
 step (a background push's error, an allreduce's) ends the step once the rows' push it ran beside has ended: the
 loop then tells the shards the worker stopped, and no push of the worker may come after that. A forward or backward
-pass that gives an Inf or NaN (a diverging model) ends the step before it pushes anything (DivergedError).
+pass that gives an Inf or NaN (a diverging model) ends the step before it pushes anything (DivergedError), with no
+numpy RuntimeWarning (overflow, invalid value) printed before it.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ class Step:
         step's contribution, summed with the other workers')."""
         dense, source, batch, tids = self.dense, self.source, item.batch, item.tids
         rows = source.rows(item.step, tids, item.rows)
-        probs, row_grads, dense_grads = self.backend.forward_backward(
-            model_inputs(self.spec, batch, tids, rows), dense.values, batch.labels
-        )
-        for name in self._l2_weights:
-            dense_grads[name] += self._l2 * dense.values[name]
+        with np.errstate(all="ignore"):  # no numpy RuntimeWarning: an Inf or NaN is check_finite's to report
+            probs, row_grads, dense_grads = self.backend.forward_backward(
+                model_inputs(self.spec, batch, tids, rows), dense.values, batch.labels
+            )
+            for name in self._l2_weights:
+                dense_grads[name] += self._l2 * dense.values[name]
         check_finite(item.step, probs, row_grads, dense_grads)
         if dense.inline:  # the MLP's push goes with the rows' push when one is due
             due = dense.add(dense_grads, sync)
