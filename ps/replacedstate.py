@@ -1,4 +1,5 @@
-"""The words of a ModelStateReplacedError: how its shard was replaced, and what each kind of call it refused loses.
+"""The words of a ModelStateReplacedError: how its shard was replaced, and what each kind of call it refused loses;
+and those of a call to a table that another of its name and another dim replaced (table_replaced).
 
 StateReplacedWords: what of the model state is gone, what of the call stands, who stops and what to do; a push's
 (PUSH_REFUSED), a read's (READ_REFUSED), and those of ps.service's Checkpoint, CreateTable and Shrink. The message is
@@ -68,3 +69,15 @@ SHRINK_REFUSED = READ_REFUSED._replace(
     outcome="nothing was shrunk",
     stops="The Shrink stops there: send it again, if still wanted, to the model the shards hold now",
 )
+
+
+def table_replaced(table: str, dim: int, now: int, outcome: str = "") -> str:
+    """The words for a call sized by dim, the dim its client read of `table`, which has dim `now`: another client
+    replaced it (CreateTable replace_untrained) since. The client's TableReplacedError for a pull's rows
+    (worker.tabledims) and a shard's refusal of a push of the dim of a table it replaced (ps.service) alike;
+    outcome: what of the call stands ("" none said)."""
+    outcome = f"; {outcome}" if outcome else ""
+    return (f"table {table!r} has dim {now}, not the dim {dim} this client read when it opened the table: another "
+            f"client replaced it since (CreateTable replace_untrained) with a table of dim {now}{outcome}. A model "
+            f"built for dim {dim} cannot use it: start again on the table as it is now (a new client, or "
+            f"describe_table({table!r}) to read its dim anew)")  # fmt: skip

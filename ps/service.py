@@ -73,7 +73,7 @@ from ps.errors import (
     echo,
 )
 from ps.refusals import RefusalLog
-from ps.replacedstate import CHECKPOINT_REFUSED, CREATE_REFUSED, READ_REFUSED, SHRINK_REFUSED
+from ps.replacedstate import CHECKPOINT_REFUSED, CREATE_REFUSED, READ_REFUSED, SHRINK_REFUSED, table_replaced
 from ps.replies import REPLY_FRAME_BYTES, ReplyRoom
 from ps.service_calls import CallerGone, RunningCalls, refuse, rpc_handler
 from ps.stamp import WorkerStamp
@@ -276,6 +276,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """A PushRequest as a push of the shard's, with its lengths and dim checked."""
         table = self.shard.table(request.table)
         if request.dim != table.dim:
+            if request.dim in table.replaced_dims:  # the dim of a table this one replaced: its client read that one's
+                said = table_replaced(request.table, request.dim, table.dim)
+                raise InvalidArgumentError(f"push says dim {request.dim}: {said}")
             raise InvalidArgumentError(f"push says dim {request.dim}, but table {request.table!r} has dim {table.dim}")
         ids = wire.decode_ids(request.ids)
         grads = wire.decode_rows(request.grads, len(ids), table.dim, field="grads")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+from ps.errors import PsError
 from tests.conftest import random_ids
 from worker.client import Client
 from worker.tabledims import TableReplacedError
@@ -35,7 +36,7 @@ def test_a_pull_of_a_table_another_client_replaced_with_another_dim_says_so(serv
             assert re.fullmatch(
                 r"shard [01] at \S+: table 't' has dim 15, not the dim 2 this client read when it opened the table: "
                 r"another client replaced it since \(CreateTable replace_untrained\) with a table of dim 15; the rows "
-                r"pulled were not returned\. A model built for dim 2 cannot use them: start again on the table as it "
+                r"pulled were not returned\. A model built for dim 2 cannot use it: start again on the table as it "
                 r"is now \(a new client, or describe_table\('t'\) to read its dim anew\)",
                 said,
             ), said
@@ -44,3 +45,31 @@ def test_a_pull_of_a_table_another_client_replaced_with_another_dim_says_so(serv
         first.describe_table("t")
         assert first.dim("t") == 15
         np.testing.assert_array_equal(first.pull("t", ids), np.zeros((20, 15), np.float32))
+
+
+def test_a_push_of_a_table_another_client_replaced_with_another_dim_says_so_as_a_pull_does(servers):
+    """The shard knows the dims of the tables of a name it replaced: a push of such a dim is refused in the words of
+    the pull's TableReplacedError (ps.replacedstate.table_replaced), and changes nothing; a dim no table of the
+    name had keeps the plain refusal."""
+    addresses, (s0, s1) = servers(2)
+    ids = random_ids(20, seed=4)
+    with Client(addresses, timeout_s=10) as first, Client(addresses, timeout_s=10) as other:
+        first.wait_ready()
+        other.wait_ready()
+        first.create_table(_table(2))
+        other.create_table(_table(15), replace_untrained=True)
+        with pytest.raises(PsError) as replaced:
+            first.push("t", ids, np.ones((20, 2), np.float32))
+        said = str(replaced.value)
+        assert replaced.value.status == "INVALID_ARGUMENT"
+        assert re.search(
+            r"push says dim 2: table 't' has dim 15, not the dim 2 this client read when it opened the table: another "
+            r"client replaced it since \(CreateTable replace_untrained\) with a table of dim 15\. A model built for "
+            r"dim 2 cannot use it: start again on the table as it is now \(a new client, or describe_table\('t'\) to "
+            r"read its dim anew\)",
+            said,
+        ), said
+        assert [info.num_rows for info in other.describe_table("t")] == [0, 0]
+        first._dims.note("t", 7)  # a dim no table named t had on these shards
+        with pytest.raises(PsError, match=r"push says dim 7, but table 't' has dim 15\. This push"):
+            first.push("t", ids, np.ones((20, 7), np.float32))

@@ -4,7 +4,9 @@ A Client reads a table's dim once (its create_table, or its first describe_table
 not read describes it) and sizes every pull and push of the table by it. Another client's CreateTable
 (replace_untrained) may replace an untrained table with one of another dim meanwhile: a shard then answers a pull
 with rows of the new dim, and says it (PullResponse dim). Such rows are refused (TableReplacedError), with the dim
-this client read and the table's now, rather than read at the wrong size; describe_table reads the dim anew.
+this client read and the table's now, rather than read at the wrong size; describe_table reads the dim anew. A push
+of the dim read is refused by the shard in the same words (ps.replacedstate.table_replaced), where the shard
+replaced the table since it started.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from protos import ps_pb2
 from ps import wire
 from ps.errors import PsError
+from ps.replacedstate import table_replaced
 
 
 class TableReplacedError(PsError):
@@ -50,10 +53,6 @@ def read_rows(table: str, dim: int, reply: ps_pb2.PullResponse, n: int, where: s
     where ("shard 1 at H:P") in reply. TableReplacedError where the reply's dim is not dim (0: a shard that does not
     say it, taken as dim)."""
     if reply.dim and reply.dim != dim:
-        raise TableReplacedError(
-            f"{where}: table {table!r} has dim {reply.dim}, not the dim {dim} this client read when it opened the "
-            f"table: another client replaced it since (CreateTable replace_untrained) with a table of dim "
-            f"{reply.dim}; the rows pulled were not returned. A model built for dim {dim} cannot use them: start "
-            f"again on the table as it is now (a new client, or describe_table({table!r}) to read its dim anew)"
-        )
+        said = table_replaced(table, dim, reply.dim, "the rows pulled were not returned")
+        raise TableReplacedError(f"{where}: {said}")
     return wire.decode_rows(reply.rows, n, dim)

@@ -97,6 +97,8 @@ class Table:
         self.closed = False
         self.broken = ""  # why the table refuses every request: a journaled push only partly applied in RAM
         self.replaced = False  # closed because a table of its name and another spec took its place (untrained)
+        self.replaced_dims: frozenset[int] = frozenset()  # of the tables of its name this one and those before it
+        # replaced since the server started (CreateTable replace_untrained): a push of such a dim says so (ps.service)
         self.counters = {
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
         }  # fmt: skip

@@ -150,6 +150,7 @@ class TableMaker:
             self.tables[cfg.name] = restored
             raise
         new.count_on(old)
+        new.replaced_dims = old.replaced_dims | {old.dim}
         self.tables[cfg.name] = new
         changes = "; ".join(diff)
         return (
