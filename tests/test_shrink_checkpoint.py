@@ -15,7 +15,7 @@ from ps.engine.checkpointing import ShardCheckpoints
 from ps.engine.hold import PushHold
 from ps.engine.shard import Shard
 from ps.engine.shrinkprogress import ShrinkProgress
-from ps.errors import CallerGoneError, CheckpointHoldError
+from ps.errors import CallerGoneError, CheckpointHoldError, ShrinkRunningError
 from ps.rows.layout import SHOW
 from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
@@ -174,3 +174,37 @@ def test_a_shrink_waiting_for_a_hold_goes_ahead_at_its_expiry_and_one_whose_call
     caller.leave()
     thread.join(30)
     assert entered == [True] and failed and "its caller left" in str(failed[0]), failed
+
+
+def test_a_shrink_sent_while_another_waits_for_a_hold_is_refused_saying_that_one_waits(tmp_path):
+    """A Shrink waits while a checkpoint holds its shard; a second one sent meanwhile is refused (one at a time),
+    its message saying the first waits for the hold (not that it runs, 0 rows scanned); the first runs once the
+    hold is released."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    try:
+        for cfg in TABLES:
+            shard.create_table(cfg)
+            shard.push(cfg.name, IDS, np.zeros((len(IDS), 2), np.float32))
+        _, token = shard.hold(60)
+        gate = shard.checkpoints.gate
+        waiting, wait = threading.Event(), gate._gate.wait
+        gate._gate.wait = lambda timeout=None: waiting.set() or wait(timeout)
+        shrunk: list = []
+        first = threading.Thread(target=lambda: shrunk.append(shard.shrink("a")))
+        first.start()
+        try:
+            assert waiting.wait(30)
+            with pytest.raises(ShrinkRunningError) as refused:
+                shard.shrink("b")
+        finally:
+            shard.release(token)
+            first.join(30)
+        said = str(refused.value)
+        assert re.match(
+            r"shard 0: a Shrink is waiting for a checkpoint's hold to end \(of table 'a', since \d{4}-\d\d-\d\d "
+            rf"\d\d:\d\d:\d\d UTC, \d+ s ago; it then scans {len(IDS)} rows\); one Shrink at a time: send no Shrink",
+            said,
+        ), said
+        assert shrunk and shrunk[0]["num_rows"] == len(IDS)
+    finally:
+        shard.close()
