@@ -35,7 +35,8 @@ def exact_bytes(n: int) -> str:
     return text if read_bytes(text) == n else f"{text} ({n:,} bytes)"
 
 
-_FORM = re.compile(r"(-?[\d,]+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB|PiB)(?: \((-?[\d,]+) bytes\))?")
+_COUNT = r"-?[0-9]{1,3}(?:,[0-9]{3})*"  # ASCII digits in groups of three, as f"{n:,}" writes them
+_FORM = re.compile(rf"({_COUNT}(?:\.[0-9]+)?) (B|KiB|MiB|GiB|TiB|PiB)(?: \(({_COUNT}) bytes\))?")
 _SHIFTS = {"B": 0, **{unit: shift for unit, shift, _ in UNITS}}
 
 

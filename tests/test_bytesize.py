@@ -81,6 +81,10 @@ def test_read_bytes_reads_back_every_count_exact_bytes_shows(n):
     assert read_bytes(exact_bytes(n)) == n
 
 
-@pytest.mark.parametrize("text", ["", "12", "1.5 B", "1.0 kib", "4 GB", "1.0 KiB (x bytes)"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "12", "1.5 B", "1.0 kib", "4 GB", "1.0 KiB (x bytes)", "\u0661\u0660\u0660 B", "1.\u0665 KiB", "1,0,0 KiB",
+     "1,00 B", "1000 B", ",100 B", "1.0 KiB (1,0,0,0 bytes)", "1.0 KiB (1000 bytes)"],
+)  # fmt: skip
 def test_read_bytes_refuses_text_of_neither_form(text):
     assert read_bytes(text) is None
