@@ -107,9 +107,26 @@ class SyncStepTooLargeError(PsError):
 class RamTierTooSmallError(PsError, ValueError):
     """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share
     of it (CreateTable), or a checkpoint's tables (restore). Raise --cache-bytes (or --memory-bytes), keep
-    fewer tables on a shard, or send fewer ids per request."""
+    fewer tables on a shard, or send fewer ids per request. Its fields (wire_fields, 0 where not known): `tables`,
+    the number of tables the tier was asked to share (a refused CreateTable's table number), and `floor_bytes`, the
+    least share each of them must hold; so a worker sizes what its whole model needs without reading the message."""
 
     status = "RESOURCE_EXHAUSTED"
+    wire_fields = ("tables", "floor_bytes")
+
+    def __init__(self, message: str, tables: int = 0, floor_bytes: int = 0):
+        super().__init__(message)
+        self.tables = tables
+        self.floor_bytes = floor_bytes
+
+    @classmethod
+    def received(cls, message: str, head: str, fields: dict[str, str]) -> "RamTierTooSmallError":
+        """A client's copy of a shard's refusal (see PsError.received), with its fields where the shard sent both as
+        counts of ASCII digits; else its message alone (fields 0)."""
+        counts = [fields.get(name, "") for name in cls.wire_fields]
+        if not all(c.isascii() and c.isdigit() for c in counts):
+            return cls(message)
+        return cls(message, *(int(c) for c in counts))
 
 
 class TableNumbersExhaustedError(PsError):

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from ps.accel import hugepages
-from ps.bytesize import read_bytes
+from ps.bytesize import exact_bytes
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.diskfull import DiskFullError
 from ps.engine import table as table_module
@@ -659,8 +659,8 @@ def test_a_start_on_tables_the_ram_tier_cannot_hold_names_the_least_that_holds_t
     with pytest.raises(RamTierTooSmallError, match=r"cannot hold the 4 tables its data dir holds: .*raise "
                                                    r"--cache-bytes to at least (.+)$") as info:  # fmt: skip
         Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=1 << 20))
-    least = read_bytes(str(info.value).split("at least ")[-1])  # its exact count, where the figure is rounded
-    assert least is not None, str(info.value)
+    least = info.value.tables * info.value.floor_bytes  # the figure the message names, as a field
+    assert str(info.value).endswith(f"at least {exact_bytes(least)}") and least > 0, str(info.value)
     Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=least)).close()  # that much is enough for all four
 
 

@@ -25,6 +25,7 @@ from ps.errors import (
 )
 from ps.server import Server
 from ps.server_config import ServerConfig
+from ps.storage.budget import MIN_SHARE_BYTES
 from ps.storage.store import Store
 from worker.client import Client
 
@@ -190,6 +191,8 @@ def test_a_table_one_shards_ram_tier_cannot_take_is_created_on_none(two_shards):
         with pytest.raises(PsError, match=r"--cache-bytes 4.0 MiB\) cannot take table number 5") as e:
             client.create_table(TableConfig("w4", WIDE))
         assert e.value.status == "RESOURCE_EXHAUSTED"
+        # its fields cross with it: 5 tables, each share at least MIN_SHARE_BYTES (rows of over 4 KiB)
+        assert (type(e.value), e.value.tables, e.value.floor_bytes) == (RamTierTooSmallError, 5, MIN_SHARE_BYTES)
         assert sorted(s0.shard.tables) == sorted(s1.shard.tables) == [f"w{i}" for i in range(4)]
         with pytest.raises(TableNotFoundError):
             client.describe_table("w4")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from ps.bytesize import read_bytes
+from ps.bytesize import exact_bytes
 from ps.checkpoint import write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
@@ -461,8 +461,8 @@ def test_a_restore_the_ram_tier_cannot_hold_is_refused_before_a_row_is_copied(tm
                                                    r"--cache-bytes to at least (.+)$") as info:  # fmt: skip
         Shard(ServerConfig(data_dir=str(target), restore_dir=str(tmp_path / "ckpt"), cache_bytes=40_000))
     assert not target.exists()
-    least = read_bytes(str(info.value).split("at least ")[-1])  # its exact count, where the figure is rounded
-    assert least is not None, str(info.value)
+    least = info.value.tables * info.value.floor_bytes  # the figure the message names, as a field
+    assert str(info.value).endswith(f"at least {exact_bytes(least)}") and least > 0, str(info.value)
     restored = Shard(ServerConfig(data_dir=str(target), restore_dir=str(tmp_path / "ckpt"), cache_bytes=least))
     assert sorted(restored.tables) == ["kept", "wide"]  # that much holds them, restored and started on
     restored.close()

@@ -29,14 +29,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 from tqdm import tqdm
 
-from ps.bytesize import exact_bytes, read_bytes
+from ps.bytesize import exact_bytes
 from ps.errors import ModelStateReplacedError, PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
@@ -194,7 +193,7 @@ class _Run:
             try:
                 client.create_table(table, replace_untrained=table.name in replaced, stamp=self.stamp)
             except RamTierTooSmallError as e:
-                raise ValueError(too_small_for_the_model(str(e), len(self.tables) - i - 1)) from None
+                raise ValueError(too_small_for_the_model(e, len(self.tables) - i - 1)) from None
         if replaced:  # said once done: a shard that holds another job refuses the replace (ps.engine.tenancy)
             log.warning("%s", replaced_warning(replaced))
 
@@ -348,18 +347,16 @@ def _finish(cfg: TrainConfig, data: DataSource, position: PositionWriter | None,
         position.write(cfg.skip_examples + loop.examples, finished=True)
 
 
-def too_small_for_the_model(refusal: str, tables_after: int) -> str:
-    """A shard's refusal of a table its RAM tier cannot share ("... cannot take table number n ... under the F
-    a table's share must hold ... raise --cache-bytes (or --memory-bytes) ...", F in ps.bytesize.exact_bytes'
-    form), with what the whole model needs: the run makes tables_after more tables after this one, each with its
-    share."""
+def too_small_for_the_model(refused: RamTierTooSmallError, tables_after: int) -> str:
+    """A shard's refusal of a table its RAM tier cannot share ("... cannot take table number n ... raise
+    --cache-bytes (or --memory-bytes) ...", its fields `tables` = n and `floor_bytes`, the least share of each),
+    with what the whole model needs: the run makes tables_after more tables after this one, each with its share."""
+    refusal = str(refused)
     if not tables_after:
         return refusal
-    m = re.search(r"cannot take table number (\d+):.* under the (.+?) a table's share must hold", refusal)
-    floor = None if m is None else read_bytes(m.group(2))
-    if floor is None:
+    if not (refused.tables and refused.floor_bytes):  # a shard that sent no fields
         return f"{refusal}; this run makes {tables_after} more tables after this one, each needing its share too"
-    n = int(m.group(1)) + tables_after
+    n, floor = refused.tables + tables_after, refused.floor_bytes
     need = exact_bytes(n * floor)
     fits = " and --memory-bytes to fit it" if "and --memory-bytes to at least" in refusal else ""
     if "raise --memory-bytes" in refusal:  # the shard's RAM tier is what its --memory-bytes leaves

@@ -113,14 +113,16 @@ class MemoryBudget:
         self.check_room(n, widest, f"cannot take table number {n}")
 
     def check_room(self, n: int, widest: int, what: str) -> None:
-        """RamTierTooSmallError ("the RAM tier (...) {what}: ...") if n tables whose widest rows cost `widest`
-        bytes would get shares under the floor."""
+        """RamTierTooSmallError ("the RAM tier (...) {what}: ...", its fields n and the floor) if n tables whose
+        widest rows cost `widest` bytes would get shares under the floor."""
         share, floor = self.limit_bytes // n, min_share_bytes(widest)
         if share < floor:
             raise RamTierTooSmallError(
                 f"the RAM tier ({self.source}) {what}: shared by {n} tables it gives each "
                 f"{human_bytes(share)}, under the {exact_bytes(floor)} a table's share must hold ({floor // widest} "
-                f"rows of the widest table, {widest:,} bytes a row); {self.raise_to(n * floor)}"
+                f"rows of the widest table, {widest:,} bytes a row); {self.raise_to(n * floor)}",
+                tables=n,
+                floor_bytes=floor,
             )
 
     def leave(self, member: Member) -> None:
