@@ -4,25 +4,16 @@ commands' parsers: ps/cli_commands.py; the run: ps/cli_server.py)."""
 from __future__ import annotations
 
 import argparse
-import math
 
 from ps.config import DEFAULT_REPLY_READ_TIMEOUT_S, MAX_INTERVAL_S
-from ps.flagtypes import HelpFormatter, integer, not_plain, number, plain_float, size_flag
+from ps.flagtypes import HelpFormatter, integer, number, size_flag
 from ps.settings import LOG_LEVELS, add_config_flag
 
 parse_bytes = size_flag(1)  # '512M' -> 536870912; plain numbers are bytes; a size of 1 byte or more
 bound_bytes = size_flag(0)  # parse_bytes, or 0: no bound
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 and <= MAX_INTERVAL_S."""
-    try:
-        value = plain_float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}{not_plain(text)}") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_INTERVAL_S):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {MAX_INTERVAL_S:g}, got {text!r}")
-    return value
+seconds = number(0, MAX_INTERVAL_S, above=True)  # a finite number of seconds > 0 and <= MAX_INTERVAL_S
 
 
 def build_parser() -> argparse.ArgumentParser:

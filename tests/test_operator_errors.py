@@ -340,8 +340,9 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (["--port", "70000"], {}, "argument --port: expected an integer in 0..65535, got 70000"),
         (["--num-shards", "0"], {}, "argument --num-shards: expected an integer >= 1, got 0"),
         (["--metrics-port", "-1"], {}, "argument --metrics-port: expected an integer in 0..65535, got -1"),
-        (["--flush-interval-s", "nan"], {}, "argument --flush-interval-s: expected a number of seconds > 0"),
-        (["--flush-interval-s", "1e10"], {}, "--flush-interval-s: expected a number of seconds > 0 and <= 1e+07, got"),
+        (["--flush-interval-s", "nan"], {}, "--flush-interval-s: expected a number > 0 and <= 1e+07, got 'nan'"),
+        (["--flush-interval-s", "1e10"], {}, "--flush-interval-s: expected a number > 0 and <= 1e+07, got '1e10'"),
+        (["--flush-interval-s", "0"], {}, "--flush-interval-s: expected a number > 0 and <= 1e+07, got '0'"),
         (["--port", "47999", "--metrics-port", "47999"], {}, "--metrics-port 47999 is --port too"),
         (["--data-dir", ""], {}, "--data-dir is empty"),
         # `--restore "$CKPT"` with CKPT unset: not a new shard with no tables, as if no --restore were given
