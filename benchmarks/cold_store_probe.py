@@ -3,8 +3,8 @@ row, read a row faster than RocksDB's point read, on this host? Nothing in ps/ u
 
     python benchmarks/cold_store_probe.py [--rows 1000000] [--seconds 3] [--threads-list 1,2]
                                           [--distributions zipf,uniform] [--dir DIR]
-    default: 10^6 rows, 45 s on a shared 2-core host; full size: --rows 3e7 --seconds 20 --write-requests 10,
-    6 min there (5.7 GiB paged file and 4.7 GiB of RocksDB, both kept in the page cache)
+    full size: --rows 3e7 --seconds 20 --write-requests 10 (a 5.7 GiB paged file, 3x10^7 / (25 x 0.8) pages of
+    4 KB, and RocksDB's files beside it: both must fit in the page cache)
 
 Two stores of the same N rows (ids 0..N-1, dim 16 Adagrad: 36 float32 and the row's lsn, the 152-byte value of
 ps.storage.rowformat; each row's floats a hash of its id, so both sides hold the same bytes) under --dir:
@@ -28,19 +28,26 @@ ps.storage.rowformat; each row's floats a hash of its id, so both sides hold the
 Both preads run in numba-compiled code without the GIL (libc pread through ctypes), the keys split into as many
 contiguous parts as threads, each part on a thread of a pool. Both files are read once, whole, before any timing
 (RocksDB's by harness.read_into_page_cache; the paged file's page by page, --paged-warm, see warm_paged); their
-sizes are printed beside MemAvailable, and after the reads how much of each file fincore finds in the page cache.
+sizes are printed beside MemAvailable, and how much of each file fincore finds in the page cache before the reads
+and after them: where either side is under MIN_RESIDENT at either time, the ratios are withheld (printed as "-",
+null in the JSON), as a side that reads from disk is not compared with one that reads from memory.
+The paged and slot reads verify no checksum; RocksDB's verify each block's (its default): the output says so.
 
 Requests: as benchmarks/miss_path.py's live reference draws them (request_ids there): 100,000 draws (--ids), fresh
 per request, Zipf(1.1) over ranks mapped through a fixed random permutation of the ids, less the ranks a 256 MiB
 RAM tier holds (rows x --tier-fraction, 1,065,220 at 3x10^7: the ids a miss reads), or uniform; the unique ones,
-sorted. Per distribution and thread count: 2 untimed requests, then requests for --seconds, each read by every
-side in turn (the order rotating per request), so that a change of the machine's speed moves all sides alike.
+sorted. Per distribution and thread count: 2 untimed requests, then requests for --seconds (and on to a multiple
+of 6), each read by every side in turn, the order going through all 6 (ORDERS), so that each side comes first, and
+right after each other side, equally often (the slot side reads the file the paged side just read in a third of
+the requests, as the paged side after the slot side), and a change of the machine's speed moves all sides alike.
 Figures: us per key, median over the requests; the ratio to rocksdb's, and pages read per key (paged).
 Writes (after all reads, one thread, --write-requests requests of Zipf keys): the rows of a request written back
-in place by pwrite of each 152-byte value at its offset, against a RocksDB WriteBatch of put(key, value) and one
-write (the write-behind's write: WAL on, no sync); neither side syncs. Beside them, how much the machine's Dirty
-and Writeback pages rose per row pwritten: a hint of the bytes each slot write dirties (a 4 KB page, or a large
-folio), not a measure (other processes' writes and the kernel's writeback move it too).
+in place by pwrite of each 152-byte value at its offset, against a RocksDB WriteBatch of put(key, value), one
+Python call per row, and one write (the write-behind's write: WAL on, no sync; its db.write alone is shown too).
+Not like for like: the pwrite side has no crash safety (no double-write file, no fsync: the durability below is
+not built), where RocksDB writes its WAL; neither side syncs. The printed line says so. Beside them, how much the
+machine's Dirty and Writeback pages rose per row pwritten: a hint of the bytes each slot write dirties (a 4 KB
+page, or a large folio), not a measure (other processes' writes and the kernel's writeback move it too).
 Every request's rows are checked equal across the three sides (RuntimeError if not). Progress goes to stderr; the
 last line of stdout is one JSON object (harness.emit).
 
@@ -58,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import os
 import shutil
 import statistics
@@ -89,6 +97,9 @@ TIER_BYTES = 256 << 20  # the benchmark's RAM tier
 PLAN = plan_memory(smallest_memory_bytes(TIER_BYTES), TIER_BYTES)
 TIER_FRACTION = PLAN.ram_tier_bytes // layout_of(DIM, OPTIMIZER).ram_bytes / 30_000_000
 INGEST_FILE_ROWS = 500_000
+SIDES = ("paged", "slot", "rocksdb")
+ORDERS = list(itertools.permutations(SIDES))  # a request's order of the sides: every one, in turn
+MIN_RESIDENT = 0.99  # of each side's files in the page cache, before and after the reads, for a ratio to be shown
 PAGED = lambda root: os.path.join(root, "paged", "pages")  # the paged file, alone in its dir
 if PER_PAGE * VALUE + HEADER > PAGE:
     raise ImportError(f"{PER_PAGE} values of {VALUE} bytes and a {HEADER}-byte header exceed a {PAGE}-byte page")
@@ -259,13 +270,12 @@ def request_ids(distribution: str, permutation: np.ndarray, n: int, seed: list[i
 
 
 def one_request(sides: Sides, ids: np.ndarray, turn: int) -> dict:
-    """Every side reads ids (the order rotated by turn); seconds per side, pages per key; RuntimeError if the rows
-    read differ."""
+    """Every side reads ids, in the order ORDERS[turn % 6]; seconds per side, pages per key; RuntimeError if the
+    rows read differ."""
     keys = encode_keys(TABLE_NUMBER, ids)
     got, seconds = {}, {}
     calls = {"paged": lambda: sides.paged(ids), "slot": lambda: sides.slot(ids), "rocksdb": lambda: sides.rocksdb(keys)}
-    names = list(calls)
-    for name in names[turn % 3 :] + names[: turn % 3]:
+    for name in ORDERS[turn % len(ORDERS)]:
         t = time.perf_counter()
         got[name] = calls[name]()
         seconds[name] = time.perf_counter() - t
@@ -280,11 +290,12 @@ def one_request(sides: Sides, ids: np.ndarray, turn: int) -> dict:
 
 
 def measure(sides: Sides, distribution: str, permutation: np.ndarray, args: argparse.Namespace, past: int) -> dict:
-    """Two untimed requests, then requests for args.seconds; us per key (median) of each side."""
+    """Two untimed requests, then requests for args.seconds, on to a multiple of len(ORDERS) (each order as often);
+    us per key (median) of each side."""
     calls, start, k = [], time.perf_counter(), 0
-    while k < 2 or time.perf_counter() - start < args.seconds:
+    while k < 2 or time.perf_counter() - start < args.seconds or (k - 2) % len(ORDERS):
         ids = request_ids(distribution, permutation, args.ids, [args.seed, sides.threads, k], past)
-        call = one_request(sides, ids, k)
+        call = one_request(sides, ids, k - 2)
         if k >= 2:
             calls.append(call)
         else:
@@ -293,7 +304,7 @@ def measure(sides: Sides, distribution: str, permutation: np.ndarray, args: argp
     r = {"distribution": distribution, "threads": sides.threads, "requests": len(calls),
          "keys_per_request": statistics.median(c["keys"] for c in calls),
          "paged_pages_per_key": statistics.median(c["pages_per_key"] for c in calls)}  # fmt: skip
-    for name in ("paged", "slot", "rocksdb"):
+    for name in SIDES:
         r[f"{name}_us_per_key"] = statistics.median(1e6 * c["seconds"][name] / c["keys"] for c in calls)
     r["paged_vs_rocksdb"] = r["paged_us_per_key"] / r["rocksdb_us_per_key"]
     r["slot_vs_rocksdb"] = r["slot_us_per_key"] / r["rocksdb_us_per_key"]
@@ -301,8 +312,9 @@ def measure(sides: Sides, distribution: str, permutation: np.ndarray, args: argp
 
 
 def measure_writes(sides: Sides, permutation: np.ndarray, args: argparse.Namespace, past: int) -> dict:
-    """One thread: each request's rows written back by pwrite in place, and by one RocksDB WriteBatch."""
-    pw, wb, keys, dirtied = [], [], [], []
+    """One thread: each request's rows written back by pwrite in place, and by one RocksDB WriteBatch (its
+    db.write alone timed too)."""
+    pw, wb, wb_write, keys, dirtied = [], [], [], [], []
     for k in range(args.write_requests):
         ids = request_ids("zipf", permutation, args.ids, [args.seed, 99, k], past)
         values, encoded = values_of(ids), encode_keys(TABLE_NUMBER, ids)
@@ -316,13 +328,16 @@ def measure_writes(sides: Sides, permutation: np.ndarray, args: argparse.Namespa
         batch, handle = WriteBatch(raw_mode=True), sides.db.get_column_family_handle(ROWS_CF)
         for key, value in zip(encoded, raw):
             batch.put(key, value, handle)
+        t_write = time.perf_counter()
         sides.db.write(batch)
         wb.append(time.perf_counter() - t)
+        wb_write.append(time.perf_counter() - t_write)
         keys.append(len(ids))
     each = lambda s: [1e6 * a / n for a, n in zip(s, keys)]
     us = lambda s: statistics.median(each(s))
     return {"requests": len(keys), "keys_per_request": statistics.median(keys), "pwrite_us_per_key": us(pw),
-            "writebatch_us_per_key": us(wb), "pwrite_vs_writebatch": us(pw) / us(wb),
+            "writebatch_us_per_key": us(wb), "writebatch_write_us_per_key": us(wb_write),
+            "pwrite_vs_writebatch": us(pw) / us(wb),
             "pwrite_dirty_kb_per_key": statistics.median(dirtied), "pwrite_us_per_key_each": each(pw), "writebatch_us_per_key_each": each(wb)}  # fmt: skip
 
 
@@ -395,29 +410,64 @@ def build(args: argparse.Namespace, root: str) -> tuple[np.ndarray, int, Rdict, 
     fig["paged_bytes"], fig["paged_read_s"] = warm_paged(PAGED(root), pages, args.paged_warm)
     fig["rocksdb_bytes"], fig["rocksdb_read_s"] = harness.read_into_page_cache(os.path.join(root, "rocksdb"))
     fig["mem_available_warm_bytes"] = meminfo("MemAvailable")
+    record_residency(fig, root, "before_reads")
     warm_kernels(PAGED(root))
     return offsets, pages, db, fig
 
 
+def record_residency(fig: dict, root: str, when: str) -> None:
+    """fig[f"{side}_resident_{when}"]: the fraction of each side's files (the paged file, read by the paged and slot
+    sides; RocksDB's) in the page cache now."""
+    for name, where in (("paged", os.path.dirname(PAGED(root))), ("rocksdb", os.path.join(root, "rocksdb"))):
+        held, size = resident(where)
+        fig[f"{name}_resident_{when}"] = held / size
+
+
+def shortfall(fig: dict) -> str:
+    """Why the ratios are withheld: the sides' files under MIN_RESIDENT in the page cache, before or after the reads
+    ("" where every one held at least that much both times)."""
+    low = [f"{name} {fig[f'{name}_resident_{when}']:.1%} {when.replace('_', ' ')}" for when in
+           ("before_reads", "after_reads") for name in ("paged", "rocksdb")
+           if fig[f"{name}_resident_{when}"] < MIN_RESIDENT]  # fmt: skip
+    return f"ratios withheld: in the page cache under {MIN_RESIDENT:.0%}: {', '.join(low)}" if low else ""
+
+
+def withhold_ratios(reads: list[dict], writes: dict) -> None:
+    """Each ratio of reads and writes set to None (printed "-")."""
+    for r in reads:
+        r["paged_vs_rocksdb"] = r["slot_vs_rocksdb"] = None
+    writes["pwrite_vs_writebatch"] = None
+
+
+def ratio(x: float | None, width: int) -> str:
+    return f"{'-':>{width}} " if x is None else f"{x:{width}.3f}x"
+
+
 def print_figures(build_fig: dict, reads: list[dict], writes: dict) -> None:
-    gib = lambda b: f"{b / 2**30:.2f} GiB"
+    gib, fig = lambda b: f"{b / 2**30:.2f} GiB", build_fig
     print(f"{build_fig['rows']:,} rows of {VALUE} bytes; paged file {gib(build_fig['paged_bytes'])} ({build_fig['pages']:,}"
           f" pages, load {build_fig['load']:.2f}), RocksDB {gib(build_fig['rocksdb_bytes'])}; MemAvailable "
           f"{gib(build_fig['mem_available_before_bytes'])} before the build, {gib(build_fig['mem_available_warm_bytes'])} "
           f"with both read into the page cache; RocksDB block cache {PLAN.block_cache_bytes / 2**20:.1f} MiB; in the "
-          f"page cache after the reads (fincore): paged {build_fig['paged_resident_after_reads']:.1%}, RocksDB "
-          f"{build_fig['rocksdb_resident_after_reads']:.1%}")  # fmt: skip
+          f"page cache before and after the reads (fincore): paged {fig['paged_resident_before_reads']:.1%} and "
+          f"{fig['paged_resident_after_reads']:.1%}, RocksDB {fig['rocksdb_resident_before_reads']:.1%} and "
+          f"{fig['rocksdb_resident_after_reads']:.1%}")  # fmt: skip
+    print("checksums: RocksDB's reads verify each block's checksum; the paged and slot reads verify none")
+    if shortfall(fig):
+        print(shortfall(fig))
     print(
         "dist     threads  keys/req  paged us/key  pages/key  slot us/key  rocksdb us/key  paged/rocksdb  slot/rocksdb"
     )
     for r in reads:
         print(f"{r['distribution']:8} {r['threads']:7}  {r['keys_per_request']:8,.0f}  {r['paged_us_per_key']:12.2f}  "
               f"{r['paged_pages_per_key']:9.3f}  {r['slot_us_per_key']:11.2f}  {r['rocksdb_us_per_key']:14.2f}  "
-              f"{r['paged_vs_rocksdb']:12.3f}x  {r['slot_vs_rocksdb']:11.3f}x")  # fmt: skip
-    print(f"writes, 1 thread, {writes['keys_per_request']:,.0f} rows per request: pwrite in place "
-          f"{writes['pwrite_us_per_key']:.2f} us/row, RocksDB WriteBatch {writes['writebatch_us_per_key']:.2f} us/row "
-          f"({writes['pwrite_vs_writebatch']:.3f}x); the machine's Dirty + Writeback rose {writes['pwrite_dirty_kb_per_key']:.1f} kB per "
-          f"row pwritten")  # fmt: skip
+              f"{ratio(r['paged_vs_rocksdb'], 12)}  {ratio(r['slot_vs_rocksdb'], 11)}")  # fmt: skip
+    w = writes
+    print(f"writes, 1 thread, {w['keys_per_request']:,.0f} rows per request, neither side synced: pwrite in place with "
+          f"no crash safety (no double-write, no fsync) {w['pwrite_us_per_key']:.2f} us/row, against RocksDB with its "
+          f"WAL, a WriteBatch of one Python batch.put per row {w['writebatch_us_per_key']:.2f} us/row (of which "
+          f"db.write {w['writebatch_write_us_per_key']:.2f}) ({ratio(w['pwrite_vs_writebatch'], 0).strip()}); the "
+          f"machine's Dirty + Writeback rose {w['pwrite_dirty_kb_per_key']:.1f} kB per row pwritten")  # fmt: skip
 
 
 def main() -> None:
@@ -456,8 +506,7 @@ def main() -> None:
                         reads.append(measure(sides, distribution, permutation, args, past))
                 finally:
                     sides.close()
-            for name, where in (("paged", os.path.dirname(PAGED(root))), ("rocksdb", os.path.join(root, "rocksdb"))):
-                build_fig[f"{name}_resident_after_reads"] = resident(where)[0] / resident(where)[1]
+            record_residency(build_fig, root, "after_reads")
             sides = Sides(PAGED(root), offsets, pages, db, 1)  # writes last: they change both stores
             try:
                 writes = measure_writes(sides, permutation, args, past)
@@ -467,8 +516,11 @@ def main() -> None:
             db.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if shortfall(build_fig):
+        withhold_ratios(reads, writes)
     print_figures(build_fig, reads, writes)
-    harness.emit({"build": build_fig, "past_rank": past, "reads": reads, "writes": writes})
+    harness.emit({"build": build_fig, "past_rank": past, "reads": reads, "writes": writes,
+                  "ratios_withheld": shortfall(build_fig)})  # fmt: skip
 
 
 if __name__ == "__main__":
