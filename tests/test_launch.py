@@ -605,7 +605,7 @@ def test_merge_progress_against_sums_and_means():
 
 
 def test_progress_lines_never_count_past_their_total_and_end_at_the_examples_trained(capsys):
-    """A worker's total is an estimate (its share of the lines, less the validation split's expected share)."""
+    """A worker's total may be an estimate (its share of a large file's lines, counted from its bytes)."""
     lines = ProgressLines(worker=0, total=90, every_s=0.0)
     result = LoopResult()
     for examples, final in ((50, False), (92, False), (92, True)):

@@ -99,7 +99,7 @@ def test_a_libsvm_files_comment_and_blank_lines_are_no_lines_of_data(tmp_path, m
     cfg, data, _, line = prepare(TrainConfig(data=str(path), format="libsvm", local_shards=1, progress=False))
     assert (data.line_count.lines, data.line_count.more) == (60, False)
     assert line.startswith("small-data recipe for 60 lines of training data (under 100): ")
-    assert loop_settings(cfg, data).total_examples == int(60 * 0.9)
+    assert loop_settings(cfg, data).total_examples == 60 - int(validation_mask(0, 60, 0.1).sum())  # the split's picks
     assert count_lines_upto(str(path), None).lines == len(lines) + 1  # every line, without empty
     assert count_data_upto([str(path)], 60, "libsvm").more and count_data_upto([str(path)], 61, "libsvm").lines == 60
     half = count_data_upto([str(path)], 30, "libsvm")
@@ -209,7 +209,7 @@ def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, mo
     assert (data.line_count.lines, data.line_count.more) == (99, False)
     assert line.startswith("small-data recipe for 99 lines of training data (under 100): ")
     settings = loop_settings(cfg, data)
-    assert (settings.total_examples, settings.total_estimated) == (int(99 * 0.9), False)
+    assert (settings.total_examples, settings.total_estimated) == (99 - int(validation_mask(0, 99, 0.1).sum()), False)
     assert count_lines_upto(str(path), 99) == LineCount(99, True, 99, path.stat().st_size)  # at the threshold: more
     assert count_lines_upto(str(path), None).lines == count_lines(str(path)) == 99
     unended = tmp_path / "unended.svm"  # a last line without its line end is a line the readers read
@@ -1741,3 +1741,20 @@ def test_what_a_file_without_examples_holds_is_what_its_reader_read(tmp_path, fm
     whole = "$" if held.endswith(")") else ""
     with pytest.raises(ValueError, match=re.escape(f"{path}: no examples in it ({held.format(path=path)}") + whole):
         prepare(TrainConfig(local_shards=1, data=str(path), format=fmt, max_bad_lines=5))
+
+
+@pytest.mark.parametrize("lines", [60, 99, 200])
+def test_the_progress_total_is_what_the_epochs_train_once_the_split_has_held_its_examples_out(tmp_path, monkeypatch,
+                                                                                               lines):  # fmt: skip
+    """The validation split picks its examples by a hash (worker/validation_split.py), so it holds out about, not
+    exactly, --validation-fraction of them (99 lines at 0.1: 8, not 10): the progress total ("of at most N
+    examples") is what the epochs train, the examples read less those the split held out, never more or less."""
+    monkeypatch.setattr(recipe, "SMALL_DATA_EXAMPLES", 1000)
+    path = tmp_path / "small.svm"
+    path.write_text("".join(f"{i % 2} {i}:1\n" for i in range(lines)))
+    cfg, data, _, _ = prepare(TrainConfig(data=str(path), format="libsvm", local_shards=1, progress=False))
+    held = sum(len(b) for b in data.validation())
+    trained = sum(len(b) for b in data.train(1))
+    assert held + trained == lines and held != lines - int(lines * (1 - cfg.validation_fraction))  # not the estimate
+    settings = loop_settings(cfg, data)
+    assert (settings.total_examples, settings.total_estimated) == (trained, False)

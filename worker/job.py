@@ -250,13 +250,22 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
         progress=cfg.progress and not cfg.progress_lines,
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
         progress_lines=cfg.progress_lines, worker=cfg.worker_id,
-        total_examples=data.examples - held_out(data.examples, cfg.validation_fraction or 0.0, data.max_validation),
+        total_examples=data.examples - split_held_out(cfg, data),
         skip_examples=cfg.skip_examples,
         max_examples=cfg.worker_max_examples(),
         total_estimated=data.line_count is not None and data.line_count.more,
         weight_bounds={t.name: t.weight_bound for t in tables if t.weight_bound > 0},
         half_at_rest=frozenset(t.name for t in tables if t.values_at_rest == HALF_AT_REST),
     )  # fmt: skip
+
+
+def split_held_out(cfg: TrainConfig, data: DataSource) -> int:
+    """The examples of this worker's share that the validation split holds out, as it picked them (the picks are by
+    a hash, so about --validation-fraction of them: worker/validation_split.py); 0 without a split (no
+    --validation-fraction, or --validation-data's file instead)."""
+    if not cfg.validation_fraction or cfg.validation_data:
+        return 0
+    return sum(len(b) for b in data.validation())  # read once: the loop validates on these
 
 
 def dense_l2_share(cfg: TrainConfig) -> float:
