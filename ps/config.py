@@ -238,6 +238,11 @@ class EvictionConfig:
     nonclk_coeff: float = 0.1
     click_coeff: float = 1.0
 
+    @property
+    def is_off(self) -> bool:
+        """Whether a Shrink changes nothing of a table of this config: no TTL, no score threshold, no decay."""
+        return self.ttl_steps == 0 and self.score_threshold == 0 and self.decay == 1
+
     def validate(self) -> None:
         if self.ttl_steps < 0:
             raise InvalidArgumentError(f"eviction ttl_steps must be >= 0, got {self.ttl_steps}")

@@ -172,8 +172,10 @@ def run_shrink(args: argparse.Namespace) -> int:
     import json
 
     with _client(args) as client:
-        client.wait_ready()
+        shards = client.wait_ready()
         replies = client.shrink(args.table)
+        names = [args.table] if args.table else list(dict.fromkeys(t.name for s in shards for t in s.tables))
+        unruled = not sum(r.dropped for r in replies) and all(_rule_is_off(client, shards, n) for n in names)
     result = {
         "dropped": sum(r.dropped for r in replies),
         "num_rows": sum(r.num_rows for r in replies),
@@ -187,7 +189,23 @@ def run_shrink(args: argparse.Namespace) -> int:
         print(
             f"all shards: dropped {result['dropped']:,}; {result['num_rows']:,} rows, {result['pending_ids']:,} pending"
         )
+    if unruled:
+        which = f"table {args.table!r} has no" if args.table else "no table has an"
+        print(f"ps-worker: note: {which} eviction rule, so the shrink kept every row as it was: a table gets "
+              "one from ps-worker train's --table-config (`eviction = { ttl_steps = ..., score_threshold = ..., "
+              "decay = ... }`, docs/tables.md) as the table is made; a trained table keeps its spec",
+              file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _rule_is_off(client: Any, shards: list, name: str) -> bool:
+    """Whether the table has no eviction rule (EvictionConfig.is_off), as the first shard holding it (stats' shards,
+    StatsResponses; shard 0 where none lists it) describes it."""
+    from ps.codec import table_config_from_proto
+
+    shard = next((s.shard_id for s in shards if any(t.name == name for t in s.tables)), 0)
+    (info,) = client.describe_table(name, shards=[shard])
+    return table_config_from_proto(info.spec).eviction.is_off
 
 
 def run_checkpoint(args: argparse.Namespace) -> int:

@@ -430,12 +430,9 @@ class Shard:
                 if partly is None:
                     raise
                 raise partly from e
-        dropped = sum(progress.dropped.values())
-        log.info("shrink at step %s dropped %s ids from %s (%s rows scanned in %.1f s)", f"{self.clock:,}",
-                 f"{dropped:,}", ", ".join(t.name for t in tables) or "no table", f"{progress.scan.done:,}",
-                 progress.scan.took_s())  # fmt: skip
+        log.info("%s", progress.summary(self.clock, [t.name for t in tables if t.cfg.eviction.is_off]))
         return {
-            "dropped": dropped,
+            "dropped": sum(progress.dropped.values()),
             "num_rows": sum(t.num_rows for t in tables),
             "pending_ids": sum(t.num_pending for t in tables),
         }

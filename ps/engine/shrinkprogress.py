@@ -59,6 +59,17 @@ class ShrinkProgress:
         self.began_at = time.time()
         self.started = True
 
+    def summary(self, clock: int, off: list[str]) -> str:
+        """The line a Shrink's end logs: the ids dropped, the tables whose rules ran (those of `tables` not in off,
+        the tables without an eviction rule, which it leaves as they were), the rows scanned and the time taken."""
+        ruled = [t for t in self.tables if t not in off]
+        left = f"; {len(off):,} table{'s' * (len(off) != 1)} without an eviction rule left as " + (
+            "it was" if len(off) == 1 else "they were"
+        )
+        return (f"shrink at step {clock:,} dropped {sum(self.dropped.values()):,} ids from "
+                f"{', '.join(ruled) or 'no table'} ({self.scan.done:,} rows scanned in {self.scan.took_s():.1f} s)"
+                f"{left if off else ''}")  # fmt: skip
+
     def scanned(self, table: str, n: int) -> None:
         """Notes a chunk of n rows of table's scanned; logs the Shrink's progress every ps.progress.LOG_EVERY_S
         seconds: "shrinking: 1,200,000 of 3,000,000 rows scanned (40%), 80,000 rows/s, about 23 s left (table 't',

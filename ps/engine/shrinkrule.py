@@ -18,11 +18,6 @@ from ps.rows.layout import CLICK, LAST_STEP, SHOW
 SCORE_SLACK = 2**-20
 
 
-def rule_is_off(ev: EvictionConfig) -> bool:
-    """Whether a Shrink changes nothing of a table of ev: no TTL, no score threshold, no decay."""
-    return ev.ttl_steps == 0 and ev.score_threshold == 0 and ev.decay == 1
-
-
 def shrink_chunk(
     ev: EvictionConfig, stats_col: int, rows: np.ndarray, lsn: np.ndarray, clock: int, flushed_seq: int
 ) -> tuple[np.ndarray, np.ndarray]:

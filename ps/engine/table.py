@@ -38,7 +38,7 @@ from ps.engine.readahead import ReadAheads
 from ps.engine.rowloader import RowLoader, raise_duplicate
 from ps.engine.rowwriter import RowWriter
 from ps.engine.shrinkprogress import ShrinkProgress
-from ps.engine.shrinkrule import rule_is_off, shrink_chunk
+from ps.engine.shrinkrule import shrink_chunk
 from ps.errors import NOTHING_APPLIED, DataLossError, InvalidArgumentError, ShardClosingError, ShardNeedsRestartError
 from ps.rows import update, updateio
 from ps.rows.layout import ADMITTED, RowLayout, half_floats_of
@@ -330,7 +330,7 @@ class Table:
     @property
     def shrink_rows(self) -> int:
         """The rows (and pending ids) a Shrink scans, as the table holds them: 0 with no rule on (shrink skips it)."""
-        return 0 if rule_is_off(self.cfg.eviction) else self.num_rows + self.num_pending
+        return 0 if self.cfg.eviction.is_off else self.num_rows + self.num_pending
 
     def shrink(self, clock: int, progress: ShrinkProgress, chunk_rows: int = FLUSH_CHUNK_ROWS) -> None:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
@@ -344,7 +344,7 @@ class Table:
         scanned at all. Once the scan ends, or a chunk fails, the RAM rows of the ids dropped go back to the budget
         (Arena.return_free), for any table to take; where that fails too after a chunk failed, it is logged and the
         chunk's error propagates."""
-        if rule_is_off(self.cfg.eviction):
+        if self.cfg.eviction.is_off:
             return
         try:
             self._shrink_chunks(clock, progress, chunk_rows)

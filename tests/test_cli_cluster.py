@@ -1,0 +1,38 @@
+"""The cluster commands as a user reads them (worker/cli_cluster.py): what `ps-worker shrink` prints."""
+
+import logging
+
+import numpy as np
+
+from ps.config import EvictionConfig, TableConfig
+from worker.__main__ import main
+
+
+def test_a_shrink_of_tables_without_an_eviction_rule_says_it_changed_nothing_and_why(servers, capsys, caplog):
+    """A table made without `eviction` in its config has no rule for Shrink to run (docs/tables.md): a shrink of
+    such tables only keeps every row. The command says so, and where to set a rule; the server's log names the
+    tables it ran rules on, none here, and how many it left as they were. Once a table has a rule, no such note."""
+    (address,), (server,) = servers(1)
+    server.shard.create_table(TableConfig("plain", 2))
+    ids = np.arange(3, dtype=np.uint64)
+    server.shard.push("plain", ids, np.ones((3, 2), np.float32))
+    with caplog.at_level(logging.INFO, logger="ps.engine.shard"):
+        assert main(["shrink", "--servers", address]) == 0
+    out, err = capsys.readouterr()
+    assert "shard 0: dropped 0 ids; 3 rows and 0 pending ids left" in out
+    assert "no table has an eviction rule" in err and "--table-config" in err and "docs/tables.md" in err
+    assert "dropped 0 ids from no table (0 rows scanned in" in caplog.text
+    assert "1 table without an eviction rule left as it was" in caplog.text
+    assert main(["shrink", "--servers", address, "--table", "plain", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == '{"dropped": 0, "num_rows": 3, "pending_ids": 0}'
+    assert "table 'plain' has no eviction rule, so the shrink kept every row as it was" in err
+    server.shard.create_table(TableConfig("aged", 2, eviction=EvictionConfig(ttl_steps=5)))
+    server.shard.push("aged", ids, np.ones((3, 2), np.float32))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ps.engine.shard"):
+        assert main(["shrink", "--servers", address]) == 0
+    out, err = capsys.readouterr()
+    assert "shard 0: dropped 0 ids; 6 rows and 0 pending ids left" in out and "eviction rule" not in err
+    assert "dropped 0 ids from aged (3 rows scanned in" in caplog.text
+    assert "1 table without an eviction rule left as it was" in caplog.text
