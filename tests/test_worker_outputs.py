@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -1100,3 +1101,28 @@ def test_stats_text_gives_each_shards_job_as_its_json_does(servers, capsys):
     assert code == 0, err
     assert (f"    0 job {job}: 2 workers, slowest at clock 1, largest gap 1 (steps a stamped pull was served ahead of "
             "the slowest clock)") in out.splitlines(), out  # fmt: skip
+
+
+def test_stats_text_says_an_async_jobs_pushes_move_no_clock_instead_of_a_slowest_clock_of_0(servers, capsys):
+    """An async (or geo) job's stamps are unclocked (ps.engine.followedjob): its worker pushes steps 0..4, and no
+    worker clock moves, so min_clock stays 0 however far it trained. The text line says the job moves no clock, as
+    the --json's job_unclocked does, not "slowest at clock 0" beside the shard's clock of 5."""
+    from ps.engine.push import TablePush
+    from ps.stamp import WorkerStamp
+
+    addresses, (server,) = servers(1)
+    job, setup, shard = 0xA57C, "mode=async model=fm fields=3:abcd numeric=0", server.shard
+    stamp = WorkerStamp(job, 0, 1, 0, setup=setup, unclocked=True, token=7)
+    shard.create_table(TableConfig("emb", 4), stamp=stamp)
+    ids = np.array([3, 5, 8], np.uint64)
+    for step in range(5):
+        pushes = [TablePush(name="emb", ids=ids, grads=np.ones((3, 4), np.float32), shows=None, clicks=None)]
+        shard.push_stamped(pushes, 1, 11, step + 1, dataclasses.replace(stamp, step=step))
+    code, out, err = worker(["stats", "--servers", addresses[0], "--json"], capsys)
+    (s,) = json.loads(out)["shards"]
+    assert (s["job"], s["num_workers"], s["min_clock"], s["clock"], s["job_unclocked"]) == (job, 1, 0, 5, True), s
+    code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
+    assert code == 0, err
+    assert (f"    0 job {job}: 1 worker, async or geo: its pushes move no worker clock (a sync or ssp job's line gives "
+            "its slowest worker's clock and the largest gap)") in out.splitlines(), out  # fmt: skip
+    assert "slowest at clock" not in out
