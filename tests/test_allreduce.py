@@ -24,12 +24,16 @@ from ps.rows.optim import get_optimizer  # noqa: E402
 from tests.inprocess import InProcessTables  # noqa: E402
 from worker.allreduce import AllReduceDense  # noqa: E402
 from worker.allreduce_group import ENV_VARS, init_process_group_from_env, rank_device  # noqa: E402
+from worker.batch import Bags, Batch, table_ids  # noqa: E402
 from worker.client import PushItem  # noqa: E402
 from worker.dense import DenseSync, table_config  # noqa: E402
 from worker.local_optimizer import LocalOptimizer  # noqa: E402
 from worker.models.spec import ModelSpec, uniform_fields  # noqa: E402
+from worker.scoring import field_tables  # noqa: E402
+from worker.step import Prepared, Step  # noqa: E402
 
-PARAMS = ModelSpec("dnn", uniform_fields(3, 4), num_dense=2, hidden=(8, 8)).dense_params()
+SPEC = ModelSpec("dnn", uniform_fields(3, 4), num_dense=2, hidden=(8, 8))
+PARAMS = SPEC.dense_params()
 OPTIMIZERS = {
     "sgd": OptimizerConfig("sgd", 0.05),
     "adagrad": OptimizerConfig("adagrad", 0.1),
@@ -198,7 +202,113 @@ def test_the_writer_is_the_lowest_rank_with_a_batch_while_training_and_as_it_sto
     np.testing.assert_allclose(np.load(out / "servers.1.npy"), held[1], rtol=1e-6, atol=1e-7)
 
 
-SCENARIOS = {"mean": run_worker, "leaving": run_leaving_worker, "handing_over": run_handing_over_worker}
+DIVERGES = 2  # rank 1's step DIVERGES (from 0) diverges: its predictions hold a NaN
+
+
+class DivergingModel:
+    """A backend whose predictions are 0.5 and whose MLP gradients are grads_of(rank, s) at its s-th step, but for
+    rank 1's step DIVERGES: NaN predictions."""
+
+    def __init__(self, rank: int):
+        self.rank, self.steps = rank, 0
+
+    def forward_backward(self, inputs, params, labels):
+        s, self.steps = self.steps, self.steps + 1
+        nan = self.rank == 1 and s == DIVERGES
+        rows = {t: np.zeros_like(r) for t, r in inputs.rows.items()}
+        return np.full(len(labels), np.nan if nan else 0.5, np.float32), rows, grads_of(self.rank, s)
+
+
+class CountingSource:
+    """A row source of zero rows that counts the rows' pushes."""
+
+    def __init__(self):
+        self.pushes = 0
+
+    def rows(self, step, tids, prepared):
+        return {t: np.zeros((len(ti.uniq), SPEC.row_dim(t)), np.float32) for t, ti in tids.items()}
+
+    def push(self, step, tids, row_grads, extra):
+        self.pushes += 1
+        return []
+
+
+def diverging_steps(dense: AllReduceDense, rank: int, steps: int) -> dict:
+    """steps real Steps (worker/step.py) of rank over dense, then finish(); what it raised, and at which step."""
+    n = 4
+    batch = Batch(np.array([0, 1, 0, 1], np.float32),
+                  {f.name: Bags.one_per_example(np.arange(n) + 10 * i) for i, f in enumerate(SPEC.fields)},
+                  np.ones((n, 2), np.float32))  # fmt: skip
+    tids, source = table_ids(batch, field_tables(SPEC)), CountingSource()
+    step, s = Step(SPEC, DivergingModel(rank), dense, source, dense_l2=0.0), 0
+    try:
+        for s in range(steps):
+            step(Prepared(s, batch, tids, None))
+        s = "finish"
+        dense.finish()
+    except Exception as e:
+        return {"type": type(e).__name__, "message": str(e), "at": s, "syncs": dense.syncs, "pushes": source.pushes}
+    finally:
+        step.pusher.shutdown()
+    return {"type": None, "at": s, "syncs": dense.syncs}
+
+
+def run_diverging_worker(rank: int, port: int, out_dir: str) -> None:
+    """One worker (a spawned process) taking real Steps until rank 1's step DIVERGES diverges, twice in one group:
+    both ranks with batches then ("stepping"); rank 0 out of batches before it, in finish() ("finishing"). Saves
+    what each raised, and its values before the step that diverged and after it."""
+    import json
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    with dense_tables() as tables:
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])  # the group's owner: close() destroys it
+        outcomes = {}
+        for case, steps in (("stepping", STEPS), ("finishing", DIVERGES if rank == 0 else STEPS)):
+            held = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"]) if case == "finishing" else dense
+            held._next_write = math.inf  # no periodic write
+            held.pull()
+            outcomes[case] = diverging_steps(held, rank, steps)
+            np.save(pathlib.Path(out_dir, f"{case}.{rank}.npy"), np.stack([flat(held.values), held.weights]))
+        pathlib.Path(out_dir, f"outcomes.{rank}.json").write_text(json.dumps(outcomes))
+        dense.close()
+
+
+@pytest.mark.xdist_group("allreduce_scenarios")  # one spawn of the scenarios fixture (dev.py: loadgroup)
+def test_a_step_that_diverges_on_one_rank_raises_diverged_error_on_every_rank_at_that_step(scenarios):
+    """worker/step.py over --dense allreduce: rank 1's step diverges (NaN predictions) while rank 0's does not.
+    Rank 1 still takes part in the step's all_reduce, so every rank raises DivergedError at that step (rank 0's
+    names rank 1; rank 1's says what diverged), rather than rank 0 failing with a peer gone or hanging; no rank
+    applied the step, and the group goes on working. The same where rank 0 waits in finish() for rank 1's steps."""
+    import json
+
+    out = scenarios / "diverging"
+    outcomes = [json.loads((out / f"outcomes.{r}.json").read_text()) for r in range(WORLD)]
+    for case in ("stepping", "finishing"):
+        rank0, rank1 = outcomes[0][case], outcomes[1][case]
+        assert rank0["type"] == rank1["type"] == "DivergedError", (case, rank0, rank1)
+        assert rank1["at"] == DIVERGES and rank0["at"] == (DIVERGES if case == "stepping" else "finish")
+        assert rank0["syncs"] == rank1["syncs"] == DIVERGES  # the steps before it, not that one
+        assert rank0["message"].startswith(
+            f"training diverged in step {DIVERGES + 1} of the allreduce group (2 workers): the predictions or "
+            "gradients of rank 1 hold an Inf or NaN (its output says which)"
+        ), rank0
+        assert rank1["message"].startswith(
+            f"training diverged in step {DIVERGES + 1}: the model's predictions hold nan"
+        )
+        assert rank1["pushes"] == DIVERGES  # the step that diverged pushed no rows
+        values = [np.load(out / f"{case}.{r}.npy") for r in range(WORLD)]
+        np.testing.assert_array_equal(values[0], values[1])
+        np.testing.assert_array_equal(values[0][0], values[0][1])  # the values and the weights: the step before
+    with dense_tables() as tables:
+        start = flat(DenseSync(tables, PARAMS).pull())
+    assert DIVERGES < STEPS - SHORT  # the oracle's steps before it: both ranks with a batch
+    np.testing.assert_allclose(
+        np.load(out / "stepping.0.npy")[0], oracle("adam", start)[DIVERGES], rtol=1e-6, atol=1e-6
+    )
+
+
+SCENARIOS = {"mean": run_worker, "leaving": run_leaving_worker, "diverging": run_diverging_worker,
+             "handing_over": run_handing_over_worker}  # fmt: skip
 
 
 def run_every_scenario(rank: int, ports: tuple[int, ...], out_dir: str) -> None:

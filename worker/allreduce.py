@@ -8,13 +8,15 @@ them, alone, after its first step as the writer and then every WRITE_EVERY_S sec
 eval or predict taken while the job trains reads an MLP at most that old (not the one the job started from). Every write
 goes through the worker's row source (`source`: push_apart, with its job's stamp, as the PS path's pushes), while the
 worker has not said it is done: its job holds the shards then, and a shard that holds another job refuses the write. In
-between, a step's gradients (every parameter flattened, in params order, into one float32 buffer, followed by one float
-per rank: 1 in its own from a worker with a batch) go through one all_reduce (SUM) and are divided by the number of
-workers that had a batch; each worker then applies the optimizer to that mean itself (worker/local_optimizer.py
+between, a step's gradients (every parameter flattened, in params order, into one float32 buffer, followed by two
+floats per rank, each 1 only in its own: from a worker with a batch, and from a worker whose step diverged) go through
+one all_reduce (SUM) and are divided by the number of workers that had a batch; each worker then applies the optimizer to that mean itself (worker/local_optimizer.py
 LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal weights, bit for bit. A
 mean with an Inf or NaN (a worker's loss diverged), or a step that would make a weight or its optimizer state Inf or NaN
 (float32 overflow), is refused as a server refuses such a push: every rank raises ValueError at that step, its values
-and optimizer state those of the step before.
+and optimizer state those of the step before. A worker whose step diverged (worker.step's check_finite: an Inf or NaN
+in its predictions or gradients) still takes part in the step's all_reduce (diverged()), with its flag set and no
+gradient: every rank then raises DivergedError at that step, naming the ranks that diverged, before any change.
 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
@@ -51,6 +53,7 @@ from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
 from worker.local_optimizer import LocalOptimizer, NonFiniteStepError
 from worker.models.spec import DenseParam
+from worker.step import DivergedError
 
 WRITE_EVERY_S = 30.0  # the writer's writes of the MLP to the servers while the job trains
 
@@ -92,8 +95,8 @@ class AllReduceDense:
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.ids = {p.name: np.arange(p.shape[0], dtype=np.uint64) for p in params}
         self.weights = np.zeros(sum(self.sizes), np.float32)  # every parameter, flattened in params order
-        # the gradients, then one flag per rank: 1 from a worker with a batch
-        self._buffer = np.empty(len(self.weights) + self.world_size, np.float32)
+        # the gradients, then two flags per rank: 1 from a worker with a batch; 1 from a worker whose step diverged
+        self._buffer = np.empty(len(self.weights) + 2 * self.world_size, np.float32)
         self._grads = self._buffer[: len(self.weights)]
         self._writer = 0  # the lowest rank with a batch at the last step that had one: it writes the values
         self.values: dict[str, np.ndarray] = {}
@@ -135,6 +138,20 @@ class AllReduceDense:
             start += size
         self._reduce_and_apply(1.0)
 
+    def diverged(self, error: Exception) -> None:
+        """This worker's step diverged (error: worker.step's check_finite): it takes part in the step's all_reduce,
+        adding no gradient and its divergence flag, so that every rank raises DivergedError at this step, none
+        having changed anything; raises error here (also where the group failed meanwhile: the divergence is the
+        error to report, the group's failure chained to it)."""
+        if self._closed:
+            raise RuntimeError("AllReduceDense.diverged after close()")
+        if not self.params:
+            raise error
+        try:
+            self._reduce_and_apply(1.0, error)
+        except (ConnectionError, TimeoutError) as failed:
+            raise error from failed
+
     def finish(self, leave: Callable[[], None] = lambda: None) -> None:
         """This worker has no more batches: it takes part in the others' steps (adding no gradient) until every
         worker is done, then the lowest rank that did not wait for the others writes the values (flush), and
@@ -152,16 +169,21 @@ class AllReduceDense:
             leave()
             self._left = True
 
-    def _reduce_and_apply(self, has_batch: float) -> int:
-        """One all_reduce of the buffer (this worker's gradients, or zeros without a batch); applies the mean
-        over the workers that had a batch, the lowest of them the writer. Returns how many had one (0: every worker
-        is done, nothing applied)."""
-        if not has_batch:
+    def _reduce_and_apply(self, has_batch: float, diverged: Exception | None = None) -> int:
+        """One all_reduce of the buffer (this worker's gradients, or zeros without a batch or where its step
+        diverged); applies the mean over the workers that had a batch, the lowest of them the writer, unless a
+        worker's step diverged: then it raises DivergedError (diverged, this worker's own, where given) and changes
+        nothing. Returns how many had a batch (0: every worker is done, nothing applied)."""
+        if not has_batch or diverged is not None:
             self._grads[:] = 0.0
-        flags = self._buffer[len(self._grads) :]
-        flags[:] = 0.0
+        flags = self._buffer[len(self._grads) : len(self._grads) + self.world_size]
+        diverging = self._buffer[len(self._grads) + self.world_size :]
+        flags[:] = diverging[:] = 0.0
         flags[self.rank] = has_batch
+        diverging[self.rank] = 1.0 if diverged is not None else 0.0
         self._collective("all_reduce", self._buffer, "the dense gradients")
+        if diverging.any():
+            raise diverged or self._diverged_error([int(r) for r in np.flatnonzero(diverging)])
         ranks = np.flatnonzero(flags)
         active = len(ranks)
         if active == 0:
@@ -197,6 +219,17 @@ class AllReduceDense:
         raise ValueError(
             f"the mean gradient of dense parameter {name!r} over the workers holds {float(grads[bad])} at "
             f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the step before"
+        )
+
+    def _diverged_error(self, ranks: list[int]) -> DivergedError:
+        """The DivergedError of a rank whose step did not diverge, where those of ranks did."""
+        which = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        return DivergedError(
+            f"training diverged in step {self.syncs + 1} of the allreduce group ({self.world_size} workers): the "
+            f"predictions or gradients of {which} hold an Inf or NaN (its output says which): the model's weights, "
+            "or the features fed to them, overflow float32. No worker applied the MLP's step. Train with a lower "
+            "--learning-rate (the sparse tables') or --dense-learning-rate (the MLP's), and look for huge numbers in "
+            "the data (numeric columns, feature weights)"
         )
 
     def _element(self, index: int) -> tuple[str, int, int]:

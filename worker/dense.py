@@ -12,6 +12,8 @@ loop `values`, the weights the next forward uses, and takes each step's gradient
     inline True:   the loop sends add() / push_items() with its sparse push and take()s the rows it returns
     inline False:  the loop calls step(grads)
     flush():       every gradient given so far applied, values fresh, the model on the servers complete
+    diverged(e):   the worker's step diverged (worker.step's DivergedError e): raises e, a collective path
+                   (allreduce) once every worker has learnt of it in the step's all_reduce (they raise one too)
     finish(leave): the worker has no more batches: its gradients applied (allreduce: with the others'), and leave()
                    (its row source's finish: the worker is done) once nothing more of the MLP is to be written
     close():       threads stopped, or left to end a push in flight (idempotent); syncs counts the pushes (or
@@ -123,6 +125,8 @@ class DensePath(Protocol):
 
     def step(self, grads: dict[str, np.ndarray]) -> None: ...
 
+    def diverged(self, error: Exception) -> None: ...  # raises error (see the module docstring)
+
     def flush(self) -> None: ...
 
     def finish(
@@ -200,6 +204,10 @@ class DenseSync:
         items = self.push_items()
         if items:
             self.take(self._push_apart(items))
+
+    def diverged(self, error: Exception) -> None:
+        """Raises error (this worker's step diverged): no other worker waits for this one's step."""
+        raise error
 
     def finish(self, leave: Callable[[], None] = lambda: None) -> None:
         """flush(): this worker's last gradients pushed; then leave() (the row source's finish: this worker is

@@ -47,7 +47,11 @@ class Step:
             )
             for name in self._l2_weights:
                 dense_grads[name] += self._l2 * dense.values[name]
-        check_finite(item.step, probs, row_grads, dense_grads)
+        try:
+            check_finite(item.step, probs, row_grads, dense_grads)
+        except DivergedError as e:  # an allreduce path's other workers wait for this one in the step's all_reduce
+            dense.diverged(e)  # raises e, once they know (they raise one too)
+            raise
         if dense.inline:  # the MLP's push goes with the rows' push when one is due
             due = dense.add(dense_grads, sync)
             returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
