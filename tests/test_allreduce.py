@@ -596,6 +596,71 @@ def test_a_local_step_is_refused_whole_where_the_servers_kernel_makes_a_row_non_
     assert local.steps == fresh.steps == 1
 
 
+def float32_steps(name: str, weights: np.ndarray, grads: list[np.ndarray]) -> list[np.ndarray]:
+    """The weights after each step of float32 numpy applying the rule in the kernels' order, each operation one
+    IEEE-rounded float32 one (the oracle of LocalOptimizer's bits)."""
+    cfg, f32 = OPTIMIZERS[name], np.float32
+    p, lr, one = {k: f32(v) for k, v in cfg.all_params().items()}, f32(cfg.learning_rate), f32(1.0)
+    w, m, v, a = weights.copy(), np.zeros_like(weights), np.zeros_like(weights), np.zeros_like(weights)
+    a[:] = p.get("initial_accumulator", f32(0.0))
+    out = []
+    for t, g in enumerate(grads, start=1):
+        if name == "sgd":
+            w = w - lr * g
+        elif name == "adagrad":
+            a = a + g * g
+            w = w - lr * g / (np.sqrt(a) + p["epsilon"])
+        else:
+            c1, c2 = f32(1.0 - float(p["beta1"]) ** t), f32(1.0 - float(p["beta2"]) ** t)
+            m = p["beta1"] * m + (one - p["beta1"]) * g
+            v = p["beta2"] * v + (one - p["beta2"]) * g * g
+            w = w - lr * (m / c1) / (np.sqrt(v / c2) + p["epsilon"])
+        assert w.dtype == m.dtype == v.dtype == a.dtype == np.float32
+        out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_the_local_optimizer_gives_the_bits_of_float32_numpy_in_the_same_order(name):
+    """200 steps of LocalOptimizer (one compiled pass into buffers, state swapped in) equal, bit for bit after every
+    step, float32 numpy computing each rule in the same order: nothing fused or reordered, whatever the buffers."""
+    rng = np.random.default_rng(7)
+    size = 1001  # not a multiple of a vector's width: the loop's tail too
+    weights = rng.uniform(-1, 1, size).astype(np.float32)
+    grads = [(rng.normal(0, 1, size) * 10.0 ** rng.uniform(-4, 2, size)).astype(np.float32) for _ in range(200)]
+    local, held = LocalOptimizer(OPTIMIZERS[name], size), weights.copy()
+    for s, (g, want) in enumerate(zip(grads, float32_steps(name, weights, grads), strict=True)):
+        local.apply(held, g)
+        np.testing.assert_array_equal(held, want, err_msg=f"{name}, step {s + 1}")
+    assert np.abs(held - weights).max() > 0.01 and local.steps == 200
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_a_local_step_with_a_gradient_not_finite_says_so_and_changes_nothing(name, bad):
+    """A gradient of NaN or Inf is refused whole, named as the gradient (not as a float32 overflow of the step), and
+    the weights, state and step count stay those of the step before: the next steps are a fresh optimizer's."""
+    rng = np.random.default_rng(3)
+    size = 37
+    grads = [rng.normal(0, 1, size).astype(np.float32) for _ in range(3)]
+    local, fresh = LocalOptimizer(OPTIMIZERS[name], size), LocalOptimizer(OPTIMIZERS[name], size)
+    weights = rng.uniform(-1, 1, size).astype(np.float32)
+    expected = weights.copy()
+    local.apply(weights, grads[0])
+    fresh.apply(expected, grads[0])
+    before = weights.copy()
+    spoiled = grads[1].copy()
+    spoiled[20] = bad
+    with pytest.raises(ValueError, match=rf"^the gradient at element 20 is {bad} \(weight .*\); nothing was applied$"):
+        local.apply(weights, spoiled)
+    np.testing.assert_array_equal(weights, before)
+    for g in grads[1:]:
+        local.apply(weights, g)
+        fresh.apply(expected, g)
+    np.testing.assert_array_equal(weights, expected)
+    assert local.steps == fresh.steps == 3
+
+
 def test_ftrl_is_refused():
     with pytest.raises(ValueError, match="not 'ftrl'"):
         LocalOptimizer(OptimizerConfig("ftrl", 0.1), 4)

@@ -47,7 +47,6 @@ import numpy as np
 
 from ps.config import OptimizerConfig
 from ps.errors import NOTHING_APPLIED
-from ps.rows.finite import first_non_finite
 from worker.allreduce_group import init_process_group_from_env, rank_device, timed_out, torch_reason
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
@@ -191,34 +190,30 @@ class AllReduceDense:
         self._writer = int(ranks[0])
         if active > 1:
             np.divide(self._grads, np.float32(active), out=self._grads)
-        self._refuse_non_finite(self._grads)
         try:
             self.optimizer.apply(self.weights, self._grads)
         except NonFiniteStepError as e:
-            name, row, col = self._element(e.index)
-            raise ValueError(
-                f"the {self.optimizer.name} step of dense parameter {name!r} with the mean gradient over the workers "
-                f"({float(self._grads[e.index])} at [{row}, {col}]) would make it or its optimizer state non-finite "
-                f"(step {self.syncs + 1}): float32 overflow; {NOTHING_APPLIED}, the values are those of the step before"
-            ) from e
+            raise self._refusal(e) from e
         self.values = self._split(self.weights)
         self.syncs += 1
         if self.rank == self._writer and time.monotonic() >= self._next_write:
             self._write_values()
         return active
 
-    def _refuse_non_finite(self, grads: np.ndarray) -> None:
-        """ValueError naming the first Inf or NaN of the mean gradient (flat, in params order), as a server refuses
-        a push of one: raised by every rank at the same step (they hold the same mean), before any change. Not a
-        server's error: the writer saves the MLP of the step before as it stops
-        (worker.allreduce_stop.save_dense_on_stop)."""
-        bad = first_non_finite(grads)
-        if bad < 0:
-            return
-        name, row, col = self._element(bad)
-        raise ValueError(
-            f"the mean gradient of dense parameter {name!r} over the workers holds {float(grads[bad])} at "
-            f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the step before"
+    def _refusal(self, e: NonFiniteStepError) -> ValueError:
+        """The ValueError of a step the optimizer refused (e: at its first non-finite element), as a server refuses
+        a push of an Inf or NaN gradient, or one that would overflow a row: raised by every rank at the same step
+        (they hold the same mean), before any change. Not a server's error: the writer saves the MLP of the step
+        before as it stops (worker.allreduce_stop.save_dense_on_stop)."""
+        grad = float(self._grads[e.index])
+        name, row, col = self._element(e.index)
+        where = f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the step before"
+        if not math.isfinite(grad):
+            return ValueError(f"the mean gradient of dense parameter {name!r} over the workers holds {grad} at {where}")
+        return ValueError(
+            f"the {self.optimizer.name} step of dense parameter {name!r} with the mean gradient over the workers "
+            f"({grad} at [{row}, {col}]) would make it or its optimizer state non-finite (step {self.syncs + 1}): "
+            f"float32 overflow; {NOTHING_APPLIED}, the values are those of the step before"
         )
 
     def _diverged_error(self, ranks: list[int]) -> DivergedError:

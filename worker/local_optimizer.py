@@ -26,8 +26,11 @@ class LocalOptimizer:
     kernels compute it, every operation a single IEEE-rounded float32 one (none fused or reordered), so equal
     inputs give equal bits on any machine. Adam's bias correction counts this optimizer's steps (each
     step updates every element, as a server counts each id's updates). As a server refuses a push that would make a
-    row non-finite, a step that would make any weight or state element non-finite is refused whole
-    (NonFiniteStepError): weights, state and the step count stay as they were."""
+    row non-finite, a step that would make any weight or state element non-finite (an Inf or NaN gradient, or
+    float32 overflow) is refused whole (NonFiniteStepError): weights, state and the step count as they were.
+    A step keeps the weights before it, and writes the new state, into buffers of its own (one more vector per
+    array: the weights, and Adagrad's accumulator or Adam's m and v): the new state takes the old one's place once
+    the step is known to be finite, and the weights before are put back where it is not."""
 
     SUPPORTED = ("sgd", "adagrad", "adam")
 
@@ -37,37 +40,61 @@ class LocalOptimizer:
             raise ValueError(f"the allreduce dense path runs {list(self.SUPPORTED)}, not {cfg.name!r}")
         p = {k: np.float32(v) for k, v in cfg.all_params().items()}
         self.name, self.lr, self.params, self.steps = cfg.name, np.float32(cfg.learning_rate), p, 0
+        self._before = np.empty(size, np.float32)  # the weights before a step, put back if it is refused
         if cfg.name == "adagrad":
             self.accumulator = np.full(size, p["initial_accumulator"], np.float32)
+            self._accumulator = np.empty(size, np.float32)  # a step's new accumulator, swapped in once finite
         if cfg.name == "adam":
-            self.m = np.zeros(size, np.float32)
-            self.v = np.zeros(size, np.float32)
+            self.m, self._m = np.zeros(size, np.float32), np.empty(size, np.float32)  # (likewise)
+            self.v, self._v = np.zeros(size, np.float32), np.empty(size, np.float32)
 
     def apply(self, weights: np.ndarray, grads: np.ndarray) -> None:
-        """One step on weights (float32, in place) with grads of the same shape: a compiled pass that finds the
-        first element the step would make non-finite (NonFiniteStepError, nothing changed), then one that steps."""
-        p = self.params
+        """One step on weights (float32, in place) with grads of the same shape, in one compiled pass: it writes
+        the new weights in place, the weights before and the new state into the step's buffers, and tells whether
+        any new weight or state element is not finite. None: the new state takes the old one's place; else the
+        weights before are put back, and NonFiniteStepError names the first such element, nothing changed."""
+        p, before = self.params, self._before
         if self.name == "sgd":
-            bad = _sgd_step(weights, grads, self.lr, False)
+            bad = _sgd_step(weights, grads, self.lr, before)
         elif self.name == "adagrad":
-            bad = _adagrad_step(weights, grads, self.accumulator, self.lr, p["epsilon"], False)
+            bad = _adagrad_step(weights, grads, self.accumulator, self.lr, p["epsilon"], before, self._accumulator)
         else:
             c1, c2 = self._adam_corrections(self.steps + 1)
-            args = (weights, grads, self.m, self.v, self.lr, p["beta1"], p["beta2"], p["epsilon"], c1, c2)
-            bad = _adam_step(*args, False)
-        if bad >= 0:
-            raise NonFiniteStepError(
-                f"the {self.name} step would make element {bad} non-finite (weight {float(weights[bad])}, gradient "
-                f"{float(grads[bad])}): float32 overflow; {NOTHING_APPLIED}",
-                bad,
-            )
+            m, v, b1, b2 = self.m, self.v, p["beta1"], p["beta2"]
+            bad = _adam_step(weights, grads, m, v, self.lr, b1, b2, p["epsilon"], c1, c2, before, self._m, self._v)
+        if bad:
+            error = self._refusal(weights, grads)
+            np.copyto(weights, before)
+            raise error
         self.steps += 1
-        if self.name == "sgd":
-            _sgd_step(weights, grads, self.lr, True)
-        elif self.name == "adagrad":
-            _adagrad_step(weights, grads, self.accumulator, self.lr, p["epsilon"], True)
-        else:
-            _adam_step(*args, True)
+        if self.name == "adagrad":
+            self.accumulator, self._accumulator = self._accumulator, self.accumulator
+        elif self.name == "adam":
+            self.m, self._m, self.v, self._v = self._m, self.m, self._v, self.v
+
+    def _refusal(self, weights: np.ndarray, grads: np.ndarray) -> NonFiniteStepError:
+        """The error of a refused step (weights: the step's new ones): its first element whose new weight or state
+        is not finite, said by whether the gradient there is (an Inf or NaN gradient, else float32 overflow)."""
+        finite = np.isfinite(weights)
+        for new in self._new_state():
+            finite &= np.isfinite(new)
+        i = int(np.flatnonzero(~finite)[0])
+        weight, grad = float(self._before[i]), float(grads[i])
+        if not np.isfinite(grad):
+            return NonFiniteStepError(f"the gradient at element {i} is {grad} (weight {weight}); {NOTHING_APPLIED}", i)
+        return NonFiniteStepError(
+            f"the {self.name} step would make element {i} non-finite (weight {weight}, gradient {grad}): float32 "
+            f"overflow; {NOTHING_APPLIED}",
+            i,
+        )
+
+    def _new_state(self) -> tuple[np.ndarray, ...]:
+        """The buffers a step writes its new state into: Adagrad's accumulator; Adam's m and v; none for sgd."""
+        if self.name == "adagrad":
+            return (self._accumulator,)
+        if self.name == "adam":
+            return self._m, self._v
+        return ()
 
     def _adam_corrections(self, t: int) -> tuple[np.float32, np.float32]:
         """Adam's 1 - b1^t and 1 - b2^t, each rounded once, to float32."""
@@ -75,85 +102,46 @@ class LocalOptimizer:
         return np.float32(1.0 - float(p["beta1"]) ** t), np.float32(1.0 - float(p["beta2"]) ** t)
 
 
-# One pass over the vector each, every operation a float32 one in the order written (no fastmath: nothing fused
-# or reordered), so equal inputs give equal bits on every worker. error_model="numpy": a division is IEEE's (no
-# check for a zero divisor, which none of these can be), so the loops vectorize.
-# Each rule's element update is written once (its _new function) and run by one loop in two modes: commit False
-# writes nothing and returns the first element whose new weight or state is not finite (-1: none), counting them
-# first in a branch-free pass; commit True writes them (returns -1).
+# Each rule's kernel is one pass over the vector: every operation a float32 one in the order written (no fastmath:
+# nothing fused or reordered), so equal inputs give equal bits on every worker. error_model="numpy": a division is
+# IEEE's (no check for a zero divisor, which none of these can be), so the loops vectorize. A kernel reads the
+# weights, gradients and state; writes the weights before into w_before, the new weights in place, the new state
+# into the out arrays; and returns whether any new weight or state element is not finite, found branch-free (a
+# bool or-ed, not a count: an int64 count narrows the vectors to its width).
 @numba.njit(inline="always")
 def _not_finite(x, y, z):
     return (x - x) + (y - y) + (z - z) != 0  # NaN where any is Inf or NaN (Inf - Inf is NaN), else 0; branch-free
 
 
-@numba.njit(inline="always")
-def _sgd_new(w, g, lr):  # w -= lr g
-    return w - lr * g
+@numba.njit(nogil=True, error_model="numpy", cache=True)
+def _sgd_step(w, g, lr, w_before):  # w -= lr g
+    bad = False
+    for i in range(w.shape[0]):
+        w_new = w[i] - lr * g[i]
+        w_before[i], w[i] = w[i], w_new
+        bad |= _not_finite(w_new, w_new, w_new)
+    return bad
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True)
-def _sgd_step(w, g, lr, commit):
-    if commit:
-        for i in range(w.shape[0]):
-            w[i] = _sgd_new(w[i], g[i], lr)
-        return -1
-    bad = 0
+def _adagrad_step(w, g, a, lr, eps, w_before, a_out):  # a += g g; w -= lr g / (sqrt(a) + eps)
+    bad = False
     for i in range(w.shape[0]):
-        x = _sgd_new(w[i], g[i], lr)
-        bad += _not_finite(x, x, x)
-    if bad:
-        for i in range(w.shape[0]):
-            x = _sgd_new(w[i], g[i], lr)
-            if _not_finite(x, x, x):
-                return i
-    return -1
-
-
-@numba.njit(inline="always")
-def _adagrad_new(w, g, a, lr, eps):  # a += g g; w -= lr g / (sqrt(a) + eps)
-    a_new = a + g * g
-    return w - lr * g / (np.sqrt(a_new) + eps), a_new
+        a_new = a[i] + g[i] * g[i]
+        w_new = w[i] - lr * g[i] / (np.sqrt(a_new) + eps)
+        w_before[i], w[i], a_out[i] = w[i], w_new, a_new
+        bad |= _not_finite(w_new, a_new, a_new)
+    return bad
 
 
 @numba.njit(nogil=True, error_model="numpy", cache=True)
-def _adagrad_step(w, g, a, lr, eps, commit):
-    if commit:
-        for i in range(w.shape[0]):
-            w[i], a[i] = _adagrad_new(w[i], g[i], a[i], lr, eps)
-        return -1
-    bad = 0
+def _adam_step(w, g, m, v, lr, b1, b2, eps, c1, c2, w_before, m_out, v_out):
+    one = np.float32(1.0)  # m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g; w -= lr (m / c1) / (sqrt(v / c2) + eps)
+    bad = False
     for i in range(w.shape[0]):
-        w_new, a_new = _adagrad_new(w[i], g[i], a[i], lr, eps)
-        bad += _not_finite(w_new, a_new, a_new)
-    if bad:
-        for i in range(w.shape[0]):
-            w_new, a_new = _adagrad_new(w[i], g[i], a[i], lr, eps)
-            if _not_finite(w_new, a_new, a_new):
-                return i
-    return -1
-
-
-@numba.njit(inline="always")
-def _adam_new(w, g, m, v, lr, b1, b2, eps, c1, c2):  # m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g
-    one = np.float32(1.0)  # w -= lr (m / c1) / (sqrt(v / c2) + eps)
-    m_new = b1 * m + (one - b1) * g
-    v_new = b2 * v + (one - b2) * g * g
-    return w - lr * (m_new / c1) / (np.sqrt(v_new / c2) + eps), m_new, v_new
-
-
-@numba.njit(nogil=True, error_model="numpy", cache=True)
-def _adam_step(w, g, m, v, lr, b1, b2, eps, c1, c2, commit):
-    if commit:
-        for i in range(w.shape[0]):
-            w[i], m[i], v[i] = _adam_new(w[i], g[i], m[i], v[i], lr, b1, b2, eps, c1, c2)
-        return -1
-    bad = 0
-    for i in range(w.shape[0]):
-        w_new, m_new, v_new = _adam_new(w[i], g[i], m[i], v[i], lr, b1, b2, eps, c1, c2)
-        bad += _not_finite(w_new, m_new, v_new)
-    if bad:
-        for i in range(w.shape[0]):
-            w_new, m_new, v_new = _adam_new(w[i], g[i], m[i], v[i], lr, b1, b2, eps, c1, c2)
-            if _not_finite(w_new, m_new, v_new):
-                return i
-    return -1
+        m_new = b1 * m[i] + (one - b1) * g[i]
+        v_new = b2 * v[i] + (one - b2) * g[i] * g[i]
+        w_new = w[i] - lr * (m_new / c1) / (np.sqrt(v_new / c2) + eps)
+        w_before[i], w[i], m_out[i], v_out[i] = w[i], w_new, m_new, v_new
+        bad |= _not_finite(w_new, m_new, v_new)
+    return bad
