@@ -16,10 +16,11 @@ after its CreateTable hold, is not part of the cut: worker.checkpoint leaves it 
 shards: one entry per shard_id in 0..n-1; rows: the shard's rows per table, as its checkpoint records them
 (ps.storage.checkpointread.admitted_counts); files: every file under its dir. sha256: of the manifest without it
 (manifest_digest). positions: the training workers' positions read from their --resume-file while every shard
-was held, where the save was given them (--record-positions; worker/resume_checkpoint.py has a position's grammar);
-no reader here reads them. Reading (load_manifest) checks format, num_slots, sha256 (a manifest without it is refused:
-every save writes it), and that num_shards, clock, tables and shards hang together (each shard entry's clock and
-rows too: integers >= 0); read_manifest checks every file too, and that a shard's dir holds no file its entry does
+was held, where the save was given them (--record-positions; worker/resume_checkpoint.py has a position's grammar
+and checks each one's fields where it reads them). Reading (load_manifest) checks format, num_slots, sha256 (a
+manifest without it is refused: every save writes it), that num_shards, clock, tables and shards hang together
+(each shard entry's clock and rows too: integers >= 0), and that positions, where there, are a list of objects;
+read_manifest checks every file too, and that a shard's dir holds no file its entry does
 not list (RocksDB would read it: a stray write-ahead log replays into the rows). created and pushes_held_s are
 informational: no reader checks them (`ps-worker checkpoint save` prints pushes_held_s).
 
@@ -202,6 +203,9 @@ def _check_structure(manifest: dict, path: str) -> None:
     ids = sorted(shard["shard_id"] for shard in shards)
     if ids != list(range(n)):
         raise bad(f"lists shards {ids[:20]} for num_shards {n}, expected each of 0..{n - 1} once")
+    positions = manifest.get("positions", [])  # their fields: worker/resume_checkpoint.py
+    if not isinstance(positions, list) or not all(isinstance(p, dict) for p in positions):
+        raise bad(f"has positions {reprlib.repr(positions)}, expected a list of objects")
 
 
 def _wrong_counts(shard: dict) -> str | None:

@@ -12,6 +12,7 @@ import types
 import pytest
 
 from ps.checkpoint import load_manifest, write_manifest
+from ps.errors import StorageError
 from ps.server import Server
 from ps.server_config import ServerConfig
 from tests.test_resume_file import BATCH, FLAGS, ROWS, interrupt_after, run
@@ -70,7 +71,7 @@ def test_a_checkpoint_records_the_position_and_a_resume_on_servers_restored_from
         assert code == 0 and re.search(rf"trained lr .* on {ROWS - 3 * BATCH:,} examples", out), out + err
         bare = types.SimpleNamespace(restored_from=str(root / "bare"), restored_sha256=load_manifest(str(root / "bare"))["sha256"])  # fmt: skip
         run_settings = recorded["run"]
-        assert "which records no position of" in restored_position_words(str(position), run_settings, [bare])
+        assert "which records no usable position of" in restored_position_words(str(position), run_settings, [bare])
         with Client([train[2]]) as client:
             assert restored_position_words(str(position), run_settings, client.stats()).startswith(
                 f"The servers were restored from checkpoint {root / 'c'}, saved at"
@@ -98,7 +99,7 @@ def test_a_jobs_positions_name_its_fewest_and_a_trained_one_nothing_to_train_on(
             assert words.endswith("--skip-examples 1500 (a job's workers, given one value by ps-worker launch: "
                                   "--skip-examples 1000, the fewest of its 2 recorded)"), words  # fmt: skip
         assert restored_position_words(str(tmp_path / "p0.json"), {**run_settings, "epochs": 2}, stats).startswith(
-            f"The servers were restored from checkpoint {tmp_path / name}, which records no position of"
+            f"The servers were restored from checkpoint {tmp_path / name}, which records no usable position of"
         )
     other = [types.SimpleNamespace(restored_from="", restored_sha256="")]
     assert restored_position_words(str(tmp_path / "p0.json"), run_settings, [*stats, *other]) == ""
@@ -158,3 +159,42 @@ def test_a_workers_template_reads_each_workers_file_and_a_missing_one_saves_noth
     err = capsys.readouterr().err
     assert code == 2 and "is no position a training run wrote" in err and err.rstrip().endswith("; nothing was saved")
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize(
+    "change, damage",
+    [
+        ({"num_workers": None}, "in entry 0, a position without num_workers"),
+        ({"examples": "many"}, "in entry 0, examples 'many', expected an integer >= 0"),
+        ({"examples": -7}, "in entry 0, examples -7, expected an integer >= 0"),
+        ({"worker_id": 2}, "in entry 0, worker_id 2 of num_workers 2, expected one below it"),
+    ],
+)
+def test_a_damaged_position_in_the_manifest_is_no_usable_position_and_gives_no_skip_examples(tmp_path, change, damage):
+    run_settings = {"worker_id": 0, "num_workers": 2, "libsvm_values": "auto"}
+    position = {"resume_file": str(tmp_path / "p0.json"), "worker_id": 0, "num_workers": 2, "examples": 1500,
+                "trained": False, "run": run_settings}  # fmt: skip
+    damaged = {k: v for k, v in {**position, **change}.items() if v is not None}
+    (tmp_path / "c").mkdir()
+    written = write_manifest(str(tmp_path / "c"), {**_bare_manifest(), "positions": [damaged]})
+    stats = [types.SimpleNamespace(restored_from=str(tmp_path / "c"), restored_sha256=written["sha256"])]
+    words = restored_position_words(str(tmp_path / "p0.json"), run_settings, stats)
+    assert words == (f"The servers were restored from checkpoint {tmp_path / 'c'}, which records no usable position "
+                     f"of {tmp_path / 'p0.json'} under these settings (its positions key is damaged: {damage}): take "
+                     "the count from FILE's `examples` where the run had stopped before the save, or from the "
+                     "progress the run printed"), words  # fmt: skip
+
+
+@pytest.mark.parametrize("positions", [5, [5], {"resume_file": "p0.json"}])
+def test_a_manifest_whose_positions_are_no_list_of_objects_is_refused_and_gives_no_words(tmp_path, positions):
+    written = write_manifest(str(tmp_path), {**_bare_manifest(), "positions": positions})
+    with pytest.raises(StorageError, match=r"has positions .*, expected a list of objects; the checkpoint is damaged"):
+        load_manifest(str(tmp_path))
+    stats = [types.SimpleNamespace(restored_from=str(tmp_path), restored_sha256=written["sha256"])]
+    assert restored_position_words(str(tmp_path / "p0.json"), {"worker_id": 0, "num_workers": 1}, stats) == ""
+
+
+def _bare_manifest() -> dict:
+    """A manifest of one shard holding no table, without positions and sha256 (write_manifest adds it)."""
+    return {"format": 1, "num_shards": 1, "num_slots": load_slots(), "clock": 0, "tables": [],
+            "shards": [{"shard_id": 0, "dir": "shard-0", "clock": 0, "rows": {}, "files": {}}]}  # fmt: skip

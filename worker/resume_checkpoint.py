@@ -51,13 +51,9 @@ def _position(path: str) -> dict:
         position = {"resume_file": os.path.abspath(path), "worker_id": run["worker_id"],
                     "num_workers": run["num_workers"], "examples": record["examples"],
                     "trained": record["trained"], "state_ids": record.get("state_ids", []), "run": run}  # fmt: skip
-        counts = (position["worker_id"], position["num_workers"], position["examples"])
-        if record.get("format") != FORMAT or not all(type(n) is int and n >= 0 for n in counts):
-            raise ValueError("a field of the wrong type")
-        if not isinstance(position["state_ids"], list) or not all(type(n) is int for n in position["state_ids"]):
-            raise ValueError("a field of the wrong type")
-        if type(position["trained"]) is not bool or position["worker_id"] >= position["num_workers"]:
-            raise ValueError("a field of the wrong type")
+        wrong = "a format other than this sparseps's" if record.get("format") != FORMAT else position_problem(position)
+        if wrong is not None:
+            raise ValueError(wrong)
     except FileNotFoundError:
         raise ValueError(f"--resume-file {path} does not exist: give the file a training run keeps its position "
                          "in (its --resume-file, {worker} in its name for a job of several workers)") from None  # fmt: skip
@@ -66,6 +62,32 @@ def _position(path: str) -> dict:
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"--resume-file {path} is no position a training run wrote ({e})") from None
     return position
+
+
+def position_problem(position: object) -> str | None:
+    """What makes position no position of the module docstring's grammar (a key missing, a count that is no
+    integer >= 0, a worker_id not below num_workers, ...), said in a few words; None where it is one."""
+    if not isinstance(position, dict):
+        return f"a position that is no object ({type(position).__name__})"
+    missing = [
+        k for k in ("resume_file", "worker_id", "num_workers", "examples", "trained", "run") if k not in position
+    ]
+    if missing:
+        return f"a position without {', '.join(missing)}"
+    counts = {k: position[k] for k in ("worker_id", "num_workers", "examples")}
+    wrong = [f"{k} {v!r}" for k, v in counts.items() if type(v) is not int or v < 0]
+    if wrong:
+        return f"{', '.join(wrong)}, expected an integer >= 0"
+    if counts["worker_id"] >= counts["num_workers"]:
+        return f"worker_id {counts['worker_id']} of num_workers {counts['num_workers']}, expected one below it"
+    state_ids = position.get("state_ids", [])
+    if not isinstance(state_ids, list) or not all(type(n) is int for n in state_ids):
+        return f"state_ids {state_ids!r}, expected a list of integers"
+    if type(position["trained"]) is not bool or not isinstance(position["run"], dict):
+        return "a trained that is no true or false, or a run that is no object"
+    if not isinstance(position["resume_file"], str):
+        return f"resume_file {position['resume_file']!r}, expected a path"
+    return None
 
 
 def check_same_model(positions: list[dict], state_ids: tuple[int, ...], servers: list[str]) -> None:
@@ -101,21 +123,36 @@ def restored_position_words(resume_file: str, run: dict, shard_stats: list) -> s
         return ""
     if manifest["sha256"] != digest:  # another checkpoint at that path now
         return ""
-    positions = manifest.get("positions")
+    positions = manifest.get("positions", [])
     path = os.path.abspath(resume_file)
-    ours = [p for p in positions or [] if isinstance(p, dict) and p.get("resume_file") == path]
-    if not ours or ours[0].get("run") != {**RECORDED_LATER, **run}:
-        return (f"The servers were restored from checkpoint {directory}, which records no position of {path} under "
-                "these settings (it was saved without `--record-positions`): take the count from FILE's `examples` where "
-                "the run had stopped before the save, or from the progress the run printed")  # fmt: skip
+    damaged = _positions_damage(positions)
+    ours = [] if damaged else [p for p in positions if p["resume_file"] == path]
+    if not ours or ours[0]["run"] != {**RECORDED_LATER, **run}:
+        why = (f"its positions key is damaged: {damaged}" if damaged else
+               "it was saved without `--record-positions`")  # fmt: skip
+        return (f"The servers were restored from checkpoint {directory}, which records no usable position of {path} "
+                f"under these settings ({why}): take the count from FILE's `examples` where the run had stopped "
+                "before the save, or from the progress the run printed")  # fmt: skip
     position = ours[0]
     if position.get("trained"):
         return (f"The servers were restored from checkpoint {directory}, saved once this worker's training was over "
                 f"({position['examples']:,} examples): there is nothing to train on from it (ps-worker eval scores "
                 "it)")  # fmt: skip
-    job = [p["examples"] for p in positions if isinstance(p, dict) and p.get("num_workers") == position["num_workers"]]
+    job = [p["examples"] for p in positions if p["num_workers"] == position["num_workers"]]
     of_job = (f" (a job's workers, given one value by ps-worker launch: --skip-examples {min(job)}, the fewest of its "
               f"{len(job)} recorded)") if position["num_workers"] > 1 else ""  # fmt: skip
     return (f"The servers were restored from checkpoint {directory}, saved at {position['examples']:,} examples of "
             f"this worker's run: to train on from it, remove {resume_file} and run the same command with "
             f"--skip-examples {position['examples']}{of_job}")  # fmt: skip
+
+
+def _positions_damage(positions: object) -> str | None:
+    """What makes a manifest's positions no list of positions (position_problem), in a few words; None where they
+    are one."""
+    if not isinstance(positions, list):
+        return f"{type(positions).__name__}, expected a list of positions"
+    for i, position in enumerate(positions):
+        problem = position_problem(position)
+        if problem is not None:
+            return f"in entry {i}, {problem}"
+    return None
