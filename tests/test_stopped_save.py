@@ -38,17 +38,21 @@ def two_shards(tmp_path):
             s.stop(grace_s=1)
 
 
-def _stop_at(monkeypatch, phase: str, after_sending: bool, shard: int | None = None, release_fails: bool = False):
+def _stop_at(monkeypatch, phase: str, after_sending: bool, shard: int | None = None, release_fails: bool = False,
+             release_stopped: bool = False):  # fmt: skip
     """Client.checkpoint raises KeyboardInterrupt at the first request of `phase` (to `shard`, where given): after
-    the real call where after_sending, else in its place; release_fails: a release then raises PsError, sent."""
+    the real call where after_sending, else in its place; release_fails: a release then raises PsError, sent;
+    release_stopped: a release then raises KeyboardInterrupt (a second Ctrl-C), not sent."""
     real = Client.checkpoint
     fired = []
 
     def checkpoint(self, requests):
         phases = {r.phase for r in requests.values()}
-        if release_fails and "release" in phases:
+        if fired and release_fails and "release" in phases:
             real(self, requests)
             raise PsError("the release did not answer")
+        if fired and release_stopped and "release" in phases:
+            raise KeyboardInterrupt
         if not fired and phase in phases and (shard is None or shard in requests):
             fired.append(True)
             if after_sending:
@@ -163,3 +167,37 @@ def test_a_stop_of_an_export_in_its_save_says_its_checkpoint_was_removed_and_out
     ), last
     assert last.endswith(" was removed. The hold of shards 0, 1 was released: pushes are taken there again."), last
     assert sorted(os.listdir(out)) == before
+
+
+def _pushes_refused(addresses) -> None:
+    """A push is refused: a shard still holds its hold (taken with --hold-timeout-s 7)."""
+    with Client(addresses, timeout_s=2, server_timeout_s=0) as client, pytest.raises(PsError):
+        client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+
+
+CUT_OFF = ("The release of the hold of shards 0, 1 was cut off before it answered: each shard it did not reach "
+           "refuses pushes until its hold times out, 7 s after it was taken.")  # fmt: skip
+
+
+def test_a_stop_in_the_final_release_says_it_was_cut_off_and_the_shards_refuse_pushes(two_shards, capsys, monkeypatch):
+    addresses, root = two_shards
+    _stop_at(monkeypatch, "release", after_sending=False)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: every shard saved its part into {root / 'c'}. No manifest.json was written, so "
+        f"the shard-<i> folders there are not a checkpoint: delete {root / 'c'} before saving into it again. {CUT_OFF}"
+    ), last
+    monkeypatch.undo()
+    _pushes_refused(addresses)
+
+
+def test_a_second_stop_in_the_release_after_a_stop_says_it_was_cut_off(two_shards, capsys, monkeypatch):
+    addresses, root = two_shards
+    _stop_at(monkeypatch, "save", after_sending=True, release_stopped=True)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last.startswith("ps-worker: interrupted: the save was stopped while the shards saved. "), (
+        last
+    )
+    assert last.endswith(f"it again. {CUT_OFF}"), last
+    monkeypatch.undo()
+    _pushes_refused(addresses)

@@ -260,12 +260,14 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
         stopping = stopped_by_signal(e) is not None  # its words say what the save left (progress), not the error
         try:
             _release(client, tokens, parts_in if progress.saving and not stopping else None, progress.saved)
+            progress.released = True
         except PsError as failed:
             if not stopping:
                 raise
             progress.release_failed = str(failed)  # the signal goes on
         raise
     _release(client, tokens, parts_in, progress.saved)
+    progress.released = True
     return time.monotonic() - held, replies, recorded
 
 
@@ -281,6 +283,7 @@ class _Progress:
     saving: bool = False  # the save phase was sent
     saved: bool = False  # every shard's save answered
     manifest: bool = False  # the manifest was written: the checkpoint is whole
+    released: bool = False  # the release of every hold taken answered
     release_failed: str = ""  # the error of the release sent as the signal stopped the save; "": none failed
 
     def stopped_words(self) -> str:
@@ -307,8 +310,11 @@ class _Progress:
         if self.release_failed and self.tokens:
             said.append(f"The release of the hold of {_shards(self.tokens)} failed ({self.release_failed}): each "
                         f"refuses pushes {until}.")  # fmt: skip
-        elif self.tokens:
+        elif self.tokens and self.released:
             said.append(f"The hold of {_shards(self.tokens)} was released: pushes are taken there again.")
+        elif self.tokens:  # the signal came during the release, or before it was sent
+            said.append(f"The release of the hold of {_shards(self.tokens)} was cut off before it answered: each "
+                        f"shard it did not reach refuses pushes {until}.")  # fmt: skip
         if unanswered:
             said.append(f"No answer came to the hold sent to {_shards(unanswered)}: where it took, each refuses "
                         f"pushes {until}.")  # fmt: skip
