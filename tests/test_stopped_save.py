@@ -201,3 +201,18 @@ def test_a_second_stop_in_the_release_after_a_stop_says_it_was_cut_off(two_shard
     assert last.endswith(f"it again. {CUT_OFF}"), last
     monkeypatch.undo()
     _pushes_refused(addresses)
+
+
+def test_a_stop_that_comes_wrapped_in_another_error_still_says_what_the_save_left(two_shards, capsys, monkeypatch):
+    addresses, root = two_shards
+
+    def stopped(*args):  # as numba's compiled code turns a Ctrl-C inside it into a SystemError that carries it
+        raise SystemError("error return without exception set") from KeyboardInterrupt()
+
+    monkeypatch.setattr(Client, "describe_table", stopped)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: every shard saved its part into {root / 'c'}. No manifest.json was written, so "
+        f"the shard-<i> folders there are not a checkpoint: delete {root / 'c'} before saving into it again. The "
+        "hold of shards 0, 1 was released: pushes are taken there again."
+    ), last

@@ -29,7 +29,7 @@ from ps.errors import ModelStateReplacedError, PsError
 from ps.replacedstate import READ_REFUSED, how_replaced, model_state_replaced
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
-from ps.terminate import stopped_by_signal
+from ps.terminate import signal_behind, stopped_by_signal
 from worker.channels import check_cluster
 from worker.flags import check_new_dir
 from worker.tables import cluster_damage, untrained_on_some_shards
@@ -132,8 +132,9 @@ def save(
     try:
         return _save_held(client, directory, state_ids, tables, progress, positions)
     except BaseException as e:
-        if stopped_by_signal(e) is not None:  # a Ctrl-C or SIGTERM: its last line says what the save left
-            e.add_note(progress.stopped_words())
+        signal_error = signal_behind(e)  # a Ctrl-C or SIGTERM, or an error that carries one (numba's SystemError)
+        if signal_error is not None:  # its last line (ps.terminate.exit_code) says what the save left
+            signal_error.add_note(progress.stopped_words())
         raise
 
 
