@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from ps.checkpoint import load_manifest
 from ps.config import TableConfig
 from ps.errors import PsError
 from ps.server import Server
@@ -216,3 +217,22 @@ def test_a_stop_that_comes_wrapped_in_another_error_still_says_what_the_save_lef
         f"the shard-<i> folders there are not a checkpoint: delete {root / 'c'} before saving into it again. The "
         "hold of shards 0, 1 was released: pushes are taken there again."
     ), last
+
+
+def test_a_stop_once_the_manifest_is_in_place_says_the_checkpoint_is_whole(two_shards, capsys, monkeypatch):
+    import worker.checkpoint
+
+    addresses, root = two_shards
+    real = worker.checkpoint.write_manifest
+
+    def then_stopped(directory, manifest):
+        real(directory, manifest)
+        raise KeyboardInterrupt  # as a Ctrl-C during the fsync of the directory, after the rename
+
+    monkeypatch.setattr(worker.checkpoint, "write_manifest", then_stopped)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: the checkpoint {root / 'c'} is whole: its manifest.json was written. The hold of "
+        "shards 0, 1 was released: pushes are taken there again."
+    ), last
+    assert load_manifest(str(root / "c"))["num_shards"] == 2

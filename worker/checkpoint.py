@@ -164,7 +164,6 @@ def _save_held(client: Client, directory: str, state_ids: list[int], tables: set
     }
     try:
         manifest = write_manifest(directory, manifest)
-        progress.manifest = True
     except OSError as e:
         raise OSError(
             f"the shards saved their files in {directory}, but writing its {MANIFEST} failed ({e}): "
@@ -283,7 +282,6 @@ class _Progress:
     tokens: dict[int, str] = dataclasses.field(default_factory=dict)  # shard -> its hold's token, of those held
     saving: bool = False  # the save phase was sent
     saved: bool = False  # every shard's save answered
-    manifest: bool = False  # the manifest was written: the checkpoint is whole
     released: bool = False  # the release of every hold taken answered
     release_failed: str = ""  # the error of the release sent as the signal stopped the save; "": none failed
 
@@ -291,7 +289,8 @@ class _Progress:
         """What the save left, from what it knew as it stopped: what the directory holds (not for a temporary one),
         and whether the servers take pushes again."""
         said = []
-        if self.directory is not None and self.manifest:
+        # the manifest is there once write_manifest renamed it into place, also where a stop cut off its fsync after
+        if self.directory is not None and os.path.exists(os.path.join(self.directory, MANIFEST)):
             said.append(f"the checkpoint {self.directory} is whole: its {MANIFEST} was written.")
         elif self.directory is not None and not self.saving:
             said.append(f"no shard was asked to save: nothing was written into {self.directory}.")
