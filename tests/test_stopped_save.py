@@ -236,3 +236,55 @@ def test_a_stop_once_the_manifest_is_in_place_says_the_checkpoint_is_whole(two_s
         "shards 0, 1 was released: pushes are taken there again."
     ), last
     assert load_manifest(str(root / "c"))["num_shards"] == 2
+
+
+def _export_twice_stopped(addresses, out, capsys, stop) -> tuple[int, str, str]:
+    """(exit code, last stderr line, the earlier export's folder) of an export into out over an earlier one, with
+    stop() run as the second one begins."""
+    assert main(["export", str(out), "--servers", ",".join(addresses), "--no-progress"]) == 0
+    earlier = json.loads((out / "export.json").read_text())["dir"]
+    stop()
+    code = main(["export", str(out), "--servers", ",".join(addresses), "--no-progress", "--overwrite"])
+    return code, capsys.readouterr().err.strip().splitlines()[-1], earlier
+
+
+def test_a_stop_of_an_export_before_it_reads_the_earlier_one_says_nothing_was_exported(two_shards, capsys, monkeypatch):
+    import sys
+
+    from ps.storage import leftovers
+
+    addresses, root = two_shards
+    out, real = root / "out", leftovers.export_in_place
+
+    def stopped(folder):
+        if sys._getframe(1).f_code.co_name == "export_command":  # its read of the export in place as it begins
+            raise KeyboardInterrupt
+        return real(folder)
+
+    code, last, earlier = _export_twice_stopped(
+        addresses, out, capsys, lambda: monkeypatch.setattr(leftovers, "export_in_place", stopped)
+    )
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: nothing was exported: {out / 'export.json'} names {earlier}, the export it named "
+        "before. No shard was held: the servers took pushes throughout."
+    ), last
+
+
+def test_a_stop_of_an_export_as_its_client_closes_after_the_save_says_the_hold_ended(two_shards, capsys, monkeypatch):
+    addresses, root = two_shards
+    out, real = root / "out", Client.__exit__
+
+    def closed_then_stopped(self, *exc):
+        real(self, *exc)
+        raise KeyboardInterrupt  # as a Ctrl-C while the client closes, once the save returned
+
+    code, last, earlier = _export_twice_stopped(
+        addresses, out, capsys, lambda: monkeypatch.setattr(Client, "__exit__", closed_then_stopped)
+    )
+    assert code == 130 and last.startswith(
+        f"ps-worker: interrupted: nothing was exported: {out / 'export.json'} names {earlier}, the export it named "
+        f"before. Its fresh checkpoint {out}/checkpoint.new-"
+    ), last
+    assert last.endswith(" was removed. The servers' hold ended with the save of its checkpoint: they take pushes."), (
+        last
+    )

@@ -112,6 +112,7 @@ def save(
     tables: set[str] | None = None,
     temporary: bool = False,
     positions: Callable[[], list[dict]] | None = None,
+    released: Callable[[], None] | None = None,
 ) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. PsError, before any shard is held, unless the client's servers are
@@ -125,10 +126,11 @@ def save(
     nothing of what is in it. A table made during the save is left out of the manifest, or refused (ValueError)
     where a shard saved rows of it (_made_during_the_save). positions: read while every shard is held, before
     the save phase, the training positions the manifest records (worker/resume_checkpoint.py; an error it raises
-    fails the save before any shard saves)."""
+    fails the save before any shard saves). released: called once every shard saved and every hold was
+    released (the servers take pushes again), as the save goes on to its manifest."""
     directory = os.path.abspath(directory)
     state_ids = _check_before_holding(client, directory, tables)
-    progress = _Progress(None if temporary else directory, hold_timeout_s or DEFAULT_HOLD_S)
+    progress = _Progress(None if temporary else directory, hold_timeout_s or DEFAULT_HOLD_S, released)
     try:
         return _save_held(client, directory, state_ids, tables, progress, positions)
     except BaseException as e:
@@ -268,6 +270,8 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
         raise
     _release(client, tokens, parts_in, progress.saved)
     progress.released = True
+    if progress.on_released is not None:
+        progress.on_released()
     return time.monotonic() - held, replies, recorded
 
 
@@ -278,6 +282,7 @@ class _Progress:
 
     directory: str | None
     hold_timeout_s: float
+    on_released: Callable[[], None] | None = None  # save's `released`
     asked: set[int] = dataclasses.field(default_factory=set)  # the shards sent a hold
     tokens: dict[int, str] = dataclasses.field(default_factory=dict)  # shard -> its hold's token, of those held
     saving: bool = False  # the save phase was sent

@@ -80,8 +80,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         with export_claim(args.out, lambda: _check_out_claimed(args)) as claim:
             earlier = stage.earlier = leftovers.export_in_place(args.out)
             with client(args) as servers:
-                _save_checkpoint(args, servers, patterns, fresh)
-            stage.saved = True
+                _save_checkpoint(args, servers, patterns, fresh, stage)
             command = _server_export_command(args, fresh, claim)
             returncode = _run_server_export(command, claim)
             stage.child_ended = True
@@ -113,9 +112,14 @@ class _Stage:
 
     out: str
     fresh: str  # its fresh checkpoint
-    earlier: str | None = None  # the export in place in out as it began (its folder), under its claim
-    saved: bool = False  # its checkpoint was saved: the servers' hold ended
+    earlier: str | None = None  # the export in place in out as it began (its folder), under its claim: read before
+    # the save, so not known where saved is False (nor needed: no new export is put in place before the save)
+    saved: bool = False  # its checkpoint was saved: the servers' hold ended (set by the save, mark_saved)
     child_ended: bool = False  # its `ps-server export` ended by itself
+
+    def mark_saved(self) -> None:
+        """The save's `released` (worker.checkpoint.save): every shard saved and every hold was released."""
+        self.saved = True
 
     def stopped_words(self, fresh_there: bool, held_said: bool) -> str:
         """What the export left, said once its traces were removed (_undo; fresh_there: its fresh checkpoint was
@@ -123,12 +127,12 @@ class _Stage:
         own words (held_said: they follow) say it."""
         now = leftovers.export_in_place(self.out)
         json_path = os.path.join(self.out, "export.json")
-        if now is not None and now != self.earlier:
+        if self.saved and now is not None and now != self.earlier:  # only `ps-server export`, after the save, puts one
             said = [f"the new export is in place ({json_path} names {now})" + (
                 "" if self.child_ended else "; the next export into it removes any files `ps-server export` left "
                 "there")]  # fmt: skip
-        elif self.earlier is not None and now == self.earlier:
-            said = [f"nothing was exported: {json_path} names {self.earlier}, the export it named before"]
+        elif now is not None:  # under the claim nothing else changes it: the one in place as this export began
+            said = [f"nothing was exported: {json_path} names {now}, the export it named before"]
         elif os.path.isdir(self.out):
             said = [f"nothing was exported: {self.out} holds no export, as before"]
         else:
@@ -137,9 +141,11 @@ class _Stage:
             gone = not os.path.exists(self.fresh)
             said.append(f"Its fresh checkpoint {self.fresh} " + ("was removed" if gone else "is left: delete it"))
         text = ". ".join(said) + "."
+        if held_said:
+            return text
         if self.saved:
             return f"{text} The servers' hold ended with the save of its checkpoint: they take pushes."
-        return text if held_said else f"{text} No shard was held: the servers took pushes throughout."
+        return f"{text} No shard was held: the servers took pushes throughout."
 
 
 def _run_server_export(command: list[str], claim: int | None) -> int:
@@ -206,10 +212,10 @@ def _check_out_claimed(args: Any) -> None:
     leftovers.check_no_named_checkpoint_left(args.out)  # its export reads its fresh checkpoint, never that one
 
 
-def _save_checkpoint(args: Any, servers: Any, patterns: list[str] | None, fresh: str) -> None:
+def _save_checkpoint(args: Any, servers: Any, patterns: list[str] | None, fresh: str, stage: _Stage) -> None:
     """The servers' model saved as a checkpoint into fresh (worker/checkpoint.py save), once they answer and the
     tables to export (_exported_tables) hold a row (check_rows); a server's refusal to save there said in the
-    terms of OUT."""
+    terms of OUT. stage.saved is set as the save releases its holds."""
     shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
     exported = _exported_tables(shard_stats, patterns)
     check_rows(shard_stats, exported)
@@ -217,7 +223,7 @@ def _save_checkpoint(args: Any, servers: Any, patterns: list[str] | None, fresh:
     if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
         only = set(exported)
     try:
-        save(servers, fresh, tables=only, temporary=True)  # _undo removes it on a failure
+        save(servers, fresh, tables=only, temporary=True, released=stage.mark_saved)  # _undo removes it on a failure
     except NoCheckpointRootError as e:  # a server started without --checkpoint-root
         raise NoCheckpointRootError(
             "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
