@@ -198,3 +198,20 @@ def _bare_manifest() -> dict:
     """A manifest of one shard holding no table, without positions and sha256 (write_manifest adds it)."""
     return {"format": 1, "num_shards": 1, "num_slots": load_slots(), "clock": 0, "tables": [],
             "shards": [{"shard_id": 0, "dir": "shard-0", "clock": 0, "rows": {}, "files": {}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize("worker_1", [(3, 4), (1, 3), (0, 2)])
+def test_a_workers_template_whose_files_are_of_two_jobs_saves_nothing(tmp_path, capsys, worker_1):
+    for i, (worker_id, num_workers) in enumerate([(0, 2), worker_1]):
+        record = {"format": 1, "run": {"worker_id": worker_id, "num_workers": num_workers}, "started_from": 0,
+                  "examples": 1000, "trained": False, "finished": False}  # fmt: skip
+        (tmp_path / f"p{i}.json").write_text(json.dumps(record))
+    expected = (f"--resume-file {tmp_path / 'p1.json'} holds the position of worker {worker_1[0]} of {worker_1[1]}, "
+                f"expected worker 1 of 2 (as {tmp_path / 'p0.json'} ran with): each {{worker}} file must be of one job")  # fmt: skip
+    with pytest.raises(ValueError) as refused:
+        read_positions(str(tmp_path / "p{worker}.json"))
+    assert str(refused.value) == expected
+    argv = ["checkpoint", "save", str(tmp_path / "c"), "--servers", "127.0.0.1:1", "--record-positions"]
+    assert worker_main([*argv, str(tmp_path / "p{worker}.json")]) == 2
+    assert f"{expected}; nothing was saved" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

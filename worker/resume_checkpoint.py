@@ -35,11 +35,19 @@ from worker.train_config import RESUME_WORKER, resume_file_of
 def read_positions(resume_file: str) -> list[dict]:
     """The position (the module docstring's grammar) of each worker's --resume-file: resume_file itself, or where it
     holds RESUME_WORKER, the file of each worker 0..n-1, n the num_workers worker 0's file ran with. ValueError,
-    naming the file, for one missing or that is no position a run wrote."""
+    naming the file, for one missing, that is no position a run wrote, or (RESUME_WORKER) that is not worker i's of
+    that job of n workers (another job's file)."""
     first = _position(resume_file_of(resume_file, 0))
     if RESUME_WORKER not in resume_file:
         return [first]
-    return [first, *(_position(resume_file_of(resume_file, i)) for i in range(1, first["num_workers"]))]
+    positions = [first, *(_position(resume_file_of(resume_file, i)) for i in range(1, first["num_workers"]))]
+    n = first["num_workers"]
+    for i, position in enumerate(positions):
+        if (position["worker_id"], position["num_workers"]) != (i, n):
+            raise ValueError(f"--resume-file {position['resume_file']} holds the position of worker "
+                             f"{position['worker_id']} of {position['num_workers']}, expected worker {i} of {n} (as "
+                             f"{first['resume_file']} ran with): each {RESUME_WORKER} file must be of one job")  # fmt: skip
+    return positions
 
 
 def _position(path: str) -> dict:
