@@ -15,8 +15,8 @@ tables: every table every shard saved, in name order (one made during the save, 
 after its CreateTable hold, is not part of the cut: worker.checkpoint leaves it out, and a restore reads no other).
 shards: one entry per shard_id in 0..n-1; rows: the shard's rows per table, as its checkpoint records them
 (ps.storage.checkpointread.admitted_counts); files: every file under its dir. sha256: of the manifest without it
-(manifest_digest). positions: the training workers' positions read from their --resume-file while every shard
-was held, where the save was given them (--record-positions; worker/resume_checkpoint.py has a position's grammar
+(manifest_digest). positions: the training workers' positions read from their --resume-file just before the
+shards were held, where the save was given them (--record-positions; worker/resume_checkpoint.py has a position's grammar
 and checks each one's fields where it reads them). Reading (load_manifest) checks format, num_slots, sha256 (a
 manifest without it is refused: every save writes it), that num_shards, clock, tables and shards hang together
 (each shard entry's clock and rows too: integers >= 0), and that positions, where there, are a list of objects;

@@ -1,5 +1,5 @@
-"""A checkpoint saved with --record-positions (a training run's --resume-file) records each worker's training position, read while the save holds every
-shard (worker/resume_checkpoint.py); a `train --resume-file` on servers restored from it is refused (the file is
+"""A checkpoint saved with --record-positions (a training run's --resume-file) records each worker's training position, read just before the save holds
+the shards (worker/resume_checkpoint.py); a `train --resume-file` on servers restored from it is refused (the file is
 another model's position) with the --skip-examples that trains on from the checkpoint, and that command trains the
 rest of the stream."""
 
@@ -111,7 +111,7 @@ def load_slots() -> int:
     return NUM_SLOTS
 
 
-def test_the_positions_are_read_while_every_shard_is_held_before_any_saves(tmp_path, monkeypatch):
+def test_the_positions_are_read_before_any_shard_is_held(tmp_path, monkeypatch):
     root = tmp_path / "root"
     servers = [Server(ServerConfig(data_dir=str(tmp_path / f"d{i}"), port=0, shard_id=i, num_shards=2,
                                    checkpoint_root=str(root))) for i in range(2)]  # fmt: skip
@@ -128,7 +128,7 @@ def test_the_positions_are_read_while_every_shard_is_held_before_any_saves(tmp_p
         with Client(addresses) as client:
             client.wait_ready()
             manifest = save(client, str(root / "c"), positions=lambda: calls.append("read") or [{"examples": 7}])
-        assert calls == ["hold 0", "hold 1", "read", "save 0", "save 1", "release 0", "release 1"], calls
+        assert calls == ["read", "hold 0", "hold 1", "save 0", "save 1", "release 0", "release 1"], calls
         assert manifest["positions"] == [{"examples": 7}] == load_manifest(str(root / "c"))["positions"]
     finally:
         for s in servers:

@@ -124,9 +124,9 @@ def save(
     save says what they left in directory (_note_parts_left), unless temporary: the caller removes directory when
     the save fails (an export's fresh checkpoint, whose leftovers the next export removes), so the error says
     nothing of what is in it. A table made during the save is left out of the manifest, or refused (ValueError)
-    where a shard saved rows of it (_made_during_the_save). positions: read while every shard is held, before
-    the save phase, the training positions the manifest records (worker/resume_checkpoint.py; an error it raises
-    fails the save before any shard saves). released: called once every shard saved and every hold was
+    where a shard saved rows of it (_made_during_the_save). positions: read just before the hold of shard 0, the
+    training positions the manifest records (worker/resume_checkpoint.py; an error it raises fails the save before
+    any shard is held). released: called once every shard saved and every hold was
     released (the servers take pushes again), as the save goes on to its manifest."""
     directory = os.path.abspath(directory)
     state_ids = _check_before_holding(client, directory, tables)
@@ -224,7 +224,7 @@ def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
 def _hold_and_save(client: Client, directory: str, state_ids: list[int], progress: _Progress,
                    positions: Callable[[], list[dict]] | None) -> tuple[float, list, list[dict] | None]:  # fmt: skip
     """(seconds from the hold of shard 0 sent, which refuses pushes as it comes, while it waits for the pushes in
-    flight, to the release of every shard; every shard's save reply; positions() read once every shard is held,
+    flight, to the release of every shard; every shard's save reply; positions() read just before the hold of shard 0,
     None without it): shard 0 held first, alone (of two saves at
     once, one gets it), then the others at once; every shard saved into directory; every hold taken released,
     whatever failed (a release that fails after a Ctrl-C or SIGTERM is kept in progress, and the signal goes on).
@@ -232,6 +232,9 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
     left (see save)."""
     tokens, parts_in, timeout_s = progress.tokens, progress.directory, progress.hold_timeout_s
     n = len(state_ids)
+    # before the hold, so that no shard refuses pushes while the files are read (a slow disk, a hung mount): each
+    # count is still within the cut (its examples' pushes were acknowledged before its file was written)
+    recorded = None if positions is None else positions()
     try:
         held = time.monotonic()  # pushes are refused from the hold's coming, not from its reply
         progress.asked = {0}
@@ -244,7 +247,6 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
             first = next((e for e in errors if e is not None), None)
             if first is not None:
                 raise first
-        recorded = None if positions is None else positions()  # every shard held: each count is within the cut
         progress.saving = True  # from here on a failure leaves parts in directory
         try:
             replies = client.checkpoint(

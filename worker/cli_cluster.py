@@ -224,7 +224,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     def read(client: Any) -> list[dict]:  # a Client, or None
         try:
             positions = read_positions(resume_file)
-            if client is not None:  # read while the shards are held: trained into the model they hold
+            if client is not None:  # read just before the hold: trained into the model the shards hold
                 check_same_model(positions, client.state_ids, client.servers)
             return positions
         except ValueError as e:

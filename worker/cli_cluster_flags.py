@@ -52,8 +52,8 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         help="shards take pushes again after this long even if the save never finished",
     )
     p.add_argument("--record-positions", metavar="FILE", default=None, help="a training run's --resume-file "
-                   "({worker} in its name: each worker's, worker 0's telling how many): the position each holds while "
-                   "the shards are held is recorded in the manifest, and a train --resume-file on servers restored "
+                   "({worker} in its name: each worker's, worker 0's telling how many): the position each holds just "
+                   "before the shards are held is recorded in the manifest, and a train --resume-file on servers restored "
                    "from the checkpoint says the --skip-examples that trains on from it")  # fmt: skip
     add_security_args(p)
     help_text = "write the model the servers hold, at one cut, for serving: per table ids and embeddings as .npy"

@@ -2,19 +2,21 @@
 --skip-examples that trains on from it once the servers were restored from it.
 
 A checkpoint holds every push acknowledged before its hold (ps/checkpoint.py); the servers know no worker's count
-of examples, so the save reads each worker's --resume-file (worker/resume.py) while it holds every shard, before
-the shards save, and records what it holds in the manifest's "positions":
+of examples, so the save reads each worker's --resume-file (worker/resume.py) just before it holds the shards, and
+records what it holds in the manifest's "positions":
 
     position := {"resume_file": full path, "worker_id": i, "num_workers": n, "examples": N, "trained": bool,
                  "state_ids": [ID, ...], "run": {SETTING: VALUE, ...}}
 
 examples: the file's count then, whose updates the checkpoint holds (each was acknowledged before the file was
-written, and the file was read once every shard was held). A running worker writes its file every
-resume_writer.WRITE_EVERY_S seconds, so the count can be behind the cut by that many seconds of examples, which a
-run trained on from it trains again (their updates then applied twice, as after a kill -9); a worker stopped or
-finished before the save wrote its count at its stop, and the count is the cut's. trained: the run's training was
-over. state_ids: the shards' model state ids the file's position was trained into, which must be the saved
-shards' (check_same_model; empty: not known). run: the file's run settings, which a resumed run's must equal.
+written, and the file was read before the hold). A running worker writes its file every resume_writer.WRITE_EVERY_S
+seconds, so the count can be behind the cut by that many seconds of examples and the moments from the read to the
+hold of shard 0, which a run trained on from it trains again (their updates then applied twice, as after a kill -9).
+A read within the hold would be closer to the saved rows by those moments, but every shard would refuse pushes
+while the files are read (a slow disk, a hung mount); the read before keeps the hold to the shards' own work. A
+worker stopped or finished before the save wrote its count at its stop, and the count is the cut's. trained: the
+run's training was over. state_ids: the shards' model state ids the file's position was trained into, which must be
+the saved shards' (check_same_model; empty: not known). run: the file's run settings, which a resumed run's must equal.
 
 A `train --resume-file FILE` refused because the servers were restored from a checkpoint since FILE was written
 (resume.state_changed) says the --skip-examples of this worker's position there (restored_position_words).
