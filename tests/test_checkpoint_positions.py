@@ -96,8 +96,9 @@ def test_a_jobs_positions_name_its_fewest_and_a_trained_one_nothing_to_train_on(
         if trained:
             assert "saved once this worker's training was over (1,500 examples): there is nothing to train" in words
         else:
-            assert words.endswith("--skip-examples 1500 (a job's workers, given one value by ps-worker launch: "
-                                  "--skip-examples 1000, the fewest of its 2 recorded)"), words  # fmt: skip
+            assert words.endswith(f"remove each worker's FILE ({tmp_path / 'p{worker}.json'}) and run the same "
+                                  "command with --skip-examples 1500 (a job's workers, given one value by ps-worker "
+                                  "launch: --skip-examples 1000, the fewest of its 2 recorded)"), words  # fmt: skip
         assert restored_position_words(str(tmp_path / "p0.json"), {**run_settings, "epochs": 2}, stats).startswith(
             f"The servers were restored from checkpoint {tmp_path / name}, which records no usable position of"
         )
@@ -215,3 +216,14 @@ def test_a_workers_template_whose_files_are_of_two_jobs_saves_nothing(tmp_path, 
     assert worker_main([*argv, str(tmp_path / "p{worker}.json")]) == 2
     assert f"{expected}; nothing was saved" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_a_jobs_files_are_named_by_their_template_or_else_each_one():
+    from worker.resume_checkpoint import _files_template
+
+    def job(*paths):
+        return [{"worker_id": i, "resume_file": path} for i, path in enumerate(paths)]
+
+    assert _files_template(job(*(f"/d/w{i}/p.json" for i in range(12)))) == "/d/w{worker}/p.json"
+    assert _files_template(job("/d/a.json", "/d/b.json")) == "/d/a.json, /d/b.json"
+    assert _files_template(job("/d/p0-0.json", "/d/p1-1.json")) == "/d/p0-0.json, /d/p1-1.json"

@@ -148,12 +148,26 @@ def restored_position_words(resume_file: str, run: dict, shard_stats: list) -> s
         return (f"The servers were restored from checkpoint {directory}, saved once this worker's training was over "
                 f"({position['examples']:,} examples): there is nothing to train on from it (ps-worker eval scores "
                 "it)")  # fmt: skip
-    job = [p["examples"] for p in positions if p["num_workers"] == position["num_workers"]]
-    of_job = (f" (a job's workers, given one value by ps-worker launch: --skip-examples {min(job)}, the fewest of its "
-              f"{len(job)} recorded)") if position["num_workers"] > 1 else ""  # fmt: skip
+    job = [p for p in positions if p["num_workers"] == position["num_workers"]]
+    of_job = (f" (a job's workers, given one value by ps-worker launch: --skip-examples "
+              f"{min(p['examples'] for p in job)}, the fewest of its {len(job)} recorded)"
+              ) if position["num_workers"] > 1 else ""  # fmt: skip
+    remove = resume_file if position["num_workers"] == 1 else f"each worker's FILE ({_files_template(job)})"
     return (f"The servers were restored from checkpoint {directory}, saved at {position['examples']:,} examples of "
-            f"this worker's run: to train on from it, remove {resume_file} and run the same command with "
+            f"this worker's run: to train on from it, remove {remove} and run the same command with "
             f"--skip-examples {position['examples']}{of_job}")  # fmt: skip
+
+
+def _files_template(job: list[dict]) -> str:
+    """The --resume-file of a job's recorded positions as one name with RESUME_WORKER where the worker ids differ
+    (/d/p{worker}.json), where their paths are one name so; else each path, in worker order."""
+    paths = [p["resume_file"] for p in sorted(job, key=lambda p: p["worker_id"])]
+    start = len(os.path.commonprefix(paths))
+    end = len(os.path.commonprefix([path[start:][::-1] for path in paths]))
+    template = paths[0][:start] + RESUME_WORKER + paths[0][len(paths[0]) - end :]
+    if all(resume_file_of(template, p["worker_id"]) == p["resume_file"] for p in job):
+        return template
+    return ", ".join(paths)
 
 
 def _positions_damage(positions: object) -> str | None:
