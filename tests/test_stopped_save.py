@@ -17,6 +17,7 @@ from ps.errors import PsError
 from ps.server import Server
 from ps.server_config import ServerConfig
 from worker.__main__ import main
+from worker.checkpoint import save
 from worker.client import Client
 
 TIMEOUT_S = 30
@@ -288,3 +289,32 @@ def test_a_stop_of_an_export_as_its_client_closes_after_the_save_says_the_hold_e
     assert last.endswith(" was removed. The servers' hold ended with the save of its checkpoint: they take pushes."), (
         last
     )
+
+
+def test_a_stop_as_shard_0_is_held_names_its_hold_that_did_not_answer(two_shards, capsys, monkeypatch):
+    addresses, root = two_shards
+    _stop_at(monkeypatch, "hold", after_sending=True, shard=0)
+    code, last = _save(addresses, root / "c", capsys)
+    assert code == 130 and last == (
+        f"ps-worker: interrupted: no shard was asked to save: nothing was written into {root / 'c'}. No answer came "
+        "to the hold sent to shard 0: where it took, each refuses pushes until its hold times out, 7 s after it was "
+        "taken."
+    ), last
+    monkeypatch.undo()
+    _pushes_refused(addresses)  # shard 0 took the hold, whose token never came back
+
+
+def test_a_stop_as_the_positions_are_read_says_no_shard_was_held(two_shards, monkeypatch):
+    addresses, root = two_shards
+
+    def read():
+        raise KeyboardInterrupt
+
+    with Client(addresses) as client, pytest.raises(KeyboardInterrupt) as stopped:
+        client.wait_ready()
+        save(client, str(root / "c"), hold_timeout_s=7, positions=read)
+    assert stopped.value.__notes__ == [
+        f"no shard was asked to save: nothing was written into {root / 'c'}. No shard was held: the servers took "
+        "pushes throughout."
+    ]
+    _pushes_taken(addresses)
