@@ -1036,7 +1036,7 @@ def test_an_export_of_one_models_tables_is_not_refused_for_another_models_lost_t
         with Client(addresses[1:]) as shard_1:
             shard_1.create_table(TableConfig("other", 2))
         with Client(addresses) as client:  # only shard 1 holds "other": its ids alone go there
-            client._dims["other"] = 2
+            client._dims.note("other", 2)
             client.push("other", on_1, np.ones((len(on_1), 2), np.float32))
         base = ["export", "--servers", ",".join(addresses), "--no-progress"]
         assert main([*base, str(tmp_path / "all")]) == 2
