@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -241,18 +242,47 @@ def test_cycles_are_found():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_the_docstring_names_every_module_of_the_foundation_and_process_layers():
-    """The layers listed at the top of this file are FOUNDATION's and PROCESS's modules, every one of them."""
-    import re
+def layer_paragraph(doc: str, layer: str) -> str:
+    """The text of one layer's paragraph in a docstring laid out as this file's: its name indented 6 spaces, its
+    continuation lines indented deeper, and the next layer or the next `- ` rule ending it."""
+    lines = doc.splitlines()
+    starts = [i for i, line in enumerate(lines) if re.match(rf" {{6}}{layer}\s", line)]
+    assert len(starts) == 1, f"{len(starts)} paragraphs for the {layer} layer, expected 1"
+    paragraph = [lines[starts[0]][6 + len(layer) :]]
+    for line in lines[starts[0] + 1 :]:
+        if not line.startswith(" " * 7):
+            break
+        paragraph.append(line)
+    return " ".join(paragraph)
 
-    listed = set(re.findall(r"ps(?:\.\w+)+", __doc__))
-    assert sorted((FOUNDATION | PROCESS) - {"ps"} - listed) == []
+
+def modules_named(paragraph: str) -> list[str]:
+    """The `ps.x` names in a layer's paragraph, outside parentheses (which give reasons, naming other modules)."""
+    return re.findall(r"ps(?:\.\w+)+", re.sub(r"\([^)]*\)", "", paragraph))
+
+
+def misnamed_layers(doc: str) -> list[str]:
+    """The layers among foundation and process whose line in `doc` does not name exactly their modules, once each."""
+    expected = {"foundation": FOUNDATION - {"ps"}, "process": PROCESS}
+    return [layer for layer, modules in expected.items()
+            if sorted(modules_named(layer_paragraph(doc, layer))) != sorted(modules)]  # fmt: skip
+
+
+def test_the_docstring_names_every_module_of_the_foundation_and_process_layers():
+    """The foundation and process lines at the top of this file name FOUNDATION's and PROCESS's modules, each
+    once, no other and none in the other layer's line."""
+    assert misnamed_layers(__doc__) == []
+
+
+def test_the_docstring_check_bites_on_a_module_in_the_wrong_line_or_unknown():
+    moved = __doc__.replace(" ps.terminate,", "").replace("ps.cli_commands", "ps.cli_commands, ps.terminate")
+    assert misnamed_layers(moved) == ["foundation", "process"]
+    assert misnamed_layers(__doc__.replace("ps.cli_commands", "ps.cli_commands, ps.nosuchmodule")) == ["process"]
+    assert misnamed_layers(__doc__.replace("ps.wire,", "ps.wire, ps.wire,")) == ["foundation"]
 
 
 def test_every_module_is_named_in_docs_architecture_md():
     """The map of the code names every module of ps/ and worker/ (by path, or by file name in its list)."""
-    import re
-
     doc = (ROOT / "docs" / "architecture.md").read_text()
     unnamed = [str(p.relative_to(ROOT)) for pkg in ("ps", "worker") for p in sorted((ROOT / pkg).rglob("*.py"))
                if p.name != "__init__.py" and not re.search(rf"(?<![\w/]){re.escape(p.name)}\b", doc)
