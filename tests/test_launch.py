@@ -193,7 +193,7 @@ def test_backends_one_per_worker_or_one_for_all():
         (["--epochz", "3"], r"unrecognized arguments: --epochz 3 \(--epochz: did you mean --epochs\?\)"),
         (["--epochs", "three"], "--epochs: expected an integer, got 'three'"),
         (["--batch-size", "0"], "--batch-size: expected an integer >= 1, got 0"),
-        (["--learning-rate", "-1"], "--learning-rate: expected a number > 0"),
+        (["--learning-rate", "-1"], r"--learning-rate: a learning rate must be finite, >= 1e-30 and <= 1e\+30"),
         (["--model", "gbdt"], "--model: invalid choice"),
     ],
 )

@@ -10,6 +10,8 @@ import sys
 import pytest
 
 from ps.cli_server_flags import build_parser as server_parser
+from ps.config import check_hyperparameter
+from ps.errors import InvalidArgumentError
 from ps.settings import apply_defaults, settings_table
 from worker.__main__ import build_parser as worker_parser
 
@@ -90,7 +92,7 @@ def test_a_server_section_value_that_is_no_single_value_or_is_given_twice_is_ref
 @pytest.mark.parametrize("env, toml, message", [
     ({"PS_EPOCHS": "abc"}, "", r"environment variable PS_EPOCHS \(for --epochs\): expected an integer, got 'abc'"),
     ({"PS_BATCH_SIZE": "-3"}, "", r"PS_BATCH_SIZE \(for --batch-size\): expected an integer >= 1, got -3"),
-    ({"PS_LEARNING_RATE": "-1"}, "", r"PS_LEARNING_RATE \(for --learning-rate\): expected a number > 0"),
+    ({"PS_LEARNING_RATE": "-1"}, "", r"PS_LEARNING_RATE \(for --learning-rate\): a learning rate must be finite, >= 1e-30 and <= 1e\+30, got -1.0"),
     ({}, "[train]\nbatch_size = 0\n", r"c.toml \[train\] 'batch_size' \(for --batch-size\): expected an integer >= 1"),
     ({}, "dropout = 2.0\n", r"c.toml top level 'dropout' \(for --dropout\): expected a number >= 0 and <= 0.95"),
 ])  # fmt: skip
@@ -164,14 +166,18 @@ def test_a_bad_worker_value_on_the_command_line_names_its_flag(capsys):
     with pytest.raises(SystemExit) as stopped:
         parse(worker_parser(), ["train", "--learning-rate", "-1"], {})
     assert stopped.value.code == 2
-    assert "argument --learning-rate: expected a number > 0 and <= 1e+30, got '-1'" in capsys.readouterr().err
+    assert (
+        "argument --learning-rate: a learning rate must be finite, >= 1e-30 and <= 1e+30, got -1.0"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("flag", ["--learning-rate", "--dense-learning-rate"])
-@pytest.mark.parametrize("given", ["1e-320", "1e-31", "-1e-320", "inf"])
-def test_a_learning_rate_float32_cannot_hold_is_refused_at_its_flag_and_in_a_train_config(capsys, flag, given):
-    """1e-320 is 0 in float32 (a rate that steps by nothing): the flag refuses it, as the tables' check does
-    (ps.config.MIN_POSITIVE_HYPERPARAMETER), and so does TrainConfig.validate; 1e-30 passes both."""
+@pytest.mark.parametrize("given", ["1e-320", "1e-31", "1e-35", "-1e-320", "inf", "2e30"])
+def test_a_learning_rate_the_tables_refuse_is_refused_at_its_flag_and_in_a_train_config(capsys, flag, given):
+    """A learning rate below 1e-30 (ps.config.MIN_POSITIVE_HYPERPARAMETER: 1e-35, a normal float32, as well as
+    1e-320, 0 in float32) or above 1e30 is refused by the flag and by TrainConfig.validate in the words of the
+    tables' check (ps.config.check_hyperparameter), naming the flag; 1e-30 passes both."""
     import dataclasses
 
     from worker.train_config import TrainConfig
@@ -179,13 +185,15 @@ def test_a_learning_rate_float32_cannot_hold_is_refused_at_its_flag_and_in_a_tra
     with pytest.raises(SystemExit) as stopped:
         parse(worker_parser(), ["train", f"{flag}={given}"], {})
     assert stopped.value.code == 2
-    tiny = (
-        ", at least 1e-30 (a smaller one is 0 or subnormal in float32)" if given == "1e-31" or given == "1e-320" else ""
-    )
-    assert f"argument {flag}: expected a number > 0 and <= 1e+30{tiny}, got '{given}'" in capsys.readouterr().err
+    bounds = f"must be finite, >= 1e-30 and <= 1e+30, got {float(given)!r}"
+    assert f"argument {flag}: a learning rate {bounds}\n" in capsys.readouterr().err
     field = flag.lstrip("-").replace("-", "_")
-    with pytest.raises(ValueError, match=rf"^{flag} {float(given)}: expected a number > 0 and <= 1e\+30"):
+    with pytest.raises(ValueError) as refused:
         dataclasses.replace(TrainConfig(local_shards=1), **{field: float(given)}).validate()
+    assert str(refused.value) == f"{flag} {bounds}"
+    with pytest.raises(InvalidArgumentError) as tables:
+        check_hyperparameter(flag, float(given), low_inclusive=False)
+    assert str(tables.value) == str(refused.value)
     assert getattr(parse(worker_parser(), ["train", flag, "1e-30"], {}), field) == 1e-30
     dataclasses.replace(TrainConfig(local_shards=1), **{field: 1e-30}).validate()
 

@@ -905,8 +905,11 @@ def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
         (dict(dropout=1.0), "--dropout 1.0: expected a number in"),
         (dict(l2=-1.0), "--l2 -1.0: expected a number in"),
         (dict(early_stop=-1), "--early-stop -1: expected an integer >= 0"),
-        (dict(learning_rate=-1.0), r"--learning-rate -1.0: expected a number > 0 and <= 1e\+30"),
-        (dict(dense_learning_rate=float("nan")), "--dense-learning-rate nan: expected a number > 0"),
+        (dict(learning_rate=-1.0), r"--learning-rate must be finite, >= 1e-30 and <= 1e\+30, got -1.0"),
+        (
+            dict(dense_learning_rate=float("nan")),
+            "--dense-learning-rate must be finite, >= 1e-30 and <= 1e\\+30, got nan",
+        ),
         (dict(recipe="medium"), "--recipe 'medium' is unknown"),
         (
             dict(early_stop_metric="aucpr"),

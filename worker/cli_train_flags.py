@@ -34,9 +34,9 @@ def rate(text: str) -> float:
         value = plain_float(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    refusal = rate_refusal(value)
+    refusal = rate_refusal("a learning rate", value)
     if refusal:
-        raise argparse.ArgumentTypeError(f"{refusal}, got {text!r}")
+        raise argparse.ArgumentTypeError(refusal)
     return value
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ps.config import MAX_BARRIER_S, MAX_DIM, MAX_HYPERPARAMETER, MAX_INTERVAL_S, MIN_POSITIVE_HYPERPARAMETER
+from ps.config import MAX_BARRIER_S, MAX_DIM, MAX_INTERVAL_S, check_hyperparameter
+from ps.errors import InvalidArgumentError
 from worker.models.spec import MODEL_NAMES, row_floats
 
 if TYPE_CHECKING:
@@ -49,9 +50,9 @@ def check_numbers(cfg: TrainConfig) -> None:
         ("--dense-learning-rate", cfg.dense_learning_rate),
     ]
     for flag, value in rates:
-        refusal = rate_refusal(value)
+        refusal = rate_refusal(flag, value)
         if refusal:
-            raise ValueError(f"{flag} {value}: {refusal}")
+            raise ValueError(refusal)
     if not 0 < cfg.timeout_s <= MAX_INTERVAL_S:
         raise ValueError(f"--timeout-s {cfg.timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}")
     if not 0 < cfg.barrier_timeout_s <= MAX_BARRIER_S:
@@ -63,15 +64,14 @@ def check_numbers(cfg: TrainConfig) -> None:
         raise ValueError(f"--metrics-port {cfg.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
 
-def rate_refusal(value: float) -> str | None:
-    """Why `value` is no learning rate (--learning-rate, --dense-learning-rate), None where it is one: finite, > 0
-    and <= MAX_HYPERPARAMETER, and at least MIN_POSITIVE_HYPERPARAMETER, which ps.config's table check asks of a
-    learning rate too (a smaller one is 0 or subnormal in float32: 1e-320 steps by 0)."""
-    if not (math.isfinite(value) and 0 < value <= MAX_HYPERPARAMETER):
-        return f"expected a number > 0 and <= {MAX_HYPERPARAMETER:g}"
-    if value < MIN_POSITIVE_HYPERPARAMETER:
-        return (f"expected a number > 0 and <= {MAX_HYPERPARAMETER:g}, at least {MIN_POSITIVE_HYPERPARAMETER:g} (a "
-                "smaller one is 0 or subnormal in float32)")  # fmt: skip
+def rate_refusal(what: str, value: float) -> str | None:
+    """Why `value` is no learning rate (--learning-rate, --dense-learning-rate), in words naming it `what` (the flag);
+    None where it is one. The rule is ps.config.check_hyperparameter's for a factor > 0, the one a table's
+    learning_rate meets: finite, at least MIN_POSITIVE_HYPERPARAMETER and at most MAX_HYPERPARAMETER."""
+    try:
+        check_hyperparameter(what, value, low_inclusive=False)
+    except InvalidArgumentError as e:
+        return str(e)
     return None
 
 
