@@ -249,6 +249,7 @@ message StatsResponse
   39 reply_room_waits VARINT  uint64                   replies that waited for reply room since the start
   40 reply_room_expired VARINT uint64                  calls cancelled at the limit (some read just then) since start
   41 job_unclocked    VARINT  bool                     the job's stamps move no worker clock (async, geo)
+  42 job_name         LEN     string                   the job's name (its --job-id; job its hash); empty: none known
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -1072,21 +1072,27 @@ def test_a_csv_run_says_how_it_reads_each_column(tmp_path, capsys):
             "price; 1 bucketized (bucketize): price_b; not read: row_id, hour\n") in out  # fmt: skip
 
 
-def test_stats_text_gives_each_shards_job_as_its_json_does(servers, capsys):
-    """The job fields of Stats (the job a shard follows, its workers, the slowest one's clock, the largest gap a
-    stamped pull was served at) are a line of the text as they are fields of --json: none on a fresh shard; here an
-    ssp job of 2 workers, worker 0 past 2 steps and worker 1 past 1, and worker 0's pull of step 2 served 1 step
-    ahead of the slowest clock."""
+@pytest.mark.parametrize("job_name", ["", "ctr-7"])
+def test_stats_text_gives_each_shards_job_as_its_json_does(servers, capsys, job_name):
+    """The job fields of Stats (the job a shard follows, its name, its workers, the slowest one's clock, the largest
+    gap a stamped pull was served at) are a line of the text as they are fields of --json: none on a fresh shard;
+    here an ssp job of 2 workers, worker 0 past 2 steps and worker 1 past 1, and worker 0's pull of step 2 served 1
+    step ahead of the slowest clock. The text names the job by its name where its stamps gave one (the
+    --job-id text), else by its id, as a reply without job_name (an older server's) is named."""
+    from protos import ps_pb2
     from ps.engine.push import TablePush
-    from ps.stamp import WorkerStamp
+    from ps.stamp import WorkerStamp, job_hash
+    from worker.cli_cluster import _job_clause
 
     addresses, (server,) = servers(1)
     code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
     assert code == 0 and "    0 job: none (the shard follows no training job)" in out.splitlines(), (out, err)
-    job, setup, shard = 0xA51C, "mode=ssp staleness=1 model=fm fields=3:abcd numeric=0", server.shard
+    job = job_hash(job_name) if job_name else 0xA51C
+    setup, shard = "mode=ssp staleness=1 model=fm fields=3:abcd numeric=0", server.shard
 
     def stamp(w: int, step: int) -> WorkerStamp:
-        return WorkerStamp(job, w, 2, step, staleness=1, setup=setup, barrier_timeout_s=30.0, acked=step)
+        return WorkerStamp(job, w, 2, step, staleness=1, setup=setup, barrier_timeout_s=30.0, acked=step,
+                           job_name=job_name)  # fmt: skip
 
     shard.create_table(TableConfig("emb", 4), stamp=stamp(0, 0))
     ids = np.array([3, 5, 8], np.uint64)
@@ -1096,11 +1102,14 @@ def test_stats_text_gives_each_shards_job_as_its_json_does(servers, capsys):
     assert shard.jobs.wait_for_pull(stamp(0, 2)) == 1
     code, out, err = worker(["stats", "--servers", addresses[0], "--json"], capsys)
     (s,) = json.loads(out)["shards"]
-    assert (s["job"], s["num_workers"], s["min_clock"], s["max_gap"]) == (job, 2, 1, 1), s
+    assert (s["job"], s["job_name"], s["num_workers"], s["min_clock"], s["max_gap"]) == (job, job_name, 2, 1, 1), s
     code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
     assert code == 0, err
-    assert (f"    0 job {job}: 2 workers, slowest at clock 1, largest gap 1 (steps a stamped pull was served ahead of "
-            "the slowest clock)") in out.splitlines(), out  # fmt: skip
+    named = "'ctr-7'" if job_name else str(job)
+    assert (f"    0 job {named}: 2 workers, slowest at clock 1, largest gap 1 (steps a stamped pull was served ahead "
+            "of the slowest clock)") in out.splitlines(), out  # fmt: skip
+    older = ps_pb2.StatsResponse.FromString(ps_pb2.StatsResponse(job=job, num_workers=2).SerializeToString())
+    assert _job_clause(older).startswith(f"job {job}: 2 workers"), "a reply without job_name: the job's id"
 
 
 def test_stats_text_says_an_async_jobs_pushes_move_no_clock_instead_of_a_slowest_clock_of_0(servers, capsys):

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ps.bytesize import human_bytes
+from ps.stamp import job_named
 from worker.flags import server_list
 
 
@@ -96,18 +97,20 @@ def _memory_clause(s: Any) -> str:
 
 
 def _job_clause(s: Any) -> str:
-    """A shard's job line (StatsResponse s): the job whose worker clocks it follows, its workers, the slowest one's
-    clock and the largest gap a stamped pull was served at (for a sync or ssp job: an async or geo job's stamps move
-    no clock, and the line says so instead); "job: none" where it follows none."""
+    """A shard's job line (StatsResponse s): the job whose worker clocks it follows, by its name where the shard
+    knows one (ps.stamp job_named; a server without StatsResponse.job_name gives none: its id), its workers, the
+    slowest one's clock and the largest gap a stamped pull was served at (for a sync or ssp job: an async or geo
+    job's stamps move no clock, and the line says so instead); "job: none" where it follows none."""
     if not s.job:
         return "job: none (the shard follows no training job)"
+    workers = f"{s.num_workers:,} worker{'s' * (s.num_workers != 1)}"
     if s.job_unclocked:
         return (
-            f"job {s.job}: {s.num_workers:,} worker{'s' * (s.num_workers != 1)}, async or geo: its pushes move no "
-            "worker clock (a sync or ssp job's line gives its slowest worker's clock and the largest gap)"
+            f"job {job_named(s.job, s.job_name)}: {workers}, async or geo: its pushes move no worker clock (a sync "
+            "or ssp job's line gives its slowest worker's clock and the largest gap)"
         )
-    return (f"job {s.job}: {s.num_workers:,} worker{'s' * (s.num_workers != 1)}, slowest at clock {s.min_clock:,}, "
-            f"largest gap {s.max_gap:,} (steps a stamped pull was served ahead of the slowest clock)")  # fmt: skip
+    return (f"job {job_named(s.job, s.job_name)}: {workers}, slowest at clock {s.min_clock:,}, largest gap "
+            f"{s.max_gap:,} (steps a stamped pull was served ahead of the slowest clock)")  # fmt: skip
 
 
 def _replies_clause(s: Any) -> str:

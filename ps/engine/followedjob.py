@@ -284,10 +284,11 @@ class FollowedJob:
         return f"worker{'s' if len(workers) > 1 else ''} {named}{more}"
 
     def stats(self) -> dict:
-        """job, num_workers, min_clock, max_gap and job_unclocked, as StatsResponse has them."""
+        """job, job_name, num_workers, min_clock, max_gap and job_unclocked, as StatsResponse has them."""
         with self._cond:
-            return {"job": self.job, "num_workers": self.num_workers, "min_clock": self._min_clock(),
-                    "max_gap": self.max_gap, "job_unclocked": bool(self.job) and self.tenancy.unclocked}  # fmt: skip
+            return {"job": self.job, "job_name": self.tenancy.name, "num_workers": self.num_workers,
+                    "min_clock": self._min_clock(), "max_gap": self.max_gap,
+                    "job_unclocked": bool(self.job) and self.tenancy.unclocked}  # fmt: skip
 
     def close(self) -> None:
         """Ends every wait with ShardClosingError (UNAVAILABLE: clients retry on the restarted shard)."""
