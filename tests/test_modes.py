@@ -186,7 +186,14 @@ def test_a_sync_step_is_the_sum_of_the_workers_pushes_applied_once(tmp_path, opt
             assert [(clock, n, low) for clock, n, low in replies[w]] == [
                 (s + 1, len(data[w][s][0]), s + 1) for s in range(5)
             ]
-        assert synced.jobs.stats() == {"job": JOB, "job_name": "", "num_workers": 2, "min_clock": 5, "max_gap": 0}
+        assert synced.jobs.stats() == {
+            "job": JOB,
+            "job_name": "",
+            "num_workers": 2,
+            "min_clock": 5,
+            "max_gap": 0,
+            "job_unclocked": False,
+        }
     finally:
         synced.close()
         oracle.close()
