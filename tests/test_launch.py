@@ -5,6 +5,7 @@ stops the others, Ctrl-C and SIGTERM stop them all, and no process is left behin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import inspect
@@ -997,6 +998,45 @@ def test_the_workers_launch_stops_do_not_each_say_they_were_terminated(fakes, ca
     assert "worker 0 exited with code 3; the other workers were stopped" in err, err
     assert "terminated" not in out + err and "[worker 1] hello from 1" in out, out + err
     assert_all_gone(pids, {"worker-0", "worker-1", "worker-2"})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a POSIX process group; /proc")
+def test_stop_sends_each_worker_one_sigterm_even_where_it_runs_between_signals(tmp_path, monkeypatch):
+    """stop()'s SIGTERM reaches a worker once. Each signal stop() sends the worker's pid (kill) or group (killpg) is
+    waited on until the worker has handled it, as on a loaded machine where the worker runs before launch sends its
+    next signal: two sends would then be two deliveries (pending, they merge into one), the second re-entering the
+    handler of the first (the fake's 'ps-worker: terminated' said twice)."""
+    count = tmp_path / "terms"
+    script = ("import signal, time\n"
+              f"signal.signal(signal.SIGTERM, lambda *a: open({str(count)!r}, 'a').write('term\\n'))\n"
+              "print('ready', flush=True)\n"
+              "while True:\n    time.sleep(1)\n")  # fmt: skip
+    lines: list[str] = []
+    group = WorkerGroup([[sys.executable, "-c", script]], [dict(os.environ)], lambda i, line: lines.append(line),
+                        lambda i, report: None)  # fmt: skip
+
+    def handled() -> int:  # SIGTERMs the worker's handler saw
+        return len(count.read_text().splitlines()) if count.exists() else 0
+
+    real_kill, real_killpg = os.kill, os.killpg
+
+    def handled_before_the_next(send):
+        def signal_and_wait(pid: int, signum: int) -> None:
+            before = handled()
+            send(pid, signum)
+            if signum == signal.SIGTERM and group.procs and pid == group.procs[0].pid:
+                with contextlib.suppress(AssertionError):  # a send that does not reach it: the count says so
+                    wait_until(lambda: handled() > before, 5, "the worker's SIGTERM handler")
+
+        return signal_and_wait
+
+    monkeypatch.setattr(os, "kill", handled_before_the_next(real_kill))
+    monkeypatch.setattr(os, "killpg", handled_before_the_next(real_killpg))
+    group.start()
+    group.read_output()
+    wait_until(lambda: "ready" in lines, 30, "the worker's 'ready'")
+    group.stop(grace_s=0.5)  # the worker runs on after SIGTERM: SIGKILL ends it
+    assert handled() == 1 and group.procs[0].returncode == -signal.SIGKILL, (handled(), group.procs[0].returncode)
 
 
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(fakes, capsys):

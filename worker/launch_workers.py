@@ -74,12 +74,15 @@ def worker_environment(rank: int, world_size: int, master_port: int, base: dict[
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
-    """signum to the worker and to its process group (the worker's children, unless they left it)."""
-    proc.send_signal(signum)
+    """signum, once, to the worker's process group: the worker, its leader (child_setup), and its children, unless
+    they left it; to the worker alone where the group has no process left to signal (the worker left it). Once: a
+    worker that runs between two SIGTERMs (a loaded machine) gets both, and the second re-enters a handler still
+    running (its line said twice) or, after ps-worker's handler is gone (ps.terminate.exit_code saying its line),
+    ends the worker as SIGTERM's default action does (-15, its exit cut short)."""
     try:
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
-        pass
+        proc.send_signal(signum)  # nothing if the worker was reaped
 
 
 class WorkerGroup:
