@@ -23,11 +23,12 @@ FEATURES_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}")  # a TableConfig.features val
 MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
 ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest float32 below 1
-MIN_POSITIVE_HYPERPARAMETER = 1e-30  # the least magnitude of a hyperparameter other than 0 (a learning rate,
-# epsilon, a decay, l1/l2, a bound, a threshold): a normal float32 whose reciprocal is finite (smaller ones become 0
-# or subnormal in the kernels' float32, so that they act as 0 or slow every step, and a division by them overflows)
-MIN_ADMISSION_PROBABILITY = 2.0**-53  # the admission draw is a multiple of 2**-53 (ps.rows.update): a smaller
-# probability admits as often as this one does
+MIN_POSITIVE_HYPERPARAMETER = 1e-30  # the least learning rate and epsilon, and the least magnitude other than 0 of
+# a new table's other hyperparameters (a decay, l1/l2, a bound, a threshold: TableConfig.check_new): a normal float32
+# whose reciprocal is finite (smaller ones become 0 or subnormal in the kernels' float32, so that they act as 0 or
+# slow every step, and a division by them overflows)
+MIN_ADMISSION_PROBABILITY = 2.0**-53  # a new table's least (TableConfig.check_new): the admission draw is a multiple
+# of 2**-53 (ps.rows.update), so a smaller probability admits as often as this one does
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 NORMAL_DRAW_MAX = math.sqrt(48 * math.log(2))  # the largest |draw| / scale of the normal initializer (~5.77):
 # Box-Muller's radius sqrt(-2 ln u) at its least u, 2**-24 (ps.rows.initializers)
@@ -71,20 +72,23 @@ MAX_CLIENTS = 1_000_000
 
 
 def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:
-    """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER, and value is 0 or of magnitude at
-    least MIN_POSITIVE_HYPERPARAMETER (1e-320 is no value a float32 kernel holds); `> 0` means at least
-    MIN_POSITIVE_HYPERPARAMETER."""
+    """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER; `> 0` means at least
+    MIN_POSITIVE_HYPERPARAMETER. A stored table's config meets this check when it opens: a new table's meets
+    check_float32_magnitude too (TableConfig.check_new)."""
     if not low_inclusive and low == 0:
         low, low_inclusive = MIN_POSITIVE_HYPERPARAMETER, True
     ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= MAX_HYPERPARAMETER
-    tiny = ok and 0 < abs(value) < MIN_POSITIVE_HYPERPARAMETER  # in the range, which spans 0, but not float32's
-    if not ok or tiny:
+    if not ok:
         op = ">=" if low_inclusive else ">"
-        why = (f", and 0 or at least {MIN_POSITIVE_HYPERPARAMETER:g} in magnitude (a smaller one is 0 or subnormal "
-               "in float32)") if tiny else ""  # fmt: skip
-        raise InvalidArgumentError(
-            f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}{why}, got {value!r}"
-        )
+        raise InvalidArgumentError(f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}, got {value!r}")
+
+
+def check_float32_magnitude(what: str, value: float) -> None:
+    """InvalidArgumentError unless value is 0 or of magnitude at least MIN_POSITIVE_HYPERPARAMETER: 1e-320 is no
+    value a float32 kernel holds. A rule of a new table's options (TableConfig.check_new) only."""
+    if 0 < abs(value) < MIN_POSITIVE_HYPERPARAMETER:
+        raise InvalidArgumentError(f"{what} must be 0 or at least {MIN_POSITIVE_HYPERPARAMETER:g} in magnitude (a "
+                                   f"smaller one is 0 or subnormal in float32), got {value!r}")  # fmt: skip
 
 
 def check_table_name(name: str) -> None:
@@ -184,11 +188,9 @@ class OptimizerConfig:
             check_hyperparameter(f"{self.name} epsilon", p["epsilon"], low_inclusive=False)
         elif self.name == "adam":
             for b in ("beta1", "beta2"):  # the kernel's 1 - b ** t divides: b must stay below 1 in float32
-                if not (0 <= p[b] < 1 and np.float32(p[b]) < 1) or 0 < p[b] < MIN_POSITIVE_HYPERPARAMETER:
+                if not (0 <= p[b] < 1 and np.float32(p[b]) < 1):
                     raise InvalidArgumentError(
-                        f"adam {b} must be in [0, 1) and below 1 in float32 (at most {ADAM_BETA_MAX!r}), and 0 or "
-                        f"at least {MIN_POSITIVE_HYPERPARAMETER:g} (a smaller one is 0 or subnormal in float32), got "
-                        f"{p[b]!r}"
+                        f"adam {b} must be in [0, 1) and below 1 in float32 (at most {ADAM_BETA_MAX!r}), got {p[b]!r}"
                     )
             check_hyperparameter("adam epsilon", p["epsilon"], low_inclusive=False)
         elif self.name == "ftrl":
@@ -218,11 +220,8 @@ class AdmissionConfig:
     def validate(self) -> None:
         if not 1 <= self.min_count <= 2**24:
             raise InvalidArgumentError(f"admission min_count must be in 1..{2**24}, got {self.min_count}")
-        if not (math.isfinite(self.probability) and MIN_ADMISSION_PROBABILITY <= self.probability <= 1):
-            raise InvalidArgumentError(
-                f"admission probability must be in [2**-53, 1] (a draw is a multiple of 2**-53, so a smaller one "
-                f"admits as 2**-53 does), got {self.probability!r}"
-            )
+        if not (math.isfinite(self.probability) and 0 < self.probability <= 1):
+            raise InvalidArgumentError(f"admission probability must be in (0, 1], got {self.probability!r}")
 
 
 @dataclass(frozen=True)
@@ -246,11 +245,8 @@ class EvictionConfig:
     def validate(self) -> None:
         if self.ttl_steps < 0:
             raise InvalidArgumentError(f"eviction ttl_steps must be >= 0, got {self.ttl_steps}")
-        if not (math.isfinite(self.decay) and MIN_POSITIVE_HYPERPARAMETER <= self.decay <= 1):
-            raise InvalidArgumentError(
-                f"eviction decay must be in [{MIN_POSITIVE_HYPERPARAMETER:g}, 1] (a smaller one is 0 or subnormal in "
-                f"float32: it would zero the counts), got {self.decay!r}"
-            )
+        if not (math.isfinite(self.decay) and 0 < self.decay <= 1):
+            raise InvalidArgumentError(f"eviction decay must be in (0, 1], got {self.decay!r}")
         for k in ("score_threshold", "nonclk_coeff", "click_coeff"):
             check_hyperparameter(f"eviction {k}", getattr(self, k))
 
@@ -299,14 +295,19 @@ class TableConfig:
                                        f"expected one of {VALUES_AT_REST}, or '' for unspecified")  # fmt: skip
 
     def check_new(self) -> None:
-        """InvalidArgumentError for settings that validate() takes but a table made now may not have: ftrl with
-        beta 0 and l2 0. FTRL holds its embedding as a function of its state, -(z - sign(z) l1) / ((beta +
-        sqrt(n)) / lr + l2), whose divisor is then 0 at every dim whose n is 0: such a row cannot hold an initial
-        embedding other than 0 (a dim's first gradient of exactly 0 sets it to 0), and a gradient whose square is 0
-        in float32 (|g| <= FTRL_TINY_GRADIENT) makes it non-finite: the push is refused (with a weight_bound, the
-        dim is clipped to the bound instead); and ftrl whose initial z passes float32's largest
-        (_ftrl_initial_z_overflow). A table a data dir holds already (a checkpoint's included) opens without these
-        checks."""
+        """InvalidArgumentError for settings that validate() takes (self passed it) but a table made now may not
+        have; a table a data dir holds already (a checkpoint's included) opens without these checks:
+        - an option other than 0 of magnitude below MIN_POSITIVE_HYPERPARAMETER (check_float32_magnitude), an
+          eviction decay below it included: 0 or subnormal in the kernels' float32, it acts as 0 (a weight_bound of
+          it is no bound, a decay of it zeroes the counts) or slows every step;
+        - an admission probability below MIN_ADMISSION_PROBABILITY, which admits as often as that one does;
+        - ftrl with beta 0 and l2 0. FTRL holds its embedding as a function of its state, -(z - sign(z) l1) /
+          ((beta + sqrt(n)) / lr + l2), whose divisor is then 0 at every dim whose n is 0: such a row cannot hold
+          an initial embedding other than 0 (a dim's first gradient of exactly 0 sets it to 0), and a gradient
+          whose square is 0 in float32 (|g| <= FTRL_TINY_GRADIENT) makes it non-finite: the push is refused (with
+          a weight_bound, the dim is clipped to the bound instead);
+        - ftrl whose initial z passes float32's largest (_ftrl_initial_z_overflow)."""
+        self._check_new_floats()
         p = self.optimizer.all_params() if self.optimizer.name == "ftrl" else {}
         if p and p["beta"] == 0 and p["l2"] == 0:
             advice = ftrl_divides_by_zero(
@@ -336,6 +337,26 @@ class TableConfig:
                 f"{p['beta']:g}, l2 {p['l2']:g}, l1 {p['l1']:g}), past float32's {FLOAT32_MAX:.3g}: such a row's z "
                 "is Inf and every push to it would be refused; lower the initializer's scale or beta, l2 and l1, or "
                 "raise learning_rate")  # fmt: skip
+
+    def _check_new_floats(self) -> None:
+        """check_new's rules of the float options: each other than 0 is a normal float32, and admission probability
+        is at least MIN_ADMISSION_PROBABILITY."""
+        at = f"table {self.name!r}: "
+        if self.eviction.decay < MIN_POSITIVE_HYPERPARAMETER:
+            raise InvalidArgumentError(f"{at}eviction decay must be in [{MIN_POSITIVE_HYPERPARAMETER:g}, 1] (a "
+                                       "smaller one is 0 or subnormal in float32: it would zero the counts), got "
+                                       f"{self.eviction.decay!r}")  # fmt: skip
+        if self.admission.probability < MIN_ADMISSION_PROBABILITY:
+            raise InvalidArgumentError(f"{at}admission probability must be in [2**-53, 1] (a draw is a multiple of "
+                                       f"2**-53, so a smaller one admits as 2**-53 does), got "
+                                       f"{self.admission.probability!r}")  # fmt: skip
+        options = {"initializer scale": self.initializer.scale, "weight_bound": self.weight_bound, "l2": self.l2}
+        options |= {f"{self.optimizer.name} {k}": v for k, v in self.optimizer.all_params().items()}
+        options |= {
+            f"eviction {k}": getattr(self.eviction, k) for k in ("score_threshold", "nonclk_coeff", "click_coeff")
+        }
+        for what, value in options.items():
+            check_float32_magnitude(at + what, value)
 
     def as_new(self) -> TableConfig:
         """The config of a table made of self: an unspecified values_at_rest ("") is FULL_AT_REST, "float32"."""

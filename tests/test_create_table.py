@@ -12,7 +12,7 @@ import pytest
 
 from protos import ps_pb2
 from ps import codec
-from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import (
     DataLossError,
@@ -293,6 +293,43 @@ def test_ftrl_without_beta_and_l2_is_refused_for_a_new_table_only(tmp_path, two_
         np.testing.assert_array_equal(reopened.pull("t", ids), after)
     finally:
         reopened.close()
+
+
+TOO_SMALL_FOR_NEW_TABLES = {  # a table option a data dir may hold (made before the rule) but a new table may not
+    "ftrl l1": dict(optimizer=OptimizerConfig("ftrl", 0.05, {"l1": 1e-35})),
+    "adam beta1": dict(optimizer=OptimizerConfig("adam", 0.001, {"beta1": 1e-35})),
+    "weight_bound": dict(weight_bound=1e-35),
+    "eviction decay": dict(eviction=EvictionConfig(decay=1e-35)),
+    "admission probability": dict(admission=AdmissionConfig(probability=1e-17)),
+}
+
+
+@pytest.mark.parametrize("option", sorted(TOO_SMALL_FOR_NEW_TABLES))
+def test_a_stored_table_with_an_option_a_new_table_may_not_have_opens_and_its_create_is_refused(tmp_path, option):
+    """A shard's data dir whose stored config (Store.create_table, which checks nothing) has a value that check_new refuses
+    opens in a Shard, which pulls from the table and finds it for a CreateTable of its spec; a shard without it
+    refuses that CreateTable (INVALID_ARGUMENT, naming the option) and creates nothing."""
+    cfg = TableConfig("t", 4, **TOO_SMALL_FOR_NEW_TABLES[option])
+    Shard(ServerConfig(data_dir=str(tmp_path / "old"))).close()
+    store = Store(str(tmp_path / "old"))
+    try:
+        store.create_table(cfg.normalized())
+    finally:
+        store.close()
+    ids = np.array([1, 2], np.uint64)
+    old = Shard(ServerConfig(data_dir=str(tmp_path / "old")))
+    try:
+        assert old.table("t").cfg == cfg.normalized() and old.pull("t", ids).shape == (2, 4)
+        assert old.create_table(cfg) is old.table("t")
+    finally:
+        old.close()
+    new = Shard(ServerConfig(data_dir=str(tmp_path / "new")))
+    try:
+        with pytest.raises(InvalidArgumentError, match=f"^table 't': {option} must be"):
+            new.create_table(cfg)
+        assert not new.tables
+    finally:
+        new.close()
 
 
 def test_a_create_the_ram_tier_refuses_writes_nothing_and_takes_no_number(tmp_path):
