@@ -1,6 +1,6 @@
 """A checkpoint and a Shrink exclude each other on a shard (ps.engine.hold PushHold.shrink_slot), so a checkpoint
 holds a Shrink wholly or not at all: a hold asked for while a Shrink runs is refused, holding nothing, and a Shrink
-asked for while a hold lasts waits for its release. The overlaps are made with events, not timing."""
+asked for while a hold lasts, or a save runs, waits for both to end. The overlaps are made with events, not timing."""
 
 from __future__ import annotations
 
@@ -208,3 +208,39 @@ def test_a_shrink_sent_while_another_waits_for_a_hold_is_refused_saying_that_one
         assert shrunk and shrunk[0]["num_rows"] == len(IDS)
     finally:
         shard.close()
+
+
+def test_a_shrink_waits_for_a_save_whose_hold_was_released_while_it_runs():
+    """PushHold alone: a checkpoint releases its hold while a save still writes (worker.checkpoint releases every
+    shard once one shard's save failed). A Shrink asked for then waits for the save's end, not the hold's."""
+    gate = PushHold(2)
+    token = gate.hold(60, lambda: 0)[1]
+    writing, written, order = threading.Event(), threading.Event(), []
+
+    def save_one() -> None:
+        with gate.saving(token):
+            writing.set()
+            assert written.wait(30)
+            order.append("save ended")
+
+    saver = threading.Thread(target=save_one)
+    saver.start()
+    assert writing.wait(30)
+    gate.release(token)  # the save writes on
+    waiting, wait = threading.Event(), gate._gate.wait
+    gate._gate.wait = lambda timeout=None: waiting.set() or wait(timeout)
+
+    def shrink() -> None:
+        with gate.shrink_slot(lambda: "a Shrink is running (of table 't')"):
+            order.append("shrink ran")
+
+    shrinker = threading.Thread(target=shrink)
+    shrinker.start()
+    try:
+        wait_until(lambda: waiting.is_set() or not shrinker.is_alive(), 30, "the Shrink waits, or has run")
+        assert order == [], "a Shrink ran while a save wrote"
+    finally:
+        written.set()
+        saver.join(30)
+        shrinker.join(30)
+    assert order == ["save ended", "shrink ran"]

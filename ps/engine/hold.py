@@ -5,8 +5,10 @@ are done), saves each (a flush, then a RocksDB checkpoint into <dir>/shard-<id>:
 then releases them. A shard owns one PushHold, through its ShardCheckpoints (ps.engine.checkpointing).
 
 A hold and a Shrink exclude each other on a shard, so that a checkpoint holds a Shrink wholly or not at all, never the
-chunks or tables it wrote before the save and not those after: a Shrink asked for while a hold lasts waits for its
-release (or expiry) before it changes anything (shrink_slot), and a hold asked for while a Shrink runs is refused
+chunks or tables it wrote before the save and not those after: a Shrink asked for while a hold lasts or a save runs
+(its hold released meanwhile included: a checkpoint whose save failed on one shard releases every shard) waits for
+the hold's release (or expiry) and the save's end before it changes anything (shrink_slot), and a hold asked for
+while a Shrink runs is refused
 (CheckpointHoldError), holding nothing: a Shrink runs for minutes, and a hold that waited for it would stop the
 shard's pushes all that time.
 """
@@ -45,12 +47,13 @@ SAVE_TRIES = 3  # writes of a save whose directory another shard's failed save r
 
 class PushHold:
     """Counts the pushes in flight and refuses new ones while a checkpoint holds them; one hold at a time, and
-    one save at a time; no hold while a Shrink runs, and no Shrink while a hold lasts."""
+    one save at a time; no hold while a Shrink runs, and no Shrink while a hold lasts or a save runs."""
 
     def __init__(self, shard_id: int):
         self.shard_id = shard_id
         self._gate = threading.Condition()  # guards the fields below; notified when a push ends or a hold does
         self._saving = threading.Lock()  # one checkpoint save at a time (a second one to the same dir is refused)
+        self._saves = 0  # saves inside saving() (running, or waiting for _saving): a Shrink waits for them to end
         self.held_until = 0.0  # monotonic time the hold expires; 0: not held; inf: a save runs under it, or the hold
         # waits for the pushes in flight
         self.token: str | None = None  # the hold's, which save and release need
@@ -144,6 +147,10 @@ class PushHold:
             log.info("checkpoint hold taken: pushes paused for at most %g s", timeout_s)
             return clock(), token
 
+    def _hold_or_save(self, now: float) -> bool:
+        """Whether a checkpoint hold lasts at now (monotonic) or a save runs (under _gate): what a Shrink waits for."""
+        return bool(self.held_until and now < self.held_until) or self._saves > 0
+
     def _wake(self) -> None:
         """Wakes a hold waiting for the pushes in flight to look again (its caller_gone may have turned true)."""
         with self._gate:
@@ -178,10 +185,13 @@ class PushHold:
             return self._ended_held_s + max(0.0, lasted)
 
     def _other(self, now: float) -> str:
-        """Where the hold another checkpoint has (under _gate, lasting at now) is: taking itself, saving, or held
-        until its checkpoint releases it, which a save does as it ends, and expiring at the latest."""
+        """Where the hold another checkpoint has (under _gate, lasting at now, or released while its save runs on)
+        is: taking itself, saving, or held until its checkpoint releases it, which a save does as it ends, and
+        expiring at the latest."""
         if self._waiting:
             return "its hold waits for the pushes in flight"
+        if not (self.held_until and now < self.held_until):  # a save runs on (a Shrink waits for it)
+            return "its hold was released, and its save runs on: waiting for its end"
         if math.isinf(self.held_until):
             return "it saves now, and releases the shard as its save ends"
         return (f"released as that checkpoint's save ends, or as its hold expires, {math.ceil(self.held_until - now)} "
@@ -212,26 +222,28 @@ class PushHold:
             if token != self.token or not self.held_until or time.monotonic() >= self.held_until:
                 raise CheckpointHoldError(f"shard {self.shard_id}: {self._not_held()}; nothing saved")
             self.held_until = float("inf")  # no expiry during the save
+            self._saves += 1  # under _gate with the check: a Shrink never sees neither the hold nor the save
         try:
             with self._saving:
                 yield
         finally:
             with self._gate:
+                self._saves -= 1
                 if self.token == token:
                     self.held_until = time.monotonic() + self._hold_s
-                    self._gate.notify_all()  # a Shrink waiting for the hold (shrink_slot) looks again: its expiry
+                self._gate.notify_all()  # a Shrink waiting (shrink_slot) looks again: the hold's expiry, or its end
 
     @contextlib.contextmanager
     def shrink_slot(self, running: Callable[[], str], caller_gone: Callable[[], bool] | None = None) -> Iterator[None]:
-        """Runs a Shrink's block with no checkpoint hold on the shard: waits first while a hold lasts (until its
-        release, or its expiry), then refuses holds while the block runs, running() saying why ("a Shrink is running
+        """Runs a Shrink's block with no checkpoint hold or save on the shard: waits first while a hold lasts (until
+        its release, or its expiry) or a save runs (until its end, its hold released or not), then refuses holds while the block runs, running() saying why ("a Shrink is running
         (...)"). caller_gone: looked at as the wait wakes (woken as the caller leaves where it has watch(wake), else
         every CALLER_CHECK_S); once true, CallerGoneError, and the block does not run."""
         with self._gate:
             waited = self._wait_for_the_hold(caller_gone)
             self._shrink = running
         if waited:
-            log.info("shrink waited %.1f s for a checkpoint's hold to end", waited)
+            log.info("shrink waited %.1f s for a checkpoint's hold and save to end", waited)
         try:
             yield
         finally:
@@ -239,19 +251,20 @@ class PushHold:
                 self._shrink = None
 
     def _wait_for_the_hold(self, caller_gone: Callable[[], bool] | None) -> float:
-        """Waits (under _gate) while a checkpoint hold lasts; returns the seconds waited. CallerGoneError once
-        caller_gone is true."""
+        """Waits (under _gate) while a checkpoint hold lasts or a save runs; returns the seconds waited.
+        CallerGoneError once caller_gone is true."""
         started = time.monotonic()
-        if not (self.held_until and started < self.held_until):
+        if not self._hold_or_save(started):
             return 0.0
-        log.info("shrink waits for a checkpoint's hold to end (%s)", self._other(started))
+        log.info("shrink waits for a checkpoint's hold and save to end (%s)", self._other(started))
         watched = watch_caller(caller_gone, self._wake)
-        while self.held_until and time.monotonic() < self.held_until:
+        while self._hold_or_save(time.monotonic()):
             if caller_gone is not None and caller_gone():
                 raise CallerGoneError(f"shard {self.shard_id}: a Shrink waiting for a checkpoint's hold to end was "
                                       f"dropped: its caller left (its deadline passed, or it was cancelled); "
                                       f"{NOTHING_APPLIED}")  # fmt: skip
-            left = self.held_until - time.monotonic()  # inf while the hold waits for pushes, or a save runs
+            left = math.inf if self._saves else self.held_until - time.monotonic()  # inf: the hold waits for
+            # pushes, or a save runs (its hold released or not), which notify as they end
             timeout = left if math.isfinite(left) else None  # woken as the hold gets its expiry, or ends
             if caller_gone is not None and not watched:
                 timeout = CALLER_CHECK_S if timeout is None else min(timeout, CALLER_CHECK_S)
