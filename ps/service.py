@@ -256,19 +256,18 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Pull(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullResponse already serialized (see handler)."""
         ids = wire.decode_ids(request.ids)
-        dim = self.shard.table(request.table).dim
-        size = self._check_reply("Pull", [(len(ids), dim)])
-        cost = self.shard.pulls.check_pull(request.table, ids)  # refused before it waits for reply room
+        table = self.shard.table(request.table)  # the one the reply is sized for and read from (a replaced one refuses)
+        size = self._check_reply("Pull", [(len(ids), table.dim)])
+        cost = self.shard.pulls.check_pull(table, ids)  # refused before it waits for reply room
         held = self.replies.hold(size, context.add_callback, CallerGone(context))
         replies = []
 
-        def reply_rows(n: int, _: int) -> Any:  # rows of the reply, made once the pull holds its request room, of
-            reply, rows = codec.pull_response_to_fill(n, dim)  # the dim checked: a table of another dim that replaced
-            # the one checked refuses them (ShardClosingError, Table.pull), and the reply stays the size checked
+        def reply_rows(n: int, dim: int) -> Any:  # rows of the reply, made once the pull holds its request room
+            reply, rows = codec.pull_response_to_fill(n, dim)
             replies.append(reply)
             return rows
 
-        self.shard.pulls.pull(request.table, ids, reply_rows, CallerGone(context), cost)  # straight into the reply
+        self.shard.pulls.pull(table, ids, reply_rows, CallerGone(context), cost)  # straight into the reply
         held.handed("Pull", context.cancel, context.peer)
         return replies[0]
 
@@ -301,15 +300,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         stamp = stamp_of(request)
         if stamp is not None:
             self.shard.jobs.check(stamp, pull=True)
-        pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
-        shapes = [(len(ids), self.shard.table(name).dim) for name, ids in pulls]
-        size = self._check_reply("PullBatch", shapes)
+        ids = [wire.decode_ids(p.ids) for p in request.pulls]
+        pulls = [(self.shard.table(p.table), i) for p, i in zip(request.pulls, ids)]  # each looked up once, as Pull's
+        size = self._check_reply("PullBatch", [(len(ids), table.dim) for table, ids in pulls])
         cost = self.shard.pulls.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
         # after the ssp wait: no wait for the job's other workers is made holding reply room
         held = self.replies.hold(size, context.add_callback, CallerGone(context))
         reply = self.shard.pulls.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
-                                            CallerGone(context), [dim for _, dim in shapes])  # fmt: skip
+                                            CallerGone(context))  # fmt: skip
         held.handed("PullBatch", context.cancel, context.peer)
         return reply
 
@@ -323,7 +322,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.shard.check_state_id(request.state_id)
         pushes = [self._decode_push(p) for p in request.pushes]
         returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
-        back = [(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
+        back = [(self.shard.table(push.name), push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
         client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
         sync = stamp is not None and stamp.sync  # one PushBatch per shard and step: runs alone past the room
         if back:  # before the push: a rejected request changes nothing
@@ -346,7 +345,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         with self.shard.store.foreground.serving():
             reply = self.shard.pulls.pull_batch(
                 back, cost, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
-                CallerGone(context), [dim for _, dim in returned],
+                CallerGone(context),
             )  # fmt: skip
         held.handed("PushBatch", context.cancel, context.peer)
         return reply

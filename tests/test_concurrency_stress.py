@@ -177,6 +177,7 @@ class Load:
             if len(pulls) == 1:
                 got = [self.shard.pull(*pulls[0])]
             else:
+                pulls = [(self.shard.table(n), ids) for n, ids in pulls]
                 got = self.shard.pulls.pull_batch(pulls, self.shard.pulls.check_pull_batch(pulls), lambda rows: rows)
             rows = np.concatenate(got)
             hi = [len(self.oracle.sums.get(k, [0])) - 1 for k in keys]

@@ -13,7 +13,7 @@ import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import OptimizerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.server import Server, grpc_options
 from ps.server_config import ServerConfig
@@ -209,13 +209,10 @@ def test_a_batch_of_more_than_max_batch_items_pulls_or_pushes_is_refused_and_app
     assert stub.PushBatch(batch, timeout=30).step == 1
 
 
-@pytest.mark.parametrize("method", ["Pull", "PullBatch"])
-def test_a_pull_checked_against_a_table_replaced_before_its_rows_are_read_is_refused_as_replaced(small_limit, method):
-    """Table 's' (dim 2, never trained) is replaced by one of dim 64 right after the servicer checked the pull of
-    20,000 ids against it (a 160,000-byte reply). The pull is refused (UNAVAILABLE, the replace named: the client
-    sends it again), not answered with a 5,120,000-byte reply, 5x the message limit, that gRPC would refuse to
-    send; sent again, the servicer refuses it with its own message, naming the size and the limit."""
-    stub, server = small_limit
+def _replaced_once_checked(server, stub, method: str, new: TableConfig, ids: np.ndarray):
+    """Table 's' (dim 2, adagrad, never trained), replaced by `new` right after the servicer checked the first pull
+    of ids (method: Pull or PullBatch) against it: the first pull is refused (UNAVAILABLE, the replace named: the
+    client sends it again). Returns the call, to send it again."""
     pulls = server.shard.pulls
     server.shard.create_table(TableConfig("s", 2))
     check = "check_pull" if method == "Pull" else "check_pull_batch"
@@ -224,11 +221,10 @@ def test_a_pull_checked_against_a_table_replaced_before_its_rows_are_read_is_ref
     def check_then_replace(*args, **kwargs):
         cost = real_check(*args, **kwargs)
         setattr(pulls, check, real_check)  # the first pull's check only
-        server.shard.create_table(TableConfig("s", 64), replace_untrained=True)
+        server.shard.create_table(new, replace_untrained=True)
         return cost
 
     setattr(pulls, check, check_then_replace)
-    ids = np.arange(20_000, dtype=np.uint64)
     if method == "Pull":
         call = lambda: stub.Pull(pull_request(ids, "s"), timeout=30)
     else:
@@ -238,4 +234,28 @@ def test_a_pull_checked_against_a_table_replaced_before_its_rows_are_read_is_ref
     assert first.value.code() == grpc.StatusCode.UNAVAILABLE, first.value.details()
     assert first.value.details() == ("table 's' was replaced just now by a table of its name and another spec; send "
                                      "the request again")  # fmt: skip
+    return call
+
+
+@pytest.mark.parametrize("method", ["Pull", "PullBatch"])
+def test_a_pull_checked_against_a_table_replaced_before_its_rows_are_read_is_refused_as_replaced(small_limit, method):
+    """A replace by a table of dim 64 right after the servicer checked the pull of 20,000 ids against 's' (a
+    160,000-byte reply): the pull is refused as replaced, not answered with a 5,120,000-byte reply, 5x the message
+    limit, that gRPC would refuse to send; sent again, the servicer refuses it with its own message, naming the
+    size and the limit."""
+    stub, server = small_limit
+    call = _replaced_once_checked(server, stub, method, TableConfig("s", 64), np.arange(20_000, dtype=np.uint64))
     refused(call, f"{method} reply would be", "20,000 ids x dim 64", f"message limit of {LIMIT:,} bytes")
+
+
+@pytest.mark.parametrize("method", ["Pull", "PullBatch"])
+def test_a_pull_checked_against_a_table_replaced_by_one_of_its_dim_is_refused_as_replaced(small_limit, method):
+    """A replace by a table of the same dim and another spec (adam, zeros: rows of another width, whose copies the
+    request room was not priced for) right after the check: the pull reads no row of either table and is refused
+    as replaced; sent again, it is answered with the new table's rows."""
+    stub, server = small_limit
+    new = TableConfig("s", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("adam"))
+    call = _replaced_once_checked(server, stub, method, new, np.arange(100, dtype=np.uint64))
+    reply = call()
+    rows = reply.rows if method == "Pull" else reply.replies[0].rows
+    assert rows == bytes(4 * 2 * 100)  # zeros, 100 ids x dim 2

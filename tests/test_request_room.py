@@ -410,10 +410,11 @@ def test_a_pull_batch_takes_room_once_for_its_pulls_and_reply(bounded_shard):
         seen.append(shard.room.in_use)
         return [r.copy() for r in rows]
 
-    shard.pulls.pull_batch([("t", ids)], shard.pulls.check_pull_batch([("t", ids)]), encode)  # compiles
+    table = shard.table("t")
+    shard.pulls.pull_batch([(table, ids)], shard.pulls.check_pull_batch([(table, ids)]), encode)  # compiles
     seen.clear()
     with shard.room.take(shard.room.capacity):
-        pulls = [("t", ids), ("t", ids[:10])]
+        pulls = [(table, ids), (table, ids[:10])]
         t = threading.Thread(
             target=lambda: done.append(shard.pulls.pull_batch(pulls, shard.pulls.check_pull_batch(pulls), encode))
         )
@@ -492,8 +493,9 @@ def test_a_sync_push_may_run_alone_up_to_the_whole_bound_and_no_further(bounded_
     assert shard.table("t").num_rows == 0 and shard.room.in_use == 0
     m = 256 * MiB // pull_batch_cost(1, width, 4) + 1
     with pytest.raises(RequestTooLargeError, match="more than a sync step's push may copy"):
-        shard.pulls.check_pull_batch([("t", np.arange(m, dtype=np.uint64))], larger_runs_alone=True)
-    assert shard.pulls.check_pull_batch([("t", np.arange(m - 1, dtype=np.uint64))], larger_runs_alone=True) <= 256 * MiB
+        shard.pulls.check_pull_batch([(shard.table("t"), np.arange(m, dtype=np.uint64))], larger_runs_alone=True)
+    fits = [(shard.table("t"), np.arange(m - 1, dtype=np.uint64))]
+    assert shard.pulls.check_pull_batch(fits, larger_runs_alone=True) <= 256 * MiB
 
 
 def test_a_shard_restarted_with_a_smaller_room_refuses_the_clients_messages_and_the_error_says_why(tmp_path):

@@ -1,7 +1,8 @@
 """PullPath: a shard's Pull and PullBatch path: a pull's tables and ids checked, its copies priced in the request
 room, then its rows read while it holds that room.
 
-A check (check_pull, check_pull_batch) reads no row: it finds each table (TableNotFoundError), checks that this
+The caller looks each table up once (Shard.table: TableNotFoundError) and passes that Table down, so that the reply
+it sized and the rows read are of one table. A check (check_pull, check_pull_batch) reads no row: it checks that this
 shard owns the ids (WrongShardError) and that the copies fit in the request room (RequestTooLargeError), and
 returns their bytes, the cost the pull then takes of the room (ps.engine.room). The servicer checks a request
 whole before it waits for anything, so a request refused holds nothing. Rows are read under the store's
@@ -23,56 +24,47 @@ T = TypeVar("T")
 
 
 class PullPath:
-    def __init__(
-        self,
-        room: RequestRoom,
-        foreground: Foreground,
-        table: Callable[[str], Table],
-        check_owned: Callable[[np.ndarray], None],
-    ):
-        """room: the shard's request room; foreground: its store's; table(name) and check_owned(ids): the shard's
-        table lookup and its check that it owns ids."""
+    def __init__(self, room: RequestRoom, foreground: Foreground, check_owned: Callable[[np.ndarray], None]):
+        """room: the shard's request room; foreground: its store's; check_owned(ids): the shard's check that it owns
+        ids."""
         self._room = room
         self._foreground = foreground
-        self._table = table
         self._check_owned = check_owned
 
     def pull(
         self,
-        name: str,
+        table: Table,
         ids: np.ndarray,
         out: np.ndarray | Callable[[int, int], np.ndarray] | None = None,
         caller_gone: Callable[[], bool] | None = None,
         cost: int | None = None,
     ) -> np.ndarray:
-        """(n, dim) embeddings of ids, written into out if given: an array, or out(n, dim) making one once the
-        request holds its room (a reply to fill, counted in it). Checked first as check_pull does, unless cost
-        is that check's, made already; caller_gone: a wait for request room ends with CallerGoneError once it is
-        true (ps.engine.room)."""
+        """(n, dim) embeddings of ids in table, written into out if given: an array, or out(n, table.dim) making
+        one once the request holds its room (a reply to fill, counted in it). Checked first as check_pull does,
+        unless cost is that check's, made already; caller_gone: a wait for request room ends with CallerGoneError
+        once it is true (ps.engine.room). A table replaced or closed since it was looked up refuses the pull
+        (ShardClosingError: Table.pull), so rows are of the table, and the dim, that the caller checked."""
         if cost is None:
-            cost = self.check_pull(name, ids)
-        table = self._table(name)
+            cost = self.check_pull(table, ids)
         with self._room.take(cost, caller_gone), self._foreground.serving():
             return table.pull(ids, out(len(ids), table.dim) if callable(out) else out)
 
-    def check_pull(self, name: str, ids: np.ndarray) -> int:
-        """Checks a pull as pull runs it, reading nothing: its table, that this shard owns its ids, and that its
-        copies fit in the request room (RequestTooLargeError); returns those copies' bytes."""
-        table = self._table(name)
+    def check_pull(self, table: Table, ids: np.ndarray) -> int:
+        """Checks a pull as pull runs it, reading nothing: that this shard owns its ids, and that its copies fit in
+        the request room (RequestTooLargeError); returns those copies' bytes."""
         self._check_owned(ids)
         cost = pull_cost(len(ids), table.width, table.dim)
-        self._room.refuse_larger(cost, len(ids), f"a Pull of {len(ids):,} ids of table {name!r}")
+        self._room.refuse_larger(cost, len(ids), f"a Pull of {len(ids):,} ids of table {table.name!r}")
         return cost
 
     def check_pull_batch(
-        self, pulls: list[tuple[str, np.ndarray]], what: str = "a PullBatch", larger_runs_alone: bool = False
+        self, pulls: list[tuple[Table, np.ndarray]], what: str = "a PullBatch", larger_runs_alone: bool = False
     ) -> int:
-        """Checks pulls of (table, ids) as pull_batch runs them, reading nothing: their tables, that this shard owns
-        their ids, that their copies fit in the request room (RequestTooLargeError; larger_runs_alone: a sync
-        step's rows to return, which run alone, within the room's alone_limit); returns those copies' bytes."""
+        """Checks pulls of (table, ids) as pull_batch runs them, reading nothing: that this shard owns their ids,
+        that their copies fit in the request room (RequestTooLargeError; larger_runs_alone: a sync step's rows to
+        return, which run alone, within the room's alone_limit); returns those copies' bytes."""
         cost = 0
-        for name, ids in pulls:
-            table = self._table(name)
+        for table, ids in pulls:
             self._check_owned(ids)
             cost += pull_batch_cost(len(ids), table.width, table.dim)
         self._room.refuse_larger(cost, sum(len(ids) for _, ids in pulls), f"{what} of {len(pulls)} pulls",
@@ -81,18 +73,13 @@ class PullPath:
 
     def pull_batch(
         self,
-        pulls: list[tuple[str, np.ndarray]],
+        pulls: list[tuple[Table, np.ndarray]],
         cost: int,
         encode: Callable[[list[np.ndarray]], T],
         caller_gone: Callable[[], bool] | None = None,
-        dims: list[int] | None = None,
     ) -> T:
         """encode(the rows of each pull of (table, ids)), pulls that check_pull_batch passed and priced at cost:
-        one take of that much request room for the rows and the reply encode makes of them. caller_gone: as
-        pull's. dims: each pull's dim as its reply was sized (None: its table's now): a table replaced since by one of
-        another dim refuses the pull (ShardClosingError, Table.pull) instead of making the reply another size."""
+        one take of that much request room for the rows and the reply encode makes of them. caller_gone, and a
+        table replaced since: as pull's."""
         with self._room.take(cost, caller_gone), self._foreground.serving():
-            if dims is None:
-                return encode([self._table(name).pull(ids) for name, ids in pulls])
-            return encode([self._table(name).pull(ids, np.empty((len(ids), dim), np.float32))
-                           for (name, ids), dim in zip(pulls, dims, strict=True)])  # fmt: skip
+            return encode([table.pull(ids) for table, ids in pulls])

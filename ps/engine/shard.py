@@ -122,8 +122,7 @@ class Shard:
             finally:  # error's traceback holds this frame: bound to a local here, it would make the cycle above
                 del error
         self.checkpoints = ShardCheckpoints(config, self.store, lambda: self.flush(), lambda: self.clock)  # hold, save
-        self.pulls = PullPath(self.room, self.store.foreground, lambda name: self.table(name),
-                              lambda ids: self.check_owned(ids))  # fmt: skip
+        self.pulls = PullPath(self.room, self.store.foreground, lambda ids: self.check_owned(ids))
         self.stamped = StampedPushes(self.jobs, self.pushes, self.room, self.checkpoints.gate,
                                      lambda name: self.table(name), lambda push: self.check_push(push),
                                      lambda *batch: self.push_batch(*batch))  # fmt: skip
@@ -277,7 +276,7 @@ class Shard:
     ) -> np.ndarray:
         """(n, dim) embeddings of ids, written into out if given: PullPath.pull (Shard.pulls) says how. The library's
         entry point (tests, benchmarks); the servicer calls Shard.pulls itself."""
-        return self.pulls.pull(name, ids, out, caller_gone, cost)
+        return self.pulls.pull(self.table(name), ids, out, caller_gone, cost)
 
     def check_push(self, push: TablePush) -> CheckedPush:
         """Validates a push without changing anything; returns it checked, for apply_push. shows / clicks: per id
