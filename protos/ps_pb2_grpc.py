@@ -143,6 +143,8 @@ class ParameterServerServicer:
         """One phase of a checkpoint across all shards (worker/checkpoint.py): "hold" stops taking pushes (they get
         UNAVAILABLE and are retried) once those in flight are done, for at most hold_timeout_s; "save" flushes and
         writes a RocksDB checkpoint to <dir>/shard-<id> (shard_json: what the manifest records); "release" resumes.
+        A checkpoint holds a Shrink whole or not at all: a hold asked for while a Shrink runs on the shard is refused
+        (FAILED_PRECONDITION, holding nothing; take it once the Shrink has ended), and a Shrink waits for a hold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -166,7 +168,9 @@ class ParameterServerServicer:
 
     def Shrink(self, request, context):
         """Decay show/click and drop ids past their TTL or under the score threshold (the table's eviction spec),
-        in RAM and RocksDB. All tables when `table` is empty.
+        in RAM and RocksDB. All tables when `table` is empty. While a checkpoint's hold lasts on the shard, or its save
+        runs (its hold released meanwhile included), a Shrink waits for its end before it changes anything; a hold
+        asked for while a Shrink runs is refused (Checkpoint).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

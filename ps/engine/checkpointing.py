@@ -80,7 +80,7 @@ class ShardCheckpoints:
         try:
             written = {
                 "files": file_checksums(path),
-                "rows": self.store.saved_counts(path),  # as saved: a Shrink may run during the save
+                "rows": self.store.saved_counts(path),  # read back from the checkpoint just written: what it holds
             }
             check_caller(caller_gone, directory)  # nobody reads it, nor removes it after this
             return written
