@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Callable
 
-from ps.config import TABLE_NAME_RE, TABLE_NAME_RULE
+from ps.config import check_table_name
 from ps.tlsprobe import GRPC_DNS
 
 SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -197,9 +197,12 @@ def number(lowest: float, highest: float = math.inf, *, above: bool = False) -> 
 
 
 def table_name(text: str) -> str:
-    """An argparse type: a name a table may have (ps.config.TABLE_NAME_RE), or "" for every table."""
-    if text and not TABLE_NAME_RE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"table name {text!r} is invalid; expected {TABLE_NAME_RULE}")
+    """An argparse type: a name a table may have (ps.config.check_table_name), or "" for every table."""
+    if text:
+        try:
+            check_table_name(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 

@@ -18,6 +18,7 @@ import traceback
 
 import pytest
 
+from ps.errors import echo
 from worker.__main__ import main as worker_main
 
 PY = sys.executable
@@ -171,7 +172,7 @@ def test_a_server_that_is_not_host_port_is_named(servers, entry, capsys):
 def test_a_shrink_of_a_table_name_no_table_may_have_is_refused_before_any_server_is_asked(name, capsys):
     """Port 1 has no server: a name that reached one would wait --server-timeout for it, not exit 2."""
     code, err = worker(["shrink", "--servers", "127.0.0.1:1", "--server-timeout", "30", "--table", name], capsys)
-    said = f"argument --table: table name {name!r} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
+    said = f"argument --table: table name {echo(name)} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
     assert code == 2 and said in err, err
 
 

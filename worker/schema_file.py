@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import tomllib
 
-from ps.config import MAX_DIM, TABLE_NAME_RE, TABLE_NAME_RULE, TableConfig
+from ps.config import MAX_DIM, TableConfig, check_table_name
 from ps.table_toml import table_configs_from_dict
 from worker.models.spec import BIAS_FIELD, POOLINGS
 from worker.schema import Schema, TableSchema
@@ -117,12 +117,19 @@ def _value(spec: dict, key: str, kind: type, where: str, default: object = ..., 
     return value
 
 
+def _check_table_name(name: str, where: str) -> None:
+    """ValueError, after where, unless name is one a table may have (ps.config.check_table_name)."""
+    try:
+        check_table_name(name)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def _tables(doc: dict, path: str, default_dim: int, model: str | None) -> dict[str, TableSchema]:
     out = {}
     for name, fields in table_configs_from_dict(doc, f"{path} [tables]").items():
         where = f"{path}: [tables.{name}]"
-        if not TABLE_NAME_RE.fullmatch(name):
-            raise ValueError(f"{where}: the name is invalid; expected {TABLE_NAME_RULE}")
+        _check_table_name(name, where)
         if name.startswith("dense."):
             raise ValueError(f"{where}: names starting with 'dense.' are the MLP's tables; choose another name")
         dim = _value(fields, "dim", int, where, default_dim)
@@ -175,8 +182,8 @@ def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -
     if ids == "raw" and "id_space" in spec:
         raise ValueError(f"{where}: raw ids have no id space; drop id_space or use ids = 'hashed'")
     table = _value(spec, "table", str, where, default_table) if sparse else None
-    if table is not None and not TABLE_NAME_RE.fullmatch(table):
-        raise ValueError(f"{where}: table {table!r}, expected {TABLE_NAME_RULE}")
+    if table is not None:
+        _check_table_name(table, where)
     id_space = _value(spec, "id_space", str, where, name) if sparse and ids == "hashed" else None
     if id_space == "":
         raise ValueError(f"{where}: id_space is empty")
