@@ -12,6 +12,10 @@ from ps.utctime import utc
 
 GRPC_DNS = "dns:///"  # gRPC's own name for a host:port resolved by DNS, which a channel takes as it is
 NOT_YET_VALID = 9  # OpenSSL's X509_V_ERR_CERT_NOT_YET_VALID: a certificate of the chain starts after the clock's now
+# The flags Python 3.13's ssl.create_default_context adds and verified_handshake takes off: gRPC's own handshake
+# verifies without them, so with them the probe would call a shard's certificate untrusted where gRPC takes it (a CA
+# without a keyUsage extension, as `openssl req -x509` makes one: "CA cert does not include key usage extension").
+STRICTER_THAN_GRPC = ssl.VERIFY_X509_STRICT | ssl.VERIFY_X509_PARTIAL_CHAIN
 
 
 def host_and_port(address: str) -> tuple[str, str]:
@@ -90,9 +94,11 @@ def verified_handshake(address: str, ca: str | None, cert: str | None, key: str 
     shard's certificate does not verify against ca, the system's roots without one, or does
     not name server_name, else the address's host: WHY is the verifier's reason), "refused" (the shard closed the
     connection after the handshake, or alerted during it, with cert presented: it does not accept that
-    certificate), "ok", or None (no connection, no answer, or files ssl cannot load)."""
+    certificate), "ok", or None (no connection, no answer, or files ssl cannot load). It verifies with OpenSSL's
+    own checks, as gRPC's handshake does, not Python 3.13's stricter ones (STRICTER_THAN_GRPC)."""
     try:
         context = ssl.create_default_context(cafile=ca)
+        context.verify_flags &= ~STRICTER_THAN_GRPC
         if cert and key:
             context.load_cert_chain(cert, key, password=lambda: b"")  # an encrypted key is refused, not prompted for
         context.set_alpn_protocols(["h2"])

@@ -696,6 +696,36 @@ def test_a_health_probe_whose_tls_setting_differs_from_the_shards_says_which_fla
         assert not serving and not starting and text.startswith("UNAVAILABLE: ") and text.endswith(hint), (what, text)
 
 
+def test_the_probes_verdicts_are_grpcs_under_the_stricter_default_context_of_python_3_13(pki, start, monkeypatch):
+    """Python 3.13's ssl.create_default_context adds VERIFY_X509_STRICT and VERIFY_X509_PARTIAL_CHAIN; strict refuses
+    this CA (made by `openssl req -x509`: no keyUsage extension), which gRPC takes. The default context is given
+    3.13's flags here whatever Python runs the test: the probe still finds what gRPC's handshake finds."""
+    from ps.tlsprobe import tls_hint, verified_handshake
+
+    default = ssl.create_default_context
+
+    def as_in_3_13(*args, **kwargs) -> ssl.SSLContext:
+        context = default(*args, **kwargs)
+        context.verify_flags |= ssl.VERIFY_X509_STRICT | ssl.VERIFY_X509_PARTIAL_CHAIN
+        return context
+
+    monkeypatch.setattr(ssl, "create_default_context", as_in_3_13)
+    ca = str(pki / "ca.pem")
+    server = {"tls_cert": str(pki / "server.pem"), "tls_key": str(pki / "server.key")}
+    tls, mutual = start(**server), start(**server, tls_ca=ca)
+    strict = ssl.create_default_context(cafile=ca)
+    strict.set_alpn_protocols(["h2"])
+    host, port = tls.rsplit(":", 1)
+    refused = pytest.raises(ssl.SSLCertVerificationError, match="does not include key usage extension")
+    with socket.create_connection((host, int(port)), timeout=5) as raw, refused:  # the handshake gRPC's is not
+        strict.wrap_socket(raw, server_hostname=host)
+    assert check_health(tls, 5, tls_ca=ca) == (True, False, "SERVING")  # gRPC's handshake takes the CA
+    assert verified_handshake(tls, ca, None, None) == "ok"
+    assert verified_handshake(mutual, ca, str(pki / "client.pem"), str(pki / "client.key")) == "ok"
+    assert tls_hint(mutual, ca=ca) == ("; the shard requires a client certificate (mutual TLS): give --tls-cert and "
+                                       "--tls-key, a certificate its CA signed")  # fmt: skip
+
+
 def test_a_probe_with_tls_files_the_shard_does_not_take_names_the_file(pki, start):
     """A CA that did not sign the shard's certificate, or a client certificate its CA did not sign: the worker and
     health name the TLS file at fault; neither says "it did not answer as a sparseps shard (gRPC): it may be another
