@@ -408,6 +408,14 @@ def fetch(url: str, context=None, token: str | None = None) -> object:
         return type(getattr(e, "reason", e)).__name__
 
 
+def scraper_context(pki) -> ssl.SSLContext:
+    """A client context trusting pki's CA and verifying as a Prometheus scraper (Go's TLS) does: without Python
+    3.13's VERIFY_X509_STRICT, which refuses pki's CA (no keyUsage extension, as `openssl req -x509` makes it)."""
+    context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return context
+
+
 def test_metrics_of_a_tls_and_token_server_need_the_certificate_and_the_token(pki, tmp_path):
     """The metrics port is guarded as the gRPC port: HTTPS with the server's certificate, a client certificate
     (mutual TLS), the bearer token; and only /metrics answers."""
@@ -417,10 +425,8 @@ def test_metrics_of_a_tls_and_token_server_need_the_certificate_and_the_token(pk
     server.start()
     try:
         https, http_url = f"https://127.0.0.1:{server.metrics_port}", f"http://127.0.0.1:{server.metrics_port}"
-        mutual = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        mutual, server_only, intruder = (scraper_context(pki) for _ in range(3))
         mutual.load_cert_chain(str(pki / "client.pem"), str(pki / "client.key"))
-        server_only = ssl.create_default_context(cafile=str(pki / "ca.pem"))
-        intruder = ssl.create_default_context(cafile=str(pki / "ca.pem"))
         intruder.load_cert_chain(str(pki / "intruder.pem"), str(pki / "intruder.key"))
         seen = {
             "all credentials": fetch(f"{https}/metrics", mutual, "s3cret-token"),
