@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -89,3 +91,30 @@ def test_bags_cut_from_categorical_fields_stay_categorical_and_others_are_checke
     assert not mixed.is_one_per_example()
     assert mixed.slice(1, 3).is_one_per_example()  # examples 1 and 2 hold one id each
     assert not Bags.concat([cat, mixed]).is_one_per_example()
+
+
+def test_batches_of_several_files_name_each_examples_file_across_rebatch_and_concat(tmp_path):
+    """A directory of a.svm (3 lines) and b.svm read in batches of 4: the batch joining a's last examples to b's
+    first names each example's file, and slice, take and concat keep the names (concat of batches of other reads
+    numbers the files again)."""
+    from worker.formats import read_batches
+    from worker.schema_builtin import builtin_schema
+
+    (tmp_path / "a.svm").write_text("1 1:1\n0 2:1\n1 3:1\n")
+    (tmp_path / "b.svm").write_text("0 4:1\n1 5:1\n")
+    a, b = str(tmp_path / "a.svm"), str(tmp_path / "b.svm")
+    batches = list(
+        read_batches(tmp_path, builtin_schema("libsvm", default_table="t", default_dim=1, libsvm_fields=1), 4)
+    )
+    assert [[(b_.file_of(i), int(b_.line_nos[i])) for i in range(len(b_))] for b_ in batches] == [
+        [(a, 1), (a, 2), (a, 3), (b, 1)],
+        [(b, 2)],
+    ]
+    first = batches[0]
+    assert [first.take(np.array([3, 0])).file_of(i) for i in range(2)] == [b, a]
+    assert first.slice(3, 4).file_of(0) == b
+    other = dataclasses.replace(first.slice(0, 1), file_nos=np.zeros(1, np.int32), files=("c",))
+    joined = Batch.concat([first.slice(0, 1), other, first.slice(3, 4)])
+    assert [joined.file_of(i) for i in range(3)] == [a, "c", b]
+    unnamed = dataclasses.replace(first.slice(0, 1), file_nos=None, files=())  # a part without files
+    assert Batch.concat([first, unnamed]).file_of(0) is None

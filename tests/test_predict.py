@@ -1056,8 +1056,8 @@ def test_predict_warns_of_the_first_value_its_auto_one_hot_read_left_out(servers
 def test_an_example_the_model_scores_as_nan_is_named_by_its_line_not_written_as_a_probability(servers, tmp_path,
                                                                                                capsys):  # fmt: skip
     """A weight of 3e38 (finite in float32, as the reader takes it) overflows FM's sum of squares: the example's
-    probability is NaN. predict fails naming the file and line and writes no OUT (no "nan" probability), and eval
-    names the line (not "scores contain NaN")."""
+    probability is NaN. predict fails naming the file and line and writes no OUT (no "nan" probability); eval names
+    the file and line too, of a directory's second file where one batch holds examples of both files."""
     train_path, score_path = tmp_path / "train.svm", tmp_path / "score.svm"
     write_valued_libsvm(train_path, 600, 1, np.random.default_rng(0).normal(0, 1, 20))
     lines = train_path.read_text().splitlines()
@@ -1072,5 +1072,14 @@ def test_an_example_the_model_scores_as_nan_is_named_by_its_line_not_written_as_
         "examples): the example's numbers, or the model's weights, overflow float32"
     ) in capsys.readouterr().err
     assert not out.exists()
-    with pytest.raises(ValueError, match=r"the model's probability for the example of line 4 of its file is NaN"):
+    with pytest.raises(
+        ValueError, match=rf"the model's probability for the example of line 4 of {re.escape(str(score_path))} is NaN"
+    ):
         evaluate_servers(TrainConfig(servers=(a,), data=str(train_path), eval_data=str(score_path), model="fm"))
+    several = tmp_path / "several"
+    several.mkdir()
+    (several / "a.svm").write_text("\n".join(lines[:3]) + "\n")  # 3 finite lines, then b.svm's line 1 is the huge one
+    (several / "b.svm").write_text("\n".join(lines[3:6]) + "\n")
+    named = re.escape(f"line 1 of {several / 'b.svm'} is NaN (1 of the batch's 6 examples)")
+    with pytest.raises(ValueError, match=rf"the model's probability for the example of {named}"):
+        evaluate_servers(TrainConfig(servers=(a,), data=str(train_path), eval_data=str(several), model="fm"))

@@ -9,7 +9,8 @@
     Batch   labels float32 (n,) in {0, 1}, or NaN for every example of a file without labels (read only by
             `ps-worker predict`); fields {field name: Bags}, in schema order; dense float32 (n, D) or None; probs
             float64 (n,) (the true click probabilities of synthetic data) or None; line_nos int64 (n,) (the 1-based
-            physical line of each example in the file it was read from) or None.
+            physical line of each example in the file it was read from) or None; file_nos int32 (n,) (the file
+            each example was read from: files[file_nos[i]]) or None, with files, the names it indexes.
 
 Which table a field looks up is the model's business (worker/models/spec.py FieldSpec.table); table_ids groups
 a batch's fields by table and deduplicates the ids of each table across all of its fields, as the client pulls
@@ -127,6 +128,8 @@ class Batch:
     dense: np.ndarray | None = None
     probs: np.ndarray | None = None
     line_nos: np.ndarray | None = None
+    file_nos: np.ndarray | None = None
+    files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.labels = np.asarray(self.labels, dtype=np.float32)
@@ -140,6 +143,8 @@ class Batch:
             raise ValueError(f"probs has shape {self.probs.shape}, expected ({n},)")
         if self.line_nos is not None and self.line_nos.shape != (n,):
             raise ValueError(f"line_nos has shape {self.line_nos.shape}, expected ({n},)")
+        if self.file_nos is not None and self.file_nos.shape != (n,):
+            raise ValueError(f"file_nos has shape {self.file_nos.shape}, expected ({n},)")
         if self.dense is not None and (self.dense.ndim != 2 or self.dense.shape[0] != n):
             raise ValueError(f"dense has shape {self.dense.shape}, expected ({n}, features)")
 
@@ -147,8 +152,9 @@ class Batch:
         return len(self.labels)
 
     def nbytes(self) -> int:
-        """The bytes of its arrays (labels, every field's ids, offsets and weights, dense, probs, line numbers)."""
-        arrays = [self.labels, self.dense, self.probs, self.line_nos]
+        """The bytes of its arrays (labels, every field's ids, offsets and weights, dense, probs, line and file
+        numbers)."""
+        arrays = [self.labels, self.dense, self.probs, self.line_nos, self.file_nos]
         arrays += [a for bags in self.fields.values() for a in (bags.ids, bags.offsets, bags.weights)]
         return sum(a.nbytes for a in arrays if a is not None)
 
@@ -164,6 +170,8 @@ class Batch:
             None if self.dense is None else self.dense[lo:hi],
             None if self.probs is None else self.probs[lo:hi],
             None if self.line_nos is None else self.line_nos[lo:hi],
+            None if self.file_nos is None else self.file_nos[lo:hi],
+            self.files,
         )
 
     def take(self, examples: np.ndarray) -> Batch:
@@ -174,21 +182,46 @@ class Batch:
             None if self.dense is None else self.dense[examples],
             None if self.probs is None else self.probs[examples],
             None if self.line_nos is None else self.line_nos[examples],
+            None if self.file_nos is None else self.file_nos[examples],
+            self.files,
         )
 
     @staticmethod
     def concat(parts: Sequence[Batch]) -> Batch:
-        """The examples of every part, in order (the parts have the same fields)."""
+        """The examples of every part, in order (the parts have the same fields; file_nos index the names of every
+        part's files, each once, in the order first met)."""
         if len(parts) == 1:
             return parts[0]
         first = parts[0]
+        files, file_nos = _joined_files(parts)
         return Batch(
             np.concatenate([p.labels for p in parts]),
             {name: Bags.concat([p.fields[name] for p in parts]) for name in first.fields},
             None if first.dense is None else np.concatenate([p.dense for p in parts]),
             None if first.probs is None else np.concatenate([p.probs for p in parts]),
             None if first.line_nos is None else np.concatenate([p.line_nos for p in parts]),
+            file_nos,
+            files,
         )
+
+    def file_of(self, i: int) -> str | None:
+        """The name of the file example i was read from; None where the batch does not know it."""
+        return None if self.file_nos is None else self.files[int(self.file_nos[i])]
+
+
+def _joined_files(parts: Sequence[Batch]) -> tuple[tuple[str, ...], np.ndarray | None]:
+    """(files, file_nos) of Batch.concat(parts): the parts' file numbers as they are where every part indexes the
+    same names (the batches of one read), else numbered again over the names of all parts; ((), None) where a part
+    has none."""
+    if any(p.file_nos is None for p in parts):
+        return (), None
+    files = parts[0].files
+    if all(p.files is files or p.files == files for p in parts):
+        return files, np.concatenate([p.file_nos for p in parts])
+    files = tuple(dict.fromkeys(name for p in parts for name in p.files))
+    at = {name: k for k, name in enumerate(files)}
+    renumbered = [np.array([at[name] for name in p.files], dtype=np.int32)[p.file_nos] for p in parts]
+    return files, np.concatenate(renumbered)
 
 
 @dataclass

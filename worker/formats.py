@@ -57,7 +57,8 @@ Common to all formats:
     labels left out under blank_labels or labeled=False, which read none; lines are counted a chunk at a time,
     so <n> may run up to a chunk past the bad line that crossed it). Bad lines are counted in file order.
   - Batches hold batch_size good examples each (the last may hold fewer), in file order; probs is None;
-    line_nos holds each example's 1-based physical line (a CSV record's first line; the header is line 1).
+    line_nos holds each example's 1-based physical line (a CSV record's first line; the header is line 1), and
+    file_nos its file, among files, the data input's files.
     Bags cut to their column's max_length are counted in stats.truncated_bags.
 
 Files without labels (read_batches labeled=False; only `ps-worker predict` reads them, training and eval
@@ -137,7 +138,7 @@ def read_batches(
         raise ValueError(f"max_bad_share is {max_bad_share}, expected a share in (0, 1]")
     if schema.needs_stats():
         raise ValueError("the schema has standardize columns without mean and std: column_stats and with_stats")
-    files = data_files(path)
+    files = tuple(data_files(path))
     stats = stats if stats is not None else ReadStats()
 
     def stream() -> Iterator[Batch]:
@@ -147,7 +148,9 @@ def read_batches(
                 num_workers,
                 BadLines(name, max_bad_lines, stats, max_bad_share, labels=labeled and not blank_labels),
             )
-            yield from _encoded(name, schema, batch_size, share, labeled, blank_labels)
+            for batch in _encoded(name, schema, batch_size, share, labeled, blank_labels):
+                batch.file_nos, batch.files = np.full(len(batch), k, dtype=np.int32), files
+                yield batch
 
     return rebatch(stream(), batch_size)
 

@@ -254,7 +254,7 @@ def _scored(m: ServedModel, files: list[str], stats: ReadStats, kept: tuple[str,
         records = column_cells(name, m.data.schema.delimiter, list(kept)) if kept else None
         try:
             with contextlib.closing(predictions(m.client, m.spec, m.backend, m.dense_values, batches,
-                                                m.cfg.prefetch, name)) as s:  # fmt: skip
+                                                m.cfg.prefetch)) as s:  # fmt: skip
                 for batch, probs in s:
                     tails = [""] * len(batch) if records is None else _kept_tails(name, records, batch.line_nos)
                     yield name, batch, probs, tails

@@ -32,10 +32,10 @@ def field_tables(spec: ModelSpec) -> dict[str, str]:
     return {f.name: f.table for f in spec.fields}
 
 
-def checked_probabilities(batch: Batch, probs: np.ndarray, source: str | None = None) -> np.ndarray:
+def checked_probabilities(batch: Batch, probs: np.ndarray) -> np.ndarray:
     """probs, the model's probabilities of batch's examples; ValueError naming the first example whose probability is
-    NaN (its logit is: numbers of the example, or the model's weights, overflow float32 in the model), by its line
-    in `source` (the file it was read from; None: its file) where the batch has line numbers."""
+    NaN (its logit is: numbers of the example, or the model's weights, overflow float32 in the model), by its file
+    and line where the batch has them."""
     nan = np.isnan(probs)
     if not nan.any():
         return probs
@@ -43,7 +43,7 @@ def checked_probabilities(batch: Batch, probs: np.ndarray, source: str | None = 
     if batch.line_nos is None:
         where = f"example {i + 1} of a batch of {len(probs):,}"
     else:
-        where = f"line {int(batch.line_nos[i])} of {source or 'its file'}"
+        where = f"line {int(batch.line_nos[i])} of {batch.file_of(i) or 'its file'}"
     raise ValueError(
         f"the model's probability for the example of {where} is NaN ({int(nan.sum()):,} of the batch's "
         f"{len(probs):,} examples): the example's numbers, or the model's weights, overflow float32 in the model "
@@ -58,14 +58,12 @@ def predictions(
     dense_values: dict,
     batches: Iterable[Batch],
     prefetch: int = 1,
-    source: str | None = None,
 ) -> Iterator[tuple[Batch, np.ndarray]]:
     """(batch, its probabilities (n,)) of each batch, in order, as the model the tables hold now and dense_values
-    give them; a NaN probability is a ValueError naming its example's line (checked_probabilities; source: the
-    file the batches are read from, None: several or unnamed). prefetch k: a pipeline of three stages, each up to k batches ahead of the next (worker/pipeline.py
-    prefetched): one thread reads and parses the batches and finds their ids per table, another pulls their rows
-    (a pull waits on the servers without the GIL), and the caller's thread scores one batch while both work
-    ahead; 0: each batch read, pulled and scored in turn. Scoring pushes nothing, so a row pulled ahead is the row
+    give them; a NaN probability is a ValueError naming its example's file and line (checked_probabilities).
+    prefetch k: a pipeline of three stages, each up to k batches ahead of the next (worker/pipeline.py prefetched):
+    one thread reads and parses the batches and finds their ids per table, another pulls their rows (a pull waits
+    on the servers without the GIL), and the caller's thread scores one batch while both work ahead; 0: each batch read, pulled and scored in turn. Scoring pushes nothing, so a row pulled ahead is the row
     a pull in turn would give, unless another worker pushes meanwhile (as it may between pulls in turn)."""
     tmap = field_tables(spec)
     parsed = prefetched(batches, lambda batch: table_ids(batch, tmap), prefetch)  # (batch, tids)
@@ -74,7 +72,7 @@ def predictions(
         for (batch, tids), rows in ahead:
             with np.errstate(all="ignore"):  # no numpy RuntimeWarning: a NaN is checked_probabilities' to report
                 probs = backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
-            yield batch, checked_probabilities(batch, probs, source)
+            yield batch, checked_probabilities(batch, probs)
     finally:  # stopped early (an error, Ctrl-C): the thread stops reading
         ahead.close()
 
