@@ -45,3 +45,17 @@ def test_an_id_scoring_exactly_the_threshold_is_kept_and_one_just_under_is_dropp
         np.testing.assert_array_equal(table.peek(ids)[:, :2], [[-1.0, -1.0], [0.0, 0.0]])  # 2: its initial row
     finally:
         shard.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "off"),
+    [
+        ({}, True),
+        ({"nonclk_coeff": 0.2, "click_coeff": 2.0}, True),  # coefficients score ids, but no threshold drops any
+        ({"ttl_steps": 5}, False),
+        ({"score_threshold": 0.5}, False),
+        ({"decay": 0.9}, False),
+    ],
+)
+def test_eviction_is_off_without_a_ttl_a_threshold_or_a_decay_whatever_the_coefficients(settings, off):
+    assert EvictionConfig(**settings).is_off is off

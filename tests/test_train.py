@@ -639,8 +639,9 @@ def test_an_mlp_table_of_values_at_rest_float16_is_refused_a_sparse_one_is_not(t
 @pytest.mark.parametrize("dense", ["ps", "allreduce"])
 def test_an_mlp_table_with_eviction_is_refused_a_sparse_one_is_not(dense, tmp_path):
     """A Shrink of every table would drop rows of the MLP's weights, which the servers would then serve at their
-    initial values: eviction settings on an MLP table are refused in --table-config before any server is touched,
-    whichever --dense path trains it."""
+    initial values: eviction settings that drop rows (a TTL, a score threshold, a decay) on an MLP table are refused
+    in --table-config before any server is touched, whichever --dense path trains it; coefficients alone drop
+    none and are taken."""
     from worker.model_tables import table_configs
 
     cfg, _, spec, _ = prepare(TrainConfig(servers=("h:1",), model="fm", synthetic_rows=100, progress=False))
@@ -658,6 +659,8 @@ def test_an_mlp_table_with_eviction_is_refused_a_sparse_one_is_not(dense, tmp_pa
         ("fm", 10),
         ("dense.fm.logit.bias", 0),
     ]
+    (tmp_path / "sets.toml").write_text('["dense.fm.logit.bias"]\neviction = { nonclk_coeff = 0.2 }\n')  # drops no row
+    assert [t.eviction.nonclk_coeff for t in table_configs(cfg, spec)] == [0.1, 0.2]
 
 
 def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp_path):

@@ -106,8 +106,8 @@ def table_configs(
             raise ValueError(f"{cfg.table_config}: table {t.name}: values_at_rest {tables[-1].values_at_rest!r} is "
                              f"not for an MLP table: {DENSE_AT_REST}; leave it out (the MLP's tables are "
                              f"{FULL_AT_REST!r})")  # fmt: skip
-        evict, off = dataclasses.asdict(tables[-1].eviction), dataclasses.asdict(EvictionConfig())
-        if evict != off:  # whichever --dense path trains it
+        if not tables[-1].eviction.is_off:  # whichever --dense path trains it
+            evict, off = dataclasses.asdict(tables[-1].eviction), dataclasses.asdict(EvictionConfig())
             given = " ".join(f"{k}={v:g}" for k, v in evict.items() if v != off[k])
             raise ValueError(f"{cfg.table_config}: table {t.name}: eviction {given} is not for an MLP table: "
                              f"{DENSE_EVICTION}; leave it out")  # fmt: skip
