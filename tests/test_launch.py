@@ -811,6 +811,8 @@ def test_a_resumed_jobs_summary_says_what_its_workers_had_trained_before():
     )
     fresh = merge_metrics([dict(w, skipped_examples=0) for w in workers], ["numpy", "numpy"], "async", {}, 2)
     assert "skipped_examples" not in fresh and "resumed" not in format_summary(fresh)
+    idle = [dict(w, train_examples=0) for w in workers]  # every worker resumed at the end of its share
+    assert "uneven" not in format_summary(merge_metrics(idle, ["numpy", "numpy"], "async", {}, 2))
 
 
 # --- the children ------------------------------------------------------------------------------------------------

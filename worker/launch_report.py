@@ -213,10 +213,10 @@ UNEVEN = 1.5  # the most trained worker's examples over the least's from which t
 def _uneven(m: dict) -> list[str]:
     """A line listing each worker's trained examples and epochs when they differ by UNEVEN or more (each worker
     stops on its own: early stopping on its own validation split, or a share of another size; and a resumed worker
-    trains what its stopped run left, said beside it), else none."""
+    trains what its stopped run left, said beside it), else none: none either where no worker trained any."""
     per = m.get("per_worker") or []
     counts = [int(w.get("train_examples", 0)) for w in per]
-    if len(counts) < 2 or min(counts) * UNEVEN > max(counts):
+    if len(counts) < 2 or max(counts) == 0 or min(counts) * UNEVEN > max(counts):
         return []
 
     def said(i: int, n: int, w: dict) -> str:
