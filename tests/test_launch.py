@@ -45,7 +45,7 @@ from worker.launch_workers import WorkerGroup, local_ranks, worker_commands, wor
 from worker.loop import LoopResult
 from worker.loop_progress import ProgressLines
 from worker.progress_lines import parse_progress
-from worker.results import NOT_EVALUATED, local_shards_gone
+from worker.results import NOT_EVALUATED, ended_figures, local_shards_gone
 from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs
 from worker.train_config import TrainConfig
 
@@ -1496,10 +1496,12 @@ def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_c
 
 def test_a_launch_whose_workers_runs_ended_before_says_there_is_nothing_to_do(fakes, capsys, tmp_path):
     """The same command again after a finished job: each worker's --resume-file says its run ended, so it says
-    "nothing to do" and exits 0 without figures; launch says so too and exits 0 (it failed: "metrics ...
-    unreadable"). Where only some workers' runs had ended (a job stopped after worker 0 finished its share), the
-    others train on: the job ends, evaluated, its figures merged with the ended runs' examples counted as trained
-    before (it failed, telling the user to remove the ended worker's file, which trains its share twice)."""
+    "nothing to do", writes --metrics-out saying so (results.ended_figures) and exits 0; launch says there is
+    nothing to do and exits 0. A worker that exits 0 with no --metrics-out is a failure whatever its --resume-file
+    says: launch reads what each worker wrote, never the position files. Where only some workers' runs had ended
+    (a job stopped after worker 0 finished its share), the others train on: the job ends, evaluated, its figures
+    merged with the ended runs' examples counted as trained before, and no message tells the user to remove the
+    ended worker's file (which would train its share twice)."""
 
     from worker.resume_writer import PositionWriter
 
@@ -1509,17 +1511,25 @@ def test_a_launch_whose_workers_runs_ended_before_says_there_is_nothing_to_do(fa
         worker = dataclasses.replace(keeps, worker_id=i, resume_file=str(tmp_path / f"pos-{i}.json"))
         PositionWriter(worker).write(300 + i, finished=finished)
 
+    def ended(i: int) -> dict:
+        return {"action": "metrics", "metrics": ended_figures(300 + i)}
+
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
     for i in range(2):
         position(i, True)
-    command, _ = fakes([{"action": "exit", "code": 0}, {"action": "exit", "code": 0}])
+    command, _ = fakes([ended(0), ended(1)])
     assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 0
     out, err = capsys.readouterr()
     assert "every worker's --resume-file says its run ended before: nothing to do" in out and "unreadable" not in err
+    (tmp_path / "pids").rename(tmp_path / "pids-0")
+    command, _ = fakes([ended(0), {"action": "exit", "code": 0}])  # worker 1 wrote no figures
+    assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 1
+    out, err = capsys.readouterr()
+    assert "worker 1 exited 0 but its metrics" in err and "are unreadable" in err and "nothing to do" not in out
     position(1, False)  # worker 1 trained (its figures below), worker 0 had nothing to do
     (tmp_path / "pids").rename(tmp_path / "pids-1")
     trained = {"train_examples": 5, "train_seconds": 1.0, "config": {"max_bad_lines": 7, "max_bad_share": 0.5}}
-    command, _ = fakes([{"action": "exit", "code": 0}, {"action": "metrics", "metrics": trained}])
+    command, _ = fakes([ended(0), {"action": "metrics", "metrics": trained}])
     evaluated = []
     job = tmp_path / "job.json"
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress", "--metrics-out", str(job))

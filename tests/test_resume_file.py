@@ -15,6 +15,7 @@ import worker.loop
 from ps.stamp import job_hash
 from worker.__main__ import main as worker_main
 from worker.cluster import LocalCluster
+from worker.results import ended_figures
 from worker.resume import RESUMING_AS_KEPT, read_position, recorded
 from worker.resume_settings import libsvm_reading
 from worker.resume_writer import PositionWriter
@@ -48,6 +49,7 @@ def interrupt_after(monkeypatch, steps: int) -> None:
 def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finished_one_trains_nothing(
     tmp_path, capsys, monkeypatch
 ):
+    """A finished one says so, writes --metrics-out saying its run ended before, and exits 0."""
     position = tmp_path / "position.json"
     with LocalCluster(1) as cluster:
         train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
@@ -64,9 +66,11 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
         assert f"resuming after {5 * BATCH:,} training examples" in out
         assert re.search(rf"trained lr .* on {ROWS - 5 * BATCH:,} examples", out), out  # the rest, once
         assert json.loads(position.read_text())["finished"] is True
-        code, out, err = run(train, capsys)
+        metrics = tmp_path / "metrics.json"
+        code, out, err = run([*train, "--metrics-out", str(metrics)], capsys)
         assert code == 0 and f"this worker's run ended before, after {ROWS:,} examples; nothing to do" in out, err
         assert "trained lr" not in out
+        assert json.loads(metrics.read_text()) == ended_figures(ROWS)  # what a launcher reads of this worker
         code, out, err = run([*train, "--skip-examples", "100"], capsys)
         assert code == 2 and "--skip-examples 100 and --resume-file" in err and "started with --skip-examples 0" in err
         code, out, err = run([*train[:-1], "--epochs", "2", "--no-progress"], capsys)

@@ -10,7 +10,7 @@ import logging
 import sys
 
 from worker.cli_train_config import eval_config, train_config
-from worker.results import format_results, json_figures, local_shards_gone, model_kept
+from worker.results import ended_figures, format_results, json_figures, local_shards_gone, model_kept, write_metrics
 from worker.train_config import TrainConfig
 
 log = logging.getLogger("worker.cli_train")
@@ -43,9 +43,10 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     """cfg to run under --resume-file: with --skip-examples from the file's position (worker/resume.py; only the
     final evaluation when its training was over; sync and ssp under a new job id, a worker whose training was over
     telling it that it is done: resume_rejoins), as given when there is no file yet, without the file where one
-    worker cannot resume alone (a warning says why); None (said) when the file says the run ended. ValueError for a
-    file of another run, for a --skip-examples other than the one the file's run started from, and, with a stack,
-    for a file another run holds (the stack then holds it, worker.resume_writer.held, until it closes)."""
+    worker cannot resume alone (a warning says why); None (said, and written to --metrics-out: _write_ended) when
+    the file says the run ended. ValueError for a file of another run, for a --skip-examples other than the one
+    the file's run started from, and, with a stack, for a file another run holds (the stack then holds it,
+    worker.resume_writer.held, until it closes)."""
     from ps.stamp import job_named
     from worker.resume import read_position, rejoins, resume_path, resumes_whole, unused_because
     from worker.resume_writer import held
@@ -81,6 +82,7 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     if position.finished and not rejoin:
         print(f"--resume-file {cfg.resume_file}: this worker's run ended before, after {position.examples:,} "
               "examples; nothing to do (remove the file to train again)", flush=True)  # fmt: skip
+        _write_ended(cfg, position.examples)
         return None
     if position.trained and rejoin:
         before, now = job_named(position.job_id or 0, position.job_name), job_named(job, cfg.job_name)
@@ -96,6 +98,18 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
                                resume_trained=position.trained, resume_state_ids=position.state_ids,
                                resume_rejoins=rejoin and position.trained,
                                resume_best_not_put_back=position.best_not_put_back)  # fmt: skip
+
+
+def _write_ended(cfg: TrainConfig, examples: int) -> None:
+    """Writes --metrics-out, where given, saying that the run ended before, after examples (results.ended_figures):
+    what a launcher reads of a worker with nothing to do. ValueError where it cannot be written."""
+    if not cfg.metrics_out:
+        return
+    failed = write_metrics(cfg.metrics_out, ended_figures(examples), "the run's figures")
+    if failed:
+        raise ValueError(failed)
+    if not cfg.launched:
+        print(f"metrics written to {cfg.metrics_out}", flush=True)
 
 
 def run_eval(args: argparse.Namespace) -> int:

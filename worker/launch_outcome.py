@@ -15,7 +15,6 @@ from typing import Any
 from ps.errors import PsError
 from ps.terminate import how_it_ended
 from worker.launch_plan import LaunchPlan
-from worker.train_config import resume_file_of
 
 
 def workers_bad_lines(train_config: Any, per_worker: list[dict]) -> dict:
@@ -130,34 +129,16 @@ def report_failure(worker: int, code: int, tails: Sequence[Sequence[str]]) -> No
 
 
 def read_worker_metrics(metrics_dir: str, plan: LaunchPlan) -> list[dict] | None:
-    """Every worker's --metrics-out object, in worker order; for a worker that wrote none because its
-    --resume-file says its run ended before (resume.ended_before: such a worker exits 0 having nothing to do),
-    ended_figures of that run's examples, where other workers trained on (a job stopped after some workers had
-    finished, launched again); [] where every worker's run ended before; None (reported) when one is missing or
-    not JSON otherwise."""
-    from worker.resume import ended_before
-
-    out, ended = [], 0
+    """Every worker's --metrics-out object, in worker order (a worker whose --resume-file says its run ended
+    before writes results.ended_figures, and exits 0 having nothing to do); [] where every worker's run ended
+    before; None (reported) when one is missing or not JSON."""
+    out = []
     for i in range(plan.workers):
         path = os.path.join(metrics_dir, f"worker-{i}.json")
         try:
             with open(path) as f:
                 out.append(json.load(f))
-            continue
         except (OSError, ValueError) as e:
-            problem = e
-        resume_file = getattr(plan.train_config, "resume_file", None)  # as given: resume_file_of(it, i) is worker i's
-        examples = None if not resume_file or os.path.exists(path) else ended_before(resume_file_of(resume_file, i))
-        if examples is None:
-            print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {problem}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {e}", file=sys.stderr)
             return None
-        out.append(ended_figures(examples))
-        ended += 1
-    return [] if ended == plan.workers else out
-
-
-def ended_figures(examples: int) -> dict:
-    """The figures of a worker whose run had ended before, after examples (its --resume-file's): it trained none
-    in this launch; its examples are the job's, trained before it resumed (launch_report.merge_metrics)."""
-    return {"ended_before": True, "train_examples": 0, "skipped_examples": examples, "train_seconds": 0.0}
+    return [] if all(isinstance(m, dict) and m.get("ended_before") is True for m in out) else out

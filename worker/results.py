@@ -44,6 +44,13 @@ def write_metrics(path: str, figures: dict, what: str) -> str | None:
     return None
 
 
+def ended_figures(examples: int) -> dict:
+    """The --metrics-out figures of a worker whose --resume-file says its run ended before, after examples: it
+    trains none in this run; its examples are the job's, trained before it resumed (a launcher's
+    launch_report.merge_metrics counts them so)."""
+    return {"ended_before": True, "train_examples": 0, "skipped_examples": examples, "train_seconds": 0.0}
+
+
 def format_evaluation(e: dict) -> str:
     mark = "  (best so far)" if e.get("best") else ""
     return (f"epoch {e['epoch']} step {e['step']:,}: train logloss {e['train_logloss']:.4f}  validation AUC "

@@ -216,15 +216,6 @@ def read_position(cfg: TrainConfig) -> Position | None:
     return position
 
 
-def ended_before(path: str) -> int | None:
-    """The examples of the run whose position the file at path holds where it says that run ended ("finished"),
-    else None (no such file, one that cannot be read, or a run that did not end): what a launcher tells of a worker
-    that exited having nothing to do (read_position checks the rest when that worker starts)."""
-    record = _file_record(path)
-    examples = record.get("examples") if record.get("finished") is True else None
-    return examples if type(examples) is int else None
-
-
 def recorded(path: str) -> tuple[tuple[int, str] | None, tuple[int, ...]]:
     """What the file at path keeps of its jobs, from one read: (job, resuming_as).
 
