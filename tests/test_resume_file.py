@@ -49,7 +49,8 @@ def interrupt_after(monkeypatch, steps: int) -> None:
 def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finished_one_trains_nothing(
     tmp_path, capsys, monkeypatch
 ):
-    """A finished one says so, writes --metrics-out saying its run ended before, and exits 0."""
+    """A finished one says so, writes --metrics-out saying its run ended before, and exits 0, where the servers
+    hold the model its run ended in; on servers that hold another, it is refused, saying what trains them."""
     position = tmp_path / "position.json"
     with LocalCluster(1) as cluster:
         train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
@@ -77,6 +78,13 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
         assert (
             code == 2 and "is the position of a run with other settings (epochs: not given in the file != 2 now)" in err
         )
+    with LocalCluster(1) as emptied:  # servers that hold another model (new data dirs): the run did not end there
+        code, out, err = run([*train[:2], emptied.addresses[0], *train[3:]], capsys)
+        assert code == 2 and "nothing to do" not in out, out
+        assert (
+            f"--resume-file {position} holds the position of a model the servers no longer hold: shard 0 "
+            f"({emptied.addresses[0]}) was restored from a checkpoint, or started on a new data dir"
+        ) in err, err
 
 
 def test_a_position_is_refused_on_servers_restored_or_emptied_since_it_was_written(tmp_path, capsys, monkeypatch):

@@ -44,9 +44,10 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     final evaluation when its training was over; sync and ssp under a new job id, a worker whose training was over
     telling it that it is done: resume_rejoins), as given when there is no file yet, without the file where one
     worker cannot resume alone (a warning says why); None (said, and written to --metrics-out: _write_ended) when
-    the file says the run ended. ValueError for a file of another run, for a --skip-examples other than the one
-    the file's run started from, and, with a stack, for a file another run holds (the stack then holds it,
-    worker.resume_writer.held, until it closes)."""
+    the file says the run ended on the model the servers hold. ValueError for a file of another run, for servers
+    that hold another model than the one its run ended in (_check_same_model), for a --skip-examples other than
+    the one the file's run started from, and, with a stack, for a file another run holds (the stack then holds
+    it, worker.resume_writer.held, until it closes)."""
     from ps.stamp import job_named
     from worker.resume import read_position, rejoins, resume_path, resumes_whole, unused_because
     from worker.resume_writer import held
@@ -80,6 +81,7 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
                          "remove the file")  # fmt: skip
     rejoin = rejoins(cfg, position)  # its peers wait for it unless it says it is done
     if position.finished and not rejoin:
+        _check_same_model(cfg, position.state_ids)
         print(f"--resume-file {cfg.resume_file}: this worker's run ended before, after {position.examples:,} "
               "examples; nothing to do (remove the file to train again)", flush=True)  # fmt: skip
         _write_ended(cfg, position.examples)
@@ -98,6 +100,26 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
                                resume_trained=position.trained, resume_state_ids=position.state_ids,
                                resume_rejoins=rejoin and position.trained,
                                resume_best_not_put_back=position.best_not_put_back)  # fmt: skip
+
+
+def _check_same_model(cfg: TrainConfig, state_ids: tuple[int, ...]) -> None:
+    """ValueError where the servers hold another model than the one the file's run ended in, its shards' model
+    state ids `state_ids` (resume.state_changed: restored from a checkpoint, or started on new data dirs, since),
+    saying what trains them; nothing to check where the file recorded none. One Stats round (Client.wait_ready),
+    the check a resumed run makes first (worker/train.py)."""
+    if not state_ids:
+        return
+    from worker.job import client_for
+    from worker.resume import state_changed
+    from worker.resume_checkpoint import restored_position_words
+    from worker.resume_settings import run_settings
+
+    with client_for(cfg, list(cfg.servers)) as client:
+        shard_stats = client.wait_ready()
+        changed = state_changed(cfg.resume_file, state_ids, client.state_ids, client.servers)
+    if changed:  # the --skip-examples of the checkpoint they were restored from, where it recorded one
+        restored = restored_position_words(cfg.resume_file, run_settings(cfg), shard_stats)
+        raise ValueError(f"{changed}. {restored}" if restored else changed)
 
 
 def _write_ended(cfg: TrainConfig, examples: int) -> None:
