@@ -473,7 +473,7 @@ def test_gen_secrets_run_again_over_secrets_without_the_client_certificate_refus
     tmp_path, missing
 ):
     """The CA's key is not kept, so a client certificate or key removed from kept secrets cannot be made again: a
-    run over them fails naming the file missing, and leaves the rest as it was (it does not say "kept")."""
+    run over them fails naming the file missing, changes none of the rest, and does not say "kept"."""
     script, secrets = os.path.join(DEPLOY, "gen-secrets.sh"), tmp_path / "s"
     made = subprocess.run(["sh", script, str(secrets), "ps-0"], capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr

@@ -793,8 +793,9 @@ def test_merge_metrics_and_summary():
 
 def test_a_resumed_jobs_summary_says_what_its_workers_had_trained_before():
     """A job launched again after a stop: each worker trains on from its position (skipped_examples, its
-    --resume-file's or --skip-examples), and the job's line and --metrics-out say so (they said neither, and the
-    uneven line put a resumed worker's fewer examples down to early stopping or its share's end)."""
+    --resume-file's or --skip-examples), and the job's line and --metrics-out say so; the uneven line says that a
+    resumed worker trains what its stopped run left, beside early stopping and its share's end. No uneven line
+    where no worker trained any example."""
     workers = [
         {"train_examples": 22_150, "skipped_examples": 157_696, "train_seconds": 3.5, "epochs_run": 1},
         {"train_examples": 179_846, "train_seconds": 19.2, "epochs_run": 1},
@@ -1209,8 +1210,9 @@ CLI_DRIVER = textwrap.dedent("""
 
 def test_a_second_ctrl_c_to_the_ps_worker_command_kills_the_workers_at_once(fakes, tmp_path):
     """launch's own Ctrl-C handler (every Ctrl-C raises: a second one cuts the workers' grace period short) is
-    in place under ps-worker's, which encloses it: the second Ctrl-C was ignored ("stopping already: this signal is
-    ignored while the stop finishes, 120 s after the first at most"), and launch waited out the grace period."""
+    in place under ps-worker's, which encloses it: the second Ctrl-C kills the workers at once, and ps-worker's
+    own stop ("stopping already: this signal is ignored while the stop finishes, 120 s after the first at most")
+    does not take it."""
     command, pids = fakes([{"action": "sleep", "note_term": True}, {"action": "sleep", "note_term": True}])
     driver = tmp_path / "cli_driver.py"
     driver.write_text(CLI_DRIVER)

@@ -18,6 +18,9 @@ from worker.pipeline import prefetched
 from worker.progress_lines import JSON_EVERY_S, ExamplesProgress, progress_line
 from worker.steprows import pull_rows
 
+# what to look for where float32 overflows in the model (a NaN score here, a diverged step in worker/step.py)
+HUGE_NUMBERS_ADVICE = "look for huge numbers in the data (numeric columns, feature weights)"
+
 
 def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray]) -> ModelInputs:
     """The backend's view of a batch whose tables' unique rows are `rows`."""
@@ -46,8 +49,8 @@ def checked_probabilities(batch: Batch, probs: np.ndarray) -> np.ndarray:
         where = f"line {int(batch.line_nos[i])} of {batch.file_of(i) or 'its file'}"
     raise ValueError(
         f"the model's probability for the example of {where} is NaN ({int(nan.sum()):,} of the batch's "
-        f"{len(probs):,} examples): the example's numbers, or the model's weights, overflow float32 in the model "
-        "(look for huge numbers in it: numeric columns, feature weights)"
+        f"{len(probs):,} examples): the example's numbers, or the model's weights, overflow float32 in the model; "
+        + HUGE_NUMBERS_ADVICE
     )
 
 
