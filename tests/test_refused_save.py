@@ -115,9 +115,9 @@ def test_a_failed_save_tells_a_finished_part_from_one_a_killed_shard_left_unfini
     assert "whose save finished" not in str(error)
 
 
-def test_a_save_that_left_nothing_does_not_tell_to_delete_a_directory_that_is_not_there(tmp_path):
-    """The one shard refuses the save before making DIR: the error says nothing of it is there, not that DIR
-    holds no part yet and must be deleted."""
+def test_a_save_refused_for_no_checkpoint_root_says_only_that_and_what_to_do(tmp_path):
+    """The one shard refuses the save before making DIR (no --checkpoint-root): the error says nothing was saved and
+    the server's words on what to do, with no advice on half-finished saves or shard-<i> folders to delete."""
     from ps.config import TableConfig
     from ps.errors import PsError
     from worker.checkpoint import save
@@ -130,8 +130,12 @@ def test_a_save_that_left_nothing_does_not_tell_to_delete_a_directory_that_is_no
             with pytest.raises(PsError) as refused:
                 save(client, str(tmp_path / "c"))
         text = str(refused.value)
-        assert "takes no checkpoints" in text and f"This machine sees nothing at {tmp_path / 'c'}" in text, text
-        assert "holds no shard part" not in text and not (tmp_path / "c").exists()
+        assert text.startswith(f"nothing was saved into {tmp_path / 'c'}: shard 0 at "), text
+        assert text.endswith(
+            "this server takes no checkpoints: start ps-server with --checkpoint-root DIR "
+            "(PS_CHECKPOINT_ROOT) to let it write checkpoints inside DIR"
+        ), text
+        assert "shard-<i>" not in text and not (tmp_path / "c").exists()
     finally:
         server.stop()
 

@@ -25,7 +25,7 @@ from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, SAVE_PARTS, write_manifest
 from ps.config import DEFAULT_HOLD_S
-from ps.errors import ModelStateReplacedError, PsError
+from ps.errors import ModelStateReplacedError, NoCheckpointRootError, PsError
 from ps.replacedstate import READ_REFUSED, how_replaced, model_state_replaced
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
@@ -67,12 +67,24 @@ def check_save_dir(name: str, directory: str) -> None:
 
 def _note_parts_left(error: BaseException, directory: str, all_saved: bool = False) -> None:
     """Adds to error's message what the save phase leaves in directory (_parts_left; all_saved: every shard's save
-    finished, a failure after the save phase)."""
+    finished, a failure after the save phase). A server's refusal for having no --checkpoint-root, with no shard
+    part seen in directory, is said as what it is: the servers' own words say what to do."""
+    if isinstance(error, NoCheckpointRootError) and not _shard_parts(directory):
+        error.args = (f"nothing was saved into {directory}: {error}",)
+        return
     if all_saved:
         error.args = (f"the save into {directory} failed after every shard saved its part there: {error}. "
                       f"{_parts_left(directory, True)}",)  # fmt: skip
         return
     error.args = (f"the save into {directory} failed: {error}. {_parts_left(directory)}",)
+
+
+def _shard_parts(directory: str) -> list[str]:
+    """The shard-<i> folders (and RocksDB's shard-<i>.tmp) this machine sees in directory, sorted."""
+    try:
+        return sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
+    except OSError:  # not there, or not readable
+        return []
 
 
 def _parts_left(directory: str, all_saved: bool = False) -> str:
@@ -88,10 +100,7 @@ def _parts_left(directory: str, all_saved: bool = False) -> str:
         return (f"This machine sees nothing at {directory}; a shard whose save did not answer may still make it and "
                 "write its part there, and where the servers' DIR is another machine's, the shards that finished "
                 "left their shard-<i> folders there: delete any before saving into it again")  # fmt: skip
-    try:
-        left = sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
-    except OSError:
-        left = []
+    left = _shard_parts(directory)
     finished = [name for name in left if not name.endswith(".tmp")]
     unfinished = [name for name in left if name.endswith(".tmp")]  # RocksDB's, while it makes shard-<i>
     said = [f"{', '.join(finished)}, the part of each shard whose save finished"] if finished else []
