@@ -219,12 +219,12 @@ def _export(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        what = "rows" if args.since is None else f"rows pushed at step >= {args.since}"
+        what = "rows" if args.since is None else f"rows pushed at step >= {args.since:,}"
         tables = ", ".join(f"{k} {v['rows']:,} x {v['dim']}" for k, v in summary["tables"].items())
         delta = (f"; the next delta's --since: {summary['clock']}" if summary["clock"] != summary["checkpoint_clock"]
                  else "")  # fmt: skip
         folder = os.path.join(args.out, summary["dir"])  # named by OUT/export.json: readers read that first
-        print(f"exported the model at clock {summary['checkpoint_clock']} to {folder} ({what}; named by "
+        print(f"exported the model at clock {summary['checkpoint_clock']:,} to {folder} ({what}; named by "
               f"{os.path.join(args.out, 'export.json')}): {tables}{delta}")  # fmt: skip
     return 0
 

@@ -1,4 +1,5 @@
-"""The cluster commands as a user reads them (worker/cli_cluster.py): what `ps-worker shrink` prints."""
+"""The cluster commands as a user reads them (worker/cli_cluster.py): what `ps-worker shrink` and `ps-worker
+checkpoint save` print."""
 
 import logging
 
@@ -36,3 +37,17 @@ def test_a_shrink_of_tables_without_an_eviction_rule_says_it_changed_nothing_and
     assert "shard 0: dropped 0 ids; 6 rows and 0 pending ids left" in out and "eviction rule" not in err
     assert "dropped 0 ids from aged (3 rows scanned in" in caplog.text
     assert "1 table without an eviction rule left as it was" in caplog.text
+
+
+def test_a_checkpoint_save_prints_its_clock_and_rows_with_thousands_separators(servers, capsys, tmp_path):
+    """The clock in `ps-worker checkpoint save`'s line reads as the other lines print one: 3,920, not 3920."""
+    (address,), (server,) = servers(1, checkpoint_root=str(tmp_path / "root"))
+    server.shard.create_table(TableConfig("emb", 2))
+    server.shard.push("emb", np.arange(1200, dtype=np.uint64), np.ones((1200, 2), np.float32))
+    server.shard.advance_clock(3920)
+    clock = server.shard.clock
+    assert clock >= 3920
+    assert main(["checkpoint", "save", str(tmp_path / "root" / "c"), "--servers", address]) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint of 1 shard at clock {clock:,} in {tmp_path / 'root' / 'c'} (" in out, out
+    assert out.rstrip().endswith("): emb 1,200 rows"), out

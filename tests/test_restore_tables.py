@@ -264,6 +264,26 @@ def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_pr
     np.testing.assert_array_equal(exported(tmp_path / "out", "a")[0], np.arange(1, 701, dtype=np.uint64))
 
 
+def test_ps_server_export_prints_the_clock_and_since_with_thousands_separators(tmp_path, capsys):
+    """The checkpoint's clock and --since read as the other lines print them (3,920, not 3920)."""
+    from ps.__main__ import main
+
+    spec = TableConfig("a", 2)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(spec)
+        shard.push("a", np.arange(1, 3, dtype=np.uint64), np.ones((2, 2), np.float32))
+        shard.advance_clock(3920)
+        clock = shard.clock
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+    finally:
+        shard.close()
+    assert clock >= 3920
+    assert main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), "--since", "1500"]) == 0
+    out = capsys.readouterr().out
+    assert f"exported the model at clock {clock:,} to " in out and "(rows pushed at step >= 1,500; named by " in out
+
+
 def test_export_refuses_a_shard_holding_more_rows_than_its_manifest_says_and_writes_nothing(tmp_path):
     """The arrays are sized by the manifest's counts: a shard with more rows stops the read before any lands past
     them, and is named as damaged."""

@@ -240,7 +240,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
         positions = None if resume_file is None else lambda: read(client)
         m = save(client, args.dir, args.hold_timeout_s, positions=positions)
     rows = {t["name"]: sum(s["rows"].get(t["name"], 0) for s in m["shards"]) for t in m["tables"]}
-    print(f"checkpoint of {m['num_shards']} shard{'s' * (m['num_shards'] != 1)} at clock {m['clock']} in {args.dir} ({m['seconds']:.1f} s, pushes "
+    print(f"checkpoint of {m['num_shards']} shard{'s' * (m['num_shards'] != 1)} at clock {m['clock']:,} in {args.dir} ({m['seconds']:.1f} s, pushes "
           f"held {m['pushes_held_s']:.1f} s): " + ", ".join(f"{k} {v:,} row{'s' * (v != 1)}" for k, v in rows.items()))  # fmt: skip
     if "positions" in m:
         print(positions_line(m["positions"]))
