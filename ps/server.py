@@ -258,8 +258,8 @@ class Server:
         if self._servicer is not None:  # gRPC cancelled what was left; the handlers of those calls may still run
             running = self._servicer.calls.wait_done(CALLS_DRAIN_S)
             if running:
-                log.warning("%d calls still running %g s after the stop (a checkpoint being written?): closing the "
-                            "store under them, they fail", running, CALLS_DRAIN_S)  # fmt: skip
+                log.warning("%d call%s still running %g s after the stop (a checkpoint being written?): closing the "
+                            "store under them, they fail", running, "s" * (running != 1), CALLS_DRAIN_S)  # fmt: skip
             self._servicer.refusals.close()  # the counts of refusals not logged yet, before the log ends
             self._servicer.replies.close()  # its watch of unread replies: gRPC ended their calls
         if self.metrics is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import re
 import time
 
@@ -460,3 +461,17 @@ def test_another_jobs_stamp_while_a_worker_of_the_running_job_is_claimed_gets_th
         tenancy.check_job(unclocked(0, job=OTHER, token=9))
     said = str(refused.value)
     assert "holds job" in said and "resume job" in said and "applying the first push" not in said, said
+
+
+def test_the_log_line_of_a_job_followed_counts_its_workers_in_the_singular_for_one(shard, caplog):
+    """The line says "follows job 'j1' of 1 worker", not "of 1 workers"; a job of 2 workers (in place of the
+    first) is plural."""
+    with caplog.at_level(logging.INFO, logger="ps.engine.jobs"):
+        push(shard, unclocked(0, job=job_hash("j1"), num_workers=1, job_name="j1"))
+        shard.push_stamped([], 0, 0, 0, unclocked(0, job=job_hash("j1"), num_workers=1, job_name="j1", done=True))
+        push(shard, unclocked(0, job=job_hash("j2"), num_workers=2, job_name="j2"), client=13)
+    followed = [r.getMessage() for r in caplog.records if " follows job " in r.getMessage()]
+    assert followed == [
+        "shard 0 follows job 'j1' of 1 worker (clocks from 0)",
+        "shard 0 follows job 'j2' of 2 workers (clocks from 0), in place of job 'j1'",
+    ], followed

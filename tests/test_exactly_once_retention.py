@@ -74,6 +74,23 @@ def test_a_client_unused_past_the_retention_is_dropped_at_a_flush_and_its_next_r
         shard.close()
 
 
+def test_the_log_line_of_a_drop_counts_one_client_in_the_singular(tmp_path, wall, caplog):
+    """The line says "the newest requests of 1 client ...; 1 client kept", not "1 clients"."""
+    shard = open_shard(tmp_path)
+    try:
+        shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=1)
+        wall.now += R - 1
+        shard.push_batch([push(B, 1.0)], 0, client=9, client_seq=1)
+        wall.now += 2
+        with caplog.at_level(logging.INFO, logger="ps.storage.applied"):
+            shard.flush()
+    finally:
+        shard.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dropped the newest")]
+    assert line == ("dropped the newest requests of 1 client from the exactly-once table: unused for more than 7 "
+                    "days (clients stop sending a request again before that); 1 client kept"), line  # fmt: skip
+
+
 def test_a_start_whose_replay_ends_in_a_flush_that_drops_an_aged_entry_starts(tmp_path, wall):
     """kill -9 left journal records, and a client's stored entry aged past the retention while the shard was down:
     the flush that ends the replay drops it (and its clock advance note), and the start goes on."""
@@ -161,7 +178,7 @@ def test_new_clients_refused_by_a_full_table_give_one_warning(servers, caplog):
     for _ in range(3):
         with Client(addresses) as other, pytest.raises(ClientTableFullError):
             other.push("sum", A, np.ones((len(A), 2), np.float32))
-    told = [r for r in caplog.records if "keeps the newest requests of 1 clients" in r.getMessage()]
+    told = [r for r in caplog.records if "keeps the newest requests of 1 client, the most" in r.getMessage()]
     assert [(r.name, r.levelno) for r in told] == [("ps.service", logging.WARNING)], told
 
 

@@ -342,9 +342,10 @@ class GeoRows:
         try:
             why = self._flush_on_stop(pushes_ok, reason, by)
             if why is not None and self.unpushed_steps:
-                log.warning("the local deltas of this worker's last %d steps (since its last push) are not on the "
+                n = self.unpushed_steps
+                log.warning("the local deltas of this worker's last %s (since its last push) are not on the "
                             "servers, or not whole: %s; its count of pushed examples leaves them out, and a resumed "
-                            "run trains them again", self.unpushed_steps, why)  # fmt: skip
+                            "run trains them again", f"{n:,} steps" if n != 1 else "step", why)  # fmt: skip
         finally:
             self._leave(reason, by)
 

@@ -131,7 +131,8 @@ class Flusher:
                               exc_info=not known)  # fmt: skip
                 elif now - told >= FLUSH_FAILURE_LOG_S:
                     told = now
-                    log.error("background flush still failing after %.0f s (%d attempts): %s", now - since, failures, e)
+                    log.error("background flush still failing after %.0f s (%s attempt%s): %s", now - since,
+                              f"{failures:,}", "s" * (failures != 1), e)  # fmt: skip
                 continue
             finally:  # the interval runs from the end of a flush: a slow one is not followed by another at once
                 next_flush = time.monotonic() + self._interval_s

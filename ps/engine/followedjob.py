@@ -209,8 +209,8 @@ class FollowedJob:
         if stamp.unclocked:  # its worker runs (its create or push); the record of a run that ended here is that run's
             done = [w for w in done if w != stamp.worker] if stamp.job != self.job else []
         old, new = self.tenancy.named(), stamp.named
-        log.info("shard %d follows job %s of %d workers (clocks from %d)%s", self.shard_id, new, num_workers, seed,
-                 f", in place of job {old}" if self.job else "")  # fmt: skip
+        log.info("shard %d follows job %s of %d worker%s (clocks from %s)%s", self.shard_id, new, num_workers,
+                 "s" * (num_workers != 1), f"{seed:,}", f", in place of job {old}" if self.job else "")  # fmt: skip
         replaced = BarrierTimeoutError(
             f"shard {self.shard_id}: job {old} was replaced by job {new} (a stamp of that job came); the job stops"
         )

@@ -219,8 +219,9 @@ class PushPath:
         """The refusal of a new client when the exactly-once table is full (ps.storage.applied); the servicer logs
         it as a warning (ps.refusals: once a minute at most)."""
         applied = self._journal.applied
-        text = (f"shard {self.shard_id} keeps the newest requests of {len(applied):,} clients, the most it keeps "
-                f"({applied.max_clients:,}, ps.config MAX_CLIENTS), and {CLIENT_TABLE_FULL} until some are "
+        held = len(applied)
+        text = (f"shard {self.shard_id} keeps the newest requests of {held:,} client{'s' * (held != 1)}, the most it "
+                f"keeps ({applied.max_clients:,}, ps.config MAX_CLIENTS), and {CLIENT_TABLE_FULL} until some are "
                 f"{applied.retention_s / 86400:.3g} days unused: a process that makes a new Client (a new random "
                 "client id) per request, or a caller making ids up, fills it. Reuse one Client per process; the "
                 f"clients it holds go on; {NOTHING_APPLIED}")  # fmt: skip

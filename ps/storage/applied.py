@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 DROP_LOG_S = 3600.0  # between the log lines of entries dropped for their age (the counts are summed meanwhile)
 
 
+def _clients(n: int) -> str:
+    """A count of clients as the log lines say it: "1 client", "1,500 clients"."""
+    return f"{n:,} client{'s' * (n != 1)}"
+
+
 def wall_time() -> float:
     """Seconds since the epoch: the clock of every entry's used_s (tests replace it)."""
     return time.time()
@@ -177,7 +182,7 @@ class AppliedTable(Mapping):
         """Logs the entries dropped for their age at most every DROP_LOG_S, summed since the last line."""
         self._unlogged += dropped
         if self._unlogged and time.monotonic() - self._logged_s >= DROP_LOG_S:
-            log.info("dropped %s clients' newest requests from the exactly-once table: unused for more than %.3g "
-                     "days (clients stop sending a request again before that); %s clients kept",
-                     f"{self._unlogged:,}", self.retention_s / 86400, f"{kept:,}")  # fmt: skip
+            log.info("dropped the newest requests of %s from the exactly-once table: unused for more than %.3g "
+                     "days (clients stop sending a request again before that); %s kept", _clients(self._unlogged),
+                     self.retention_s / 86400, _clients(kept))  # fmt: skip
             self._unlogged, self._logged_s = 0, time.monotonic()
