@@ -193,10 +193,12 @@ def check_store(
 
     summary = restore_into(store, config.restore_dir, config.shard_id, config.num_shards, manifest, on_written)
     progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
-    tables = ", ".join(f"{name} {rows_text(counts['admitted'])}" for name, counts in summary["tables"].items())
+    # a count: the server's listening line names each table with its rows
+    n, rows = len(summary["tables"]), sum(counts["admitted"] for counts in summary["tables"].values())
     shards = summary["from_shards"]
     log.info("restored from checkpoint %s (%d shard%s) in %.1f s: %s; clock %s", config.restore_dir, shards,
-             "s" * (shards != 1), written.took_s(), tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
+             "s" * (shards != 1), written.took_s(), f"{n:,} table{'s' * (n != 1)}, {rows_text(rows)}" if n else
+             "no tables", f"{summary['clock']:,}")  # fmt: skip
     return True, store.load_tables()  # what the restore wrote
 
 
