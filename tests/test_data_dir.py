@@ -274,6 +274,22 @@ def test_verify_finds_journal_records_of_a_table_rocksdb_lost(tmp_path):
     assert damaged and any("DAMAGED journal: record 1 is a push to table 't', which RocksDB" in x for x in lines), lines
 
 
+def test_verify_counts_journal_records_with_thousands_separators_and_one_in_the_singular(tmp_path):
+    """1,200 pushes flushed, one after: the journal line reads "1 record after record 1,200", as a human reads it."""
+    live, path = str(tmp_path / "live"), str(tmp_path / "d")
+    shard = Shard(ServerConfig(data_dir=live, flush_interval_s=3600))
+    shard.create_table(TableConfig("t", 2))
+    for i in range(1200):  # one journal record each
+        shard.push("t", np.array([i], np.uint64), np.ones((1, 2), np.float32))
+    shard.flush()
+    shard.push("t", np.array([1], np.uint64), np.ones((1, 2), np.float32))
+    shutil.copytree(live, path)  # the files as kill -9 would leave them: the last record not flushed
+    shard.close()
+    lines, damaged = verify_data_dir(path)
+    assert not damaged and ("ok      journal: 1 record after record 1,200 (RocksDB's flushed position), none "
+                            "missing up to the journal mark") in lines, lines  # fmt: skip
+
+
 def test_verify_by_a_user_who_cannot_read_the_dir_is_an_error_not_damage(good_dir, tmp_path):
     reason = asnobody.why_not()
     if reason:

@@ -602,8 +602,10 @@ def test_the_schema_sample_of_a_file_sorted_by_time_sees_its_later_rows(tmp_path
     assert rows == first if gz else rows[:1000] == first[:1000]  # the first half: the file's first records
     filled = sum(r[1] != "" for r in rows)
     assert filled == 0 if gz else 250 <= filled <= 400, filled  # a third of the spread half
-    said = re.search(r"'promo': text \((\d+) of 2000 cells non-empty", infer_schema_text(str(path), sample_rows=2000))
-    assert gz or (said and int(said.group(1)) == filled)
+    said = re.search(
+        r"'promo': text \(([\d,]+) of 2,000 cells non-empty", infer_schema_text(str(path), sample_rows=2000)
+    )
+    assert gz or (said and int(said.group(1).replace(",", "")) == filled)
 
 
 def test_infer_names_a_label_of_two_words_and_a_label_of_one_value(tmp_path):
@@ -712,6 +714,20 @@ def test_infer_gives_repeated_integer_codes_a_categorical_twin_and_not_a_wide_qu
     assert kinds["category_code_code"] == ("categorical", "category_code"), kinds
     assert kinds["category_code"][0] == "numeric" and "cents_code" not in kinds, kinds
     assert "each seen 20 times on average: codes or small counts" in text
+
+
+def test_infer_comments_count_with_thousands_separators_and_the_toml_still_loads(tmp_path):
+    """The comments a person reads say "a sample of 3,000 rows" and "3,000 of 3,000 cells non-empty"; the values
+    load as TOML (a separator is in comments only)."""
+    rng = np.random.default_rng(2)
+    lines = ["click,user_id,timestamp"] + [f"{rng.integers(2)},{i},{1_700_000_000 + 3600 * i}" for i in range(3000)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    text = infer_schema_text(str(tmp_path / "d.csv"))
+    assert "# Inferred from the header and a sample of 3,000 rows (" in text, text
+    assert "# 'user_id': integers in a column named like an id (3,000 of 3,000 cells non-empty, 3,000 distinct" in text
+    assert "# 'timestamp': times, unix seconds (UTC) (3,000 of 3,000 cells non-empty, 3,000 distinct)" in text
+    s = schema_from_text(text, "inferred", default_table="t", default_dim=4)
+    assert [c.source for c in s.columns] == ["user_id", "timestamp", "timestamp"], s.columns
 
 
 def test_infer_label_true_false_several_label_names_decimal_commas_prose_and_repeated_names(tmp_path):

@@ -114,7 +114,7 @@ def column_entries(
         code = _code_twin(column, values, taken | {twin.name})
         if code is not None:
             seen = len(values) / len(set(values))
-            lines += [f"# {source!r}: {len(set(values))} distinct integers, each seen {seen:.0f} times on average: "
+            lines += [f"# {source!r}: {len(set(values)):,} distinct integers, each seen {seen:,.0f} times on average: "
                       "codes or small counts; each value its own id too (delete this entry if they are plain "
                       "quantities)", "[[columns]]", *column_entry(code, with_table=False)]  # fmt: skip
     return lines, checks
@@ -129,7 +129,7 @@ def _time_entries(name: str, source: str, fmt: str, cells: list[str], taken: set
         "unix": "unix seconds (UTC)",
         "iso": "YYYY-MM-DD HH:MM:SS (the hour as written: a zone is not applied)",
     }[fmt]
-    out = [f"# {source!r}: times, {what} ({len(present)} of {len(cells)} cells non-empty, {len(set(present))} "
+    out = [f"# {source!r}: times, {what} ({len(present):,} of {len(cells):,} cells non-empty, {len(set(present)):,} "
            "distinct): read as the hour of day and the weekday, each a sparse field; the time itself is no feature "
            "(as a number or as ids, its values are new on each later day)"]  # fmt: skip
     for part, suffix in (("hour", "hour_of_day"), ("weekday", "weekday")):
@@ -324,10 +324,10 @@ def _seen(source: str, cells: list[str], present: list[str], numbers: list[str],
     column) and distinct, and what a person should do of one that carries nothing, holds dates or times, or whose
     values are (nearly) all distinct."""
     distinct = len(set(present))
-    seen = f"{len(present)} of {len(cells)} cells non-empty, {distinct} distinct"
+    seen = f"{len(present):,} of {len(cells):,} cells non-empty, {distinct:,} distinct"
     if values is not None and len(numbers) < len(present):  # a number column: its NA cells are missing values
-        seen = (f"{len(present)} of {len(cells)} cells non-empty, {len(present) - len(numbers)} of them NA or "
-                f"another missing value; {distinct} distinct")  # fmt: skip
+        seen = (f"{len(present):,} of {len(cells):,} cells non-empty, {len(present) - len(numbers):,} of them NA "
+                f"or another missing value; {distinct:,} distinct")  # fmt: skip
     if not present:
         seen += "; no value at all: it carries nothing, delete this entry"
     elif distinct == 1:
@@ -392,6 +392,6 @@ def _bag_column(name: str, source: str, present: list[str], seen: str) -> tuple[
         if present and sum(sep in c for c in present) >= _BAG_SHARE * len(present) and len(set(keys)) <= len(keys) / 2:
             kind = "weighted" if weighted else "multi_hot"
             longest = max(len(c.split(sep)) for c in present)
-            comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest} tokens): {kind}"
+            comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest:,} tokens): {kind}"
             return Column(name, source, kind, separator=sep), comment
     return None

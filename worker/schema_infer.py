@@ -126,7 +126,7 @@ def _builtin_schema_text(path: str, fmt: str, lines: list[str]) -> str:
     k, weighted = libsvm_sample(first_with_content(path)) if fmt == "libsvm" else (None, False)
     schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k,
                             libsvm_weighted=weighted)  # fmt: skip
-    fields = f" ({k} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"
+    fields = f" ({k:,} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"
     lines = [*lines, f"# The built-in {fmt} schema{fields if k is not None else ''}.", f'format = "{fmt}"']
     for c in schema.columns:
         lines += ["", "[[columns]]", *column_entry(c, with_table=False)]
@@ -143,7 +143,7 @@ def _csv_schema(path: str, delimiter: str, sample_rows: int, lines: list[str]) -
         raise ValueError(_no_rows(path, header, delimiter))
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     label, guess = _pick_label(header, columns, len(rows))
-    sample = f"{len(rows)} row{'s' * (len(rows) != 1)}"
+    sample = f"{len(rows):,} row{'s' * (len(rows) != 1)}"
     lines.append(f"# Inferred from the header and a sample of {sample} (worker/readers/csv_sample.py read_csv_sample).")
     lines += ['format = "csv"'] + ([f"delimiter = {toml_value(delimiter)}"] if delimiter != "," else [])
     checks = [*misfit_warnings, *([guess] if guess else [])]

@@ -244,17 +244,17 @@ def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | N
         found(False, f"journal: {refusal}")
     else:
         upto = "up to the journal mark" if os.path.exists(mark_path) else f"(no journal mark: {MARK_FILE} is absent)"
-        found(True, f"journal: {count:,} records after record {flushed_seq} (RocksDB's flushed position), none "
-                    f"missing {upto}")  # fmt: skip
+        found(True, f"journal: {count:,} record{'s' * (count != 1)} after record {flushed_seq:,} (RocksDB's flushed "
+                    f"position), none missing {upto}")  # fmt: skip
     missing = set()
     for (table, dim), seq in sorted(pushed.items(), key=lambda item: item[1]):  # as start-up's replay refuses them
         if table not in dims and table not in missing:  # (ps.engine.shard)
             missing.add(table)
-            found(False, f"journal: record {seq} is a push to table {table!r}, which RocksDB does not hold: "
+            found(False, f"journal: record {seq:,} is a push to table {table!r}, which RocksDB does not hold: "
                          "RocksDB lost its latest writes (its write-ahead log, *.log, deleted, cut short or "
                          "damaged)")  # fmt: skip
         elif dims.get(table) not in (None, dim):  # (Table.replay)
-            found(False, f"journal: record {seq} holds grads of dim {dim} for table {table!r}, whose dim is "
+            found(False, f"journal: record {seq:,} holds grads of dim {dim} for table {table!r}, whose dim is "
                          f"{dims[table]}: the journal does not match RocksDB's tables")  # fmt: skip
     if warning:
         report.note(f"journal: start-up would log: {warning}")
