@@ -1219,6 +1219,38 @@ def test_a_first_line_that_reads_like_an_example_is_warned_of_as_no_header(tmp_p
     assert any("reads like an example, not a header" in c for c in checks) == warned, checks
 
 
+def test_eval_and_predict_leave_the_schema_advice_to_training_and_keep_the_first_line_warning(
+    tmp_path, caplog, servers
+):
+    """The built-in csv schema's advice to write a schema is given by the training run: eval and predict read the
+    model it trained, with the schema it trained with, so they do not repeat it; a first line that reads like an
+    example is of their own file, said by them too."""
+    from worker.__main__ import main
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d.csv"
+    data.write_text("click,price,site\n" + "".join(f"{rng.integers(2)},{rng.random() * 100:.3f},s{rng.integers(20)}\n"
+                                                  for _ in range(500)))  # fmt: skip
+    (address,), _ = servers(1)
+    said = {}
+    for command in (["train"], ["eval"], ["predict", "--out", str(tmp_path / "p.csv")]):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="worker.schema_hints"):
+            assert main([*command, "--servers", address, "--data", str(data), "--no-progress"]) == 0
+        said[command[0]] = [r.getMessage() for r in caplog.records if r.name == "worker.schema_hints"]
+    (advice,) = said["train"]
+    assert advice.startswith(f"{data}: column 'price' holds numbers of many values (a sample of 500 rows)"), advice
+    assert said["eval"] == said["predict"] == [], said
+    headless = tmp_path / "headless.csv"
+    headless.write_text("".join(f"{rng.integers(2)},{rng.random():.4f},{rng.random():.4f}\n" for _ in range(300)))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="worker.schema_hints"):
+        resolve_schema(str(headless), schema_path=None, fmt="csv", label_column=None, drop_columns=(),
+                       numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4, training=False)  # fmt: skip
+    (first,) = [r.getMessage() for r in caplog.records if r.name == "worker.schema_hints"]
+    assert "reads like an example, not a header: a file without a header line?" in first, first
+
+
 @pytest.mark.parametrize("shift, warned", [(-10.0, True), (10.0, False)])
 def test_numeric_columns_below_0_are_warned_of_as_lost_to_the_log(tmp_path, caplog, shift, warned):
     """--numeric-columns reads log(1 + x), x below 0 as 0: a column of such values is said to be lost."""

@@ -84,7 +84,8 @@ class DataSource(DataChecks, DataReports):
     count: self.job_examples is --data's lines, counted now up to the recipe's threshold (worker/linecount.py):
     the exact count of a smaller file, an estimate from bytes of a larger one (then line_count.more), the same on
     every worker; self.examples is this worker's share of them (share_examples); without `count`, both 0 (eval and
-    predict, which read --data's first lines only, for the schema). Synthetic data: synthetic_rows and the rows of
+    predict, which read --data's first lines only, for the schema; of the built-in csv schema's warnings they give
+    those of the data alone: resolve_schema's training). Synthetic data: synthetic_rows and the rows of
     the share. line_count: the count, None for synthetic data or without `count`."""
 
     def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True, labels_optional: bool = False,
@@ -115,7 +116,7 @@ class DataSource(DataChecks, DataReports):
                 cfg.data, schema_path=cfg.schema, fmt=cfg.format, label_column=cfg.label_column,
                 drop_columns=cfg.drop_columns, numeric_columns=cfg.numeric_columns, libsvm_fields=cfg.libsvm_fields,
                 libsvm_values=cfg.libsvm_values, default_table=default_table, default_dim=cfg.embedding_dim,
-                model=cfg.model,
+                model=cfg.model, training=count,
             )  # fmt: skip
             for spec in (cfg.data, cfg.validation_data, cfg.eval_data):
                 if spec:

@@ -159,6 +159,7 @@ def resolve_schema(
     default_dim: int,
     libsvm_values: str = "auto",
     model: str | None = None,
+    training: bool = True,
 ) -> Schema:
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
     column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first
@@ -168,7 +169,8 @@ def resolve_schema(
     the label column csv_label picks (the first column by default). libsvm: libsvm_values (schema_columns.LIBSVM_VALUES)
     says whether its fields read values as weights; auto: where libsvm_sample finds a value other than 0 and 1.
     A csv --schema file's log columns holding numbers below 0 in a sample of data are warned of, as --numeric-columns'
-    are (schema_hints.warn_of_negative_logs_in_schema); its tables' dims are checked to fit model's rows."""
+    are (schema_hints.warn_of_negative_logs_in_schema); its tables' dims are checked to fit model's rows. training
+    False (eval, predict): of the built-in csv schema's warnings, those of data alone (warn_of_csv_columns)."""
     spec = data  # the data's files, where it names many (their hints name them all)
     if data is not None:
         from worker.formats import first_with_content
@@ -209,7 +211,8 @@ def resolve_schema(
                                  libsvm_values=libsvm_values if fmt == "libsvm" else None,
                                  **({"label_from": picked[1]} if named else {}))  # fmt: skip
     if fmt == "csv":
-        warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns)
+        warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns,
+                            training)  # fmt: skip
     return schema
 
 

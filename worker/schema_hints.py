@@ -25,14 +25,16 @@ HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
 
 
 def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], schema: Schema, label_guessed: bool,
-                         no_numeric: bool) -> None:  # fmt: skip
+                         no_numeric: bool, training: bool = True) -> None:  # fmt: skip
     """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the records
     of the first file holding some, formats.csv_records): the first column taken as the label where another column is
     named like one (label_guessed: the first column taken by default; not where no file holds a record, which the run
     refuses, so the refusal is what it says), columns of times or of numbers (plain, or written with thousands
     separators or decimal commas: column_infer.written_numbers) read as categories
     (no_numeric: no --numeric-columns) where `ps-worker schema` would read their hours of day and weekdays, or read
-    them as numbers."""
+    them as numbers. training False (eval, predict): the first-line warning alone, which is of this data; the others
+    advise a schema to train with, and the model these commands read was trained with this one (its tables'
+    fingerprint holds them to it), so its training run gave them."""
     from worker.column_infer import infer_column, written_numbers
     from worker.schema_infer import is_binary
 
@@ -40,6 +42,8 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
     no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label, schema.delimiter)
     if no_header:
         log.warning("%s", no_header)
+    if not training:
+        return
     if label_guessed and rows and label.lower() not in LABEL_NAMES:  # (no rows: the run is refused, for that)
         named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
         if not named and not LABEL_WORDS.search(label):  # is_click, converted: named so and holding only 0 and 1
