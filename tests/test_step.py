@@ -1,7 +1,8 @@
 """One training step (worker/step.py): --dense-l2 adds l2 * W to the gradients of the MLP's weights only, not to
 its biases, the logit bias or FM's projections, and the MLP's step gets them with the rows' push beside it; a step
 whose predictions or gradients hold an Inf or NaN says the model diverged and pushes nothing, and scoring's NaN
-probabilities name their example, neither after a numpy RuntimeWarning."""
+probabilities name their example, neither after a numpy RuntimeWarning, in both backends; a logit that overflows
+to Inf is such a case, not a probability of exactly 0 or 1."""
 
 from __future__ import annotations
 
@@ -84,29 +85,38 @@ def test_models_without_an_mlp_have_no_mlp_weights():
 
 
 class _HugeRows(_Source):
-    """Rows of 1e20: FM's sum of squares overflows float32 (Inf - Inf), as the rows of a model trained at too high
-    a learning rate do."""
+    """Rows of `value` (1e20: FM's sum of squares overflows float32 (Inf - Inf); 3e38: LR's sum of the fields'
+    weights overflows to Inf), as the rows of a model trained at too high a learning rate are."""
+
+    def __init__(self, spec, value=1e20):
+        super().__init__(spec)
+        self.value = value
 
     def rows(self, step, tids, prepared):
-        return {t: np.full((len(ti.uniq), self.spec.row_dim(t)), 1e20, np.float32) for t, ti in tids.items()}
+        return {t: np.full((len(ti.uniq), self.spec.row_dim(t)), self.value, np.float32) for t, ti in tids.items()}
+
+
+def _model(backend):
+    """The backend's model class; torch's where torch is installed (a skip naming it where not)."""
+    if backend == "torch":
+        return pytest.importorskip("worker.models.torch_backend", reason="torch is not installed").TorchModel
+    return NumpyModel
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_a_step_whose_model_diverged_says_so_and_pushes_nothing(backend):
-    """Predictions of NaN (the model's weights overflow float32) end the step with DivergedError, which says what
-    diverged and what to change, before any push of the rows or of the MLP."""
-    if backend == "torch":
-        torch_backend = pytest.importorskip("worker.models.torch_backend", reason="torch is not installed")
-        model = torch_backend.TorchModel
-    else:
-        model = NumpyModel
+@pytest.mark.parametrize(("name", "value"), [("fm", 1e20), ("lr", 3e38)])
+def test_a_step_whose_model_diverged_says_so_and_pushes_nothing(backend, name, value):
+    """Predictions of NaN end the step with DivergedError, which says what diverged and what to change, before any
+    push of the rows or of the MLP: FM's Inf - Inf, and LR's logit of Inf (the fields' weights, finite each, sum past
+    float32), whose sigmoid would be exactly 1 with finite gradients."""
+    model = _model(backend)
     fields = (FieldSpec("a", "wide", 3), FieldSpec("b", "wide", 3), FieldSpec(BIAS_FIELD, "wide", 3))
-    spec = ModelSpec("fm", fields, num_dense=0)
+    spec = ModelSpec(name, fields, num_dense=0)
     n = 4
     batch = Batch(np.array([0, 1, 0, 1], np.float32),
                   {f.name: Bags.one_per_example(np.arange(n) + 10 * i) for i, f in enumerate(fields)},
                   np.zeros((n, 0), np.float32))  # fmt: skip
-    dense, source = _Dense(spec.initial_params(seed=1)), _HugeRows(spec)
+    dense, source = _Dense(spec.initial_params(seed=1)), _HugeRows(spec, value)
     step = Step(spec, model(spec), dense, source, dense_l2=0.0)
     try:
         with pytest.raises(DivergedError, match=r"^training diverged in step 8: the model's predictions hold nan \(4 "
@@ -119,23 +129,27 @@ def test_a_step_whose_model_diverged_says_so_and_pushes_nothing(backend):
 
 
 class _HugeTables:
-    """Tables whose every row is 1e20 (a pull_many of worker/steprows.py)."""
+    """Tables whose every row is `value` (a pull_many of worker/steprows.py)."""
 
-    def __init__(self, spec):
-        self.spec = spec
+    def __init__(self, spec, value):
+        self.spec, self.value = spec, value
 
     def pull_many(self, requests):
-        return [np.full((len(ids), self.spec.row_dim(t)), 1e20, np.float32) for t, ids in requests]
+        return [np.full((len(ids), self.spec.row_dim(t)), self.value, np.float32) for t, ids in requests]
 
 
-def test_scoring_a_model_whose_probabilities_are_nan_says_so_with_no_numpy_warning_before():
-    """The numpy model's NaN probabilities (FM's Inf - Inf) end the scoring with the message naming the example,
-    and numpy prints no RuntimeWarning (overflow, invalid value) before it."""
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize(("name", "value"), [("fm", 1e20), ("lr", 3e38)])
+def test_scoring_a_model_whose_probabilities_are_nan_says_so_with_no_numpy_warning_before(backend, name, value):
+    """NaN probabilities end the scoring with the message naming the example, and numpy prints no RuntimeWarning
+    (overflow, invalid value) before it: FM's Inf - Inf, and LR's logit of Inf (two weights of 3e38), whose sigmoid
+    would be a probability of exactly 1."""
     fields = (FieldSpec("a", "wide", 3), FieldSpec(BIAS_FIELD, "wide", 3))
-    spec = ModelSpec("fm", fields, num_dense=0)
+    spec = ModelSpec(name, fields, num_dense=0)
     batch = Batch(np.array([0, 1], np.float32), {f.name: Bags.one_per_example(np.arange(2) + 10 * i)
                                                 for i, f in enumerate(fields)}, np.zeros((2, 0), np.float32))  # fmt: skip
-    scored = predictions(_HugeTables(spec), spec, NumpyModel(spec), spec.initial_params(seed=1), [batch], prefetch=0)
+    tables, params = _HugeTables(spec, value), spec.initial_params(seed=1)
+    scored = predictions(tables, spec, _model(backend)(spec), params, [batch], prefetch=0)
     with pytest.raises(ValueError, match=r"^the model's probability for the example of example 1 of a batch of 2 is "
                                          r"NaN \(2 of the batch's 2 examples\)"), warnings.catch_warnings():  # fmt: skip
         warnings.simplefilter("error")

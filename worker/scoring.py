@@ -37,8 +37,9 @@ def field_tables(spec: ModelSpec) -> dict[str, str]:
 
 def checked_probabilities(batch: Batch, probs: np.ndarray) -> np.ndarray:
     """probs, the model's probabilities of batch's examples; ValueError naming the first example whose probability is
-    NaN (its logit is: numbers of the example, or the model's weights, overflow float32 in the model), by its file
-    and line where the batch has them."""
+    NaN (its logit is NaN or Inf: numbers of the example, or the model's weights, overflow float32 in the model; the
+    backends give such a logit a NaN probability, not a saturated 0 or 1), by its file and line where the batch has
+    them."""
     nan = np.isnan(probs)
     if not nan.any():
         return probs

@@ -3,7 +3,8 @@ from the row source, forward/backward, the gradients pushed, the MLP's step (see
 step (a background push's error, an allreduce's) ends the step once the rows' push it ran beside has ended: the
 loop then tells the shards the worker stopped, and no push of the worker may come after that. A forward or backward
 pass that gives an Inf or NaN (a diverging model) ends the step before it pushes anything (DivergedError), with no
-numpy RuntimeWarning (overflow, invalid value) printed before it.
+numpy RuntimeWarning (overflow, invalid value) printed before it; a logit that overflows to Inf is one such, its
+probability NaN in both backends (worker/models/numpy_backend.py probabilities), not a saturated 0 or 1.
 """
 
 from __future__ import annotations

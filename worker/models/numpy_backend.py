@@ -81,6 +81,17 @@ def _check_names(what: str, given: dict, expected, model: str) -> None:
         raise ValueError(f"model {model}: {what} lack {missing} and hold unknown {unknown}, expected {list(expected)}")
 
 
+def probabilities(logit: np.ndarray) -> np.ndarray:
+    """sigmoid(logit), NaN where the logit is Inf or NaN. The rows and parameters a model gets are finite, so an Inf
+    logit is float32 overflowing in the model (a diverged model, or huge numbers in the data), not a certain 0 or
+    1; its NaN is what the step's check_finite and scoring's checked_probabilities report."""
+    p = sigmoid(logit)
+    overflowed = ~np.isfinite(logit)
+    if overflowed.any():
+        p[overflowed] = np.nan
+    return p
+
+
 @dataclass
 class _Forward:
     """What the backward pass needs of the forward one."""
@@ -108,7 +119,7 @@ class NumpyModel:
     def predict(self, inputs: ModelInputs, params: dict[str, np.ndarray]) -> np.ndarray:
         """Probabilities (n,), in the dtype of the rows (float32 for float16 rows)."""
         fields = check_inputs(self.spec, inputs, params)
-        return sigmoid(self._forward(inputs, fields, params, training=False).logit)
+        return probabilities(self._forward(inputs, fields, params, training=False).logit)
 
     def forward_backward(
         self, inputs: ModelInputs, params: dict[str, np.ndarray], labels: np.ndarray
@@ -118,7 +129,7 @@ class NumpyModel:
         spec = self.spec
         fields = check_inputs(spec, inputs, params, labels)
         fwd = self._forward(inputs, fields, params, training=True)
-        p = sigmoid(fwd.logit)
+        p = probabilities(fwd.logit)
         dtype = fwd.logit.dtype
         g = (p - np.asarray(labels, dtype=dtype)).astype(dtype)  # d loss / d logit
         grad_pooled = {name: np.zeros_like(pooled) for name, pooled in fwd.pooled.items()}

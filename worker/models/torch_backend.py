@@ -91,7 +91,7 @@ class TorchModel:
             rows = {table: self._tensor(r) for table, r in inputs.rows.items()}
             params_t = {name: self._tensor(value) for name, value in params.items()}
             logit = self._logit(rows, fields, self._tensor(inputs.dense_x), params_t, training=False)
-            return torch.sigmoid(logit).cpu().numpy()
+            return _probabilities(logit).cpu().numpy()
 
     def forward_backward(
         self, inputs: ModelInputs, params: dict[str, np.ndarray], labels: np.ndarray
@@ -104,7 +104,7 @@ class TorchModel:
         logit = self._logit(rows, fields, self._tensor(inputs.dense_x), params_t, training=True)
         loss = F.binary_cross_entropy_with_logits(logit, self._tensor(labels), reduction="sum")
         loss.backward()
-        probs = torch.sigmoid(logit.detach()).cpu().numpy()
+        probs = _probabilities(logit.detach()).cpu().numpy()
         row_grads = {table: _grad_of(t) for table, t in rows.items()}
         return probs, row_grads, {name: _grad_of(t) for name, t in params_t.items()}
 
@@ -182,6 +182,12 @@ class TorchModel:
         rate = self.spec.dropout
         draws = torch.rand(shape, generator=self.generator, device=self.device)
         return (draws >= rate).to(torch.float32) * (1.0 / (1.0 - rate))
+
+
+def _probabilities(logit: torch.Tensor) -> torch.Tensor:
+    """sigmoid(logit), NaN where the logit is Inf or NaN (float32 overflowing in the model: numpy_backend's
+    probabilities)."""
+    return torch.sigmoid(logit).masked_fill(~torch.isfinite(logit), float("nan"))
 
 
 def _grad_of(t: torch.Tensor) -> np.ndarray:
