@@ -4,6 +4,7 @@ code 143. A running ps-server has its own handler (ps.server_run.serve), put in 
 
     with sigterm_raises():   # main thread only; elsewhere it does nothing
         ...                  # the first SIGTERM raises Terminated here; later ones are ignored while it unwinds
+                             # (under exit_code, a command's main, until the process exits)
 
 Terminated is a BaseException, as KeyboardInterrupt is: an `except Exception` on the way does not swallow it.
 Later SIGTERMs and Ctrl-Cs are ignored, so a cleanup that hangs could keep the process for good: CLEANUP_LIMIT_S
@@ -158,7 +159,10 @@ def exit_code(program: str, run: Callable[[], int]) -> int:
     """run()'s exit code, the whole of a command's main: a Ctrl-C or SIGTERM that ends it (stopped_by_signal) is
     said on stderr ('PROGRAM: interrupted', or 'terminated') and gives 130 (or EXIT_CODE, 143); any other
     exception goes on. Notes the code it stopped added to the signal's exception (add_note: what that code left,
-    a checkpoint's save or an export, say) follow the word, on its line."""
+    a checkpoint's save or an export, say) follow the word, on its line. Within run(), a sigterm_raises block that
+    a SIGTERM reached leaves SIGTERM ignored as it ends: the process is on its way out, and a second SIGTERM (a
+    container runtime repeating it) would otherwise end it by default mid-cleanup or mid-line (exit -15)."""
+    _COMMAND.mains += 1
     try:
         return run()
     except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (signal_behind)
@@ -169,6 +173,17 @@ def exit_code(program: str, run: Callable[[], int]) -> int:
         said = f"{program}: {stopped[0]}" + (f": {' '.join(notes)}" if notes else "")
         print(said, file=sys.stderr, flush=True)
         return stopped[1]
+    finally:
+        _COMMAND.mains -= 1
+
+
+class _Command:
+    """mains: the exit_code calls running (a command's main, whose process exits once they return)."""
+
+    mains = 0
+
+
+_COMMAND = _Command()
 
 
 def signal_behind(e: BaseException) -> BaseException | None:
@@ -219,7 +234,8 @@ def sigterm_raises(
 ) -> Iterator[None]:
     """Within the block, SIGTERM raises Terminated in the main thread, and Ctrl-C KeyboardInterrupt, once: a second
     SIGTERM or Ctrl-C while the first unwinds is ignored, so that the cleanup it triggers runs to its end (not cut
-    short with a traceback); the previous handlers come back after. SIGTERM and Ctrl-C that arrive while numba
+    short with a traceback); the previous handlers come back after (SIGTERM's stays ignored where a SIGTERM came
+    within exit_code: the process exits). SIGTERM and Ctrl-C that arrive while numba
     compiles raise when it is done (see the module docstring). cleanup_limit_s: the process exits (EXIT_CODE, or
     130 after a Ctrl-C) that long after the first signal whatever it does; None: never (tests that send signals to
     their own process). ctrl_c_again_raises: every Ctrl-C raises, with no time limit (a cleanup that a second Ctrl-C
@@ -264,8 +280,10 @@ class _SignalStop:
     def uninstall(self) -> None:
         if sys.unraisablehook is self.on_lost:
             sys.unraisablehook = self.previous_hook
-        # a handler put in place within the block (ps.server_run.serve's) stays: a late signal is still its to handle
-        if signal.getsignal(signal.SIGTERM) in (self.on_term, signal.SIG_IGN):
+        # a handler put in place within the block (ps.server_run.serve's) stays: a late signal is still its to handle;
+        # so does the SIG_IGN a SIGTERM set under exit_code: the command exits, and a second SIGTERM must not cut it
+        term = signal.getsignal(signal.SIGTERM)
+        if term is self.on_term or (term is signal.SIG_IGN and not _COMMAND.mains):
             signal.signal(signal.SIGTERM, self.previous)
         signal.signal(RAISE_PENDING_SIGNAL, self.previous_nudge)
         if self.previous_int is not None and signal.getsignal(signal.SIGINT) is self.on_int:
