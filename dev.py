@@ -14,7 +14,8 @@ upgraded: that would need the network even where a local wheelhouse (PIP_FIND_LI
 reuse the venv and reinstall only when pyproject.toml or the venv's Python version changes; a venv whose python
 no longer runs (its symlink names a Python since removed) or runs another major.minor version than the one the
 venv was made for (its pyvenv.cfg's), or one older than 3.11, is made again, saying why; one whose python does not answer in time is
-reused, with a warning. `test` and `bench`
+reused, with a warning. A failed pip install shows pip's output, then names the Pythons the README's quick start is
+tried with (TRIED_PYTHONS) and the venv's. `test` and `bench`
 also install PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's
 machines; PyPI's Linux wheel is the CUDA build, so elsewhere set
 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
@@ -36,6 +37,9 @@ TORCH_PIN = "torch==2.13.0"  # pinned: the version the torch backend is tested w
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 PROBE_TIMEOUT_S = 10.0  # the venv's python has this long to say its version (venv_python_unusable)
 MIN_PYTHON = (3, 11)  # sparseps's oldest Python, for dev.py and for the venv's python
+# the Pythons the README's quick start is tried with: every dependency has a wheel for each (pip_failed names them)
+TRIED_PYTHONS = ("3.11", "3.12", "3.13")
+THIS_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the Python running dev.py (major.minor)
 STAMP = ".installed-"  # the venv's stamps of what is installed there (installed_with)
 
 
@@ -67,9 +71,24 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
             done = subprocess.run([*pip, *args], capture_output=True, text=True)
             if done.returncode != 0:  # show pip's output only when it failed
                 sys.stderr.write(done.stdout + done.stderr)
-                sys.exit(f"pip install {' '.join(args)} failed (exit {done.returncode}); see the output above")
+                sys.exit(pip_failed(args, done.returncode, venv_version() or THIS_PYTHON))
         open(os.path.join(VENV, "+".join([STAMP + digest, *parts])), "w").close()
     return python
+
+
+def pip_failed(args: list[str], returncode: int, python_version: str) -> str:
+    """The message of a failed `pip install ARGS` into the venv, whose Python is python_version (major.minor): it
+    names TRIED_PYTHONS and the venv's, and where the venv's is none of them, says a dependency may have no wheel
+    for it and how to make the venv again with one of them (a venv is reused whichever Python runs dev.py)."""
+    tried = f"{', '.join(TRIED_PYTHONS[:-1])} and {TRIED_PYTHONS[-1]}"
+    said = f"pip install {' '.join(args)} failed (exit {returncode}); see the output above. sparseps is tried on "
+    said += f"Python {tried}"
+    if python_version in TRIED_PYTHONS:
+        return f"{said}; the venv's Python, {python_version}, is one of them"
+    return (
+        f"{said}; the venv's is Python {python_version}, for which a dependency may have no wheel: make the venv "
+        f"again with one of those (rm -rf {VENV} && python{TRIED_PYTHONS[-1]} dev.py env)"
+    )
 
 
 def venv_python_unusable(python: str, made_for: str) -> str | None:

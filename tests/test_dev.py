@@ -225,3 +225,37 @@ def test_the_callers_python_variables_do_not_make_a_healthy_venv_unusable(venv, 
     monkeypatch.setenv(variable, str(tmp_path / "elsewhere"))
     monkeypatch.setattr(dev.venv, "EnvBuilder", NoBuilder)
     assert dev.ensure_env() == os.path.join(dev.BIN, "python")
+
+
+@pytest.mark.parametrize(
+    "version, said",
+    [
+        (
+            "3.14",
+            "; the venv's is Python 3.14, for which a dependency may have no wheel: make the venv again with one "
+            "of those (rm -rf {venv} && python3.13 dev.py env)",
+        ),  # fmt: skip
+        ("3.12", "; the venv's Python, 3.12, is one of them"),
+    ],
+)
+def test_a_failed_install_names_the_pythons_tried_and_the_venvs(venv, monkeypatch, capsys, version, said):
+    """pip's output, then a line naming the Pythons the README's quick start is tried with and the venv's (a
+    Python with no wheel of a dependency fails so), with how to make the venv again where it is none of them."""
+    make_python(version)
+    make_cfg(f"{version}.0")
+    real_run = subprocess.run
+
+    def run(args, **kwargs):
+        if "-c" in args:  # the probe of the venv's python
+            return real_run(args, **kwargs)
+        return subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution found for numba\n")
+
+    monkeypatch.setattr(dev.subprocess, "run", run)
+    with pytest.raises(SystemExit) as stopped:
+        dev.ensure_env()
+    assert stopped.value.code == (
+        f"pip install -e {dev.ROOT}[dev] failed (exit 1); see the output above. sparseps is tried on Python 3.11, "
+        "3.12 and 3.13" + said.format(venv=dev.VENV)
+    )
+    assert capsys.readouterr().err == "ERROR: No matching distribution found for numba\n"
+    assert not [name for name in os.listdir(dev.VENV) if name.startswith(dev.STAMP)]  # no install stamped
