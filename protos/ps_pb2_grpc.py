@@ -144,7 +144,9 @@ class ParameterServerServicer:
         UNAVAILABLE and are retried) once those in flight are done, for at most hold_timeout_s; "save" flushes and
         writes a RocksDB checkpoint to <dir>/shard-<id> (shard_json: what the manifest records); "release" resumes.
         A checkpoint holds a Shrink whole or not at all: a hold asked for while a Shrink runs on the shard is refused
-        (FAILED_PRECONDITION, holding nothing; take it once the Shrink has ended), and a Shrink waits for a hold.
+        (FAILED_PRECONDITION, holding nothing; take it once the Shrink has ended), and so is a Shrink asked for while
+        a hold lasts or a save runs (Shrink). A hold asked for while a save whose hold was released runs on is refused
+        too (FAILED_PRECONDITION, holding nothing).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -169,7 +171,8 @@ class ParameterServerServicer:
     def Shrink(self, request, context):
         """Decay show/click and drop ids past their TTL or under the score threshold (the table's eviction spec),
         in RAM and RocksDB. All tables when `table` is empty. While a checkpoint's hold lasts on the shard, or its save
-        runs (its hold released meanwhile included), a Shrink waits for its end before it changes anything; a hold
+        runs (its hold released meanwhile included), a Shrink is refused at once, changing nothing (FAILED_PRECONDITION:
+        since when the checkpoint holds the shard, for up to how long; send it once the checkpoint has ended); a hold
         asked for while a Shrink runs is refused (Checkpoint).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -311,9 +311,12 @@ class ShardNeedsRestartError(PsError):
 
 
 class CheckpointHoldError(PsError):
-    """A checkpoint's hold cannot be had (another checkpoint holds the shard, or a Shrink runs there) or was lost (it
-    expired, or was released, before the save). Not retried: waiting does not end another checkpoint, nor revive an
-    expired hold, and a Shrink runs for minutes."""
+    """A checkpoint's hold cannot be had (another checkpoint holds the shard or saves there, or a Shrink runs there)
+    or was lost (it expired, or was released, before the save); or a Shrink cannot run, since a checkpoint holds its
+    shard or saves there (ps.engine.hold PushHold.shrink_slot: nothing applied). Not retried: waiting does not end
+    another checkpoint, nor revive an expired hold; a Shrink runs for minutes, and a checkpoint's save of a large shard
+    too (a client that retried would count the shard as down and give up after its server timeout, blaming an
+    outage); the message says when to send it again."""
 
     status = "FAILED_PRECONDITION"
 

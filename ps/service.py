@@ -373,7 +373,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc_handler
     def Shrink(self, request: Any, context: grpc.ServicerContext) -> Message:
         self.shard.check_state_id(request.state_id, SHRINK_REFUSED)
-        return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table, CallerGone(context)))
+        return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table))
 
     @rpc_handler
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Message:

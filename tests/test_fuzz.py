@@ -86,6 +86,7 @@ RULES = [  # (name, status code, pattern of the message); the first match names 
     ("hold timeout out of range", "INVALID_ARGUMENT", r"^hold_timeout_s must be finite"),
     ("pushes held by a checkpoint", "UNAVAILABLE", r"is taking a checkpoint"),
     ("hold while held", "FAILED_PRECONDITION", r"is held by another checkpoint"),
+    ("shrink while held", "FAILED_PRECONDITION", r"^shard \d+: a checkpoint holds it since .* send the Shrink"),
     (
         "save without its hold",
         "FAILED_PRECONDITION",

@@ -1,11 +1,14 @@
 """A checkpoint and a Shrink exclude each other on a shard (ps.engine.hold PushHold.shrink_slot), so a checkpoint
 holds a Shrink wholly or not at all: a hold asked for while a Shrink runs is refused, holding nothing, and a Shrink
-asked for while a hold lasts, or a save runs, waits for both to end. The overlaps are made with events, not timing."""
+asked for while a hold lasts, or a save runs, is refused at once, applying nothing. The overlaps are made with
+events, not timing."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,13 +18,13 @@ from ps.engine.checkpointing import ShardCheckpoints
 from ps.engine.hold import PushHold
 from ps.engine.shard import Shard
 from ps.engine.shrinkprogress import ShrinkProgress
-from ps.errors import CallerGoneError, CheckpointHoldError, ShrinkRunningError
+from ps.errors import CheckpointHoldError
 from ps.rows.layout import SHOW
 from ps.server_config import ServerConfig
 from ps.sharding import SlotMap
-from tests.callers import StandInCaller
 from tests.conftest import random_ids
 from tests.waiting import wait_until
+from worker.__main__ import main
 from worker.checkpoint import save
 from worker.client import Client
 
@@ -103,9 +106,20 @@ def test_a_save_asked_for_while_a_shrink_runs_is_refused_and_holds_no_shard(serv
     np.testing.assert_array_equal(shows["b"], np.full(len(IDS), 2.0))  # 4 * 0.5
 
 
-def test_a_shrink_asked_for_while_a_checkpoint_holds_the_shard_waits_for_its_release(servers, tmp_path, monkeypatch):
-    """A save stops as it begins to write; a Shrink sent then waits for the checkpoint's hold to end: the checkpoint
-    holds none of it (4 shows restored), and it runs once the save released the shard (2 shows live)."""
+SINCE = r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+ s ago"
+REFUSED = (
+    "; a Shrink run meanwhile would be saved in part by that checkpoint, so a shard runs no Shrink while a checkpoint "
+    "holds it or saves: send the Shrink once that checkpoint has ended; nothing was applied"
+)
+
+
+def test_a_shrink_asked_for_while_a_checkpoint_saves_is_refused_at_once_and_runs_once_it_ended(
+    servers, tmp_path, monkeypatch, capsys
+):
+    """A save stops as it begins to write; `ps-worker shrink` then fails at once (exit 2), saying a checkpoint holds
+    the shard since when, for how long, and to send the Shrink once it has ended; the Client raises the shard's
+    CheckpointHoldError. Nothing of it was applied, and the checkpoint holds none of it (4 shows, live and
+    restored); sent once the save ended, it runs (2 shows live)."""
     addresses, (server,) = servers(1, checkpoint_root=str(tmp_path))
     saving, go_on = threading.Event(), threading.Event()
     write = ShardCheckpoints.write
@@ -116,131 +130,106 @@ def test_a_shrink_asked_for_while_a_checkpoint_holds_the_shard_waits_for_its_rel
         return write(self, path, caller_gone)
 
     monkeypatch.setattr(ShardCheckpoints, "write", stop_before_writing)
-    gate = server.shard.checkpoints.gate
-    waiting, wait = threading.Event(), gate._gate.wait
-
-    def told(timeout=None):  # a wait on the gate's condition: the Shrink's for the hold (no push is in flight)
-        waiting.set()
-        return wait(timeout)
-
-    gate._gate.wait = told
-    shrunk: list = []
     with Client(addresses, timeout_s=30, server_timeout_s=5) as client:
         _trained(client)
         saver = threading.Thread(target=save, args=(client, str(tmp_path / "ckpt")))
         saver.start()
         try:
             assert saving.wait(30)
-            shrinker = threading.Thread(target=lambda: shrunk.append(client.shrink()))
-            shrinker.start()
-            wait_until(lambda: waiting.is_set() or not shrinker.is_alive(), 30, "the Shrink waits, or has ended")
-            assert not shrunk, "a Shrink ran while a checkpoint held the shard"
+            capsys.readouterr()
+            assert main(["shrink", "--servers", addresses[0]]) == 2  # answered while the save is stopped
+            with pytest.raises(CheckpointHoldError) as refused:
+                client.shrink()
         finally:
             go_on.set()
             saver.join(30)
-        shrinker.join(30)
-        assert shrunk and [r.dropped for r in shrunk[0]] == [0]
+        said = capsys.readouterr().err.strip()
+        assert re.fullmatch(
+            rf"ps-worker: error: shard 0 at \S+: Shrink failed with FAILED_PRECONDITION: shard 0: a checkpoint holds "
+            rf"it {SINCE} \(it saves now, and releases the shard as its save ends\){re.escape(REFUSED)}",
+            said,
+        ), said
+        assert str(refused.value).startswith(f"shard 0 at {addresses[0]}: Shrink failed with FAILED_PRECONDITION")
+        assert server.shard.shrink_running.running is None  # a refused Shrink holds no slot
+        for name in ("a", "b"):
+            table = server.shard.table(name)
+            np.testing.assert_array_equal(table.peek(IDS)[:, table.stats_col + SHOW], np.full(len(IDS), 4.0))
+        assert main(["shrink", "--servers", addresses[0]]) == 0
     for name, shows in _restored_shows(tmp_path, str(tmp_path / "ckpt"), 1).items():
         np.testing.assert_array_equal(shows, np.full(len(IDS), 4.0), err_msg=name)  # the Shrink is not in it
         table = server.shard.table(name)
         np.testing.assert_array_equal(table.peek(IDS)[:, table.stats_col + SHOW], np.full(len(IDS), 2.0))
 
 
-def test_a_shrink_waiting_for_a_hold_goes_ahead_at_its_expiry_and_one_whose_caller_left_is_dropped():
-    """PushHold alone: a hold that expires (its saver died) lets the waiting Shrink in, and a hold is refused while
-    it runs; a Shrink whose caller leaves while it waits runs nothing."""
+def _refused(gate: PushHold) -> str:
+    """The message of a Shrink that gate refuses; fails if its block runs."""
+    with pytest.raises(CheckpointHoldError) as refused, gate.shrink_slot(lambda: "a Shrink is running"):
+        pytest.fail("a Shrink ran while a checkpoint held the shard")
+    return str(refused.value)
+
+
+def test_a_shrink_is_refused_while_a_hold_waits_for_pushes_or_lasts_and_runs_once_it_expired():
+    """PushHold alone: a hold waiting for the push in flight refuses a Shrink (saying it waits, then lasts up to its
+    timeout and its save), and so does the hold it then is (saying when it expires at the latest); a hold that
+    expired (its saver died) lets a Shrink in, and a hold asked for while that runs is refused."""
     gate = PushHold(4)
-    gate.hold(0.2, lambda: 0)
+    pushing = contextlib.ExitStack()
+    pushing.enter_context(gate.push_gate())  # a push in flight: the hold waits for it
+    held: list = []
+    holder = threading.Thread(target=lambda: held.append(gate.hold(60, lambda: 0)))
+    holder.start()
+    try:
+        wait_until(lambda: gate._waiting, 30, "the hold to wait for the push in flight")
+        said = _refused(gate)
+    finally:
+        pushing.close()
+        holder.join(30)
+    assert re.fullmatch(rf"shard 4: a checkpoint holds it {SINCE} \(its hold waits for the pushes in flight, then "
+                        rf"lasts up to 60 s, and while its save runs\){re.escape(REFUSED)}", said), said  # fmt: skip
+    said = _refused(gate)
+    assert re.fullmatch(rf"shard 4: a checkpoint holds it {SINCE} \(released as that checkpoint's save ends, or as its "
+                        rf"hold expires, (59|60) s from now at the latest\){re.escape(REFUSED)}", said), said  # fmt: skip
+    gate.release(held[0][1])
+    gate.hold(0.001, lambda: 0)  # a hold its saver never releases: it expires
+    wait_until(lambda: time.monotonic() >= gate.held_until, 30, "the hold's expiry")
     entered = []
-    with gate.shrink_slot(lambda: "a Shrink is running (of table 't')"):  # waits for the 0.2 s hold's expiry
+    with gate.shrink_slot(lambda: "a Shrink is running (of table 't')"):
         entered.append(True)
         with pytest.raises(CheckpointHoldError, match=r"^shard 4: a Shrink is running \(of table 't'\); a checkpoint"):
             gate.hold(60, lambda: 0)
     assert entered and gate.hold(60, lambda: 0)[1]  # taken once the Shrink ended
-    caller, failed = StandInCaller(), []
-
-    def shrink() -> None:
-        try:
-            with gate.shrink_slot(lambda: "a Shrink", caller):
-                entered.append(False)
-        except CallerGoneError as e:
-            failed.append(e)
-
-    waiting, wait = threading.Event(), gate._gate.wait
-    gate._gate.wait = lambda timeout=None: waiting.set() or wait(timeout)
-    thread = threading.Thread(target=shrink)
-    thread.start()
-    assert waiting.wait(30)
-    caller.leave()
-    thread.join(30)
-    assert entered == [True] and failed and "its caller left" in str(failed[0]), failed
 
 
-def test_a_shrink_sent_while_another_waits_for_a_hold_is_refused_saying_that_one_waits(tmp_path):
-    """A Shrink waits while a checkpoint holds its shard; a second one sent meanwhile is refused (one at a time),
-    its message saying the first waits for the hold (not that it runs, 0 rows scanned); the first runs once the
-    hold is released."""
-    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
-    try:
-        for cfg in TABLES:
-            shard.create_table(cfg)
-            shard.push(cfg.name, IDS, np.zeros((len(IDS), 2), np.float32))
-        _, token = shard.hold(60)
-        gate = shard.checkpoints.gate
-        waiting, wait = threading.Event(), gate._gate.wait
-        gate._gate.wait = lambda timeout=None: waiting.set() or wait(timeout)
-        shrunk: list = []
-        first = threading.Thread(target=lambda: shrunk.append(shard.shrink("a")))
-        first.start()
-        try:
-            assert waiting.wait(30)
-            with pytest.raises(ShrinkRunningError) as refused:
-                shard.shrink("b")
-        finally:
-            shard.release(token)
-            first.join(30)
-        said = str(refused.value)
-        assert re.match(
-            r"shard 0: a Shrink is waiting for a checkpoint's hold to end \(of table 'a', since \d{4}-\d\d-\d\d "
-            rf"\d\d:\d\d:\d\d UTC, \d+ s ago; it then scans {len(IDS)} rows\); one Shrink at a time: send no Shrink",
-            said,
-        ), said
-        assert shrunk and shrunk[0]["num_rows"] == len(IDS)
-    finally:
-        shard.close()
-
-
-def test_a_shrink_waits_for_a_save_whose_hold_was_released_while_it_runs():
+def test_a_save_whose_hold_was_released_while_it_runs_refuses_a_shrink_and_a_hold_until_it_ends():
     """PushHold alone: a checkpoint releases its hold while a save still writes (worker.checkpoint releases every
-    shard once one shard's save failed). A Shrink asked for then waits for the save's end, not the hold's."""
+    shard once one shard's save failed). A Shrink asked for then is refused, saying a save runs on; so is a hold
+    (its save would wait for that one's end, pushes paused meanwhile). Both are had once the save has ended."""
     gate = PushHold(2)
     token = gate.hold(60, lambda: 0)[1]
-    writing, written, order = threading.Event(), threading.Event(), []
+    writing, written = threading.Event(), threading.Event()
 
     def save_one() -> None:
         with gate.saving(token):
             writing.set()
             assert written.wait(30)
-            order.append("save ended")
 
     saver = threading.Thread(target=save_one)
     saver.start()
-    assert writing.wait(30)
-    gate.release(token)  # the save writes on
-    waiting, wait = threading.Event(), gate._gate.wait
-    gate._gate.wait = lambda timeout=None: waiting.set() or wait(timeout)
-
-    def shrink() -> None:
-        with gate.shrink_slot(lambda: "a Shrink is running (of table 't')"):
-            order.append("shrink ran")
-
-    shrinker = threading.Thread(target=shrink)
-    shrinker.start()
     try:
-        wait_until(lambda: waiting.is_set() or not shrinker.is_alive(), 30, "the Shrink waits, or has run")
-        assert order == [], "a Shrink ran while a save wrote"
+        assert writing.wait(30)
+        gate.release(token)  # the save writes on
+        said = _refused(gate)
+        with pytest.raises(CheckpointHoldError) as hold_refused:
+            gate.hold(60, lambda: 0)
     finally:
         written.set()
         saver.join(30)
-        shrinker.join(30)
-    assert order == ["save ended", "shrink ran"]
+    on = rf"shard 2: a checkpoint's save runs on it {SINCE}, its hold released: until that save ends"
+    assert re.fullmatch(on + re.escape(REFUSED), said), said
+    said = str(hold_refused.value)
+    assert re.fullmatch(on + "; one checkpoint at a time: take this one once that save has ended; nothing is held",
+                        said), said  # fmt: skip
+    ran = []
+    with gate.shrink_slot(lambda: "a Shrink is running"):
+        ran.append(True)
+    assert ran and gate.hold(60, lambda: 0)[1]

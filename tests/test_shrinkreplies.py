@@ -6,7 +6,7 @@ import pytest
 
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.diskfull import SHRINK_REMEDY, DiskFullError
-from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, TableNotFoundError
+from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, CheckpointHoldError, TableNotFoundError
 from ps.rows.layout import SHOW
 from worker.client import Client
 
@@ -38,6 +38,23 @@ def test_a_shrink_one_shard_refuses_names_the_shards_that_shrank(servers):
                          "shard 1 is mended: one sent again would decay their rows a second time")  # fmt: skip
     table = s0.shard.table("t")
     assert table.peek(np.array([1], np.uint64))[0, table.stats_col + SHOW] == 2.0  # shard 0 did shrink: 4 * 0.5
+
+
+def test_a_shrink_one_shard_refuses_while_a_checkpoint_holds_it_says_to_wait_for_the_next_one(servers):
+    """Shard 1 is held by a checkpoint: its refusal (CheckpointHoldError, nothing applied there) says to send the
+    Shrink once that checkpoint has ended, and the error adds that shard 0 shrank and that no Shrink goes before the
+    next one is due, also once shard 1's checkpoint has ended (shard 0's rows would decay twice)."""
+    addresses, s0, s1 = _two_shards_t_on_shard_0(servers)
+    s1.shard.create_table(CFG)
+    s1.shard.hold(60)
+    with Client(addresses, timeout_s=10, server_timeout_s=5) as client, pytest.raises(CheckpointHoldError) as e:
+        client.shrink("t")
+    said = str(e.value)
+    assert said.startswith(f"Shrink failed on shard 1: shard 1 at {addresses[1]}: Shrink failed with "
+                           "FAILED_PRECONDITION: shard 1: a checkpoint holds it since ")  # fmt: skip
+    assert said.endswith(". Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left): "
+                         f"those changes were {PARTLY_APPLIED}; send no Shrink before the next one is due, also once "
+                         "shard 1's checkpoint has ended: one sent again would decay their rows a second time")  # fmt: skip
 
 
 def test_a_shrink_every_shard_refuses_raises_the_first_refusal_as_it_is(servers):

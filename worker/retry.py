@@ -79,8 +79,8 @@ APPLIED_AGAIN_IF_SENT_AGAIN = {
     "Shrink": f"{SHRINK_NOT_AGAIN}: one sent again would decay the rows this one shrank a second time; the "
     "shard's log says how far it got, and 'shrink at step ...' with the seconds it took once it ended: a "
     "--timeout-s past those gives the next Shrink of these tables the time it needs",
-    "Checkpoint": "a hold whose reply was lost keeps the shard from taking pushes for up to --hold-timeout-s; a "
-    "larger --timeout-s gives a large shard's save the time it needs",
+    "Checkpoint": "a hold whose reply was lost keeps the shard from taking pushes and Shrinks for up to "
+    "--hold-timeout-s; a larger --timeout-s gives a large shard's save the time it needs",
 }
 
 

@@ -2,7 +2,8 @@
 
 Client.shrink sends every shard its Shrink at once. Where one fails and others shrank, those stay shrunk: their
 rows decayed once and their ids dropped. The failure alone would leave a reader to send the Shrink again once the
-failed shard is mended (a table restored, space freed), decaying the others' rows a second time, so the error
+failed shard is mended (a table restored, space freed) or its checkpoint has ended (a shard a checkpoint holds refuses
+a Shrink: ps.engine.hold), decaying the others' rows a second time, so the error
 raised names them, what each dropped, and that they take no Shrink before the next one is due (ps.errors
 partly_applied, as a shard's own refusal of a Shrink stopped part way: ps.engine.shrinkprogress; a full disk's
 remedy RETRY becomes SHRINK_REMEDY there too).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from protos import ps_pb2
 from ps.diskfull import SHRINK_REMEDY
-from ps.errors import PARTLY_APPLIED, SHRINK_NOT_AGAIN, PsError
+from ps.errors import PARTLY_APPLIED, SHRINK_NOT_AGAIN, CheckpointHoldError, PsError
 from ps.partlyapplied import partly_applied
 
 
@@ -21,10 +22,11 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     replies where no shard failed. Else raises the first failure: as it is where no shard shrank; where some did,
     reworded by ps.partlyapplied (its class and attributes kept) with "Shrink failed on shard <s>" and "Of
     the Shrink, shard(s) <those that shrank> shrank (<what each dropped and left>): those changes were
-    <PARTLY_APPLIED>; <SHRINK_NOT_AGAIN>, also once shard <s> is mended: one sent again would decay their rows a
-    second time" (and which other shards failed, where more did); a full disk's refusal with its remedy RETRY
-    replaced by SHRINK_REMEDY, where its shard sent its fields (DiskFullError.received) or, without them, its
-    message ends with it. The error keeps what the client noted of the refusal (refused_by)."""
+    <PARTLY_APPLIED>; <SHRINK_NOT_AGAIN>, also once shard <s> is mended (for a CheckpointHoldError: once shard <s>'s
+    checkpoint has ended): one sent again would decay their rows a second time" (and which other shards failed,
+    where more did); a full disk's refusal with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its
+    fields (DiskFullError.received) or, without them, its message ends with it. The error keeps what the client
+    noted of the refusal (refused_by)."""
     failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
     if not failed:
         return outcomes
@@ -36,7 +38,9 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
                        "left" for s, r in done)  # fmt: skip
     more = [s for s, _ in failed[1:]]
     also = f"; shard(s) {', '.join(map(str, more))} failed too" if more else ""
+    held = isinstance(error, CheckpointHoldError)  # a checkpoint holds it: nothing to mend, only to wait for
+    mended = f"shard {shard}'s checkpoint has ended" if held else f"shard {shard} is mended"
     outcome = (f"Of the Shrink, shard(s) {', '.join(str(s) for s, _ in done)} shrank ({shrank}): those changes were "
-               f"{PARTLY_APPLIED}; {SHRINK_NOT_AGAIN}, also once shard {shard} is mended: one sent again "
+               f"{PARTLY_APPLIED}; {SHRINK_NOT_AGAIN}, also once {mended}: one sent again "
                f"would decay their rows a second time{also}")  # fmt: skip
     raise partly_applied(error, f"Shrink failed on shard {shard}", outcome, remedy=SHRINK_REMEDY)

@@ -5,12 +5,15 @@ are done), saves each (a flush, then a RocksDB checkpoint into <dir>/shard-<id>:
 then releases them. A shard owns one PushHold, through its ShardCheckpoints (ps.engine.checkpointing).
 
 A hold and a Shrink exclude each other on a shard, so that a checkpoint holds a Shrink wholly or not at all, never the
-chunks or tables it wrote before the save and not those after: a Shrink asked for while a hold lasts or a save runs
-(its hold released meanwhile included: a checkpoint whose save failed on one shard releases every shard) waits for
-the hold's release (or expiry) and the save's end before it changes anything (shrink_slot), and a hold asked for
-while a Shrink runs is refused
-(CheckpointHoldError), holding nothing: a Shrink runs for minutes, and a hold that waited for it would stop the
-shard's pushes all that time.
+chunks or tables it wrote before the save and not those after; each is refused at once while the other lasts, holding
+or changing nothing (CheckpointHoldError, FAILED_PRECONDITION, not retried by clients), never made to wait: a Shrink
+asked for while a hold lasts or a save runs (shrink_slot; a save whose hold was released meanwhile included: a
+checkpoint whose save failed on one shard releases every shard), and a hold asked for while a Shrink runs. A Shrink
+runs for minutes, and a hold that waited for it would stop the shard's pushes all that time; a Shrink that waited
+for a hold would take a gRPC thread of the shard for as long as the hold lasts (up to MAX_HOLD_S), and its refusal
+says since when the checkpoint holds the shard, for up to how long, and to send the Shrink once it has ended.
+A hold asked for while a save whose hold was released runs on is refused too: its own save would wait for that one's
+end, its pushes paused and an RPC thread taken all that time, not looking whether its caller left.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from ps.errors import (
     CheckpointInProgressError,
     InvalidArgumentError,
 )
+from ps.utctime import utc
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: a hold is a part of its shard
 T = TypeVar("T")
@@ -53,13 +57,15 @@ class PushHold:
         self.shard_id = shard_id
         self._gate = threading.Condition()  # guards the fields below; notified when a push ends or a hold does
         self._saving = threading.Lock()  # one checkpoint save at a time (a second one to the same dir is refused)
-        self._saves = 0  # saves inside saving() (running, or waiting for _saving): a Shrink waits for them to end
+        self._saves = 0  # saves inside saving() (running, or waiting for _saving): no Shrink while one is
+        self._save_began = 0.0  # time.time() the first of the saves inside saving() began (for a refusal's message)
         self.held_until = 0.0  # monotonic time the hold expires; 0: not held; inf: a save runs under it, or the hold
         # waits for the pushes in flight
         self.token: str | None = None  # the hold's, which save and release need
         self._hold_s = 0.0  # the hold's timeout, counted again from the end of a save
         self._pushes_in_flight = 0
         self._held_at = 0.0  # monotonic time the hold was taken
+        self._held_since = 0.0  # time.time() it was asked for (for a refused Shrink's message)
         self._refused = 0  # pushes the hold refused (told once, at its end, not per push)
         self._waiting = False  # a hold waits for the pushes in flight (held_until inf meanwhile)
         self._ended_held_s = 0.0  # seconds the holds that ended (released, expired or dropped) refused pushes, summed
@@ -94,7 +100,8 @@ class PushHold:
         """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S) counted
         from when the pushes in flight are done (it waits for them first); returns (clock(), read then, token): save
         and release need the token. Every push acknowledged before this returns is in the checkpoint, none after.
-        One hold at a time: CheckpointHoldError while another lasts, and while a Shrink runs (shrink_slot).
+        One hold at a time: CheckpointHoldError while another lasts, while a save whose hold was released runs on,
+        and while a Shrink runs (shrink_slot).
         InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S. caller_gone: looked at as the wait wakes and once it
         ends (where it has watch(wake), ps.service_calls.CallerGone, the wait is woken as the caller leaves; else it
         looks every CALLER_CHECK_S); once true, the hold is dropped (pushes taken again) and CallerGoneError raised:
@@ -117,10 +124,15 @@ class PushHold:
                     "Shrink, so a shard takes no checkpoint hold while one runs: save once it has ended (the shard's "
                     "log says how far it got, and 'shrink at step ...' once it ended); nothing is held"
                 )
+            if self._saves:  # its hold released: this hold's save would wait for that one, pushes paused meanwhile
+                raise CheckpointHoldError(
+                    f"shard {self.shard_id}: {self._saving_on()}; one checkpoint at a time: take this one once that "
+                    "save has ended; nothing is held"
+                )
             if self.held_until:  # an expired hold nobody ended yet
                 self._end_hold(self.held_until)
             token = self.token = secrets.token_hex(8)
-            self._held_at = time.monotonic()
+            self._held_at, self._held_since = time.monotonic(), time.time()
             self.held_until = float("inf")  # pushes refused; the expiry counts once the pushes in flight are done
             self._hold_s, self._refused, self._waiting = timeout_s, 0, True
             try:
@@ -143,12 +155,11 @@ class PushHold:
                 raise CallerGoneError(f"shard {self.shard_id}: a checkpoint hold was dropped as it was taken: its "
                                       "caller left (its deadline passed, or it was cancelled); nothing is held")  # fmt: skip
             self.held_until = time.monotonic() + timeout_s
-            self._gate.notify_all()  # a Shrink waiting for the hold (shrink_slot) looks again: it has an expiry now
             log.info("checkpoint hold taken: pushes paused for at most %g s", timeout_s)
             return clock(), token
 
     def _hold_or_save(self, now: float) -> bool:
-        """Whether a checkpoint hold lasts at now (monotonic) or a save runs (under _gate): what a Shrink waits for."""
+        """Whether a checkpoint hold lasts at now (monotonic) or a save runs (under _gate): what refuses a Shrink."""
         return bool(self.held_until and now < self.held_until) or self._saves > 0
 
     def _wake(self) -> None:
@@ -185,13 +196,11 @@ class PushHold:
             return self._ended_held_s + max(0.0, lasted)
 
     def _other(self, now: float) -> str:
-        """Where the hold another checkpoint has (under _gate, lasting at now, or released while its save runs on)
-        is: taking itself, saving, or held until its checkpoint releases it, which a save does as it ends, and
-        expiring at the latest."""
+        """Where the hold another checkpoint has (under _gate, lasting at now) is: taking itself, saving, or held until
+        its checkpoint releases it, which a save does as it ends, and expiring at the latest."""
         if self._waiting:
-            return "its hold waits for the pushes in flight"
-        if not (self.held_until and now < self.held_until):  # a save runs on (a Shrink waits for it)
-            return "its hold was released, and its save runs on: waiting for its end"
+            return (f"its hold waits for the pushes in flight, then lasts up to {self._hold_s:g} s, and while its save "
+                    "runs")  # fmt: skip
         if math.isinf(self.held_until):
             return "it saves now, and releases the shard as its save ends"
         return (f"released as that checkpoint's save ends, or as its hold expires, {math.ceil(self.held_until - now)} "
@@ -222,6 +231,8 @@ class PushHold:
             if token != self.token or not self.held_until or time.monotonic() >= self.held_until:
                 raise CheckpointHoldError(f"shard {self.shard_id}: {self._not_held()}; nothing saved")
             self.held_until = float("inf")  # no expiry during the save
+            if not self._saves:
+                self._save_began = time.time()
             self._saves += 1  # under _gate with the check: a Shrink never sees neither the hold nor the save
         try:
             with self._saving:
@@ -231,45 +242,48 @@ class PushHold:
                 self._saves -= 1
                 if self.token == token:
                     self.held_until = time.monotonic() + self._hold_s
-                self._gate.notify_all()  # a Shrink waiting (shrink_slot) looks again: the hold's expiry, or its end
 
     @contextlib.contextmanager
-    def shrink_slot(self, running: Callable[[], str], caller_gone: Callable[[], bool] | None = None) -> Iterator[None]:
-        """Runs a Shrink's block with no checkpoint hold or save on the shard: waits first while a hold lasts (until
-        its release, or its expiry) or a save runs (until its end, its hold released or not), then refuses holds while the block runs, running() saying why ("a Shrink is running
-        (...)"). caller_gone: looked at as the wait wakes (woken as the caller leaves where it has watch(wake), else
-        every CALLER_CHECK_S); once true, CallerGoneError, and the block does not run."""
+    def shrink_slot(self, running: Callable[[], str]) -> Iterator[None]:
+        """Runs a Shrink's block with no checkpoint hold or save on the shard, refusing holds while it runs, running()
+        saying why ("a Shrink is running (...)"). While a hold lasts (until its release, or its expiry) or a save runs
+        (until its end, its hold released or not), refused at once: CheckpointHoldError, the block not run, saying
+        since when, for up to how long, and to send the Shrink once the checkpoint has ended (_shrink_refused)."""
         with self._gate:
-            waited = self._wait_for_the_hold(caller_gone)
+            now = time.monotonic()
+            if self._hold_or_save(now):
+                raise CheckpointHoldError(self._shrink_refused(now))
             self._shrink = running
-        if waited:
-            log.info("shrink waited %.1f s for a checkpoint's hold and save to end", waited)
         try:
             yield
         finally:
             with self._gate:
                 self._shrink = None
 
-    def _wait_for_the_hold(self, caller_gone: Callable[[], bool] | None) -> float:
-        """Waits (under _gate) while a checkpoint hold lasts or a save runs; returns the seconds waited.
-        CallerGoneError once caller_gone is true."""
-        started = time.monotonic()
-        if not self._hold_or_save(started):
-            return 0.0
-        log.info("shrink waits for a checkpoint's hold and save to end (%s)", self._other(started))
-        watched = watch_caller(caller_gone, self._wake)
-        while self._hold_or_save(time.monotonic()):
-            if caller_gone is not None and caller_gone():
-                raise CallerGoneError(f"shard {self.shard_id}: a Shrink waiting for a checkpoint's hold to end was "
-                                      f"dropped: its caller left (its deadline passed, or it was cancelled); "
-                                      f"{NOTHING_APPLIED}")  # fmt: skip
-            left = math.inf if self._saves else self.held_until - time.monotonic()  # inf: the hold waits for
-            # pushes, or a save runs (its hold released or not), which notify as they end
-            timeout = left if math.isfinite(left) else None  # woken as the hold gets its expiry, or ends
-            if caller_gone is not None and not watched:
-                timeout = CALLER_CHECK_S if timeout is None else min(timeout, CALLER_CHECK_S)
-            self._gate.wait(timeout)
-        return time.monotonic() - started
+    def _shrink_refused(self, now: float) -> str:
+        """The message of a Shrink refused (under _gate) while a hold lasts at now or a save runs: "shard 1: a
+        checkpoint holds it since 2026-12-07 19:41:05 UTC, 12 s ago (released as that checkpoint's save ends, or as
+        its hold expires, 48 s from now at the latest); a Shrink run meanwhile ... send the Shrink once that
+        checkpoint has ended; nothing was applied"."""
+        if self.held_until and now < self.held_until:
+            what = f"a checkpoint holds it since {_since(self._held_since)} ({self._other(now)})"
+        else:
+            what = self._saving_on()
+        return (f"shard {self.shard_id}: {what}; a Shrink run meanwhile would be saved in part by that checkpoint, "
+                "so a shard runs no Shrink while a checkpoint holds it or saves: send the Shrink once that checkpoint "
+                f"has ended; {NOTHING_APPLIED}")  # fmt: skip
+
+    def _saving_on(self) -> str:
+        """What a save whose hold was released, running on (under _gate), is: "a checkpoint's save runs on it since
+        2026-12-07 19:41:05 UTC, 3 s ago, its hold released: until that save ends"."""
+        return (
+            f"a checkpoint's save runs on it since {_since(self._save_began)}, its hold released: until that save ends"
+        )
+
+
+def _since(began: float) -> str:
+    """When began (time.time()) was, for a message: "2026-12-07 19:41:05 UTC, 12 s ago"."""
+    return f"{utc(began)}, {max(0.0, time.time() - began):,.0f} s ago"
 
 
 def check_caller(caller_gone: Callable[[], bool] | None, directory: str) -> None:

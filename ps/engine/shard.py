@@ -374,9 +374,10 @@ class Shard:
         while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S. caller_gone: a hold whose caller
         left before it was had is dropped (CallerGoneError; ps.engine.hold.PushHold.hold).
 
-        A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and Shrinks: a Shrink waits for
-        the hold's release, and a hold asked for while a Shrink runs is refused (CheckpointHoldError, nothing held),
-        so a checkpoint holds a Shrink wholly or not at all (ps.engine.hold PushHold.shrink_slot). An AdvanceClock
+        A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and Shrinks: a Shrink asked for
+        while it lasts or its save runs is refused, and a hold asked for while a Shrink runs, or while a save whose
+        hold was released runs on (CheckpointHoldError, nothing applied or held), so a checkpoint holds a Shrink
+        wholly or not at all (ps.engine.hold PushHold.shrink_slot). An AdvanceClock
         during the hold still runs and changes what the save records of this shard (a later clock than the one
         returned here)."""
         self.guard.refuse_if_lost()
@@ -399,7 +400,7 @@ class Shard:
         self.guard.refuse_if_lost()
         return self.pushes.advance_clock(steps)
 
-    def shrink(self, name: str = "", caller_gone: Callable[[], bool] | None = None) -> dict:
+    def shrink(self, name: str = "") -> dict:
         """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids.
         DataLossError, naming the key, before any table is changed, where one of them has a number that does not
         read (Store.table_number): a shrink stopped there would leave the tables before it shrunk, and its retry
@@ -408,16 +409,15 @@ class Shard:
         ShardNeedsRestartError's after its own words, which say what a restart does: a restart keeps those rows
         decayed). The log says how far a long one got every ps.progress.LOG_EVERY_S seconds, and how long
         it took. One Shrink at a time: ShrinkRunningError, changing nothing, while another runs (ShrinkRunning). No
-        Shrink while a checkpoint holds the shard: it waits for the hold's release or expiry before it changes
-        anything, and a hold asked for while it runs is refused (ps.engine.hold PushHold.shrink_slot); caller_gone:
-        a Shrink whose caller left during that wait is dropped (CallerGoneError, nothing applied)."""
+        Shrink while a checkpoint holds the shard or saves: CheckpointHoldError at once, changing nothing, saying
+        since when and for up to how long; and a hold asked for while it runs is refused (ps.engine.hold
+        PushHold.shrink_slot)."""
         self.guard.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
         for table in tables:
             self.store.table_number(table.name)
         progress = ShrinkProgress([t.name for t in tables], sum(t.shrink_rows for t in tables))
-        with self.shrink_running.begin(progress), self.checkpoints.gate.shrink_slot(progress.running, caller_gone):
-            progress.start()  # a wait for a checkpoint's hold is not the Shrink's time
+        with self.shrink_running.begin(progress), self.checkpoints.gate.shrink_slot(progress.running):
             try:
                 self.flush()  # shrink scans RocksDB: it must hold every row
                 for table in tables:

@@ -11,9 +11,9 @@ A Shrink of a large table runs for minutes (its scan reads every stored row): th
 ps.progress.LOG_EVERY_S seconds meanwhile, with the rows scanned of those the tables hold, the rate and the time left
 (scanned), and Shard.shrink a final line with the time it took.
 
-A Shrink runs with no checkpoint hold on its shard (ps.engine.hold PushHold.shrink_slot): it waits for a hold's
-release, and a hold asked for while it runs is refused, saying what runs (ShrinkProgress.running); a Shrink refused
-while another waits for the hold says that one waits.
+A Shrink runs with no checkpoint hold on its shard (ps.engine.hold PushHold.shrink_slot): one asked for while a hold
+lasts or a save runs is refused at once, and a hold asked for while it runs is refused, saying what runs
+(ShrinkProgress.running).
 
 One Shrink runs at a time on a shard (ShrinkRunning): another sent meanwhile (a client's whose deadline passed, an
 operator's) would decay the rows a second time, so it is refused (ShrinkRunningError), changing nothing, with when
@@ -51,13 +51,6 @@ class ShrinkProgress:
         self.table = tables[0] if tables else ""  # the table being scanned
         self.scan = LoggedCount(log, self._line)  # the rows scanned so far
         self.began_at = time.time()  # wall clock, for a refused Shrink's message
-        self.started = False  # False while it waits for a checkpoint's hold to end (PushHold.shrink_slot)
-
-    def start(self) -> None:
-        """Counts the Shrink's time and scan from now: it had to wait for a checkpoint's hold to end first."""
-        self.scan = LoggedCount(log, self._line)
-        self.began_at = time.time()
-        self.started = True
 
     def summary(self, clock: int, off: list[str]) -> str:
         """The line a Shrink's end logs: the ids dropped, the tables whose rules ran (those of `tables` not in off,
@@ -90,21 +83,12 @@ class ShrinkProgress:
         """What the chunks written changed of table: "1,024 rows decayed and 7 ids dropped"."""
         return f"{self.written[table]:,} rows decayed and {self.dropped[table]:,} ids dropped"
 
-    def now(self) -> str:
-        """What this Shrink is doing, for another Shrink's refusal: running(), or before start() "a Shrink is waiting
-        for a checkpoint's hold to end (of table 't', since 2026-12-07 19:41:05 UTC, 12 s ago; it then scans 20,580
-        rows)"."""
-        if self.started:
-            return self.running()
-        return (f"a Shrink is waiting for a checkpoint's hold to end ({self._of()}, since {utc(self.began_at)}, "
-                f"{self.scan.took_s():,.0f} s ago; it then scans {max(self.rows, self.scan.done):,} rows)")  # fmt: skip
-
     def _of(self) -> str:
         return f"of {_listed(self.tables)}" if self.tables else "of no table"
 
     def running(self) -> str:
-        """What this Shrink is, for the refusal of a call it keeps out once it runs (a checkpoint's hold, and through
-        now() another Shrink): "a Shrink is running (of table 't', since 2026-12-07 19:41:05 UTC, 12 s ago: 8,192 of
+        """What this Shrink is, for the refusal of a call it keeps out while it runs (a checkpoint's hold, another
+        Shrink): "a Shrink is running (of table 't', since 2026-12-07 19:41:05 UTC, 12 s ago: 8,192 of
         20,580 rows scanned so far)"."""
         total = max(self.rows, self.scan.done)
         what = self._of()
@@ -169,7 +153,7 @@ class ShrinkRunning:
     def _refusal(self, running: ShrinkProgress) -> str:
         """The message of a Shrink refused while `running` runs."""
         return (
-            f"shard {self.shard_id}: {running.now()}; one Shrink at a time: {SHRINK_NOT_AGAIN}: "
+            f"shard {self.shard_id}: {running.running()}; one Shrink at a time: {SHRINK_NOT_AGAIN}: "
             "one sent now would decay the rows that one shrinks a second time, and the next shrinks "
             f"what it leaves; {NOTHING_APPLIED}"
         )
