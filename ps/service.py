@@ -79,6 +79,7 @@ from ps.service_calls import CallerGone, RunningCalls, refuse, rpc_handler
 from ps.stamp import WorkerStamp
 
 if TYPE_CHECKING:
+    from ps.engine.table import Table
     from ps.metrics import ServerMetrics
 
 log = logging.getLogger("ps.service")
@@ -271,8 +272,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         held.handed("Pull", context.cancel, context.peer)
         return replies[0]
 
-    def _decode_push(self, request) -> TablePush:
-        """A PushRequest as a push of the shard's, with its lengths and dim checked."""
+    def _decode_push(self, request) -> tuple[TablePush, Table]:
+        """A PushRequest as a push of the shard's, with its lengths and dim checked, and the Table they were checked
+        against: the one the push goes to, and its rows sent back are read from (one replaced since refuses both)."""
         table = self.shard.table(request.table)
         if request.dim != table.dim:
             if request.dim in table.replaced_dims:  # the dim of a table this one replaced: its client read that one's
@@ -283,13 +285,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         grads = wire.decode_rows(request.grads, len(ids), table.dim, field="grads")
         shows = wire.decode_rows(request.shows, len(ids), 1, "shows")[:, 0] if request.shows else None
         clicks = wire.decode_rows(request.clicks, len(ids), 1, "clicks")[:, 0] if request.clicks else None
-        return TablePush(name=request.table, ids=ids, grads=grads, shows=shows, clicks=clicks,
+        push = TablePush(name=request.table, ids=ids, grads=grads, shows=shows, clicks=clicks,
                          add_delta=request.add_delta)  # fmt: skip
+        return push, table
 
     @rpc_handler
     def Push(self, request: Any, context: grpc.ServicerContext) -> Message:
-        push = self._decode_push(request)
-        self.shard.push(**push._asdict(), caller_gone=CallerGone(context))
+        push, table = self._decode_push(request)
+        self.shard.push(**push._asdict(), caller_gone=CallerGone(context), table=table)
         return ps_pb2.PushResponse(num_applied=len(push.ids))
 
     @rpc_handler
@@ -314,28 +317,31 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @rpc_handler
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
-        """Returns the PushBatchResponse already serialized (see handler). A push that asks rows back (return_rows)
-        is applied before its reply waits for reply room (ReplyRoom.hold), so a caller that leaves during that wait
-        gets an error (CallerGoneError) for a push that was applied: sent again with its client_id and seq it is
+        """Returns the PushBatchResponse already serialized (see handler). Each push's table is looked up once
+        (_decode_push): the push goes to that Table and the rows it asks back (return_rows) are read from it, so a
+        table replaced since (CreateTable replace_untrained) refuses the push before any of it is applied
+        (ShardClosingError, UNAVAILABLE: sent again, it goes to the new table). A push that asks rows back is applied
+        before its reply waits for reply room (ReplyRoom.hold), so a caller that leaves during that wait gets an
+        error (CallerGoneError) for a push that was applied: sent again with its client_id and seq it is
         deduplicated, while one sent without a client_id (0) is applied twice."""
         _check_count("PushBatch", "pushes", len(request.pushes))
         self.shard.check_state_id(request.state_id)
-        pushes = [self._decode_push(p) for p in request.pushes]
-        returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
-        back = [(self.shard.table(push.name), push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
+        decoded = [self._decode_push(p) for p in request.pushes]
+        pushes, tables = [push for push, _ in decoded], [table for _, table in decoded]
+        back = [(table, push.ids) for push, table, p in zip(pushes, tables, request.pushes) if p.return_rows]
         client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
         sync = stamp is not None and stamp.sync  # one PushBatch per shard and step: runs alone past the room
         if back:  # before the push: a rejected request changes nothing
-            size = self._check_reply("PushBatch", returned, runs_alone=sync)
+            size = self._check_reply("PushBatch", [(len(ids), table.dim) for table, ids in back], runs_alone=sync)
             cost = self.shard.pulls.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
-                pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context), request.shared
+                pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context), request.shared, tables
             )
         else:
             with self.shard.store.foreground.serving():
                 step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq,
-                                                      CallerGone(context), request.shared)  # fmt: skip
+                                                      CallerGone(context), request.shared, tables)  # fmt: skip
             num_applied = ids_applied(pushes, applied)
         if not back:
             return codec.encode_push_batch_response(num_applied, step, [], min_clock)

@@ -259,3 +259,38 @@ def test_a_pull_checked_against_a_table_replaced_by_one_of_its_dim_is_refused_as
     reply = call()
     rows = reply.rows if method == "Pull" else reply.replies[0].rows
     assert rows == bytes(4 * 2 * 100)  # zeros, 100 ids x dim 2
+
+
+def test_a_push_batch_whose_table_is_replaced_after_its_checks_is_refused_whole_or_applied_whole(small_limit):
+    """A replace of 's' (dim 2, adagrad, never trained) by a table of its dim and another spec (adam, zeros) right
+    after the servicer checked the rows a PushBatch asks back: the push goes to the table it was checked against,
+    which refuses it as replaced (UNAVAILABLE) with nothing applied to either table nor its seq used up; sent
+    again, it is applied to the new table, whose rows come back."""
+    stub, server = small_limit
+    shard, pulls = server.shard, server.shard.pulls
+    shard.create_table(TableConfig("s", 2))
+    real_check = pulls.check_pull_batch
+    new = TableConfig("s", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("adam"))
+
+    def check_then_replace(*args, **kwargs):
+        cost = real_check(*args, **kwargs)
+        pulls.check_pull_batch = real_check  # the first request's check only
+        shard.create_table(new, replace_untrained=True)
+        return cost
+
+    pulls.check_pull_batch = check_then_replace
+    ids = np.arange(1, 4, dtype=np.uint64)
+    push = ps_pb2.PushRequest(table="s", ids=wire.encode_ids(ids), grads=wire.encode_rows(np.ones((3, 2), np.float32)),
+                              dim=2, return_rows=True)  # fmt: skip
+    batch = ps_pb2.PushBatchRequest(pushes=[push], advance_clock=1, client_id=5, seq=1)
+    with pytest.raises(grpc.RpcError) as first:
+        stub.PushBatch(batch, timeout=30)
+    assert first.value.code() == grpc.StatusCode.UNAVAILABLE, first.value.details()
+    assert "table 's' was replaced just now" in first.value.details()
+    table = shard.table("s")
+    assert table.cfg.optimizer.name == "adam" and not table.trained and shard.clock == 0
+    assert 5 not in shard.journal.applied
+    reply = stub.PushBatch(batch, timeout=30)
+    assert reply.num_applied == 3 and reply.step == 1 and shard.table("s").trained
+    pulled = stub.Pull(pull_request(ids, "s"), timeout=30).rows
+    assert reply.rows[0].rows == pulled and pulled != bytes(4 * 2 * 3)  # adam moved the zeros

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,6 +46,9 @@ from ps.storage.journalformat import Origin
 from ps.storage.store import Store
 from ps.wire import repeats_ids
 
+if TYPE_CHECKING:
+    from ps.engine.table import Table
+
 
 class PushPath:
     def __init__(
@@ -54,14 +58,15 @@ class PushPath:
         store: Store,
         journal: Journal,
         room: RequestRoom,
-        check_push: Callable[[TablePush], CheckedPush],
+        check_push: Callable[[TablePush, Table | None], CheckedPush],
         apply_push: Callable[[CheckedPush, Origin], None],
         clock: int,
         notes: dict[int, tuple[int, int]],
     ):
         """lock: the shard's lock; store: where the clock and the advance notes are kept (set_clock,
         forget_advanced); journal: its `applied` table and note_applied; room: the request room each batch takes for
-        its copies; check_push / apply_push: the shard's check and apply of one push. clock and notes: the stored
+        its copies; check_push(push, table) / apply_push: the shard's check (Shard.check_push: table, the caller's Table of
+        the push, or None) and apply of one push. clock and notes: the stored
         clock and advance notes ({client: (client_seq, digest)}, ShardMeta.advanced), read before the journal's
         replay, whose flush may drop entries (forget_advances) that aged past the retention while the shard was
         down."""
@@ -106,6 +111,7 @@ class PushPath:
         caller_gone: Callable[[], bool] | None = None,
         step_sum: bool = False,
         shared: bool = False,
+        tables: Sequence[Table] | None = None,
     ) -> tuple[int, int]:
         """Several pushes of one request, then the clock advanced; returns (clock, pushes applied now: the last
         ones; ps.engine.push.ids_applied counts their ids). All are validated (duplicate ids included) before any
@@ -139,10 +145,14 @@ class PushPath:
 
         The caller holds its checkpoint hold's gate (ps.engine.hold). caller_gone: a wait for request room ends
         with CallerGoneError once it is true (ps.engine.room). step_sum: a sync step's sum, which runs alone where it
-        is larger than the request room, not refused."""
+        is larger than the request room, not refused. tables: the Table of each push, which the caller looked up (ps.service
+        reads the rows it sends back from them): each push goes to its Table, and one replaced or closed since
+        refuses it when applied (ShardClosingError: Table.push); None: each push's table looked up by name."""
+        if tables is not None and len(tables) != len(pushes):
+            raise ValueError(f"{len(tables)} tables given for {len(pushes)} pushes")
         if not client:
-            return self._apply_checked(self._check_batch(pushes), advance_clock, (0, 0, 0), 0, caller_gone,
-                                       step_sum)  # fmt: skip
+            return self._apply_checked(self._check_batch(pushes, tables=tables), advance_clock, (0, 0, 0), 0,
+                                       caller_gone, step_sum)  # fmt: skip
         if client_seq < 1:  # seq 0 would read as applied before: its clock advance dropped, silently
             raise InvalidArgumentError(
                 "a PushBatch with a client id numbers its requests to a shard from 1 (seq 1, 2, 3, ...); it came with "
@@ -166,7 +176,7 @@ class PushPath:
             whole = self.advanced.get(client, 0) >= client_seq
             done = client_seq == done_seq and done_parts >= len(pushes) and not advance_clock
             answered = whole or done or client_seq < done_seq
-            checked = self._check_batch(pushes, every_push=answered)  # still a bad request if it is one
+            checked = self._check_batch(pushes, answered, tables)  # still a bad request if it is one
             if answered:
                 _check_answered_advance(advance_clock)
             kept = not (shared or step_sum) and (client_seq == done_seq or not answered)  # compared or recorded
@@ -227,11 +237,14 @@ class PushPath:
                 f"clients it holds go on; {NOTHING_APPLIED}")  # fmt: skip
         return ClientTableFullError(text)
 
-    def _check_batch(self, pushes: list[TablePush], every_push: bool = False) -> list[CheckedPush]:
-        """The pushes of a batch, each checked (check_push) and for repeated ids: in a batch of several (a single
-        push's are found by Table.push before it changes anything), or, every_push, in any (a request answered
-        without applying it: no Table.push sees its ids)."""
-        checked = [self._check_push(p) for p in pushes]
+    def _check_batch(
+        self, pushes: list[TablePush], every_push: bool = False, tables: Sequence[Table] | None = None
+    ) -> list[CheckedPush]:
+        """The pushes of a batch, each checked (check_push, with its Table of tables, if given) and for repeated
+        ids: in a batch of several (a single push's are found by Table.push before it changes anything), or,
+        every_push, in any (a request answered without applying it: no Table.push sees its ids)."""
+        looked_up = [None] * len(pushes) if tables is None else tables
+        checked = [self._check_push(p, t) for p, t in zip(pushes, looked_up)]
         if len(checked) > 1 or every_push:
             for i, c in enumerate(checked):
                 if repeats_ids(c.ids):

@@ -124,7 +124,7 @@ class Shard:
         self.checkpoints = ShardCheckpoints(config, self.store, lambda: self.flush(), lambda: self.clock)  # hold, save
         self.pulls = PullPath(self.room, self.store.foreground, lambda ids: self.check_owned(ids))
         self.stamped = StampedPushes(self.jobs, self.pushes, self.room, self.checkpoints.gate,
-                                     lambda name: self.table(name), lambda push: self.check_push(push),
+                                     lambda name: self.table(name), lambda push, table: self.check_push(push, table),
                                      lambda *batch: self.push_batch(*batch))  # fmt: skip
         self._journal_mark = self.journal.bytes_written
         self.journal.on_lost = self.guard.on_lost  # the guard's listeners are told once the data dir is found lost
@@ -174,7 +174,7 @@ class Shard:
         clock, notes = self.store.meta.clock(), self.store.meta.advanced()  # before the replay's flush
         self.journal.applied.load(self.store.meta.applied())  # client requests applied before the last flush
         self.pushes = PushPath(self.shard_id, self._lock, self.store, self.journal, self.room,
-                               lambda push: self.check_push(push),
+                               lambda push, table: self.check_push(push, table),
                                lambda checked, origin: self.apply_push(checked, origin), clock, notes)  # fmt: skip
         records, step = replay(self.store, self.journal, self.tables, self._progress, self.config.accept_journal_loss)
         self.pushes.replayed_to(step)
@@ -278,12 +278,15 @@ class Shard:
         entry point (tests, benchmarks); the servicer calls Shard.pulls itself."""
         return self.pulls.pull(self.table(name), ids, out, caller_gone, cost)
 
-    def check_push(self, push: TablePush) -> CheckedPush:
+    def check_push(self, push: TablePush, table: Table | None = None) -> CheckedPush:
         """Validates a push without changing anything; returns it checked, for apply_push. shows / clicks: per id
         (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID, each id's clicks <= its shows; None: 1 show and 0 clicks
-        per id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
+        per id. add_delta: grads are deltas added to the embeddings (see the module docstring). table: the Table
+        the caller looked push.name up as (ps.service: the one it checked the push's dim against and reads rows
+        back from), which the push goes to: one replaced or closed since refuses it when applied, changing
+        nothing (ShardClosingError: Table.push); None: looked up here."""
         name, ids, grads = push.name, push.ids, push.grads
-        table = self.table(name)
+        table = self.table(name) if table is None else table
         if grads.shape != (len(ids), table.dim):
             raise InvalidArgumentError(
                 f"grads for table {name!r} have shape {grads.shape}, expected ({len(ids)}, {table.dim})"
@@ -318,14 +321,15 @@ class Shard:
         clicks: np.ndarray | None = None,
         add_delta: bool = False,
         caller_gone: Callable[[], bool] | None = None,
+        table: Table | None = None,
     ) -> None:
         """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID, clicks <= shows; None: 1 show
         and 0 clicks per id. add_delta: grads are deltas added to the embeddings (see the module docstring).
-        caller_gone: as pull's."""
+        caller_gone: as pull's. table: the Table looked up as name, as check_push takes it."""
         push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
         self.guard.refuse_if_lost()
         with self.checkpoints.gate.push_gate():
-            checked = self.check_push(push)
+            checked = self.check_push(push, table)
             cost = push_cost(len(checked.ids), checked.table.width)
             self.room.refuse_larger(cost, len(checked.ids), f"a Push of {len(checked.ids):,} ids to table {name!r}")
             with self.room.take(cost, caller_gone):
@@ -339,15 +343,16 @@ class Shard:
         client_seq: int = 0,
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
+        tables: Sequence[Table] | None = None,
     ) -> tuple[int, int]:
         """Several pushes of one request (TablePushes, or tuples in its field order: ps.engine.push.as_pushes), then
         the clock advanced, applied exactly once per (client, client_seq) under the checkpoint hold's gate;
         returns (clock, pushes applied now): ps.engine.pushpath's PushPath.push_batch says how (shared: a key any
-        caller sends)."""
+        caller sends; tables: the Table of each push, as check_push takes it)."""
         self.guard.refuse_if_lost()
         with self.checkpoints.gate.push_gate():
             return self.pushes.push_batch(as_pushes(pushes), advance_clock, client, client_seq, caller_gone,
-                                          shared=shared)  # fmt: skip
+                                          shared=shared, tables=tables)  # fmt: skip
 
     # ---- stamped pushes (ps.engine.stampedpush) ---------------------------------------------------------
     def push_stamped(
@@ -359,12 +364,13 @@ class Shard:
         stamp: WorkerStamp,
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
+        tables: Sequence[Table] | None = None,
     ) -> tuple:
         """A PushBatch of a job's worker, once the guard's refuse_if_lost has passed: StampedPushes.push says how.
-        Returns (clock, ids applied by this request, min_clock). pushes: as push_batch takes them."""
+        Returns (clock, ids applied by this request, min_clock). pushes, tables: as push_batch takes them."""
         pushes = as_pushes(pushes)
         self.guard.refuse_if_lost()
-        return self.stamped.push(pushes, advance_clock, client, client_seq, stamp, caller_gone, shared)
+        return self.stamped.push(pushes, advance_clock, client, client_seq, stamp, caller_gone, shared, tables)
 
     # ---- checkpoints (ps.engine.checkpointing) ------------------------------------------------------
     def hold(self, timeout_s: float, caller_gone: Callable[[], bool] | None = None) -> tuple[int, str]:

@@ -9,7 +9,7 @@ that it takes writes (WriteGuard.refuse_if_lost) before it hands a request over.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ps.engine.hold import PushHold
 from ps.engine.jobs import JobClocks
@@ -21,7 +21,9 @@ from ps.engine.syncsum import contribution
 from ps.engine.table import Table
 from ps.stamp import WorkerStamp
 
-PushBatchFn = Callable[[list[TablePush], int, int, int, Callable[[], bool] | None, bool], tuple[int, int]]
+PushBatchFn = Callable[
+    [list[TablePush], int, int, int, Callable[[], bool] | None, bool, Sequence[Table] | None], tuple[int, int]
+]
 
 
 class StampedPushes:
@@ -32,13 +34,13 @@ class StampedPushes:
         room: RequestRoom,
         gate: PushHold,
         table: Callable[[str], Table],
-        check_push: Callable[[TablePush], CheckedPush],
+        check_push: Callable[[TablePush, Table | None], CheckedPush],
         push_batch: PushBatchFn,
     ):
         """The shard's parts: jobs, its JobClocks; pushes, its PushPath (the clock, a sum's PushBatch); room, its
-        request room; gate, the checkpoint hold's push gate; table(name), check_push(push) and push_batch(pushes,
-        advance_clock, client, client_seq, caller_gone, shared): the shard's table lookup, its check of one push and its
-        PushBatch."""
+        request room; gate, the checkpoint hold's push gate; table(name), check_push(push, table) and push_batch(pushes,
+        advance_clock, client, client_seq, caller_gone, shared, tables): the shard's table lookup, its check of one push
+        (Shard.check_push) and its PushBatch."""
         self._jobs = jobs
         self._pushes = pushes
         self._room = room
@@ -56,6 +58,7 @@ class StampedPushes:
         stamp: WorkerStamp,
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
+        tables: Sequence[Table] | None = None,
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.followedjob and ps.engine.jobs): done or stopped (no
         pushes), sync (a contribution to the step's sum, applied once the step is complete; client tells two workers of
@@ -64,7 +67,8 @@ class StampedPushes:
         applied by this request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes
         nothing. caller_gone: see JobClocks.push_sync. shared: the PushBatch is marked shared (Client.push_once: applied
         once under a key any worker may send, none of the worker's steps), so client names no worker's process, and its
-        stamp says apart or unclocked (no clock moves), not done or stopped."""
+        stamp says apart or unclocked (no clock moves), not done or stopped. tables: the Table of each push, the caller's
+        (Shard.push_batch's tables), or None; a sync push's are those its contribution is checked against."""
         check_batch_stamp(stamp, shared, advance_clock)
         if stamp.stopped or stamp.done:  # refused before the job hears from it (JobClocks.check)
             check_stamp(stamp, pull=False)
@@ -76,24 +80,26 @@ class StampedPushes:
         if stamp.done:
             return self._pushes.clock, 0, self._jobs.finish(stamp)
         if stamp.sync:
-            applied, low = self._jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
+            applied, low = self._jobs.push_sync(stamp, self._contribution(pushes, advance_clock, tables), advance_clock,
                                                 self._apply_sum, client, caller_gone)  # fmt: skip
             return self._pushes.clock, applied, low
         try:
-            clock, applied = self._push_batch(pushes, advance_clock, client, client_seq, caller_gone, shared)
+            clock, applied = self._push_batch(pushes, advance_clock, client, client_seq, caller_gone, shared, tables)
         except BaseException:
             if claimed:
                 self._jobs.release(stamp)
             raise
         return clock, ids_applied(pushes, applied), self._jobs.pushed(stamp, owner, claimed)
 
-    def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
+    def _contribution(
+        self, pushes: list[TablePush], advance_clock: int, tables: Sequence[Table] | None = None
+    ) -> list[TablePush]:
         """A sync push's contribution (ps.engine.syncsum.contribution), its clock advance checked too, and its size:
         RequestTooLargeError, before anything is copied, past what a push may copy running alone."""
         cost = sum(push_cost(len(p.ids), self._table(p.name).width) for p in pushes)
         self._room.refuse_larger(cost, sum(len(p.ids) for p in pushes), f"a sync PushBatch of {len(pushes)} pushes",
                                  runs_alone=True)  # fmt: skip
-        out = contribution(pushes, self._check_push)
+        out = contribution(pushes, self._check_push, tables)
         self._pushes.check_advance(advance_clock)
         return out
 

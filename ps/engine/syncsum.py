@@ -6,7 +6,8 @@ once (ps.engine.syncsteps gathers the contributions and applies the sum).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,6 +15,9 @@ from ps.engine.push import CheckedPush, TablePush
 from ps.errors import NOTHING_APPLIED, NOTHING_OF_THE_STEP_APPLIED, InvalidArgumentError
 from ps.rows.update import OPTIMIZE
 from ps.wire import repeats_ids
+
+if TYPE_CHECKING:
+    from ps.engine.table import Table
 
 SYNC_KEY_BIT = 1 << 63  # set in every sync key, clear in every client's (ps.service.client_key): apart
 SUM_COPIES = 2  # sum_contributions' copies of what it sums, at most, its result included (tests/test_sync_memory.py)
@@ -37,13 +41,17 @@ def sync_key(job: int) -> int:
     return int.from_bytes(digest, "little") | SYNC_KEY_BIT
 
 
-def contribution(pushes: list[TablePush], check_push: Callable[[TablePush], CheckedPush]) -> list[TablePush]:
-    """Copies of a sync push's pushes, shows and clicks filled in (add_delta false), each validated by check_push
-    (Shard.check_push) and for repeated ids; InvalidArgumentError for an add_delta push (deltas are not summed
-    across workers)."""
+def contribution(
+    pushes: list[TablePush],
+    check_push: Callable[[TablePush, Table | None], CheckedPush],
+    tables: Sequence[Table] | None = None,
+) -> list[TablePush]:
+    """Copies of a sync push's pushes, shows and clicks filled in (add_delta false), each validated by
+    check_push(push, its Table of tables, or None: Shard.check_push) and for repeated ids; InvalidArgumentError for
+    an add_delta push (deltas are not summed across workers)."""
     out = []
     for i, p in enumerate(pushes):
-        c = check_push(p)
+        c = check_push(p, None if tables is None else tables[i])
         if c.rule != OPTIMIZE:
             raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) is add_delta, which a sync push "
                                        f"cannot carry; {NOTHING_APPLIED}")  # fmt: skip
