@@ -12,7 +12,12 @@ import pytest
 
 from ps import codec
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.errors import RamTierTooSmallError, ShardClosingError, TableExistsError, TableNotFoundError
+from ps.errors import (
+    InvalidArgumentError,
+    RamTierTooSmallError,
+    TableExistsError,
+    TableNotFoundError,
+)
 from tests.inprocess import InProcessTables
 from tests.worker_runs import SMALL, run
 from worker.__main__ import main as worker_main
@@ -168,15 +173,22 @@ def test_a_shard_replaces_a_table_only_while_it_was_never_trained(tmp_path):
     assert shard.pull("t", ids).shape == (5, 4)  # rows in its RAM tier, initial: not trained
     with pytest.raises(TableExistsError, match=r"dim: 4 != 8$"):
         shard.create_table(TableConfig("t", 8))
-    sized_for_the_old = np.full((5, 4), 7.0, np.float32)  # a Pull's reply sized before the replace
+    sized_for_the_old = np.full((5, 4), 7.0, np.float32)  # a caller's out array sized for the table replaced
     counted = ("pulls", "ids_pulled", "cache_misses", "evictions")
     counts = {k: shard.table("t").stats()[k] for k in counted}
     assert counts["pulls"] == 1 and counts["ids_pulled"] == 5
     shard.create_table(TableConfig("t", 8), replace_untrained=True)
     # the counts go on under the table's name (Stats, the metrics' counters): they count from the server's start
     assert {k: shard.table("t").stats()[k] for k in counted} == counts
-    with pytest.raises(ShardClosingError, match="'t' was replaced just now .* send the request again"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"table 't' \(dim 8\) writes into an out array of shape \(5, 8\), "
+        r"float32, C order; it got shape \(5, 4\), float32, C order",
+    ):
         shard.pull("t", ids, out=sized_for_the_old)
+    for wrong in (np.zeros((5, 8), np.float64), np.zeros((8, 5), np.float32).T):
+        with pytest.raises(InvalidArgumentError, match="writes into an out array"):
+            shard.pull("t", ids, out=wrong)
     assert (sized_for_the_old == 7.0).all()
     assert shard.pull("t", ids).shape == (5, 8)
     shard.push("t", ids[:3], np.ones((3, 8), np.float32))

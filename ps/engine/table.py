@@ -70,6 +70,17 @@ def layout_for(cfg: TableConfig) -> RowLayout:
     return RowLayout(cfg.dim, get_optimizer(cfg.optimizer).state_floats(cfg.dim), half_floats)
 
 
+def _check_out(out: np.ndarray, n: int, dim: int, name: str) -> None:
+    """InvalidArgumentError, before anything is written, unless out is what a pull of n ids of a table of dim writes
+    into: a C-contiguous (n, dim) float32 array (the gather writes rows into its memory and checks nothing)."""
+    if out.shape != (n, dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        order = "C order" if out.flags.c_contiguous else "not C order"
+        raise InvalidArgumentError(
+            f"a pull of {n:,} ids of table {name!r} (dim {dim}) writes into an out array of shape ({n}, {dim}), "
+            f"float32, C order; it got shape {out.shape}, {out.dtype}, {order}; nothing was written into it"
+        )
+
+
 class Table:
     def __init__(self, cfg: TableConfig, store: Store, journal: Journal, budget: MemoryBudget):
         self.cfg = cfg
@@ -128,9 +139,8 @@ class Table:
         ids = np.ascontiguousarray(ids, dtype="<u8")
         if out is None:
             out = np.empty((len(ids), self.dim), dtype=np.float32)
-        elif out.shape != (len(ids), self.dim):  # sized for the table this one replaced (the gather checks nothing)
-            raise ShardClosingError(f"table {self.name!r} was replaced just now by a table of its name and another "
-                                    "spec; send the request again")  # fmt: skip
+        else:
+            _check_out(out, len(ids), self.dim, self.name)
         with self.lock:
             self._check_open()
             chunks, ahead = list(self._chunks(len(ids))), None
