@@ -122,11 +122,17 @@ class RamTierTooSmallError(PsError, ValueError):
     @classmethod
     def received(cls, message: str, head: str, fields: dict[str, str]) -> "RamTierTooSmallError":
         """A client's copy of a shard's refusal (see PsError.received), with its fields where the shard sent both as
-        counts of ASCII digits; else its message alone (fields 0)."""
+        counts of at most 20 ASCII digits, each at most 2^64 - 1 (what a shard's counts can be: longer digit strings
+        would make int() or the bytes shown of them fail); else its message alone (fields 0)."""
         counts = [fields.get(name, "") for name in cls.wire_fields]
-        if not all(c.isascii() and c.isdigit() for c in counts):
+        if not all(_a_count(c) for c in counts):
             return cls(message)
         return cls(message, *(int(c) for c in counts))
+
+
+def _a_count(text: str) -> bool:
+    """Whether text is a count a shard sends: 1 to 20 ASCII digits, at most 2^64 - 1."""
+    return 0 < len(text) <= 20 and text.isascii() and text.isdigit() and int(text) < 1 << 64
 
 
 class TableNumbersExhaustedError(PsError):

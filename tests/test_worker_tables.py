@@ -377,12 +377,23 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
 
 
 def test_a_ram_tier_refusals_fields_cross_as_ascii_counts_or_not_at_all():
+    from worker.train import too_small_for_the_model
+
     fields = {"tables": "3", "floor_bytes": "229888"}
     copy = RamTierTooSmallError.received("head: refused", "head: ", fields)
     assert (str(copy), copy.tables, copy.floor_bytes) == ("head: refused", 3, 229_888)
-    for bad in ("", "-1", "1.5", "\u0663", "2,048", " 3"):
+    largest = str(2**64 - 1)
+    copy = RamTierTooSmallError.received("head: refused", "head: ", {"tables": largest, "floor_bytes": largest})
+    assert (copy.tables, copy.floor_bytes) == (2**64 - 1, 2**64 - 1)
+    assert "raise --cache-bytes to at least " in too_small_for_the_model(
+        copy, 1
+    )  # the largest counts: no OverflowError
+    for bad in ("", "-1", "1.5", "\u0663", "2,048", " 3", str(2**64), "0" * 21, "1" * 5000, "9" * 400):
         copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "floor_bytes": bad})
         assert (str(copy), copy.tables, copy.floor_bytes) == ("head: refused", 0, 0), bad
+        copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "tables": bad})
+        assert (copy.tables, copy.floor_bytes) == (0, 0), bad
+        assert too_small_for_the_model(copy, 3).startswith("head: refused; this run makes 3 more tables")
 
 
 def test_a_table_with_ids_pushed_but_not_admitted_on_one_shard_is_not_untrained():
