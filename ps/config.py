@@ -24,14 +24,9 @@ MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
 ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest float32 below 1
 MIN_POSITIVE_HYPERPARAMETER = 1e-30  # the least learning rate and epsilon, and the least magnitude other than 0 of
-# a new table's other hyperparameters (a decay, l1/l2, a bound, a threshold: TableConfig.check_new): a normal float32
+# a new table's other hyperparameters (a decay, l1/l2, a bound, a threshold: ps.newtable.check_new): a normal float32
 # whose reciprocal is finite (smaller ones become 0 or subnormal in the kernels' float32, so that they act as 0 or
 # slow every step, and a division by them overflows)
-MIN_ADMISSION_PROBABILITY = 2.0**-53  # a new table's least (TableConfig.check_new): the admission draw is a multiple
-# of 2**-53 (ps.rows.update), so a smaller probability admits as often as this one does
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-NORMAL_DRAW_MAX = math.sqrt(48 * math.log(2))  # the largest |draw| / scale of the normal initializer (~5.77):
-# Box-Muller's radius sqrt(-2 ln u) at its least u, 2**-24 (ps.rows.initializers)
 FTRL_TINY_GRADIENT = 2.0**-75  # the largest |g| whose float32 square is 0 (2**-150 rounds to 0, to even)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 DEFAULT_REPLY_BYTES = 1 << 30  # replies of rows built and not sent yet, all calls together, without --memory-bytes
@@ -74,21 +69,13 @@ MAX_CLIENTS = 1_000_000
 def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:
     """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER; `> 0` means at least
     MIN_POSITIVE_HYPERPARAMETER. A stored table's config meets this check when it opens: a new table's meets
-    check_float32_magnitude too (TableConfig.check_new)."""
+    ps.newtable.check_new too."""
     if not low_inclusive and low == 0:
         low, low_inclusive = MIN_POSITIVE_HYPERPARAMETER, True
     ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= MAX_HYPERPARAMETER
     if not ok:
         op = ">=" if low_inclusive else ">"
         raise InvalidArgumentError(f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}, got {value!r}")
-
-
-def check_float32_magnitude(what: str, value: float) -> None:
-    """InvalidArgumentError unless value is 0 or of magnitude at least MIN_POSITIVE_HYPERPARAMETER: 1e-320 is no
-    value a float32 kernel holds. A rule of a new table's options (TableConfig.check_new) only."""
-    if 0 < abs(value) < MIN_POSITIVE_HYPERPARAMETER:
-        raise InvalidArgumentError(f"{what} must be 0 or at least {MIN_POSITIVE_HYPERPARAMETER:g} in magnitude (a "
-                                   f"smaller one is 0 or subnormal in float32), got {value!r}")  # fmt: skip
 
 
 def check_table_name(name: str) -> None:
@@ -100,7 +87,7 @@ def check_table_name(name: str) -> None:
 
 
 def ftrl_divides_by_zero(at: str, whose: str = "") -> str:
-    """The advice for ftrl with beta 0 and l2 0, whose divisor is 0 at `at` (a dim, and why): TableConfig.check_new
+    """The advice for ftrl with beta 0 and l2 0, whose divisor is 0 at `at` (a dim, and why): ps.newtable.check_new
     adds the table's name before it, ps.rows.optim.Ftrl.non_finite_cause the dim, and whose="the table's "."""
     return (f"ftrl with beta 0 and l2 0 divides by (beta + sqrt(n)) / learning_rate + l2, 0 at {at}; give "
             f"{whose}ftrl params.beta > 0 (default 1) or params.l2 > 0")  # fmt: skip
@@ -293,70 +280,6 @@ class TableConfig:
         if self.values_at_rest and self.values_at_rest not in VALUES_AT_REST:
             raise InvalidArgumentError(f"table {self.name!r}: values_at_rest {echo(self.values_at_rest)} is unknown; "
                                        f"expected one of {VALUES_AT_REST}, or '' for unspecified")  # fmt: skip
-
-    def check_new(self) -> None:
-        """InvalidArgumentError for settings that validate() takes (self passed it) but a table made now may not
-        have; a table a data dir holds already (a checkpoint's included) opens without these checks:
-        - an option other than 0 of magnitude below MIN_POSITIVE_HYPERPARAMETER (check_float32_magnitude), an
-          eviction decay below it included: 0 or subnormal in the kernels' float32, it acts as 0 (a weight_bound of
-          it is no bound, a decay of it zeroes the counts) or slows every step;
-        - an admission probability below MIN_ADMISSION_PROBABILITY, which admits as often as that one does;
-        - ftrl with beta 0 and l2 0. FTRL holds its embedding as a function of its state, -(z - sign(z) l1) /
-          ((beta + sqrt(n)) / lr + l2), whose divisor is then 0 at every dim whose n is 0: such a row cannot hold
-          an initial embedding other than 0 (a dim's first gradient of exactly 0 sets it to 0), and a gradient
-          whose square is 0 in float32 (|g| <= FTRL_TINY_GRADIENT) makes it non-finite: the push is refused (with
-          a weight_bound, the dim is clipped to the bound instead);
-        - ftrl whose initial z passes float32's largest (_ftrl_initial_z_overflow)."""
-        self._check_new_floats()
-        p = self.optimizer.all_params() if self.optimizer.name == "ftrl" else {}
-        if p and p["beta"] == 0 and p["l2"] == 0:
-            advice = ftrl_divides_by_zero(
-                "a dim until a gradient's square there is non-zero in float32: it cannot hold initial embeddings "
-                f"other than 0, and a gradient of |g| <= {FTRL_TINY_GRADIENT:.2g} would make the row non-finite"
-            )
-            raise InvalidArgumentError(f"table {self.name!r}: {advice}")
-        overflow = self._ftrl_initial_z_overflow()
-        if overflow:
-            raise InvalidArgumentError(f"table {self.name!r}: {overflow}")
-
-    def _ftrl_initial_z_overflow(self) -> str | None:
-        """Why ftrl's initial z = -w (beta / learning_rate + l2) - sign(w) l1 (ps.rows.optim.Ftrl.init_state) may
-        pass float32's largest for the initial embeddings w the initializer makes (|w| up to scale, or
-        NORMAL_DRAW_MAX times scale for normal): such a row's z is Inf, and every push to it is refused as a float32
-        overflow. None for other optimizers, zeros, and z within float32."""
-        if self.optimizer.name != "ftrl" or self.initializer.name == "zeros":
-            return None
-        p, lr, init = self.optimizer.all_params(), float(self.optimizer.learning_rate), self.initializer
-        w = float(np.float32(init.scale)) * (NORMAL_DRAW_MAX if init.name == "normal" else 1.0)
-        z = w * (p["beta"] / lr + p["l2"]) + p["l1"]
-        if z <= FLOAT32_MAX:
-            return None
-        most = f"{NORMAL_DRAW_MAX:.4g} times scale" if init.name == "normal" else "scale"
-        return (f"ftrl's initial z = -w (beta / learning_rate + l2) - sign(w) l1 reaches {z:.3g} for initial embeddings "
-                f"|w| up to {w:.3g} ({init.name} initializer: {most} {init.scale:g}; learning_rate {lr:g}, params.beta "
-                f"{p['beta']:g}, l2 {p['l2']:g}, l1 {p['l1']:g}), past float32's {FLOAT32_MAX:.3g}: such a row's z "
-                "is Inf and every push to it would be refused; lower the initializer's scale or beta, l2 and l1, or "
-                "raise learning_rate")  # fmt: skip
-
-    def _check_new_floats(self) -> None:
-        """check_new's rules of the float options: each other than 0 is a normal float32, and admission probability
-        is at least MIN_ADMISSION_PROBABILITY."""
-        at = f"table {self.name!r}: "
-        if self.eviction.decay < MIN_POSITIVE_HYPERPARAMETER:
-            raise InvalidArgumentError(f"{at}eviction decay must be in [{MIN_POSITIVE_HYPERPARAMETER:g}, 1] (a "
-                                       "smaller one is 0 or subnormal in float32: it would zero the counts), got "
-                                       f"{self.eviction.decay!r}")  # fmt: skip
-        if self.admission.probability < MIN_ADMISSION_PROBABILITY:
-            raise InvalidArgumentError(f"{at}admission probability must be in [2**-53, 1] (a draw is a multiple of "
-                                       f"2**-53, so a smaller one admits as 2**-53 does), got "
-                                       f"{self.admission.probability!r}")  # fmt: skip
-        options = {"initializer scale": self.initializer.scale, "weight_bound": self.weight_bound, "l2": self.l2}
-        options |= {f"{self.optimizer.name} {k}": v for k, v in self.optimizer.all_params().items()}
-        options |= {
-            f"eviction {k}": getattr(self.eviction, k) for k in ("score_threshold", "nonclk_coeff", "click_coeff")
-        }
-        for what, value in options.items():
-            check_float32_magnitude(at + what, value)
 
     def as_new(self) -> TableConfig:
         """The config of a table made of self: an unspecified values_at_rest ("") is FULL_AT_REST, "float32"."""

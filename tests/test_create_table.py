@@ -13,6 +13,7 @@ import pytest
 from protos import ps_pb2
 from ps import codec
 from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
+from ps.engine import tablemaker
 from ps.engine.shard import Shard
 from ps.errors import (
     DataLossError,
@@ -276,7 +277,7 @@ def test_ftrl_without_beta_and_l2_is_refused_for_a_new_table_only(tmp_path, two_
             client.create_table(cfg)
         assert e.value.status == "INVALID_ARGUMENT"
         assert not s0.shard.tables and not s1.shard.tables
-    monkeypatch.setattr(TableConfig, "check_new", lambda self: None)  # a data dir made before the check
+    monkeypatch.setattr(tablemaker, "check_new", lambda cfg: None)  # a data dir made before the check
     old = Shard(ServerConfig(data_dir=str(tmp_path / "old")))
     old.create_table(cfg)
     ids = np.array([1, 2], np.uint64)

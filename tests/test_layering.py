@@ -3,9 +3,9 @@ x`, relative, inside functions too), with no exemptions:
 
 - ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
       foundation  ps.errors, ps.errornames, ps.replacedstate, ps.emptyflags, ps.diskfull, ps.partlyapplied,
-                  ps.hashing, ps.bytesize, ps.config, ps.server_config, ps.table_toml, ps.sharding, ps.checkpoint,
-                  ps.wire, ps.codec, ps.utctime, ps.progress, ps.stamp, ps.terminate, ps.signalsafe, ps.metricshttp,
-                  ps.storage.atomicfile (stdlib only: ps.checkpoint writes the manifest with it)
+                  ps.hashing, ps.bytesize, ps.config, ps.newtable, ps.server_config, ps.table_toml, ps.sharding,
+                  ps.checkpoint, ps.wire, ps.codec, ps.utctime, ps.progress, ps.stamp, ps.terminate, ps.signalsafe,
+                  ps.metricshttp, ps.storage.atomicfile (stdlib only: ps.checkpoint writes the manifest with it)
       accel       ps.accel.*    optional OS-level accelerations
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
@@ -44,6 +44,7 @@ FOUNDATION = {
     "ps.hashing",
     "ps.bytesize",
     "ps.config",
+    "ps.newtable",
     "ps.server_config",
     "ps.table_toml",
     "ps.sharding",

@@ -106,6 +106,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from ps.config import InitializerConfig, TableConfig  # noqa: E402
+from ps.engine import tablemaker  # noqa: E402
 from ps.engine.shard import Shard  # noqa: E402
 from ps.rows.initializers import init_rows  # noqa: E402
 from ps.server_config import ServerConfig  # noqa: E402
@@ -232,11 +233,11 @@ def test_a_push_whose_step_overflows_a_row_is_refused_whole_and_denormal_gradien
 
 
 def test_an_ftrl_table_of_beta_0_and_l2_0_refuses_a_gradient_squaring_to_0_saying_why(tmp_path, monkeypatch):
-    """Such a table (one a data dir holds from before TableConfig.check_new refused the settings) divides by
+    """Such a table (one a data dir holds from before ps.newtable.check_new refused the settings) divides by
     sqrt(n) alone: a gradient whose float32 square is 0 (|g| <= 2**-75) on a dim whose n is 0 would make the row
     non-finite, and the refusal names the parameters, the dim and what to set, not an overflow; the next float32 up
     is taken. A dim whose n is not 0 (dim 1 of id 2) is not named; an overflow is still called one."""
-    monkeypatch.setattr(TableConfig, "check_new", lambda self: None)
+    monkeypatch.setattr(tablemaker, "check_new", lambda cfg: None)
     cfg = TableConfig("t", DIM, InitializerConfig("zeros"), OptimizerConfig("ftrl", 0.05, {"beta": 0.0, "l2": 0.0}))
     shard = Shard(ServerConfig(data_dir=str(tmp_path)))
     try:

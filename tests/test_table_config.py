@@ -17,6 +17,7 @@ from ps.config import (
     TableConfig,
 )
 from ps.errors import InvalidArgumentError, TableExistsError
+from ps.newtable import check_new
 from ps.table_toml import table_configs_from_toml
 from worker.client import Client
 from worker.train_config import TrainConfig
@@ -121,7 +122,7 @@ def test_a_float_option_too_small_for_float32_but_not_0_is_refused_for_a_new_tab
     cfg = TableConfig("t", 2, **dict(FLOAT_OPTIONS[option][0]))
     cfg.validate()
     with pytest.raises(InvalidArgumentError) as refused:
-        cfg.check_new()
+        check_new(cfg)
     assert str(refused.value) == "table 't': " + FLOAT_OPTIONS[option][1]
 
 
@@ -143,14 +144,14 @@ def test_the_smallest_float_options_other_than_0_are_taken():
         TableConfig("t", 2, optimizer=OptimizerConfig("adam", small, {"beta1": small, "beta2": 0.0})),
     ]:  # fmt: skip
         cfg.validate()
-        cfg.check_new()
+        check_new(cfg)
 
 
 def test_a_toml_decay_of_a_subnormal_is_refused_for_a_new_table():
     cfg = TableConfig(**table_configs_from_toml("[emb]\ndim = 4\neviction = { decay = 1e-320 }")["emb"])
     cfg.validate()
     with pytest.raises(InvalidArgumentError, match=r"^table 'emb': eviction decay must be in \[1e-30, 1\]"):
-        cfg.check_new()
+        check_new(cfg)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZER_PARAMS))

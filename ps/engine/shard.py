@@ -193,7 +193,7 @@ class Shard:
         self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None
     ) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not); a
-        table made (or replaced) must pass TableConfig.check_new too (InvalidArgumentError).
+        table made (or replaced) must pass ps.newtable.check_new too (InvalidArgumentError).
         replace_untrained: an existing table of another config that was never trained (Table.trained: no id ever
         pushed to it on this shard) is replaced by a new one of cfg (the rows a pull put in its RAM tier, its
         initial rows, go with it); one that was trained is refused (TableExistsError).

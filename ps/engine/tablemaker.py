@@ -13,6 +13,7 @@ from collections.abc import Callable
 from ps.config import TableConfig
 from ps.engine.table import Table, layout_for
 from ps.errors import TableExistsError
+from ps.newtable import check_new
 from ps.rows.layout import RowLayout
 from ps.storage.budget import MemoryBudget
 from ps.storage.journal import Journal
@@ -31,7 +32,7 @@ class TableMaker:
         self, cfg: TableConfig, replace_untrained: bool, check_replace: Callable[[str], None] | None
     ) -> tuple[Table, str]:
         """Shard.create_table's work, cfg normalized, the shard's lock held: the existing table of cfg's spec, or a
-        new one (TableConfig.check_new, then check_new's refusals), or `replace_untrained`'s; and the line to log
+        new one (ps.newtable.check_new, then check_new's refusals), or `replace_untrained`'s; and the line to log
         of the table made or replaced ("" for the existing one). check_replace(name): the shard's job refusing a
         replace (JobConflictError); None: a create stamped by a job's worker, never refused so."""
         table, diff, cfg = self._existing(cfg)
@@ -71,11 +72,11 @@ class TableMaker:
     def _existing(self, cfg: TableConfig) -> tuple[Table | None, list[str], TableConfig]:
         """(the table of cfg's name, or None; how its config differs from cfg; cfg, or, unless that table is of
         cfg's spec, the config a table made of it gets, TableConfig.as_new). Unless that table is of cfg's spec,
-        cfg is checked as a new table's first (TableConfig.check_new)."""
+        cfg is checked as a new table's first (ps.newtable.check_new)."""
         table = self.tables.get(cfg.name)
         diff = table.cfg.differences(cfg) if table is not None else []
         if table is None or diff:
-            cfg.check_new()
+            check_new(cfg)
             cfg = cfg.as_new()
         return table, diff, cfg
 
