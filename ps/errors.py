@@ -104,30 +104,38 @@ class SyncStepTooLargeError(PsError):
     status = "RESOURCE_EXHAUSTED"
 
 
+RAM_TIER_BUDGETS = ("cache", "memory", "cache+memory")  # RamTierTooSmallError.budget: the flags it asks raised
+
+
 class RamTierTooSmallError(PsError, ValueError):
     """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share
     of it (CreateTable), or a checkpoint's tables (restore). Raise --cache-bytes (or --memory-bytes), keep
-    fewer tables on a shard, or send fewer ids per request. Its fields (wire_fields, 0 where not known): `tables`,
-    the number of tables the tier was asked to share (a refused CreateTable's table number), and `floor_bytes`, the
-    least share each of them must hold; so a worker sizes what its whole model needs without reading the message."""
+    fewer tables on a shard, or send fewer ids per request. Its fields (wire_fields, 0 or "" where not known):
+    `tables`, the number of tables the tier was asked to share (a refused CreateTable's table number),
+    `floor_bytes`, the least share each of them must hold, and `budget`, the flags the refusal asks raised (one of
+    RAM_TIER_BUDGETS: "cache", --cache-bytes; "memory", --memory-bytes, whose rest is the tier; "cache+memory",
+    --cache-bytes and --memory-bytes to hold it); so a worker sizes what its whole model needs, and says which flag
+    to raise, without reading the message."""
 
     status = "RESOURCE_EXHAUSTED"
-    wire_fields = ("tables", "floor_bytes")
+    wire_fields = ("tables", "floor_bytes", "budget")
 
-    def __init__(self, message: str, tables: int = 0, floor_bytes: int = 0):
+    def __init__(self, message: str, tables: int = 0, floor_bytes: int = 0, budget: str = ""):
         super().__init__(message)
         self.tables = tables
         self.floor_bytes = floor_bytes
+        self.budget = budget
 
     @classmethod
     def received(cls, message: str, head: str, fields: dict[str, str]) -> "RamTierTooSmallError":
-        """A client's copy of a shard's refusal (see PsError.received), with its fields where the shard sent both as
-        counts of at most 20 ASCII digits, each at most 2^64 - 1 (what a shard's counts can be: longer digit strings
-        would make int() or the bytes shown of them fail); else its message alone (fields 0)."""
-        counts = [fields.get(name, "") for name in cls.wire_fields]
-        if not all(_a_count(c) for c in counts):
+        """A client's copy of a shard's refusal (see PsError.received), with its fields where the shard sent both
+        counts as at most 20 ASCII digits, each at most 2^64 - 1 (what a shard's counts can be: longer digit strings
+        would make int() or the bytes shown of them fail), and a budget of RAM_TIER_BUDGETS; else its message alone
+        (fields 0 and "")."""
+        counts, budget = [fields.get("tables", ""), fields.get("floor_bytes", "")], fields.get("budget", "")
+        if not (all(_a_count(c) for c in counts) and budget in RAM_TIER_BUDGETS):
             return cls(message)
-        return cls(message, *(int(c) for c in counts))
+        return cls(message, *(int(c) for c in counts), budget)
 
 
 def _a_count(text: str) -> bool:

@@ -660,6 +660,7 @@ def test_a_start_on_tables_the_ram_tier_cannot_hold_names_the_least_that_holds_t
                                                    r"--cache-bytes to at least (.+)$") as info:  # fmt: skip
         Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=1 << 20))
     least = info.value.tables * info.value.floor_bytes  # the figure the message names, as a field
+    assert info.value.budget == "cache"  # the flag it names, as a field
     assert str(info.value).endswith(f"at least {exact_bytes(least)}") and least > 0, str(info.value)
     Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=least)).close()  # that much is enough for all four
 
@@ -675,6 +676,7 @@ def test_under_memory_bytes_alone_a_start_names_the_least_memory_bytes_that_hold
                                                    r".*raise --memory-bytes to at least (\d+)M") as info:  # fmt: skip
         Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=96 << 20))
     least = int(re.search(r"at least (\d+)M", str(info.value)).group(1))
+    assert info.value.budget == "memory"  # the flag it names, as a field
     Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=least << 20)).close()
     with pytest.raises(RamTierTooSmallError):
         Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=(least - 1) << 20))

@@ -784,12 +784,13 @@ def test_every_error_class_with_wire_fields_reads_them_back():
     own received, which sets them, so no field a shard sends is dropped by the client."""
     from ps import errors
 
-    counts = {"RamTierTooSmallError": "7"}  # a class whose fields are counts: sample values of that form
+    # classes whose fields take values of a form: sample values of it
+    samples = {"RamTierTooSmallError": {"tables": "7", "floor_bytes": "7", "budget": "cache+memory"}}
     senders = [c for c in error_classes() if c.wire_fields]
     assert senders, "no class sends fields"
     for cls in senders:
         assert cls.received.__func__ is not errors.PsError.received.__func__, cls.__name__
-        fields = {name: counts.get(cls.__name__, f"{name} value") for name in cls.wire_fields}
+        fields = {name: samples.get(cls.__name__, {}).get(name, f"{name} value") for name in cls.wire_fields}
         error = cls.received("head: message", "head: ", fields)
         assert all(str(getattr(error, name)).endswith(fields[name]) for name in cls.wire_fields), cls.__name__
     plain = errors.TableNotFoundError.received("head: no table", "head: ", {"what": "x"})

@@ -193,7 +193,8 @@ def test_a_table_one_shards_ram_tier_cannot_take_is_created_on_none(two_shards):
             client.create_table(TableConfig("w4", WIDE))
         assert e.value.status == "RESOURCE_EXHAUSTED"
         # its fields cross with it: 5 tables, each share at least MIN_SHARE_BYTES (rows of over 4 KiB)
-        assert (type(e.value), e.value.tables, e.value.floor_bytes) == (RamTierTooSmallError, 5, MIN_SHARE_BYTES)
+        fields = (e.value.tables, e.value.floor_bytes, e.value.budget)
+        assert (type(e.value), *fields) == (RamTierTooSmallError, 5, MIN_SHARE_BYTES, "cache")
         assert sorted(s0.shard.tables) == sorted(s1.shard.tables) == [f"w{i}" for i in range(4)]
         with pytest.raises(TableNotFoundError):
             client.describe_table("w4")

@@ -143,3 +143,20 @@ def test_a_refusal_one_byte_short_shows_two_figures_apart():
     leaving, least = re.search(r"leaving (.+?) for the RAM tier \(at least (.+?)\)", text).groups()
     assert (leaving, least) == (f"{MIN_RAM_TIER_BYTES - 1:,} bytes", f"{MIN_RAM_TIER_BYTES:,} bytes")
     assert "--cache-bytes 20.0 KiB is less" in _refusal(None, 20 * 1024)  # figures that read apart keep their form
+
+
+def test_a_ram_tier_refusal_names_its_flags_in_words_and_in_its_budget_field():
+    """raise_ram_tier_to's words and ram_tier_budget (RamTierTooSmallError.budget) name the same flags: the
+    --cache-bytes that set the tier; --memory-bytes where the tier is what it leaves; both where a --cache-bytes
+    large enough would not fit in --memory-bytes."""
+    need = 512 * MiB
+    cases = [
+        (plan_memory(None, 64 * MiB), "cache", "raise --cache-bytes to at least 512.0 MiB"),
+        (plan_memory(640 * MiB, None), "memory", "raise --memory-bytes to at least "),
+        (plan_memory(640 * MiB, 64 * MiB), "cache+memory", "raise --cache-bytes to at least 512.0 MiB and --memory"),
+        (plan_memory(8 << 30, 64 * MiB), "cache", "raise --cache-bytes to at least 512.0 MiB"),
+    ]
+    for plan, budget, words in cases:
+        assert plan.ram_tier_budget(need) == budget
+        said = plan.raise_ram_tier_to(need)
+        assert said.startswith(words) and ("--memory-bytes" in said) == ("memory" in budget), said

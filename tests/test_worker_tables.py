@@ -347,7 +347,8 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
     refusal = ("the RAM tier (--cache-bytes 300.0 KiB) cannot take table number 2: shared by 2 tables it gives each "
                "150.0 KiB, under the 224.5 KiB a table's share must hold (256 rows of the widest table, 898 bytes a "
                "row); raise --cache-bytes to at least 449.0 KiB")  # fmt: skip
-    assert str(refused.value) == refusal and (refused.value.tables, refused.value.floor_bytes) == (2, 256 * 898)
+    fields = (refused.value.tables, refused.value.floor_bytes, refused.value.budget)
+    assert str(refused.value) == refusal and fields == (2, 256 * 898, "cache")
     said = too_small_for_the_model(refused.value, 5)
     assert (  # 7 shares of 229,888 bytes: 1,609,216 bytes, which 1.5 MiB rounds
         said.startswith(refusal)
@@ -357,21 +358,24 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
         "raise --cache-bytes to at least 449.0 KiB",
         "raise --memory-bytes to at least 200M, which leaves the RAM tier 449.0 KiB",
     )
-    said = too_small_for_the_model(RamTierTooSmallError(bounded, 2, 256 * 898), 5)
+    said = too_small_for_the_model(RamTierTooSmallError(bounded, 2, 256 * 898, "memory"), 5)
     assert "raise --memory-bytes until it leaves the RAM tier 1.5 MiB (1,609,216 bytes) for them all" in said
     assert "--cache-bytes to at least" not in said
     both = refusal.replace("449.0 KiB", "449.0 KiB and --memory-bytes to at least 80M")
-    said = too_small_for_the_model(RamTierTooSmallError(both, 2, 256 * 898), 5)
+    said = too_small_for_the_model(RamTierTooSmallError(both, 2, 256 * 898, "cache+memory"), 5)
     assert "raise --cache-bytes to at least 1.5 MiB (1,609,216 bytes) for them all and --memory-bytes to fit it" in said
     assert too_small_for_the_model(refused.value, 0) == refusal  # the last table: the shard's figure is the whole need
-    # the figures come from the fields, not the message: a message naming other figures changes nothing
+    # the figures and flags come from the fields, not the message: a message naming others changes nothing
     other = refusal.replace("224.5 KiB", "1.0 GiB").replace("table number 2", "table number 9")
-    assert too_small_for_the_model(RamTierTooSmallError(other, 2, 256 * 898), 5).endswith(
+    other = other.replace("raise --cache-bytes", "raise --memory-bytes") + " and --memory-bytes to at least 80M"
+    assert too_small_for_the_model(RamTierTooSmallError(other, 2, 256 * 898, "cache"), 5).endswith(
         "7 in all: raise --cache-bytes to at least 1.5 MiB (1,609,216 bytes) for them all (more if a later table's "
         "rows are wider); the tables made so far stay, and are replaced by a later run if they differ from its settings"
     )
-    for fieldless in (RamTierTooSmallError(refusal), RamTierTooSmallError.received(refusal, "", {"tables": "2"})):
-        assert too_small_for_the_model(fieldless, 3) == (  # a shard that sent no fields (or not both)
+    no_budget = {"tables": "2", "floor_bytes": str(256 * 898)}
+    received = [RamTierTooSmallError.received(refusal, "", sent) for sent in ({"tables": "2"}, no_budget)]
+    for fieldless in (RamTierTooSmallError(refusal), *received):
+        assert too_small_for_the_model(fieldless, 3) == (  # a shard that sent no fields (or not all three)
             f"{refusal}; this run makes 3 more tables after this one, each needing its share too"
         )
 
@@ -379,21 +383,25 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
 def test_a_ram_tier_refusals_fields_cross_as_ascii_counts_or_not_at_all():
     from worker.train import too_small_for_the_model
 
-    fields = {"tables": "3", "floor_bytes": "229888"}
+    fields = {"tables": "3", "floor_bytes": "229888", "budget": "memory"}
     copy = RamTierTooSmallError.received("head: refused", "head: ", fields)
-    assert (str(copy), copy.tables, copy.floor_bytes) == ("head: refused", 3, 229_888)
+    assert (str(copy), copy.tables, copy.floor_bytes, copy.budget) == ("head: refused", 3, 229_888, "memory")
     largest = str(2**64 - 1)
-    copy = RamTierTooSmallError.received("head: refused", "head: ", {"tables": largest, "floor_bytes": largest})
+    copy = RamTierTooSmallError.received(
+        "head: refused", "head: ", {**fields, "tables": largest, "floor_bytes": largest}
+    )
     assert (copy.tables, copy.floor_bytes) == (2**64 - 1, 2**64 - 1)
-    assert "raise --cache-bytes to at least " in too_small_for_the_model(
-        copy, 1
-    )  # the largest counts: no OverflowError
+    said = too_small_for_the_model(copy, 1)  # the largest counts: no OverflowError
+    assert "raise --memory-bytes until it leaves the RAM tier " in said
     for bad in ("", "-1", "1.5", "\u0663", "2,048", " 3", str(2**64), "0" * 21, "1" * 5000, "9" * 400):
         copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "floor_bytes": bad})
         assert (str(copy), copy.tables, copy.floor_bytes) == ("head: refused", 0, 0), bad
         copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "tables": bad})
         assert (copy.tables, copy.floor_bytes) == (0, 0), bad
         assert too_small_for_the_model(copy, 3).startswith("head: refused; this run makes 3 more tables")
+    for bad in ("", "Cache", "cache ", "disk"):
+        copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "budget": bad})
+        assert (copy.tables, copy.floor_bytes, copy.budget) == (0, 0, ""), bad
 
 
 def test_a_table_with_ids_pushed_but_not_admitted_on_one_shard_is_not_untrained():

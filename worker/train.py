@@ -349,17 +349,18 @@ def _finish(cfg: TrainConfig, data: DataSource, position: PositionWriter | None,
 
 def too_small_for_the_model(refused: RamTierTooSmallError, tables_after: int) -> str:
     """A shard's refusal of a table its RAM tier cannot share ("... cannot take table number n ... raise
-    --cache-bytes (or --memory-bytes) ...", its fields `tables` = n and `floor_bytes`, the least share of each),
-    with what the whole model needs: the run makes tables_after more tables after this one, each with its share."""
+    --cache-bytes (or --memory-bytes) ...", its fields `tables` = n, `floor_bytes`, the least share of each, and
+    `budget`, the flags to raise), with what the whole model needs: the run makes tables_after more tables after
+    this one, each with its share."""
     refusal = str(refused)
     if not tables_after:
         return refusal
-    if not (refused.tables and refused.floor_bytes):  # a shard that sent no fields
+    if not (refused.tables and refused.floor_bytes and refused.budget):  # a shard that sent no fields
         return f"{refusal}; this run makes {tables_after} more tables after this one, each needing its share too"
     n, floor = refused.tables + tables_after, refused.floor_bytes
     need = exact_bytes(n * floor)
-    fits = " and --memory-bytes to fit it" if "and --memory-bytes to at least" in refusal else ""
-    if "raise --memory-bytes" in refusal:  # the shard's RAM tier is what its --memory-bytes leaves
+    fits = " and --memory-bytes to fit it" if refused.budget == "cache+memory" else ""
+    if refused.budget == "memory":  # the shard's RAM tier is what its --memory-bytes leaves
         change = (f"raise --memory-bytes until it leaves the RAM tier {need} for them all (a server given "
                   f"--cache-bytes {n * floor} with a --memory-bytes too small for it names the least that fits)")  # fmt: skip
     else:

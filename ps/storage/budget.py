@@ -80,13 +80,16 @@ Failed = tuple[Member, Exception]  # a table whose give_up failed in reclaim(), 
 class MemoryBudget:
     """Bytes the RAM tiers of one server may use, shared by its tables (see the module docstring)."""
 
-    def __init__(self, limit_bytes: int, source: str = "", raise_to: Callable[[int], str] | None = None):
+    def __init__(self, limit_bytes: int, source: str = "", raise_to: Callable[[int], str] | None = None,
+                 budget: Callable[[int], str] | None = None):  # fmt: skip
         """source: how limit_bytes was set, for messages (default "--cache-bytes N", N in exact_bytes' form);
         raise_to(n): what to change for a RAM tier of n bytes (default "raise --cache-bytes to at least n");
-        ps.storage.memory.MemoryPlan gives both."""
+        budget(n): the flags that says to raise, a refusal's `budget` field (default "cache");
+        ps.storage.memory.MemoryPlan gives all three."""
         self.limit_bytes = int(limit_bytes)
         self.source = source or f"--cache-bytes {exact_bytes(self.limit_bytes)}"
         self.raise_to = raise_to or (lambda n: f"raise --cache-bytes to at least {exact_bytes(n)}")
+        self.budget = budget or (lambda n: "cache")
         self.used_bytes = 0
         self._lock = threading.Lock()
         self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
@@ -113,7 +116,7 @@ class MemoryBudget:
         self.check_room(n, widest, f"cannot take table number {n}")
 
     def check_room(self, n: int, widest: int, what: str) -> None:
-        """RamTierTooSmallError ("the RAM tier (...) {what}: ...", its fields n and the floor) if n tables whose
+        """RamTierTooSmallError ("the RAM tier (...) {what}: ...", its fields n, the floor and the budget) if n tables whose
         widest rows cost `widest` bytes would get shares under the floor."""
         share, floor = self.limit_bytes // n, min_share_bytes(widest)
         if share < floor:
@@ -123,6 +126,7 @@ class MemoryBudget:
                 f"rows of the widest table, {widest:,} bytes a row); {self.raise_to(n * floor)}",
                 tables=n,
                 floor_bytes=floor,
+                budget=self.budget(n * floor),
             )
 
     def leave(self, member: Member) -> None:

@@ -92,15 +92,24 @@ class MemoryPlan:
         return f"--cache-bytes {exact_bytes(self.ram_tier_bytes)}"
 
     def raise_ram_tier_to(self, need_bytes: int) -> str:
-        """What to change so that the RAM tier holds need_bytes: the flag that set it, and --memory-bytes where
-        the larger tier would not fit in it."""
-        if not self.bounded:
+        """What to change so that the RAM tier holds need_bytes: the flags ram_tier_budget names."""
+        budget = self.ram_tier_budget(need_bytes)
+        if budget == "cache":
             return f"raise --cache-bytes to at least {exact_bytes(need_bytes)}"
         least = smallest_memory_bytes(need_bytes) // MiB
-        if not self.cache_given:
+        if budget == "memory":
             return f"raise --memory-bytes to at least {least}M, which leaves the RAM tier {exact_bytes(need_bytes)}"
-        more = f" and --memory-bytes to at least {least}M" if least * MiB > self.memory_bytes else ""
-        return f"raise --cache-bytes to at least {exact_bytes(need_bytes)}{more}"
+        return f"raise --cache-bytes to at least {exact_bytes(need_bytes)} and --memory-bytes to at least {least}M"
+
+    def ram_tier_budget(self, need_bytes: int) -> str:
+        """The flags to raise so that the RAM tier holds need_bytes (ps.errors.RAM_TIER_BUDGETS): "cache", the
+        flag that set it; "memory", where the tier is what --memory-bytes leaves; "cache+memory", --cache-bytes and
+        --memory-bytes too, where the larger tier would not fit in it."""
+        if not self.bounded:
+            return "cache"
+        if not self.cache_given:
+            return "memory"
+        return "cache+memory" if smallest_memory_bytes(need_bytes) > self.memory_bytes else "cache"
 
     def describe(self) -> str:
         """The plan as the server logs it at start, every part in MiB (_in_mib: they add up to the bound). Without a
