@@ -10,6 +10,8 @@ import math
 import os
 import pathlib
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -41,6 +43,7 @@ OPTIMIZERS = {
 }
 STEPS = 20
 WORLD = 2
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHORT = 5  # rank 1 runs out of batches SHORT steps before rank 0: finish() keeps it in rank 0's last steps
 
 
@@ -659,6 +662,14 @@ def test_a_local_step_with_a_gradient_not_finite_says_so_and_changes_nothing(nam
         fresh.apply(expected, g)
     np.testing.assert_array_equal(weights, expected)
     assert local.steps == fresh.steps == 3
+
+
+def test_the_allreduce_path_imports_not_the_step_that_calls_it():
+    """worker/allreduce.py takes DivergedError from worker/diverged.py, not from its caller worker/step.py (which
+    brings scoring, metrics and the row source with it)."""
+    code = "import sys, worker.allreduce; print([m for m in ('worker.step', 'worker.scoring') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_ftrl_is_refused():

@@ -50,9 +50,9 @@ from ps.errors import NOTHING_APPLIED
 from worker.allreduce_group import init_process_group_from_env, rank_device, timed_out, torch_reason
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
+from worker.diverged import DivergedError
 from worker.local_optimizer import LocalOptimizer, NonFiniteStepError
 from worker.models.spec import DenseParam
-from worker.step import DivergedError
 
 WRITE_EVERY_S = 30.0  # the writer's writes of the MLP to the servers while the job trains
 

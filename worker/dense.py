@@ -12,7 +12,7 @@ loop `values`, the weights the next forward uses, and takes each step's gradient
     inline True:   the loop sends add() / push_items() with its sparse push and take()s the rows it returns
     inline False:  the loop calls step(grads)
     flush():       every gradient given so far applied, values fresh, the model on the servers complete
-    diverged(e):   the worker's step diverged (worker.step's DivergedError e): raises e, a collective path
+    diverged(e):   the worker's step diverged (worker.diverged's DivergedError e): raises e, a collective path
                    (allreduce) once every worker has learnt of it in the step's all_reduce (they raise one too)
     finish(leave): the worker has no more batches: its gradients applied (allreduce: with the others'), and leave()
                    (its row source's finish: the worker is done) once nothing more of the MLP is to be written

@@ -19,6 +19,7 @@ from ps.rows.finite import first_non_finite
 from ps.terminate import result_of
 from worker.batch import Batch, TableIds
 from worker.dense import DensePath
+from worker.diverged import DivergedError
 from worker.models.spec import ModelSpec
 from worker.scoring import HUGE_NUMBERS_ADVICE, model_inputs
 
@@ -85,11 +86,6 @@ class Step:
             result_of(pushing)
         except Exception as e:
             log.warning("the step's push failed too, as the step stopped: %s", e)
-
-
-class DivergedError(ValueError):
-    """A training step whose predictions or gradients hold an Inf or NaN: the model diverged (its weights, or the
-    features fed to them, overflow float32). The step pushed nothing."""
 
 
 def check_finite(step: int, probs: np.ndarray, row_grads: dict[str, np.ndarray],
