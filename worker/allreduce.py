@@ -50,7 +50,7 @@ from ps.errors import NOTHING_APPLIED
 from worker.allreduce_group import init_process_group_from_env, rank_device, timed_out, torch_reason
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
-from worker.diverged import DivergedError
+from worker.diverged import DIVERGED_ADVICE, DivergedError
 from worker.local_optimizer import LocalOptimizer, NonFiniteStepError
 from worker.models.spec import DenseParam
 
@@ -222,9 +222,7 @@ class AllReduceDense:
         return DivergedError(
             f"training diverged in step {self.syncs + 1} of the allreduce group ({self.world_size} workers): the "
             f"predictions or gradients of {which} hold an Inf or NaN (its output says which): the model's weights, "
-            "or the features fed to them, overflow float32. No worker applied the MLP's step. Train with a lower "
-            "--learning-rate (the sparse tables') or --dense-learning-rate (the MLP's), and look for huge numbers in "
-            "the data (numeric columns, feature weights)"
+            "or the features fed to them, overflow float32. No worker applied the MLP's step. " + DIVERGED_ADVICE
         )
 
     def _element(self, index: int) -> tuple[str, int, int]:

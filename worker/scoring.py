@@ -12,14 +12,12 @@ from typing import Any
 import numpy as np
 
 from worker.batch import Batch, TableIds, table_ids
+from worker.diverged import HUGE_NUMBERS_ADVICE
 from worker.metrics import ScoreStream, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import prefetched
 from worker.progress_lines import JSON_EVERY_S, ExamplesProgress, progress_line
 from worker.steprows import pull_rows
-
-# what to look for where float32 overflows in the model (a NaN score here, a diverged step in worker/step.py)
-HUGE_NUMBERS_ADVICE = "look for huge numbers in the data (numeric columns, feature weights)"
 
 
 def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray]) -> ModelInputs:

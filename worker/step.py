@@ -19,9 +19,9 @@ from ps.rows.finite import first_non_finite
 from ps.terminate import result_of
 from worker.batch import Batch, TableIds
 from worker.dense import DensePath
-from worker.diverged import DivergedError
+from worker.diverged import DIVERGED_ADVICE, DivergedError
 from worker.models.spec import ModelSpec
-from worker.scoring import HUGE_NUMBERS_ADVICE, model_inputs
+from worker.scoring import model_inputs
 
 log = logging.getLogger("worker.step")
 
@@ -107,8 +107,7 @@ def check_finite(step: int, probs: np.ndarray, row_grads: dict[str, np.ndarray],
         raise DivergedError(
             f"training diverged in step {step + 1}: the model's {what} hold {float(a.flat[bad])} ({count:,} of "
             f"{a.size:,} values not finite): its weights, or the features fed to them, overflow float32. The step "
-            "pushed nothing. Train with a lower --learning-rate (the sparse tables') or --dense-learning-rate (the "
-            f"MLP's), and {HUGE_NUMBERS_ADVICE}"
+            f"pushed nothing. {DIVERGED_ADVICE}"
         )
 
 
