@@ -29,6 +29,7 @@ from worker.allreduce_group import ENV_VARS, init_process_group_from_env, rank_d
 from worker.batch import Bags, Batch, table_ids  # noqa: E402
 from worker.client import PushItem  # noqa: E402
 from worker.dense import DenseSync, table_config  # noqa: E402
+from worker.diverged import DIVERGED_ADVICE  # noqa: E402
 from worker.local_optimizer import LocalOptimizer  # noqa: E402
 from worker.models.spec import ModelSpec, uniform_fields  # noqa: E402
 from worker.scoring import field_tables  # noqa: E402
@@ -281,7 +282,8 @@ def test_a_step_that_diverges_on_one_rank_raises_diverged_error_on_every_rank_at
     """worker/step.py over --dense allreduce: rank 1's step diverges (NaN predictions) while rank 0's does not.
     Rank 1 still takes part in the step's all_reduce, so every rank raises DivergedError at that step (rank 0's
     names rank 1; rank 1's says what diverged), rather than rank 0 failing with a peer gone or hanging; no rank
-    applied the step, and the group goes on working. The same where rank 0 waits in finish() for rank 1's steps."""
+    applied the MLP's step, rank 0's row push of it landed (rank 1 pushed nothing), and the group goes on working.
+    The same where rank 0 waits in finish() for rank 1's steps."""
     import json
 
     out = scenarios / "diverging"
@@ -299,6 +301,12 @@ def test_a_step_that_diverges_on_one_rank_raises_diverged_error_on_every_rank_at
             f"training diverged in step {DIVERGES + 1}: the model's predictions hold nan"
         )
         assert rank1["pushes"] == DIVERGES  # the step that diverged pushed no rows
+        # rank 0's row push of that step, in flight beside the all_reduce, landed (in finish() it had no step to push)
+        assert rank0["pushes"] == (DIVERGES + 1 if case == "stepping" else DIVERGES), (case, rank0)
+        assert rank0["message"].endswith(
+            "No worker applied the MLP's step; the row pushes of that step by the workers whose step did not "
+            "diverge were applied. " + DIVERGED_ADVICE
+        ), rank0
         values = [np.load(out / f"{case}.{r}.npy") for r in range(WORLD)]
         np.testing.assert_array_equal(values[0], values[1])
         np.testing.assert_array_equal(values[0][0], values[0][1])  # the values and the weights: the step before

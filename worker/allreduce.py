@@ -16,7 +16,9 @@ mean with an Inf or NaN (a worker's loss diverged), or a step that would make a 
 (float32 overflow), is refused as a server refuses such a push: every rank raises ValueError at that step, its values
 and optimizer state those of the step before. A worker whose step diverged (worker.step's check_finite: an Inf or NaN
 in its predictions or gradients) still takes part in the step's all_reduce (diverged()), with its flag set and no
-gradient: every rank then raises DivergedError at that step, naming the ranks that diverged, before any change.
+gradient: every rank then raises DivergedError at that step, naming the ranks that diverged, the MLP unchanged. The
+other ranks' row pushes of that step, in flight beside the all_reduce (worker/step.py), are applied, as where the
+optimizer refuses a step: the worker whose step diverged pushed nothing of it.
 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
@@ -140,7 +142,7 @@ class AllReduceDense:
     def diverged(self, error: Exception) -> None:
         """This worker's step diverged (error: worker.step's check_finite): it takes part in the step's all_reduce,
         adding no gradient and its divergence flag, so that every rank raises DivergedError at this step, none
-        having changed anything; raises error here (also where the group failed meanwhile: the divergence is the
+        having changed the MLP; raises error here (also where the group failed meanwhile: the divergence is the
         error to report, the group's failure chained to it)."""
         if self._closed:
             raise RuntimeError("AllReduceDense.diverged after close()")
@@ -171,8 +173,8 @@ class AllReduceDense:
     def _reduce_and_apply(self, has_batch: float, diverged: Exception | None = None) -> int:
         """One all_reduce of the buffer (this worker's gradients, or zeros without a batch or where its step
         diverged); applies the mean over the workers that had a batch, the lowest of them the writer, unless a
-        worker's step diverged: then it raises DivergedError (diverged, this worker's own, where given) and changes
-        nothing. Returns how many had a batch (0: every worker is done, nothing applied)."""
+        worker's step diverged: then it raises DivergedError (diverged, this worker's own, where given), the MLP
+        unchanged. Returns how many had a batch (0: every worker is done, nothing applied)."""
         if not has_batch or diverged is not None:
             self._grads[:] = 0.0
         flags = self._buffer[len(self._grads) : len(self._grads) + self.world_size]
@@ -203,8 +205,9 @@ class AllReduceDense:
     def _refusal(self, e: NonFiniteStepError) -> ValueError:
         """The ValueError of a step the optimizer refused (e: at its first non-finite element), as a server refuses
         a push of an Inf or NaN gradient, or one that would overflow a row: raised by every rank at the same step
-        (they hold the same mean), before any change. Not a server's error: the writer saves the MLP of the step
-        before as it stops (worker.allreduce_stop.save_dense_on_stop)."""
+        (they hold the same mean), the MLP unchanged (the rows' pushes of the step, in flight beside it, are
+        applied). Not a server's error: the writer saves the MLP of the step before as it stops
+        (worker.allreduce_stop.save_dense_on_stop)."""
         grad = float(self._grads[e.index])
         name, row, col = self._element(e.index)
         where = f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the step before"
@@ -217,12 +220,14 @@ class AllReduceDense:
         )
 
     def _diverged_error(self, ranks: list[int]) -> DivergedError:
-        """The DivergedError of a rank whose step did not diverge, where those of ranks did."""
+        """The DivergedError of a rank whose step did not diverge, where those of ranks did: this rank's rows' push
+        of the step, in flight beside the all_reduce, is applied (worker/step.py settles it)."""
         which = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
         return DivergedError(
             f"training diverged in step {self.syncs + 1} of the allreduce group ({self.world_size} workers): the "
             f"predictions or gradients of {which} hold an Inf or NaN (its output says which): the model's weights, "
-            "or the features fed to them, overflow float32. No worker applied the MLP's step. " + DIVERGED_ADVICE
+            "or the features fed to them, overflow float32. No worker applied the MLP's step; the row pushes "
+            "of that step by the workers whose step did not diverge were applied. " + DIVERGED_ADVICE
         )
 
     def _element(self, index: int) -> tuple[str, int, int]:

@@ -4,7 +4,9 @@ step (a background push's error, an allreduce's) ends the step once the rows' pu
 loop then tells the shards the worker stopped, and no push of the worker may come after that. A forward or backward
 pass that gives an Inf or NaN (a diverging model) ends the step before it pushes anything (DivergedError), with no
 numpy RuntimeWarning (overflow, invalid value) printed before it; a logit that overflows to Inf is one such, its
-probability NaN in both backends (worker/models/numpy_backend.py probabilities), not a saturated 0 or 1.
+probability NaN in both backends (worker/models/numpy_backend.py probabilities), not a saturated 0 or 1. Under
+--dense allreduce the other workers' steps end with a DivergedError too, their MLP unchanged, while their rows' pushes
+of that step, in flight beside the all_reduce, are applied (settle()), as where the MLP's step fails otherwise.
 """
 
 from __future__ import annotations
