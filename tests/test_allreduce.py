@@ -680,6 +680,20 @@ def test_the_allreduce_path_imports_not_the_step_that_calls_it():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.parametrize(("weights", "grads"), [(6, 6), (4, 6), (6, 4), (3, 3)])
+def test_a_local_step_of_another_size_than_the_optimizers_is_refused_and_changes_nothing(weights, grads):
+    local = LocalOptimizer(OPTIMIZERS["adam"], 4)
+    w, g = np.ones(weights, np.float32), np.ones(grads, np.float32)
+    state = [local._before.copy(), local.m.copy(), local.v.copy()]
+    expected = rf"weights have shape \({weights},\) and grads \({grads},\), expected \(4,\) each"
+    with pytest.raises(ValueError, match=expected):
+        local.apply(w, g)
+    np.testing.assert_array_equal(w, np.ones(weights, np.float32))
+    for before, now in zip(state, [local._before, local.m, local.v], strict=True):
+        np.testing.assert_array_equal(before, now)
+    assert local.steps == 0
+
+
 def test_ftrl_is_refused():
     with pytest.raises(ValueError, match="not 'ftrl'"):
         LocalOptimizer(OptimizerConfig("ftrl", 0.1), 4)

@@ -52,8 +52,15 @@ class LocalOptimizer:
         """One step on weights (float32, in place) with grads of the same shape, in one compiled pass: it writes
         the new weights in place, the weights before and the new state into the step's buffers, and tells whether
         any new weight or state element is not finite. None: the new state takes the old one's place; else the
-        weights before are put back, and NonFiniteStepError names the first such element, nothing changed."""
+        weights before are put back, and NonFiniteStepError names the first such element, nothing changed. A
+        weights or grads not of the optimizer's size, (size,), is a ValueError, nothing changed (the kernels check
+        no bounds)."""
         p, before = self.params, self._before
+        if weights.shape != before.shape or grads.shape != before.shape:
+            raise ValueError(
+                f"weights have shape {weights.shape} and grads {grads.shape}, expected {before.shape} each (the size "
+                "the optimizer was made for)"
+            )
         if self.name == "sgd":
             bad = _sgd_step(weights, grads, self.lr, before)
         elif self.name == "adagrad":
