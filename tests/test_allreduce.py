@@ -30,7 +30,7 @@ from worker.batch import Bags, Batch, table_ids  # noqa: E402
 from worker.client import PushItem  # noqa: E402
 from worker.dense import DenseSync, table_config  # noqa: E402
 from worker.diverged import DIVERGED_ADVICE  # noqa: E402
-from worker.local_optimizer import LocalOptimizer  # noqa: E402
+from worker.local_optimizer import LocalOptimizer, NonFiniteStepError  # noqa: E402
 from worker.models.spec import ModelSpec, uniform_fields  # noqa: E402
 from worker.scoring import field_tables  # noqa: E402
 from worker.step import Prepared, Step  # noqa: E402
@@ -461,7 +461,9 @@ def test_a_mean_gradient_with_a_nan_or_inf_is_refused_and_changes_nothing(monkey
             spoiled = grads_of(0, 1)
             name = PARAMS[2].name  # mlp.1.weight: (8, 8)
             spoiled[name][0, 5] = bad
-            with pytest.raises(ValueError, match=rf"dense parameter '{name}' .* holds {bad} at \[0, 5\]"):
+            with pytest.raises(ValueError, match=rf"^step 2 of the allreduce group: the mean gradient over the workers "
+                               rf"at dense parameter '{name}' \[0, 5\] is {bad} \(weight .*\); nothing was applied, "
+                               r"the values are those of the step before$"):  # fmt: skip
                 dense.step(spoiled)
             np.testing.assert_array_equal(flat(dense.values), after_first)
             np.testing.assert_array_equal(dense.weights, after_first)
@@ -488,8 +490,10 @@ def test_a_step_that_would_overflow_the_weights_or_state_is_refused_and_changes_
             huge = grads_of(0, 1)
             param = PARAMS[2].name  # mlp.1.weight: (8, 8)
             huge[param][0, 5] = 1e21
-            with pytest.raises(ValueError, match=rf"dense parameter '{param}' .* at \[0, 5\]\) would make it or its "
-                               r"optimizer state non-finite \(step 2\): float32 overflow"):  # fmt: skip
+            with pytest.raises(ValueError, match=rf"^step 2 of the allreduce group: the {name} step would make "
+                               rf"dense parameter '{param}' \[0, 5\] or its optimizer state non-finite \(weight "
+                               r".*, mean gradient over the workers 1\.0+\d*e\+21\): float32 overflow; nothing was "
+                               r"applied, the values are those of the step before$"):  # fmt: skip
                 dense.step(huge)
             np.testing.assert_array_equal(flat(dense.values), after_first)
             np.testing.assert_array_equal(dense.weights, after_first)
@@ -596,8 +600,10 @@ def test_a_local_step_is_refused_whole_where_the_servers_kernel_makes_a_row_non_
     local, fresh = LocalOptimizer(OPTIMIZERS[name], dim), LocalOptimizer(OPTIMIZERS[name], dim)
     before = np.array([0.5, weight, -0.5], np.float32)
     weights = before.copy()
-    with pytest.raises(ValueError, match=r"element 1 non-finite .*: float32 overflow; nothing was applied"):
+    with pytest.raises(NonFiniteStepError, match=r"element 1 or its optimizer state non-finite .*: float32 overflow; "
+                       "nothing was applied") as refused:  # fmt: skip
         local.apply(weights, bad.ravel())
+    assert (refused.value.index, refused.value.overflow) == (1, bool(np.isfinite(grad)))
     np.testing.assert_array_equal(weights, before)
     good = np.array([0.125, -0.25, 0.5], np.float32)
     expected = weights.copy()
@@ -662,8 +668,10 @@ def test_a_local_step_with_a_gradient_not_finite_says_so_and_changes_nothing(nam
     before = weights.copy()
     spoiled = grads[1].copy()
     spoiled[20] = bad
-    with pytest.raises(ValueError, match=rf"^the gradient at element 20 is {bad} \(weight .*\); nothing was applied$"):
+    with pytest.raises(NonFiniteStepError, match=rf"^the gradient at element 20 is {bad} \(weight .*\); nothing was "
+                       "applied$") as refused:  # fmt: skip
         local.apply(weights, spoiled)
+    assert (refused.value.index, refused.value.overflow, str(refused.value.grad)) == (20, False, str(bad))
     np.testing.assert_array_equal(weights, before)
     for g in grads[1:]:
         local.apply(weights, g)

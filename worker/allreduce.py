@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from ps.config import OptimizerConfig
-from ps.errors import NOTHING_APPLIED
 from worker.allreduce_group import init_process_group_from_env, rank_device, timed_out, torch_reason
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
@@ -208,15 +207,10 @@ class AllReduceDense:
         (they hold the same mean), the MLP unchanged (the rows' pushes of the step, in flight beside it, are
         applied). Not a server's error: the writer saves the MLP of the step before as it stops
         (worker.allreduce_stop.save_dense_on_stop)."""
-        grad = float(self._grads[e.index])
         name, row, col = self._element(e.index)
-        where = f"[{row}, {col}] (step {self.syncs + 1}); {NOTHING_APPLIED}, the values are those of the step before"
-        if not math.isfinite(grad):
-            return ValueError(f"the mean gradient of dense parameter {name!r} over the workers holds {grad} at {where}")
+        refused = e.say(f"dense parameter {name!r} [{row}, {col}]", "mean gradient over the workers")
         return ValueError(
-            f"the {self.optimizer.name} step of dense parameter {name!r} with the mean gradient over the workers "
-            f"({grad} at [{row}, {col}]) would make it or its optimizer state non-finite (step {self.syncs + 1}): "
-            f"float32 overflow; {NOTHING_APPLIED}, the values are those of the step before"
+            f"step {self.syncs + 1} of the allreduce group: {refused}, the values are those of the step before"
         )
 
     def _diverged_error(self, ranks: list[int]) -> DivergedError:

@@ -5,6 +5,8 @@ group's mean gradient itself.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -13,12 +15,24 @@ from ps.errors import NOTHING_APPLIED
 
 
 class NonFiniteStepError(ValueError):
-    """A step refused because it would make a weight, or its optimizer state, Inf or NaN (float32 overflow); index:
-    the first such element of the vector. Nothing of the step was applied."""
+    """A step refused because it would make a weight, or its optimizer state, Inf or NaN; nothing of it was applied.
+    index: the first such element of the vector; weight and grad: its weight before the step and its gradient;
+    overflow: the kind, False where that gradient is Inf or NaN, True where it is finite and the step overflows
+    float32. The message names the element by its index; say() names it as a caller knows it."""
 
-    def __init__(self, message: str, index: int):
-        super().__init__(message)
-        self.index = index
+    def __init__(self, optimizer: str, index: int, weight: float, grad: float):
+        self.optimizer, self.index, self.weight, self.grad = optimizer, index, weight, grad
+        self.overflow = math.isfinite(grad)
+        super().__init__(self.say(f"element {index}"))
+
+    def say(self, element: str, gradient: str = "gradient") -> str:
+        """The refusal of the step at element (where it is), its gradient called gradient, and the outcome."""
+        if not self.overflow:
+            return f"the {gradient} at {element} is {self.grad} (weight {self.weight}); {NOTHING_APPLIED}"
+        return (
+            f"the {self.optimizer} step would make {element} or its optimizer state non-finite (weight {self.weight}, "
+            f"{gradient} {self.grad}): float32 overflow; {NOTHING_APPLIED}"
+        )
 
 
 class LocalOptimizer:
@@ -81,19 +95,12 @@ class LocalOptimizer:
 
     def _refusal(self, weights: np.ndarray, grads: np.ndarray) -> NonFiniteStepError:
         """The error of a refused step (weights: the step's new ones): its first element whose new weight or state
-        is not finite, said by whether the gradient there is (an Inf or NaN gradient, else float32 overflow)."""
+        is not finite."""
         finite = np.isfinite(weights)
         for new in self._new_state():
             finite &= np.isfinite(new)
         i = int(np.flatnonzero(~finite)[0])
-        weight, grad = float(self._before[i]), float(grads[i])
-        if not np.isfinite(grad):
-            return NonFiniteStepError(f"the gradient at element {i} is {grad} (weight {weight}); {NOTHING_APPLIED}", i)
-        return NonFiniteStepError(
-            f"the {self.name} step would make element {i} non-finite (weight {weight}, gradient {grad}): float32 "
-            f"overflow; {NOTHING_APPLIED}",
-            i,
-        )
+        return NonFiniteStepError(self.name, i, float(self._before[i]), float(grads[i]))
 
     def _new_state(self) -> tuple[np.ndarray, ...]:
         """The buffers a step writes its new state into: Adagrad's accumulator; Adam's m and v; none for sgd."""
