@@ -19,7 +19,8 @@ from tests.test_resume_file import BATCH, FLAGS, ROWS, interrupt_after, run
 from worker.__main__ import main as worker_main
 from worker.checkpoint import save
 from worker.client import Client
-from worker.resume_checkpoint import check_same_model, read_positions, restored_position_words
+from worker.resume_checkpoint import check_resumed_model, check_same_model, read_positions, restored_position_words
+from worker.resume_settings import RECORDED_LATER
 
 
 def _server(tmp_path, name: str, restore: str | None = None) -> Server:
@@ -104,6 +105,33 @@ def test_a_jobs_positions_name_its_fewest_and_a_trained_one_nothing_to_train_on(
         )
     other = [types.SimpleNamespace(restored_from="", restored_sha256="")]
     assert restored_position_words(str(tmp_path / "p0.json"), run_settings, [*stats, *other]) == ""
+
+
+def test_the_resumed_model_check_refuses_other_state_ids_adding_the_checkpoints_skip_examples(tmp_path):
+    """check_resumed_model, the one check of a resumed run and of a finished worker's rerun: the same ids (or none
+    recorded) pass; a shard's other id is a ValueError naming it, followed by the --skip-examples of the checkpoint
+    the shards were restored from, where it records this worker's position."""
+    run_settings = {"worker_id": 0, "num_workers": 1, **RECORDED_LATER}
+    resume_file = str(tmp_path / "p0.json")
+    position = {"resume_file": resume_file, "worker_id": 0, "num_workers": 1, "examples": 700, "trained": False,
+                "run": run_settings}  # fmt: skip
+    manifest = {"format": 1, "num_shards": 1, "num_slots": load_slots(), "clock": 0, "tables": [], "positions": [position],
+                "shards": [{"shard_id": 0, "dir": "shard-0", "clock": 0, "rows": {}, "files": {}}]}  # fmt: skip
+    (tmp_path / "ckpt").mkdir()
+    written = write_manifest(str(tmp_path / "ckpt"), manifest)
+    stats = [types.SimpleNamespace(restored_from=str(tmp_path / "ckpt"), restored_sha256=written["sha256"])]
+    client = types.SimpleNamespace(state_ids=(7,), servers=["127.0.0.1:5000"])
+    check_resumed_model(resume_file, (7,), client, run_settings, stats)
+    check_resumed_model(resume_file, (), client, run_settings, stats)
+    with pytest.raises(ValueError) as refused:
+        check_resumed_model(resume_file, (3,), client, run_settings, stats)
+    message = str(refused.value)
+    assert message.startswith(f"--resume-file {resume_file} holds the position of a model the servers no longer "
+                              "hold: shard 0 (127.0.0.1:5000) was restored"), message  # fmt: skip
+    assert message.endswith(f"remove {resume_file} and run the same command with --skip-examples 700"), message
+    bare = [types.SimpleNamespace(restored_from="", restored_sha256="")]
+    with pytest.raises(ValueError, match=r"since it was written; .*remove the file to train from the start$"):
+        check_resumed_model(resume_file, (3,), client, run_settings, bare)  # no restore to name: state_changed's words
 
 
 def load_slots() -> int:

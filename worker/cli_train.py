@@ -44,9 +44,11 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     final evaluation when its training was over; sync and ssp under a new job id, a worker whose training was over
     telling it that it is done: resume_rejoins), as given when there is no file yet, without the file where one
     worker cannot resume alone (a warning says why); None (said, and written to --metrics-out: _write_ended) when
-    the file says the run ended on the model the servers hold. ValueError for a file of another run, for servers
-    that hold another model than the one its run ended in (_check_same_model), for a --skip-examples other than
-    the one the file's run started from, and, with a stack, for a file another run holds (the stack then holds
+    the file says the run ended on the model the servers hold: that check asks the servers where the file recorded
+    their state ids (Client.wait_ready), so a finished worker run again while they are down fails after
+    --server-timeout (the CLI's exit 2), not "nothing to do" (exit 0). ValueError for a file of another run, for
+    servers that hold another model than the one its run ended in (_check_same_model), for a --skip-examples other
+    than the one the file's run started from, and, with a stack, for a file another run holds (the stack then holds
     it, worker.resume_writer.held, until it closes)."""
     from ps.stamp import job_named
     from worker.resume import read_position, rejoins, resume_path, resumes_whole, unused_because
@@ -110,16 +112,11 @@ def _check_same_model(cfg: TrainConfig, state_ids: tuple[int, ...]) -> None:
     if not state_ids:
         return
     from worker.job import client_for
-    from worker.resume import state_changed
-    from worker.resume_checkpoint import restored_position_words
+    from worker.resume_checkpoint import check_resumed_model
     from worker.resume_settings import run_settings
 
     with client_for(cfg, list(cfg.servers)) as client:
-        shard_stats = client.wait_ready()
-        changed = state_changed(cfg.resume_file, state_ids, client.state_ids, client.servers)
-    if changed:  # the --skip-examples of the checkpoint they were restored from, where it recorded one
-        restored = restored_position_words(cfg.resume_file, run_settings(cfg), shard_stats)
-        raise ValueError(f"{changed}. {restored}" if restored else changed)
+        check_resumed_model(cfg.resume_file, state_ids, client, run_settings(cfg), client.wait_ready())
 
 
 def _write_ended(cfg: TrainConfig, examples: int) -> None:

@@ -19,13 +19,15 @@ run's training was over. state_ids: the shards' model state ids the file's posit
 the saved shards' (check_same_model; empty: not known). run: the file's run settings, which a resumed run's must equal.
 
 A `train --resume-file FILE` refused because the servers were restored from a checkpoint since FILE was written
-(resume.state_changed) says the --skip-examples of this worker's position there (restored_position_words).
+(resume.state_changed) says the --skip-examples of this worker's position there (restored_position_words): the one
+check (check_resumed_model) of a resumed run (worker/train.py) and of a finished worker's rerun (worker/cli_train.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ps.checkpoint import load_manifest
 from ps.errors import StorageError
@@ -116,6 +118,19 @@ def positions_line(positions: list[dict]) -> str:
                      for p in positions)  # fmt: skip
     return (f"positions recorded ({each}): a run on servers restored from it trains on with --skip-examples "
             f"{min(p['examples'] for p in positions)} (its --resume-file removed)")  # fmt: skip
+
+
+def check_resumed_model(
+    resume_file: str, state_ids: tuple[int, ...], client: Any, run: dict, shard_stats: list
+) -> None:
+    """ValueError where the servers hold another model than the one resume_file's position was trained into (its
+    shards' model state ids `state_ids`; client: a Client after its Stats round, shard_stats, which read the servers'
+    ids; resume.state_changed says what changed), adding, where they were restored from a checkpoint, the
+    --skip-examples that trains on from it (restored_position_words; run: the file's run settings)."""
+    changed = state_changed(resume_file, state_ids, client.state_ids, client.servers)
+    if changed:
+        restored = restored_position_words(resume_file, run, shard_stats)
+        raise ValueError(f"{changed}. {restored}" if restored else changed)
 
 
 def restored_position_words(resume_file: str, run: dict, shard_stats: list) -> str:

@@ -53,8 +53,8 @@ from worker.model_tables import (
 )
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
-from worker.resume import resumes_whole, state_changed
-from worker.resume_checkpoint import restored_position_words
+from worker.resume import resumes_whole
+from worker.resume_checkpoint import check_resumed_model
 from worker.resume_writer import PositionWriter
 from worker.row_source import row_source
 from worker.scoring import ScoringProgress, evaluate
@@ -153,10 +153,7 @@ class _Run:
         cfg, client, spec, position = self.cfg, self.client, self.spec, self.position
         self.shard_stats = client.wait_ready()  # the one Stats round every check before the tables are made reads
         if position is not None:
-            changed = state_changed(cfg.resume_file, cfg.resume_state_ids, client.state_ids, client.servers)
-            if changed:  # the --skip-examples of the checkpoint they were restored from, where it recorded one
-                restored = restored_position_words(cfg.resume_file, position.run, self.shard_stats)
-                raise ValueError(f"{changed}. {restored}" if restored else changed)
+            check_resumed_model(cfg.resume_file, cfg.resume_state_ids, client, position.run, self.shard_stats)
             position.state_ids = client.state_ids
         features = held_features(client, self.data.schema, [t.name for t in self.tables], self.shard_stats)
         check_not_others_tables(client, spec, features, self.shard_stats)
