@@ -1042,6 +1042,37 @@ def test_stop_sends_each_worker_one_sigterm_even_where_it_runs_between_signals(t
     assert handled() == 1 and group.procs[0].returncode == -signal.SIGKILL, (handled(), group.procs[0].returncode)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a POSIX process group")
+def test_stop_kills_a_worker_that_left_its_group_while_its_child_stayed_in_it(tmp_path):
+    """A worker (as a wrapper may make it) that moved to another process group, its child left in the group launch
+    made for it, both ignoring SIGTERM: stop()'s SIGKILL reaches the worker itself, not the child alone, so its
+    wait ends."""
+    script = ("import os, signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              "os.setpgid(0, os.getpgid(os.getppid()))\n"
+              "print('ready', child.pid, flush=True)\n"
+              "while True:\n    time.sleep(1)\n")  # fmt: skip
+    lines: list[str] = []
+    group = WorkerGroup([[sys.executable, "-c", script]], [dict(os.environ)], lambda i, line: lines.append(line),
+                        lambda i, report: None)  # fmt: skip
+    group.start()
+    group.read_output()
+    stopper = threading.Thread(target=group.stop, kwargs={"grace_s": 0.5}, daemon=True)
+    try:
+        wait_until(lambda: any(line.startswith("ready") for line in lines), 30, "the worker's 'ready'")
+        worker = group.procs[0]
+        assert os.getpgid(worker.pid) != worker.pid  # it left the group launch made for it
+        stopper.start()
+        stopper.join(timeout=60)
+        assert not stopper.is_alive(), "stop() still waits for the worker that left its group"
+        assert worker.returncode == -signal.SIGKILL, worker.returncode
+    finally:
+        for pid in [group.procs[0].pid, *(int(line.split()[1]) for line in lines if line.startswith("ready"))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(fakes, capsys):
     command, pids = fakes([{"action": "exit", "code": 2, "wait_for": ["worker-1"]},
                            {"action": "sleep", "ignore_term": True}])  # fmt: skip

@@ -75,13 +75,19 @@ def worker_environment(rank: int, world_size: int, master_port: int, base: dict[
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
     """signum, once, to the worker's process group: the worker, its leader (child_setup), and its children, unless
-    they left it; to the worker alone where the group has no process left to signal (the worker left it). Once: a
-    worker that runs between two SIGTERMs (a loaded machine) gets both, and the second re-enters a handler still
-    running (its line said twice) or, after ps-worker's handler is gone (ps.terminate.exit_code saying its line),
-    ends the worker as SIGTERM's default action does (-15, its exit cut short)."""
+    they left it; to the worker itself too where it is no longer the group's leader (a wrapper moved it to another
+    group, its children staying in this one: killpg would reach them alone, and stop()'s wait would block) or the
+    group has no process left to signal. Once: a worker that runs between two SIGTERMs (a loaded machine) gets both,
+    and the second re-enters a handler still running (its line said twice) or, after ps-worker's handler is gone
+    (ps.terminate.exit_code saying its line), ends the worker as SIGTERM's default action does (-15, its exit cut
+    short). SIGKILL goes to the worker's pid as well in any case (a second delivery of it changes nothing), should
+    the worker leave the group between the check and the killpg."""
     try:
+        leads = os.getpgid(proc.pid) == proc.pid
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
+        leads = False
+    if not leads or signum == signal.SIGKILL:
         proc.send_signal(signum)  # nothing if the worker was reaped
 
 
