@@ -188,8 +188,8 @@ class Batch:
 
     @staticmethod
     def concat(parts: Sequence[Batch]) -> Batch:
-        """The examples of every part, in order (the parts have the same fields; file_nos index the names of every
-        part's files, each once, in the order first met)."""
+        """The examples of every part, in order (the parts have the same fields; their files' names kept where every
+        part indexes the same names, as the batches of one read do, else none: _joined_files)."""
         if len(parts) == 1:
             return parts[0]
         first = parts[0]
@@ -211,17 +211,12 @@ class Batch:
 
 def _joined_files(parts: Sequence[Batch]) -> tuple[tuple[str, ...], np.ndarray | None]:
     """(files, file_nos) of Batch.concat(parts): the parts' file numbers as they are where every part indexes the
-    same names (the batches of one read), else numbered again over the names of all parts; ((), None) where a part
-    has none."""
-    if any(p.file_nos is None for p in parts):
-        return (), None
+    same names (every producer, worker/formats.py's read, gives its batches one files tuple); ((), None), no file
+    names, where a part has none or the parts' names differ."""
     files = parts[0].files
-    if all(p.files is files or p.files == files for p in parts):
-        return files, np.concatenate([p.file_nos for p in parts])
-    files = tuple(dict.fromkeys(name for p in parts for name in p.files))
-    at = {name: k for k, name in enumerate(files)}
-    renumbered = [np.array([at[name] for name in p.files], dtype=np.int32)[p.file_nos] for p in parts]
-    return files, np.concatenate(renumbered)
+    if any(p.file_nos is None for p in parts) or not all(p.files is files or p.files == files for p in parts):
+        return (), None
+    return files, np.concatenate([p.file_nos for p in parts])
 
 
 @dataclass
