@@ -94,12 +94,12 @@ def test_a_failed_save_tells_a_finished_part_from_one_a_killed_shard_left_unfini
     """A shard killed mid-save leaves RocksDB's shard-<i>.tmp: the error names it apart, as unfinished, not among
     the parts whose save finished."""
     from ps.errors import PsError
-    from worker.checkpoint import _note_parts_left
+    from worker.checkpoint_left import note_parts_left
 
     for name in ("shard-0", "shard-1.tmp", "shard-2", "shard-3.tmp"):
         (tmp_path / name).mkdir()
     error = PsError("shard 1 at 127.0.0.1:1: Checkpoint failed with UNAVAILABLE")
-    _note_parts_left(error, str(tmp_path))
+    note_parts_left(error, str(tmp_path))
     assert str(error) == (
         f"the save into {tmp_path} failed: shard 1 at 127.0.0.1:1: Checkpoint failed with UNAVAILABLE. {tmp_path} "
         "holds shard-0, shard-2, the part of each shard whose save finished; and shard-1.tmp, shard-3.tmp, the "
@@ -110,7 +110,7 @@ def test_a_failed_save_tells_a_finished_part_from_one_a_killed_shard_left_unfini
     (tmp_path / "shard-0").rmdir()
     (tmp_path / "shard-2").rmdir()
     error = PsError("cut off")
-    _note_parts_left(error, str(tmp_path))
+    note_parts_left(error, str(tmp_path))
     assert f"{tmp_path} holds shard-1.tmp, shard-3.tmp, the unfinished part" in str(error)
     assert "whose save finished" not in str(error)
 

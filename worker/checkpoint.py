@@ -5,7 +5,7 @@ meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint hol
 at once, FAILED_PRECONDITION, not sent again: of two saves at once, the one that holds shard 0 goes on) -> save on every shard (flush,
 RocksDB checkpoint to DIR/shard-<i>) -> release on every shard held, also if anything failed -> write
 DIR/manifest.json. A Ctrl-C or SIGTERM that stops it ends with a line saying what DIR holds and which shards take
-pushes again (_Progress). The servers write only inside their
+pushes again (worker/checkpoint_left.py). The servers write only inside their
 --checkpoint-root (ps.service.checkpoint_dir), and this worker writes the manifest: DIR is sent as an absolute path
 (a relative one is taken from this worker's working directory), so it must lie inside that root under the same
 path here and on the servers (one machine, or a volume shared at the same path).
@@ -13,11 +13,10 @@ path here and on the servers (one machine, or a volume shared at the same path).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -25,12 +24,13 @@ from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, SAVE_PARTS, write_manifest
 from ps.config import DEFAULT_HOLD_S
-from ps.errors import ModelStateReplacedError, NoCheckpointRootError, PsError
+from ps.errors import ModelStateReplacedError, PsError
 from ps.replacedstate import READ_REFUSED, how_replaced, model_state_replaced
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
 from ps.terminate import signal_behind, stopped_by_signal
 from worker.channels import check_cluster
+from worker.checkpoint_left import SaveProgress, note_parts_left
 from worker.flags import check_new_dir
 from worker.tables import cluster_damage, untrained_on_some_shards
 
@@ -65,55 +65,6 @@ def check_save_dir(name: str, directory: str) -> None:
     check_new_dir(name, directory, NEW_DIR)
 
 
-def _note_parts_left(error: BaseException, directory: str, all_saved: bool = False) -> None:
-    """Adds to error's message what the save phase leaves in directory (_parts_left; all_saved: every shard's save
-    finished, a failure after the save phase). A server's refusal for having no --checkpoint-root, with no shard
-    part seen in directory, is said as what it is: the servers' own words say what to do."""
-    if isinstance(error, NoCheckpointRootError) and not _shard_parts(directory):
-        error.args = (f"nothing was saved into {directory}: {error}",)
-        return
-    if all_saved:
-        error.args = (f"the save into {directory} failed after every shard saved its part there: {error}. "
-                      f"{_parts_left(directory, True)}",)  # fmt: skip
-        return
-    error.args = (f"the save into {directory} failed: {error}. {_parts_left(directory)}",)
-
-
-def _shard_parts(directory: str) -> list[str]:
-    """The shard-<i> folders (and RocksDB's shard-<i>.tmp) this machine sees in directory, sorted."""
-    try:
-        return sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
-    except OSError:  # not there, or not readable
-        return []
-
-
-def _parts_left(directory: str, all_saved: bool = False) -> str:
-    """What the save phase leaves in directory, said in a sentence or two: the shard-<i> folders of the shards whose
-    save finished, where this machine sees any, apart from the shard-<i>.tmp folders of saves that did not finish
-    (cut off, or going on: a save whose deadline passed, or whose call was given up, is not called off). all_saved:
-    every shard's save finished. Without a manifest they are not a checkpoint, and the directory takes no save
-    until they are gone."""
-    if all_saved:
-        return (f"No {MANIFEST} was written, so the shard-<i> folders there are not a checkpoint: delete {directory} "
-                "before saving into it again")  # fmt: skip
-    if not os.path.isdir(directory):  # the shards that failed removed what they made, and none finished
-        return (f"This machine sees nothing at {directory}; a shard whose save did not answer may still make it and "
-                "write its part there, and where the servers' DIR is another machine's, the shards that finished "
-                "left their shard-<i> folders there: delete any before saving into it again")  # fmt: skip
-    left = _shard_parts(directory)
-    finished = [name for name in left if not name.endswith(".tmp")]
-    unfinished = [name for name in left if name.endswith(".tmp")]  # RocksDB's, while it makes shard-<i>
-    said = [f"{', '.join(finished)}, the part of each shard whose save finished"] if finished else []
-    if unfinished:
-        said.append(f"{', '.join(unfinished)}, the unfinished part of each shard whose save was cut off (its server "
-                    "died) or still runs")  # fmt: skip
-    holds = f"holds {'; and '.join(said)}" if said else "holds no shard part yet"
-    return (
-        f"{directory} {holds}; a shard whose save did not answer may still write its part there; with no "
-        f"{MANIFEST} it is not a checkpoint: delete it once the shards are done, before saving into it again"
-    )
-
-
 def save(
     client: Client,
     directory: str,
@@ -130,7 +81,7 @@ def save(
     from different checkpoints (worker.tables.cluster_damage), or for a table some shards lack
     (untrained_on_some_shards: its manifest entry is described by every shard); tables: look only at these for
     such a table, for a checkpoint that is read for them alone, an export's. A failure once the shards began to
-    save says what they left in directory (_note_parts_left), unless temporary: the caller removes directory when
+    save says what they left in directory (note_parts_left), unless temporary: the caller removes directory when
     the save fails (an export's fresh checkpoint, whose leftovers the next export removes), so the error says
     nothing of what is in it. A table made during the save is left out of the manifest, or refused (ValueError)
     where a shard saved rows of it (_made_during_the_save). positions: read just before the hold of shard 0, the
@@ -139,7 +90,7 @@ def save(
     released (the servers take pushes again), as the save goes on to its manifest."""
     directory = os.path.abspath(directory)
     state_ids = _check_before_holding(client, directory, tables)
-    progress = _Progress(None if temporary else directory, hold_timeout_s or DEFAULT_HOLD_S, released)
+    progress = SaveProgress(None if temporary else directory, hold_timeout_s or DEFAULT_HOLD_S, released)
     try:
         return _save_held(client, directory, state_ids, tables, progress, positions)
     except BaseException as e:
@@ -149,7 +100,7 @@ def save(
         raise
 
 
-def _save_held(client: Client, directory: str, state_ids: list[int], tables: set[str] | None, progress: _Progress,
+def _save_held(client: Client, directory: str, state_ids: list[int], tables: set[str] | None, progress: SaveProgress,
                positions: Callable[[], list[dict]] | None) -> dict:  # fmt: skip
     """save's work from the first hold on, progress kept as it goes; returns the manifest."""
     parts_in = progress.directory  # where a failure's error says what the shards left
@@ -230,7 +181,7 @@ def _check_not_replaced(seen: tuple[int, ...], shard_stats: list) -> None:
         )
 
 
-def _hold_and_save(client: Client, directory: str, state_ids: list[int], progress: _Progress,
+def _hold_and_save(client: Client, directory: str, state_ids: list[int], progress: SaveProgress,
                    positions: Callable[[], list[dict]] | None) -> tuple[float, list, list[dict] | None]:  # fmt: skip
     """(seconds from the hold of shard 0 sent, which refuses pushes as it comes, while it waits for the pushes in
     flight, to the release of every shard; every shard's save reply; positions() read just before the hold of shard 0,
@@ -266,7 +217,7 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
             )
         except PsError as e:
             if parts_in is not None:
-                _note_parts_left(e, parts_in)
+                note_parts_left(e, parts_in)
             raise
         progress.saved = True
     except BaseException as e:  # every hold taken is released, whatever failed
@@ -284,63 +235,6 @@ def _hold_and_save(client: Client, directory: str, state_ids: list[int], progres
     if progress.on_released is not None:
         progress.on_released()
     return time.monotonic() - held, replies, recorded
-
-
-@dataclasses.dataclass
-class _Progress:
-    """How far a save got, for the words that a Ctrl-C or SIGTERM stopping it ends with (stopped_words).
-    directory: where the shards save, None for a temporary one (whose caller says what is left of it)."""
-
-    directory: str | None
-    hold_timeout_s: float
-    on_released: Callable[[], None] | None = None  # save's `released`
-    asked: set[int] = dataclasses.field(default_factory=set)  # the shards sent a hold
-    tokens: dict[int, str] = dataclasses.field(default_factory=dict)  # shard -> its hold's token, of those held
-    saving: bool = False  # the save phase was sent
-    saved: bool = False  # every shard's save answered
-    released: bool = False  # the release of every hold taken answered
-    release_failed: str = ""  # the error of the release sent as the signal stopped the save; "": none failed
-
-    def stopped_words(self) -> str:
-        """What the save left, from what it knew as it stopped: what the directory holds (not for a temporary one),
-        and whether the servers take pushes again."""
-        said = []
-        # the manifest is there once write_manifest renamed it into place, also where a stop cut off its fsync after
-        if self.directory is not None and os.path.exists(os.path.join(self.directory, MANIFEST)):
-            said.append(f"the checkpoint {self.directory} is whole: its {MANIFEST} was written.")
-        elif self.directory is not None and not self.saving:
-            said.append(f"no shard was asked to save: nothing was written into {self.directory}.")
-        elif self.directory is not None and self.saved:
-            said.append(f"every shard saved its part into {self.directory}. {_parts_left(self.directory, True)}.")
-        elif self.directory is not None:
-            said.append(f"the save was stopped while the shards saved. {_parts_left(self.directory)}.")
-        return " ".join([*said, self._pushes_words()])
-
-    def _pushes_words(self) -> str:
-        """Whether the servers take pushes again: the shards held released, or which refuse pushes until when."""
-        if not self.asked:
-            return "No shard was held: the servers took pushes throughout."
-        until = f"until its hold times out, {self.hold_timeout_s:g} s after it was taken"
-        unanswered = sorted(self.asked - set(self.tokens))
-        said = []
-        if self.release_failed and self.tokens:
-            said.append(f"The release of the hold of {_shards(self.tokens)} failed ({self.release_failed}): each "
-                        f"refuses pushes {until}.")  # fmt: skip
-        elif self.tokens and self.released:
-            said.append(f"The hold of {_shards(self.tokens)} was released: pushes are taken there again.")
-        elif self.tokens:  # the signal came during the release, or before it was sent
-            said.append(f"The release of the hold of {_shards(self.tokens)} was cut off before it answered: each "
-                        f"shard it did not reach refuses pushes {until}.")  # fmt: skip
-        if unanswered:
-            said.append(f"No answer came to the hold sent to {_shards(unanswered)}: where it took, each refuses "
-                        f"pushes {until}.")  # fmt: skip
-        return " ".join(said)
-
-
-def _shards(ids: Iterable[int]) -> str:
-    """'shard 3', or 'shards 0, 1, 2': shard ids in order."""
-    ids = sorted(ids)
-    return f"shard{'s' * (len(ids) != 1)} {', '.join(map(str, ids))}"
 
 
 def _check_parts_seen(directory: str, shards: list[dict]) -> None:
@@ -376,7 +270,7 @@ def _table_configs(
                 for name in names]  # fmt: skip
     except PsError as e:  # a table made on some shards since the Stats above, or a shard gone
         if parts_in is not None:
-            _note_parts_left(e, parts_in, all_saved=True)
+            note_parts_left(e, parts_in, all_saved=True)
         raise
 
 
@@ -395,18 +289,18 @@ def _made_during_the_save(shards: list[dict], tables: set[str] | None, parts_in:
                            f"{[s['shard_id'] for s in shards if trained[0] in s['rows']]} with rows, and not by "
                            "the others: made during the save; no manifest was written: save again")  # fmt: skip
         if parts_in is not None:
-            _note_parts_left(error, parts_in, all_saved=True)
+            note_parts_left(error, parts_in, all_saved=True)
         raise error
     return partial
 
 
 def _release(client: Client, tokens: dict[int, str], saved_into: str | None, all_saved: bool) -> None:
     """Releases every hold of tokens; saved_into: the directory the shards were told to save into, whose parts
-    a failed release's error names (_note_parts_left; all_saved: every shard's save finished), else None (no save
+    a failed release's error names (note_parts_left; all_saved: every shard's save finished), else None (no save
     was sent, or its directory is temporary: see save)."""
     try:
         client.checkpoint({s: ps_pb2.CheckpointRequest(phase="release", token=t) for s, t in tokens.items()})
     except PsError as e:
         if saved_into is not None:
-            _note_parts_left(e, saved_into, all_saved)
+            note_parts_left(e, saved_into, all_saved)
         raise
