@@ -21,6 +21,7 @@ from worker.checkpoint import save
 from worker.client import Client
 
 TIMEOUT_S = 30
+HOLD_S = 60  # the saves' --hold-timeout-s: a hold kept outlasts any push a test sends after it
 
 
 @pytest.fixture
@@ -67,12 +68,12 @@ def _stop_at(monkeypatch, phase: str, after_sending: bool, shard: int | None = N
 
 def _save(addresses, target, capsys) -> tuple[int, str]:
     """`ps-worker checkpoint save target`'s exit code and the last line of its stderr."""
-    code = main(["checkpoint", "save", str(target), "--servers", ",".join(addresses), "--hold-timeout-s", "7"])
+    code = main(["checkpoint", "save", str(target), "--servers", ",".join(addresses), "--hold-timeout-s", str(HOLD_S)])
     return code, capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def _pushes_taken(addresses) -> None:
-    """A push is applied on both shards (one whose hold was kept would refuse it until its hold times out, 7 s)."""
+    """A push is applied on both shards (one whose hold was kept would refuse it until its hold times out)."""
     with Client(addresses, timeout_s=2, server_timeout_s=0) as client:
         client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
 
@@ -108,7 +109,7 @@ def test_a_stop_while_the_shards_save_names_the_parts_and_a_failed_release_says_
         "the part of each shard whose save finished; a shard whose save did not answer may still write its part "
         "there; with no manifest.json it is not a checkpoint: delete it once the shards are done, before saving into "
         "it again. The release of the hold of shards 0, 1 failed (the release did not answer): each refuses pushes until its "
-        "hold times out, 7 s after it was taken."
+        f"hold times out, {HOLD_S} s after it was taken."
     ), last
 
 
@@ -121,7 +122,7 @@ def test_a_stop_before_the_save_phase_says_nothing_was_written_and_names_the_hol
     assert code == 130 and last == (
         f"ps-worker: interrupted: no shard was asked to save: nothing was written into {root / 'c'}. The hold of "
         "shard 0 was released: pushes are taken there again. No answer came to the hold sent to shard 1: where it "
-        "took, each refuses pushes until its hold times out, 7 s after it was taken."
+        f"took, each refuses pushes until its hold times out, {HOLD_S} s after it was taken."
     ), last
     assert not (root / "c").exists()
     monkeypatch.undo()
@@ -172,13 +173,14 @@ def test_a_stop_of_an_export_in_its_save_says_its_checkpoint_was_removed_and_out
 
 
 def _pushes_refused(addresses) -> None:
-    """A push is refused: a shard still holds its hold (taken with --hold-timeout-s 7)."""
+    """A push is refused: a shard still holds its hold (taken with --hold-timeout-s HOLD_S: long enough that a
+    loaded machine cannot see it time out before this push lands)."""
     with Client(addresses, timeout_s=2, server_timeout_s=0) as client, pytest.raises(PsError):
         client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
 
 
 CUT_OFF = ("The release of the hold of shards 0, 1 was cut off before it answered: each shard it did not reach "
-           "refuses pushes until its hold times out, 7 s after it was taken.")  # fmt: skip
+           f"refuses pushes until its hold times out, {HOLD_S} s after it was taken.")  # fmt: skip
 
 
 def test_a_stop_in_the_final_release_says_it_was_cut_off_and_the_shards_refuse_pushes(two_shards, capsys, monkeypatch):
@@ -297,8 +299,8 @@ def test_a_stop_as_shard_0_is_held_names_its_hold_that_did_not_answer(two_shards
     code, last = _save(addresses, root / "c", capsys)
     assert code == 130 and last == (
         f"ps-worker: interrupted: no shard was asked to save: nothing was written into {root / 'c'}. No answer came "
-        "to the hold sent to shard 0: where it took, each refuses pushes until its hold times out, 7 s after it was "
-        "taken."
+        f"to the hold sent to shard 0: where it took, each refuses pushes until its hold times out, {HOLD_S} s after "
+        "it was taken."
     ), last
     monkeypatch.undo()
     _pushes_refused(addresses)  # shard 0 took the hold, whose token never came back
