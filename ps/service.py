@@ -318,9 +318,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc_handler
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PushBatchResponse already serialized (see handler). Each push's table is looked up once
-        (_decode_push): the push goes to that Table and the rows it asks back (return_rows) are read from it, so a
-        table replaced since (CreateTable replace_untrained) refuses the push before any of it is applied
-        (ShardClosingError, UNAVAILABLE: sent again, it goes to the new table). A push that asks rows back is applied
+        (_decode_push): the push goes to that Table and the rows it asks back (return_rows) are read from it. A
+        table replaced (CreateTable replace_untrained) before the pushes are checked (Shard.check_push) refuses the
+        request with nothing applied (ShardClosingError, UNAVAILABLE: sent again, it goes to the new table); one
+        replaced between that check and its push's apply refuses that push, and the refusal says which pushes before
+        it stay applied (PushPath.push_batch). A push that asks rows back is applied
         before its reply waits for reply room (ReplyRoom.hold), so a caller that leaves during that wait gets an
         error (CallerGoneError) for a push that was applied: sent again with its client_id and seq it is
         deduplicated, while one sent without a client_id (0) is applied twice."""

@@ -261,13 +261,11 @@ def test_a_pull_checked_against_a_table_replaced_by_one_of_its_dim_is_refused_as
     assert rows == bytes(4 * 2 * 100)  # zeros, 100 ids x dim 2
 
 
-def test_a_push_batch_whose_table_is_replaced_after_its_checks_is_refused_whole_or_applied_whole(small_limit):
-    """A replace of 's' (dim 2, adagrad, never trained) by a table of its dim and another spec (adam, zeros) right
-    after the servicer checked the rows a PushBatch asks back: the push goes to the table it was checked against,
-    which refuses it as replaced (UNAVAILABLE) with nothing applied to either table nor its seq used up; sent
-    again, it is applied to the new table, whose rows come back."""
-    stub, server = small_limit
-    shard, pulls = server.shard, server.shard.pulls
+def _replace_s_after_rows_checked(shard: Shard) -> None:
+    """Creates 's' (dim 2, adagrad, never trained) and replaces it by a table of its dim and another spec (adam,
+    zeros) right after the servicer checks the rows the next PushBatch asks back (check_pull_batch), before its
+    pushes are checked."""
+    pulls = shard.pulls
     shard.create_table(TableConfig("s", 2))
     real_check = pulls.check_pull_batch
     new = TableConfig("s", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("adam"))
@@ -279,10 +277,24 @@ def test_a_push_batch_whose_table_is_replaced_after_its_checks_is_refused_whole_
         return cost
 
     pulls.check_pull_batch = check_then_replace
+
+
+def s_push(ids: np.ndarray) -> ps_pb2.PushRequest:
+    """A push of ones to 's' (dim 2) that asks its rows back."""
+    grads = wire.encode_rows(np.ones((len(ids), 2), np.float32))
+    return ps_pb2.PushRequest(table="s", ids=wire.encode_ids(ids), grads=grads, dim=2, return_rows=True)
+
+
+def test_a_push_batch_whose_table_is_replaced_after_its_checks_is_refused_whole_or_applied_whole(small_limit):
+    """A replace of 's' (dim 2, adagrad, never trained) by a table of its dim and another spec (adam, zeros) right
+    after the servicer checked the rows a PushBatch asks back: the push goes to the table it was checked against,
+    which refuses it as replaced (UNAVAILABLE) with nothing applied to either table nor its seq used up; sent
+    again, it is applied to the new table, whose rows come back."""
+    stub, server = small_limit
+    shard = server.shard
+    _replace_s_after_rows_checked(shard)
     ids = np.arange(1, 4, dtype=np.uint64)
-    push = ps_pb2.PushRequest(table="s", ids=wire.encode_ids(ids), grads=wire.encode_rows(np.ones((3, 2), np.float32)),
-                              dim=2, return_rows=True)  # fmt: skip
-    batch = ps_pb2.PushBatchRequest(pushes=[push], advance_clock=1, client_id=5, seq=1)
+    batch = ps_pb2.PushBatchRequest(pushes=[s_push(ids)], advance_clock=1, client_id=5, seq=1)
     with pytest.raises(grpc.RpcError) as first:
         stub.PushBatch(batch, timeout=30)
     assert first.value.code() == grpc.StatusCode.UNAVAILABLE, first.value.details()
@@ -294,3 +306,30 @@ def test_a_push_batch_whose_table_is_replaced_after_its_checks_is_refused_whole_
     assert reply.num_applied == 3 and reply.step == 1 and shard.table("s").trained
     pulled = stub.Pull(pull_request(ids, "s"), timeout=30).rows
     assert reply.rows[0].rows == pulled and pulled != bytes(4 * 2 * 3)  # adam moved the zeros
+
+
+def test_a_push_batch_of_two_whose_second_table_is_replaced_before_its_pushes_are_checked_applies_nothing(
+    small_limit,
+):
+    """[a push to 'emb', a push to 's'], 's' replaced before the pushes are checked: the batch is refused
+    (UNAVAILABLE) with nothing applied, not even the push to 'emb', whose table is the same; sent again without a
+    client id (0: no deduplication), each push is applied once."""
+    stub, server = small_limit
+    shard = server.shard
+    _replace_s_after_rows_checked(shard)
+    ids = np.arange(1, 4, dtype=np.uint64)
+    before = stub.Pull(pull_request(ids), timeout=30).rows
+    batch = ps_pb2.PushBatchRequest(pushes=[push_request(ids, False), s_push(ids)], advance_clock=1, client_id=0)
+    with pytest.raises(grpc.RpcError) as first:
+        stub.PushBatch(batch, timeout=30)
+    assert first.value.code() == grpc.StatusCode.UNAVAILABLE, first.value.details()
+    assert first.value.details() == ("table 's' was replaced just now by a table of its name and another spec; send "
+                                     "the request again")  # fmt: skip
+    assert stub.Pull(pull_request(ids), timeout=30).rows == before and shard.clock == 0
+    assert not shard.table("s").trained
+    reply = stub.PushBatch(batch, timeout=30)
+    assert reply.num_applied == 6 and reply.step == 1
+    once = np.frombuffer(before, np.float32).reshape(3, DIM) - 1  # SGD lr 1, grads of ones
+    assert np.array_equal(
+        np.frombuffer(stub.Pull(pull_request(ids), timeout=30).rows, np.float32).reshape(3, DIM), once
+    )

@@ -146,8 +146,10 @@ class PushPath:
         The caller holds its checkpoint hold's gate (ps.engine.hold). caller_gone: a wait for request room ends
         with CallerGoneError once it is true (ps.engine.room). step_sum: a sync step's sum, which runs alone where it
         is larger than the request room, not refused. tables: the Table of each push, which the caller looked up (ps.service
-        reads the rows it sends back from them): each push goes to its Table, and one replaced or closed since
-        refuses it when applied (ShardClosingError: Table.push); None: each push's table looked up by name."""
+        reads the rows it sends back from them): each push goes to its Table; one replaced or closed before the pushes
+        are checked refuses the request whole (ShardClosingError: Shard.check_push), while one replaced between that
+        check and its push's apply refuses that push (Table.push), leaving the pushes before it applied, which the
+        refusal says; None: each push's table looked up by name."""
         if tables is not None and len(tables) != len(pushes):
             raise ValueError(f"{len(tables)} tables given for {len(pushes)} pushes")
         if not client:

@@ -283,10 +283,14 @@ class Shard:
         (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID, each id's clicks <= its shows; None: 1 show and 0 clicks
         per id. add_delta: grads are deltas added to the embeddings (see the module docstring). table: the Table
         the caller looked push.name up as (ps.service: the one it checked the push's dim against and reads rows
-        back from), which the push goes to: one replaced or closed since refuses it when applied, changing
-        nothing (ShardClosingError: Table.push); None: looked up here."""
+        back from), which the push goes to: one replaced or closed since it was looked up is refused here
+        (ShardClosingError, UNAVAILABLE: Table.check_open), and one replaced after this check refuses the push when
+        applied (Table.push); None: looked up here."""
         name, ids, grads = push.name, push.ids, push.grads
-        table = self.table(name) if table is None else table
+        if table is None:
+            table = self.table(name)
+        else:
+            table.check_open()
         if grads.shape != (len(ids), table.dim):
             raise InvalidArgumentError(
                 f"grads for table {name!r} have shape {grads.shape}, expected ({len(ids)}, {table.dim})"

@@ -142,7 +142,7 @@ class Table:
         else:
             _check_out(out, len(ids), self.dim, self.name)
         with self.lock:
-            self._check_open()
+            self.check_open()
             chunks, ahead = list(self._chunks(len(ids))), None
             if len(chunks) == 1:
                 found = np.empty(len(ids), dtype=np.int64)
@@ -161,11 +161,11 @@ class Table:
         except BaseException:
             with self.lock:
                 self.reads_ahead.end(ahead)
-                self._check_open()  # a read cut short by the shard closing is its error, not the store's
+                self.check_open()  # a read cut short by the shard closing is its error, not the store's
             raise
         with self.lock:
             try:  # the watch ends with the resolve, in one hold: no write goes unseen
-                self._check_open()
+                self.check_open()
                 # chunked again: other tables may have taken rows back while the lock was out (ps.storage.budget)
                 chunks = list(self._chunks(len(ids)))
                 if len(chunks) == 1:  # the hits are in `out` already: only the ids that missed are resolved
@@ -205,7 +205,7 @@ class Table:
         if len(ids) == 0:
             return 0
         with self.lock:
-            self._check_open()
+            self.check_open()
             chunks = list(self._chunks(len(ids)))
             if len(chunks) == 1:  # the common case: all rows fit in RAM at once
                 rows = self._rows_for_push(ids)
@@ -377,7 +377,7 @@ class Table:
             with self.lock:
                 if self.replaced:  # only a table never trained is replaced: RocksDB holds nothing of it to shrink
                     return
-                self._check_open()
+                self.check_open()
                 got = self.store.scan(self.name, self.width, after, chunk_rows)
                 if got is None:
                     return
@@ -425,15 +425,11 @@ class Table:
             "trained": self.trained,
         }
 
-    # ---- internals (lock held) ----------------------------------------------------------------------
-    def _hyper_of(self, rule: int) -> np.ndarray:
-        """The step-0 hyper-parameter vector of a push rule; InvalidArgumentError for an unknown rule."""
-        hp = self.hyper.get(rule)
-        if hp is None:
-            raise InvalidArgumentError(f"push rule {rule} is unknown; expected one of {update.RULES}")
-        return hp
-
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Refuses a request to this table once it is replaced (ShardClosingError, UNAVAILABLE: sent again, the
+        request goes to the table that took its place), closed (ShardClosingError) or broken (ShardNeedsRestartError).
+        Called with the lock held by the table's own reads and writes, and without it by Shard.check_push, whose
+        answer a replace right after it does not change."""
         if self.replaced:  # UNAVAILABLE: the client sends it again, to the table that took its place
             raise ShardClosingError(f"table {self.name!r} was replaced just now by a table of its name and another "
                                     "spec; send the request again")  # fmt: skip
@@ -441,6 +437,14 @@ class Table:
             raise ShardClosingError(f"table {self.name!r}: the server is shutting down")
         if self.broken:
             raise ShardNeedsRestartError(self.broken)
+
+    # ---- internals (lock held) ----------------------------------------------------------------------
+    def _hyper_of(self, rule: int) -> np.ndarray:
+        """The step-0 hyper-parameter vector of a push rule; InvalidArgumentError for an unknown rule."""
+        hp = self.hyper.get(rule)
+        if hp is None:
+            raise InvalidArgumentError(f"push rule {rule} is unknown; expected one of {update.RULES}")
+        return hp
 
     def _chunks(self, n: int):
         step = self.arena.max_pinnable()
