@@ -13,9 +13,11 @@ from protos import ps_pb2
 from ps import codec
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.engine.push import TablePush
+from ps.engine.room import RequestRoom, push_cost
 from ps.engine.shard import MAX_COUNT_PER_ID, Shard
+from ps.engine.stampedpush import StampedPushes
 from ps.engine.syncsum import SUM_COPIES, held_bytes, step_cost, sum_contributions
-from ps.errors import CallerGoneError, SyncStepTooLargeError
+from ps.errors import CallerGoneError, RequestTooLargeError, ShardClosingError, SyncStepTooLargeError
 from ps.server import Server
 from ps.server_config import ServerConfig
 from ps.storage.memory import MiB, plan_memory
@@ -212,3 +214,27 @@ def test_max_count_clips_the_sum_and_leaves_the_contributions():
     [out] = sum_contributions([c, c], MAX_COUNT_PER_ID)
     assert (out.shows == MAX_COUNT_PER_ID).all() and (out.clicks == MAX_COUNT_PER_ID).all()
     assert (c[0].shows == MAX_COUNT_PER_ID).all() and (out.grads == 2).all()
+
+
+def test_a_sync_push_is_priced_by_the_tables_it_is_checked_against(tmp_path):
+    """StampedPushes with a room that holds a sync push of 1,000 ids to 's' as made (SGD) and not as replaced
+    (adam, wider rows): given the Table it was looked up as, replaced since, the push is priced by that Table and
+    refused as replaced (UNAVAILABLE: sent again, it goes to the new table); looked up by name, it is priced by the
+    new table and refused as too large. Neither applies anything."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    try:
+        old = shard.create_table(TableConfig("s", 2, optimizer=OptimizerConfig("sgd", 1.0)))
+        new = shard.create_table(TableConfig("s", 2, optimizer=OptimizerConfig("adam")), replace_untrained=True)
+        assert new.width > old.width
+        fits = push_cost(1000, old.width)
+        stamped = StampedPushes(shard.jobs, shard.pushes, RequestRoom(fits, fits), shard.checkpoints.gate,
+                                shard.table, shard.check_push, shard.push_batch)  # fmt: skip
+        push = TablePush("s", np.arange(1000, dtype=np.uint64), np.ones((1000, 2), np.float32), None, None)
+        stamp = _stamp(0, 0, num_workers=1)
+        with pytest.raises(ShardClosingError, match="table 's' was replaced just now"):
+            stamped.push([push], 1, 0, 0, stamp, tables=[old])
+        with pytest.raises(RequestTooLargeError, match=f"would copy {push_cost(1000, new.width):,} bytes"):
+            stamped.push([push], 1, 0, 0, stamp)
+        assert not shard.table("s").trained and shard.clock == 0
+    finally:
+        shard.close()

@@ -95,15 +95,20 @@ class StampedPushes:
         self, pushes: list[TablePush], advance_clock: int, tables: Sequence[Table] | None = None
     ) -> list[TablePush]:
         """A sync push's contribution (ps.engine.syncsum.contribution), its clock advance checked too, and its size:
-        RequestTooLargeError, before anything is copied, past what a push may copy running alone."""
-        cost = sum(push_cost(len(p.ids), self._table(p.name).width) for p in pushes)
+        RequestTooLargeError, before anything is copied, past what a push may copy running alone. Both are of each
+        push's Table of tables (None: each looked up by name)."""
+        looked_up = [self._table(p.name) for p in pushes] if tables is None else tables
+        cost = sum(push_cost(len(p.ids), t.width) for p, t in zip(pushes, looked_up, strict=True))
         self._room.refuse_larger(cost, sum(len(p.ids) for p in pushes), f"a sync PushBatch of {len(pushes)} pushes",
                                  runs_alone=True)  # fmt: skip
-        out = contribution(pushes, self._check_push, tables)
+        out = contribution(pushes, self._check_push, looked_up)
         self._pushes.check_advance(advance_clock)
         return out
 
     def _apply_sum(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> None:
-        """Applies a sync step's sum as one PushBatch of (client, client_seq)."""
+        """Applies a sync step's sum as one PushBatch of (client, client_seq). The sum goes by table name: each of
+        its pushes goes to the table of its name when the sum is applied, not to the Tables the contributions were
+        checked against (a table replaced in between gets the sum, or refuses the step if it does not fit its
+        dim: Shard.check_push)."""
         with self._gate.push_gate():
             self._pushes.push_batch(pushes, advance_clock, client, client_seq, step_sum=True)
