@@ -40,8 +40,8 @@ def test_hold_save_release(tmp_path, caplog):
         _, token = shard.hold(60)
         with pytest.raises(CheckpointInProgressError, match="taking a checkpoint"):
             shard.push("t", ids, np.ones((3, 2), np.float32))
-        with pytest.raises(CheckpointHoldError, match=r"^shard 0 is held by another checkpoint \(released as that "
-                           r"checkpoint's save ends, or as its hold expires, (59|60) s from now at the latest\); "
+        with pytest.raises(CheckpointHoldError, match=r"^shard 0 is held by another checkpoint \(until that checkpoint "
+                           r"releases it after its save, or its hold expires, (59|60) s from now at the latest\); "
                            r"one checkpoint at a time"):  # fmt: skip
             shard.hold(60)
         shard.release("not-the-token")  # a stale token releases nothing
@@ -88,21 +88,23 @@ def test_a_restore_that_did_not_finish_is_refused_at_start(tmp_path):
             Shard(ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=restore))
 
 
-def test_a_hold_refused_while_another_checkpoint_saves_says_the_save_releases_it_not_how_long_a_hold_may_last(
-    tmp_path,
-):
+def test_a_hold_refused_while_another_checkpoint_saves_says_its_hold_lasts_on_after_the_save(tmp_path):
     """While another checkpoint's save runs (its hold cannot expire then), a hold is refused saying that checkpoint
-    saves now and releases the shard as its save ends: no hold timeout, which a save that takes milliseconds would
-    not last."""
+    saves now and its hold lasts on after the save until that checkpoint releases it, its 120 s hold timeout after
+    the save at the latest (counted again from the save's end): no time from now, which the save may outlast."""
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
     try:
         _, token = shard.hold(120)
         with shard.checkpoints.gate.saving(token), pytest.raises(CheckpointHoldError) as refused:
             shard.hold(60)
         assert str(refused.value) == (
-            "shard 0 is held by another checkpoint (it saves now, and releases the shard as its save ends); one "
-            "checkpoint at a time: take this one once that one has ended; nothing is held"
+            "shard 0 is held by another checkpoint (it saves now; its hold lasts on after the save until that "
+            "checkpoint releases it, 120 s after the save has ended at the latest); one checkpoint at a time: take "
+            "this one once that one has ended; nothing is held"
         )
+        with pytest.raises(CheckpointHoldError, match=r"held by another checkpoint \(until that checkpoint releases "
+                           r"it after its save, or its hold expires, (119|120) s from now"):  # fmt: skip
+            shard.hold(60)  # the save ended: its hold lasts on
         shard.release(token)
     finally:
         shard.close()

@@ -146,7 +146,8 @@ def test_a_shrink_asked_for_while_a_checkpoint_saves_is_refused_at_once_and_runs
         said = capsys.readouterr().err.strip()
         assert re.fullmatch(
             rf"ps-worker: error: shard 0 at \S+: Shrink failed with FAILED_PRECONDITION: shard 0: a checkpoint holds "
-            rf"it {SINCE} \(it saves now, and releases the shard as its save ends\){re.escape(REFUSED)}",
+            rf"it {SINCE} \(it saves now; its hold lasts on after the save until that checkpoint releases it, \d+ s after "
+            rf"the save has ended at the latest\){re.escape(REFUSED)}",
             said,
         ), said
         assert str(refused.value).startswith(f"shard 0 at {addresses[0]}: Shrink failed with FAILED_PRECONDITION")
@@ -187,8 +188,8 @@ def test_a_shrink_is_refused_while_a_hold_waits_for_pushes_or_lasts_and_runs_onc
     assert re.fullmatch(rf"shard 4: a checkpoint holds it {SINCE} \(its hold waits for the pushes in flight, then "
                         rf"lasts up to 60 s, and while its save runs\){re.escape(REFUSED)}", said), said  # fmt: skip
     said = _refused(gate)
-    assert re.fullmatch(rf"shard 4: a checkpoint holds it {SINCE} \(released as that checkpoint's save ends, or as its "
-                        rf"hold expires, (59|60) s from now at the latest\){re.escape(REFUSED)}", said), said  # fmt: skip
+    assert re.fullmatch(rf"shard 4: a checkpoint holds it {SINCE} \(until that checkpoint releases it after its save, "
+                        rf"or its hold expires, (59|60) s from now at the latest\){re.escape(REFUSED)}", said), said  # fmt: skip
     gate.release(held[0][1])
     gate.hold(0.001, lambda: 0)  # a hold its saver never releases: it expires
     wait_until(lambda: time.monotonic() >= gate.held_until, 30, "the hold's expiry")
@@ -224,7 +225,7 @@ def test_a_save_whose_hold_was_released_while_it_runs_refuses_a_shrink_and_a_hol
     finally:
         written.set()
         saver.join(30)
-    on = rf"shard 2: a checkpoint's save runs on it {SINCE}, its hold released: until that save ends"
+    on = rf"shard 2: a checkpoint's save runs on it {SINCE}, its hold released"
     assert re.fullmatch(on + re.escape(REFUSED), said), said
     said = str(hold_refused.value)
     assert re.fullmatch(on + "; one checkpoint at a time: take this one once that save has ended; nothing is held",

@@ -71,7 +71,7 @@ def test_a_full_disk_on_one_shard_while_another_shrank_says_to_send_no_shrink_on
     addresses, s0, s1 = _two_shards_t_on_shard_0(servers)
     s1.shard.create_table(CFG)
 
-    def disk_full(name: str = "", caller_gone: object = None) -> dict:
+    def disk_full(name: str = "") -> dict:
         raise DiskFullError.of("No space left on device", "writing the rows of table 't' in data dir D")
 
     s1.shard.shrink = disk_full
@@ -96,7 +96,7 @@ LONG_DIR = "/data/donn\u00e9es/" + "/".join(f"{i:02d}" + "d" * 97 for i in range
 def _quota_on_shard_1(s1) -> None:
     """Shard 1's Shrink fails for a spent disk quota under LONG_DIR."""
 
-    def quota(name: str = "", caller_gone: object = None) -> dict:
+    def quota(name: str = "") -> dict:
         raise DiskFullError.of("Disk quota exceeded", f"writing the rows of table 't' in data dir {LONG_DIR}",
                                disk=LONG_DIR)  # fmt: skip
 

@@ -55,7 +55,7 @@ class PushHold:
 
     def __init__(self, shard_id: int):
         self.shard_id = shard_id
-        self._gate = threading.Condition()  # guards the fields below; notified when a push ends or a hold does
+        self._gate = threading.Condition()  # guards the fields below; a hold waits on it for the pushes in flight
         self._saving = threading.Lock()  # one checkpoint save at a time (a second one to the same dir is refused)
         self._saves = 0  # saves inside saving() (running, or waiting for _saving): no Shrink while one is
         self._save_began = 0.0  # time.time() the first of the saves inside saving() began (for a refusal's message)
@@ -150,7 +150,6 @@ class PushHold:
                 if gone:
                     self._end_hold(time.monotonic())
                     self.token = None
-                    self._gate.notify_all()
             if gone:
                 raise CallerGoneError(f"shard {self.shard_id}: a checkpoint hold was dropped as it was taken: its "
                                       "caller left (its deadline passed, or it was cancelled); nothing is held")  # fmt: skip
@@ -175,7 +174,6 @@ class PushHold:
                 if not expired:
                     self._end_hold(min(time.monotonic(), self.held_until))  # an expiry no push found: its time
                 self.token = None
-                self._gate.notify_all()
                 if not expired:
                     log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, "
                              "which clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
@@ -196,15 +194,17 @@ class PushHold:
             return self._ended_held_s + max(0.0, lasted)
 
     def _other(self, now: float) -> str:
-        """Where the hold another checkpoint has (under _gate, lasting at now) is: taking itself, saving, or held until
-        its checkpoint releases it, which a save does as it ends, and expiring at the latest."""
+        """Where the hold another checkpoint has (under _gate, lasting at now) is: taking itself, saving (the hold
+        lasts on after the save until its checkpoint releases it, _hold_s after the save at the latest), or held until
+        its checkpoint releases it after its save, or its expiry."""
         if self._waiting:
             return (f"its hold waits for the pushes in flight, then lasts up to {self._hold_s:g} s, and while its save "
                     "runs")  # fmt: skip
         if math.isinf(self.held_until):
-            return "it saves now, and releases the shard as its save ends"
-        return (f"released as that checkpoint's save ends, or as its hold expires, {math.ceil(self.held_until - now)} "
-                "s from now at the latest")  # fmt: skip
+            return ("it saves now; its hold lasts on after the save until that checkpoint releases it, "
+                    f"{self._hold_s:g} s after the save has ended at the latest")  # fmt: skip
+        return ("until that checkpoint releases it after its save, or its hold expires, "
+                f"{math.ceil(self.held_until - now)} s from now at the latest")  # fmt: skip
 
     def _not_held(self) -> str:
         """Why a save's token is not the shard's hold now (under _gate): another checkpoint holds it, no hold was
@@ -262,8 +262,8 @@ class PushHold:
 
     def _shrink_refused(self, now: float) -> str:
         """The message of a Shrink refused (under _gate) while a hold lasts at now or a save runs: "shard 1: a
-        checkpoint holds it since 2026-12-07 19:41:05 UTC, 12 s ago (released as that checkpoint's save ends, or as
-        its hold expires, 48 s from now at the latest); a Shrink run meanwhile ... send the Shrink once that
+        checkpoint holds it since 2026-12-07 19:41:05 UTC, 12 s ago (until that checkpoint releases it after its
+        save, or its hold expires, 48 s from now at the latest); a Shrink run meanwhile ... send the Shrink once that
         checkpoint has ended; nothing was applied"."""
         if self.held_until and now < self.held_until:
             what = f"a checkpoint holds it since {_since(self._held_since)} ({self._other(now)})"
@@ -275,10 +275,8 @@ class PushHold:
 
     def _saving_on(self) -> str:
         """What a save whose hold was released, running on (under _gate), is: "a checkpoint's save runs on it since
-        2026-12-07 19:41:05 UTC, 3 s ago, its hold released: until that save ends"."""
-        return (
-            f"a checkpoint's save runs on it since {_since(self._save_began)}, its hold released: until that save ends"
-        )
+        2026-12-07 19:41:05 UTC, 3 s ago, its hold released"."""
+        return f"a checkpoint's save runs on it since {_since(self._save_began)}, its hold released"
 
 
 def _since(began: float) -> str:
