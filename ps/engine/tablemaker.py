@@ -32,15 +32,17 @@ class TableMaker:
         self, cfg: TableConfig, replace_untrained: bool, check_replace: Callable[[str], None] | None
     ) -> tuple[Table, str]:
         """Shard.create_table's work, cfg normalized, the shard's lock held: the existing table of cfg's spec, or a
-        new one (ps.newtable.check_new, then check_new's refusals), or `replace_untrained`'s; and the line to log
-        of the table made or replaced ("" for the existing one). check_replace(name): the shard's job refusing a
-        replace (JobConflictError); None: a create stamped by a job's worker, never refused so."""
+        new one (its spec checked by ps.newtable.check_new, then its number, stored counts and RAM tier as
+        _layout_with_room checks them), or `replace_untrained`'s; and the line to log of the table made or replaced
+        ("" for the existing one). check_replace(name): the shard's job refusing a replace (JobConflictError); None:
+        a create stamped by a job's worker, never refused so."""
         table, diff, cfg = self._existing(cfg)
         if table is not None and not diff:
             return table, ""
         if diff:
             return self._replace_untrained(table, cfg, diff, replace_untrained, check_replace)
-        self.store.number_for(cfg.name)  # check_new's first refusal; Table() meets the others (counts, RAM budget)
+        # the first refusal _layout_with_room checks; Table() meets the others (counts, RAM budget)
+        self.store.number_for(cfg.name)
         table = self._stored(cfg)
         self.tables[cfg.name] = table
         return table, f"created table {cfg.name}: dim {cfg.dim}, {cfg.optimizer.name}"
@@ -67,7 +69,7 @@ class TableMaker:
         if diff:
             with table.lock:
                 self._refuse_other_spec(table, cfg, diff, replace_untrained, check_replace)
-        return cfg, 0, self.check_new(cfg, table if diff else None).width
+        return cfg, 0, self._layout_with_room(cfg, table if diff else None).width
 
     def _existing(self, cfg: TableConfig) -> tuple[Table | None, list[str], TableConfig]:
         """(the table of cfg's name, or None; how its config differs from cfg; cfg, or, unless that table is of
@@ -80,7 +82,7 @@ class TableMaker:
             cfg = cfg.as_new()
         return table, diff, cfg
 
-    def check_new(self, cfg: TableConfig, replacing: Table | None) -> RowLayout:
+    def _layout_with_room(self, cfg: TableConfig, replacing: Table | None) -> RowLayout:
         """The refusals of a create of a table of cfg (new, or `replacing` one of its name) left once its spec is
         accepted, checked in the one order that create and check_create meet them, changing nothing: the
         table's number (Store.number_for: DataLossError while a number does not read, TableNumbersExhaustedError),
@@ -133,13 +135,13 @@ class TableMaker:
         check_replace: Callable[[str], None] | None,
     ) -> tuple[Table, str]:
         """create for a table of another config, `old`: refused unless it may be replaced (_refuse_other_spec) and
-        its number and the RAM tier take it (check_new); then the old one is closed (its requests from now on get
-        ShardClosingError) and leaves the RAM budget, the new one takes its name, number and counts
-        (Table.count_on). A failure puts a table of the old config back, as it was (untrained, its RAM tier
-        empty). Returns (the new table, the line to log of it)."""
+        its number and the RAM tier take it (_layout_with_room); then the old one is closed (its requests from now
+        on get ShardClosingError) and leaves the RAM budget, the new one takes its name, number and counts
+        (Table.count_on). A failure puts a table of the old config back, as it was (untrained, its RAM tier empty).
+        Returns (the new table, the line to log of it)."""
         with old.lock:
             self._refuse_other_spec(old, cfg, diff, replace_untrained, check_replace)
-            self.check_new(cfg, old)
+            self._layout_with_room(cfg, old)
             old.closed = True
             old.replaced = True
             self.budget.leave(old.arena)  # under its lock: a reclaim() that waited for it finds it gone
