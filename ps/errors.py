@@ -128,14 +128,13 @@ class RamTierTooSmallError(PsError, ValueError):
 
     @classmethod
     def received(cls, message: str, head: str, fields: dict[str, str]) -> "RamTierTooSmallError":
-        """A client's copy of a shard's refusal (see PsError.received), with its fields where the shard sent both
-        counts as at most 20 ASCII digits, each at most 2^64 - 1 (what a shard's counts can be: longer digit strings
-        would make int() or the bytes shown of them fail), and a budget of RAM_TIER_BUDGETS; else its message alone
-        (fields 0 and "")."""
+        """A client's copy of a shard's refusal (see PsError.received): its counts where the shard sent both as at
+        most 20 ASCII digits, each at most 2^64 - 1 (what a shard's counts can be: longer digit strings would make
+        int() or the bytes shown of them fail), else 0 and 0; its budget where the shard sent one of
+        RAM_TIER_BUDGETS, else ""."""
         counts, budget = [fields.get("tables", ""), fields.get("floor_bytes", "")], fields.get("budget", "")
-        if not (all(_a_count(c) for c in counts) and budget in RAM_TIER_BUDGETS):
-            return cls(message)
-        return cls(message, *(int(c) for c in counts), budget)
+        tables, floor_bytes = (int(counts[0]), int(counts[1])) if all(_a_count(c) for c in counts) else (0, 0)
+        return cls(message, tables, floor_bytes, budget if budget in RAM_TIER_BUDGETS else "")
 
 
 def _a_count(text: str) -> bool:

@@ -146,7 +146,7 @@ def test_a_refusal_one_byte_short_shows_two_figures_apart():
 
 
 def test_a_ram_tier_refusal_names_its_flags_in_words_and_in_its_budget_field():
-    """raise_ram_tier_to's words and ram_tier_budget (RamTierTooSmallError.budget) name the same flags: the
+    """raise_ram_tier_to's words and flags (RamTierTooSmallError.budget, ram_tier_budget's) name the same flags: the
     --cache-bytes that set the tier; --memory-bytes where the tier is what it leaves; both where a --cache-bytes
     large enough would not fit in --memory-bytes."""
     need = 512 * MiB
@@ -157,6 +157,6 @@ def test_a_ram_tier_refusal_names_its_flags_in_words_and_in_its_budget_field():
         (plan_memory(8 << 30, 64 * MiB), "cache", "raise --cache-bytes to at least 512.0 MiB"),
     ]
     for plan, budget, words in cases:
-        assert plan.ram_tier_budget(need) == budget
-        said = plan.raise_ram_tier_to(need)
+        said, flags = plan.raise_ram_tier_to(need)
+        assert plan.ram_tier_budget(need) == flags == budget
         assert said.startswith(words) and ("--memory-bytes" in said) == ("memory" in budget), said

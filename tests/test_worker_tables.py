@@ -380,12 +380,14 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
         )
 
 
-def test_a_ram_tier_refusals_fields_cross_as_ascii_counts_or_not_at_all():
+def test_a_ram_tier_refusals_counts_cross_as_ascii_counts_and_its_budget_as_a_known_flag_or_not_at_all():
     from worker.train import too_small_for_the_model
 
     fields = {"tables": "3", "floor_bytes": "229888", "budget": "memory"}
     copy = RamTierTooSmallError.received("head: refused", "head: ", fields)
     assert (str(copy), copy.tables, copy.floor_bytes, copy.budget) == ("head: refused", 3, 229_888, "memory")
+    copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "tables": "-3"})  # a count unread
+    assert (copy.tables, copy.floor_bytes, copy.budget) == (0, 0, "memory")
     largest = str(2**64 - 1)
     copy = RamTierTooSmallError.received(
         "head: refused", "head: ", {**fields, "tables": largest, "floor_bytes": largest}
@@ -399,9 +401,10 @@ def test_a_ram_tier_refusals_fields_cross_as_ascii_counts_or_not_at_all():
         copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "tables": bad})
         assert (copy.tables, copy.floor_bytes) == (0, 0), bad
         assert too_small_for_the_model(copy, 3).startswith("head: refused; this run makes 3 more tables")
-    for bad in ("", "Cache", "cache ", "disk"):
-        copy = RamTierTooSmallError.received("head: refused", "head: ", {**fields, "budget": bad})
-        assert (copy.tables, copy.floor_bytes, copy.budget) == (0, 0, ""), bad
+    no_budget = {"tables": "3", "floor_bytes": "229888"}
+    for sent in (no_budget, *({**fields, "budget": bad} for bad in ("", "Cache", "cache ", "disk"))):
+        copy = RamTierTooSmallError.received("head: refused", "head: ", sent)  # the counts stay; budget ""
+        assert (copy.tables, copy.floor_bytes, copy.budget) == (3, 229_888, ""), sent
 
 
 def test_a_table_with_ids_pushed_but_not_admitted_on_one_shard_is_not_untrained():

@@ -204,9 +204,7 @@ def check_store(
 
 def new_budget(memory: MemoryPlan) -> MemoryBudget:
     """The RAM tier's budget, its refusals naming the flag that sizes it (MemoryPlan.raise_ram_tier_to)."""
-    return MemoryBudget(
-        memory.ram_tier_bytes, memory.ram_tier_source(), memory.raise_ram_tier_to, memory.ram_tier_budget
-    )
+    return MemoryBudget(memory.ram_tier_bytes, memory.ram_tier_source(), memory.raise_ram_tier_to)
 
 
 def check_room_for(memory: MemoryPlan, manifest: dict, checkpoint: str) -> None:

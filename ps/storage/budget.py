@@ -80,16 +80,14 @@ Failed = tuple[Member, Exception]  # a table whose give_up failed in reclaim(), 
 class MemoryBudget:
     """Bytes the RAM tiers of one server may use, shared by its tables (see the module docstring)."""
 
-    def __init__(self, limit_bytes: int, source: str = "", raise_to: Callable[[int], str] | None = None,
-                 budget: Callable[[int], str] | None = None):  # fmt: skip
+    def __init__(self, limit_bytes: int, source: str = "", raise_to: Callable[[int], tuple[str, str]] | None = None):
         """source: how limit_bytes was set, for messages (default "--cache-bytes N", N in exact_bytes' form);
-        raise_to(n): what to change for a RAM tier of n bytes (default "raise --cache-bytes to at least n");
-        budget(n): the flags that says to raise, a refusal's `budget` field (default "cache");
-        ps.storage.memory.MemoryPlan gives all three."""
+        raise_to(n): what to change for a RAM tier of n bytes, in words, and the flags those words raise, a
+        refusal's `budget` field (ps.errors.RAM_TIER_BUDGETS; default "raise --cache-bytes to at least n", "cache");
+        ps.storage.memory.MemoryPlan gives source (ram_tier_source) and raise_to (raise_ram_tier_to)."""
         self.limit_bytes = int(limit_bytes)
         self.source = source or f"--cache-bytes {exact_bytes(self.limit_bytes)}"
-        self.raise_to = raise_to or (lambda n: f"raise --cache-bytes to at least {exact_bytes(n)}")
-        self.budget = budget or (lambda n: "cache")
+        self.raise_to = raise_to or (lambda n: (f"raise --cache-bytes to at least {exact_bytes(n)}", "cache"))
         self.used_bytes = 0
         self._lock = threading.Lock()
         self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
@@ -120,13 +118,14 @@ class MemoryBudget:
         widest rows cost `widest` bytes would get shares under the floor."""
         share, floor = self.limit_bytes // n, min_share_bytes(widest)
         if share < floor:
+            change, flags = self.raise_to(n * floor)
             raise RamTierTooSmallError(
                 f"the RAM tier ({self.source}) {what}: shared by {n} tables it gives each "
                 f"{human_bytes(share)}, under the {exact_bytes(floor)} a table's share must hold ({floor // widest} "
-                f"rows of the widest table, {widest:,} bytes a row); {self.raise_to(n * floor)}",
+                f"rows of the widest table, {widest:,} bytes a row); {change}",
                 tables=n,
                 floor_bytes=floor,
-                budget=self.budget(n * floor),
+                budget=flags,
             )
 
     def leave(self, member: Member) -> None:

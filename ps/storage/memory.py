@@ -91,15 +91,18 @@ class MemoryPlan:
             return f"{exact_bytes(self.ram_tier_bytes)}, what --memory-bytes {human_bytes(self.memory_bytes)} leaves it"
         return f"--cache-bytes {exact_bytes(self.ram_tier_bytes)}"
 
-    def raise_ram_tier_to(self, need_bytes: int) -> str:
-        """What to change so that the RAM tier holds need_bytes: the flags ram_tier_budget names."""
+    def raise_ram_tier_to(self, need_bytes: int) -> tuple[str, str]:
+        """(what to change so that the RAM tier holds need_bytes, in words; the flags those words raise,
+        ram_tier_budget's): a MemoryBudget's raise_to."""
         budget = self.ram_tier_budget(need_bytes)
         if budget == "cache":
-            return f"raise --cache-bytes to at least {exact_bytes(need_bytes)}"
+            return f"raise --cache-bytes to at least {exact_bytes(need_bytes)}", budget
         least = smallest_memory_bytes(need_bytes) // MiB
         if budget == "memory":
-            return f"raise --memory-bytes to at least {least}M, which leaves the RAM tier {exact_bytes(need_bytes)}"
-        return f"raise --cache-bytes to at least {exact_bytes(need_bytes)} and --memory-bytes to at least {least}M"
+            words = f"raise --memory-bytes to at least {least}M, which leaves the RAM tier {exact_bytes(need_bytes)}"
+        else:
+            words = f"raise --cache-bytes to at least {exact_bytes(need_bytes)} and --memory-bytes to at least {least}M"
+        return words, budget
 
     def ram_tier_budget(self, need_bytes: int) -> str:
         """The flags to raise so that the RAM tier holds need_bytes (ps.errors.RAM_TIER_BUDGETS): "cache", the
