@@ -162,7 +162,8 @@ def exit_code(program: str, run: Callable[[], int]) -> int:
     a checkpoint's save or an export, say) follow the word, on its line. Within run(), a sigterm_raises block that
     a SIGTERM reached leaves SIGTERM ignored as it ends: the process is on its way out, and a second SIGTERM (a
     container runtime repeating it) would otherwise end it by default mid-cleanup or mid-line (exit -15)."""
-    _COMMAND.mains += 1
+    global _mains
+    _mains += 1
     try:
         return run()
     except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (signal_behind)
@@ -174,16 +175,10 @@ def exit_code(program: str, run: Callable[[], int]) -> int:
         print(said, file=sys.stderr, flush=True)
         return stopped[1]
     finally:
-        _COMMAND.mains -= 1
+        _mains -= 1
 
 
-class _Command:
-    """mains: the exit_code calls running (a command's main, whose process exits once they return)."""
-
-    mains = 0
-
-
-_COMMAND = _Command()
+_mains = 0  # the exit_code calls running (a command's main, whose process exits once they return)
 
 
 def signal_behind(e: BaseException) -> BaseException | None:
@@ -283,7 +278,7 @@ class _SignalStop:
         # a handler put in place within the block (ps.server_run.serve's) stays: a late signal is still its to handle;
         # so does the SIG_IGN a SIGTERM set under exit_code: the command exits, and a second SIGTERM must not cut it
         term = signal.getsignal(signal.SIGTERM)
-        if term is self.on_term or (term is signal.SIG_IGN and not _COMMAND.mains):
+        if term is self.on_term or (term is signal.SIG_IGN and not _mains):
             signal.signal(signal.SIGTERM, self.previous)
         signal.signal(RAISE_PENDING_SIGNAL, self.previous_nudge)
         if self.previous_int is not None and signal.getsignal(signal.SIGINT) is self.on_int:
