@@ -15,7 +15,7 @@ reuse the venv and reinstall only when pyproject.toml or the venv's Python versi
 no longer runs (its symlink names a Python since removed) or runs another major.minor version than the one the
 venv was made for (its pyvenv.cfg's), or one older than 3.11, is made again, saying why; one whose python does not answer in time is
 reused, with a warning. A failed pip install shows pip's output, then names the Pythons the README's quick start is
-tried with (TRIED_PYTHONS) and the venv's. `test` and `bench`
+tried with (tried_pythons: pyproject.toml's classifiers) and the venv's. `test` and `bench`
 also install PyTorch (TORCH_PIN, for the torch backend: the CPU build where pip finds one, as on this project's
 machines; PyPI's Linux wheel is the CUDA build, so elsewhere set
 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import venv
@@ -37,8 +38,7 @@ TORCH_PIN = "torch==2.13.0"  # pinned: the version the torch backend is tested w
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 PROBE_TIMEOUT_S = 10.0  # the venv's python has this long to say its version (venv_python_unusable)
 MIN_PYTHON = (3, 11)  # sparseps's oldest Python, for dev.py and for the venv's python
-# the Pythons the README's quick start is tried with: every dependency has a wheel for each (pip_failed names them)
-TRIED_PYTHONS = ("3.11", "3.12", "3.13")
+PYTHON_CLASSIFIER = "Programming Language :: Python :: "  # pyproject.toml's, before a tried major.minor
 THIS_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the Python running dev.py (major.minor)
 STAMP = ".installed-"  # the venv's stamps of what is installed there (installed_with)
 
@@ -76,18 +76,32 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
     return python
 
 
+def tried_pythons() -> list[str]:
+    """The Pythons (major.minor, oldest first) the README's quick start is tried with, every dependency having a
+    wheel for each: pyproject.toml's classifiers "Programming Language :: Python :: 3.11" and so on. tomllib is
+    imported here, after ensure_env checked MIN_PYTHON: an older Python has none."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        classifiers = tomllib.load(f)["project"]["classifiers"]
+    versions = [c.removeprefix(PYTHON_CLASSIFIER) for c in classifiers if c.startswith(PYTHON_CLASSIFIER)]
+    return sorted((v for v in versions if v.count(".") == 1), key=lambda v: tuple(map(int, v.split("."))))
+
+
 def pip_failed(args: list[str], returncode: int, python_version: str) -> str:
     """The message of a failed `pip install ARGS` into the venv, whose Python is python_version (major.minor): it
-    names TRIED_PYTHONS and the venv's, and where the venv's is none of them, says a dependency may have no wheel
-    for it and how to make the venv again with one of them (a venv is reused whichever Python runs dev.py)."""
-    tried = f"{', '.join(TRIED_PYTHONS[:-1])} and {TRIED_PYTHONS[-1]}"
+    names the Pythons tried (tried_pythons) and the venv's, and where the venv's is none of them, says a dependency
+    may have no wheel for it and how to make the venv again with one of them (a venv is reused whichever Python runs
+    dev.py)."""
+    pythons = tried_pythons()
+    tried = f"{', '.join(pythons[:-1])} and {pythons[-1]}" if len(pythons) > 1 else pythons[0]
     said = f"pip install {' '.join(args)} failed (exit {returncode}); see the output above. sparseps is tried on "
     said += f"Python {tried}"
-    if python_version in TRIED_PYTHONS:
+    if python_version in pythons:
         return f"{said}; the venv's Python, {python_version}, is one of them"
     return (
         f"{said}; the venv's is Python {python_version}, for which a dependency may have no wheel: make the venv "
-        f"again with one of those (rm -rf {VENV} && python{TRIED_PYTHONS[-1]} dev.py env)"
+        f"again with one of those (rm -rf {shlex.quote(VENV)} && python{pythons[-1]} dev.py env)"
     )
 
 

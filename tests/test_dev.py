@@ -4,8 +4,11 @@ made, nothing installed)."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -233,7 +236,7 @@ def test_the_callers_python_variables_do_not_make_a_healthy_venv_unusable(venv, 
         (
             "3.14",
             "; the venv's is Python 3.14, for which a dependency may have no wheel: make the venv again with one "
-            "of those (rm -rf {venv} && python3.13 dev.py env)",
+            "of those (rm -rf {venv} && python{newest} dev.py env)",
         ),  # fmt: skip
         ("3.12", "; the venv's Python, 3.12, is one of them"),
     ],
@@ -255,7 +258,30 @@ def test_a_failed_install_names_the_pythons_tried_and_the_venvs(venv, monkeypatc
         dev.ensure_env()
     assert stopped.value.code == (
         f"pip install -e {dev.ROOT}[dev] failed (exit 1); see the output above. sparseps is tried on Python 3.11, "
-        "3.12 and 3.13" + said.format(venv=dev.VENV)
+        "3.12 and 3.13" + said.format(venv=dev.VENV, newest=dev.tried_pythons()[-1])
     )
     assert capsys.readouterr().err == "ERROR: No matching distribution found for numba\n"
     assert not [name for name in os.listdir(dev.VENV) if name.startswith(dev.STAMP)]  # no install stamped
+
+
+def test_the_pythons_tried_are_pyproject_classifiers_and_the_readme_names_them_all():
+    """tried_pythons reads pyproject.toml's classifiers; the README's quick start names the same Pythons, so a
+    Python added to one and not the other fails here."""
+    with open(os.path.join(dev.ROOT, "pyproject.toml"), "rb") as f:
+        classifiers = tomllib.load(f)["project"]["classifiers"]
+    pythons = dev.tried_pythons()
+    assert pythons and all(f"Programming Language :: Python :: {v}" in classifiers for v in pythons)
+    with open(os.path.join(dev.ROOT, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    said = re.search(r"Python ([\d., and]+?) are tried: every dependency has a wheel for each", readme)
+    assert said and re.findall(r"\d+\.\d+", said.group(1)) == pythons, said
+
+
+def test_the_venv_path_in_the_advice_to_remake_it_is_quoted_for_the_shell(monkeypatch, tmp_path):
+    """A venv under a directory whose name has a space (or a quote): the `rm -rf` the message says removes that
+    venv, not two other paths."""
+    venv_dir = str(tmp_path / "my project's dir" / ".venv")
+    monkeypatch.setattr(dev, "VENV", venv_dir)
+    said = dev.pip_failed(["-e", "."], 1, "3.99")
+    command = said[said.index("(rm -rf ") + 1 : said.rindex(")")]
+    assert shlex.split(command)[:3] == ["rm", "-rf", venv_dir], command
