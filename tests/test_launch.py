@@ -1073,6 +1073,28 @@ def test_stop_kills_a_worker_that_left_its_group_while_its_child_stayed_in_it(tm
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="runs `sh` and `sleep`; /proc")
+def test_stop_ends_the_children_a_worker_that_exited_left_in_its_group():
+    """A worker that exited at once (reaped by its thread, as when one worker ends and launch stops the rest),
+    leaving a child in the group launch made for it: stop()'s signals still reach that group, so the child ends."""
+    lines: list[str] = []
+    group = WorkerGroup([["sh", "-c", "sleep 60 >/dev/null & echo $!"]], [dict(os.environ)],
+                        lambda i, line: lines.append(line), lambda i, report: None)  # fmt: skip
+    group.start()
+    group.read_output()
+    worker = group.procs[0]
+    child = None
+    try:
+        child = int(wait_until(lambda: lines and lines[0], 30, "the worker's child's pid"))
+        wait_until(lambda: worker.returncode is not None, 30, "the worker's exit, reaped by its thread")
+        assert alive(child) and os.getpgid(child) == worker.pid  # left behind in the worker's group
+        group.stop(grace_s=0.5)
+        wait_until(lambda: not alive(child), 10, "the end of the child the worker left in its group")
+    finally:
+        if child is not None and alive(child):  # the test's own `sleep`, still running
+            os.kill(child, signal.SIGKILL)
+
+
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(fakes, capsys):
     command, pids = fakes([{"action": "exit", "code": 2, "wait_for": ["worker-1"]},
                            {"action": "sleep", "ignore_term": True}])  # fmt: skip

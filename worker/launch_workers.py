@@ -81,11 +81,17 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
     and the second re-enters a handler still running (its line said twice) or, after ps-worker's handler is gone
     (ps.terminate.exit_code saying its line), ends the worker as SIGTERM's default action does (-15, its exit cut
     short). SIGKILL goes to the worker's pid as well in any case (a second delivery of it changes nothing), should
-    the worker leave the group between the check and the killpg."""
+    the worker leave the group between the check and the killpg. The group is the one the worker was started to
+    lead (child_setup), its id the worker's pid: signalled even once the worker exited and was reaped, when its
+    children (torch's helpers, a data loader) may still run in it."""
+    group = proc.pid  # the id of the group child_setup made the worker lead at its start
     try:
-        leads = os.getpgid(proc.pid) == proc.pid
-        os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):
+        leads = os.getpgid(proc.pid) == group
+    except ProcessLookupError:  # the worker was reaped: it leads nothing
+        leads = False
+    try:
+        os.killpg(group, signum)
+    except (ProcessLookupError, PermissionError):  # no process left in the group (to signal)
         leads = False
     if not leads or signum == signal.SIGKILL:
         proc.send_signal(signum)  # nothing if the worker was reaped
