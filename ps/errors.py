@@ -329,9 +329,11 @@ class CheckpointHoldError(PsError):
     shard or saves there (ps.engine.hold PushHold.shrink_slot: nothing applied). Not retried: waiting does not end
     another checkpoint, nor revive an expired hold; a Shrink runs for minutes, and a checkpoint's save of a large shard
     too (a client that retried would count the shard as down and give up after its server timeout, blaming an
-    outage); the message says when to send it again."""
+    outage); the message says when to send it again (a Shrink's refusal ends ": <shrink_remedy>"; partly_applied
+    drops it where the outcome of the request says it)."""
 
     status = "FAILED_PRECONDITION"
+    shrink_remedy = "send the Shrink once that checkpoint has ended"  # a Shrink's refusal's (ps.engine.hold)
 
 
 class ShrinkRunningError(PsError):

@@ -2,14 +2,14 @@
 
 A batch push's pushes before the refused one (ps.engine.pushpath) and a Shrink's chunks written before it stopped
 (ps.engine.shrinkprogress, worker.shrinkreplies) stay; the failure that stopped them says so, in ps.errors'
-PARTLY_APPLIED words, and a DiskFullError's remedy is kept or replaced where sending the request again would apply
-its part twice.
+PARTLY_APPLIED words, and a DiskFullError's remedy is kept or replaced, a CheckpointHoldError's dropped, where sending
+the request again would apply its part twice.
 """
 
 import copy
 
 from ps.diskfull import REMEDY_AFTER, RETRY, DiskFullError
-from ps.errors import NOTHING_APPLIED, PsError, ShardNeedsRestartError
+from ps.errors import NOTHING_APPLIED, CheckpointHoldError, PsError, ShardNeedsRestartError
 
 
 def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> PsError:
@@ -21,7 +21,9 @@ def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> 
     ShardNeedsRestartError's, whose message, kept whole and first, says what a restart does. outcome: what of the
     request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
     again does. remedy: what a DiskFullError whose remedy is RETRY says to do instead once space is freed, where
-    sending the request again would apply its part twice (SHRINK_REMEDY); "": RETRY stays. A client's copy of a
+    sending the request again would apply its part twice (SHRINK_REMEDY); "": RETRY stays. Given, a
+    CheckpointHoldError's message loses its ending ": <CheckpointHoldError.shrink_remedy>" (send the Shrink once
+    the checkpoint has ended), outcome saying when to send it instead. A client's copy of a
     DiskFullError that came without its fields gets remedy too where its message, less "; nothing was applied",
     ends "<REMEDY_AFTER>retry" (the shard's disk-full sentence, whole); its fields stay "" (none came); a message
     cut short (clip) keeps its words, and the outcome after them says what to do."""
@@ -36,5 +38,7 @@ def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> 
     said = str(e).removesuffix(f"; {NOTHING_APPLIED}")
     if remedy and isinstance(e, DiskFullError) and said.endswith(REMEDY_AFTER + RETRY):
         said = said.removesuffix(RETRY) + remedy
+    if remedy and isinstance(e, CheckpointHoldError):  # outcome says when to send it again: said once
+        said = said.removesuffix(f": {CheckpointHoldError.shrink_remedy}")
     reworded.args = (f"{stopped}: {said}. {outcome}", *e.args[1:])
     return reworded

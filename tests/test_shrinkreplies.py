@@ -41,9 +41,10 @@ def test_a_shrink_one_shard_refuses_names_the_shards_that_shrank(servers):
 
 
 def test_a_shrink_one_shard_refuses_while_a_checkpoint_holds_it_says_to_wait_for_the_next_one(servers):
-    """Shard 1 is held by a checkpoint: its refusal (CheckpointHoldError, nothing applied there) says to send the
-    Shrink once that checkpoint has ended, and the error adds that shard 0 shrank and that no Shrink goes before the
-    next one is due, also once shard 1's checkpoint has ended (shard 0's rows would decay twice)."""
+    """Shard 1 is held by a checkpoint: its refusal (CheckpointHoldError, nothing applied there) loses its advice to
+    send the Shrink once that checkpoint has ended (CheckpointHoldError.shrink_remedy), and the error says instead
+    that shard 0 shrank and that no Shrink goes before the next one is due, also once shard 1's checkpoint has ended
+    (shard 0's rows would decay twice): when to send a Shrink is said once."""
     addresses, s0, s1 = _two_shards_t_on_shard_0(servers)
     s1.shard.create_table(CFG)
     s1.shard.hold(60)
@@ -55,6 +56,8 @@ def test_a_shrink_one_shard_refuses_while_a_checkpoint_holds_it_says_to_wait_for
     assert said.endswith(". Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left): "
                          f"those changes were {PARTLY_APPLIED}; send no Shrink before the next one is due, also once "
                          "shard 1's checkpoint has ended: one sent again would decay their rows a second time")  # fmt: skip
+    assert CheckpointHoldError.shrink_remedy not in said and said.count("checkpoint has ended") == 1, said
+    assert "while a checkpoint holds it or saves. Of the Shrink, shard(s) 0 shrank (" in said, said
 
 
 def test_a_shrink_every_shard_refuses_raises_the_first_refusal_as_it_is(servers):

@@ -6,7 +6,8 @@ failed shard is mended (a table restored, space freed) or its checkpoint has end
 a Shrink: ps.engine.hold), decaying the others' rows a second time, so the error
 raised names them, what each dropped, and that they take no Shrink before the next one is due (ps.errors
 partly_applied, as a shard's own refusal of a Shrink stopped part way: ps.engine.shrinkprogress; a full disk's
-remedy RETRY becomes SHRINK_REMEDY there too).
+remedy RETRY becomes SHRINK_REMEDY there too, and a checkpoint hold's advice to send the Shrink once that checkpoint
+has ended is dropped).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def shrink_replies(outcomes: list) -> list[ps_pb2.ShrinkResponse]:
     <PARTLY_APPLIED>; <SHRINK_NOT_AGAIN>, also once shard <s> is mended (for a CheckpointHoldError: once shard <s>'s
     checkpoint has ended): one sent again would decay their rows a second time" (and which other shards failed,
     where more did); a full disk's refusal with its remedy RETRY replaced by SHRINK_REMEDY, where its shard sent its
-    fields (DiskFullError.received) or, without them, its message ends with it. The error keeps what the client
+    fields (DiskFullError.received) or, without them, its message ends with it; a checkpoint hold's without its
+    ": <CheckpointHoldError.shrink_remedy>", which the outcome says otherwise. The error keeps what the client
     noted of the refusal (refused_by)."""
     failed = [(s, o) for s, o in enumerate(outcomes) if isinstance(o, PsError)]
     if not failed:

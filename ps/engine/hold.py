@@ -270,8 +270,8 @@ class PushHold:
         else:
             what = self._saving_on()
         return (f"shard {self.shard_id}: {what}; a Shrink run meanwhile would be saved in part by that checkpoint, "
-                "so a shard runs no Shrink while a checkpoint holds it or saves: send the Shrink once that checkpoint "
-                f"has ended; {NOTHING_APPLIED}")  # fmt: skip
+                f"so a shard runs no Shrink while a checkpoint holds it or saves: {CheckpointHoldError.shrink_remedy}; "
+                f"{NOTHING_APPLIED}")  # fmt: skip
 
     def _saving_on(self) -> str:
         """What a save whose hold was released, running on (under _gate), is: "a checkpoint's save runs on it since
