@@ -462,8 +462,9 @@ def test_a_mean_gradient_with_a_nan_or_inf_is_refused_and_changes_nothing(monkey
             name = PARAMS[2].name  # mlp.1.weight: (8, 8)
             spoiled[name][0, 5] = bad
             with pytest.raises(ValueError, match=rf"^step 2 of the allreduce group: the mean gradient over the workers "
-                               rf"at dense parameter '{name}' \[0, 5\] is {bad} \(weight .*\); nothing was applied, "
-                               r"the values are those of the step before$"):  # fmt: skip
+                               rf"at dense parameter '{name}' \[0, 5\] is {bad} \(weight .*\); the MLP's step was not "
+                               r"applied \(its values are those of the step before\); the row pushes of that step "
+                               r"were$"):  # fmt: skip
                 dense.step(spoiled)
             np.testing.assert_array_equal(flat(dense.values), after_first)
             np.testing.assert_array_equal(dense.weights, after_first)
@@ -492,8 +493,9 @@ def test_a_step_that_would_overflow_the_weights_or_state_is_refused_and_changes_
             huge[param][0, 5] = 1e21
             with pytest.raises(ValueError, match=rf"^step 2 of the allreduce group: the {name} step would make "
                                rf"dense parameter '{param}' \[0, 5\] or its optimizer state non-finite \(weight "
-                               r".*, mean gradient over the workers 1\.0+\d*e\+21\): float32 overflow; nothing was "
-                               r"applied, the values are those of the step before$"):  # fmt: skip
+                               r".*, mean gradient over the workers 1\.0+\d*e\+21\): float32 overflow; the MLP's "
+                               r"step was not applied \(its values are those of the step before\); the row pushes "
+                               r"of that step were$"):  # fmt: skip
                 dense.step(huge)
             np.testing.assert_array_equal(flat(dense.values), after_first)
             np.testing.assert_array_equal(dense.weights, after_first)

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ps.config import OptimizerConfig
+from ps.errors import NOTHING_APPLIED
 from worker.allreduce_group import init_process_group_from_env, rank_device, timed_out, torch_reason
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
@@ -210,7 +211,8 @@ class AllReduceDense:
         name, row, col = self._element(e.index)
         refused = e.say(f"dense parameter {name!r} [{row}, {col}]", "mean gradient over the workers")
         return ValueError(
-            f"step {self.syncs + 1} of the allreduce group: {refused}, the values are those of the step before"
+            f"step {self.syncs + 1} of the allreduce group: {refused.removesuffix(f'; {NOTHING_APPLIED}')}; the MLP's "
+            "step was not applied (its values are those of the step before); the row pushes of that step were"
         )
 
     def _diverged_error(self, ranks: list[int]) -> DivergedError:
