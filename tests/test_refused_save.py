@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
+from ps.errors import NoCheckpointRootError, ServerUnavailableError
 from ps.server import Server
 from ps.server_config import ServerConfig
 
@@ -85,9 +86,38 @@ def test_a_save_that_fails_on_one_shard_names_the_parts_the_others_left(tmp_path
         assert text.startswith(f"the save into {root / 'c'} failed: ") and "with no manifest.json it is not a" in text
         assert f"{root / 'c'} holds shard-0, the part of each shard whose save finished; a shard whose" in text
         assert sorted(p.name for p in (root / "c").iterdir()) == ["shard-0"]
+        assert refused.value.shard_outcomes == [ps_pb2.CheckpointResponse, NoCheckpointRootError]
     finally:
         for s in servers:
             s.stop()
+
+
+@pytest.mark.parametrize(
+    "outcomes, short",
+    [
+        ([NoCheckpointRootError, NoCheckpointRootError], True),  # every shard refused: none saved anywhere
+        ([ps_pb2.CheckpointResponse, NoCheckpointRootError], False),  # shard 0 saved, into its machine's DIR
+        ([NoCheckpointRootError, ServerUnavailableError], False),  # shard 1 did not answer: it may save
+        (None, False),  # not known
+    ],
+)
+def test_nothing_was_saved_is_said_only_where_every_shard_refused_for_no_checkpoint_root(tmp_path, outcomes, short):
+    """A refusal for no --checkpoint-root, no shard part seen in DIR on this machine: "nothing was saved into DIR"
+    only where every shard refused so; else a shard may have saved its part into DIR on another machine (the
+    servers' DIR), and the error says what this machine sees."""
+    from worker.checkpoint_left import note_parts_left
+
+    directory = str(tmp_path / "c")  # this machine sees nothing there
+    said = "shard 1 at 127.0.0.1:1: Checkpoint failed with FAILED_PRECONDITION: this server takes no checkpoints"
+    error = NoCheckpointRootError(said)
+    if outcomes is not None:
+        error.shard_outcomes = outcomes
+    note_parts_left(error, directory)
+    if short:
+        assert str(error) == f"nothing was saved into {directory}: {said}"
+    else:
+        assert str(error).startswith(f"the save into {directory} failed: {said}. This machine sees nothing at "), error
+        assert "nothing was saved" not in str(error)
 
 
 def test_a_failed_save_tells_a_finished_part_from_one_a_killed_shard_left_unfinished(tmp_path):

@@ -15,9 +15,11 @@ from ps.errors import NoCheckpointRootError
 
 def note_parts_left(error: BaseException, directory: str, all_saved: bool = False) -> None:
     """Adds to error's message what the save phase leaves in directory (_parts_left; all_saved: every shard's save
-    finished, a failure after the save phase). A server's refusal for having no --checkpoint-root, with no shard
-    part seen in directory, is said as what it is: the servers' own words say what to do."""
-    if isinstance(error, NoCheckpointRootError) and not _shard_parts(directory):
+    finished, a failure after the save phase). A refusal for having no --checkpoint-root by every shard (the
+    error's shard_outcomes, Client.checkpoint's), no shard part seen in directory, is said as what it is: the
+    servers' own words say what to do. Where another shard saved, or may have (its save unanswered, or its outcome
+    not known), its part may be in the servers' DIR on another machine: the error says what this machine sees."""
+    if _every_shard_refused_for_no_root(error) and not _shard_parts(directory):
         error.args = (f"nothing was saved into {directory}: {error}",)
         return
     if all_saved:
@@ -25,6 +27,13 @@ def note_parts_left(error: BaseException, directory: str, all_saved: bool = Fals
                       f"{_parts_left(directory, True)}",)  # fmt: skip
         return
     error.args = (f"the save into {directory} failed: {error}. {_parts_left(directory)}",)
+
+
+def _every_shard_refused_for_no_root(error: BaseException) -> bool:
+    """error is a NoCheckpointRootError, and so was every shard's outcome (shard_outcomes; not known: False)."""
+    outcomes = getattr(error, "shard_outcomes", None)
+    return isinstance(error, NoCheckpointRootError) and bool(outcomes) and \
+        all(issubclass(o, NoCheckpointRootError) for o in outcomes)  # fmt: skip
 
 
 def _shard_parts(directory: str) -> list[str]:

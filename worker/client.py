@@ -389,9 +389,15 @@ class Client(ShardCalls):
 
     def checkpoint(self, requests: dict[int, ps_pb2.CheckpointRequest]) -> list[ps_pb2.CheckpointResponse]:
         """Sends each shard its Checkpoint phase (hold, save or release: worker/checkpoint.py runs them) at once;
-        the replies in shard order. A hold or save whose deadline passed is not sent again (worker/shard_calls.py)."""
-        shards = sorted(requests)
-        return self._call_many("Checkpoint", shards, [requests[s] for s in shards])
+        the replies in shard order. A hold or save whose deadline passed is not sent again (worker/shard_calls.py).
+        Raises the first failure, its shard_outcomes the class of each shard's reply or error, in shard order
+        (whether every shard refused alike: worker.checkpoint_left)."""
+        outcomes = self._outcomes([("Checkpoint", s, requests[s]) for s in sorted(requests)])
+        failed = [o for o in outcomes if isinstance(o, PsError)]
+        if failed:
+            failed[0].shard_outcomes = [type(o) for o in outcomes]
+            raise failed[0]
+        return outcomes
 
     def __enter__(self) -> Client:
         return self
