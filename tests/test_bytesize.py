@@ -92,9 +92,9 @@ def test_exact_bytes_shows_every_count_exactly(n):
     ("n", "text"),
     [(-89_908, "-87.8 KiB (-89,908 bytes)"), (56_954_702_318_796, "51.80 TiB (56,954,702,318,796 bytes)")],
 )
-def test_exact_bytes_gives_the_exact_count_where_human_bytes_rounds_counts_read_bytes_got_wrong(n, text):
-    """Counts the old read_bytes read back wrong from their rounded figures (-87.8 KiB with no exact count, and
-    51.80 TiB): human_bytes rounds them, and exact_bytes follows the figure with the exact count."""
+def test_exact_bytes_gives_the_exact_count_where_human_bytes_rounds_it(n, text):
+    """A negative count and one of tebibytes whose figures (-87.8 KiB, 51.80 TiB) are rounded, so that no count can
+    be read back from them: human_bytes rounds them, and exact_bytes follows the figure with the exact count."""
     figure, unit = human_bytes(n).split()
     assert Fraction(figure.replace(",", "")) * SCALE[unit] != n  # rounded
     assert exact_bytes(n) == text == f"{human_bytes(n)} ({n:,} bytes)"

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the child imports this tree's ps, from any working directory
 
 # A command's main under exit_code whose block is stopped by a SIGTERM; a second SIGTERM lands right after the
 # block's handlers are gone (the end of _SignalStop.uninstall), and a third as exit_code writes its line.
@@ -45,5 +48,5 @@ sys.exit(exit_code("prog", run))
 def test_a_second_sigterm_after_the_block_ends_is_ignored_until_the_process_exits():
     """Without it the default SIGTERM action ends the process as the block's handler is put back: exit -15, no
     'cleaned up', no 'prog: terminated' line (or half of it)."""
-    done = subprocess.run([sys.executable, "-c", TWO_SIGTERMS], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", TWO_SIGTERMS], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert (done.returncode, done.stdout, done.stderr) == (143, "cleaned up\n", "prog: terminated\n")

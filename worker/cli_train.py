@@ -116,7 +116,8 @@ def _check_same_model(cfg: TrainConfig, state_ids: tuple[int, ...]) -> None:
     from worker.resume_settings import run_settings
 
     with client_for(cfg, list(cfg.servers)) as client:
-        check_resumed_model(cfg.resume_file, state_ids, client, run_settings(cfg), client.wait_ready())
+        shard_stats = client.wait_ready()  # the Stats round that reads client.state_ids, before they are compared
+        check_resumed_model(cfg.resume_file, state_ids, client, run_settings(cfg), shard_stats)
 
 
 def _write_ended(cfg: TrainConfig, examples: int) -> None:

@@ -124,8 +124,8 @@ def check_resumed_model(
     resume_file: str, state_ids: tuple[int, ...], client: Any, run: dict, shard_stats: list
 ) -> None:
     """ValueError where the servers hold another model than the one resume_file's position was trained into (its
-    shards' model state ids `state_ids`; client: a Client after its Stats round, shard_stats, which read the servers'
-    ids; resume.state_changed says what changed), adding, where they were restored from a checkpoint, the
+    shards' model state ids `state_ids`; client: a Client whose Stats round, shard_stats, ran before this call,
+    reading the servers' ids into client.state_ids; resume.state_changed says what changed), adding, where they were restored from a checkpoint, the
     --skip-examples that trains on from it (restored_position_words; run: the file's run settings)."""
     changed = state_changed(resume_file, state_ids, client.state_ids, client.servers)
     if changed:
