@@ -26,7 +26,13 @@ from worker.datafiles import check_held_out, describe_files
 from worker.dense import DensePath, DenseSync
 from worker.formats import first_with_content, read_csv_header
 from worker.loop import LoopSettings
-from worker.model_tables import check_allreduce_tables, check_geo_tables, table_config_note, table_configs
+from worker.model_tables import (
+    check_allreduce_tables,
+    check_geo_tables,
+    table_config_note,
+    table_configs,
+    warn_of_geo_ttl,
+)
 from worker.models.spec import MLP_MODELS, ModelSpec
 from worker.recipe import few_steps
 from worker.schema import Schema
@@ -172,7 +178,8 @@ def check_training(cfg: TrainConfig, warn: bool = True) -> CheckedJob:
     """prepare (warn: as its), then the other checks a training run makes before it touches any server that hold
     for every worker of its job: --validation-data or --eval-data that is training data too (check_held_out),
     --validation-data read (the examples it holds), --eval-data's start (DataSource.check_eval; a small file
-    whole), the tables' settings (--table-config, the schema's; those --mode geo and --dense allreduce refuse).
+    whole), the tables' settings (--table-config, the schema's; those --mode geo and --dense allreduce refuse; geo:
+    worker 0, warn given, warns of a ttl_steps under which a Shrink drops rows still trained: warn_of_geo_ttl).
     A worker's own share (its validation split, its labels) is train's to read. `ps-worker launch` runs it once
     for its job before it starts anything, and its workers run it again with warn=False."""
     optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
@@ -189,6 +196,8 @@ def check_training(cfg: TrainConfig, warn: bool = True) -> CheckedJob:
     recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables)
     if cfg.mode == "geo":
         check_geo_tables(tables, spec)
+        if warn and cfg.worker_id == 0:  # one worker speaks for the job
+            warn_of_geo_ttl(tables, spec, cfg.num_workers, cfg.geo_every)
     if cfg.dense == "allreduce":
         check_allreduce_tables(tables, spec, cfg)
     return CheckedJob(cfg, data, spec, recipe_line, tables, not (optimizer_given or own))

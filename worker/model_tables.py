@@ -5,6 +5,8 @@ table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one 
 table_config_note                what --table-config changed of the recipe's and the flags' choice
 initializers_given               the tables whose initializer --table-config sets
 check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
+geo_ttl_bound, warn_of_geo_ttl   how old a row geo trains can look to a Shrink's TTL; the warning for a ttl_steps
+                                 within GEO_TTL_MARGIN times that
 check_allreduce_tables           --dense allreduce refuses MLP tables' settings only the servers would apply
 weaker_l2_toml                   a --table-config file dividing the sparse tables' l2 by WEAKER_L2_DIVISOR
 sparse_table_stats, missing_shares    what the shards hold of the model's tables, and a shard that lacks its part
@@ -187,6 +189,42 @@ def check_geo_tables(tables: list[TableConfig], spec: ModelSpec) -> None:
     if decayed:
         raise ValueError(f"--mode geo cannot apply the lazy l2 of table(s) {', '.join(decayed)}: {GEO_L2}; set "
                          "their l2 to 0 (--l2, --table-config or the schema), or use another --mode")  # fmt: skip
+
+
+# The factor on geo_ttl_bound under which a ttl_steps is warned of: the bound holds for workers in lock-step; one
+# worker at half its peers' pace sees its row reach (2N - 1) x geo-every steps old (tests/test_geo_ttl.py), still
+# under 2 x the bound, so a ttl_steps of 2 x the bound keeps the rows of workers whose paces differ up to twofold.
+GEO_TTL_MARGIN = 2
+
+
+def geo_ttl_bound(num_workers: int, geo_every: int) -> int:
+    """The clock steps old a row that one worker of a geo job trains every step looks to its shard just before
+    that worker's next push, the workers in lock-step: a row's last_step is the clock before its push's own
+    advance, and by that next push every worker has advanced the clock by geo_every (tests/test_geo_ttl.py).
+    A Shrink drops a row more than its table's ttl_steps old (ps.engine.shrinkrule)."""
+    return num_workers * geo_every
+
+
+def warn_of_geo_ttl(tables: list[TableConfig], spec: ModelSpec, num_workers: int, geo_every: int) -> None:
+    """Logs one warning naming the sparse tables whose eviction ttl_steps (on) is under GEO_TTL_MARGIN times
+    geo_ttl_bound: a Shrink would drop rows that the job is still training, and the deltas pushed to them after
+    land on their initial rows (worker.geo). Nothing where every such table is safe."""
+    bound = geo_ttl_bound(num_workers, geo_every)
+    safe = GEO_TTL_MARGIN * bound
+    short = [t for t in tables if t.name in spec.table_dims() and 0 < t.eviction.ttl_steps < safe]
+    if not short:
+        return
+    named = ", ".join(f"{t.name} (ttl_steps {t.eviction.ttl_steps:,})" for t in short)
+    every = min(t.eviction.ttl_steps for t in short) // (GEO_TTL_MARGIN * num_workers)
+    lower = f", or lower --geo-every to {every:,} or less" if every >= 1 else ""
+    workers = f"{num_workers} worker{'s' if num_workers != 1 else ''}"
+    log.warning("--mode geo, %s pushing every %s steps (--geo-every): a row that one worker trains every step can "
+                "be %s clock steps old on its shard before that worker's next push (%s x %s, the workers in "
+                "lock-step; %s keeps the rows of workers whose paces differ up to %s-fold), and a Shrink drops rows "
+                "more than their table's ttl_steps old: table(s) %s would lose rows the job is still training; raise "
+                "their ttl_steps to %s or more (--table-config or the schema's eviction)%s", workers,
+                f"{geo_every:,}", f"{bound:,}", num_workers, geo_every, f"{safe:,}", GEO_TTL_MARGIN, named,
+                f"{safe:,}", lower)  # fmt: skip
 
 
 ALLREDUCE_SERVERS_ONLY = ("optimizer", "weight_bound", "l2", "admission")  # a dense table's, applied by no worker
