@@ -324,14 +324,18 @@ class ShrinkRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., state_id: _Optional[int] = ...) -> None: ...
 
 class ShrinkResponse(_message.Message):
-    __slots__ = ("dropped", "num_rows", "pending_ids")
+    __slots__ = ("dropped", "num_rows", "pending_ids", "tables_without_rule", "lists_tables_without_rule")
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
     PENDING_IDS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_WITHOUT_RULE_FIELD_NUMBER: _ClassVar[int]
+    LISTS_TABLES_WITHOUT_RULE_FIELD_NUMBER: _ClassVar[int]
     dropped: int
     num_rows: int
     pending_ids: int
-    def __init__(self, dropped: _Optional[int] = ..., num_rows: _Optional[int] = ..., pending_ids: _Optional[int] = ...) -> None: ...
+    tables_without_rule: _containers.RepeatedScalarFieldContainer[str]
+    lists_tables_without_rule: bool
+    def __init__(self, dropped: _Optional[int] = ..., num_rows: _Optional[int] = ..., pending_ids: _Optional[int] = ..., tables_without_rule: _Optional[_Iterable[str]] = ..., lists_tables_without_rule: _Optional[bool] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock", "job", "num_workers", "min_clock", "max_gap", "memory_budget_bytes", "block_cache_budget_bytes", "block_cache_used_bytes", "memtable_bytes", "table_reader_bytes", "write_behind_bytes", "journal_map_bytes", "cluster", "data_dir_bytes", "disk_free_bytes", "disk_total_bytes", "request_room_bytes", "flushing", "request_room_waits", "restored_from", "restored_sha256", "request_room_used_bytes", "state_id", "flush_failures", "sync_steps_bytes", "sync_steps_held_bytes", "reply_room_bytes", "reply_room_used_bytes", "reply_room_waiting", "reply_room_waits", "reply_room_expired", "job_unclocked", "job_name")

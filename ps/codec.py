@@ -206,6 +206,8 @@ message ShrinkResponse
   1  dropped          VARINT  uint64                   ids dropped (admitted and pending)
   2  num_rows         VARINT  uint64                   admitted ids left
   3  pending_ids      VARINT  uint64                   pending ids left
+  4  tables_without_rule LEN  repeated string          the tables shrunk that have no eviction rule
+  5  lists_tables_without_rule VARINT bool             tables_without_rule is filled (false: a server without it)
 
 message StatsResponse
   1  shard_id         VARINT  uint32                   this shard

@@ -381,7 +381,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @rpc_handler
     def Shrink(self, request: Any, context: grpc.ServicerContext) -> Message:
         self.shard.check_state_id(request.state_id, SHRINK_REFUSED)
-        return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table))
+        return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table), lists_tables_without_rule=True)
 
     @rpc_handler
     def Stats(self, request: Any, context: grpc.ServicerContext) -> Message:

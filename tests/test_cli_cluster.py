@@ -39,6 +39,38 @@ def test_a_shrink_of_tables_without_an_eviction_rule_says_it_changed_nothing_and
     assert "1 table without an eviction rule left as it was" in caplog.text
 
 
+def test_the_shrink_note_reads_the_tables_without_a_rule_from_the_replies_and_asks_an_older_server(
+    servers, capsys, monkeypatch
+):
+    """The shards' ShrinkResponses list the tables they left for having no eviction rule: the note needs no
+    DescribeTable. A reply without that list (a server that predates it) is asked DescribeTable as before."""
+    from protos import ps_pb2
+    from worker.client import Client
+
+    addresses, shards = servers(2)
+    for server in shards:
+        server.shard.create_table(TableConfig("plain", 2))
+        server.shard.create_table(TableConfig("aged", 2, eviction=EvictionConfig(ttl_steps=5)))
+    described = []
+    real_describe = Client.describe_table
+    monkeypatch.setattr(Client, "describe_table", lambda c, *a, **k: described.append(a) or real_describe(c, *a, **k))
+    assert main(["shrink", "--servers", ",".join(addresses), "--table", "plain"]) == 0
+    assert "table 'plain' has no eviction rule" in capsys.readouterr().err and described == []
+    assert main(["shrink", "--servers", ",".join(addresses)]) == 0
+    assert "eviction rule" not in capsys.readouterr().err and described == []  # aged has one
+    real_shrink = Client.shrink
+
+    def older(client, table=""):  # the replies of servers without fields 4 and 5
+        return [ps_pb2.ShrinkResponse(dropped=r.dropped, num_rows=r.num_rows, pending_ids=r.pending_ids)
+                for r in real_shrink(client, table)]  # fmt: skip
+
+    monkeypatch.setattr(Client, "shrink", older)
+    assert main(["shrink", "--servers", ",".join(addresses), "--table", "plain"]) == 0
+    assert "table 'plain' has no eviction rule" in capsys.readouterr().err and described == [("plain",)]
+    assert main(["shrink", "--servers", ",".join(addresses)]) == 0
+    assert "eviction rule" not in capsys.readouterr().err and len(described) == 3
+
+
 def test_a_checkpoint_save_prints_its_clock_and_rows_with_thousands_separators(servers, capsys, tmp_path):
     """The clock in `ps-worker checkpoint save`'s line reads as the other lines print one: 3,920, not 3920."""
     (address,), (server,) = servers(1, checkpoint_root=str(tmp_path / "root"))

@@ -188,6 +188,8 @@ def same(view: View, msg: Message) -> None:
                 same(got, want)
         elif f.type == FieldDescriptor.TYPE_BYTES:
             assert isinstance(got, memoryview) and bytes(got) == want, f.name
+        elif f.is_repeated:  # a list of scalars, each of the generated class's type
+            assert got == list(want) and [type(g) for g in got] == [type(w) for w in want], f.name
         else:
             assert got == want and type(got) is type(want), f.name
 

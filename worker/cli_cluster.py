@@ -184,7 +184,7 @@ def run_shrink(args: argparse.Namespace) -> int:
         shards = client.wait_ready()
         replies = client.shrink(args.table)
         names = [args.table] if args.table else list(dict.fromkeys(t.name for s in shards for t in s.tables))
-        unruled = not sum(r.dropped for r in replies) and all(_rule_is_off(client, shards, n) for n in names)
+        unruled = not sum(r.dropped for r in replies) and _no_rule(client, shards, replies, names)
     result = {
         "dropped": sum(r.dropped for r in replies),
         "num_rows": sum(r.num_rows for r in replies),
@@ -205,6 +205,17 @@ def run_shrink(args: argparse.Namespace) -> int:
               "decay = ... }`, docs/tables.md) as the table is made; a trained table keeps its spec",
               file=sys.stderr)  # fmt: skip
     return 0
+
+
+def _no_rule(client: Any, shards: list, replies: list, names: list[str]) -> bool:
+    """Whether none of the tables names has an eviction rule: each is in a shard's ShrinkResponse
+    .tables_without_rule (a table's rule is the same on every shard holding it), where every shard's server fills
+    that list (lists_tables_without_rule); else as the first shard holding each describes it (_rule_is_off: one
+    DescribeTable per table, one after another)."""
+    if all(r.lists_tables_without_rule for r in replies):
+        listed = {name for r in replies for name in r.tables_without_rule}
+        return all(name in listed for name in names)
+    return all(_rule_is_off(client, shards, name) for name in names)
 
 
 def _rule_is_off(client: Any, shards: list, name: str) -> bool:

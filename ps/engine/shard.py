@@ -411,7 +411,8 @@ class Shard:
         return self.pushes.advance_clock(steps)
 
     def shrink(self, name: str = "") -> dict:
-        """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids.
+        """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids, and
+        tables_without_rule: the names of the tables shrunk that have no eviction rule (each left as it was).
         DataLossError, naming the key, before any table is changed, where one of them has a number that does not
         read (Store.table_number): a shrink stopped there would leave the tables before it shrunk, and its retry
         would decay their rows again. A failure part way (a chunk's write, the flush after) is raised as
@@ -439,11 +440,13 @@ class Shard:
                 if partly is None:
                     raise
                 raise partly from e
-        log.info("%s", progress.summary(self.clock, [t.name for t in tables if t.cfg.eviction.is_off]))
+        off = [t.name for t in tables if t.cfg.eviction.is_off]
+        log.info("%s", progress.summary(self.clock, off))
         return {
             "dropped": sum(progress.dropped.values()),
             "num_rows": sum(t.num_rows for t in tables),
             "pending_ids": sum(t.num_pending for t in tables),
+            "tables_without_rule": off,
         }
 
     # ---- flushing -------------------------------------------------------------------------------------
