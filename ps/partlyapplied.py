@@ -1,8 +1,9 @@
 """A refusal of a request part of which was applied and stays, reworded to say so (partly_applied).
 
-A batch push's pushes before the refused one (ps.engine.pushpath) and a Shrink's chunks written before it stopped
-(ps.engine.shrinkprogress, worker.shrinkreplies) stay; the failure that stopped them says so, in ps.errors'
-PARTLY_APPLIED words, and a DiskFullError's remedy is kept or replaced, a CheckpointHoldError's dropped, where sending
+A batch push's pushes before the refused one (ps.engine.pushpath), a Shrink's chunks written before it stopped
+(ps.engine.shrinkprogress) and the Shrinks of the shards that shrank where another refused (worker.shrinkreplies)
+stay; the failure that stopped them says so, in ps.errors' PARTLY_APPLIED words (SHARDS_STAY_SHRUNK for the
+shards' Shrinks), and a DiskFullError's remedy is kept or replaced, a CheckpointHoldError's dropped, where sending
 the request again would apply its part twice.
 """
 
@@ -19,8 +20,8 @@ def partly_applied(e: PsError, stopped: str, outcome: str, remedy: str = "") -> 
     is "nothing was applied", and ends "; <stopped>. <outcome>" (DiskFullError.instead: one whose fields are known,
     `what` not ""; a client's copy that came without them is reworded as the others); so does a
     ShardNeedsRestartError's, whose message, kept whole and first, says what a restart does. outcome: what of the
-    request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress), and what sending it
-    again does. remedy: what a DiskFullError whose remedy is RETRY says to do instead once space is freed, where
+    request stays, in PARTLY_APPLIED's words (ps.engine.pushpath, ps.engine.shrinkprogress) or SHARDS_STAY_SHRUNK's
+    (worker.shrinkreplies), and what sending it again does. remedy: what a DiskFullError whose remedy is RETRY says to do instead once space is freed, where
     sending the request again would apply its part twice (SHRINK_REMEDY); "": RETRY stays. Given, a
     CheckpointHoldError's message loses its ending ": <CheckpointHoldError.shrink_remedy>" (send the Shrink once
     the checkpoint has ended), outcome saying when to send it instead. A client's copy of a

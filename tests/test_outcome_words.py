@@ -1,8 +1,9 @@
 """The words of a refusal's outcome are written once, in ps/errors.py (NOTHING_APPLIED, NOTHING_READ_OR_APPLIED,
-NOTHING_OF_THE_STEP_APPLIED, PARTLY_APPLIED): every other module of ps/ and worker/ that produces them uses the
-constant, so that the modules which read them (worker.retry, ps.partlyapplied, ps.engine.rowloader) and the
-messages they read cannot drift apart. Read from the source: every string a module builds (its implicit concatenations
-and f-strings joined; docstrings and bare strings left out, they only describe)."""
+NOTHING_OF_THE_STEP_APPLIED, PARTLY_APPLIED, SHARDS_STAY_SHRUNK): every other module of ps/ and worker/ that
+produces them uses the constant, so that the modules which read them (worker.retry, ps.partlyapplied,
+ps.engine.rowloader) and the messages they read cannot drift apart. Read from the source: every string a module
+builds (its implicit concatenations and f-strings joined; docstrings and bare strings left out, they only
+describe)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import pathlib
 
 import pytest
 
-from ps.errors import NOTHING_APPLIED, NOTHING_OF_THE_STEP_APPLIED, NOTHING_READ_OR_APPLIED, PARTLY_APPLIED
+from ps.errors import (
+    NOTHING_APPLIED,
+    NOTHING_OF_THE_STEP_APPLIED,
+    NOTHING_READ_OR_APPLIED,
+    PARTLY_APPLIED,
+    SHARDS_STAY_SHRUNK,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -49,7 +56,7 @@ def test_built_strings_sees_through_concatenations_and_f_strings_and_skips_docst
 
 
 @pytest.mark.parametrize(
-    "words", [NOTHING_APPLIED, NOTHING_READ_OR_APPLIED, NOTHING_OF_THE_STEP_APPLIED, PARTLY_APPLIED]
+    "words", [NOTHING_APPLIED, NOTHING_READ_OR_APPLIED, NOTHING_OF_THE_STEP_APPLIED, PARTLY_APPLIED, SHARDS_STAY_SHRUNK]
 )
 def test_the_outcome_words_are_written_only_in_ps_errors(words):
     assert writers_of(words) == [], f"use ps.errors' constant for {words!r} there"

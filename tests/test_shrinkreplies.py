@@ -6,7 +6,7 @@ import pytest
 
 from ps.config import EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.diskfull import SHRINK_REMEDY, DiskFullError
-from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, CheckpointHoldError, TableNotFoundError
+from ps.errors import NOTHING_APPLIED, PARTLY_APPLIED, SHARDS_STAY_SHRUNK, CheckpointHoldError, TableNotFoundError
 from ps.rows.layout import SHOW
 from worker.client import Client
 
@@ -33,9 +33,10 @@ def test_a_shrink_one_shard_refuses_names_the_shards_that_shrank(servers):
     said = str(e.value)
     assert said.startswith(f"Shrink failed on shard 1: shard 1 at {addresses[1]}: Shrink failed with NOT_FOUND: "
                            "table 't' does not exist on shard 1")  # fmt: skip
-    assert said.endswith(". Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left): "
-                         f"those changes were {PARTLY_APPLIED}; send no Shrink before the next one is due, also once "
+    assert said.endswith(". Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left); "
+                         f"{SHARDS_STAY_SHRUNK}: shard(s) 0 must take no Shrink before the next one is due, also once "
                          "shard 1 is mended: one sent again would decay their rows a second time")  # fmt: skip
+    assert PARTLY_APPLIED not in said and "clock" not in said, said  # a Shrink has no clock
     table = s0.shard.table("t")
     assert table.peek(np.array([1], np.uint64))[0, table.stats_col + SHOW] == 2.0  # shard 0 did shrink: 4 * 0.5
 
@@ -53,8 +54,8 @@ def test_a_shrink_one_shard_refuses_while_a_checkpoint_holds_it_says_to_wait_for
     said = str(e.value)
     assert said.startswith(f"Shrink failed on shard 1: shard 1 at {addresses[1]}: Shrink failed with "
                            "FAILED_PRECONDITION: shard 1: a checkpoint holds it since ")  # fmt: skip
-    assert said.endswith(". Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left): "
-                         f"those changes were {PARTLY_APPLIED}; send no Shrink before the next one is due, also once "
+    assert said.endswith(". Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left); "
+                         f"{SHARDS_STAY_SHRUNK}: shard(s) 0 must take no Shrink before the next one is due, also once "
                          "shard 1's checkpoint has ended: one sent again would decay their rows a second time")  # fmt: skip
     assert CheckpointHoldError.shrink_remedy not in said and said.count("checkpoint has ended") == 1, said
     assert "while a checkpoint holds it or saves. Of the Shrink, shard(s) 0 shrank (" in said, said
@@ -85,7 +86,7 @@ def test_a_full_disk_on_one_shard_while_another_shrank_says_to_send_no_shrink_on
         f"the server's disk is full (No space left on device): shard 1 at {addresses[1]}: Shrink failed with "
         "RESOURCE_EXHAUSTED: writing the rows of table 't' in data dir D; free space on that disk (or raise the "
         f"quota) and {SHRINK_REMEDY}; Shrink failed on shard 1. Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 "
-        f"ids, 1 rows and 0 pending ids left): those changes were {PARTLY_APPLIED}; send no Shrink before the next "
+        f"ids, 1 rows and 0 pending ids left); {SHARDS_STAY_SHRUNK}: shard(s) 0 must take no Shrink before the next "
         "one is due, also once shard 1 is mended: one sent again would decay their rows a second time"
     )
     assert (e.value.remedy, e.value.reason, e.value.refused_by) == (SHRINK_REMEDY, "No space left on device", 1)
@@ -121,9 +122,9 @@ def test_a_quota_refusal_with_a_long_path_reaches_the_client_with_its_fields(ser
         f"the server's disk is full (Disk quota exceeded): shard 1 at {addresses[1]}: Shrink failed with "
         f"RESOURCE_EXHAUSTED: writing the rows of table 't' in data dir {LONG_DIR}; free space on the disk of "
         f"{LONG_DIR} (or raise the quota) and {SHRINK_REMEDY}; Shrink failed on shard 1. Of the Shrink, shard(s) 0 "
-        f"shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left): those changes were {PARTLY_APPLIED}; send "
-        "no Shrink before the next one is due, also once shard 1 is mended: one sent again would decay their rows a "
-        "second time"
+        f"shrank (shard 0 dropped 1 ids, 1 rows and 0 pending ids left); {SHARDS_STAY_SHRUNK}: shard(s) 0 must "
+        "take no Shrink before the next one is due, also once shard 1 is mended: one sent again would decay their "
+        "rows a second time"
     )
 
 
@@ -146,8 +147,8 @@ def test_a_quota_refusal_of_a_shard_that_sends_no_fields_is_reworded_as_its_mess
                            "table 't' in data dir /data/donn\u00e9es/"), said  # fmt: skip
     assert said.count("the server's disk is full") == 1 and "No space left on device" not in said, said
     assert said.endswith(f"more bytes cut). Of the Shrink, shard(s) 0 shrank (shard 0 dropped 1 ids, 1 rows and 0 "
-                         f"pending ids left): those changes were {PARTLY_APPLIED}; send no Shrink before the next one "
-                         "is due, also once shard 1 is mended: one sent again would decay their rows a second "
+                         f"pending ids left); {SHARDS_STAY_SHRUNK}: shard(s) 0 must take no Shrink before the next "
+                         "one is due, also once shard 1 is mended: one sent again would decay their rows a second "
                          "time"), said  # fmt: skip
 
 
