@@ -936,6 +936,53 @@ def test_an_export_from_servers_without_a_checkpoint_root_says_what_export_needs
     err = _export_from_one_server(tmp_path, capsys, tmp_path / "out", None)
     assert "export has the servers save the model as a checkpoint into a folder of OUT first" in err, err
     assert "restart the servers with --checkpoint-root DIR" in err and "this server takes no checkpoints" in err, err
+    assert "and give an OUT inside DIR; nothing was saved. The server said: " in err, err  # its only shard refused
+
+
+def test_an_export_one_shard_of_which_has_no_checkpoint_root_says_which_saved_their_part(tmp_path, capsys):
+    """Shard 0 saves its part of the temporary checkpoint, shard 1 refuses for having no --checkpoint-root: the
+    error does not say nothing was saved (shard 0's part, where its root is another machine's, stays there), but
+    which shard refused and which saved."""
+    root, out = tmp_path / "root", tmp_path / "root" / "out"
+    servers = [Server(ServerConfig(data_dir=str(tmp_path / f"shard-{i}"), port=0, shard_id=i, num_shards=2,
+                                   checkpoint_root=str(root) if i == 0 else None)) for i in range(2)]  # fmt: skip
+    try:
+        addresses = ",".join(f"127.0.0.1:{s.start()}" for s in servers)
+        with Client(addresses.split(",")) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(50, dtype=np.uint64), np.ones((50, 2), np.float32))
+        code = main(["export", str(out), "--servers", addresses, "--no-progress"])
+    finally:
+        for server in servers:
+            server.stop()
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists(), err  # the OUT it made is removed again, shard 0's part with it
+    assert "nothing was saved" not in err and "this server takes no checkpoints" in err, err
+    assert re.search(r"give an OUT inside DIR; of the save into \S+checkpoint\.new-\S+, shard\(s\) 1 refused it for "
+                     r"that; shard\(s\) 0 saved their part: \S+ is removed on this machine, and a part a shard saved "
+                     r"on another machine \(its --checkpoint-root there\) stays there: delete \S+ there\. The "
+                     r"server said: ", err), err  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "outcomes, known",
+    [
+        (None, "which shards saved their part is not known"),
+        (["NoCheckpointRootError", "ServerUnavailableError"],
+         "shard(s) 0 refused it for that; shard(s) 1 (ServerUnavailableError) failed otherwise, and may have saved"),
+    ],
+)  # fmt: skip
+def test_an_export_refused_for_no_checkpoint_root_says_what_it_knows_of_the_other_shards(outcomes, known):
+    """Where shard_outcomes is not known, or a shard ended otherwise (it may have saved), the error says so, and
+    not that nothing was saved."""
+    from ps import errors
+    from worker.export import _what_was_saved
+
+    e = errors.NoCheckpointRootError("shard 0 at h:1: this server takes no checkpoints")
+    if outcomes is not None:
+        e.shard_outcomes = [getattr(errors, name) for name in outcomes]
+    said = _what_was_saved(e, "/r/out/checkpoint.new-1")
+    assert said.startswith(f"of the save into /r/out/checkpoint.new-1, {known}"), said
 
 
 def test_an_export_outside_the_servers_checkpoint_root_is_said_so_of_out(tmp_path, capsys):

@@ -19,7 +19,7 @@ def note_parts_left(error: BaseException, directory: str, all_saved: bool = Fals
     error's shard_outcomes, Client.checkpoint's), no shard part seen in directory, is said as what it is: the
     servers' own words say what to do. Where another shard saved, or may have (its save unanswered, or its outcome
     not known), its part may be in the servers' DIR on another machine: the error says what this machine sees."""
-    if _every_shard_refused_for_no_root(error) and not _shard_parts(directory):
+    if every_shard_refused_for_no_root(error) and not _shard_parts(directory):
         error.args = (f"nothing was saved into {directory}: {error}",)
         return
     if all_saved:
@@ -29,7 +29,7 @@ def note_parts_left(error: BaseException, directory: str, all_saved: bool = Fals
     error.args = (f"the save into {directory} failed: {error}. {_parts_left(directory)}",)
 
 
-def _every_shard_refused_for_no_root(error: BaseException) -> bool:
+def every_shard_refused_for_no_root(error: BaseException) -> bool:
     """error is a NoCheckpointRootError, and so was every shard's outcome (shard_outcomes; not known: False)."""
     outcomes = getattr(error, "shard_outcomes", None)
     return isinstance(error, NoCheckpointRootError) and bool(outcomes) and \

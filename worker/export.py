@@ -42,11 +42,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ps.checkpoint import inside_a_checkpoint, table_patterns
-from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
+from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError, PsError
 from ps.storage import leftovers
 from ps.storage.atomicfile import make_dirs
 from ps.terminate import CLEANUP_LIMIT_S, child_setup, how_it_ended, signal_behind, stopped_by_signal
 from worker.checkpoint import save
+from worker.checkpoint_left import every_shard_refused_for_no_root
 from worker.flags import check_new_dir
 from worker.tables import NEVER_TRAINED
 from worker.temp_dirs import dead_export_checkpoints, export_checkpoint_dir
@@ -228,7 +229,7 @@ def _save_checkpoint(args: Any, servers: Any, patterns: list[str] | None, fresh:
         raise NoCheckpointRootError(
             "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
             "server saves only inside its --checkpoint-root: restart the servers with --checkpoint-root "
-            f"DIR (their data dirs keep the model) and give an OUT inside DIR; nothing was saved. The "
+            f"DIR (their data dirs keep the model) and give an OUT inside DIR; {_what_was_saved(e, fresh)}. The "
             f"server said: {e}"
         ) from None
     except CheckpointOutsideRootError as e:
@@ -237,6 +238,26 @@ def _save_checkpoint(args: Any, servers: Any, patterns: list[str] | None, fresh:
             f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
             f"give an OUT inside it. The server said: {e}"
         ) from None
+
+
+def _what_was_saved(e: NoCheckpointRootError, fresh: str) -> str:
+    """What the temporary save into fresh that e (a shard's refusal for no --checkpoint-root) stopped left:
+    "nothing was saved" where every shard refused so (every_shard_refused_for_no_root); else which shards saved
+    their part, or may have, as far as e's shard_outcomes (Client.checkpoint's) tell. export removes fresh on this
+    machine (_undo); a part a shard saved on another machine (the servers' --checkpoint-root there) stays there."""
+    if every_shard_refused_for_no_root(e):
+        return "nothing was saved"
+    outcomes = getattr(e, "shard_outcomes", None) or []
+    refused = [str(s) for s, o in enumerate(outcomes) if issubclass(o, NoCheckpointRootError)]
+    saved = [str(s) for s, o in enumerate(outcomes) if not issubclass(o, PsError)]
+    other = [f"{s} ({o.__name__})" for s, o in enumerate(outcomes)
+             if issubclass(o, PsError) and not issubclass(o, NoCheckpointRootError)]  # fmt: skip
+    said = [f"shard(s) {', '.join(refused)} refused it for that"] if refused else []
+    said += [f"shard(s) {', '.join(saved)} saved their part"] if saved else []
+    said += [f"shard(s) {', '.join(other)} failed otherwise, and may have saved theirs"] if other else []
+    known = "; ".join(said) if said else "which shards saved their part is not known"
+    return (f"of the save into {fresh}, {known}: {fresh} is removed on this machine, and a part a shard saved on "
+            f"another machine (its --checkpoint-root there) stays there: delete {fresh} there")  # fmt: skip
 
 
 def _exported_tables(shard_stats: list, patterns: list[str] | None) -> list[str]:
