@@ -126,8 +126,8 @@ def _builtin_schema_text(path: str, fmt: str, lines: list[str]) -> str:
     k, weighted = libsvm_sample(first_with_content(path)) if fmt == "libsvm" else (None, False)
     schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k,
                             libsvm_weighted=weighted)  # fmt: skip
-    fields = f" ({k:,} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"
-    lines = [*lines, f"# The built-in {fmt} schema{fields if k is not None else ''}.", f'format = "{fmt}"']
+    fields = "" if k is None else f" ({k:,} fields{', weighted: the values are not all 0 and 1' if weighted else ''})"
+    lines = [*lines, f"# The built-in {fmt} schema{fields}.", f'format = "{fmt}"']
     for c in schema.columns:
         lines += ["", "[[columns]]", *column_entry(c, with_table=False)]
     return "\n".join(lines) + "\n"
