@@ -238,3 +238,23 @@ def test_a_sync_push_is_priced_by_the_tables_it_is_checked_against(tmp_path):
         assert not shard.table("s").trained and shard.clock == 0
     finally:
         shard.close()
+
+
+def test_a_sync_push_to_a_wider_table_replaced_since_is_refused_as_replaced_not_as_too_large(tmp_path):
+    """The room holds a sync push of 1,000 ids to 's' as replaced (SGD) and not as it was looked up (adam, wider
+    rows): given the Table it was looked up as, the push is refused as replaced (UNAVAILABLE: sent again, it goes to
+    the new table and fits), not as too large for a table it no longer goes to. Nothing is applied."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    try:
+        old = shard.create_table(TableConfig("s", 2, optimizer=OptimizerConfig("adam")))
+        new = shard.create_table(TableConfig("s", 2, optimizer=OptimizerConfig("sgd", 1.0)), replace_untrained=True)
+        assert old.width > new.width
+        fits = push_cost(1000, new.width)
+        stamped = StampedPushes(shard.jobs, shard.pushes, RequestRoom(fits, fits), shard.checkpoints.gate,
+                                shard.table, shard.check_push, shard.push_batch)  # fmt: skip
+        push = TablePush("s", np.arange(1000, dtype=np.uint64), np.ones((1000, 2), np.float32), None, None)
+        with pytest.raises(ShardClosingError, match="table 's' was replaced just now"):
+            stamped.push([push], 1, 0, 0, _stamp(0, 0, num_workers=1), tables=[old])
+        assert not shard.table("s").trained and shard.clock == 0
+    finally:
+        shard.close()

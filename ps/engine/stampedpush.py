@@ -98,6 +98,8 @@ class StampedPushes:
         RequestTooLargeError, before anything is copied, past what a push may copy running alone. Both are of each
         push's Table of tables (None: each looked up by name)."""
         looked_up = [self._table(p.name) for p in pushes] if tables is None else tables
+        for table in looked_up:  # replaced since its lookup: UNAVAILABLE (send again), not a size its new one fits
+            table.check_open()
         cost = sum(push_cost(len(p.ids), t.width) for p, t in zip(pushes, looked_up, strict=True))
         self._room.refuse_larger(cost, sum(len(p.ids) for p in pushes), f"a sync PushBatch of {len(pushes)} pushes",
                                  runs_alone=True)  # fmt: skip
