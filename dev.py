@@ -79,11 +79,15 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
 def tried_pythons() -> list[str]:
     """The Pythons (major.minor, oldest first) the README's quick start is tried with, every dependency having a
     wheel for each: pyproject.toml's classifiers "Programming Language :: Python :: 3.11" and so on. tomllib is
-    imported here, after ensure_env checked MIN_PYTHON: an older Python has none."""
+    imported here, after ensure_env checked MIN_PYTHON: an older Python has none. [] where pyproject.toml cannot be
+    read or names none (pip_failed runs when an install failed, maybe for that very file)."""
     import tomllib
 
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        classifiers = tomllib.load(f)["project"]["classifiers"]
+    try:
+        with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+            classifiers = tomllib.load(f)["project"]["classifiers"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
+        return []
     versions = [c.removeprefix(PYTHON_CLASSIFIER) for c in classifiers if c.startswith(PYTHON_CLASSIFIER)]
     return sorted((v for v in versions if v.count(".") == 1), key=lambda v: tuple(map(int, v.split("."))))
 
@@ -93,10 +97,12 @@ def pip_failed(args: list[str], returncode: int, python_version: str) -> str:
     names the Pythons tried (tried_pythons) and the venv's, and where the venv's is none of them, says a dependency
     may have no wheel for it and how to make the venv again with one of them (a venv is reused whichever Python runs
     dev.py)."""
+    said = f"pip install {' '.join(args)} failed (exit {returncode}); see the output above"
     pythons = tried_pythons()
+    if not pythons:
+        return f"{said} (pyproject.toml names no Python versions it is tried on; this venv's is {python_version})"
     tried = f"{', '.join(pythons[:-1])} and {pythons[-1]}" if len(pythons) > 1 else pythons[0]
-    said = f"pip install {' '.join(args)} failed (exit {returncode}); see the output above. sparseps is tried on "
-    said += f"Python {tried}"
+    said += f". sparseps is tried on Python {tried}"
     if python_version in pythons:
         return f"{said}; the venv's Python, {python_version}, is one of them"
     return (

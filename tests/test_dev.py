@@ -285,3 +285,15 @@ def test_the_venv_path_in_the_advice_to_remake_it_is_quoted_for_the_shell(monkey
     said = dev.pip_failed(["-e", "."], 1, "3.99")
     command = said[said.index("(rm -rf ") + 1 : said.rindex(")")]
     assert shlex.split(command)[:3] == ["rm", "-rf", venv_dir], command
+
+
+@pytest.mark.parametrize(
+    "text", ["[project\n", '[project]\nclassifiers = ["Operating System :: POSIX :: Linux"]\n', ""]
+)
+def test_a_failed_install_is_said_even_where_pyproject_is_damaged_or_names_no_python(monkeypatch, tmp_path, text):
+    """pip_failed runs when an install failed, maybe for pyproject.toml itself: a file that does not parse, names
+    no Python, or has no [project], still gives the failure's message (no traceback), with the venv's Python."""
+    (tmp_path / "pyproject.toml").write_text(text)
+    monkeypatch.setattr(dev, "ROOT", str(tmp_path))
+    said = dev.pip_failed(["-e", "."], 1, "3.99")
+    assert said.startswith("pip install -e . failed (exit 1); see the output above") and "3.99" in said, said
