@@ -212,7 +212,8 @@ class AllReduceDense:
         refused = e.say(f"dense parameter {name!r} [{row}, {col}]", "mean gradient over the workers")
         return ValueError(
             f"step {self.syncs + 1} of the allreduce group: {refused.removesuffix(f'; {NOTHING_APPLIED}')}; the MLP's "
-            "step was not applied (its values are those of the step before); the row pushes of that step were"
+            "step was not applied (its values are those of the step before); the row pushes of that step were sent "
+            "beside it (applied, unless a warning says their push failed)"
         )
 
     def _diverged_error(self, ranks: list[int]) -> DivergedError:
