@@ -128,10 +128,11 @@ def test_a_geo_jobs_start_warns_once_of_a_ttl_under_the_margin_naming_the_table_
     warned = [r.getMessage() for r in caplog.records if "(--geo-every)" in r.getMessage()]
     assert len(warned) == 1, warned
     assert "3 workers pushing every 4 steps" in warned[0] and "12 clock steps old" in warned[0]
-    assert "table(s) fm (ttl_steps 20) would lose rows" in warned[0]
+    assert "table(s) fm (ttl_steps 20) may lose, where paces differ, rows" in warned[0]  # 12 <= 20 < 24
     assert "raise their ttl_steps to 24 or more" in warned[0] and "lower --geo-every to 3 or less" in warned[0]
     quiet = [
         geo_config(tmp_path, 24, num_workers=3, geo_every=4),
+        geo_config(tmp_path, 0, num_workers=3, geo_every=4),  # no TTL
         dataclasses.replace(cfg, worker_id=1),
         dataclasses.replace(cfg, mode="async", geo_every=None),
     ]
@@ -150,5 +151,7 @@ def test_a_ttl_too_short_for_geo_every_1_suggests_only_raising_it(tmp_path, capl
     """ttl_steps 5 with 3 workers: even --geo-every 1 needs 6, so the warning does not offer a lower --geo-every."""
     with caplog.at_level("WARNING"):
         check_training(geo_config(tmp_path, 5, num_workers=3, geo_every=2))
-    assert "table(s) fm (ttl_steps 5)" in caplog.text and "raise their ttl_steps to 12 or more" in caplog.text
+    assert (
+        "table(s) fm (ttl_steps 5) would lose rows" in caplog.text
+    )  # under the bound, 6 and "raise their ttl_steps to 12 or more" in caplog.text
     assert "lower --geo-every" not in caplog.text

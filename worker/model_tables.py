@@ -218,13 +218,14 @@ def warn_of_geo_ttl(tables: list[TableConfig], spec: ModelSpec, num_workers: int
     every = min(t.eviction.ttl_steps for t in short) // (GEO_TTL_MARGIN * num_workers)
     lower = f", or lower --geo-every to {every:,} or less" if every >= 1 else ""
     workers = f"{num_workers} worker{'s' if num_workers != 1 else ''}"
+    lose = "would lose" if any(t.eviction.ttl_steps < bound for t in short) else "may lose, where paces differ,"
     log.warning("--mode geo, %s pushing every %s steps (--geo-every): a row that one worker trains every step can "
                 "be %s clock steps old on its shard before that worker's next push (%s x %s, the workers in "
                 "lock-step; %s keeps the rows of workers whose paces differ up to %s-fold), and a Shrink drops rows "
-                "more than their table's ttl_steps old: table(s) %s would lose rows the job is still training; raise "
+                "more than their table's ttl_steps old: table(s) %s %s rows the job is still training; raise "
                 "their ttl_steps to %s or more (--table-config or the schema's eviction)%s", workers,
                 f"{geo_every:,}", f"{bound:,}", num_workers, geo_every, f"{safe:,}", GEO_TTL_MARGIN, named,
-                f"{safe:,}", lower)  # fmt: skip
+                lose, f"{safe:,}", lower)  # fmt: skip
 
 
 ALLREDUCE_SERVERS_ONLY = ("optimizer", "weight_bound", "l2", "admission")  # a dense table's, applied by no worker
