@@ -276,7 +276,7 @@ PARTLY_APPLIED = "applied, and the clock was not advanced"
 one, or before its clock advance failed (ps.engine.pushpath), or a Shrink's chunks written before it stopped
 (ps.engine.shrinkprogress): that attempt ran, in part, however its status reads (worker.retry.may_have_run)."""
 
-SHARDS_STAY_SHRUNK = "those shards stay shrunk, their rows decayed once and the ids they dropped gone"
+SHARDS_STAY_SHRUNK = "those shards stay shrunk, rows decayed once (where a decay is set) and the ids they dropped gone"
 """The words of a Shrink's outcome where some shards shrank and another refused (worker.shrinkreplies): what the
 shards that shrank changed stays, and they take no Shrink before the next one is due. A Shrink has no clock:
 PARTLY_APPLIED's words are a shard's own (a Shrink it stopped part way, which the client reads)."""

@@ -417,7 +417,7 @@ def test_a_shrink_sent_again_while_its_shard_comes_back_restored_shrinks_nothing
             (error,) = outcome
             said = (rf"Shrink failed on shard 1: shard 1 at \S+: Shrink failed with FAILED_PRECONDITION: shard 1 "
                     rf"{MODEL_STATE_REPLACED} .*restored from checkpoint \S*a, .*; nothing was shrunk\. The Shrink "
-                    rf"stops there.*Of the Shrink, shard\(s\) 0 shrank .*{SHARDS_STAY_SHRUNK}")  # fmt: skip
+                    rf"stops there.*Of the Shrink, shard\(s\) 0 shrank .*{re.escape(SHARDS_STAY_SHRUNK)}")  # fmt: skip
             assert isinstance(error, ModelStateReplacedError) and re.search(said, str(error)), error
             after = client.stats()
         assert after[1].tables[0].num_rows == saved_rows  # the checkpoint's rows, none dropped

@@ -91,7 +91,7 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
         leads = False
     try:
         os.killpg(group, signum)
-    except (ProcessLookupError, PermissionError):  # no process left in the group (to signal)
+    except (ProcessLookupError, PermissionError):  # none left in the group, or none this process may signal
         leads = False
     if not leads or signum == signal.SIGKILL:
         proc.send_signal(signum)  # nothing if the worker was reaped
