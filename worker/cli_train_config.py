@@ -29,8 +29,6 @@ def hidden_widths(text: str | None, model: str) -> tuple[int, ...]:
         return DEFAULT_HIDDEN
     parts = [s.strip() for s in text.split(",")]
     try:
-        if "" in parts:
-            raise ValueError("an empty entry")
         widths = tuple(int(s) for s in parts if is_plain_number(s))
     except ValueError:
         widths = ()
