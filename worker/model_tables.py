@@ -290,6 +290,16 @@ def missing_shares(shard_stats: list, spec: ModelSpec, servers: list[str]) -> li
     return out
 
 
+def trained_tables(shard_stats: list) -> set[str]:
+    """The names of the tables some shard of shard_stats (StatsResponses) says were ever trained."""
+    return {t.name for shard in shard_stats for t in shard.tables if t.trained}
+
+
+def model_flags(models: list[str]) -> str:
+    """The --model flags of models, as a message offers them: "--model fm or --model deepfm"."""
+    return " or ".join(f"--model {m}" for m in models)
+
+
 def other_models(client: Client, model: str, features: str, shard_stats: list) -> list[str]:
     """The models other than `model` whose dense parameter tables (dense.<other>.<name>) the servers hold made with
     features, the run's schema: where its tables are named in the schema file, not after the model, those models
@@ -310,12 +320,12 @@ def check_not_others_tables(client: Client, spec: ModelSpec, features: str, shar
     parameter table of spec's model trained (a model new there), and the dense tables of another model made with
     this schema (other_models): those rows are that model's, and this run would train them as its own, changing
     the model the other's eval and predict score."""
-    trained = {t.name for shard in shard_stats for t in shard.tables if t.trained}
+    trained = trained_tables(shard_stats)
     if not set(spec.table_dims()) & trained or {dense_table_name(p) for p in spec.dense_params()} & trained:
         return
     others = other_models(client, spec.name, features, shard_stats)
     if others:
-        flags = " or ".join(f"--model {m}" for m in others)
+        flags = model_flags(others)
         raise ValueError(f"the servers hold the sparse tables of this run ({', '.join(sorted(spec.table_dims()))}) "
                          f"trained by {flags} (its dense tables {', '.join(f'{TABLE_PREFIX}{m}.*' for m in others)} "
                          f"were made with this run's schema, {features}), and no trained dense table of "

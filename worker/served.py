@@ -20,7 +20,14 @@ from worker.dense import TABLE_PREFIX, DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
 from worker.job import job_client, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_data_upto
-from worker.model_tables import held_features, other_models, sparse_table_stats, table_configs
+from worker.model_tables import (
+    held_features,
+    model_flags,
+    other_models,
+    sparse_table_stats,
+    table_configs,
+    trained_tables,
+)
 from worker.models.spec import LOGIT_BIAS, ModelSpec
 from worker.readers.share import ReadStats
 from worker.scoring import ScoringProgress, evaluate
@@ -89,7 +96,7 @@ def _check_no_other_model(client: Client, model: str, bias_table: str, features:
     models had a logit bias holds no other model's. doing: what was not done, for the message."""
     others = other_models(client, model, features, shard_stats)
     if others:
-        flags = " or ".join(f"--model {m}" for m in others)
+        flags = model_flags(others)
         held = ", ".join(f"{TABLE_PREFIX}{m}.*" for m in others)
         raise ValueError(f"the servers hold no table {bias_table}, the logit bias of {model}, and hold the dense "
                          f"parameter tables of {', '.join(others)} ({held}) "
@@ -106,12 +113,12 @@ def _check_dense_trained(client: Client, spec: ModelSpec, features: str, shard_s
     failed before its first step's push; its scores would take those parameters at their initial values. doing:
     what was not done, for the message."""
     held = {t.name for t in shard_stats[0].tables}
-    trained = {t.name for shard in shard_stats for t in shard.tables if t.trained}
+    trained = trained_tables(shard_stats)
     never = [table_name(p) for p in spec.dense_params() if table_name(p) in held - trained]
     if not never:
         return
     others = other_models(client, spec.name, features, shard_stats)
-    by = f"--model {' or --model '.join(others)}" if others else "another model"
+    by = model_flags(others) if others else "another model"
     raise ValueError(f"the servers hold the sparse tables of {spec.name} ({', '.join(sorted(spec.table_dims()))}) "
                      f"trained, but never trained its dense parameter table{'s' * (len(never) > 1)} "
                      f"{', '.join(never)} (made by `ps-worker train --create-tables-only`, or by a train that failed "
