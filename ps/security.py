@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 
 from protos import ps_pb2
 from ps.secretfiles import check_tls_files, check_token, read_file, refuse_empty
+from ps.tlsprobe import uses_tls
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 SERVICE_PREFIX = "/sparseps.ParameterServer/"
@@ -202,11 +203,6 @@ class _CallDetails(grpc.ClientCallDetails):
         self.credentials = base.credentials
         self.wait_for_ready = getattr(base, "wait_for_ready", None)
         self.compression = getattr(base, "compression", None)
-
-
-def uses_tls(tls_ca: str | None, tls_cert: str | None, tls_key: str | None) -> bool:
-    """Whether a client given these paths speaks TLS to its servers (client_channels): a CA or a client certificate."""
-    return bool(tls_ca or tls_cert or tls_key)
 
 
 def client_channels(addresses: list[str], options: list, tls_ca: str | None = None, tls_cert: str | None = None,

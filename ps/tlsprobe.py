@@ -119,6 +119,12 @@ def verified_handshake(address: str, ca: str | None, cert: str | None, key: str 
     return "ok" if _kept(tls) else "refused"
 
 
+def uses_tls(tls_ca: str | None, tls_cert: str | None, tls_key: str | None) -> bool:
+    """Whether a client given these paths speaks TLS to its servers (ps.security.client_channels, tls_hint): a CA
+    or a client certificate."""
+    return bool(tls_ca or tls_cert or tls_key)
+
+
 def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
              server_name: str | None = None, timeout_s: float = 1.0) -> str:  # fmt: skip
     """ "; ..." saying which TLS flag a probe of address that failed with UNAVAILABLE, made with the client's TLS
@@ -126,7 +132,7 @@ def tls_hint(address: str, ca: str | None = None, cert: str | None = None, key: 
     the address's host), lacks (or has too many), or which of its files the shard's TLS does not take (a CA that
     did not sign the shard's certificate, a client certificate the shard's CA did not sign), as speaks_tls and
     verified_handshake find the shard; "" where its TLS setting is not the cause, or is unknown (nothing listens)."""
-    tls, client_cert = bool(ca or cert or key), bool(cert)
+    tls, client_cert = uses_tls(ca, cert, key), bool(cert)
     found, served = speaks_tls(address, server_name, timeout_s)
     if found in ("tls", "mutual") and not tls:
         also = (" and --tls-cert/--tls-key (it requires a client certificate: mutual TLS)" if found == "mutual"

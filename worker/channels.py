@@ -16,8 +16,8 @@ from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
 from ps.listen_address import is_loopback
 from ps.secretfiles import TOKEN_FILE, optional_token, readable_by_all
-from ps.security import client_channels, uses_tls
-from ps.tlsprobe import host_and_port, tls_hint
+from ps.security import client_channels
+from ps.tlsprobe import host_and_port, tls_hint, uses_tls
 
 log = logging.getLogger("worker.client")
 
