@@ -113,7 +113,7 @@ class PushHold:
             )
         with self._gate:
             now = time.monotonic()
-            if self.held_until and now < self.held_until:
+            if self._held(now):
                 raise CheckpointHoldError(
                     f"shard {self.shard_id} is held by another checkpoint ({self._other(now)}); one checkpoint at a "
                     "time: take this one once that one has ended; nothing is held"
@@ -157,9 +157,13 @@ class PushHold:
             log.info("checkpoint hold taken: pushes paused for at most %g s", timeout_s)
             return clock(), token
 
+    def _held(self, now: float) -> bool:
+        """Whether a checkpoint hold lasts at now (monotonic; under _gate)."""
+        return bool(self.held_until) and now < self.held_until
+
     def _hold_or_save(self, now: float) -> bool:
         """Whether a checkpoint hold lasts at now (monotonic) or a save runs (under _gate): what refuses a Shrink."""
-        return bool(self.held_until and now < self.held_until) or self._saves > 0
+        return self._held(now) or self._saves > 0
 
     def _wake(self) -> None:
         """Wakes a hold waiting for the pushes in flight to look again (its caller_gone may have turned true)."""
@@ -209,7 +213,7 @@ class PushHold:
     def _not_held(self) -> str:
         """Why a save's token is not the shard's hold now (under _gate): another checkpoint holds it, no hold was
         taken since the process started, or the hold expired or was released."""
-        if self.held_until and time.monotonic() < self.held_until:  # a hold lasts: the token is not its
+        if self._held(time.monotonic()):  # a hold lasts: the token is not its
             return ("it is held by another checkpoint (the token is not its hold's); one checkpoint at a time: take "
                     "this one once that one has ended")  # fmt: skip
         if not self._held_at:
@@ -265,7 +269,7 @@ class PushHold:
         checkpoint holds it since 2026-12-07 19:41:05 UTC, 12 s ago (until that checkpoint releases it after its
         save, or its hold expires, 48 s from now at the latest); a Shrink run meanwhile ... send the Shrink once that
         checkpoint has ended; nothing was applied"."""
-        if self.held_until and now < self.held_until:
+        if self._held(now):
             what = f"a checkpoint holds it since {_since(self._held_since)} ({self._other(now)})"
         else:
             what = self._saving_on()
